@@ -1,0 +1,28 @@
+# Two entry points: `make demo` and `make test`. Both set themselves up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export PYTHONDONTWRITEBYTECODE = 1
+
+.PHONY: demo test setup system-deps clean
+
+setup: $(STAMP) system-deps
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch first and by exact version: the CPU build lies on local disk, a bare `torch` pulls CUDA.
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	@bash scripts/system_deps.sh
+
+demo: setup
+	$(VENV)/bin/asrdist demo
+
+test: setup
+	$(PY) -m pytest -q -x tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

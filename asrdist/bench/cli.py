@@ -1,0 +1,45 @@
+"""`asrdist bench NAME --json OUT`: every benchmark writes one JSON object.
+
+Each benchmark is a module `asrdist.bench.<name>` with `add_arguments(parser)` and
+`run(args) -> dict`. Ratios are measured side by side in one run; the JSON also records the
+machine (cores, threads) and, where communication is measured, the `network` used.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+BENCHMARKS = {
+    "data": "feature extraction speed and sampler supply rate",
+    "trainer": "asrdist trainer frames/s vs a bare PyTorch loop",
+    "comm": "1-bit vs fp32 gradient exchange on the 46M-parameter swbd shapes",
+    "scaling": "frames/s of 1, 2, 4 learners per strategy with compute emulation",
+    "ngsgd": "NG-SGD step time vs plain SGD; averaging bytes per sample",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (JSON out)")
+    bsub = p.add_subparsers(dest="bench_name", required=True, metavar="NAME")
+    for name, help_text in BENCHMARKS.items():
+        b = bsub.add_parser(name, help=help_text)
+        b.add_argument("--json", type=Path, required=True, help="output JSON file")
+        b.set_defaults(func=_run, bench_module=f"asrdist.bench.{name}")
+        try:
+            importlib.import_module(f"asrdist.bench.{name}").add_arguments(b)
+        except ModuleNotFoundError:
+            pass  # benchmark not built yet
+
+
+def _run(args) -> int:
+    from asrdist.bench.machine import machine_info
+    from asrdist.utils.io import write_json_atomic
+
+    module = importlib.import_module(args.bench_module)
+    result = module.run(args)
+    result.setdefault("machine", machine_info())
+    write_json_atomic(args.json, result)
+    print(json.dumps(result, indent=2))
+    return 0

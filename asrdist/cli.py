@@ -1,0 +1,45 @@
+"""`asrdist` command line: one sub-command per pipeline stage, each runnable alone."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from asrdist.errors import AsrdistError
+
+# Each module exposes register(subparsers); the parser it adds sets `func(args) -> int | None`.
+COMMAND_MODULES = (
+    "asrdist.corpus.cli",
+    "asrdist.features.cli",
+    "asrdist.train.cli",
+    "asrdist.eval.cli",
+    "asrdist.bench.cli",
+    "asrdist.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asrdist", description="Data-parallel training of speech acoustic models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except AsrdistError as exc:
+        print(f"asrdist: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("asrdist: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""`asrdist corpus synth|fsdd|import-kaldi|export-kaldi`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("corpus", help="build or import a speech corpus")
+    csub = p.add_subparsers(dest="corpus_command", required=True, metavar="KIND")
+
+    s = csub.add_parser("synth", help="synthetic multi-speaker English corpus with exact phone alignments")
+    s.add_argument("out", type=Path)
+    s.add_argument("--utterances", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--synthesizer", choices=["espeak", "flite"], default="espeak")
+    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    s.add_argument("--noise-snr", type=float, default=None, help="add white noise at this SNR in dB")
+    s.add_argument("--skip-bad", action="store_true", help="skip and count bad utterances")
+    s.add_argument("--overwrite", action="store_true")
+    s.set_defaults(func=_synth)
+
+    f = csub.add_parser("fsdd", help="Free Spoken Digit Dataset as a corpus")
+    f.add_argument("out", type=Path)
+    f.add_argument("--source", type=Path, default=None, help="FSDD checkout (default: ../shared/data/fsdd)")
+    f.add_argument("--test-speaker", default=None, help="held-out speaker (default: the last by name)")
+    f.add_argument("--split", choices=["speaker", "official"], default="speaker",
+                   help="speaker: one whole speaker is the test set; official: takes 0-4 are test")
+    f.add_argument("--sample-rate", type=int, choices=[8000, 16000], default=8000)
+    f.add_argument("--skip-bad", action="store_true")
+    f.add_argument("--overwrite", action="store_true")
+    f.set_defaults(func=_fsdd)
+
+    k = csub.add_parser("import-kaldi", help="import a Kaldi data directory")
+    k.add_argument("src", type=Path)
+    k.add_argument("out", type=Path)
+    k.add_argument("--alignments", type=Path, default=None,
+                   help="alignment ark/scp/text (int phone ids per frame); default: SRC/alignment.scp if present")
+    k.add_argument("--skip-bad", action="store_true")
+    k.add_argument("--overwrite", action="store_true")
+    k.set_defaults(func=_import_kaldi)
+
+    e = csub.add_parser("export-kaldi", help="export a corpus split as a plain Kaldi data directory")
+    e.add_argument("src", type=Path)
+    e.add_argument("out", type=Path)
+    e.add_argument("--overwrite", action="store_true")
+    e.set_defaults(func=_export_kaldi)
+
+
+def _synth(args):
+    from asrdist.corpus.synth import synth_command
+    return synth_command(args)
+
+
+def _fsdd(args):
+    from asrdist.corpus.fsdd import fsdd_command
+    return fsdd_command(args)
+
+
+def _import_kaldi(args):
+    from asrdist.corpus.import_kaldi import import_command
+    return import_command(args)
+
+
+def _export_kaldi(args):
+    from asrdist.corpus.import_kaldi import export_command
+    return export_command(args)

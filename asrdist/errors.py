@@ -1,0 +1,23 @@
+"""The one exception type users see: a one-line message naming what and where."""
+
+
+class AsrdistError(Exception):
+    """Bad input or a failed run. The CLI prints `asrdist: error: <message>` and exits non-zero.
+
+    Messages are one line and name the file / utterance / key and the reason, e.g.
+    ``"corpus/train/wav.scp: utterance spk1-003: sample rate 8000 Hz, expected 16000 Hz"``.
+    """
+
+    exit_code = 2
+
+
+class DataError(AsrdistError):
+    """Bad corpus data: audio, transcripts, alignments, features."""
+
+
+class ConfigError(AsrdistError):
+    """Bad configuration: unknown key, wrong type, invalid value."""
+
+
+class TrainingError(AsrdistError):
+    """A run that cannot go on: NaN loss, a dead learner, a collective timeout."""

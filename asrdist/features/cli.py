@@ -1,0 +1,22 @@
+"""`asrdist features DATA`: log-mel filterbanks + CMVN into the feature store."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("features", help="extract fbank features into the feature store")
+    p.add_argument("data", type=Path, help="a corpus directory (all its splits) or one split directory")
+    p.add_argument("--num-mel-bins", type=int, choices=[40, 80], default=40)
+    p.add_argument("--cmvn", choices=["global", "speaker", "none"], default="global")
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    p.add_argument("--export-kaldi", action="store_true", help="also write feats.scp/feats.ark")
+    p.add_argument("--skip-bad", action="store_true")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_features)
+
+
+def _features(args):
+    from asrdist.features.extract import features_command
+    return features_command(args)

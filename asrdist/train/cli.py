@@ -1,0 +1,24 @@
+"""`asrdist train CONFIG [overrides] --out RUN_DIR`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train an acoustic model with N learners")
+    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    p.add_argument("--out", type=Path, default=None, help="run directory")
+    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--learners", type=int, default=None, help="number of local learners")
+    p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
+    p.add_argument("--resume", type=Path, default=None, help="resume RUN_DIR from its last checkpoint")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_train)
+
+
+def _train(args):
+    from asrdist.train.launch import train_command
+    return train_command(args)
