@@ -1,0 +1,177 @@
+"""The Free Spoken Digit Dataset (FSDD) as an asrdist corpus: real speech, one digit per file.
+
+Recordings are `{digit}_{speaker}_{take}.wav` (8 kHz mono) in the checkout's `recordings/`.
+The corpus has the synthetic corpus' layout (`phones.txt`, `summary.json`, `train/`, `valid/`,
+`test/` Kaldi data directories; transcript = the digit word; no alignments) and holds its own
+copy of the audio (`SPLIT/wav/UTT.wav`, paths relative to the split), resampled on request.
+
+Splits:
+- `speaker` (default): one whole speaker is the test set (the last by name, or `--test-speaker`);
+  takes 5-9 of every other speaker are `valid`, the rest `train`. Speaker-independent.
+- `official`: the dataset's own convention, takes 0-4 of everyone are `test`; takes 5-9 `valid`.
+Any checkout works: speakers and takes are discovered from the file names.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from asrdist.corpus.audio import num_frames, read_wav, resample, write_wav
+from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.corpus.phones import PhoneTable
+from asrdist.errors import ConfigError, DataError
+
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+VALID_TAKES = range(5, 10)
+OFFICIAL_TEST_TAKES = range(0, 5)
+SPLITS = ("train", "valid", "test")
+_NAME = re.compile(r"^(\d)_([^_/]+)_(\d+)\.wav$")
+
+
+@dataclass(frozen=True)
+class Recording:
+    path: Path
+    digit: int
+    speaker: str
+    take: int
+
+    @property
+    def utt_id(self) -> str:
+        # Speaker first, so Kaldi's sort order groups utterances by speaker.
+        return f"{self.speaker}-{self.digit}-{self.take:03d}"
+
+
+def _candidate_sources() -> list[Path]:
+    project_root = Path(__file__).resolve().parents[2]
+    cwd = Path.cwd()
+    return [project_root.parent / "shared/data/fsdd", cwd.parent / "shared/data/fsdd",
+            cwd / "shared/data/fsdd"]
+
+
+def resolve_source(source: str | Path | None) -> Path:
+    """The recordings directory of an FSDD checkout (the checkout or its `recordings/`)."""
+    if source is None:
+        for candidate in _candidate_sources():
+            if candidate.is_dir():
+                source = candidate
+                break
+        else:
+            tried = ", ".join(str(c) for c in _candidate_sources())
+            raise DataError(f"FSDD not found (tried {tried}); pass --source DIR")
+    source = Path(source)
+    if not source.is_dir():
+        raise DataError(f"{source}: FSDD source directory not found")
+    return source / "recordings" if (source / "recordings").is_dir() else source
+
+
+def find_recordings(recordings_dir: Path) -> list[Recording]:
+    """Every `{digit}_{speaker}_{take}.wav` file, sorted by utterance id; other files are ignored."""
+    found = []
+    for entry in sorted(os.listdir(recordings_dir)):
+        match = _NAME.match(entry)
+        if match:
+            found.append(Recording(recordings_dir / entry, int(match[1]), match[2], int(match[3])))
+    return sorted(found, key=lambda r: r.utt_id)
+
+
+def assign_split(rec: Recording, mode: str, test_speaker: str) -> str:
+    if mode == "speaker":
+        if rec.speaker == test_speaker:
+            return "test"
+        return "valid" if rec.take in VALID_TAKES else "train"
+    if mode == "official":
+        if rec.take in OFFICIAL_TEST_TAKES:
+            return "test"
+        return "valid" if rec.take in VALID_TAKES else "train"
+    raise ConfigError(f"--split: unknown split '{mode}' (speaker, official)")
+
+
+def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: str | None = None,
+               split: str = "speaker", sample_rate: int = 8000, skip_bad: bool = False,
+               overwrite: bool = False, progress: bool = True) -> dict:
+    """Build the FSDD corpus in `out` (atomically) and return its summary."""
+    from tqdm import tqdm
+
+    from asrdist.utils.io import atomic_dir, write_json_atomic
+
+    if sample_rate not in (8000, 16000):
+        raise ConfigError(f"--sample-rate: {sample_rate} Hz, expected 8000 or 16000")
+    recordings_dir = resolve_source(source)
+    recordings = find_recordings(recordings_dir)
+    if not recordings:
+        raise DataError(f"{recordings_dir}: no FSDD recordings ({{digit}}_{{speaker}}_{{take}}.wav)")
+    speakers = sorted({r.speaker for r in recordings})
+    if split == "speaker":
+        if len(speakers) < 2:
+            raise DataError(f"{recordings_dir}: a speaker split needs 2 speakers, found {speakers}")
+        test_speaker = test_speaker or speakers[-1]
+        if test_speaker not in speakers:
+            raise ConfigError(f"--test-speaker: '{test_speaker}' not in {recordings_dir} "
+                              f"(speakers: {', '.join(speakers)})")
+    elif test_speaker is not None and split == "official":
+        raise ConfigError("--test-speaker only applies to --split speaker")
+
+    split_utts: dict[str, list[Utterance]] = {name: [] for name in SPLITS}
+    skipped: list[str] = []
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        for rec in tqdm(recordings, desc="fsdd", unit="file", disable=not progress, file=sys.stderr):
+            name = assign_split(rec, split, test_speaker)
+            try:
+                samples, rate = read_wav(rec.path, where=f"{rec.path}")
+                samples = resample(samples, rate, sample_rate)
+                if num_frames(len(samples), sample_rate) == 0:
+                    raise DataError(f"{rec.path}: audio too short ({len(samples)} samples)")
+            except DataError as exc:
+                if not skip_bad:
+                    raise
+                skipped.append(str(exc))
+                print(f"asrdist: skipped: {exc}", file=sys.stderr)
+                continue
+            wav_rel = f"wav/{rec.utt_id}.wav"
+            (tmp / name / "wav").mkdir(parents=True, exist_ok=True)
+            write_wav(tmp / name / wav_rel, samples, sample_rate)
+            split_utts[name].append(Utterance(
+                utt_id=rec.utt_id, speaker=rec.speaker, wav=wav_rel, text=DIGIT_WORDS[rec.digit],
+                duration=len(samples) / sample_rate))
+        for name, utts in split_utts.items():
+            if not utts:
+                raise DataError(f"{recordings_dir}: split '{name}' would be empty "
+                                f"(--split {split}; check the takes and speakers present)")
+            write_data_dir(tmp / name, utts)
+        PhoneTable().write(tmp / "phones.txt")
+        summary = _summary(recordings_dir, sample_rate, split, test_speaker, split_utts, skipped)
+        write_json_atomic(tmp / "summary.json", summary)
+    return summary
+
+
+def _summary(source: Path, sample_rate: int, split: str, test_speaker: str | None,
+             split_utts: dict[str, list[Utterance]], skipped: list[str]) -> dict:
+    def stats(utts: list[Utterance]) -> dict:
+        return {"utterances": len(utts), "speakers": len({u.speaker for u in utts}),
+                "hours": round(sum(u.duration for u in utts) / 3600.0, 6)}
+
+    everything = [u for utts in split_utts.values() for u in utts]
+    return {
+        "source": str(source.resolve()),
+        "corpus": "fsdd",
+        "sample_rate": sample_rate,
+        "split": split,
+        "test_speaker": test_speaker,
+        **stats(everything),
+        "skipped": len(skipped),
+        "skipped_reasons": skipped,
+        "splits": {name: stats(utts) for name, utts in split_utts.items()},
+    }
+
+
+def fsdd_command(args) -> int:
+    import json
+
+    summary = build_fsdd(args.out, source=args.source, test_speaker=args.test_speaker,
+                         split=args.split, sample_rate=args.sample_rate, skip_bad=args.skip_bad,
+                         overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0

@@ -1,0 +1,100 @@
+"""Evaluate a model on a split: loss, frame accuracy, and PER (hybrid) or CER/WER (CTC)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> torch.Tensor:
+    from asrdist.data.samplers import splice
+
+    if model.kind == "chunk":
+        return model(torch.from_numpy(np.ascontiguousarray(feats))[None])[0]
+    return model(torch.from_numpy(splice(feats, context)))
+
+
+@torch.no_grad()
+def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, Any], cfg,
+                   max_utterances: int | None = None) -> dict:
+    from asrdist.features.store import FeatureStore
+
+    was_training = model.training
+    model.eval()
+    try:
+        store = FeatureStore(split_dir)
+        utt_ids = store.utt_ids[:max_utterances] if max_utterances else store.utt_ids
+        if model.kind == "ctc":
+            return _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg)
+        return _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg)
+    finally:
+        model.train(was_training)
+
+
+def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
+    from asrdist.eval.decode import viterbi_decode
+    from asrdist.eval.scoring import error_rate
+    from asrdist.train.prepare import frame_labels, phone_sequences
+    from asrdist.corpus.kaldi_dir import read_alignments
+
+    labels = frame_labels(split_dir, targets)
+    ref_phones = phone_sequences(read_alignments(split_dir), targets["silence_id"])
+    log_priors = np.log(np.asarray(targets["priors"], dtype=np.float64))
+    loss_sum, correct, frames = 0.0, 0, 0
+    refs, hyps = [], []
+    for utt in utt_ids:
+        feats = store[utt]
+        lab = labels[utt]
+        t = min(len(feats), len(lab))
+        logits = _frame_logits(model, feats[:t], cfg.model.context)
+        y = torch.from_numpy(np.asarray(lab[:t], dtype=np.int64))
+        loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(-1) == y).sum())
+        frames += t
+        log_post = torch.log_softmax(logits, -1).double().numpy()
+        hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets["class_to_phone"],
+                                   targets["bigram"], min_duration=cfg.eval.min_duration,
+                                   acoustic_scale=cfg.eval.acoustic_scale,
+                                   silence_id=targets["silence_id"]))
+        refs.append(ref_phones[utt])
+    per = error_rate(refs, hyps)
+    return {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),
+            "per": per["rate"], "utterances": len(utt_ids), "frames": frames}
+
+
+def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg) -> dict:
+    from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode
+    from asrdist.eval.scoring import error_rate
+    from asrdist.models.objectives import ctc_objective
+    from asrdist.train.prepare import ctc_tokens
+
+    tokens = ctc_tokens(split_dir, targets)
+    loss_sum, frames, exact = 0.0, 0, 0
+    refs, hyps = [], []
+    for utt in utt_ids:
+        feats = torch.from_numpy(np.ascontiguousarray(store[utt]))[None]
+        lengths = torch.tensor([feats.shape[1]])
+        log_probs, out_lengths = model(feats, lengths)
+        ref = tokens[utt]
+        loss, _ = ctc_objective(log_probs, torch.tensor([ref], dtype=torch.long).reshape(1, -1),
+                                out_lengths, torch.tensor([len(ref)]))
+        loss_sum += float(loss) * feats.shape[1]
+        frames += feats.shape[1]
+        lp = log_probs[0, : int(out_lengths[0])].double().numpy()
+        hyp = ctc_beam_decode(lp, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(lp)
+        refs.append(list(ref))
+        hyps.append(list(hyp))
+        exact += int(list(ref) == list(hyp))
+    result: dict = {"loss": loss_sum / max(frames, 1), "utterances": len(utt_ids), "frames": frames,
+                    "sentence_accuracy": exact / max(len(utt_ids), 1)}
+    if targets["kind"] == "phones":
+        result["per"] = error_rate(refs, hyps)["rate"]
+    else:
+        tok = targets["tokenizer"]
+        ref_text = [tok.decode(r) for r in refs]
+        hyp_text = [tok.decode(h) for h in hyps]
+        result["cer"] = error_rate([list(r) for r in ref_text], [list(h) for h in hyp_text])["rate"]
+        result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
+    return result

@@ -1,0 +1,87 @@
+"""Log-mel filterbank features with kaldi-native-fbank, and a measure of their speed.
+
+Settings every asrdist feature shares: 25 ms Povey window, 10 ms shift, `snip_edges=False`
+(so an utterance of N samples gives `asrdist.corpus.audio.num_frames(N, sr)` frames, the rule
+alignments follow), dither 0 (features are deterministic), mel bins from 20 Hz up to the
+Nyquist frequency of the audio's own rate (4 kHz for 8 kHz FSDD, 8 kHz for 16 kHz speech).
+Samples are fed on the int16 scale, as Kaldi does, so log energies match Kaldi's `compute-fbank-feats`.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import kaldi_native_fbank as knf
+import numpy as np
+
+from asrdist.corpus.audio import num_frames, read_wav
+from asrdist.errors import DataError
+
+FRAME_LENGTH_MS = 25.0
+FRAME_SHIFT_MS = 10.0
+LOW_FREQ_HZ = 20.0
+
+
+def fbank_options(sample_rate: int, num_mel_bins: int = 40) -> knf.FbankOptions:
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = float(sample_rate)
+    opts.frame_opts.frame_length_ms = FRAME_LENGTH_MS
+    opts.frame_opts.frame_shift_ms = FRAME_SHIFT_MS
+    opts.frame_opts.dither = 0.0
+    opts.frame_opts.snip_edges = False
+    opts.mel_opts.num_bins = num_mel_bins
+    opts.mel_opts.low_freq = LOW_FREQ_HZ
+    opts.mel_opts.high_freq = 0.0  # 0 = the Nyquist frequency of `sample_rate`
+    return opts
+
+
+def compute_fbank(samples: np.ndarray, sample_rate: int, num_mel_bins: int = 40,
+                  opts: knf.FbankOptions | None = None) -> np.ndarray:
+    """Log-mel filterbank of int16 (or int16-scaled float) samples: float32 [frames, num_mel_bins]."""
+    opts = opts or fbank_options(sample_rate, num_mel_bins)
+    expected = num_frames(len(samples), sample_rate)
+    if expected == 0:
+        raise DataError(f"audio too short for one frame ({len(samples)} samples at {sample_rate} Hz)")
+    computer = knf.OnlineFbank(opts)
+    computer.accept_waveform(float(sample_rate), np.asarray(samples, dtype=np.float32))
+    computer.input_finished()
+    count = computer.num_frames_ready
+    if count != expected:  # a kaldi-native-fbank change would silently break every alignment
+        raise DataError(f"fbank gave {count} frames for {len(samples)} samples, expected {expected}")
+    feats = np.empty((count, opts.mel_opts.num_bins), dtype=np.float32)
+    for i in range(count):
+        feats[i] = computer.get_frame(i)
+    return feats
+
+
+def measure_speed(source: str | Path | None = None, num_mel_bins: int = 40,
+                  max_files: int = 300, repeats: int = 3) -> dict:
+    """Fbank speed on FSDD recordings, one core: audio seconds processed per compute second.
+
+    Reads up to `max_files` recordings (sorted names, so runs compare), then times
+    `compute_fbank` alone over all of them `repeats` times and keeps the fastest pass
+    (the least disturbed by other processes). Returns the JSON-ready figures; the headline
+    is `fbank_x_realtime`. Run it in a process whose torch/BLAS threads are set to 1.
+    """
+    from asrdist.corpus.fsdd import find_recordings, resolve_source
+
+    recordings = find_recordings(resolve_source(source))[:max_files]
+    if not recordings:
+        raise DataError(f"{source}: no FSDD recordings found")
+    audio = [read_wav(r.path) for r in recordings]
+    audio_seconds = sum(len(s) / sr for s, sr in audio)
+    opts = {sr: fbank_options(sr, num_mel_bins) for _, sr in audio}
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        for samples, sr in audio:
+            compute_fbank(samples, sr, num_mel_bins, opts[sr])
+        best = min(best, time.perf_counter() - start)
+    return {
+        "fbank_x_realtime": audio_seconds / best,
+        "audio_seconds": audio_seconds,
+        "compute_seconds": best,
+        "files": len(audio),
+        "sample_rates": sorted(opts),
+        "num_mel_bins": num_mel_bins,
+    }

@@ -1,0 +1,202 @@
+"""The feature store: per-utterance float32 matrices in memory-mapped shards, for random access.
+
+Layout of `SPLIT/feats/` (format version 1):
+
+- `meta.json`: `{"version": 1, "dim", "num_mel_bins", "cmvn", "sample_rate", "frame_shift"
+  (seconds), "num_utterances", "total_frames", "num_shards", "skipped", ...}`.
+- `index.tsv`: one line per utterance, sorted by id: `utt_id<TAB>shard<TAB>offset<TAB>frames`;
+  `offset` and `frames` count rows of the shard.
+- `shard-00000.f32`, ...: raw little-endian float32 rows of `dim` values, utterances back to back,
+  no header (`np.memmap(path, "<f4", "r").reshape(-1, dim)`). A shard closes once it passes
+  `SHARD_BYTES`, so one utterance never spans two shards.
+- `cmvn.json`: the normalization statistics applied (see `asrdist.features.cmvn`).
+- `feats.scp` / `feats.ark`: optional Kaldi copy (`asrdist features --export-kaldi`).
+
+Readers open shards read-only and lazily, so many learner processes share one page cache.
+Frame counts follow `asrdist.corpus.audio.num_frames`. An alignment may differ from its
+features by at most one (edge) frame; the store never changes alignments, readers use
+`min(len(features), len(alignment))` frames.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from asrdist.errors import DataError
+
+FORMAT_VERSION = 1
+SHARD_BYTES = 256 << 20
+FEATS_DIR = "feats"
+
+
+def _feats_dir(path: str | Path) -> Path:
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    return path / FEATS_DIR
+
+
+def has_features(split_dir: str | Path) -> bool:
+    feats = _feats_dir(split_dir)
+    return (feats / "meta.json").is_file() and (feats / "index.tsv").is_file()
+
+
+class FeatureStore:
+    """Read-only view of a split's features: `store[utt_id]` is a float32 [frames, dim] memmap view."""
+
+    def __init__(self, path: str | Path):
+        self.path = _feats_dir(path)
+        if not has_features(self.path):
+            raise DataError(f"{Path(path)}: no feature store (run `asrdist features` first)")
+        try:
+            self.meta: dict = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"{self.path / 'meta.json'}: unreadable ({exc})") from None
+        if self.meta.get("version") != FORMAT_VERSION:
+            raise DataError(f"{self.path / 'meta.json'}: format version {self.meta.get('version')}, "
+                            f"expected {FORMAT_VERSION}")
+        self.dim: int = int(self.meta["dim"])
+        self._index: dict[str, tuple[int, int, int]] = {}
+        self._read_index()
+        self.utt_ids: list[str] = sorted(self._index)
+        self.total_frames: int = sum(frames for _, _, frames in self._index.values())
+        self._shards: dict[int, np.ndarray] = {}
+
+    def _read_index(self) -> None:
+        index = self.path / "index.tsv"
+        shard_rows: dict[int, int] = {}
+        for lineno, line in enumerate(index.read_text(encoding="utf-8").splitlines(), 1):
+            parts = line.split("\t")
+            try:
+                utt_id, shard, offset, frames = parts[0], int(parts[1]), int(parts[2]), int(parts[3])
+            except (IndexError, ValueError):
+                raise DataError(f"{index}:{lineno}: expected 'utt_id shard offset frames'") from None
+            if shard not in shard_rows:
+                shard_file = self._shard_path(shard)
+                if not shard_file.is_file():
+                    raise DataError(f"{index}: utterance {utt_id}: shard {shard_file.name} missing")
+                shard_rows[shard] = shard_file.stat().st_size // (4 * self.dim)
+            if offset < 0 or frames <= 0 or offset + frames > shard_rows[shard]:
+                raise DataError(f"{index}: utterance {utt_id}: rows {offset}..{offset + frames} outside "
+                                f"shard {shard} ({shard_rows[shard]} rows; truncated store?)")
+            self._index[utt_id] = (shard, offset, frames)
+
+    def _shard_path(self, shard: int) -> Path:
+        return self.path / f"shard-{shard:05d}.f32"
+
+    def _shard(self, shard: int) -> np.ndarray:
+        mm = self._shards.get(shard)
+        if mm is None:
+            mm = np.memmap(self._shard_path(shard), dtype="<f4", mode="r").reshape(-1, self.dim)
+            self._shards[shard] = mm
+        return mm
+
+    def __getitem__(self, utt_id: str) -> np.ndarray:
+        try:
+            shard, offset, frames = self._index[utt_id]
+        except KeyError:
+            raise KeyError(f"{self.path}: no features for utterance {utt_id}") from None
+        return self._shard(shard)[offset:offset + frames]
+
+    def num_frames(self, utt_id: str) -> int:
+        return self._index[utt_id][2]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, utt_id: object) -> bool:
+        return utt_id in self._index
+
+    def __getstate__(self) -> dict:
+        # Pickling (e.g. to spawned workers) must not copy the mapped shards: reopen lazily.
+        state = self.__dict__.copy()
+        state["_shards"] = {}
+        return state
+
+
+class FeatureStoreWriter:
+    """Append utterances in any order; `close()` writes the sorted index and `meta.json`.
+
+    Writes into `path` directly: the caller builds the store in a temporary directory and
+    renames it (`asrdist.utils.io.atomic_dir`).
+    """
+
+    def __init__(self, path: str | Path, dim: int, shard_bytes: int = SHARD_BYTES):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.dim = dim
+        self.shard_bytes = shard_bytes
+        self._entries: dict[str, tuple[int, int, int]] = {}
+        self._shard = -1
+        self._rows = 0
+        self._file = None
+        self._next_shard()
+
+    def _next_shard(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._shard += 1
+        self._rows = 0
+        self._file = open(self.path / f"shard-{self._shard:05d}.f32", "wb")
+
+    def add(self, utt_id: str, feats: np.ndarray) -> None:
+        feats = np.ascontiguousarray(feats, dtype="<f4")
+        if feats.ndim != 2 or feats.shape[1] != self.dim or feats.shape[0] == 0:
+            raise DataError(f"utterance {utt_id}: features of shape {feats.shape}, expected [frames>0, {self.dim}]")
+        if utt_id in self._entries:
+            raise DataError(f"utterance {utt_id}: features written twice")
+        if self._rows and (self._rows + len(feats)) * 4 * self.dim > self.shard_bytes:
+            self._next_shard()
+        self._file.write(feats.tobytes())
+        self._entries[utt_id] = (self._shard, self._rows, len(feats))
+        self._rows += len(feats)
+
+    def close(self, meta: dict) -> dict:
+        """Finish the store; `meta` adds fields (num_mel_bins, cmvn, ...). Returns the full meta."""
+        self._file.close()
+        lines = [f"{u}\t{s}\t{o}\t{n}\n" for u, (s, o, n) in sorted(self._entries.items())]
+        (self.path / "index.tsv").write_text("".join(lines), encoding="utf-8")
+        full = {"version": FORMAT_VERSION, "dim": self.dim, **meta,
+                "num_utterances": len(self._entries),
+                "total_frames": sum(n for _, _, n in self._entries.values()),
+                "num_shards": self._shard + 1}
+        (self.path / "meta.json").write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+        return full
+
+    def normalize(self, transform) -> None:
+        """Rewrite every utterance in place as `transform(utt_id, feats)` (before `close`)."""
+        self._file.flush()
+        maps: dict[int, np.ndarray] = {}
+        for utt_id, (shard, offset, frames) in self._entries.items():
+            if shard not in maps:
+                maps[shard] = np.memmap(self.path / f"shard-{shard:05d}.f32", dtype="<f4",
+                                        mode="r+").reshape(-1, self.dim)
+            view = maps[shard][offset:offset + frames]
+            view[:] = transform(utt_id, np.array(view))
+        for mm in maps.values():
+            mm.flush()
+
+
+def export_kaldi(store: FeatureStore, out_dir: str | Path, final_dir: str | Path | None = None) -> None:
+    """Write `feats.ark` + `feats.scp` (kaldiio) into `out_dir`.
+
+    `final_dir` is where `out_dir` will live once renamed: the scp names that absolute path,
+    since Kaldi tools resolve scp paths against their working directory, not the scp's.
+    """
+    import kaldiio
+
+    out_dir = Path(out_dir)
+    final = Path(final_dir or out_dir).resolve() / "feats.ark"
+    ark = out_dir / "feats.ark"
+    tmp_scp = out_dir / ".feats.scp.tmp"
+    with kaldiio.WriteHelper(f"ark,scp:{ark},{tmp_scp}") as writer:
+        for utt_id in store.utt_ids:
+            writer(utt_id, np.asarray(store[utt_id]))
+    lines = []
+    for line in tmp_scp.read_text(encoding="utf-8").splitlines():
+        utt_id, loc = line.split(maxsplit=1)
+        lines.append(f"{utt_id} {final}:{loc.rpartition(':')[2]}\n")
+    (out_dir / "feats.scp").write_text("".join(lines), encoding="utf-8")
+    tmp_scp.unlink()

@@ -1,0 +1,389 @@
+"""An emulated cluster network on one machine: Linux network namespaces, veth links, a bridge, tc.
+
+Loopback measures memory copies, not networks (DESIGN.md §5.8). `EmulatedNetwork(n)` builds n
+"hosts", each a network namespace with one NIC (`eth0`) whose link to a switch is capped with `tc`
+(default 1 Gbit/s and 0.1 ms; a CPU learner is ~100x slower than a V100, so this is the seeds'
+100 Gbit/s Ethernet scaled alike). Topology:
+
+    [ns n0: lo, eth0 10.213.0.1] --veth p0--+
+    [ns n1: lo, eth0 10.213.0.2] --veth p1--+-- br0 in ns "sw" (the switch)
+    ...
+
+Every link is shaped in both directions: egress of the node's eth0 (host -> switch) and egress of
+the switch port pN (switch -> host), each a `tbf` rate cap with a `netem` delay under it when the
+kernel has netem. Nothing is created or changed in the root namespace; names carry the creator's
+pid and a random suffix, so parallel runs never clash, and `cleanup_stale()` removes leftovers of
+dead creators. Namespaces, links and the processes started in them are removed on normal exit,
+on exceptions, on SIGINT/SIGTERM and at interpreter exit.
+
+Learners are launched on it by `asrdist.parallel.netem_launch.run_learners`. On a real cluster the
+same learner code runs under torchrun, one launcher per host, e.g. for 2 hosts x 4 learners:
+
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank R \\
+        --rdzv-backend c10d --rdzv-endpoint HOST0:29500 -m asrdist train CONFIG --learners 8
+
+with GLOO_SOCKET_IFNAME (CPU) or NCCL_SOCKET_IFNAME (GPU) naming the hosts' cluster NIC; torchrun
+sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT exactly as the emulator does.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import ipaddress
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+import warnings
+from typing import Any, Mapping, Sequence
+
+from asrdist.errors import ConfigError, TrainingError
+
+PREFIX = "asrdist"
+NODE_INTERFACE = "eth0"
+DEFAULT_SUBNET = "10.213.0.0/24"
+_NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-(sw|n\d+|probe)$")
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit)$")
+_DELAY_RE = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_DELAY_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+_CMD_TIMEOUT_S = 30.0
+
+
+def parse_rate(rate: str) -> int:
+    """'1gbit' -> 1_000_000_000 bits/s (tc's decimal units)."""
+    m = _RATE_RE.match(rate.strip().lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ConfigError(f"network rate '{rate}': expected a positive rate like 1gbit, 10gbit, 100mbit")
+    return int(float(m.group(1)) * _RATE_UNITS[m.group(2)])
+
+
+def parse_delay(delay: str) -> float:
+    """'0.1ms' -> 0.1 (milliseconds)."""
+    m = _DELAY_RE.match(delay.strip().lower())
+    if not m:
+        raise ConfigError(f"network delay '{delay}': expected a delay like 0.1ms, 100us, 0ms")
+    return float(m.group(1)) * _DELAY_UNITS[m.group(2)]
+
+
+def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=_CMD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TrainingError(f"netem: `{' '.join(argv)}` failed: {e}") from e
+    if check and done.returncode != 0:
+        err = done.stderr.strip().splitlines()
+        raise TrainingError(f"netem: `{' '.join(argv)}` failed: {err[-1] if err else f'exit {done.returncode}'}")
+    return done
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGKILL when the launching process dies, even by SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def list_namespaces() -> list[str]:
+    """Names of this module's namespaces (any creator)."""
+    done = _run(["ip", "netns", "list"], check=False)
+    names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
+    return [n for n in names if _NAME_RE.match(n)]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_namespace_processes(ns: str, grace_s: float = 1.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if not pids:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+            time.sleep(0.02)
+
+
+def _delete_namespace(ns: str) -> None:
+    _kill_namespace_processes(ns)
+    _run(["ip", "netns", "delete", ns], check=False)
+
+
+def cleanup_stale() -> list[str]:
+    """Remove namespaces (and their processes) left by creators that are no longer alive."""
+    removed = []
+    for ns in list_namespaces():
+        pid = int(_NAME_RE.match(ns).group(1))
+        if pid != os.getpid() and not _pid_alive(pid):
+            _delete_namespace(ns)
+            removed.append(ns)
+    return removed
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> tuple[bool, str, bool]:
+    """(usable, reason if not, netem qdisc available) — tried once in a throwaway namespace."""
+    if os.geteuid() != 0:
+        return False, f"emulated network needs root (running as uid {os.geteuid()})", False
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"emulated network needs iproute2: `{tool}` not found", False
+    ns = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}-probe"
+    try:
+        _run(["ip", "netns", "add", ns])
+        try:
+            _run(["ip", "-n", ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"])
+            _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", "pa", "root", "handle", "1:",
+                  "tbf", "rate", "1gbit", "burst", "128kb", "latency", "50ms"])
+            netem = _run(["tc", "-n", ns, "qdisc", "add", "dev", "pa", "parent", "1:1",
+                          "netem", "delay", "0.1ms"], check=False).returncode == 0
+        finally:
+            _delete_namespace(ns)
+    except TrainingError as e:
+        return False, f"cannot build an emulated network: {e}", False
+    return True, "", netem
+
+
+def available() -> tuple[bool, str]:
+    """(True, '') if root, iproute2 and tc can build namespaces with shaped veth links here."""
+    ok, reason, _ = _probe()
+    return ok, reason
+
+
+def netem_supported() -> bool:
+    """Whether the kernel has the netem qdisc (delay emulation); rate caps need only tbf."""
+    return _probe()[2]
+
+
+def network_label(network: str, delay: str = "0.1ms") -> str:
+    """What a benchmark records as `network`: 'loopback', 'emulated-1gbit-0.1ms', or
+    'emulated-1gbit-nodelay' when the kernel cannot add delay (no netem)."""
+    if network == "loopback":
+        return "loopback"
+    parse_rate(network)
+    if parse_delay(delay) > 0:
+        return f"emulated-{network}-{delay}" if netem_supported() else f"emulated-{network}-nodelay"
+    return f"emulated-{network}"
+
+
+class EmulatedNetwork:
+    """`num_nodes` namespaces joined by shaped veth links to a bridge in a switch namespace.
+
+    Use as a context manager; `close()` is idempotent and also runs on SIGINT/SIGTERM and atexit.
+    """
+
+    def __init__(self, num_nodes: int, rate: str = "1gbit", delay: str = "0.1ms",
+                 subnet: str = DEFAULT_SUBNET):
+        if num_nodes < 1:
+            raise ConfigError(f"emulated network: num_nodes must be >= 1, got {num_nodes}")
+        self.num_nodes = num_nodes
+        self.rate, self.delay = rate, delay
+        self.rate_bps = parse_rate(rate)
+        self.delay_ms = parse_delay(delay)
+        try:
+            net = ipaddress.ip_network(subnet)
+        except ValueError as e:
+            raise ConfigError(f"emulated network subnet '{subnet}': {e}") from e
+        if not net.is_private or net.version != 4:
+            raise ConfigError(f"emulated network subnet '{subnet}': must be a private IPv4 subnet")
+        if net.num_addresses - 2 < num_nodes:
+            raise ConfigError(f"emulated network subnet '{subnet}': too small for {num_nodes} nodes")
+        self.subnet = net
+        self._addresses = [str(a) for a in list(net.hosts())[:num_nodes]]
+        base = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.switch_namespace = f"{base}-sw"
+        self._namespaces = [f"{base}-n{i}" for i in range(num_nodes)]
+        self.delay_applied = False
+        self._created: list[str] = []
+        self._procs: list[subprocess.Popen] = []
+        self._prev_handlers: dict[int, Any] = {}
+        self._open = False
+        self._closed = False
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "EmulatedNetwork":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def open(self) -> "EmulatedNetwork":
+        if self._open or self._closed:
+            raise TrainingError("emulated network: open() called twice")
+        ok, reason = available()
+        if not ok:
+            raise TrainingError(reason)
+        self._open = True
+        self._install_cleanup_hooks()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _build(self) -> None:
+        sw = self.switch_namespace
+        self._add_namespace(sw)
+        _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        want_delay = self.delay_ms > 0
+        if want_delay and not netem_supported():
+            warnings.warn("emulated network: kernel has no netem qdisc; links are rate-capped "
+                          f"but the {self.delay} delay is not applied", RuntimeWarning, stacklevel=3)
+        self.delay_applied = want_delay and netem_supported()
+        for i, ns in enumerate(self._namespaces):
+            self._add_namespace(ns)
+            port = f"p{i}"
+            # The peer is created directly inside the node namespace: it never exists in the root one.
+            _run(["ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", NODE_INTERFACE,
+                  "netns", ns])
+            _run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+            _run(["ip", "-n", sw, "link", "set", port, "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self._addresses[i]}/{self.subnet.prefixlen}",
+                  "dev", NODE_INTERFACE])
+            _run(["ip", "-n", ns, "link", "set", NODE_INTERFACE, "up"])
+            self._shape(ns, NODE_INTERFACE)
+            self._shape(sw, port)
+
+    def _add_namespace(self, ns: str) -> None:
+        _run(["ip", "netns", "add", ns])
+        self._created.append(ns)
+
+    def _shape(self, ns: str, dev: str) -> None:
+        # Burst of ~1 ms at line rate (>= 64 KiB): enough for tbf to reach its rate with HZ=250
+        # timers, small enough that a long transfer sees the cap.
+        burst = max(64 * 1024, self.rate_bps // 8 // 1000)
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
+              "rate", f"{self.rate_bps}bit", "burst", str(burst), "latency", "50ms"])
+        if self.delay_applied:
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:",
+                  "netem", "delay", f"{self.delay_ms}ms", "limit", "100000"])
+
+    def close(self) -> None:
+        """Kill processes started here, delete every namespace (their veths and bridge go too)."""
+        self._closed = True
+        while self._procs:
+            _terminate(self._procs.pop())
+        # Node namespaces first: their veth ends vanish with them, then the switch with its bridge.
+        while self._created:
+            _delete_namespace(self._created.pop())
+        self._remove_cleanup_hooks()
+
+    # ------------------------------------------------------------ signal handling
+    def _install_cleanup_hooks(self) -> None:
+        atexit.register(self.close)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                prev = signal.getsignal(sig)
+                if prev is signal.SIG_IGN:
+                    continue
+                signal.signal(sig, self._on_signal)
+                self._prev_handlers[sig] = prev
+            except ValueError:
+                pass  # not the main thread: atexit and the children's death signal still apply
+
+    def _remove_cleanup_hooks(self) -> None:
+        atexit.unregister(self.close)
+        for sig, prev in list(self._prev_handlers.items()):
+            try:
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, prev)
+                    del self._prev_handlers[sig]
+            except ValueError:
+                pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        prev = self._prev_handlers.get(signum, signal.SIG_DFL)
+        self.close()
+        if callable(prev):
+            prev(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
+        elif prev == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    # ------------------------------------------------------------------- access
+    @property
+    def label(self) -> str:
+        """The `network` value benchmarks record."""
+        if self.delay_ms > 0:
+            return f"emulated-{self.rate}-{self.delay}" if self.delay_applied else f"emulated-{self.rate}-nodelay"
+        return f"emulated-{self.rate}"
+
+    @property
+    def interface(self) -> str:
+        """The NIC name inside every node namespace (for GLOO_SOCKET_IFNAME)."""
+        return NODE_INTERFACE
+
+    def namespaces(self) -> list[str]:
+        return [self.switch_namespace, *self._namespaces]
+
+    def namespace(self, i: int) -> str:
+        return self._namespaces[self._check_node(i)]
+
+    def node_address(self, i: int) -> str:
+        return self._addresses[self._check_node(i)]
+
+    def _check_node(self, i: int) -> int:
+        if not 0 <= i < self.num_nodes:
+            raise ConfigError(f"emulated network: node {i} out of range 0..{self.num_nodes - 1}")
+        if not self._open or self._closed:
+            raise TrainingError("emulated network: not open")
+        return i
+
+    def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start `argv` inside node i's namespace (`ip netns exec`); killed by close()."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(i), *argv],
+                                env=None if env is None else dict(env), start_new_session=True,
+                                preexec_fn=die_with_parent, **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def qdisc_stats(self, i: int) -> dict[str, dict[str, Any]]:
+        """The shaping qdisc of node i's link in each direction: kind, rate (bits/s), bytes sent.
+
+        'uplink' is node -> switch (egress of the node's eth0), 'downlink' switch -> node."""
+        stats = {}
+        for direction, ns, dev in (("uplink", self.namespace(i), NODE_INTERFACE),
+                                   ("downlink", self.switch_namespace, f"p{i}")):
+            out = _run(["tc", "-s", "-j", "-n", ns, "qdisc", "show", "dev", dev]).stdout
+            root = next(q for q in json.loads(out) if q.get("root"))
+            stats[direction] = {"kind": root["kind"], "rate_bps": int(root["options"]["rate"]) * 8,
+                                "bytes": int(root["bytes"]), "packets": int(root["packets"])}
+        return stats
+
+
+def _terminate(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """SIGTERM the process group, SIGKILL after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,170 @@
+"""`asrdist train`: resolve the config, prepare the run directory, start the learners.
+
+One learner runs in this process. N learners run through torch's own elastic launcher,
+`python -m torch.distributed.run --standalone --nproc-per-node N -m asrdist.train.worker RUN_DIR`,
+which is exactly what `torchrun --nnodes A --nproc-per-node B` runs on a cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import yaml
+
+from asrdist.config import RunConfig, config_from_tree, load_config
+from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.parallel.base import LearnerContext
+from asrdist.utils.io import write_json_atomic, write_text_atomic
+
+
+def resolve_config(args) -> RunConfig:
+    overrides = list(args.overrides or [])
+    flag_overrides = []
+    if args.data is not None:
+        flag_overrides.append(f"data.corpus={args.data}")
+    if args.epochs is not None:
+        flag_overrides.append(f"train.epochs={args.epochs}")
+    if args.learners is not None:
+        flag_overrides.append(f"train.learners={args.learners}")
+    if args.resume is not None:
+        base = args.resume / "config.yaml"
+        if not base.is_file():
+            raise ConfigError(f"{base}: missing; --resume needs a run directory made by asrdist train")
+        tree = yaml.safe_load(base.read_text())
+    else:
+        tree = yaml.safe_load(Path(args.config).read_text()) if Path(args.config).is_file() else None
+        if tree is None:
+            load_config(args.config)  # raises the proper error
+            tree = {}
+    if args.strategy is not None and (tree.get("strategy") or {}).get("name") != args.strategy:
+        tree["strategy"] = {"name": args.strategy}
+    from asrdist.config import _apply_override
+
+    for o in flag_overrides + overrides:
+        _apply_override(tree, o)
+    return config_from_tree(tree)
+
+
+def environment_record(cfg: RunConfig) -> dict:
+    import numpy
+    import torch
+
+    from asrdist import __version__
+    from asrdist.bench.machine import machine_info
+
+    return {"asrdist": __version__, "seed": cfg.seed, "argv": sys.argv, "torch": torch.__version__,
+            "numpy": numpy.__version__, "python": platform.python_version(), "machine": machine_info(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
+    from asrdist.train.prepare import build_targets, ensure_features, save_targets
+    from asrdist.train.task import model_kind
+
+    corpus = Path(cfg.data.corpus)
+    ensure_features(corpus, cfg, progress=progress)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_targets(run_dir, build_targets(corpus, cfg, model_kind(cfg)))
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_json_atomic(run_dir / "env.json", environment_record(cfg))
+
+
+def train_command(args) -> int:
+    cfg = resolve_config(args)
+    cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
+    if args.resume is not None:
+        run_dir = args.resume
+        write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    else:
+        run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if (run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists():
+            raise AsrdistError(f"{run_dir}: run directory already used; pick another --out or --resume it")
+        prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+    progress = not args.no_progress and sys.stderr.isatty()
+    if cfg.train.learners == 1 and cfg.strategy_name == "single":
+        from asrdist.train.learner import run_learner
+
+        summary = run_learner(cfg, run_dir, LearnerContext(seed=cfg.seed), resume=args.resume is not None,
+                              progress=progress)
+    else:
+        summary = launch_learners(cfg, run_dir, resume=args.resume is not None, progress=progress)
+    print_summary(run_dir, summary)
+    return 0
+
+
+def launch_learners(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool) -> dict:
+    n = cfg.train.learners
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           "--nproc-per-node", str(n), "--max-restarts", "0", "--monitor-interval", "0.5",
+           "-m", "asrdist.train.worker", str(run_dir)]
+    if resume:
+        cmd.append("--resume")
+    if not progress:
+        cmd.append("--no-progress")
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)))
+    run_distributed_command(cmd, env, run_dir, timeout=None)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def run_distributed_command(cmd: list[str], env: dict, run_dir: Path, timeout: float | None) -> None:
+    """Run torch.distributed.run, echo its output, and turn a failure into one line naming the rank."""
+    for f in run_dir.glob("failed-rank-*.txt"):
+        f.unlink()
+    proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
+    tail: list[str] = []
+
+    def pump():
+        for line in proc.stderr:
+            tail.append(line)
+            del tail[:-200]
+            if not _launcher_noise(line):
+                sys.stderr.write(line)
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        proc.terminate()
+        proc.wait(30)
+        raise
+    t.join(5)
+    if rc != 0:
+        raise TrainingError(failure_message(run_dir, "".join(tail), rc))
+
+
+def _launcher_noise(line: str) -> bool:
+    return "torch.distributed.run" in line and "OMP_NUM_THREADS" in line or line.startswith("*****")
+
+
+def failure_message(run_dir: Path, launcher_output: str, rc: int) -> str:
+    """The first learner's own error if it wrote one, else the rank torch's launcher blamed."""
+    reports = sorted(run_dir.glob("failed-rank-*.txt"), key=lambda p: p.stat().st_mtime)
+    if reports:
+        first = reports[0].read_text().strip().splitlines()[0]
+        return first
+    m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", launcher_output, re.S)
+    if m:
+        code = int(m.group(2))
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        return f"learner rank {m.group(1)} failed ({how}); the job was stopped"
+    return f"learners failed (launcher exit code {rc})"
+
+
+def print_summary(run_dir: Path, summary: dict | None) -> None:
+    if not summary:
+        return
+    f = summary["final"]
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in f.items() if isinstance(v, float))
+    print(f"[asrdist] {summary['strategy']} x{summary['learners']} ({summary['model']}, "
+          f"{summary['parameters']:,} params): {metrics}; "
+          f"{summary['frames_per_second']:,.0f} frames/s; sent {summary['comm']['bytes_sent'] / 1e6:.1f} MB")
+    print(f"[asrdist] run directory: {run_dir} (summary.json, report.png, metrics.jsonl, tensorboard/)")

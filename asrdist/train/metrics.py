@@ -1,0 +1,50 @@
+"""Metrics out: JSON lines (the record) and TensorBoard (the view). Rank 0 only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, enabled: bool = True, resume_step: int | None = None):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self._tb = None
+        if not enabled:
+            return
+        if resume_step is not None and self.path.is_file():
+            # Drop records written after the checkpoint we resume from: they will be redone.
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(k + "\n" for k in kept))
+        elif self.path.exists():
+            self.path.unlink()
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        except Exception:  # tensorboard missing or broken: JSONL stays the record
+            self._tb = None
+
+    def log(self, kind: str, step: int, **values: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, **values}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,44 @@
+"""report.png: training/validation loss and accuracy curves of a run, from metrics.jsonl."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from asrdist.train.metrics import read_metrics
+from asrdist.utils.io import atomic_path
+
+
+def plot_report(run_dir: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    if train:
+        ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train (minibatch mean)", lw=1)
+    valid = [r for r in epochs if "valid_loss" in r]
+    if valid:
+        ax_loss.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+    for key, label in (("frame_accuracy", "frame accuracy"), ("per", "PER"), ("cer", "CER"),
+                       ("wer", "WER"), ("sentence_accuracy", "sentence accuracy")):
+        pts = [(r["epoch"] + 1, r[key]) for r in epochs if key in r]
+        if pts:
+            ax_acc.plot(*zip(*pts), "o-", label=label)
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.legend()
+    ax_acc.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(run_dir) / "report.png"
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,53 @@
+"""End of a run (rank 0): final evaluation, the consensus model, summary.json and report.png."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from asrdist.config import RunConfig
+from asrdist.train.checkpoint import save_model
+from asrdist.train.report import plot_report
+from asrdist.utils.io import write_json_atomic
+
+
+def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
+               state, per_learner: list[dict], wall_seconds: float, threads: int) -> dict:
+    from asrdist.eval.evaluate import evaluate_split
+    from asrdist.models.registry import count_parameters
+
+    final_eval = evaluate_split(model, task.valid_dir, targets, cfg)
+    train_loss = state.history[-1]["train_loss"] if state.history else None
+    final = {"train_loss": train_loss, "valid_loss": final_eval["loss"]}
+    for key in ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy"):
+        if key in final_eval:
+            final[key] = final_eval[key]
+    save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
+    frames = sum(p["frames"] for p in per_learner)
+    train_seconds = max(p["train_seconds"] for p in per_learner)
+    n = len(per_learner)
+    summary = {
+        "strategy": cfg.strategy_name,
+        "learners": n,
+        "cores": os.cpu_count(),
+        "threads_per_learner": threads,
+        "model": cfg.model.name,
+        "parameters": count_parameters(model),
+        "epochs": cfg.train.epochs,
+        "steps": state.step,
+        "train_frames": frames,
+        "frames_per_second": frames / train_seconds if train_seconds > 0 else 0.0,
+        "wall_seconds": wall_seconds,
+        "final": final,
+        "comm": {
+            "bytes_sent": sum(p["bytes_sent"] for p in per_learner),
+            "comm_seconds": sum(p["comm_seconds"] for p in per_learner) / n,
+            "wait_seconds": sum(p["wait_seconds"] for p in per_learner) / n,
+            "per_learner": per_learner,
+        },
+        "history": state.history,
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")
+    return summary

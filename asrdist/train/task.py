@@ -1,0 +1,77 @@
+"""The speech side of a run: model, sampler and objective for one learner.
+
+The trainer sees only `model`, `sampler`, `loss(model, batch)` and `validate(model)`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asrdist.config import RunConfig
+from asrdist.train.prepare import ctc_tokens, frame_labels
+
+
+def build_model_for(cfg: RunConfig, input_dim: int, targets: dict[str, Any]) -> torch.nn.Module:
+    from asrdist.models.registry import build_model
+
+    return build_model(cfg.model, input_dim, targets["num_classes"])
+
+
+def model_kind(cfg: RunConfig) -> str:
+    from asrdist.models.registry import model_kind as kind_of
+
+    return kind_of(cfg.model)
+
+
+class SpeechTask:
+    def __init__(self, cfg: RunConfig, targets: dict[str, Any], rank: int, world_size: int):
+        from asrdist.features.store import FeatureStore
+
+        self.cfg, self.targets = cfg, targets
+        corpus = Path(cfg.data.corpus)
+        self.train_dir, self.valid_dir = corpus / "train", corpus / "valid"
+        self.store = FeatureStore(self.train_dir)
+        self.model = build_model_for(cfg, self.store.dim, targets)
+        self.kind = self.model.kind
+        if cfg.data.batch_size % world_size:
+            from asrdist.errors import ConfigError
+
+            raise ConfigError(f"data.batch_size: {cfg.data.batch_size} is not divisible by {world_size} learners")
+        self.local_batch = cfg.data.batch_size // world_size
+        self.sampler = self._build_sampler(rank, world_size)
+
+    def _build_sampler(self, rank: int, world_size: int):
+        from asrdist.data import samplers
+
+        cfg, store = self.cfg, self.store
+        if self.kind == "ctc":
+            tokens = ctc_tokens(self.train_dir, self.targets)
+            return samplers.UtteranceBatchSampler(store, tokens, store.utt_ids, rank=rank, world_size=world_size,
+                                                  max_frames=self.local_batch, seed=cfg.seed)
+        labels = frame_labels(self.train_dir, self.targets)
+        utt_ids = [u for u in store.utt_ids if u in labels]
+        if self.kind == "chunk":
+            return samplers.ChunkSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
+                                         batch_size=self.local_batch, chunk=cfg.model.chunk, seed=cfg.seed)
+        return samplers.FrameSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
+                                     batch_size=self.local_batch, context=cfg.model.context, seed=cfg.seed,
+                                     window_utterances=cfg.data.window_utterances)
+
+    def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
+        from asrdist.models import objectives
+
+        if self.kind == "ctc":
+            log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
+            loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
+            return loss, batch.num_frames
+        logits = model(batch.inputs)
+        loss, _ = objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+        return loss, batch.num_frames
+
+    def validate(self, model: torch.nn.Module) -> dict:
+        from asrdist.eval.evaluate import evaluate_split
+
+        result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)
+        return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items() if k != "utterances"}

@@ -1,0 +1,219 @@
+"""The one training loop. It knows neither the strategy nor the speech task behind its inputs.
+
+Per minibatch: schedule -> forward/backward (or emulated compute) -> strategy.after_backward ->
+optimizer.step -> strategy.after_step -> straggler delay -> metrics / checkpoint. Epoch end:
+validation and a checkpoint. Every learner runs this same loop.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Protocol
+
+import torch
+
+from asrdist.errors import TrainingError
+from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.train import checkpoint as ckpt
+from asrdist.train.metrics import MetricsLog
+
+
+class Sampler(Protocol):
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self): ...
+    def __len__(self) -> int: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class LoopState:
+    epoch: int = 0
+    step: int = 0
+    frames: int = 0
+    """Frames this learner has trained on."""
+    train_seconds: float = 0.0
+    epoch_loss_sum: float = 0.0
+    epoch_loss_frames: int = 0
+    history: list[dict] = field(default_factory=list)
+    """Per-epoch records: epoch, train_loss, valid metrics."""
+
+
+@dataclass
+class TrainerHooks:
+    loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
+    """(model, batch) -> (mean loss over the batch, frames in the batch)."""
+    validate_fn: Callable[[torch.nn.Module], dict] | None = None
+    """model -> metrics dict (rank 0 only); called at epoch ends."""
+    lr_at: Callable[[int, int], float] = lambda step, epoch: 0.1
+    """(global step, epoch) -> learning rate before the strategy's scale."""
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
+                 sampler: Sampler, hooks: TrainerHooks, ctx: LearnerContext, run_dir: Path, *,
+                 epochs: int, max_steps: int = 0, log_every: int = 20, checkpoint_every: int = 0,
+                 validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
+                 straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
+                 straggler_jitter: float = 0.0, progress: bool = True, barrier: Callable[[], None] = lambda: None):
+        self.model, self.optimizer, self.strategy = model, optimizer, strategy
+        self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
+        self.epochs, self.max_steps, self.log_every = epochs, max_steps, log_every
+        self.checkpoint_every, self.validate_every_epochs = checkpoint_every, validate_every_epochs
+        self.emulate_compute_ms = emulate_compute_ms
+        self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
+        self.jitter = straggler_jitter
+        self._jitter_rng = random.Random(ctx.seed * 1000 + ctx.rank)
+        self.progress = progress and ctx.rank == 0
+        self.barrier = barrier
+        self.state = LoopState()
+        self.metrics: MetricsLog | None = None
+        self.compute_seconds = 0.0
+
+    # -- one step -------------------------------------------------------------------------
+    def train_step(self, batch: Any) -> tuple[float, int]:
+        """One minibatch on this learner; returns (loss, frames). Benchmarks call this too."""
+        lr = self.hooks.lr_at(self.state.step, self.state.epoch) * self.strategy.lr_scale()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        if self.emulate_compute_ms > 0:
+            loss_value, frames = self._emulated_compute(batch)
+        else:
+            self.model.train()
+            loss, frames = self.hooks.loss_fn(self.model, batch)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise TrainingError(f"rank {self.ctx.rank}: loss is {loss_value} at step {self.state.step} "
+                                    f"(epoch {self.state.epoch}); lower optim.lr or check the data")
+            loss.backward()
+        compute = time.perf_counter() - t0
+        self.compute_seconds += compute
+        self.strategy.after_backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        self.strategy.after_step()
+        delay = (self.slowdown - 1.0) * compute
+        if self.jitter > 0:
+            delay += self._jitter_rng.uniform(0.0, self.jitter) * compute
+        if delay > 0:
+            time.sleep(delay)
+        return loss_value, frames
+
+    def _emulated_compute(self, batch: Any) -> tuple[float, int]:
+        time.sleep(self.emulate_compute_ms / 1000.0)
+        gen = torch.Generator().manual_seed(self.ctx.seed * 7919 + self.ctx.rank * 104729 + self.state.step)
+        for p in self.model.parameters():
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(torch.randn(p.shape, generator=gen) * 1e-3)
+        frames = getattr(batch, "num_frames", 0)
+        return 0.0, int(frames)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _learner_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
+                "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
+                "jitter_rng": self._jitter_rng.getstate()}
+
+    def save_checkpoint(self) -> None:
+        ckpt.save_learner(self.run_dir, self.state.step, self.ctx.rank, self._learner_state())
+        self.barrier()
+        if self.ctx.rank == 0:
+            ckpt.publish(self.run_dir, self.state.step, self.ctx.world_size)
+        self.barrier()
+
+    def resume(self) -> None:
+        state = ckpt.load_learner(self.run_dir, self.ctx.rank, self.ctx.world_size)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.state = LoopState(**state["loop"])
+        ckpt.set_rng_state(state["rng"])
+        self._jitter_rng.setstate(state["jitter_rng"])
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(self, resume: bool = False) -> LoopState:
+        if resume:
+            self.resume()
+        self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.rank == 0,
+                                  resume_step=self.state.step if resume else None)
+        mid_epoch = resume and self.sampler.state_dict().get("position", 0) > 0
+        try:
+            while self.state.epoch < self.epochs:
+                if not mid_epoch:
+                    self.sampler.set_epoch(self.state.epoch)
+                mid_epoch = False
+                self._run_epoch()
+                if not self._epoch_finished:  # max_steps reached mid-epoch
+                    self.save_checkpoint()
+                    break
+                self._end_epoch()
+                if self._done():
+                    break
+        finally:
+            self.metrics.close()
+        self.strategy.finalize()
+        return self.state
+
+    def _done(self) -> bool:
+        return self.max_steps > 0 and self.state.step >= self.max_steps
+
+    def _run_epoch(self) -> None:
+        from tqdm import tqdm
+
+        total = len(self.sampler)
+        start = self.sampler.state_dict().get("position", 0)
+        bar = tqdm(total=total, initial=start, desc=f"epoch {self.state.epoch + 1}/{self.epochs}",
+                   unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
+        losses, frames_window, t_window = [], 0, time.perf_counter()
+        done_steps = start
+        if start == 0:
+            self.state.epoch_loss_sum, self.state.epoch_loss_frames = 0.0, 0
+        for batch in self.sampler:
+            t0 = time.perf_counter()
+            loss, frames = self.train_step(batch)
+            self.state.train_seconds += time.perf_counter() - t0
+            self.state.step += 1
+            self.state.frames += frames
+            losses.append(loss)
+            self.state.epoch_loss_sum += loss * frames
+            self.state.epoch_loss_frames += frames
+            frames_window += frames
+            done_steps += 1
+            bar.update(1)
+            if self.state.step % self.log_every == 0:
+                elapsed = max(time.perf_counter() - t_window, 1e-9)
+                fps = frames_window * self.ctx.world_size / elapsed
+                mean_loss = sum(losses) / len(losses)
+                bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{fps:,.0f}")
+                self.metrics.log("train", self.state.step, epoch=self.state.epoch, loss=mean_loss,
+                                 frames_per_second=fps, lr=self.optimizer.param_groups[0]["lr"])
+                losses, frames_window, t_window = [], 0, time.perf_counter()
+            if self.checkpoint_every and self.state.step % self.checkpoint_every == 0:
+                self.save_checkpoint()
+            if self._done():
+                break
+        self._epoch_finished = done_steps >= total
+        bar.close()
+
+    def _end_epoch(self) -> None:
+        record = {"epoch": self.state.epoch,
+                  "train_loss": self.state.epoch_loss_sum / max(self.state.epoch_loss_frames, 1)}
+        last = self.state.epoch == self.epochs - 1 or self._done()
+        if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
+            valid = self.hooks.validate_fn(self.model) if self.ctx.rank == 0 else {}
+            record.update(valid)
+        self.state.history.append(record)
+        self.metrics.log("epoch", self.state.step, **record)
+        if self.progress:
+            shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+            print(f"[asrdist] {shown}", flush=True)
+        self.state.epoch += 1
+        self.save_checkpoint()
