@@ -117,7 +117,8 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
     split_utts: dict[str, list[Utterance]] = {name: [] for name in SPLITS}
     skipped: list[str] = []
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        for rec in tqdm(recordings, desc="fsdd", unit="file", disable=not progress, file=sys.stderr):
+        bar = tqdm(recordings, desc="fsdd", unit="file", disable=None if progress else True, file=sys.stderr)
+        for rec in bar:
             name = assign_split(rec, split, test_speaker)
             try:
                 samples, rate = read_wav(rec.path, where=f"{rec.path}")

@@ -141,10 +141,14 @@ class FeatureStoreWriter:
         self._rows = 0
         self._file = open(self.path / f"shard-{self._shard:05d}.f32", "wb")
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def add(self, utt_id: str, feats: np.ndarray) -> None:
         feats = np.ascontiguousarray(feats, dtype="<f4")
         if feats.ndim != 2 or feats.shape[1] != self.dim or feats.shape[0] == 0:
-            raise DataError(f"utterance {utt_id}: features of shape {feats.shape}, expected [frames>0, {self.dim}]")
+            raise DataError(f"utterance {utt_id}: features of shape {feats.shape}, "
+                            f"expected [frames>0, {self.dim}]")
         if utt_id in self._entries:
             raise DataError(f"utterance {utt_id}: features written twice")
         if self._rows and (self._rows + len(feats)) * 4 * self.dim > self.shard_bytes:

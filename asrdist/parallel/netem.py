@@ -16,14 +16,11 @@ pid and a random suffix, so parallel runs never clash, and `cleanup_stale()` rem
 dead creators. Namespaces, links and the processes started in them are removed on normal exit,
 on exceptions, on SIGINT/SIGTERM and at interpreter exit.
 
-Learners are launched on it by `asrdist.parallel.netem_launch.run_learners`. On a real cluster the
-same learner code runs under torchrun, one launcher per host, e.g. for 2 hosts x 4 learners:
-
-    torchrun --nnodes 2 --nproc-per-node 4 --node-rank R \\
-        --rdzv-backend c10d --rdzv-endpoint HOST0:29500 -m asrdist train CONFIG --learners 8
-
-with GLOO_SOCKET_IFNAME (CPU) or NCCL_SOCKET_IFNAME (GPU) naming the hosts' cluster NIC; torchrun
-sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT exactly as the emulator does.
+Learners are launched on it by `asrdist.parallel.netem_launch.run_learners`, which sets for every
+learner what torchrun sets on a real cluster (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and
+GLOO_SOCKET_IFNAME=eth0. On a real cluster the same learners run under torchrun, one command per
+host with GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming its cluster NIC (see netem_launch.py);
+torchrun itself also runs unchanged inside these namespaces (tests/test_netem.py does that).
 """
 from __future__ import annotations
 
@@ -183,6 +180,19 @@ def network_label(network: str, delay: str = "0.1ms") -> str:
     return f"emulated-{network}"
 
 
+def resolve_network(requested: str, delay: str = "0.1ms") -> tuple[str, str]:
+    """(network to use, label to record): 'loopback' with a warning when emulation is unavailable."""
+    if requested == "loopback":
+        return "loopback", "loopback"
+    parse_rate(requested)
+    ok, reason = available()
+    if not ok:
+        warnings.warn(f"network '{requested}': {reason}; falling back to loopback", RuntimeWarning,
+                      stacklevel=2)
+        return "loopback", "loopback"
+    return requested, network_label(requested, delay)
+
+
 class EmulatedNetwork:
     """`num_nodes` namespaces joined by shaped veth links to a bridge in a switch namespace.
 
@@ -230,7 +240,7 @@ class EmulatedNetwork:
             raise TrainingError("emulated network: open() called twice")
         ok, reason = available()
         if not ok:
-            raise TrainingError(reason)
+            raise ConfigError(reason)
         self._open = True
         self._install_cleanup_hooks()
         try:
@@ -248,7 +258,7 @@ class EmulatedNetwork:
         want_delay = self.delay_ms > 0
         if want_delay and not netem_supported():
             warnings.warn("emulated network: kernel has no netem qdisc; links are rate-capped "
-                          f"but the {self.delay} delay is not applied", RuntimeWarning, stacklevel=3)
+                          f"but the {self.delay} delay is not applied", RuntimeWarning, stacklevel=4)
         self.delay_applied = want_delay and netem_supported()
         for i, ns in enumerate(self._namespaces):
             self._add_namespace(ns)

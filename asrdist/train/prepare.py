@@ -76,7 +76,8 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
     if kind in ("monophone", "tied"):
         alignments = read_alignments(train)
         if kind == "tied":
-            out["tied"] = TiedStates.fit(alignments, len(phones), cfg.data.tied_states)
+            out["tied"] = TiedStates.fit(alignments, len(phones), cfg.data.tied_states,
+                                         context_independent=[phones.silence_id])
             out["num_classes"] = out["tied"].num_classes
             out["class_to_phone"] = np.asarray(out["tied"].class_to_phone)
         else:

@@ -1,0 +1,342 @@
+"""Import a Kaldi data directory as an asrdist split directory, and export one back.
+
+Import reads `wav.scp` (WAV file paths; relative paths are tried against SRC, then the
+current directory; command pipes `... |` are rejected), `segments` (times kept to the
+millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
+10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
+Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
+UTF-8, alignment ids below the size of `phones.txt` (SRC's, or asrdist's table) and alignment /
+feature lengths against the audio's `num_frames` (a difference of one edge frame is tolerated;
+exactly two frames short is Kaldi's `snip_edges=true` framing, padded by repeating the first and
+last frame once so every asrdist stage shares the `snip_edges=false` frames).
+Audio is referenced by absolute path, not copied. Imported features go into the feature store.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+
+from asrdist.corpus.audio import num_frames, read_wav
+from asrdist.corpus.kaldi_dir import (DataDir, Segment, Utterance, read_data_dir, write_alignments,
+                                      write_data_dir)
+from asrdist.corpus.phones import PhoneTable
+from asrdist.errors import DataError
+
+TOLERANCE_FRAMES = 1
+KALDI_SNIP_EDGES_DEFICIT = 2
+_UNMATCHED = "\0unmatched"
+
+
+def _read_table(path: Path, bad: dict[str, str], required: bool = True) -> dict[str, str]:
+    """`key value` lines; a line that is not UTF-8 marks its utterance bad instead of failing."""
+    if not path.is_file():
+        if required:
+            raise DataError(f"{path}: missing")
+        return {}
+    table: dict[str, str] = {}
+    for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # A readable key names the utterance to skip; an unreadable one is reported under
+            # its lossy spelling (it can match no other file's entry anyway).
+            key = raw.split(maxsplit=1)[0].decode("utf-8", "replace")
+            bad.setdefault(key, f"{path}:{lineno}: utterance {key}: not valid UTF-8 (byte {exc.start})")
+            if "\ufffd" in key:
+                bad.setdefault(_UNMATCHED, bad[key])
+            continue
+        parts = line.strip().split(maxsplit=1)
+        if parts[0] in table:
+            raise DataError(f"{path}:{lineno}: duplicate key '{parts[0]}'")
+        table[parts[0]] = parts[1] if len(parts) > 1 else ""
+    return table
+
+
+def _resolve(base: Path, name: str) -> Path:
+    path = Path(name)
+    if path.is_absolute() or not (base / path).exists() and path.exists():
+        return path.resolve()
+    return (base / path).resolve()
+
+
+def _load_scp(scp: Path, bad: dict[str, str], what: str) -> dict[str, np.ndarray]:
+    out = {}
+    for key, loc in _read_table(scp, bad).items():
+        file, sep, offset = loc.rpartition(":")
+        if sep and offset.isdigit():
+            target = f"{_resolve(scp.parent, file)}:{offset}"
+        else:
+            target = str(_resolve(scp.parent, loc))
+        try:
+            out[key] = np.asarray(kaldiio.load_mat(target))
+        except Exception as exc:  # kaldiio raises many types for a broken or missing ark
+            bad.setdefault(key, f"{scp}: utterance {key}: cannot read {what} ({exc})")
+    return out
+
+
+def read_alignment_file(path: Path, bad: dict[str, str]) -> dict[str, np.ndarray]:
+    """utt -> int vector from a Kaldi `.scp`, a binary `.ark`, or text `utt id id ...` lines."""
+    if not path.is_file():
+        raise DataError(f"{path}: alignment file not found")
+    if path.suffix == ".scp":
+        return _load_scp(path, bad, "alignment")
+    head = path.read_bytes()[:4096]
+    if b" \0B" in head.split(b"\n", 1)[0]:
+        try:
+            return {k: np.asarray(v) for k, v in kaldiio.load_ark(str(path))}
+        except Exception as exc:
+            raise DataError(f"{path}: cannot read alignment ark ({exc})") from None
+    out = {}
+    for key, value in _read_table(path, bad).items():
+        try:
+            out[key] = np.array([int(x) for x in value.split()], dtype=np.int64)
+        except ValueError:
+            bad.setdefault(key, f"{path}: utterance {key}: alignment is not a list of integers")
+    return out
+
+
+def _fit_frames(x: np.ndarray, frames: int, where: str, what: str) -> np.ndarray:
+    """Check `x`'s length against the audio's frame count; pad Kaldi snip_edges=true framing."""
+    if abs(len(x) - frames) <= TOLERANCE_FRAMES:
+        return x
+    if len(x) == frames - KALDI_SNIP_EDGES_DEFICIT and len(x) > 0:
+        return np.concatenate([x[:1], x, x[-1:]])
+    raise DataError(f"{where}: {what} has {len(x)} frames, audio {frames} "
+                    f"(tolerance {TOLERANCE_FRAMES})")
+
+
+class _Importer:
+    """Collects per-utterance problems in `bad` so --skip-bad can drop exactly those."""
+
+    def __init__(self, src: Path, alignments: Path | None, progress: bool):
+        self.src, self.progress = src, progress
+        self.bad: dict[str, str] = {}
+        self.wav_scp = _read_table(src / "wav.scp", self.bad)
+        self.segments = _read_table(src / "segments", self.bad, required=False)
+        self.text = _read_table(src / "text", self.bad)
+        self.utt2spk = _read_table(src / "utt2spk", self.bad)
+        self.phones = PhoneTable.read(src / "phones.txt") if (src / "phones.txt").is_file() else PhoneTable()
+        if alignments is None and (src / "alignment.scp").is_file():
+            alignments = src / "alignment.scp"
+        self.alignment_path = alignments
+        self.alignments = read_alignment_file(alignments, self.bad) if alignments else {}
+        has_feats = (src / "feats.scp").is_file()
+        self.feats = _load_scp(src / "feats.scp", self.bad, "features") if has_feats else {}
+        self.utt_ids = sorted(self.segments) if self.segments else sorted(self.wav_scp)
+
+    def fail(self, utt_id: str, reason: str, file: str = "wav.scp") -> None:
+        self.bad.setdefault(utt_id, f"{self.src / file}: utterance {utt_id}: {reason}")
+
+    def recordings(self) -> dict[str, str]:
+        """utt -> recording id, marking utterances without usable audio entries bad."""
+        rec_of = {}
+        for utt_id in self.utt_ids:
+            if self.segments:
+                fields = self.segments[utt_id].split()
+                if len(fields) != 3:
+                    self.fail(utt_id, "expected 'recording start end'", "segments")
+                    continue
+                rec = fields[0]
+            else:
+                rec = utt_id
+            wav = self.wav_scp.get(rec)
+            if wav is None:
+                self.fail(utt_id, f"recording '{rec}' not in wav.scp")
+            elif wav.rstrip().endswith("|"):
+                cmd = wav if len(wav) <= 60 else wav[:57] + "..."
+                self.fail(utt_id, f"command pipe '{cmd}' is not supported; list WAV file paths instead")
+            else:
+                rec_of[utt_id] = rec
+            if utt_id not in self.utt2spk:
+                self.fail(utt_id, "no speaker", "utt2spk")
+            if utt_id not in self.text:
+                self.fail(utt_id, "missing transcript", "text")
+        return rec_of
+
+    def read_audio(self, rec_of: dict[str, str]) -> tuple[dict[str, tuple[Path, int, int]], int]:
+        """rec -> (path, samples, rate) for every readable recording, and the corpus rate."""
+        from tqdm import tqdm
+
+        audio, first_utt = {}, {}
+        for utt_id, rec in rec_of.items():
+            first_utt.setdefault(rec, utt_id)
+        for rec, utt_id in tqdm(first_utt.items(), desc="import audio", unit="file",
+                                disable=None if self.progress else True, file=sys.stderr):
+            path = _resolve(self.src, self.wav_scp[rec])
+            try:
+                samples, rate = read_wav(path, where=f"{self.src / 'wav.scp'}: utterance {utt_id}")
+                audio[rec] = (path, len(samples), rate)
+            except DataError as exc:
+                for u, r in rec_of.items():
+                    if r == rec:
+                        self.bad.setdefault(u, str(exc))
+        rates = Counter(rate for _, _, rate in audio.values())
+        return audio, (rates.most_common(1)[0][0] if rates else 0)
+
+    def utterance(self, utt_id: str, rec: str, path: Path, total: int, rate: int) -> Utterance:
+        """One checked utterance; raises DataError naming it."""
+        where = f"{self.src / 'wav.scp'}: utterance {utt_id}"
+        segment, count = None, total
+        if self.segments:
+            _, start, end = self.segments[utt_id].split()
+            try:
+                start, end = round(float(start), 3), round(float(end), 3)
+            except ValueError:
+                raise DataError(f"{self.src / 'segments'}: utterance {utt_id}: bad times") from None
+            end = round(total / rate, 3) if end < 0 else end
+            first, last = int(round(start * rate)), int(round(end * rate))
+            if start < 0 or last <= first or last > total + rate // 100:
+                raise DataError(f"{self.src / 'segments'}: utterance {utt_id}: segment {start:.3f}-"
+                                f"{end:.3f} s outside the recording ({total / rate:.3f} s)")
+            segment, count = Segment(rec, start, end), min(last, total) - first
+        frames = num_frames(count, rate)
+        if frames == 0:
+            raise DataError(f"{where}: audio too short ({count} samples)")
+        alignment = None
+        if self.alignment_path is not None:
+            ali_where = f"{self.alignment_path}: utterance {utt_id}"
+            if utt_id not in self.alignments:
+                raise DataError(f"{ali_where}: missing alignment")
+            alignment = self.alignments[utt_id]
+            if alignment.ndim != 1 or not np.issubdtype(alignment.dtype, np.integer):
+                raise DataError(f"{ali_where}: alignment is not an integer vector")
+            out_of_range = alignment[(alignment < 0) | (alignment >= len(self.phones))]
+            if out_of_range.size:
+                raise DataError(f"{ali_where}: unknown phone id {int(out_of_range[0])} "
+                                f"(phone table has {len(self.phones)} phones)")
+            alignment = _fit_frames(alignment, frames, ali_where, "alignment").astype(np.int32)
+        if self.feats:
+            feats = self.feats.get(utt_id)
+            if feats is None:
+                raise DataError(f"{self.src / 'feats.scp'}: utterance {utt_id}: missing features")
+            if feats.ndim != 2 or not np.all(np.isfinite(feats)):
+                raise DataError(f"{self.src / 'feats.scp'}: utterance {utt_id}: not a finite matrix")
+            self.feats[utt_id] = _fit_frames(feats, frames, f"{self.src / 'feats.scp'}: utterance {utt_id}",
+                                             "features")
+        return Utterance(utt_id=utt_id, speaker=self.utt2spk[utt_id], wav=str(path),
+                         text=self.text[utt_id], duration=round(count / rate, 3),
+                         alignment=alignment, segment=segment)
+
+
+def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None = None,
+                 skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary."""
+    from asrdist.features.store import FeatureStoreWriter
+    from asrdist.utils.io import atomic_dir, write_json_atomic
+
+    src = Path(src)
+    if not src.is_dir():
+        raise DataError(f"{src}: Kaldi data directory not found")
+    imp = _Importer(src, Path(alignments) if alignments else None, progress)
+    rec_of = imp.recordings()
+    audio, rate = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
+    utts: list[Utterance] = []
+    for utt_id in imp.utt_ids:
+        if utt_id not in imp.bad:
+            path, total, utt_rate = audio[rec_of[utt_id]]
+            try:
+                if utt_rate != rate:
+                    raise DataError(f"{src / 'wav.scp'}: utterance {utt_id}: sample rate {utt_rate} Hz, "
+                                    f"expected {rate} Hz (the rate of most recordings)")
+                utts.append(imp.utterance(utt_id, rec_of[utt_id], path, total, rate))
+                continue
+            except DataError as exc:
+                imp.bad[utt_id] = str(exc)
+        if not skip_bad:
+            raise DataError(imp.bad[utt_id])
+        print(f"asrdist: skipped: {imp.bad[utt_id]}", file=sys.stderr)
+    skipped = [imp.bad[u] for u in imp.utt_ids if u in imp.bad]
+    if _UNMATCHED in imp.bad:
+        if not skip_bad:
+            raise DataError(imp.bad[_UNMATCHED])
+        skipped.append(imp.bad[_UNMATCHED])
+    if not utts:
+        raise DataError(f"{src}: no usable utterances")
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        write_data_dir(tmp, utts)
+        imp.phones.write(tmp / "phones.txt")
+        if imp.feats:
+            dims = {imp.feats[u.utt_id].shape[1] for u in utts}
+            if len(dims) != 1:
+                raise DataError(f"{src / 'feats.scp'}: features of different dimensions {sorted(dims)}")
+            writer = FeatureStoreWriter(tmp / "feats", dims.pop())
+            for u in utts:
+                writer.add(u.utt_id, imp.feats[u.utt_id])
+            writer.close({"num_mel_bins": None, "cmvn": "none", "sample_rate": rate, "frame_shift": 0.01,
+                          "imported": "kaldi feats.scp", "skipped": 0, "skipped_utterances": []})
+        summary = {
+            "source": str(src.resolve()), "sample_rate": rate, "utterances": len(utts),
+            "speakers": len({u.speaker for u in utts}),
+            "hours": round(sum(u.duration for u in utts) / 3600.0, 6),
+            "alignments": imp.alignment_path is not None, "features": bool(imp.feats),
+            "skipped": len(skipped), "skipped_reasons": skipped,
+        }
+        write_json_atomic(tmp / "summary.json", summary)
+    return summary
+
+
+def _phone_table_of(split: Path) -> PhoneTable:
+    for candidate in (split / "phones.txt", split.parent / "phones.txt"):
+        if candidate.is_file():
+            return PhoneTable.read(candidate)
+    return PhoneTable()
+
+
+def _export_split(data: DataDir, out: Path, final: Path) -> None:
+    """Write `data` into `out` as a plain Kaldi dir whose paths are absolute at `final`."""
+    from asrdist.features.store import FeatureStore, export_kaldi, has_features
+
+    utts = []
+    for utt_id in data.utt_ids:
+        u = data.utterances[utt_id]
+        utts.append(Utterance(utt_id=u.utt_id, speaker=u.speaker, wav=str(data.wav_path(u).resolve()),
+                              text=u.text, duration=u.duration, segment=u.segment))
+    write_data_dir(out, utts)
+    _phone_table_of(data.path).write(out / "phones.txt")
+    if data.has_alignments:
+        alignments = {u: data.utterances[u].alignment for u in data.utt_ids}
+        write_alignments(out, alignments)
+        scp = out / "alignment.scp"
+        ark = final.resolve() / "alignment.ark"
+        lines = [f"{u} {ark}:{loc.rpartition(':')[2]}"
+                 for u, loc in (line.split(maxsplit=1) for line in scp.read_text().splitlines())]
+        scp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        (out / "alignment.txt").write_text(
+            "".join(f"{u} {' '.join(map(str, a.tolist()))}\n" for u, a in sorted(alignments.items())),
+            encoding="utf-8")
+    if has_features(data.path):
+        export_kaldi(FeatureStore(data.path), out, final_dir=final)
+
+
+def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+    """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
+    from asrdist.features.extract import find_splits
+    from asrdist.utils.io import atomic_dir
+
+    src, out = Path(src), Path(out)
+    splits = find_splits(src)
+    single = (src / "wav.scp").is_file()
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        for name, path in splits.items():
+            data = read_data_dir(path)
+            _export_split(data, tmp if single else tmp / name, out if single else out / name)
+    return {"source": str(src), "out": str(out), "splits": sorted(splits)}
+
+
+def import_command(args) -> int:
+    summary = import_kaldi(args.src, args.out, alignments=args.alignments,
+                           skip_bad=args.skip_bad, overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def export_command(args) -> int:
+    print(json.dumps(export_kaldi_dir(args.src, args.out, overwrite=args.overwrite), indent=2))
+    return 0

@@ -1,0 +1,226 @@
+"""`asrdist features DATA`: fbank + CMVN for every split of a corpus (or one split) into its store.
+
+Steps: (1) read every split and pick the corpus' sample rate (the rate most recordings have;
+others are errors naming the utterance); (2) compute raw fbank in `jobs` processes, in sorted
+order, straight into each split's new store (`SPLIT/feats` built under a temporary name); check
+each utterance against its alignment (at most one edge frame apart, see `asrdist.features.store`);
+(3) accumulate CMVN statistics (global: the train split, or the single split given; speaker: each
+speaker's own), then normalize the shards in place; (4) rename every split's store into place
+together, so a failure anywhere leaves no new store behind.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import wave
+from collections import Counter
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from asrdist.corpus.kaldi_dir import DataDir, read_data_dir
+from asrdist.errors import ConfigError, DataError
+from asrdist.features import store as feature_store
+from asrdist.features.cmvn import MODES, CmvnStats, Normalizer
+
+ALIGNMENT_TOLERANCE_FRAMES = 1
+CMVN_SOURCE_SPLIT = "train"
+
+
+def find_splits(data: Path) -> dict[str, Path]:
+    """{name: dir}: the split dirs of a corpus (train first), or {data.name: data} for one split."""
+    if (data / "wav.scp").is_file():
+        return {data.name: data}
+    if not data.is_dir():
+        raise DataError(f"{data}: corpus or data directory not found")
+    subdirs = sorted(d for d in data.iterdir() if d.is_dir() and (d / "wav.scp").is_file())
+    if not subdirs:
+        raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus (train/, valid/, test/)")
+    subdirs.sort(key=lambda d: d.name != CMVN_SOURCE_SPLIT)
+    return {d.name: d for d in subdirs}
+
+
+def _header_rate(path: Path) -> int | None:
+    try:
+        with wave.open(str(path), "rb") as w:
+            return w.getframerate()
+    except Exception:  # the wave module raises several types for garbage; read_wav reports it later
+        return None
+
+
+def _common_rate(dirs: dict[str, DataDir]) -> int:
+    rates = Counter()
+    for d in dirs.values():
+        for path in {d.wav_path(u) for u in d.utterances.values()}:
+            rate = _header_rate(path)
+            if rate:
+                rates[rate] += 1
+    if not rates:
+        raise DataError(f"{next(iter(dirs.values())).path}: no readable audio")
+    return rates.most_common(1)[0][0]
+
+
+def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int) -> list[tuple]:
+    """One task per audio file: (path, wav.scp path, rate, bins, [(utt_id, start_s, end_s) ...])."""
+    by_file: dict[Path, list[tuple]] = {}
+    for utt_id in d.utt_ids:
+        u = d.utterances[utt_id]
+        seg = (u.segment.start, u.segment.end) if u.segment else (None, None)
+        by_file.setdefault(d.wav_path(u), []).append((utt_id, *seg))
+    return [(str(path), str(d.path / "wav.scp"), rate, num_mel_bins, utts)
+            for path, utts in by_file.items()]
+
+
+def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, float]]:
+    """Worker: [(utt_id, feats or None, error or None, audio_seconds)] for one audio file."""
+    from asrdist.corpus.audio import frame_shift_samples, read_wav
+    from asrdist.features.fbank import compute_fbank, fbank_options
+
+    path, scp, rate, num_mel_bins, utts = task
+    if len(utts) == 1:
+        label = f"{scp}: utterance {utts[0][0]}"
+    else:
+        label = f"{scp}: recording {Path(path).name} (utterances {utts[0][0]}..{utts[-1][0]})"
+    try:
+        samples, _ = read_wav(path, expected_rate=rate, where=label)
+    except DataError as exc:
+        return [(utt_id, None, str(exc), 0.0) for utt_id, _, _ in utts]
+    opts = fbank_options(rate, num_mel_bins)
+    out = []
+    for utt_id, start, end in utts:
+        where = f"{scp}: utterance {utt_id}"
+        piece = samples
+        if start is not None:
+            first, last = int(round(start * rate)), len(samples) if end < 0 else int(round(end * rate))
+            if last > len(samples) + frame_shift_samples(rate) or first >= min(last, len(samples)):
+                out.append((utt_id, None, f"{where}: segment {start:.3f}-{end:.3f} s outside the "
+                                          f"recording ({len(samples) / rate:.3f} s)", 0.0))
+                continue
+            piece = samples[first:last]
+        try:
+            out.append((utt_id, compute_fbank(piece, rate, num_mel_bins, opts), None, len(piece) / rate))
+        except DataError as exc:
+            out.append((utt_id, None, f"{where}: {exc}", 0.0))
+    return out
+
+
+def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
+    """Yield worker results in task order, from a process pool unless jobs == 1."""
+    from tqdm import tqdm
+
+    total = sum(len(t[4]) for t in tasks)
+    bar = tqdm(total=total, desc=desc, unit="utt", disable=None if progress else True, file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        if jobs > 1 and len(tasks) > 1:
+            pool = stack.enter_context(get_context("fork").Pool(min(jobs, len(tasks))))
+            results = pool.imap(_compute, tasks, chunksize=max(1, min(16, len(tasks) // (4 * jobs))))
+        else:
+            results = map(_compute, tasks)
+        for result in results:
+            bar.update(len(result))
+            yield from result
+    bar.close()
+
+
+def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: int, skip_bad: bool,
+                   progress: bool, speaker_stats: dict[str, CmvnStats],
+                   num_mel_bins: int) -> tuple[feature_store.FeatureStoreWriter, list[str], float]:
+    """Raw fbank of one split into a new store at `tmp`; returns (writer, skipped, audio seconds)."""
+    writer = feature_store.FeatureStoreWriter(tmp, num_mel_bins)
+    skipped: list[str] = []
+    audio_seconds = 0.0
+    scp = d.path / "alignment.scp"
+    for utt_id, feats, error, seconds in _run_tasks(tasks, jobs, progress, f"fbank {name}"):
+        alignment = d.utterances[utt_id].alignment
+        if error is None and alignment is not None:
+            if abs(len(alignment) - len(feats)) > ALIGNMENT_TOLERANCE_FRAMES:
+                error = (f"{scp}: utterance {utt_id}: alignment has {len(alignment)} frames, features "
+                         f"{len(feats)} (tolerance {ALIGNMENT_TOLERANCE_FRAMES})")
+        if error is not None:
+            if not skip_bad:
+                raise DataError(error)
+            skipped.append(error)
+            print(f"asrdist: skipped: {error}", file=sys.stderr)
+            continue
+        writer.add(utt_id, feats)
+        speaker = d.utterances[utt_id].speaker
+        speaker_stats.setdefault(speaker, CmvnStats(num_mel_bins)).accumulate(feats)
+        audio_seconds += seconds
+    if not len(writer):
+        raise DataError(f"{d.path}: no usable utterances")
+    return writer, skipped, audio_seconds
+
+
+def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
+                     export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
+                     progress: bool = True) -> dict:
+    """Extract features for a corpus (all splits) or one split directory; returns the summary."""
+    from asrdist.utils.io import atomic_dir
+
+    if num_mel_bins not in (40, 80):
+        raise ConfigError(f"num_mel_bins: {num_mel_bins}, expected 40 or 80")
+    if cmvn not in MODES:
+        raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")
+    data = Path(data)
+    split_paths = find_splits(data)
+    if cmvn == "global" and len(split_paths) > 1 and CMVN_SOURCE_SPLIT not in split_paths:
+        raise DataError(f"{data}: global CMVN needs a '{CMVN_SOURCE_SPLIT}' split for its statistics")
+    jobs = jobs or os.cpu_count() or 1
+    started = time.perf_counter()
+    dirs = {name: read_data_dir(path, require_text=False) for name, path in split_paths.items()}
+    for name, d in dirs.items():
+        if not d.utterances:
+            raise DataError(f"{d.path}: no utterances")
+    rate = _common_rate(dirs)
+    summary_splits: dict[str, dict] = {}
+    with contextlib.ExitStack() as stack:
+        tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
+                for name, path in split_paths.items()}
+        built = {}
+        for name, d in dirs.items():
+            stats: dict[str, CmvnStats] = {}
+            tasks = _tasks(name, d, rate, num_mel_bins)
+            writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, jobs, skip_bad,
+                                                      progress, stats, num_mel_bins)
+            built[name] = (writer, stats, skipped, seconds)
+        source = CMVN_SOURCE_SPLIT if len(dirs) > 1 else next(iter(dirs))
+        global_stats = CmvnStats(num_mel_bins)
+        for spk_stats in built[source][1].values():
+            global_stats.merge(spk_stats)
+        for name, (writer, stats, skipped, seconds) in built.items():
+            normalizer = Normalizer(cmvn, {None: global_stats} if cmvn == "global" else stats)
+            speaker_of = {u: dirs[name].utterances[u].speaker for u in dirs[name].utterances}
+            if cmvn != "none":
+                writer.normalize(lambda utt, x, n=normalizer, s=speaker_of: n(x, s[utt]))
+            normalizer.save(tmps[name] / "cmvn.json", source=source if cmvn == "global" else name)
+            meta = writer.close({
+                "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
+                "frame_shift": 0.01, "audio_seconds": round(seconds, 3),
+                "skipped": len(skipped), "skipped_utterances": skipped})
+            if export_kaldi:
+                feature_store.export_kaldi(feature_store.FeatureStore(tmps[name]), tmps[name],
+                                           final_dir=split_paths[name] / feature_store.FEATS_DIR)
+            summary_splits[name] = {"utterances": meta["num_utterances"], "frames": meta["total_frames"],
+                                    "audio_seconds": round(seconds, 3), "skipped": len(skipped)}
+    elapsed = time.perf_counter() - started
+    audio = sum(s["audio_seconds"] for s in summary_splits.values())
+    return {
+        "data": str(data), "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
+        "jobs": jobs, "utterances": sum(s["utterances"] for s in summary_splits.values()),
+        "frames": sum(s["frames"] for s in summary_splits.values()),
+        "audio_seconds": round(audio, 3), "skipped": sum(s["skipped"] for s in summary_splits.values()),
+        "seconds": round(elapsed, 3), "x_realtime": round(audio / elapsed, 1) if elapsed else None,
+        "splits": summary_splits,
+    }
+
+
+def features_command(args) -> int:
+    summary = extract_features(args.data, num_mel_bins=args.num_mel_bins, cmvn=args.cmvn,
+                               jobs=args.jobs, export_kaldi=args.export_kaldi,
+                               skip_bad=args.skip_bad, overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0

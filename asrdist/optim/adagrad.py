@@ -1,0 +1,74 @@
+"""AdaGrad as CNTK implements it for 1-bit SGD (Seide et al. 2014; CNTK `Matrix::Adagrad`).
+
+Per parameter tensor ("matrix") and minibatch, with G its gradient and A its running sum:
+1. G <- G + weight_decay * W                 (L2, folded into the gradient first; 0 = off)
+2. A <- A + G * G                             (elementwise)
+3. m <- 1 / sqrt(A + 1e-16)                   (per-element multiplier)
+4. U <- G * m / mean(m)                       CNTK returns mean(m) ("aveMultiplier") and scales the
+                                              learning rate by 1/mean(m): the effective per-matrix
+                                              lr = lr / mean(m), so the multipliers average to 1 and
+                                              `lr` keeps plain SGD's scale.
+5. optional momentum on U: B <- mu * B + U; U <- B (or U + mu * B with nesterov)
+6. W <- W - lr * U
+
+CNTK has no momentum on this path; it is an extension here (0 reproduces CNTK exactly). Note an
+element whose gradient has always been 0 has m = 1e8 and drags mean(m) up for its whole matrix;
+that is CNTK's behaviour and is kept.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+FLOOR = 1e-16
+
+
+class CntkAdaGrad(torch.optim.Optimizer):
+    """`torch.optim.Optimizer` with per-tensor state `sum_sq` (A) and, with momentum, `momentum_buffer`."""
+
+    def __init__(self, params: Iterable, lr: float = 0.01, momentum: float = 0.0, nesterov: bool = False,
+                 weight_decay: float = 0.0, floor: float = FLOOR):
+        if lr <= 0:
+            raise ValueError(f"CntkAdaGrad: lr must be > 0, got {lr}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"CntkAdaGrad: momentum must be in [0, 1), got {momentum}")
+        if nesterov and momentum == 0:
+            raise ValueError("CntkAdaGrad: nesterov needs momentum > 0")
+        if weight_decay < 0 or floor <= 0:
+            raise ValueError("CntkAdaGrad: weight_decay must be >= 0 and floor > 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                                      floor=floor))
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, mu, wd, floor = group["lr"], group["momentum"], group["weight_decay"], group["floor"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if grad.is_sparse:
+                    raise RuntimeError("CntkAdaGrad does not support sparse gradients")
+                if wd:
+                    grad = grad.add(p, alpha=wd)
+                state = self.state[p]
+                if "sum_sq" not in state:
+                    state["sum_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                sum_sq = state["sum_sq"]
+                sum_sq.addcmul_(grad, grad)
+                multiplier = (sum_sq + floor).rsqrt_()
+                update = grad * multiplier
+                update.div_(multiplier.mean())
+                if mu:
+                    if "momentum_buffer" not in state:
+                        state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    buf = state["momentum_buffer"]
+                    buf.mul_(mu).add_(update)
+                    update = update.add(buf, alpha=mu) if group["nesterov"] else buf
+                p.add_(update, alpha=-lr)
+        return loss

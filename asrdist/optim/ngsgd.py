@@ -1,0 +1,270 @@
+"""Online natural-gradient preconditioner (Povey, Zhang & Khudanpur 2015; Kaldi nnet3's
+`OnlineNaturalGradient`).
+
+It keeps a low-rank-plus-identity estimate of the scatter (Fisher) matrix of the row vectors it is
+given, F = Rᵀ D R + ρ I (R: rank×dim with orthonormal rows, D diagonal), and multiplies each
+minibatch X (N×dim) by the inverse of F smoothed with the identity. Per minibatch (DESIGN.md §5.3):
+
+1. η = 1 − exp(−N / num_samples_history), at most 0.9.
+2. T = η XᵀX/N + (1−η) F;  Y = R T;  Z = Y Yᵀ (rank×rank, float64);  Z = U C Uᵀ (C descending).
+3. R ← C^{-½} Uᵀ Y;  D ← C^{½} − ρ' I;
+   ρ' = [η tr(XᵀX)/N + (1−η)(dim·ρ + tr D) − tr C^{½}] / (dim − rank).
+   Floors: C ≥ (ρ(1−η))²; ρ and D ≥ max(1e-10, 5e-4·max √c). R is re-orthogonalized (Cholesky of
+   R Rᵀ) when cond(C) > 1e6 or any floor was hit.
+4. Identity smoothing: β = ρ(1+α) + (α/dim) tr D;  e_ii = 1/(β/d_ii + 1);  W = E^{½} R, so that
+   X − X Wᵀ W = β X G⁻¹ with G = F + (α/dim) tr(F) I.
+5. X̂ = X − (X Wᵀ) W, rescaled by γ = sqrt(tr(XXᵀ)/tr(X̂X̂ᵀ)) so its norm equals the raw one.
+6. Steps 2–3 (the statistics update) run on the first 10 minibatches, then every `update_period`.
+
+X is always preconditioned with the current F (before the update), as in Kaldi. Like Kaldi we
+store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
+one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
+
+Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
+(dim×rank) matrix drawn from `torch.Generator().manual_seed(seed)`, D and ρ at 1e-10; then, as in
+Kaldi, three statistics updates on the first minibatch (a few power-method steps towards its top
+eigenvectors) set R, D and ρ before that minibatch is preconditioned. A preconditioner with
+rank 0 (dim 1) is the identity.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from asrdist.errors import ConfigError, DataError
+
+EPSILON = 1.0e-10
+"""Absolute floor on ρ and D (keeps all-zero inputs from collapsing F)."""
+DELTA = 5.0e-4
+"""Floor on ρ and D relative to the largest √c (controls round-off)."""
+MAX_ETA = 0.9
+CONDITION_THRESHOLD = 1.0e6
+NUM_INITIAL_UPDATES = 10
+NUM_INIT_ITERS = 3
+
+
+_SMALL = torch.float64  # dtype of the rank x rank algebra (Z is a fourth power of the data)
+
+
+def _sum_squares(x: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(x).square())
+
+
+class OnlineNaturalGradient:
+    """Preconditioner for minibatches of `dim`-dimensional row vectors; see the module docstring."""
+
+    __slots__ = ("dim", "rank", "num_samples_history", "alpha", "update_period", "seed",
+                 "num_updates", "num_reorthogonalizations", "num_floored", "_skipped",
+                 "_W", "_d", "_rho")
+
+    def __init__(self, dim: int, rank: int, num_samples_history: float = 2000.0, alpha: float = 4.0,
+                 update_period: int = 4, seed: int = 0):
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ConfigError(f"OnlineNaturalGradient: dim must be a positive integer, got {dim!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < dim:
+            raise ConfigError(f"OnlineNaturalGradient: rank must be in [0, dim) = [0, {dim}), got {rank!r}")
+        if not 0 < num_samples_history <= 1e6:
+            raise ConfigError(f"OnlineNaturalGradient: num_samples_history must be in (0, 1e6], "
+                              f"got {num_samples_history!r}")
+        if not alpha >= 0:
+            raise ConfigError(f"OnlineNaturalGradient: alpha must be >= 0, got {alpha!r}")
+        if isinstance(update_period, bool) or not isinstance(update_period, int) or update_period < 1:
+            raise ConfigError(f"OnlineNaturalGradient: update_period must be an integer >= 1, got {update_period!r}")
+        self.dim, self.rank = dim, rank
+        self.num_samples_history, self.alpha = float(num_samples_history), float(alpha)
+        self.update_period, self.seed = update_period, seed
+        self.num_updates = 0
+        """Statistics updates done since initialization (Kaldi's t)."""
+        self.num_reorthogonalizations = 0
+        self.num_floored = 0
+        """Updates in which some floor (on C, ρ or D) was applied."""
+        self._skipped = 0
+        self._W: torch.Tensor | None = None  # E^{1/2} R, rank x dim
+        self._d = torch.zeros(0, dtype=_SMALL)  # diagonal of D, descending
+        self._rho = 0.0
+
+    # -- public API ------------------------------------------------------------------------------
+    @property
+    def initialized(self) -> bool:
+        return self._W is not None
+
+    def eta(self, num_rows: int) -> float:
+        return min(MAX_ETA, 1.0 - math.exp(-num_rows / self.num_samples_history))
+
+    def precondition(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
+        """X̂·γ for x of shape (N, dim): preconditioned, with the same Frobenius norm as x.
+
+        With `update=False` (evaluation) the statistics are left untouched; before the first
+        updating call the preconditioner is the identity."""
+        x_hat, gamma = self.precondition_unscaled(x, update)
+        return x_hat.mul_(gamma) if gamma != 1.0 else x_hat
+
+    def precondition_unscaled(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, float]:
+        """(X̂, γ): the projected rows and the norm-preserving scale, for callers that can fold
+        γ into a later product (the natural-gradient layers do)."""
+        if x.dim() != 2 or x.shape[1] != self.dim:
+            raise DataError(f"OnlineNaturalGradient: expected input of shape (N, {self.dim}), got {tuple(x.shape)}")
+        if self.rank == 0 or x.shape[0] == 0:
+            return x.clone(), 1.0
+        if self._W is None:
+            if not update:
+                return x.clone(), 1.0
+            self._initialize(x)
+        W = self._weights_for(x)
+        H = x @ W.T
+        due = self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1
+        if update and due:
+            return self._update(x, H, W)
+        if update:
+            self._skipped += 1
+        x_hat = torch.addmm(x, H, W, alpha=-1.0)
+        return x_hat, self._gamma(_sum_squares(x), x_hat)
+
+    @property
+    def rho(self) -> float:
+        return self._rho
+
+    @property
+    def d(self) -> torch.Tensor:
+        """Diagonal of D (float64, descending)."""
+        return self._d.clone()
+
+    @property
+    def R(self) -> torch.Tensor:
+        """The rank×dim matrix with orthonormal rows (float64), recovered as E^{-½} W."""
+        self._check_initialized()
+        return self._W.to(_SMALL).cpu() / self._e(self._d, self._rho).sqrt()[:, None]
+
+    def fisher(self) -> torch.Tensor:
+        """Dense F = Rᵀ D R + ρ I (dim×dim, float64). For tests and small dims only."""
+        R = self.R
+        return R.T @ (self.d[:, None] * R) + self._rho * torch.eye(self.dim, dtype=torch.float64)
+
+    def smoothed_fisher(self) -> torch.Tensor:
+        """Dense G = F + (α/dim) tr(F) I, whose inverse `precondition` applies (up to scale)."""
+        F = self.fisher()
+        return F + (self.alpha / self.dim) * torch.trace(F) * torch.eye(self.dim, dtype=torch.float64)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"W": None if self._W is None else self._W.detach().cpu().clone(),
+                "d": self._d.clone(), "rho": self._rho, "num_updates": self.num_updates,
+                "skipped": self._skipped, "num_reorthogonalizations": self.num_reorthogonalizations,
+                "num_floored": self.num_floored}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        W = state["W"]
+        if W is not None and tuple(W.shape) != (self.rank, self.dim):
+            raise ConfigError(f"OnlineNaturalGradient: state has W of shape {tuple(W.shape)}, "
+                              f"expected ({self.rank}, {self.dim})")
+        device = self._W.device if self._W is not None else torch.device("cpu")
+        self._W = None if W is None else W.clone().to(device)
+        self._d, self._rho = torch.as_tensor(state["d"], dtype=_SMALL).clone(), float(state["rho"])
+        self.num_updates, self._skipped = int(state["num_updates"]), int(state["skipped"])
+        self.num_reorthogonalizations = int(state.get("num_reorthogonalizations", 0))
+        self.num_floored = int(state.get("num_floored", 0))
+
+    def __repr__(self) -> str:
+        return (f"OnlineNaturalGradient(dim={self.dim}, rank={self.rank}, num_samples_history="
+                f"{self.num_samples_history:g}, alpha={self.alpha:g}, update_period={self.update_period})")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _check_initialized(self) -> None:
+        if self._W is None:
+            raise DataError("OnlineNaturalGradient: not initialized yet (no minibatch seen)")
+
+    def _weights_for(self, x: torch.Tensor) -> torch.Tensor:
+        W = self._W
+        if W.dtype != x.dtype or W.device != x.device:
+            W = W.to(dtype=x.dtype, device=x.device)
+        return W
+
+    def _e(self, d: torch.Tensor, rho: float) -> torch.Tensor:
+        beta = rho * (1.0 + self.alpha) + self.alpha * float(d.sum()) / self.dim
+        return 1.0 / (beta / d + 1.0)
+
+    @staticmethod
+    def _gamma(tr_x: float, x_hat: torch.Tensor) -> float:
+        tr_hat = _sum_squares(x_hat)
+        return math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0
+
+    def _initial_rows(self) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed)
+        q, _ = torch.linalg.qr(torch.randn(self.dim, self.rank, generator=gen, dtype=torch.float64))
+        return q.T.contiguous()
+
+    def _initialize(self, x: torch.Tensor) -> None:
+        self._d = torch.full((self.rank,), EPSILON, dtype=_SMALL)
+        self._rho = EPSILON
+        sqrt_e = self._e(self._d, self._rho).sqrt()
+        self._W = (sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device)
+        for _ in range(NUM_INIT_ITERS):
+            self._update(x, x @ self._W.T, self._W)
+        self.num_updates, self._skipped = 0, 0
+
+    def _update(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Precondition x with the current F, then move F towards the scatter of x (steps 1–5)."""
+        n, dim, rank = x.shape[0], self.dim, self.rank
+        eta = self.eta(n)
+        a, b = eta / n, 1.0 - eta
+        d, rho = self._d, self._rho
+        J = H.T @ x  # W XᵀX, rank x dim
+        K = (J @ J.T).to(_SMALL)
+        L = (H.T @ H).to(_SMALL)
+        K, L = 0.5 * (K + K.T), 0.5 * (L + L.T)
+
+        inv_sqrt_e = self._e(d, rho).rsqrt()
+        d_rho = d + rho
+        # Z = Y Yᵀ with Y = a E^{-½} J + b (D + ρ) R, written with rank×rank quantities only.
+        RSR = inv_sqrt_e[:, None] * L * inv_sqrt_e[None, :]  # R XᵀX Rᵀ
+        Z = (a * a) * (inv_sqrt_e[:, None] * K * inv_sqrt_e[None, :]) \
+            + (a * b) * (RSR * d_rho[None, :] + d_rho[:, None] * RSR) + torch.diag((b * d_rho) ** 2)
+        c, U = torch.linalg.eigh(0.5 * (Z + Z.T))
+        c, U = c.flip(0), U.flip(1)
+        c_list = c.tolist()
+        reorthogonalize = not c_list[0] <= CONDITION_THRESHOLD * c_list[-1]
+        c_floor = (rho * b) ** 2
+        floored = min(c_list) < c_floor
+        c = c.clamp(min=c_floor)
+
+        x_hat = torch.addmm(x, H, W, alpha=-1.0)
+        tr_x = _sum_squares(x)
+        gamma = self._gamma(tr_x, x_hat)
+
+        sqrt_c = c.sqrt()
+        rho_new = (a * tr_x + b * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) / (dim - rank)
+        d_new = sqrt_c - rho_new
+        floor = max(EPSILON, DELTA * float(sqrt_c[0]))
+        if not rho_new >= floor:
+            rho_new, floored = floor, True
+        if float(d_new.min()) < floor:
+            d_new, floored = d_new.clamp(min=floor), True
+        sqrt_e_new = self._e(d_new, rho_new).sqrt()
+
+        # W' = E'^{½} R' = A B with A = a E'^{½} C^{-½} Uᵀ E^{-½}, B = J + (b/a)(D + ρ) W.
+        A = (a * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
+        B = J.add_(W * ((b / a) * d_rho).to(W)[:, None])
+        W_new = A.to(W) @ B
+        if reorthogonalize or floored:
+            W_new = self._reorthogonalized(W_new, sqrt_e_new)
+            self.num_reorthogonalizations += 1
+        self.num_floored += int(floored)
+        self._W = W_new.to(self._W.dtype)
+        self._d, self._rho = d_new, float(rho_new)
+        self.num_updates += 1
+        self._skipped = 0
+        return x_hat, gamma
+
+    def _reorthogonalized(self, W: torch.Tensor, sqrt_e: torch.Tensor) -> torch.Tensor:
+        """W = E^{½} R with R Rᵀ = O = Lc Lcᵀ (Cholesky) -> E^{½} Lc⁻¹ R, whose rows are orthonormal.
+        Lc is lower-triangular, so the leading (largest-eigenvalue) rows move least."""
+        inv_sqrt_e = 1.0 / sqrt_e
+        O = (W @ W.T).to(_SMALL) * inv_sqrt_e[:, None] * inv_sqrt_e[None, :]
+        Lc, info = torch.linalg.cholesky_ex(0.5 * (O + O.T))
+        if int(info) != 0 or not bool(torch.isfinite(Lc).all()):
+            # R lost rank: restart from fresh orthonormal rows, keeping D and ρ
+            return (sqrt_e[:, None] * self._initial_rows()).to(W)
+        eye = torch.eye(self.rank, dtype=_SMALL)
+        Lc_inv = torch.linalg.solve_triangular(Lc, eye, upper=False)
+        return (sqrt_e[:, None] * Lc_inv * inv_sqrt_e[None, :]).to(W) @ W

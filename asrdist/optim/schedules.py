@@ -1,0 +1,63 @@
+"""Learning-rate schedules: a pure function of the global step, so a resumed run is exact.
+
+lr(step) = cfg.lr x scale x batch_scaling x warmup(step) x anneal(epoch) x decay(step), where
+- batch_scaling = 1, G/R or sqrt(G/R) for lr_scaling none | linear | sqrt (G the global batch,
+  R cfg.reference_batch; Goyal et al. 2017 for linear, the IBM ADPSGD recipe);
+- warmup(step) = min(1, (step + 1) / warmup_steps) (linear warmup, 1 when warmup_steps = 0);
+- anneal(epoch) = anneal_factor ** max(0, epoch - E + 1) with epoch = step // steps_per_epoch
+  counted from 0 and E = anneal_after_epoch: the first E epochs run at the full rate, every
+  later epoch is annealed once more (IBM: x 1/sqrt(2) per epoch late in training);
+- decay(step) = (final_lr / lr) ** (step / (total_steps - 1)) for decay = geometric, Kaldi's
+  geometric interpolation from the initial to the final learning rate over the whole run (the
+  last step uses final_lr exactly; later steps stay there).
+`scale` multiplies everything, e.g. the number of learners for Kaldi model averaging.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from asrdist.optim.build import OptimConfig
+
+
+class LRSchedule:
+    def __init__(self, cfg: "OptimConfig", steps_per_epoch: int, total_epochs: int, global_batch: int,
+                 scale: float = 1.0):
+        for name, value in (("steps_per_epoch", steps_per_epoch), ("total_epochs", total_epochs),
+                            ("global_batch", global_batch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LRSchedule: {name} must be a positive integer, got {value!r}")
+        if not scale > 0:
+            raise ValueError(f"LRSchedule: scale must be > 0, got {scale}")
+        self.cfg = cfg
+        self.steps_per_epoch, self.total_epochs = steps_per_epoch, total_epochs
+        self.total_steps = steps_per_epoch * total_epochs
+        ratio = global_batch / cfg.reference_batch
+        batch_scaling = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[cfg.lr_scaling]
+        self.peak_lr = cfg.lr * scale * batch_scaling
+        """The learning rate after scaling, before warmup, annealing and decay."""
+
+    def lr_at(self, step: int) -> float:
+        if step < 0:
+            raise ValueError(f"LRSchedule: negative step {step}")
+        cfg = self.cfg
+        lr = self.peak_lr
+        if cfg.warmup_steps > 0:
+            lr *= min(1.0, (step + 1) / cfg.warmup_steps)
+        if cfg.anneal_after_epoch is not None:
+            epoch = step // self.steps_per_epoch
+            lr *= cfg.anneal_factor ** max(0, epoch - cfg.anneal_after_epoch + 1)
+        if cfg.decay == "geometric":
+            progress = min(1.0, step / max(1, self.total_steps - 1))
+            lr *= (cfg.final_lr / cfg.lr) ** progress
+        return lr
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Set every param group's lr for `step` (times its optional `lr_multiplier`); return the lr."""
+        lr = self.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_multiplier", 1.0)
+        return lr

@@ -1,0 +1,201 @@
+"""`averaging`: periodic model averaging (Povey, Zhang & Khudanpur 2015; Kaldi's parallel training).
+
+Every learner trains alone on its own shard (NG-SGD by default, plain SGD as the ablation) and:
+
+1. counts the samples it trains on (`note_samples(n)` from the trainer, or `samples_per_step`);
+2. once it has trained on `average_every` samples since the last average, all learners replace
+   their parameters (and floating-point buffers) by the mean over learners, computed by ONE
+   flattened allreduce; learner i contributes w_i·x_i and the sum is divided by Σ w_i;
+3. optional exclusion (`exclude_threshold`): before the average, the learners' mean objectives
+   since the last average (`note_loss(loss)` from the trainer) are all-gathered; a learner whose
+   objective is worse (higher) than the best by more than the threshold, or non-finite, gets
+   w_i = 0 and simply receives the average of the others (Kaldi's "successful models" rule);
+4. `lr_scale()` returns n: with n learners each step must be n× larger to move the averaged model
+   as far as one learner would (the trainer's schedule supplies the geometric decay);
+5. `finalize()` averages once more, so every learner ends with the identical consensus model.
+
+All learners must reach step 2 at the same step: the trainer gives every learner the same number
+of samples per step (as it must for `sync` too). Momentum buffers: Kaldi's setup has no momentum,
+and local momentum is the usual choice in local SGD, so by default they stay local;
+`average_momentum: true` appends the optimizer's per-parameter tensors (e.g. SGD's
+momentum_buffer) to the same allreduce, at the price of more bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel.base import LearnerContext, Strategy
+
+
+@dataclass
+class AveragingConfig:
+    average_every: int = 20000
+    """Samples (frames for the DNN) each learner trains on between two averages. Kaldi averages
+    about every 400k samples; 20k suits the built-in corpus."""
+    samples_per_step: int = 0
+    """0: the trainer reports samples with `note_samples(n)`. > 0: count this many per step
+    instead (the local minibatch size), for trainers that do not report."""
+    scale_lr: bool = True
+    """lr_scale() = number of learners (Kaldi); false leaves the learning rate alone."""
+    exclude_threshold: float | None = None
+    """Leave out of an average every learner whose mean objective since the last average exceeds
+    the best learner's by more than this (objective units, e.g. nats/frame; Kaldi uses 1.0);
+    None disables exclusion and its small extra all-gather."""
+    average_momentum: bool = False
+    """Also average the optimizer's per-parameter state tensors (e.g. momentum buffers)."""
+
+    def __post_init__(self):
+        if isinstance(self.average_every, bool) or not isinstance(self.average_every, int) or self.average_every < 1:
+            raise ConfigError(f"strategy.average_every: must be an integer >= 1, got {self.average_every!r}")
+        if (isinstance(self.samples_per_step, bool) or not isinstance(self.samples_per_step, int)
+                or self.samples_per_step < 0):
+            raise ConfigError(f"strategy.samples_per_step: must be an integer >= 0, got {self.samples_per_step!r}")
+        if self.exclude_threshold is not None and not (
+                isinstance(self.exclude_threshold, (int, float)) and not isinstance(self.exclude_threshold, bool)
+                and self.exclude_threshold >= 0):
+            raise ConfigError(f"strategy.exclude_threshold: must be a number >= 0 or null, "
+                              f"got {self.exclude_threshold!r}")
+        for name in ("scale_lr", "average_momentum"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"strategy.{name}: expected true/false, got {getattr(self, name)!r}")
+
+
+def allreduce_bytes(payload_bytes: int, world_size: int) -> int:
+    """Bytes one learner sends in a ring allreduce of `payload_bytes`: 2·S·(n−1)/n."""
+    return 2 * payload_bytes * (world_size - 1) // world_size if world_size > 1 else 0
+
+
+class AveragingStrategy(Strategy):
+    """Periodic parameter averaging; see the module docstring."""
+
+    name = "averaging"
+
+    def __init__(self, config: AveragingConfig | None = None):
+        super().__init__(config or AveragingConfig())
+        self.samples_since_average = 0
+        self.samples_noted = 0
+        self.steps = 0
+        self.num_averages = 0
+        self.loss_sum = 0.0
+        self.loss_count = 0
+        self.last_included: list[bool] = []
+        """Which learners the last average used (all True without exclusion)."""
+
+    # -- what the trainer tells us ---------------------------------------------------------------
+    def note_samples(self, n: int) -> None:
+        """The trainer reports the samples (frames) of this learner's latest minibatch."""
+        self.samples_since_average += int(n)
+        self.samples_noted += int(n)
+
+    def note_loss(self, loss: float) -> None:
+        """The trainer reports this learner's latest minibatch objective (mean loss)."""
+        self.loss_sum += float(loss)
+        self.loss_count += 1
+
+    def lr_scale(self) -> float:
+        return float(self.ctx.world_size) if self.config.scale_lr else 1.0
+
+    # -- strategy hooks --------------------------------------------------------------------------
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
+        super().setup(model, optimizer, ctx)
+        if ctx.world_size > 1 and not dist.is_initialized():
+            raise TrainingError(f"averaging: rank {ctx.rank} of {ctx.world_size} has no process group "
+                                "(torch.distributed is not initialized)")
+
+    def after_step(self) -> None:
+        self.steps += 1
+        if self.config.samples_per_step > 0:
+            self.samples_since_average += self.config.samples_per_step
+        elif self.samples_noted == 0 and self.steps >= 2:
+            raise TrainingError("averaging: the trainer reports no samples (call strategy.note_samples(n) per "
+                                "minibatch or set strategy.samples_per_step)")
+        if self.samples_since_average >= self.config.average_every:
+            self.average()
+
+    def finalize(self) -> None:
+        self.average()
+
+    # -- the average ----------------------------------------------------------------------------
+    def averaged_tensors(self) -> list[torch.Tensor]:
+        """The tensors one average touches, in the same order on every learner."""
+        model, optimizer = self.model, self.optimizer
+        tensors = [p.data for p in model.parameters()]
+        tensors += [b for b in model.buffers() if b.is_floating_point()]
+        if self.config.average_momentum and optimizer is not None:
+            for p in model.parameters():
+                state = optimizer.state.get(p, {})
+                tensors += [state[k] for k in sorted(state)
+                            if torch.is_tensor(state[k]) and state[k].shape == p.shape and state[k].is_floating_point()]
+        return tensors
+
+    def payload_bytes(self) -> int:
+        tensors = self.averaged_tensors()
+        element = tensors[0].element_size() if tensors else 4
+        return element * sum(t.numel() for t in tensors)
+
+    def average(self) -> None:
+        """Average now (a collective: every learner must call it at the same point)."""
+        n = self.ctx.world_size
+        included = [True] * n
+        if n > 1:
+            if self.config.exclude_threshold is not None:
+                included = self._included_learners()
+            self._allreduce_average(included)
+            self.counters.exchanges += 1
+        self.last_included = included
+        self.num_averages += 1
+        self.samples_since_average = 0
+        self.loss_sum, self.loss_count = 0.0, 0
+
+    def _included_learners(self) -> list[bool]:
+        n = self.ctx.world_size
+        mine = self.loss_sum / self.loss_count if self.loss_count else 0.0
+        local = torch.tensor([mine, float(self.loss_count)], dtype=torch.float64)
+        gathered = [torch.empty_like(local) for _ in range(n)]
+        with self.timed_comm():
+            dist.all_gather(gathered, local)
+        self.counters.bytes_sent += local.numel() * local.element_size() * (n - 1)
+        losses = [(float(g[0]), int(g[1])) for g in gathered]
+        reported = [loss for loss, count in losses if count > 0]
+        finite = [loss for loss in reported if math.isfinite(loss)]
+        if reported and not finite:
+            raise TrainingError("averaging: every learner's objective is non-finite; nothing to average")
+        best = min(finite) if finite else 0.0
+        threshold = self.config.exclude_threshold
+        return [count == 0 or (math.isfinite(loss) and loss - best <= threshold) for loss, count in losses]
+
+    def _allreduce_average(self, included: list[bool]) -> None:
+        tensors = self.averaged_tensors()
+        dtype = tensors[0].dtype
+        flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+        if not included[self.ctx.rank]:
+            flat.zero_()  # contributes nothing (and no NaN) to the sum
+        with self.timed_comm():
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        self.counters.bytes_sent += allreduce_bytes(flat.numel() * flat.element_size(), self.ctx.world_size)
+        flat.div_(sum(included))
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(samples_since_average=self.samples_since_average, samples_noted=self.samples_noted,
+                     steps=self.steps, num_averages=self.num_averages, loss_sum=self.loss_sum,
+                     loss_count=self.loss_count)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for key in ("samples_since_average", "samples_noted", "steps", "num_averages", "loss_count"):
+            setattr(self, key, int(state.get(key, 0)))
+        self.loss_sum = float(state.get("loss_sum", 0.0))

@@ -1,0 +1,295 @@
+"""Launch learner processes on loopback or on an emulated cluster network (see netem.py).
+
+`run_learners(module, name, world_size, nodes, network, args, timeout)` starts `world_size`
+processes of `python -m asrdist.parallel.netem_launch --worker SPEC`, each calling
+`module.name(spec: LearnerSpec, args: dict) -> dict` and returning that JSON-able dict through a
+file. Ranks are grouped into `nodes` like torchrun does (rank = node * per_node + local_rank);
+learners of one node share its namespace and loopback, like GPUs in one server. Rendezvous is TCP
+on node 0's address (`spec.init_process_group()`), and gloo binds to the node's NIC through
+GLOO_SOCKET_IFNAME. A learner that fails or hangs stops them all within `timeout`, and a
+TrainingError names its rank and its last stderr line.
+
+Run as a script it measures an allreduce, e.g. the 46M-parameter gradient on 4 learners:
+
+    python -m asrdist.parallel.netem_launch --learners 4 --network 1gbit --floats 46000000
+
+The same learner functions run under torchrun on a real cluster (one command per host, R = 0..A-1;
+learners then read torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT):
+
+    GLOO_SOCKET_IFNAME=<cluster NIC> torchrun --nnodes A --nproc-per-node B --node-rank R \
+        --master-addr HOST0 --master-port 29500 -m asrdist.parallel.netem_launch \
+        --function asrdist.parallel.netem_launch:allreduce_timing --args '{"floats": 46000000}'
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel.netem import (EmulatedNetwork, _terminate, available, die_with_parent,
+                                    parse_rate)
+from asrdist.utils.io import write_json_atomic
+
+_POLL_S = 0.05
+# Rendezvous ports in a fresh namespace: below Linux's ephemeral range (32768-60999), where gloo's
+# own listening sockets land, so nothing else can hold them.
+_NAMESPACE_PORT_RANGE = (20000, 29999)
+
+
+@dataclass(frozen=True)
+class LearnerSpec:
+    """What a launched learner is told about itself (mirrors torchrun's environment)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    network: str
+    """'loopback' or the emulated label, e.g. 'emulated-1gbit-0.1ms'."""
+    num_threads: int
+    timeout_s: float
+    init_method: str = ""
+    """'tcp://ADDR:PORT' from run_learners; 'env://' under torchrun (it may host the store itself)."""
+
+    @classmethod
+    def from_torchrun_env(cls, environ: dict[str, str], network: str, timeout_s: float) -> "LearnerSpec":
+        """The spec of a learner started by torchrun, from the variables torchrun sets."""
+        try:
+            world, local_world = int(environ["WORLD_SIZE"]), int(environ["LOCAL_WORLD_SIZE"])
+            return cls(rank=int(environ["RANK"]), world_size=world, local_rank=int(environ["LOCAL_RANK"]),
+                       local_world_size=local_world, node_rank=int(environ["GROUP_RANK"]),
+                       num_nodes=world // local_world, master_addr=environ["MASTER_ADDR"],
+                       master_port=int(environ["MASTER_PORT"]), network=network,
+                       num_threads=max(1, len(os.sched_getaffinity(0)) // local_world),
+                       timeout_s=timeout_s, init_method="env://")
+        except KeyError as e:
+            raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
+
+    def init_process_group(self, backend: str = "gloo") -> None:
+        """Join the job's process group (TCP rendezvous on node 0's address)."""
+        import torch.distributed as dist
+
+        dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
+                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_layout(world_size: int, nodes: int | None, network: str) -> int:
+    if world_size < 1:
+        raise ConfigError(f"learners: world_size must be >= 1, got {world_size}")
+    if network != "loopback":
+        parse_rate(network)
+    nodes = world_size if nodes is None else nodes
+    if not 1 <= nodes <= world_size or world_size % nodes:
+        raise ConfigError(f"learners: {world_size} learners cannot be split evenly into {nodes} nodes")
+    return nodes
+
+
+def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | None = None,
+                 network: str = "loopback", args: dict[str, Any] | None = None,
+                 timeout: float = 120.0, delay: str = "0.1ms") -> list[dict[str, Any]]:
+    """Run `fn_module.fn_name(spec, args)` in `world_size` processes; their results by rank.
+
+    network: 'loopback' (all on 127.0.0.1, no namespaces) or a link rate such as '1gbit' /
+    '10gbit' (an EmulatedNetwork of `nodes` hosts, default one per learner; needs root, see
+    netem.available()). Raises TrainingError if any learner fails or the job outlives `timeout`.
+    """
+    nodes = _check_layout(world_size, nodes, network)
+    if network != "loopback":
+        ok, reason = available()
+        if not ok:
+            raise ConfigError(f"network '{network}': {reason} (use network 'loopback')")
+    with tempfile.TemporaryDirectory(prefix="asrdist-learners-") as tmp:
+        if network == "loopback":
+            return _launch(None, fn_module, fn_name, world_size, nodes, args or {}, timeout, Path(tmp))
+        with EmulatedNetwork(nodes, rate=network, delay=delay) as net:
+            return _launch(net, fn_module, fn_name, world_size, nodes, args or {}, timeout, Path(tmp))
+
+
+def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_size: int, nodes: int,
+            args: dict[str, Any], timeout: float, tmp: Path) -> list[dict[str, Any]]:
+    per_node = world_size // nodes
+    cores = len(os.sched_getaffinity(0))
+    # Every learner runs on this one machine, whatever node it emulates: they share its cores.
+    threads = max(1, cores // world_size)
+    if net is None:
+        master_addr, master_port, ifname, label = "127.0.0.1", _free_loopback_port(), "lo", "loopback"
+    else:
+        master_addr, master_port = net.node_address(0), random.randint(*_NAMESPACE_PORT_RANGE)
+        ifname, label = net.interface, net.label
+    procs, logs = [], []
+    try:
+        for rank in range(world_size):
+            spec = LearnerSpec(rank=rank, world_size=world_size, local_rank=rank % per_node,
+                               local_world_size=per_node, node_rank=rank // per_node, num_nodes=nodes,
+                               master_addr=master_addr, master_port=master_port, network=label,
+                               num_threads=threads, timeout_s=timeout,
+                               init_method=f"tcp://{master_addr}:{master_port}")
+            spec_path = tmp / f"spec{rank}.json"
+            write_json_atomic(spec_path, {"spec": asdict(spec), "module": fn_module, "function": fn_name,
+                                          "args": args, "result": str(tmp / f"result{rank}.json")})
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME=ifname,
+                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(spec.local_rank),
+                       LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(spec.node_rank))
+            argv = [sys.executable, "-m", "asrdist.parallel.netem_launch", "--worker", str(spec_path)]
+            # stdout is inherited, as under torchrun; stderr is kept to name a failure's cause
+            log = open(tmp / f"stderr{rank}.log", "wb")
+            logs.append(log)
+            if net is None:
+                procs.append(subprocess.Popen(argv, env=env, stderr=log, start_new_session=True,
+                                              preexec_fn=die_with_parent))
+            else:
+                procs.append(net.popen(spec.node_rank, argv, env=env, stderr=log))
+        _supervise(procs, tmp, timeout, label)
+    finally:
+        for proc in procs:
+            _terminate(proc)
+        for log in logs:
+            log.close()
+    results = []
+    for rank in range(world_size):
+        path = tmp / f"result{rank}.json"
+        if not path.exists():
+            raise TrainingError(f"learner rank {rank} exited without writing its result")
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def _last_line(path: Path) -> str:
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no stderr)"
+
+
+def _supervise(procs: list, tmp: Path, timeout: float, label: str) -> None:
+    """Wait for all learners; on the first failure or at the deadline, raise (caller kills all)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank = failed[0]
+            raise TrainingError(f"learner rank {rank} failed (exit code {codes[rank]}, network {label}): "
+                                f"{_last_line(tmp / f'stderr{rank}.log')}")
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            hung = [r for r, c in enumerate(codes) if c is None]
+            raise TrainingError(f"learner rank {hung[0]} did not finish within {timeout:g} s (network "
+                                f"{label}; unfinished ranks: {', '.join(map(str, hung))}): "
+                                f"{_last_line(tmp / f'stderr{hung[0]}.log')}")
+        time.sleep(_POLL_S)
+
+
+def _call_learner(spec: LearnerSpec, fn_module: str, fn_name: str, args: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(spec.num_threads)
+    result = getattr(importlib.import_module(fn_module), fn_name)(spec, args)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+def _worker(spec_path: str) -> None:
+    job = json.loads(Path(spec_path).read_text())
+    result = _call_learner(LearnerSpec(**job["spec"]), job["module"], job["function"], job["args"])
+    write_json_atomic(job["result"], result)
+
+
+def _torchrun_learner(function: str, args_json: str, result_dir: str | None, network: str,
+                      timeout_s: float) -> None:
+    """One learner under torchrun: run MODULE:NAME and write result<rank>.json (or print it)."""
+    fn_module, _, fn_name = function.partition(":")
+    if not fn_name:
+        raise ConfigError(f"--function '{function}': expected MODULE:NAME")
+    spec = LearnerSpec.from_torchrun_env(dict(os.environ), network, timeout_s)
+    result = _call_learner(spec, fn_module, fn_name, json.loads(args_json))
+    if result_dir:
+        write_json_atomic(Path(result_dir) / f"result{spec.rank}.json", result)
+    else:
+        print(json.dumps(result), flush=True)
+
+
+def allreduce_timing(spec: LearnerSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """Learner function: time `repeats` gloo allreduces of `floats` float32 values (after a warm-up).
+
+    Returns seconds per allreduce (the slowest learner's, agreed through an allreduce of the max)
+    and a checksum: element 0 after the last allreduce, which must equal the sum of the ranks+1."""
+    import torch
+    import torch.distributed as dist
+
+    spec.init_process_group("gloo")
+    tensor = torch.empty(int(args["floats"]), dtype=torch.float32)
+    tensor.fill_(spec.rank + 1)
+    dist.all_reduce(tensor[: min(len(tensor), 1 << 16)])  # warm-up: connections established
+    times = []
+    for _ in range(int(args.get("repeats", 1))):
+        tensor.fill_(spec.rank + 1)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(tensor)
+        times.append(time.perf_counter() - t0)
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {"rank": spec.rank, "seconds": slowest.tolist(), "value": float(tensor[0]),
+            "expected": float(spec.world_size * (spec.world_size + 1) / 2), "network": spec.network,
+            "threads": spec.num_threads}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m asrdist.parallel.netem_launch",
+                                description="Time a gloo allreduce over loopback or an emulated network.")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--function", help="under torchrun: run learner function MODULE:NAME(spec, args)")
+    p.add_argument("--args", default="{}", help="under torchrun: the function's args as JSON")
+    p.add_argument("--result-dir", help="under torchrun: write result<rank>.json here (else print)")
+    p.add_argument("--label", default="cluster", help="under torchrun: the `network` the spec reports")
+    p.add_argument("--learners", type=int, default=4)
+    p.add_argument("--nodes", type=int, default=None, help="emulated hosts (default: one per learner)")
+    p.add_argument("--network", default="1gbit", help="loopback | 1gbit | 10gbit | any tc rate")
+    p.add_argument("--floats", type=int, default=46_000_000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=600.0)
+    a = p.parse_args(argv)
+    if a.worker:
+        _worker(a.worker)
+        return 0
+    if a.function:
+        _torchrun_learner(a.function, a.args, a.result_dir, a.label, a.timeout)
+        return 0
+    results = run_learners(__name__ if __name__ != "__main__" else "asrdist.parallel.netem_launch",
+                           "allreduce_timing", a.learners, a.nodes, a.network,
+                           {"floats": a.floats, "repeats": a.repeats}, a.timeout)
+    r0 = results[0]
+    print(json.dumps({"network": r0["network"], "learners": a.learners, "nodes": a.nodes or a.learners,
+                      "megabytes": a.floats * 4 / 1e6, "seconds": r0["seconds"],
+                      "threads_per_learner": r0["threads"], "cores": len(os.sched_getaffinity(0)),
+                      "correct": all(r["value"] == r["expected"] for r in results)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

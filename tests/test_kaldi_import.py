@@ -1,0 +1,207 @@
+"""Kaldi data directory import / export: formats, checks, round trip, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+
+from asrdist.cli import main
+from asrdist.corpus.audio import num_frames, write_wav
+from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
+from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.features.store import FeatureStore
+
+RATE = 16000
+UTTS = {"spkA-001": ("spkA", "hello world", 0.31), "spkA-002": ("spkA", "good bye", 0.22),
+        "spkB-001": ("spkB", "yes", 0.27)}
+
+
+def _samples(seconds: float, seed: int, rate: int = RATE) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(seconds * rate)) * 1000).astype(np.int16)
+
+
+def _alignment(utt_id: str, frames: int) -> np.ndarray:
+    return (np.arange(frames) // 3 + len(utt_id)) % 40
+
+
+def make_kaldi_dir(root: Path, alignment_format: str | None = "text", feats: bool = False) -> Path:
+    """A plain Kaldi dir: audio in root/audio, relative wav paths, alignments in a chosen format."""
+    src, audio = root / "kaldi", root / "audio"
+    src.mkdir(parents=True)
+    audio.mkdir(exist_ok=True)
+    wav_scp, text, utt2spk, alignments, features = [], [], [], {}, {}
+    for i, (utt_id, (spk, words, seconds)) in enumerate(sorted(UTTS.items())):
+        samples = _samples(seconds, i)
+        write_wav(audio / f"{utt_id}.wav", samples, RATE)
+        wav_scp.append(f"{utt_id} ../audio/{utt_id}.wav")
+        text.append(f"{utt_id} {words}")
+        utt2spk.append(f"{utt_id} {spk}")
+        frames = num_frames(len(samples), RATE)
+        alignments[utt_id] = _alignment(utt_id, frames).astype(np.int32)
+        features[utt_id] = np.random.default_rng(i).standard_normal((frames, 13)).astype(np.float32)
+    for name, lines in (("wav.scp", wav_scp), ("text", text), ("utt2spk", utt2spk)):
+        (src / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    if alignment_format == "text":
+        (src / "ali.txt").write_text("".join(f"{u} {' '.join(map(str, a))}\n" for u, a in alignments.items()))
+    elif alignment_format in ("ark", "scp"):
+        kaldiio.save_ark(str(src / "ali.ark"), alignments, scp=str(src / "ali.scp"))
+    if feats:
+        kaldiio.save_ark(str(src / "feats.ark"), features, scp=str(src / "feats.scp"))
+    return src
+
+
+def _ali_arg(src: Path, fmt: str) -> list[str]:
+    return {"text": ["--alignments", str(src / "ali.txt")], "ark": ["--alignments", str(src / "ali.ark")],
+            "scp": ["--alignments", str(src / "ali.scp")]}.get(fmt, [])
+
+
+@pytest.mark.parametrize("fmt", ["text", "ark", "scp"])
+def test_import_reads_every_alignment_format(tmp_path: Path, fmt: str):
+    src = make_kaldi_dir(tmp_path, fmt)
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "out"), *_ali_arg(src, fmt)]) == 0
+    data = read_data_dir(tmp_path / "out")
+    assert data.utt_ids == sorted(UTTS)
+    for utt_id, (spk, words, seconds) in UTTS.items():
+        utt = data.utterances[utt_id]
+        assert (utt.speaker, utt.text) == (spk, words)
+        assert Path(utt.wav) == (tmp_path / "audio" / f"{utt_id}.wav").resolve()
+        assert utt.duration == pytest.approx(int(seconds * RATE) / RATE, abs=1e-3)
+        frames = num_frames(int(seconds * RATE), RATE)
+        np.testing.assert_array_equal(utt.alignment, _alignment(utt_id, frames))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["utterances"] == 3 and summary["speakers"] == 2 and summary["skipped"] == 0
+    assert (tmp_path / "out" / "phones.txt").is_file()
+
+
+def test_kaldi_snip_edges_alignment_is_padded(tmp_path: Path):
+    src = make_kaldi_dir(tmp_path, None)
+    lines = []
+    for i, utt_id in enumerate(sorted(UTTS)):
+        frames = num_frames(int(UTTS[utt_id][2] * RATE), RATE)
+        lines.append(f"{utt_id} " + " ".join(str(1 + (k % 5)) for k in range(frames - 2)))
+    (src / "ali.txt").write_text("\n".join(lines) + "\n")
+    import_kaldi(src, tmp_path / "out", alignments=src / "ali.txt", progress=False)
+    utt = read_data_dir(tmp_path / "out").utterances["spkA-001"]
+    inner = np.array([1 + (k % 5) for k in range(len(utt.alignment) - 2)])
+    np.testing.assert_array_equal(utt.alignment, np.concatenate([[1], inner, inner[-1:]]))
+
+
+def test_round_trip_import_export_import(tmp_path: Path):
+    """Segments + alignments + features survive import -> export -> import byte for byte."""
+    src = make_kaldi_dir(tmp_path, "ark", feats=True)
+    # Two utterances cut from one recording through `segments`.
+    (src / "segments").write_text("seg-1 recA 0.000 0.150\nseg-2 recA 0.150 0.310\n")
+    (src / "wav.scp").write_text("recA ../audio/spkA-001.wav\n")
+    (src / "text").write_text("seg-1 hello\nseg-2 world\n")
+    (src / "utt2spk").write_text("seg-1 spkA\nseg-2 spkA\n")
+    frames = {"seg-1": num_frames(int(0.15 * RATE), RATE), "seg-2": num_frames(int(0.16 * RATE), RATE)}
+    kaldiio.save_ark(str(src / "ali.ark"), {u: _alignment(u, n).astype(np.int32) for u, n in frames.items()})
+    feats = {u: np.full((n, 13), i, dtype=np.float32) for i, (u, n) in enumerate(frames.items())}
+    kaldiio.save_ark(str(src / "feats.ark"), feats, scp=str(src / "feats.scp"))
+
+    first, exported, second = tmp_path / "first", tmp_path / "exported", tmp_path / "second"
+    assert main(["corpus", "import-kaldi", str(src), str(first), "--alignments", str(src / "ali.ark")]) == 0
+    assert main(["corpus", "export-kaldi", str(first), str(exported)]) == 0
+    assert main(["corpus", "import-kaldi", str(exported), str(second)]) == 0  # finds alignment.scp
+
+    data = read_data_dir(first)
+    assert data.utterances["seg-2"].segment.start == pytest.approx(0.15)
+    np.testing.assert_array_equal(FeatureStore(first)["seg-2"], feats["seg-2"])
+    names = sorted(p.relative_to(first).as_posix() for p in first.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(second).as_posix() for p in second.rglob("*") if p.is_file())
+    for name in names:
+        if name != "summary.json":
+            assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    # The export is a plain Kaldi dir: absolute paths, text alignment, kaldiio-readable tables.
+    assert Path((exported / "wav.scp").read_text().split()[1]).is_absolute()
+    text_ali = dict(line.split(maxsplit=1) for line in (exported / "alignment.txt").read_text().splitlines())
+    ark_ali = kaldiio.load_scp(str(exported / "alignment.scp"))
+    for utt_id in frames:
+        np.testing.assert_array_equal(np.array(text_ali[utt_id].split(), dtype=int), ark_ali[utt_id])
+        np.testing.assert_array_equal(kaldiio.load_scp(str(exported / "feats.scp"))[utt_id], feats[utt_id])
+
+
+def test_export_of_a_whole_corpus(tmp_path: Path):
+    src = make_kaldi_dir(tmp_path, "text")
+    corpus = tmp_path / "corpus"
+    import_kaldi(src, corpus / "train", alignments=src / "ali.txt", progress=False)
+    import_kaldi(src, corpus / "test", progress=False)
+    export_kaldi_dir(corpus, tmp_path / "kaldi_out")
+    assert (tmp_path / "kaldi_out" / "train" / "alignment.txt").is_file()
+    assert not (tmp_path / "kaldi_out" / "test" / "alignment.scp").exists()
+    assert read_data_dir(tmp_path / "kaldi_out" / "test").utt_ids == sorted(UTTS)
+
+
+def _break(src: Path, how: str) -> str:
+    """Damage the fixture one way; return the utterance that is now bad."""
+    wav = src.parent / "audio" / "spkA-002.wav"
+    ali = src / "ali.txt"
+    if how == "corrupt":
+        wav.write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunk")
+    elif how == "empty":
+        write_wav(wav, np.zeros(0, dtype=np.int16), RATE)
+    elif how == "truncated":
+        wav.write_bytes(wav.read_bytes()[:-200])
+    elif how == "rate":
+        write_wav(wav, _samples(0.22, 1, 8000), 8000)
+    elif how == "transcript":
+        lines = (src / "text").read_text().splitlines()
+        (src / "text").write_text("".join(f"{line}\n" for line in lines if not line.startswith("spkA-002")))
+    elif how in ("long", "short", "phone"):
+        lines = []
+        for line in ali.read_text().splitlines():
+            utt, ids = line.split(maxsplit=1)
+            if utt == "spkA-002":
+                ids = {"long": ids + " 1 1", "short": " ".join(ids.split()[:-3]), "phone": ids + " 40"}[how]
+                if how == "phone":
+                    ids = " ".join(ids.split()[1:])
+            lines.append(f"{utt} {ids}\n")
+        ali.write_text("".join(lines))
+    elif how == "utf8":
+        (src / "text").write_bytes((src / "text").read_bytes().replace(b"good bye", b"gr\xfc\xdf gott"))
+    elif how == "pipe":
+        (src / "wav.scp").write_text((src / "wav.scp").read_text().replace(
+            "spkA-002 ../audio/spkA-002.wav", "spkA-002 sox in.flac -t wav - |"))
+    return "spkA-002"
+
+
+@pytest.mark.parametrize("how,reason", [
+    ("corrupt", "corrupt WAV"), ("empty", "empty audio"), ("truncated", "truncated WAV"),
+    ("rate", "sample rate 8000 Hz, expected 16000 Hz"), ("transcript", "missing transcript"),
+    ("long", "alignment has"), ("short", "alignment has"), ("phone", "unknown phone id 40"),
+    ("utf8", "not valid UTF-8"), ("pipe", "command pipe")])
+def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str, reason: str):
+    src = make_kaldi_dir(tmp_path, "text")
+    bad_utt = _break(src, how)
+    out = tmp_path / "out"
+    args = ["corpus", "import-kaldi", str(src), str(out), "--alignments", str(src / "ali.txt")]
+    assert main(args) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and bad_utt in err[0] and reason in err[0], err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    assert main(args + ["--skip-bad"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped"] == 1 and summary["utterances"] == 2 and reason in summary["skipped_reasons"][0]
+    assert bad_utt not in read_data_dir(out).utterances
+
+
+def test_features_of_a_segmented_import(tmp_path: Path):
+    from asrdist.corpus.audio import read_wav
+    from asrdist.features.extract import extract_features
+    from asrdist.features.fbank import compute_fbank
+
+    src = make_kaldi_dir(tmp_path, None)
+    (src / "segments").write_text("seg-1 recA 0.000 0.120\nseg-2 recA 0.120 -1\n")
+    (src / "wav.scp").write_text("recA ../audio/spkA-001.wav\n")
+    (src / "text").write_text("seg-1 hello\nseg-2 world\n")
+    (src / "utt2spk").write_text("seg-1 spkA\nseg-2 spkA\n")
+    import_kaldi(src, tmp_path / "out", progress=False)
+    extract_features(tmp_path / "out", cmvn="none", jobs=1, progress=False)
+    samples, _ = read_wav(tmp_path / "audio" / "spkA-001.wav")
+    store = FeatureStore(tmp_path / "out")
+    cut = int(0.12 * RATE)
+    np.testing.assert_array_equal(store["seg-1"], compute_fbank(samples[:cut], RATE))
+    np.testing.assert_array_equal(store["seg-2"], compute_fbank(samples[cut:], RATE))

@@ -1,0 +1,356 @@
+"""Emulated cluster network (namespaces, veth, bridge, tc) and the learner launcher."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel import netem
+from asrdist.parallel.netem import EmulatedNetwork, parse_delay, parse_rate
+from asrdist.parallel.netem_launch import LearnerSpec, run_learners
+
+ROOT_OK, ROOT_REASON = netem.available()
+needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"emulated network unavailable: {ROOT_REASON}")
+pytestmark = pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")
+MODULE = "test_netem"  # the workers import this file's learner functions through PYTHONPATH
+
+
+@pytest.fixture
+def workers_import_tests(monkeypatch):
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+def _our_namespaces() -> list[str]:
+    return [ns for ns in netem.list_namespaces() if ns.startswith(f"{netem.PREFIX}-{os.getpid()}-")]
+
+
+def _existing_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _ns_json(ns: str | None, *argv: str) -> list[dict]:
+    cmd = argv[0:1] + (("-n", ns) if ns else ()) + ("-j",) + argv[1:]
+    return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+
+# ---------------------------------------------------------------- learner functions (run in workers)
+def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
+    """Allreduce rank-dependent values; rank 0 also reads its link's qdisc counters around it."""
+    import torch
+    import torch.distributed as dist
+
+    def uplink() -> dict:
+        if spec.network == "loopback":
+            return {}
+        out = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", os.environ["GLOO_SOCKET_IFNAME"]],
+                             capture_output=True, text=True, check=True).stdout
+        return next(q for q in json.loads(out) if q.get("root"))
+
+    spec.init_process_group("gloo")
+    x = torch.arange(args["floats"], dtype=torch.float32) * (spec.rank + 1)
+    before = uplink()
+    dist.all_reduce(x)
+    after = uplink()
+    return {"rank": spec.rank, "node": spec.node_rank, "local_rank": spec.local_rank,
+            "master": spec.master_addr, "threads": torch.get_num_threads(), "sum_head": x[:5].tolist(),
+            "checksum": float(x.double().sum()), "qdisc_before": before, "qdisc_after": after}
+
+
+def learner_fails(spec: LearnerSpec, args: dict) -> dict:
+    if spec.rank == args["bad_rank"]:
+        raise ValueError(f"injected failure on rank {spec.rank}")
+    spec.init_process_group("gloo")  # the others wait here for the dead one
+    return {}
+
+
+def learner_hangs(spec: LearnerSpec, args: dict) -> dict:
+    if spec.rank == args["bad_rank"]:
+        time.sleep(3600)
+    return {"rank": spec.rank}
+
+
+# ---------------------------------------------------------------------------------- no root needed
+def test_parse_rate_and_delay():
+    assert parse_rate("1gbit") == 10**9 and parse_rate("10gbit") == 10**10
+    assert parse_rate("2.5mbit") == 2_500_000
+    assert parse_delay("0.1ms") == pytest.approx(0.1) and parse_delay("250us") == pytest.approx(0.25)
+    for bad in ("1gb", "fast", "0gbit", "-1mbit"):
+        with pytest.raises(ConfigError, match="network rate"):
+            parse_rate(bad)
+    with pytest.raises(ConfigError, match="network delay"):
+        parse_delay("1 hour")
+
+
+def test_bad_layouts_and_subnets():
+    with pytest.raises(ConfigError, match="split evenly"):
+        run_learners(MODULE, "learner_hangs", 3, 2, "loopback", {}, 5)
+    with pytest.raises(ConfigError, match="network rate"):
+        run_learners(MODULE, "learner_hangs", 2, 2, "1gigabit", {}, 5)
+    with pytest.raises(ConfigError, match="private"):
+        EmulatedNetwork(2, subnet="8.8.8.0/24")
+    with pytest.raises(ConfigError, match="too small"):
+        EmulatedNetwork(3, subnet="10.213.0.0/30")
+
+
+def test_resolve_network_falls_back_to_loopback(monkeypatch):
+    assert netem.resolve_network("loopback") == ("loopback", "loopback")
+    monkeypatch.setattr(netem, "available", lambda: (False, "needs root (running as uid 1000)"))
+    with pytest.warns(RuntimeWarning, match="needs root.*falling back to loopback"):
+        assert netem.resolve_network("1gbit") == ("loopback", "loopback")
+    with pytest.raises(ConfigError, match="network rate"):
+        netem.resolve_network("fast")
+
+
+@needs_netns
+def test_resolve_network_labels_the_emulation():
+    network, label = netem.resolve_network("10gbit", "0.1ms")
+    assert network == "10gbit"
+    assert label == ("emulated-10gbit-0.1ms" if netem.netem_supported() else "emulated-10gbit-nodelay")
+
+
+@pytest.mark.slow
+def test_loopback_allreduce_two_learners(workers_import_tests):
+    res = run_learners(MODULE, "learner_allreduce", 2, None, "loopback", {"floats": 1000}, 60)
+    expected = [3.0 * i for i in range(5)]
+    assert [r["rank"] for r in res] == [0, 1]
+    assert all(r["sum_head"] == expected and r["master"] == "127.0.0.1" for r in res)
+    assert all(r["threads"] == max(1, len(os.sched_getaffinity(0)) // 2) for r in res)
+
+
+@pytest.mark.slow
+def test_hanging_learner_is_killed_and_named(workers_import_tests):
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=r"did not finish within 6 s") as err:
+        run_learners(MODULE, "learner_hangs", 2, None, "loopback", {"bad_rank": 1}, 6)
+    # rank 0 normally finished; on a loaded machine it may still be starting, so both are named
+    assert re.search(r"unfinished ranks: (0, )?1\)", str(err.value)), err.value
+    assert time.monotonic() - t0 < 30  # generous: only guards against waiting for the 1 h sleep
+
+
+# ------------------------------------------------------------------------------------ needs root
+@needs_netns
+def test_network_built_and_fully_removed():
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    root_links = {link["ifname"] for link in _ns_json(None, "ip", "link", "show")}
+    with EmulatedNetwork(2, rate="1gbit", delay="0.1ms") as net:
+        names = net.namespaces()
+        assert len(set(names)) == 3 and set(names) <= _existing_namespaces()
+        assert all(str(os.getpid()) in n for n in names)
+        ports = {link["ifname"]: link for link in _ns_json(net.switch_namespace, "ip", "link", "show")}
+        assert ports["p0"]["master"] == "br0" and ports["p1"]["master"] == "br0"
+        for i in range(2):
+            links = {link["ifname"]: link for link in _ns_json(net.namespace(i), "ip", "addr", "show")}
+            assert set(links) == {"lo", "eth0"}
+            assert "UP" in links["lo"]["flags"] and "UP" in links["eth0"]["flags"]
+            addrs = [a["local"] for a in links["eth0"]["addr_info"] if a["family"] == "inet"]
+            assert addrs == [net.node_address(i)]
+            stats = net.qdisc_stats(i)
+            assert stats["uplink"]["kind"] == stats["downlink"]["kind"] == "tbf"
+            assert stats["uplink"]["rate_bps"] == stats["downlink"]["rate_bps"] == 10**9
+        assert net.node_address(0) != net.node_address(1)
+        # the root namespace is untouched
+        assert {link["ifname"] for link in _ns_json(None, "ip", "link", "show")} == root_links
+    assert not set(names) & _existing_namespaces()
+    assert {link["ifname"] for link in _ns_json(None, "ip", "link", "show")} == root_links
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@needs_netns
+def test_network_removed_when_body_raises():
+    with pytest.raises(RuntimeError, match="body failed"):
+        with EmulatedNetwork(2) as net:
+            names = net.namespaces()
+            sleeper = net.popen(0, [sys.executable, "-c", "import time; time.sleep(600)"])
+            raise RuntimeError("body failed")
+    assert sleeper.poll() is not None
+    assert not set(names) & _existing_namespaces()
+
+
+_SERVER = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(); print("ready", flush=True)
+c, _ = s.accept(); c.sendall(c.recv(100)[::-1]); c.close()
+"""
+_CLIENT = """
+import socket, sys
+results = {}
+for host, port in zip(sys.argv[1::2], sys.argv[2::2]):
+    try:
+        with socket.create_connection((host, int(port)), timeout=2) as s:
+            s.sendall(b"hello"); results[host] = s.recv(100).decode()
+    except OSError as e:
+        results[host] = type(e).__name__
+print(__import__("json").dumps(results))
+"""
+
+
+@needs_netns
+def test_nodes_reach_each_other_but_not_the_host():
+    host_addrs = [a["local"] for link in _ns_json(None, "ip", "addr", "show")
+                  for a in link.get("addr_info", []) if a["family"] == "inet"]
+    host_listener = socket.socket()
+    host_listener.bind(("0.0.0.0", 0))
+    host_listener.listen()
+    host_port = host_listener.getsockname()[1]
+    try:
+        # sanity: the host listener is reachable from the host itself
+        socket.create_connection(("127.0.0.1", host_port), timeout=2).close()
+        with EmulatedNetwork(2) as net:
+            server = net.popen(1, [sys.executable, "-c", _SERVER, net.node_address(1), "23456"],
+                               stdout=subprocess.PIPE, text=True)
+            assert server.stdout.readline().strip() == "ready"
+            targets = [net.node_address(1), "23456"]
+            for addr in host_addrs:
+                targets += [addr, str(host_port)]
+            client = net.popen(0, [sys.executable, "-c", _CLIENT, *targets], stdout=subprocess.PIPE, text=True)
+            out, _ = client.communicate(timeout=30)
+            results = json.loads(out)
+            peer = net.node_address(1)
+    finally:
+        host_listener.close()
+    assert results.pop(peer) == "olleh"
+    # 127.0.0.1 is the namespace's own loopback (refused); other host addresses are unroutable
+    assert set(results) == set(host_addrs)
+    assert all(r in ("ConnectionRefusedError", "OSError", "TimeoutError", "socket.timeout") for r in results.values()), results
+
+
+@needs_netns
+@pytest.mark.slow
+def test_gloo_allreduce_across_two_emulated_nodes_passes_the_shaped_links(workers_import_tests):
+    floats = 2_000_000  # 8 MB
+    res = run_learners(MODULE, "learner_allreduce", 2, 2, "1gbit", {"floats": floats}, 90)
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in res] == [(0, 0, 0), (1, 1, 0)]
+    assert res[0]["master"].startswith("10.213.0.")
+    expected_sum = 3.0 * floats * (floats - 1) / 2
+    assert all(r["sum_head"] == [3.0 * i for i in range(5)] for r in res)
+    assert all(r["checksum"] == pytest.approx(expected_sum, rel=1e-9) for r in res)
+    before, after = res[0]["qdisc_before"], res[0]["qdisc_after"]
+    assert after["kind"] == "tbf" and after["options"]["rate"] * 8 == 10**9
+    # Any allreduce of S bytes over 2 learners makes each send at least S/2 through its link.
+    assert after["bytes"] - before["bytes"] >= floats * 4 // 2
+    assert not _our_namespaces()
+
+
+@needs_netns
+@pytest.mark.slow
+def test_learners_grouped_into_nodes(workers_import_tests):
+    res = run_learners(MODULE, "learner_allreduce", 4, 2, "10gbit", {"floats": 100}, 90)
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in res] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert all(r["sum_head"] == [10.0 * i for i in range(5)] for r in res)
+    assert not _our_namespaces()
+
+
+@needs_netns
+@pytest.mark.slow
+def test_torchrun_two_nodes_on_the_emulated_network(tmp_path, workers_import_tests):
+    """The cluster recipe itself: one torchrun per emulated host, static rendezvous on node 0."""
+    with EmulatedNetwork(2, rate="1gbit") as net:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=net.interface, OMP_NUM_THREADS="1")
+        agents = [net.popen(node, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                   "--nproc-per-node", "1", "--node-rank", str(node),
+                                   "--master-addr", net.node_address(0), "--master-port", "29500",
+                                   "-m", "asrdist.parallel.netem_launch",
+                                   "--function", f"{MODULE}:learner_allreduce",
+                                   "--args", json.dumps({"floats": 1000}), "--result-dir", str(tmp_path),
+                                   "--label", net.label, "--timeout", "60"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for node in range(2)]
+        logs = [agent.communicate(timeout=120)[0] for agent in agents]
+        assert [a.returncode for a in agents] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+        master = net.node_address(0)
+    res = [json.loads((tmp_path / f"result{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["node"], r["master"]) for r in res] == [(0, 0, master), (1, 1, master)]
+    assert all(r["sum_head"] == [3.0 * i for i in range(5)] for r in res)
+    assert res[0]["qdisc_after"]["bytes"] > res[0]["qdisc_before"]["bytes"]
+
+
+@needs_netns
+@pytest.mark.slow
+def test_failing_learner_is_named_and_everything_removed(workers_import_tests):
+    with pytest.raises(TrainingError, match=r"rank 1 failed .*ValueError: injected failure on rank 1"):
+        run_learners(MODULE, "learner_fails", 2, 2, "1gbit", {"bad_rank": 1}, 60)
+    assert not _our_namespaces()
+
+
+_SIGNALLED = """
+import json, sys, time
+from asrdist.parallel.netem import EmulatedNetwork
+net = EmulatedNetwork(1).open()
+child = net.popen(0, [sys.executable, "-c", "import time; time.sleep(600)"])
+print(json.dumps({"namespaces": net.namespaces(), "child": child.pid}), flush=True)
+time.sleep(600)
+"""
+
+
+@needs_netns
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_removes_everything(sig):
+    proc = subprocess.Popen([sys.executable, "-c", _SIGNALLED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+        assert set(info["namespaces"]) <= _existing_namespaces()
+        proc.send_signal(sig)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code != 0
+    if sig == signal.SIGTERM:
+        assert code == -signal.SIGTERM
+    else:
+        assert "KeyboardInterrupt" in proc.stderr.read()
+    assert not set(info["namespaces"]) & _existing_namespaces()
+    assert not _pid_alive(info["child"])
+
+
+@needs_netns
+def test_cleanup_stale_removes_only_dead_creators():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{netem.PREFIX}-{dead.pid}-abcdef-n0"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    try:
+        with EmulatedNetwork(1) as net:
+            removed = netem.cleanup_stale()
+            assert stale in removed
+            assert set(net.namespaces()) <= _existing_namespaces()
+            assert not set(net.namespaces()) & set(removed)
+    finally:
+        subprocess.run(["ip", "netns", "delete", stale], capture_output=True)
+    assert stale not in _existing_namespaces()
+
+
+@needs_netns
+def test_sigkilled_creator_leaves_only_what_cleanup_stale_removes():
+    proc = subprocess.Popen([sys.executable, "-c", _SIGNALLED], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _pid_alive(info["child"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(info["child"])  # the parent-death signal took the learner down too
+    assert set(netem.cleanup_stale()) >= set(info["namespaces"])
+    assert not set(info["namespaces"]) & _existing_namespaces()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
