@@ -213,16 +213,18 @@ def test_nodes_reach_each_other_but_not_the_host():
             targets = [net.node_address(1), "23456"]
             for addr in host_addrs:
                 targets += [addr, str(host_port)]
-            client = net.popen(0, [sys.executable, "-c", _CLIENT, *targets], stdout=subprocess.PIPE, text=True)
+            client = net.popen(0, [sys.executable, "-c", _CLIENT, *targets], stdout=subprocess.PIPE,
+                               text=True)
             out, _ = client.communicate(timeout=30)
             results = json.loads(out)
             peer = net.node_address(1)
     finally:
         host_listener.close()
     assert results.pop(peer) == "olleh"
-    # 127.0.0.1 is the namespace's own loopback (refused); other host addresses are unroutable
-    assert set(results) == set(host_addrs)
-    assert all(r in ("ConnectionRefusedError", "OSError", "TimeoutError", "socket.timeout") for r in results.values()), results
+    # 127.0.0.1 is the namespace's own loopback (nobody listens); other host addresses are unroutable
+    assert set(results) == set(host_addrs) and "127.0.0.1" in results
+    for addr, outcome in results.items():
+        assert outcome == ("ConnectionRefusedError" if addr.startswith("127.") else "OSError"), results
 
 
 @needs_netns
@@ -246,7 +248,8 @@ def test_gloo_allreduce_across_two_emulated_nodes_passes_the_shaped_links(worker
 @pytest.mark.slow
 def test_learners_grouped_into_nodes(workers_import_tests):
     res = run_learners(MODULE, "learner_allreduce", 4, 2, "10gbit", {"floats": 100}, 90)
-    assert [(r["rank"], r["node"], r["local_rank"]) for r in res] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    layout = [(r["rank"], r["node"], r["local_rank"]) for r in res]
+    assert layout == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert all(r["sum_head"] == [10.0 * i for i in range(5)] for r in res)
     assert not _our_namespaces()
 

@@ -6,6 +6,7 @@ shift = sr // 100. Alignments are written with exactly this length.
 """
 from __future__ import annotations
 
+import struct
 import wave
 from math import gcd
 from pathlib import Path
@@ -34,7 +35,7 @@ def read_wav(path: str | Path, expected_rate: int | None = None, where: str = ""
         with wave.open(str(path), "rb") as w:
             channels, width, rate, count = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             raw = w.readframes(count)
-    except (wave.Error, EOFError, OSError) as exc:
+    except (wave.Error, EOFError, OSError, RuntimeError, ValueError, struct.error) as exc:
         raise DataError(f"{label}: corrupt WAV file {path.name} ({exc})") from None
     if width != 2:
         raise DataError(f"{label}: {8 * width}-bit audio, expected 16-bit PCM")

@@ -12,7 +12,7 @@ def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> to
     from asrdist.data.samplers import splice
 
     if model.kind == "chunk":
-        return model(torch.from_numpy(np.ascontiguousarray(feats))[None])[0]
+        return model(torch.from_numpy(np.array(feats))[None])[0]
     return model(torch.from_numpy(splice(feats, context)))
 
 
@@ -74,14 +74,14 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg) -> dict:
     loss_sum, frames, exact = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
-        feats = torch.from_numpy(np.ascontiguousarray(store[utt]))[None]
+        feats = torch.from_numpy(np.array(store[utt]))[None]
         lengths = torch.tensor([feats.shape[1]])
         log_probs, out_lengths = model(feats, lengths)
         ref = tokens[utt]
         loss, _ = ctc_objective(log_probs, torch.tensor([ref], dtype=torch.long).reshape(1, -1),
                                 out_lengths, torch.tensor([len(ref)]))
-        loss_sum += float(loss) * feats.shape[1]
-        frames += feats.shape[1]
+        loss_sum += float(loss) * int(out_lengths[0])  # ctc_objective normalizes by output frames
+        frames += int(out_lengths[0])
         lp = log_probs[0, : int(out_lengths[0])].double().numpy()
         hyp = ctc_beam_decode(lp, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(lp)
         refs.append(list(ref))

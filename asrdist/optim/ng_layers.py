@@ -104,9 +104,13 @@ class NaturalGradientLinear(nn.Linear):
         if self.bias is not None:
             x_in = torch.cat([x_in, x_in.new_ones(x_in.shape[0], 1)], dim=1)
         x_in_hat, s_in = self.preconditioner_in.precondition_unscaled(x_in, update)
+        # Kaldi's derivatives are those of the objective summed over the minibatch; a mean-reduced
+        # loss divides them by the row count, which would push tiny derivatives under the
+        # preconditioner's absolute floor (1e-10). Precondition the summed-objective derivatives.
+        rows = x_in.shape[0]
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
-            grad_out.reshape(-1, self.out_features), update)
-        scale = s_in * s_out
+            grad_out.reshape(-1, self.out_features) * rows, update)
+        scale = s_in * s_out / rows
         if scale != 1.0:  # fold both γ into the thinner factor
             x_out_hat.mul_(scale)
         if self.bias is None:

@@ -10,7 +10,8 @@ minibatch X (N×dim) by the inverse of F smoothed with the identity. Per minibat
 3. R ← C^{-½} Uᵀ Y;  D ← C^{½} − ρ' I;
    ρ' = [η tr(XᵀX)/N + (1−η)(dim·ρ + tr D) − tr C^{½}] / (dim − rank).
    Floors: C ≥ (ρ(1−η))²; ρ and D ≥ max(1e-10, 5e-4·max √c). R is re-orthogonalized (Cholesky of
-   R Rᵀ) when cond(C) > 1e6 or any floor was hit.
+   R Rᵀ) when cond(C) > 1e6 or the floor on C was hit (as in Kaldi: the floors on ρ and D do not
+   enter R, so they cannot spoil its orthonormality).
 4. Identity smoothing: β = ρ(1+α) + (α/dim) tr D;  e_ii = 1/(β/d_ii + 1);  W = E^{½} R, so that
    X − X Wᵀ W = β X G⁻¹ with G = F + (α/dim) tr(F) I.
 5. X̂ = X − (X Wᵀ) W, rescaled by γ = sqrt(tr(XXᵀ)/tr(X̂X̂ᵀ)) so its norm equals the raw one.
@@ -225,8 +226,11 @@ class OnlineNaturalGradient:
         c_list = c.tolist()
         reorthogonalize = not c_list[0] <= CONDITION_THRESHOLD * c_list[-1]
         c_floor = (rho * b) ** 2
-        floored = min(c_list) < c_floor
-        c = c.clamp(min=c_floor)
+        if min(c_list) < c_floor:  # R' = C^{-½}UᵀY loses orthonormality only through C
+            reorthogonalize = floored = True
+            c = c.clamp(min=c_floor)
+        else:
+            floored = False
 
         x_hat = torch.addmm(x, H, W, alpha=-1.0)
         tr_x = _sum_squares(x)
@@ -246,7 +250,7 @@ class OnlineNaturalGradient:
         A = (a * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
         B = J.add_(W * ((b / a) * d_rho).to(W)[:, None])
         W_new = A.to(W) @ B
-        if reorthogonalize or floored:
+        if reorthogonalize:
             W_new = self._reorthogonalized(W_new, sqrt_e_new)
             self.num_reorthogonalizations += 1
         self.num_floored += int(floored)

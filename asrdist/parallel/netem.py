@@ -75,7 +75,8 @@ def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
         raise TrainingError(f"netem: `{' '.join(argv)}` failed: {e}") from e
     if check and done.returncode != 0:
         err = done.stderr.strip().splitlines()
-        raise TrainingError(f"netem: `{' '.join(argv)}` failed: {err[-1] if err else f'exit {done.returncode}'}")
+        reason = err[-1] if err else f"exit code {done.returncode}"
+        raise TrainingError(f"netem: `{' '.join(argv)}` failed: {reason}")
     return done
 
 
@@ -175,9 +176,13 @@ def network_label(network: str, delay: str = "0.1ms") -> str:
     if network == "loopback":
         return "loopback"
     parse_rate(network)
-    if parse_delay(delay) > 0:
-        return f"emulated-{network}-{delay}" if netem_supported() else f"emulated-{network}-nodelay"
-    return f"emulated-{network}"
+    return _label(network, delay, parse_delay(delay) > 0, netem_supported())
+
+
+def _label(rate: str, delay: str, want_delay: bool, delay_applied: bool) -> str:
+    if not want_delay:
+        return f"emulated-{rate}"
+    return f"emulated-{rate}-{delay}" if delay_applied else f"emulated-{rate}-nodelay"
 
 
 def resolve_network(requested: str, delay: str = "0.1ms") -> tuple[str, str]:
@@ -293,7 +298,7 @@ class EmulatedNetwork:
         """Kill processes started here, delete every namespace (their veths and bridge go too)."""
         self._closed = True
         while self._procs:
-            _terminate(self._procs.pop())
+            stop_process(self._procs.pop())
         # Node namespaces first: their veth ends vanish with them, then the switch with its bridge.
         while self._created:
             _delete_namespace(self._created.pop())
@@ -335,9 +340,7 @@ class EmulatedNetwork:
     @property
     def label(self) -> str:
         """The `network` value benchmarks record."""
-        if self.delay_ms > 0:
-            return f"emulated-{self.rate}-{self.delay}" if self.delay_applied else f"emulated-{self.rate}-nodelay"
-        return f"emulated-{self.rate}"
+        return _label(self.rate, self.delay, self.delay_ms > 0, self.delay_applied)
 
     @property
     def interface(self) -> str:
@@ -383,7 +386,7 @@ class EmulatedNetwork:
         return stats
 
 
-def _terminate(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+def stop_process(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
     """SIGTERM the process group, SIGKILL after `grace_s`."""
     if proc.poll() is not None:
         return

@@ -26,7 +26,7 @@ import argparse
 import importlib
 import json
 import os
-import random
+import secrets
 import socket
 import subprocess
 import sys
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.parallel.netem import (EmulatedNetwork, _terminate, available, die_with_parent,
-                                    parse_rate)
+from asrdist.parallel.netem import (EmulatedNetwork, available, die_with_parent, parse_rate,
+                                    stop_process)
 from asrdist.utils.io import write_json_atomic
 
 _POLL_S = 0.05
@@ -95,6 +95,12 @@ def _free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
+def _namespace_port() -> int:
+    # SystemRandom: never consume (or depend on) the caller's seeded global random stream
+    low, high = _NAMESPACE_PORT_RANGE
+    return secrets.SystemRandom().randint(low, high)
+
+
 def _check_layout(world_size: int, nodes: int | None, network: str) -> int:
     if world_size < 1:
         raise ConfigError(f"learners: world_size must be >= 1, got {world_size}")
@@ -136,7 +142,7 @@ def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_siz
     if net is None:
         master_addr, master_port, ifname, label = "127.0.0.1", _free_loopback_port(), "lo", "loopback"
     else:
-        master_addr, master_port = net.node_address(0), random.randint(*_NAMESPACE_PORT_RANGE)
+        master_addr, master_port = net.node_address(0), _namespace_port()
         ifname, label = net.interface, net.label
     procs, logs = [], []
     try:
@@ -165,7 +171,7 @@ def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_siz
         _supervise(procs, tmp, timeout, label)
     finally:
         for proc in procs:
-            _terminate(proc)
+            stop_process(proc)
         for log in logs:
             log.close()
     results = []

@@ -6,13 +6,15 @@ int32 `words[ceil(R/32), w]`, bit (i % 32) of words[i // 32, j] being (v[i, j] >
 entries (0 for an empty side). v = g + residual; the new residual is v - dequant(quant(v)).
 
 Column sums are pairwise (a binary tree over rows; an odd last element passes up unchanged), so
-the pure-torch reference and the fused C kernel agree bit for bit. The fused kernel is plain C
-built by gcc at first use (no torch headers: it compiles in about a second), cached under
-~/.cache/asrdist/kernels and called through ctypes, which releases the GIL. It sweeps the
-row-major matrix once, four rows at a time, packing bits and keeping the per-column partial sums
-in a binary counter (L2-resident), then sweeps again to write the residual: 20 bytes of memory
-traffic per value against a copy's 8. Without gcc `get_quantizer("auto")` falls back to the
-reference.
+the pure-torch reference and the fused C kernel agree bit for bit. The residual is kept lazily as
+the last v and its reconstruction means (`Residual`): folding v - recon(v) into the next
+quantization is the same arithmetic, and lets the kernel sweep memory once (read g, read and
+write v: 12 bytes per value against a copy's 8) instead of twice.
+
+The fused kernel is plain C built by gcc at first use (no torch headers: it compiles in about a
+second), cached under ~/.cache/asrdist/kernels and called through ctypes, which releases the GIL.
+It walks the row-major matrix four rows at a time, packing bits and keeping per-column partial
+sums in a binary counter. Without gcc, `get_quantizer("auto")` falls back to the reference.
 """
 from __future__ import annotations
 
@@ -96,19 +98,46 @@ def _unpack_bits(words: torch.Tensor, rows: int) -> torch.Tensor:
     return bits.reshape(nw * 32, width)[:rows].bool()
 
 
+class Residual:
+    """Error-feedback state of one [R, C] matrix, kept lazily: `last` holds the previous step's
+    values v and `means` [2, C] their reconstruction (negative row, non-negative row), so the
+    residual is last - recon(last). Zeros mean a zero residual."""
+
+    __slots__ = ("last", "means")
+
+    def __init__(self, rows: int, cols: int, device: torch.device | str = "cpu"):
+        self.last = torch.zeros(rows, cols, device=device)
+        self.means = torch.zeros(2, cols, device=device)
+
+    def folded(self, c0: int, c1: int) -> torch.Tensor:
+        """The residual of columns [c0, c1), computed exactly as the quantizers fold it in."""
+        last = self.last[:, c0:c1]
+        neg_mean, pos_mean = self.means[:, c0:c1]
+        return last - torch.where(last >= 0, pos_mean, neg_mean)
+
+    def materialize(self) -> torch.Tensor:
+        return self.folded(0, self.last.shape[1])
+
+    def load(self, residual: torch.Tensor) -> None:
+        """Set the residual to `residual` exactly (r - 0 == r)."""
+        self.last.copy_(residual.reshape(self.last.shape))
+        self.means.zero_()
+
+
 class ReferenceQuantizer:
     """Pure torch, any device: the specification the fused kernel matches bit for bit."""
 
     name = "reference"
 
-    def quantize(self, grad: torch.Tensor, residual: torch.Tensor | None, bounds: Sequence[int],
+    def quantize(self, grad: torch.Tensor, residual: Residual | None, bounds: Sequence[int],
                  words: Sequence[torch.Tensor], recon: Sequence[torch.Tensor]) -> None:
-        """Quantize columns [bounds[0], bounds[-1]) of `grad` [R, C] plus `residual` (same shape,
-        updated in place; None = no error feedback). Segment s, columns [bounds[s], bounds[s+1]),
-        goes to the flat buffers words[s] (int32, ceil(R/32)*w) and recon[s] (float32, 2*w)."""
+        """Quantize columns [bounds[0], bounds[-1]) of `grad` [R, C] plus the residual (updated;
+        None = no error feedback). Segment s, columns [bounds[s], bounds[s+1]), goes to the flat
+        buffers words[s] (int32, ceil(R/32)*w) and recon[s] (float32, 2*w)."""
         c0, c1 = bounds[0], bounds[-1]
-        g = grad[:, c0:c1]
-        v = g + residual[:, c0:c1] if residual is not None else g
+        v = grad[:, c0:c1]
+        if residual is not None:
+            v = v + residual.folded(c0, c1)
         bits = v >= 0
         zero = torch.zeros((), dtype=v.dtype, device=v.device)
         pos_sum = pairwise_column_sum(torch.where(bits, v, zero))
@@ -122,7 +151,8 @@ class ReferenceQuantizer:
             words[s].view(-1, b - a).copy_(_pack_bits(bits[:, a:b]))
             recon[s].view(2, b - a).copy_(torch.stack([neg_mean[a:b], pos_mean[a:b]]))
         if residual is not None:
-            residual[:, c0:c1] = v - torch.where(bits, pos_mean, neg_mean)
+            residual.last[:, c0:c1] = v
+            residual.means[:, c0:c1] = torch.stack([neg_mean, pos_mean])
 
     def dequantize(self, words: Sequence[torch.Tensor], recon: Sequence[torch.Tensor], rows: int,
                    bounds: Sequence[int], out: torch.Tensor, accumulate: bool = False) -> None:
@@ -160,21 +190,25 @@ static void carry(float* restrict pos_slots, float* restrict neg_slots, int from
     }
 }
 
-/* Rows i..i+3 (i % 4 == 0): bits, counts, and each column's two-level subtree into ps / ns.
-   Inlined with a constant has_r so that each variant is a branch-free, vectorizable loop. */
+/* v = g + (last - recon(last)): the residual of the previous quantization, folded in. */
+#define FOLD(v, k)                                                                  \
+    if (has_r) {                                                                    \
+        const float last = sv[j + (k) * stride], lp = lpm[j], ln = lnm[j];         \
+        v += last - (last >= 0.0f ? lp : ln);                                       \
+        sv[j + (k) * stride] = v;                                                   \
+    }
+
+/* Rows i..i+3 (i % 4 == 0) of columns [b0, b1): bits into w, counts, and each column's
+   two-level subtree into ps / ns. Inlined with a constant has_r: branch-free, vectorizable. */
 static inline __attribute__((always_inline)) void rows4(
-        const float* restrict g, const float* restrict r, const int has_r, int64_t stride, int64_t i,
-        int64_t b0, int64_t b1, uint32_t* restrict w, float* restrict ps, float* restrict ns,
+        const float* restrict g, float* restrict sv, const float* restrict lnm,
+        const float* restrict lpm, const int has_r, int64_t stride, int64_t b0, int64_t b1,
+        uint32_t shift, uint32_t* restrict w, float* restrict ps, float* restrict ns,
         int32_t* restrict pos_count) {
-    const float* restrict g0 = g + i * stride;
-    const float* restrict r0 = has_r ? r + i * stride : g0;
-    const uint32_t shift = (uint32_t)(i & 31);
     const uint32_t keep = shift ? ~0u : 0u;  /* the first rows of a word overwrite it */
     for (int64_t j = b0; j < b1; ++j) {
-        float v0 = g0[j], v1 = g0[j + stride], v2 = g0[j + 2 * stride], v3 = g0[j + 3 * stride];
-        if (has_r) {
-            v0 += r0[j]; v1 += r0[j + stride]; v2 += r0[j + 2 * stride]; v3 += r0[j + 3 * stride];
-        }
+        float v0 = g[j], v1 = g[j + stride], v2 = g[j + 2 * stride], v3 = g[j + 3 * stride];
+        FOLD(v0, 0) FOLD(v1, 1) FOLD(v2, 2) FOLD(v3, 3)
         const int k0 = v0 >= 0.0f, k1 = v1 >= 0.0f, k2 = v2 >= 0.0f, k3 = v3 >= 0.0f;
         const uint32_t bits = ((uint32_t)k0 | (uint32_t)k1 << 1 | (uint32_t)k2 << 2 | (uint32_t)k3 << 3) << shift;
         w[j - b0] = (w[j - b0] & keep) | bits;
@@ -184,61 +218,65 @@ static inline __attribute__((always_inline)) void rows4(
     }
 }
 
-/* One row i: its bits, counts and values (a level-0 subtree) into ps / ns. */
-static void row1(const float* restrict g, const float* restrict r, int64_t stride, int64_t i,
-                 int64_t b0, int64_t b1, uint32_t* restrict w, float* restrict ps,
-                 float* restrict ns, int32_t* restrict pos_count) {
-    const float* restrict gi = g + i * stride;
-    const uint32_t shift = (uint32_t)(i & 31);
+/* One row (the last rows % 4): a level-0 subtree. */
+static inline __attribute__((always_inline)) void row1(
+        const float* restrict g, float* restrict sv, const float* restrict lnm,
+        const float* restrict lpm, const int has_r, int64_t stride, int64_t b0, int64_t b1,
+        uint32_t shift, uint32_t* restrict w, float* restrict ps, float* restrict ns,
+        int32_t* restrict pos_count) {
+    const uint32_t keep = shift ? ~0u : 0u;
     for (int64_t j = b0; j < b1; ++j) {
-        const float v = r ? gi[j] + r[i * stride + j] : gi[j];
+        float v = g[j];
+        FOLD(v, 0)
         const int k = v >= 0.0f;
-        const uint32_t bit = (uint32_t)k << shift;
-        w[j - b0] = shift ? (w[j - b0] | bit) : bit;
+        w[j - b0] = (w[j - b0] & keep) | ((uint32_t)k << shift);
         pos_count[j] += k;
         ps[j] = k ? v : 0.0f;
         ns[j] = k ? 0.0f : v;
     }
 }
 
-/* Quantize columns [bounds[0], bounds[nseg]) of g (rows x stride, row-major) plus residual r
-   (may be NULL) in one sweep over the rows. Segment s = columns [bounds[s], bounds[s+1]) is
-   written to words[s] (ceil(rows/32) x width_s) and recon[s] (2 x width_s: negative mean,
-   non-negative mean). Then r <- (g + r) - reconstruction. Returns 0, or -1 if out of memory. */
-int onebit_quantize(const float* g, float* r, int64_t rows, int64_t stride, int nseg,
-                    const int64_t* bounds, uint32_t* const* words, float* const* recon) {
+/* Quantize columns [bounds[0], bounds[nseg]) of g (rows x stride, row-major) in one sweep.
+   Error feedback (if last != NULL): `last` (same layout as g) holds the previous step's values
+   and `means` (2 x stride: negative row, non-negative row) their reconstruction; the residual
+   last - recon(last) is added to g, then `last` and `means` are overwritten with this step's
+   values and means. Segment s = columns [bounds[s], bounds[s+1]) goes to words[s]
+   (ceil(rows/32) x width_s) and recon[s] (2 x width_s). Returns 0, or -1 if out of memory. */
+int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int64_t stride,
+                    int nseg, const int64_t* bounds, uint32_t* const* words, float* const* recon) {
     const int64_t c0 = bounds[0], width = bounds[nseg] - c0;
     const int levels = num_levels(rows);
     float* scratch = (float*)malloc(sizeof(float) * (2 * levels + 2) * width + sizeof(int32_t) * width);
     if (!scratch) return -1;
     float* pos_slots = scratch;
     float* neg_slots = scratch + levels * width;
-    float* pos_sum = scratch + 2 * levels * width;
-    float* neg_sum = pos_sum + width;
-    int32_t* pos_count = (int32_t*)(neg_sum + width);
+    float* pos_mean = scratch + 2 * levels * width;
+    float* neg_mean = pos_mean + width;
+    int32_t* pos_count = (int32_t*)(neg_mean + width);
     memset(pos_count, 0, sizeof(int32_t) * width);
     const float* gc = g + c0;
-    const float* rc = r ? r + c0 : 0;
+    float* lc = last ? last + c0 : 0;
+    const float* lnm = means ? means + c0 : 0;
+    const float* lpm = means ? means + stride + c0 : 0;
     int64_t i = 0;
-    for (; i + 4 <= rows; i += 4) {
-        const int t = trailing_ones(i + 3);
+    for (; i < rows; ) {
+        const int four = i + 4 <= rows;
+        const int t = trailing_ones(four ? i + 3 : i);
+        const uint32_t shift = (uint32_t)(i & 31);
         for (int s = 0; s < nseg; ++s) {
-            const int64_t ws = bounds[s + 1] - bounds[s];
-            if (rc) rows4(gc, rc, 1, stride, i, bounds[s] - c0, bounds[s + 1] - c0, words[s] + (i >> 5) * ws,
-                  pos_slots + t * width, neg_slots + t * width, pos_count);
-            else rows4(gc, rc, 0, stride, i, bounds[s] - c0, bounds[s + 1] - c0, words[s] + (i >> 5) * ws,
-                  pos_slots + t * width, neg_slots + t * width, pos_count);
+            const int64_t b0 = bounds[s] - c0, b1 = bounds[s + 1] - c0;
+            uint32_t* w = words[s] + (i >> 5) * (b1 - b0);
+            float* ps = pos_slots + t * width;
+            float* ns = neg_slots + t * width;
+            const float* gi = gc + i * stride;
+            float* li = lc ? lc + i * stride : 0;
+            if (four && lc) rows4(gi, li, lnm, lpm, 1, stride, b0, b1, shift, w, ps, ns, pos_count);
+            else if (four) rows4(gi, li, lnm, lpm, 0, stride, b0, b1, shift, w, ps, ns, pos_count);
+            else if (lc) row1(gi, li, lnm, lpm, 1, stride, b0, b1, shift, w, ps, ns, pos_count);
+            else row1(gi, li, lnm, lpm, 0, stride, b0, b1, shift, w, ps, ns, pos_count);
         }
-        carry(pos_slots, neg_slots, 2, t, width);
-    }
-    for (; i < rows; ++i) {
-        const int t = trailing_ones(i);
-        for (int s = 0; s < nseg; ++s) {
-            const int64_t ws = bounds[s + 1] - bounds[s];
-            row1(gc, rc, stride, i, bounds[s] - c0, bounds[s + 1] - c0, words[s] + (i >> 5) * ws,
-                 pos_slots + t * width, neg_slots + t * width, pos_count);
-        }
-        carry(pos_slots, neg_slots, 0, t, width);
+        carry(pos_slots, neg_slots, four ? 2 : 0, t, width);
+        i += four ? 4 : 1;
     }
     /* The complete subtrees left at the levels set in `rows`, combined from low to high. */
     int have = 0;
@@ -247,34 +285,26 @@ int onebit_quantize(const float* g, float* r, int64_t rows, int64_t stride, int 
         const float* pl = pos_slots + l * width;
         const float* nl = neg_slots + l * width;
         for (int64_t j = 0; j < width; ++j) {
-            pos_sum[j] = have ? pl[j] + pos_sum[j] : pl[j];
-            neg_sum[j] = have ? nl[j] + neg_sum[j] : nl[j];
+            pos_mean[j] = have ? pl[j] + pos_mean[j] : pl[j];
+            neg_mean[j] = have ? nl[j] + neg_mean[j] : nl[j];
         }
         have = 1;
     }
-    /* Means, overwriting the sums in place. */
     for (int64_t j = 0; j < width; ++j) {
         const int32_t pc = pos_count[j];
         const int64_t nc = rows - pc;
-        pos_sum[j] = pc > 0 ? pos_sum[j] / (float)pc : 0.0f;
-        neg_sum[j] = nc > 0 ? neg_sum[j] / (float)nc : 0.0f;
+        const float ps = pos_mean[j], ns = neg_mean[j];
+        pos_mean[j] = pc > 0 ? ps / (float)pc : 0.0f;
+        neg_mean[j] = nc > 0 ? ns / (float)nc : 0.0f;
     }
     for (int s = 0; s < nseg; ++s) {
         const int64_t b0 = bounds[s] - c0, ws = bounds[s + 1] - bounds[s];
-        memcpy(recon[s], neg_sum + b0, sizeof(float) * ws);
-        memcpy(recon[s] + ws, pos_sum + b0, sizeof(float) * ws);
+        memcpy(recon[s], neg_mean + b0, sizeof(float) * ws);
+        memcpy(recon[s] + ws, pos_mean + b0, sizeof(float) * ws);
     }
-    if (r) {
-        const float* restrict pm = pos_sum;
-        const float* restrict nm = neg_sum;
-        for (int64_t i = 0; i < rows; ++i) {
-            const float* restrict gi = gc + i * stride;
-            float* restrict ri = r + c0 + i * stride;
-            for (int64_t j = 0; j < width; ++j) {
-                const float v = gi[j] + ri[j], p = pm[j], n = nm[j];
-                ri[j] = v - (v >= 0.0f ? p : n);
-            }
-        }
+    if (means) {
+        memcpy(means + c0, neg_mean, sizeof(float) * width);
+        memcpy(means + stride + c0, pos_mean, sizeof(float) * width);
     }
     free(scratch);
     return 0;
@@ -360,7 +390,7 @@ def _load_library() -> ctypes.CDLL:
             try:
                 lib = ctypes.CDLL(str(build_kernel()))
                 p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-                lib.onebit_quantize.argtypes = [p, p, i64, i64, i32, p, p, p]
+                lib.onebit_quantize.argtypes = [p, p, p, i64, i64, i32, p, p, p]
                 lib.onebit_quantize.restype = i32
                 lib.onebit_dequantize.argtypes = [p, p, i64, i32, p, p, i64, i32]
                 lib.onebit_dequantize.restype = None
@@ -403,17 +433,20 @@ class FusedQuantizer:
 
     def quantize(self, grad, residual, bounds, words, recon) -> None:
         _check_matrix(grad, "fused quantizer grad")
+        rows, cols = grad.shape
+        if not grad.is_contiguous():
+            raise ValueError("fused quantizer: grad must be contiguous")
         if residual is not None:
-            _check_matrix(residual, "fused quantizer residual")
-            if residual.shape != grad.shape or residual.stride() != grad.stride():
-                raise ValueError("fused quantizer: residual must have grad's shape and strides")
-        rows = grad.shape[0]
-        if bounds[0] < 0 or bounds[-1] > grad.shape[1]:
+            for t, shape in ((residual.last, (rows, cols)), (residual.means, (2, cols))):
+                if tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
+                    raise ValueError(f"fused quantizer: residual buffers must be contiguous CPU {shape}")
+        if bounds[0] < 0 or bounds[-1] > cols:
             raise ValueError("fused quantizer: segment bounds outside the matrix")
         _check_segments(bounds, words, recon, rows, "fused quantizer")
+        last, means = (None, None) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
         status = self._lib.onebit_quantize(
-            grad.data_ptr(), None if residual is None else residual.data_ptr(), rows, grad.stride(0),
-            len(bounds) - 1, (ctypes.c_int64 * len(bounds))(*bounds), _pointers(words), _pointers(recon))
+            grad.data_ptr(), last, means, rows, cols, len(bounds) - 1,
+            (ctypes.c_int64 * len(bounds))(*bounds), _pointers(words), _pointers(recon))
         if status != 0:
             raise MemoryError("fused quantizer: scratch allocation failed")
 
@@ -458,8 +491,8 @@ def measure_quantize_vs_copy(shapes: Sequence[Sequence[int]] = SWBD_SHAPES, repe
         elements = 0
         for shape in shapes:
             grad = as_columns(torch.randn(tuple(shape), generator=gen))
-            residual = torch.zeros_like(grad)
             rows, cols = grad.shape
+            residual = Residual(rows, cols)
             words = [torch.empty(packed_words(rows) * cols, dtype=torch.int32)]
             recon = [torch.empty(2 * cols)]
             dst = torch.empty_like(grad)

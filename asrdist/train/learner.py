@@ -32,7 +32,8 @@ def _barrier(ctx: LearnerContext):
 
 def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
                 progress: bool = True) -> dict | None:
-    from asrdist.optim.build import LRSchedule, build_optimizer
+    from asrdist.optim.build import build_optimizer
+    from asrdist.optim.schedules import LRSchedule
     from asrdist.train.prepare import load_targets
     from asrdist.train.task import SpeechTask
 
