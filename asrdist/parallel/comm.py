@@ -1,0 +1,217 @@
+"""Communication helpers shared by the strategies.
+
+- `init_process_group`: gloo on CPU, NCCL when CUDA is there, never hard-coded.
+- Timed collectives (`allreduce`, `all_to_all`, `broadcast`) that account payload bytes and
+  seconds in a `CommCounters` and always wait with a timeout; a failure becomes a one-line
+  `TrainingError` naming the rank. Launch with `async_op=True` to overlap, then `Pending.wait()`.
+- Byte accounting: what this learner puts on the wire (ring allreduce 2·S·(n−1)/n).
+- Flat packing of tensor lists and size-capped bucketing.
+
+Counters: `comm_seconds` is wall time inside communication calls (launching and waiting, in any
+thread); `wait_seconds` is the part during which the training thread was blocked waiting for a
+collective to finish, i.e. communication that was not hidden behind computation.
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel.base import CommCounters
+
+DEFAULT_TIMEOUT = timedelta(seconds=120)
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def init_process_group(rank: int, world_size: int, *, store: dist.Store | None = None,
+                       init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
+                       backend: str | None = None) -> str:
+    """Join the default process group through `store` or `init_method` (e.g. "env://" under
+    torchrun); return the backend chosen. The timeout bounds every collective."""
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"learners: rank {rank} outside world size {world_size}")
+    if (store is None) == (init_method is None):
+        raise ConfigError("init_process_group: give exactly one of store or init_method")
+    backend = backend or default_backend()
+    dist.init_process_group(backend, store=store, init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=timeout)
+    return backend
+
+
+def device_for_backend(backend: str, local_rank: int) -> torch.device:
+    """The device a learner computes on: its own GPU under NCCL, the CPU under gloo."""
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- byte accounting
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one learner sends in a ring allreduce of `nbytes`: reduce-scatter + all-gather."""
+    return 2 * nbytes * (world_size - 1) // world_size
+
+
+def all_to_all_bytes(send_split_bytes: Sequence[int], rank: int) -> int:
+    """Bytes one learner sends in an all-to-all: every split but the one it keeps."""
+    return sum(send_split_bytes) - send_split_bytes[rank]
+
+
+# ------------------------------------------------------------------------ timed collectives
+
+class Pending:
+    """An asynchronous collective in flight; `wait()` blocks (with the timeout) until it is done."""
+
+    __slots__ = ("_work", "_counters", "_what", "_timeout", "_done")
+
+    def __init__(self, work, counters: CommCounters, what: str, timeout: timedelta):
+        self._work, self._counters, self._what, self._timeout = work, counters, what, timeout
+        self._done = False
+
+    def wait(self, stalled: bool = True) -> None:
+        """Finish the collective. `stalled`: the training thread is the one waiting (counted in
+        wait_seconds); False for a communication thread."""
+        if self._done:
+            return
+        t0 = time.perf_counter()
+        try:
+            _guard(self._what, lambda: self._work.wait(self._timeout))
+        finally:
+            dt = time.perf_counter() - t0
+            self._counters.comm_seconds += dt
+            if stalled:
+                self._counters.wait_seconds += dt
+            self._done = True
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _guard(what: str, fn):
+    try:
+        return fn()
+    except RuntimeError as e:  # DistBackendError and gloo timeouts are RuntimeErrors
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrainingError(f"rank {_rank()}: {what} failed: {first_line}") from e
+
+
+def _launch(what: str, counters: CommCounters, nbytes: int, timeout: timedelta | None,
+            async_op: bool, stalled: bool, start) -> Pending | None:
+    t0 = time.perf_counter()
+    work = _guard(what, start)
+    counters.comm_seconds += time.perf_counter() - t0
+    counters.bytes_sent += nbytes
+    pending = Pending(work, counters, what, timeout or DEFAULT_TIMEOUT)
+    if async_op:
+        return pending
+    pending.wait(stalled)
+    return None
+
+
+def allreduce(tensor: torch.Tensor, counters: CommCounters, *, group=None, async_op: bool = False,
+              timeout: timedelta | None = None, stalled: bool = True) -> Pending | None:
+    """Sum `tensor` in place over the group."""
+    n = dist.get_world_size(group)
+    nbytes = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), n)
+    return _launch("allreduce", counters, nbytes, timeout, async_op, stalled,
+                   lambda: dist.all_reduce(tensor, group=group, async_op=True))
+
+
+def all_to_all(output: torch.Tensor, input: torch.Tensor, output_splits: Sequence[int],
+               input_splits: Sequence[int], counters: CommCounters, *, group=None,
+               async_op: bool = False, timeout: timedelta | None = None,
+               stalled: bool = True) -> Pending | None:
+    """Send input[split s] to rank s and receive rank s's split into output[split s]."""
+    rank = dist.get_rank(group)
+    nbytes = all_to_all_bytes([n * input.element_size() for n in input_splits], rank)
+    return _launch("all_to_all", counters, nbytes, timeout, async_op, stalled,
+                   lambda: dist.all_to_all_single(output, input, list(output_splits),
+                                                  list(input_splits), group=group, async_op=True))
+
+
+def broadcast(tensor: torch.Tensor, src: int, counters: CommCounters, *, group=None,
+              timeout: timedelta | None = None) -> None:
+    """Copy `tensor` from rank `src` to all (counted as the root's n−1 sends)."""
+    n = dist.get_world_size(group)
+    nbytes = tensor.numel() * tensor.element_size() * (n - 1) if dist.get_rank(group) == src else 0
+    _launch("broadcast", counters, nbytes, timeout, False, True,
+            lambda: dist.broadcast(tensor, src, group=group, async_op=True))
+
+
+def broadcast_module(module: torch.nn.Module, counters: CommCounters, *, src: int = 0, group=None,
+                     timeout: timedelta | None = None, buffers: bool = True) -> None:
+    """Make every learner's parameters (and buffers) equal to rank `src`'s, one flat tensor per
+    (device, dtype)."""
+    tensors = [p.data for p in module.parameters()]
+    if buffers:
+        tensors += [b for b in module.buffers()]
+    for same in group_by_kind(tensors).values():
+        flat = flatten(same)
+        broadcast(flat, src, counters, group=group, timeout=timeout)
+        unflatten_into(flat, same)
+
+
+# ------------------------------------------------------------------------- flat packing
+
+def group_by_kind(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:
+    """Tensors grouped by (device, dtype), order kept: a flat buffer holds one kind."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return groups
+
+
+def flatten(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """Concatenate the tensors' values into one 1-D tensor (`out` if given)."""
+    total = sum(t.numel() for t in tensors)
+    if out is None:
+        out = torch.empty(total, dtype=tensors[0].dtype, device=tensors[0].device)
+    elif out.numel() != total:
+        raise ValueError(f"flatten: out has {out.numel()} elements, the tensors {total}")
+    offset = 0
+    for t in tensors:
+        out[offset:offset + t.numel()].view_as(t).copy_(t)
+        offset += t.numel()
+    return out
+
+
+def flat_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    """Views of `flat` shaped like `shapes`, in order."""
+    views, offset = [], 0
+    for shape in shapes:
+        n = int(torch.Size(shape).numel())
+        views.append(flat[offset:offset + n].view(shape))
+        offset += n
+    return views
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy `flat` back into the tensors it was flattened from."""
+    for t, view in zip(tensors, flat_views(flat, [t.shape for t in tensors])):
+        t.copy_(view)
+
+
+def bucket_indices(sizes_bytes: Sequence[int], cap_bytes: int) -> list[list[int]]:
+    """Split items, in the given order, into consecutive buckets of at most `cap_bytes` (an item
+    larger than the cap gets a bucket of its own)."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, size in enumerate(sizes_bytes):
+        if current and filled + size > cap_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += size
+    if current:
+        buckets.append(current)
+    return buckets

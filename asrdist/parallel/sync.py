@@ -1,0 +1,186 @@
+"""`sync`: synchronous allreduce SGD, the baseline (DESIGN.md §5.1).
+
+1. At setup every learner takes rank 0's parameters and buffers (broadcast).
+2. Parameters are grouped into flat buckets of at most `bucket_cap_mb`, in reverse registration
+   order (roughly the order backward produces their gradients).
+3. During backward a post-accumulate-grad hook copies each gradient into its bucket; when a bucket
+   is full its allreduce is launched asynchronously, buckets strictly in index order so that all
+   learners issue the same collectives in the same order.
+4. `after_backward` launches what is left (a parameter without a gradient contributes zeros),
+   waits, divides by n and writes the mean into every p.grad; the optimizer then takes the same
+   step everywhere.
+
+Why hooks and not DistributedDataParallel: DDP must wrap the module and see its forward, but the
+trainer calls the model it built and only hands the strategy `(model, optimizer, ctx)`. Hooks give
+the same bucketing and overlap behind the common Strategy interface.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel import comm
+from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+
+
+@dataclass
+class SyncConfig:
+    bucket_cap_mb: float = 25.0
+    """Largest flat bucket, in MB (2**20 bytes); one allreduce per bucket."""
+    overlap: bool = True
+    """Launch each bucket's allreduce during backward as soon as its gradients are ready;
+    False: everything in after_backward."""
+
+    def __post_init__(self):
+        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
+                or not self.bucket_cap_mb > 0:
+            raise ConfigError(f"strategy.sync.bucket_cap_mb: expected a positive number, got {self.bucket_cap_mb!r}")
+        if not isinstance(self.overlap, bool):
+            raise ConfigError(f"strategy.sync.overlap: expected true or false, got {self.overlap!r}")
+
+
+class _Bucket:
+    """One flat buffer of gradients and the allreduce in flight on it."""
+
+    __slots__ = ("tensors", "flat", "views", "ready", "pending")
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+        self.flat = torch.zeros(sum(t.numel() for t in tensors), dtype=tensors[0].dtype,
+                                device=tensors[0].device)
+        self.views = comm.flat_views(self.flat, [t.shape for t in tensors])
+        self.ready = [False] * len(tensors)
+        self.pending: comm.Pending | None = None
+
+
+def _build_buckets(tensors: Sequence[torch.Tensor], cap_mb: float) -> list[_Bucket]:
+    buckets = []
+    for same in comm.group_by_kind(list(tensors)).values():
+        sizes = [t.numel() * t.element_size() for t in same]
+        for idx in comm.bucket_indices(sizes, int(cap_mb * 2**20)):
+            buckets.append(_Bucket([same[i] for i in idx]))
+    return buckets
+
+
+class SyncStrategy(Strategy):
+    """Gradient mean by bucketed allreduce, overlapped with backward."""
+
+    name = "sync"
+
+    def __init__(self, config: SyncConfig | None = None):
+        config = SyncConfig() if config is None else config
+        if not isinstance(config, SyncConfig):
+            raise ConfigError(f"strategy sync: expected a SyncConfig, got {type(config).__name__}")
+        super().__init__(config)
+        self._buckets: list[_Bucket] = []
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
+        self._next_launch = 0
+        self._hooks: list = []
+
+    # ---------------------------------------------------------------- trainer interface
+
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
+        super().setup(model, optimizer, ctx)
+        if not ctx.distributed:
+            return
+        comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)
+        params = list(reversed(parameters_with_grad(model)))
+        self._buckets = _build_buckets(params, self.config.bucket_cap_mb)
+        self._where = {id(t): (b, k) for b, bucket in enumerate(self._buckets) for k, t in enumerate(bucket.tensors)}
+        if self.config.overlap:
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
+
+    def after_backward(self) -> None:
+        if not self.ctx.distributed:
+            return
+        for bucket in self._buckets:
+            for k, p in enumerate(bucket.tensors):
+                if not bucket.ready[k]:
+                    self._fill(bucket, k, p)
+        self._launch_ready()
+        n = self.ctx.world_size
+        for bucket in self._buckets:
+            bucket.pending.wait()
+            bucket.flat.div_(n)
+            for k, (p, view) in enumerate(zip(bucket.tensors, bucket.views)):
+                if p.grad is None:
+                    p.grad = view.clone()
+                else:
+                    p.grad.copy_(view)
+                bucket.ready[k] = False
+            bucket.pending = None
+        self._next_launch = 0
+        self.counters.exchanges += 1
+
+    def finalize(self) -> None:
+        """Parameters are identical already; buffers (e.g. batch-norm statistics) are not, so
+        rank 0's are taken."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        if self.ctx.distributed and self.model is not None:
+            buffers = list(self.model.buffers())
+            for same in comm.group_by_kind(buffers).values():
+                flat = comm.flatten(same)
+                comm.broadcast(flat, 0, self.counters, timeout=self.ctx.timeout)
+                comm.unflatten_into(flat, same)
+
+    # ------------------------------------------------------------------------ model-free
+
+    def setup_exchange(self, shapes: Sequence[torch.Size], ctx: LearnerContext,
+                       dtype: torch.dtype = torch.float32) -> None:
+        """Prepare `exchange` for gradients of these shapes without a model (benchmarks)."""
+        self.ctx = ctx
+        self._slots = [torch.empty(s, dtype=dtype, device=ctx.device) for s in shapes]
+        self._buckets = _build_buckets(self._slots, self.config.bucket_cap_mb)
+
+    def exchange(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Mean of `grads` (shaped as given to `setup_exchange`) over the learners by bucketed
+        allreduce, without overlap. The results are views of internal buffers, valid until the
+        next call."""
+        slots = getattr(self, "_slots", None)
+        if slots is None:
+            raise TrainingError("sync.exchange: call setup_exchange first")
+        if len(grads) != len(slots):
+            raise ValueError(f"sync.exchange: {len(grads)} gradients, {len(slots)} expected")
+        grad_of = {id(slot): g for slot, g in zip(slots, grads)}
+        for bucket in self._buckets:
+            comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.flat)
+            bucket.pending = comm.allreduce(bucket.flat, self.counters, async_op=True, timeout=self.ctx.timeout)
+        mean_of = {}
+        for bucket in self._buckets:
+            bucket.pending.wait()
+            bucket.pending = None
+            bucket.flat.div_(self.ctx.world_size)
+            mean_of.update({id(t): v for t, v in zip(bucket.tensors, bucket.views)})
+        self.counters.exchanges += 1
+        return [mean_of[id(slot)] for slot in slots]
+
+    # --------------------------------------------------------------------------- helpers
+
+    def _fill(self, bucket: _Bucket, k: int, p: torch.Tensor) -> None:
+        view = bucket.views[k]
+        if p.grad is None:
+            view.zero_()
+        else:
+            view.copy_(p.grad)
+        bucket.ready[k] = True
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        b, k = self._where[id(p)]
+        bucket = self._buckets[b]
+        if bucket.ready[k] or bucket.pending is not None:
+            raise TrainingError("sync: a gradient became ready twice before after_backward "
+                                "(gradient accumulation over several backward calls is not supported)")
+        self._fill(bucket, k, p)
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Launch complete buckets in index order: every learner issues the same sequence."""
+        while self._next_launch < len(self._buckets) and all(self._buckets[self._next_launch].ready):
+            bucket = self._buckets[self._next_launch]
+            bucket.pending = comm.allreduce(bucket.flat, self.counters, async_op=True, timeout=self.ctx.timeout)
+            self._next_launch += 1

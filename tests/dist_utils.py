@@ -1,0 +1,41 @@
+"""Run a function on N gloo learners (spawned processes) and collect what each returns.
+
+    results = run_distributed(fn, world_size, tmp_path, *args)
+
+`fn(rank, world_size, *args)` must be a module-level function (it is pickled into the spawned
+processes). The default process group is initialised from a fresh FileStore in `tmp_path` (no
+ports), with a short timeout, one torch thread per learner; `results[rank]` is fn's return
+value (anything torch.save can store). A learner that raises makes run_distributed raise.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT = timedelta(seconds=30)
+
+
+def _learner(rank: int, fn, world_size: int, store_path: str, result_dir: str, args: tuple) -> None:
+    from asrdist.parallel.comm import init_process_group
+
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world_size)
+    init_process_group(rank, world_size, store=store, timeout=TIMEOUT, backend="gloo")
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, Path(result_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn, world_size: int, tmp_path: Path, *args) -> list:
+    run_dir = Path(tmp_path) / f"dist-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    mp.spawn(_learner, args=(fn, world_size, str(run_dir / "store"), str(run_dir), args),
+             nprocs=world_size, join=True)
+    return [torch.load(run_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -1,0 +1,150 @@
+"""`sync` strategy: n learners x local batch B/n == 1 learner x batch B; comm helpers."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asrdist.errors import ConfigError
+from asrdist.parallel import build_strategy, comm
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from dist_utils import run_distributed
+
+STEPS, BATCH = 4, 8
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def _data():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS, BATCH, 6, generator=gen), torch.randint(0, 3, (STEPS, BATCH), generator=gen)
+
+
+def _optimizer(name: str, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    return torch.optim.Adagrad(params, lr=0.1)
+
+
+def _train(opt_name: str, rank: int, world_size: int, config: SyncConfig | None, record: dict | None = None):
+    """The trainer's loop on this rank's slice of every global batch."""
+    model = _model(seed=rank)  # learners start different: setup must broadcast rank 0's
+    opt = _optimizer(opt_name, model.parameters())
+    strategy = SyncStrategy(config) if config else SyncStrategy()
+    strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
+    x, y = _data()
+    per = BATCH // world_size
+    for t in range(STEPS):
+        xs, ys = x[t, rank * per:(rank + 1) * per], y[t, rank * per:(rank + 1) * per]
+        F.cross_entropy(model(xs), ys).backward()
+        if record is not None:
+            record.setdefault("launched_in_backward", []).append(
+                sum(b.pending is not None for b in strategy._buckets))
+        strategy.after_backward()
+        opt.step()
+        opt.zero_grad()
+        strategy.after_step()
+    strategy.finalize()
+    return [p.detach().clone() for p in model.parameters()], strategy.counters
+
+
+def _learner(rank: int, world_size: int):
+    out = {}
+    tiny = SyncConfig(bucket_cap_mb=1e-4)  # one bucket per parameter: several launches per backward
+    for opt_name in ("sgd", "adagrad"):
+        record = {}
+        out[opt_name], counters = _train(opt_name, rank, world_size, tiny, record)
+        out[f"{opt_name}_launched"] = record["launched_in_backward"]
+        out[f"{opt_name}_bytes"] = counters.bytes_sent
+    out["sgd_default"], _ = _train("sgd", rank, world_size, SyncConfig())
+    out["sgd_no_overlap"], _ = _train("sgd", rank, world_size, SyncConfig(overlap=False))
+
+    strategy = SyncStrategy(SyncConfig(bucket_cap_mb=1e-4))
+    shapes = [(3, 2), (5,)]
+    strategy.setup_exchange(shapes, LearnerContext(rank=rank, world_size=world_size))
+    grads = [torch.full(s, float(rank + 1)) for s in shapes]
+    out["exchange"] = [g.clone() for g in strategy.exchange(grads)]
+    return out
+
+
+def _reference(opt_name: str):
+    model = _model(seed=0)
+    opt = _optimizer(opt_name, model.parameters())
+    x, y = _data()
+    for t in range(STEPS):
+        F.cross_entropy(model(x[t]), y[t]).backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_n_learners_match_one_learner_with_the_global_batch(tmp_path, world_size):
+    results = run_distributed(_learner, world_size, tmp_path)
+    for opt_name in ("sgd", "adagrad"):
+        expected = _reference(opt_name)
+        for rank, res in enumerate(results):
+            for got, want in zip(res[opt_name], expected):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            # learners hold the same parameters, bit for bit
+            for got, first in zip(res[opt_name], results[0][opt_name]):
+                assert torch.equal(got, first)
+            # overlap: some buckets were launched during backward, before after_backward
+            assert all(n > 0 for n in res[f"{opt_name}_launched"])
+    for rank, res in enumerate(results):
+        for key in ("sgd_default", "sgd_no_overlap"):
+            for got, want in zip(res[key], _reference("sgd")):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        mean = sum(range(1, world_size + 1)) / world_size
+        assert [g.tolist() for g in res["exchange"]] == [torch.full((3, 2), mean).tolist(), torch.full((5,), mean).tolist()]
+
+    # bytes: ring allreduce of every bucket each step, plus rank 0's setup broadcast
+    sizes = [p.numel() * 4 for p in _model(0).parameters()]
+    per_step = sum(comm.ring_allreduce_bytes(s, world_size) for s in sizes)
+    assert results[1]["sgd_bytes"] == STEPS * per_step
+    assert results[0]["sgd_bytes"] == STEPS * per_step + sum(sizes) * (world_size - 1)
+
+
+def test_single_learner_leaves_gradients_alone():
+    model = _model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy("sync")
+    strategy.setup(model, opt, LearnerContext())
+    x, y = _data()
+    F.cross_entropy(model(x[0]), y[0]).backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    strategy.after_backward()
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before))
+    assert strategy.counters.bytes_sent == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"bucket_cap_mb": 0}, {"bucket_cap_mb": -1.0}, {"bucket_cap_mb": "25"},
+                                    {"overlap": "yes"}])
+def test_config_is_validated(kwargs):
+    with pytest.raises(ConfigError):
+        SyncConfig(**kwargs)
+
+
+def test_bucket_indices_respect_the_cap_and_order():
+    assert comm.bucket_indices([4, 4, 4, 10, 1], cap_bytes=8) == [[0, 1], [2], [3], [4]]
+    assert comm.bucket_indices([], cap_bytes=8) == []
+    assert comm.bucket_indices([1, 1, 1], cap_bytes=100) == [[0, 1, 2]]
+
+
+def test_flatten_roundtrip_and_byte_formulas():
+    tensors = [torch.randn(2, 3), torch.randn(4), torch.randn(1, 1, 2)]
+    flat = comm.flatten(tensors)
+    assert flat.shape == (12,)
+    copies = [torch.zeros_like(t) for t in tensors]
+    comm.unflatten_into(flat, copies)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, copies))
+    with pytest.raises(ValueError):
+        comm.flatten(tensors, out=torch.empty(5))
+    assert comm.ring_allreduce_bytes(1000, 4) == 1500
+    assert comm.ring_allreduce_bytes(1000, 1) == 0
+    assert comm.all_to_all_bytes([10, 20, 30], rank=1) == 40
