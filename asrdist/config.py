@@ -176,7 +176,13 @@ def _apply_override(tree: dict, override: str) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override '{override}': '{p}' is not a section")
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-3" as a string
+            value = float(value)
+        except ValueError:
+            pass
+    node[parts[-1]] = value
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:

@@ -9,7 +9,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
-from dist_utils import run_distributed
+from tests.dist_utils import run_distributed
 
 STEPS, BATCH = 4, 8
 

@@ -1,15 +1,17 @@
 """`averaging`: periodic model averaging (Povey, Zhang & Khudanpur 2015; Kaldi's parallel training).
 
-Every learner trains alone on its own shard (NG-SGD by default, plain SGD as the ablation) and:
+Every learner starts from rank 0's parameters (broadcast at setup), trains alone on its own
+shard (NG-SGD by default, plain SGD as the ablation) and:
 
 1. counts the samples it trains on (`note_samples(n)` from the trainer, or `samples_per_step`);
 2. once it has trained on `average_every` samples since the last average, all learners replace
    their parameters (and floating-point buffers) by the mean over learners, computed by ONE
    flattened allreduce; learner i contributes w_i·x_i and the sum is divided by Σ w_i;
 3. optional exclusion (`exclude_threshold`): before the average, the learners' mean objectives
-   since the last average (`note_loss(loss)` from the trainer) are all-gathered; a learner whose
-   objective is worse (higher) than the best by more than the threshold, or non-finite, gets
-   w_i = 0 and simply receives the average of the others (Kaldi's "successful models" rule);
+   since the last average (`note_loss(loss)` from the trainer) are shared by a tiny allreduce
+   (n×2 floats); a learner whose objective is worse (higher) than the best by more than the
+   threshold, or non-finite, gets w_i = 0 and simply receives the average of the others (Kaldi's
+   "successful models" rule);
 4. `lr_scale()` returns n: with n learners each step must be n× larger to move the averaged model
    as far as one learner would (the trainer's schedule supplies the geometric decay);
 5. `finalize()` averages once more, so every learner ends with the identical consensus model.
@@ -30,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy
 
 
@@ -46,7 +49,7 @@ class AveragingConfig:
     exclude_threshold: float | None = None
     """Leave out of an average every learner whose mean objective since the last average exceeds
     the best learner's by more than this (objective units, e.g. nats/frame; Kaldi uses 1.0);
-    None disables exclusion and its small extra all-gather."""
+    None disables exclusion and its tiny extra allreduce."""
     average_momentum: bool = False
     """Also average the optimizer's per-parameter state tensors (e.g. momentum buffers)."""
 
@@ -66,18 +69,16 @@ class AveragingConfig:
                 raise ConfigError(f"strategy.{name}: expected true/false, got {getattr(self, name)!r}")
 
 
-def allreduce_bytes(payload_bytes: int, world_size: int) -> int:
-    """Bytes one learner sends in a ring allreduce of `payload_bytes`: 2·S·(n−1)/n."""
-    return 2 * payload_bytes * (world_size - 1) // world_size if world_size > 1 else 0
-
-
 class AveragingStrategy(Strategy):
     """Periodic parameter averaging; see the module docstring."""
 
     name = "averaging"
 
     def __init__(self, config: AveragingConfig | None = None):
-        super().__init__(config or AveragingConfig())
+        config = AveragingConfig() if config is None else config
+        if not isinstance(config, AveragingConfig):
+            raise ConfigError(f"strategy averaging: expected an AveragingConfig, got {type(config).__name__}")
+        super().__init__(config)
         self.samples_since_average = 0
         self.samples_noted = 0
         self.steps = 0
@@ -104,9 +105,11 @@ class AveragingStrategy(Strategy):
     # -- strategy hooks --------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         super().setup(model, optimizer, ctx)
-        if ctx.world_size > 1 and not dist.is_initialized():
-            raise TrainingError(f"averaging: rank {ctx.rank} of {ctx.world_size} has no process group "
-                                "(torch.distributed is not initialized)")
+        if ctx.world_size > 1:
+            if not dist.is_initialized():
+                raise TrainingError(f"averaging: rank {ctx.rank} of {ctx.world_size} has no process group "
+                                    "(torch.distributed is not initialized)")
+            comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)  # same start everywhere
 
     def after_step(self) -> None:
         self.steps += 1
@@ -135,9 +138,8 @@ class AveragingStrategy(Strategy):
         return tensors
 
     def payload_bytes(self) -> int:
-        tensors = self.averaged_tensors()
-        element = tensors[0].element_size() if tensors else 4
-        return element * sum(t.numel() for t in tensors)
+        """Bytes of one learner's contribution to an average (S in the ring cost 2·S·(n−1)/n)."""
+        return sum(t.numel() * t.element_size() for t in self.averaged_tensors())
 
     def average(self) -> None:
         """Average now (a collective: every learner must call it at the same point)."""
@@ -154,14 +156,15 @@ class AveragingStrategy(Strategy):
         self.loss_sum, self.loss_count = 0.0, 0
 
     def _included_learners(self) -> list[bool]:
-        n = self.ctx.world_size
-        mine = self.loss_sum / self.loss_count if self.loss_count else 0.0
-        local = torch.tensor([mine, float(self.loss_count)], dtype=torch.float64)
-        gathered = [torch.empty_like(local) for _ in range(n)]
-        with self.timed_comm():
-            dist.all_gather(gathered, local)
-        self.counters.bytes_sent += local.numel() * local.element_size() * (n - 1)
-        losses = [(float(g[0]), int(g[1])) for g in gathered]
+        """Exclusion rule of step 3; the objectives travel in one small allreduce (learner i
+        fills row i of an n×2 zero matrix with its mean objective and its number of losses)."""
+        n, rank = self.ctx.world_size, self.ctx.rank
+        table = torch.zeros(n, 2, dtype=torch.float64, device=self.ctx.device)
+        if self.loss_count:
+            table[rank, 0] = self.loss_sum / self.loss_count
+            table[rank, 1] = self.loss_count
+        comm.allreduce(table, self.counters, timeout=self.ctx.timeout)
+        losses = [(float(loss), int(count)) for loss, count in table.tolist()]
         reported = [loss for loss, count in losses if count > 0]
         finite = [loss for loss in reported if math.isfinite(loss)]
         if reported and not finite:
@@ -171,20 +174,16 @@ class AveragingStrategy(Strategy):
         return [count == 0 or (math.isfinite(loss) and loss - best <= threshold) for loss, count in losses]
 
     def _allreduce_average(self, included: list[bool]) -> None:
-        tensors = self.averaged_tensors()
-        dtype = tensors[0].dtype
-        flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
-        if not included[self.ctx.rank]:
-            flat.zero_()  # contributes nothing (and no NaN) to the sum
-        with self.timed_comm():
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        self.counters.bytes_sent += allreduce_bytes(flat.numel() * flat.element_size(), self.ctx.world_size)
-        flat.div_(sum(included))
-        offset = 0
-        with torch.no_grad():
-            for t in tensors:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        divisor = sum(included)
+        # One flat allreduce per (device, dtype): a single one for an all-float32 model.
+        for same in comm.group_by_kind(self.averaged_tensors()).values():
+            flat = comm.flatten(same)
+            if not included[self.ctx.rank]:
+                flat.zero_()  # contributes nothing (and no NaN) to the sum
+            comm.allreduce(flat, self.counters, timeout=self.ctx.timeout)
+            flat.div_(divisor)
+            with torch.no_grad():
+                comm.unflatten_into(flat, same)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

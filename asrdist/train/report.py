@@ -33,7 +33,8 @@ def plot_report(run_dir: Path, title: str = "") -> Path:
             ax_acc.plot(*zip(*pts), "o-", label=label)
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylim(0, 1)
-    ax_acc.legend()
+    if ax_acc.get_legend_handles_labels()[0]:
+        ax_acc.legend()
     ax_acc.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

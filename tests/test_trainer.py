@@ -1,0 +1,87 @@
+"""The one trainer end to end on a tiny tone corpus: learning, outputs, exact resume, errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from asrdist.cli import main
+from asrdist.train.checkpoint import latest_step_dir
+from tests.corpus_fixture import make_tone_corpus
+
+FAST = ["train.log_every=5", "data.batch_size=128", "model.hidden_dim=64", "model.hidden_layers=2",
+        "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus")
+    assert main(["features", str(path)]) == 0
+    return path
+
+
+def _train(corpus, out, *extra, epochs=3):
+    return main(["train", "configs/default.yaml", *FAST, *extra, "--data", str(corpus),
+                 "--epochs", str(epochs), "--out", str(out), "--no-progress"])
+
+
+def test_dnn_learns_and_writes_run_outputs(corpus, tmp_path):
+    assert _train(corpus, tmp_path / "run") == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in ("strategy", "learners", "model", "parameters", "epochs", "train_frames",
+                "frames_per_second", "wall_seconds", "final", "comm"):
+        assert key in summary
+    final = summary["final"]
+    assert set(final) >= {"train_loss", "valid_loss", "frame_accuracy", "per"}
+    assert summary["comm"]["bytes_sent"] == 0 and summary["learners"] == 1
+    # 9 classes of tones: chance is far below these
+    assert final["frame_accuracy"] > 0.8, final
+    assert final["per"] < 0.35, final
+    assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
+    for name in ("report.png", "metrics.jsonl", "config.yaml", "env.json", "model.pt", "targets.pt"):
+        assert (tmp_path / "run" / name).is_file(), name
+    # eval on held-out speakers writes eval.json with the contract keys
+    assert main(["eval", str(tmp_path / "run"), "--data", str(corpus)]) == 0
+    ev = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert {"frame_accuracy", "per", "utterances"} <= set(ev) and ev["utterances"] == 12
+
+
+def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
+    assert _train(corpus, tmp_path / "full", "train.checkpoint_every=7") == 0
+    assert _train(corpus, tmp_path / "cut", "train.checkpoint_every=7", "train.max_steps=17") == 0
+    assert latest_step_dir(tmp_path / "cut").name == "step-00000017"
+    assert main(["train", "configs/default.yaml", "--resume", str(tmp_path / "cut"),
+                 "train.max_steps=0", "--no-progress"]) == 0
+    full = torch.load(tmp_path / "full" / "model.pt", weights_only=False)["model"]
+    resumed = torch.load(tmp_path / "cut" / "model.pt", weights_only=False)["model"]
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
+
+def test_same_seed_same_parameters(corpus, tmp_path):
+    assert _train(corpus, tmp_path / "a", epochs=1) == 0
+    assert _train(corpus, tmp_path / "b", epochs=1) == 0
+    a = torch.load(tmp_path / "a" / "model.pt", weights_only=False)["model"]
+    b = torch.load(tmp_path / "b" / "model.pt", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_is_a_clear_error(corpus, tmp_path, capsys):
+    rc = _train(corpus, tmp_path / "nan", "optim.lr=1e30", "optim.nesterov=false", epochs=1)
+    assert rc != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("asrdist: error:") and "loss is" in err[-1]
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.widht=3", "model.widht: unknown config key"),
+    ("optim.lr=fast", "optim.lr"),
+    ("bogus.x=1", "bogus: unknown config section"),
+    ("strategy.error_feedback=false", "strategy.error_feedback"),
+])
+def test_bad_config_names_the_key(corpus, tmp_path, capsys, override, needle):
+    assert _train(corpus, tmp_path / "bad", override) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "bad").exists()
