@@ -2,8 +2,10 @@
 
     results = run_distributed(fn, world_size, tmp_path, *args)
 
-`fn(rank, world_size, *args)` must be a module-level function (it is pickled into the spawned
-processes). The default process group is initialised from a fresh FileStore in `tmp_path` (no
+`fn(rank, world_size, *args)` must be a module-level function (it is pickled into the new
+processes). Learners are started from a fork server that has imported torch (and the dynamo
+machinery torch's optimizers pull in) once per test session: a fresh `spawn` pays those
+seconds in every learner of every test. The default process group is initialised from a fresh FileStore in `tmp_path` (no
 ports), with a short timeout, one torch thread per learner; `results[rank]` is fn's return
 value (anything torch.save can store). A learner that raises makes run_distributed raise.
 """
@@ -18,6 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT = timedelta(seconds=30)
+_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "asrdist.parallel.comm"]
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+if START_METHOD == "forkserver":
+    mp.set_forkserver_preload(_PRELOAD)
 
 
 def _learner(rank: int, fn, world_size: int, store_path: str, result_dir: str, args: tuple) -> None:
@@ -36,6 +42,6 @@ def _learner(rank: int, fn, world_size: int, store_path: str, result_dir: str, a
 def run_distributed(fn, world_size: int, tmp_path: Path, *args) -> list:
     run_dir = Path(tmp_path) / f"dist-{uuid.uuid4().hex[:8]}"
     run_dir.mkdir(parents=True)
-    mp.spawn(_learner, args=(fn, world_size, str(run_dir / "store"), str(run_dir), args),
-             nprocs=world_size, join=True)
+    mp.start_processes(_learner, args=(fn, world_size, str(run_dir / "store"), str(run_dir), args),
+                       nprocs=world_size, join=True, start_method=START_METHOD)
     return [torch.load(run_dir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]

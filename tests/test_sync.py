@@ -1,11 +1,14 @@
 """`sync` strategy: n learners x local batch B/n == 1 learner x batch B; comm helpers."""
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from asrdist.errors import ConfigError
+from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
@@ -148,3 +151,23 @@ def test_flatten_roundtrip_and_byte_formulas():
     assert comm.ring_allreduce_bytes(1000, 4) == 1500
     assert comm.ring_allreduce_bytes(1000, 1) == 0
     assert comm.all_to_all_bytes([10, 20, 30], rank=1) == 40
+
+
+def _absent_peer(rank: int, world_size: int):
+    if rank == 1:
+        time.sleep(3)  # never joins the collective
+        return None
+    counters = comm.CommCounters()
+    try:
+        comm.allreduce(torch.ones(4), counters, timeout=timedelta(seconds=1))
+    except TrainingError as e:
+        return str(e), counters.comm_seconds
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_collective_without_its_peer_fails_within_its_timeout(tmp_path):
+    message, seconds = run_distributed(_absent_peer, 2, tmp_path)[0]
+    # the timeout fired (the peer was still alive, sleeping), as one line naming the rank
+    assert message.startswith("rank 0: allreduce (timeout 1 s) failed") and "\n" not in message
+    assert "timed out" in message.lower() and seconds > 0

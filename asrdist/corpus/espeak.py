@@ -232,8 +232,10 @@ def phone_segments(phonemes: list[tuple[str, int]], num_samples: int, where: str
     """ARPAbet (phone, start, end) segments covering [0, num_samples) from espeak phoneme events.
 
     Audio before the first event is silence; each phoneme lasts until the next event; compounds
-    are split 60/40; a linking glide extends the phone before it. An unmapped mnemonic is a
-    DataError naming `where` and the phoneme.
+    are split 60/40; a linking glide extends the phone before it. espeak folds some post-vocalic
+    consonants into the vowel's formant glide and reports them with zero length (the l of
+    "wheels", "twelve", "school"): such a phone takes the last 40% of the vowel before it.
+    An unmapped mnemonic is a DataError naming `where` and the phoneme.
     """
     segments: list[tuple[str, int, int]] = []
     first = phonemes[0][1] if phonemes else num_samples
@@ -246,15 +248,18 @@ def phone_segments(phonemes: list[tuple[str, int]], num_samples: int, where: str
             arpa = ESPEAK_TO_ARPABET[name]
         except KeyError:
             raise DataError(f"{where}: espeak phoneme '{name}' has no ARPAbet mapping") from None
-        if end <= start:
-            continue
         if not arpa:
-            phone, seg_start, _ = segments[-1] if segments else (SILENCE, 0, 0)
-            segments[-1:] = [(phone, seg_start, end)]
+            if segments and end > start:
+                phone, seg_start, _ = segments.pop()
+                segments.append((phone, seg_start, end))
+        elif end <= start:
+            if arpa != (SILENCE,) and segments and segments[-1][0] != SILENCE:
+                phone, seg_start, seg_end = segments.pop()
+                split = seg_start + int(round(COMPOUND_FIRST_SHARE * (seg_end - seg_start)))
+                segments += [(phone, seg_start, split), (arpa[-1], split, seg_end)]
         elif len(arpa) == 1:
             segments.append((arpa[0], start, end))
         else:
             split = start + int(round(COMPOUND_FIRST_SHARE * (end - start)))
-            segments.append((arpa[0], start, split))
-            segments.append((arpa[1], split, end))
+            segments += [(arpa[0], start, split), (arpa[1], split, end)]
     return segments

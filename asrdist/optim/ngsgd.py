@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from asrdist.errors import ConfigError, DataError
@@ -46,11 +47,16 @@ NUM_INITIAL_UPDATES = 10
 NUM_INIT_ITERS = 3
 
 
-_SMALL = torch.float64  # dtype of the rank x rank algebra (Z is a fourth power of the data)
-
-
 def _sum_squares(x: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(x).square())
+    flat = x.reshape(-1)
+    return float(torch.dot(flat, flat))
+
+
+def _small(t: torch.Tensor) -> np.ndarray:
+    """A rank×rank tensor as float64 numpy: the small algebra is float64 (Z is a fourth power of the
+    data) and elementwise numpy is cheaper per call than torch. Factorizations stay in torch:
+    numpy's own LAPACK can spin up a competing thread pool."""
+    return t.detach().to("cpu", torch.float64).numpy()
 
 
 class OnlineNaturalGradient:
@@ -83,7 +89,7 @@ class OnlineNaturalGradient:
         """Updates in which some floor (on C, ρ or D) was applied."""
         self._skipped = 0
         self._W: torch.Tensor | None = None  # E^{1/2} R, rank x dim
-        self._d = torch.zeros(0, dtype=_SMALL)  # diagonal of D, descending
+        self._d = np.zeros(0)  # diagonal of D (float64, descending)
         self._rho = 0.0
 
     # -- public API ------------------------------------------------------------------------------
@@ -130,13 +136,13 @@ class OnlineNaturalGradient:
     @property
     def d(self) -> torch.Tensor:
         """Diagonal of D (float64, descending)."""
-        return self._d.clone()
+        return torch.from_numpy(self._d.copy())
 
     @property
     def R(self) -> torch.Tensor:
         """The rank×dim matrix with orthonormal rows (float64), recovered as E^{-½} W."""
         self._check_initialized()
-        return self._W.to(_SMALL).cpu() / self._e(self._d, self._rho).sqrt()[:, None]
+        return self._W.to("cpu", torch.float64) / torch.from_numpy(np.sqrt(self._e(self._d, self._rho)))[:, None]
 
     def fisher(self) -> torch.Tensor:
         """Dense F = Rᵀ D R + ρ I (dim×dim, float64). For tests and small dims only."""
@@ -150,7 +156,7 @@ class OnlineNaturalGradient:
 
     def state_dict(self) -> dict[str, Any]:
         return {"W": None if self._W is None else self._W.detach().cpu().clone(),
-                "d": self._d.clone(), "rho": self._rho, "num_updates": self.num_updates,
+                "d": torch.from_numpy(self._d.copy()), "rho": self._rho, "num_updates": self.num_updates,
                 "skipped": self._skipped, "num_reorthogonalizations": self.num_reorthogonalizations,
                 "num_floored": self.num_floored}
 
@@ -161,7 +167,8 @@ class OnlineNaturalGradient:
                               f"expected ({self.rank}, {self.dim})")
         device = self._W.device if self._W is not None else torch.device("cpu")
         self._W = None if W is None else W.clone().to(device)
-        self._d, self._rho = torch.as_tensor(state["d"], dtype=_SMALL).clone(), float(state["rho"])
+        self._d = torch.as_tensor(state["d"], dtype=torch.float64).numpy().copy()
+        self._rho = float(state["rho"])
         self.num_updates, self._skipped = int(state["num_updates"]), int(state["skipped"])
         self.num_reorthogonalizations = int(state.get("num_reorthogonalizations", 0))
         self.num_floored = int(state.get("num_floored", 0))
@@ -181,8 +188,9 @@ class OnlineNaturalGradient:
             W = W.to(dtype=x.dtype, device=x.device)
         return W
 
-    def _e(self, d: torch.Tensor, rho: float) -> torch.Tensor:
-        beta = rho * (1.0 + self.alpha) + self.alpha * float(d.sum()) / self.dim
+    def _e(self, d: np.ndarray, rho: float) -> np.ndarray:
+        """Diagonal of E: e_ii = 1/(β/d_ii + 1), β = ρ(1+α) + (α/dim) tr D (identity smoothing)."""
+        beta = rho * (1.0 + self.alpha) + self.alpha * d.sum() / self.dim
         return 1.0 / (beta / d + 1.0)
 
     @staticmethod
@@ -196,9 +204,9 @@ class OnlineNaturalGradient:
         return q.T.contiguous()
 
     def _initialize(self, x: torch.Tensor) -> None:
-        self._d = torch.full((self.rank,), EPSILON, dtype=_SMALL)
+        self._d = np.full(self.rank, EPSILON)
         self._rho = EPSILON
-        sqrt_e = self._e(self._d, self._rho).sqrt()
+        sqrt_e = torch.from_numpy(np.sqrt(self._e(self._d, self._rho)))
         self._W = (sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device)
         for _ in range(NUM_INIT_ITERS):
             self._update(x, x @ self._W.T, self._W)
@@ -211,45 +219,42 @@ class OnlineNaturalGradient:
         a, b = eta / n, 1.0 - eta
         d, rho = self._d, self._rho
         J = H.T @ x  # W XᵀX, rank x dim
-        K = (J @ J.T).to(_SMALL)
-        L = (H.T @ H).to(_SMALL)
-        K, L = 0.5 * (K + K.T), 0.5 * (L + L.T)
+        K, L = _small(J @ J.T), _small(H.T @ H)
 
-        inv_sqrt_e = self._e(d, rho).rsqrt()
+        inv_sqrt_e = 1.0 / np.sqrt(self._e(d, rho))
         d_rho = d + rho
         # Z = Y Yᵀ with Y = a E^{-½} J + b (D + ρ) R, written with rank×rank quantities only.
-        RSR = inv_sqrt_e[:, None] * L * inv_sqrt_e[None, :]  # R XᵀX Rᵀ
-        Z = (a * a) * (inv_sqrt_e[:, None] * K * inv_sqrt_e[None, :]) \
-            + (a * b) * (RSR * d_rho[None, :] + d_rho[:, None] * RSR) + torch.diag((b * d_rho) ** 2)
-        c, U = torch.linalg.eigh(0.5 * (Z + Z.T))
-        c, U = c.flip(0), U.flip(1)
-        c_list = c.tolist()
-        reorthogonalize = not c_list[0] <= CONDITION_THRESHOLD * c_list[-1]
+        scale = np.outer(inv_sqrt_e, inv_sqrt_e)
+        RSR = (L + L.T) * (0.5 * scale)  # R XᵀX Rᵀ
+        Z = ((a * a * 0.5) * scale) * (K + K.T) + (a * b) * RSR * (d_rho[:, None] + d_rho[None, :]) \
+            + np.diag((b * d_rho) ** 2)
+        c, U = torch.linalg.eigh(torch.from_numpy(Z))  # ascending
+        c, U = c.numpy()[::-1], U.numpy()[:, ::-1]
+        reorthogonalize = not c[0] <= CONDITION_THRESHOLD * c[-1]
         c_floor = (rho * b) ** 2
-        if min(c_list) < c_floor:  # R' = C^{-½}UᵀY loses orthonormality only through C
-            reorthogonalize = floored = True
-            c = c.clamp(min=c_floor)
-        else:
-            floored = False
+        floored = bool(c[-1] < c_floor)
+        if floored:  # R' = C^{-½}UᵀY loses orthonormality only through C
+            reorthogonalize = True
+            c = np.maximum(c, c_floor)
 
         x_hat = torch.addmm(x, H, W, alpha=-1.0)
         tr_x = _sum_squares(x)
         gamma = self._gamma(tr_x, x_hat)
 
-        sqrt_c = c.sqrt()
-        rho_new = (a * tr_x + b * (dim * rho + float(d.sum())) - float(sqrt_c.sum())) / (dim - rank)
+        sqrt_c = np.sqrt(c)
+        rho_new = (a * tr_x + b * (dim * rho + d.sum()) - sqrt_c.sum()) / (dim - rank)
         d_new = sqrt_c - rho_new
-        floor = max(EPSILON, DELTA * float(sqrt_c[0]))
+        floor = max(EPSILON, DELTA * sqrt_c[0])
         if not rho_new >= floor:
             rho_new, floored = floor, True
-        if float(d_new.min()) < floor:
-            d_new, floored = d_new.clamp(min=floor), True
-        sqrt_e_new = self._e(d_new, rho_new).sqrt()
+        if d_new[-1] < floor:
+            d_new, floored = np.maximum(d_new, floor), True
+        sqrt_e_new = np.sqrt(self._e(d_new, rho_new))
 
         # W' = E'^{½} R' = A B with A = a E'^{½} C^{-½} Uᵀ E^{-½}, B = J + (b/a)(D + ρ) W.
         A = (a * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
-        B = J.add_(W * ((b / a) * d_rho).to(W)[:, None])
-        W_new = A.to(W) @ B
+        B = J.addcmul_(W, torch.from_numpy((b / a) * d_rho).to(W)[:, None])
+        W_new = torch.from_numpy(A).to(W) @ B
         if reorthogonalize:
             W_new = self._reorthogonalized(W_new, sqrt_e_new)
             self.num_reorthogonalizations += 1
@@ -260,15 +265,14 @@ class OnlineNaturalGradient:
         self._skipped = 0
         return x_hat, gamma
 
-    def _reorthogonalized(self, W: torch.Tensor, sqrt_e: torch.Tensor) -> torch.Tensor:
+    def _reorthogonalized(self, W: torch.Tensor, sqrt_e: np.ndarray) -> torch.Tensor:
         """W = E^{½} R with R Rᵀ = O = Lc Lcᵀ (Cholesky) -> E^{½} Lc⁻¹ R, whose rows are orthonormal.
         Lc is lower-triangular, so the leading (largest-eigenvalue) rows move least."""
         inv_sqrt_e = 1.0 / sqrt_e
-        O = (W @ W.T).to(_SMALL) * inv_sqrt_e[:, None] * inv_sqrt_e[None, :]
-        Lc, info = torch.linalg.cholesky_ex(0.5 * (O + O.T))
+        O = _small(W @ W.T) * np.outer(inv_sqrt_e, inv_sqrt_e)
+        Lc, info = torch.linalg.cholesky_ex(torch.from_numpy(0.5 * (O + O.T)))
         if int(info) != 0 or not bool(torch.isfinite(Lc).all()):
             # R lost rank: restart from fresh orthonormal rows, keeping D and ρ
-            return (sqrt_e[:, None] * self._initial_rows()).to(W)
-        eye = torch.eye(self.rank, dtype=_SMALL)
-        Lc_inv = torch.linalg.solve_triangular(Lc, eye, upper=False)
-        return (sqrt_e[:, None] * Lc_inv * inv_sqrt_e[None, :]).to(W) @ W
+            return (torch.from_numpy(sqrt_e)[:, None] * self._initial_rows()).to(W)
+        Lc_inv = torch.linalg.solve_triangular(Lc, torch.eye(self.rank, dtype=torch.float64), upper=False).numpy()
+        return torch.from_numpy(sqrt_e[:, None] * Lc_inv * inv_sqrt_e[None, :]).to(W) @ W

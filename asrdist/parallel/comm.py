@@ -83,7 +83,8 @@ class Pending:
             return
         t0 = time.perf_counter()
         try:
-            _guard(self._what, lambda: self._work.wait(self._timeout))
+            _guard(f"{self._what} (timeout {self._timeout.total_seconds():g} s)",
+                   lambda: self._work.wait(self._timeout))
         finally:
             dt = time.perf_counter() - t0
             self._counters.comm_seconds += dt

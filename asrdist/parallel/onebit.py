@@ -4,8 +4,8 @@ Per minibatch, on every learner (n learners, this one is `rank`):
 1. Quantize each gradient column (a column of W[out, in] is W[:, j]; a bias is one column):
    v = g + r, bit = (v >= 0), reconstruction values = mean of the negative / non-negative
    entries (0 if a side is empty), new residual r = v - dequant (error feedback).
-2. Columns are split into n stripes: each matrix's columns into n contiguous blocks, block b of
-   matrix k owned by learner (b + k) mod n, so one-column biases spread over the learners.
+2. Columns are split into n stripes: each matrix's columns into n contiguous blocks, the blocks
+   dealt to the learners round-robin in matrix order, so one-column biases spread over them.
    One all-to-all sends every learner's quantized stripe s (bits packed 32 per int32, plus two
    floats per column) to learner s.
 3. The owner dequantizes and sums the n contributions, divides by n (the mean), adds its second
@@ -106,9 +106,14 @@ class _Plan:
         self.shapes, self.n, self.rank = list(shapes), n, rank
         self.blocks_of_slot: list[list[_Block]] = []
         self.owned: list[list[_Block]] = [[] for _ in range(n)]
+        dealt = 0  # blocks are dealt round-robin: a matrix's n blocks go to n different owners
         for k, (rows, cols) in enumerate(self.shapes):
             edges = [cols * b // n for b in range(n + 1)]
-            blocks = [_Block(k, edges[b], edges[b + 1], rows, (b + k) % n) for b in range(n) if edges[b + 1] > edges[b]]
+            blocks = []
+            for c0, c1 in zip(edges, edges[1:]):
+                if c1 > c0:
+                    blocks.append(_Block(k, c0, c1, rows, dealt % n))
+                    dealt += 1
             self.blocks_of_slot.append(blocks)
             for block in blocks:
                 self.owned[block.owner].append(block)
@@ -167,12 +172,13 @@ class OneBitStrategy(Strategy):
     def after_backward(self) -> None:
         grads = [p.grad for p in self._params]
         if not self.config.double_buffering:
-            self._quantize_local(grads, self._send[0])
+            self._quantize_local(grads, 0)
             self._exchange_stripes(self._send[0], stalled=True)
             self._dequantize_into_grads()
             return
-        send = self._send[self._step % 2]  # the other buffer may still be on the wire
-        self._quantize_local(grads, send)
+        buffer = self._step % 2  # the other send buffer may still be on the wire
+        self._quantize_local(grads, buffer)
+        send = self._send[buffer]
         self._wait_inflight()
         if self._result_ready:
             self._dequantize_into_grads()
@@ -248,11 +254,10 @@ class OneBitStrategy(Strategy):
             raise TrainingError("onebit.exchange: call setup_exchange first")
         if len(grads) != len(self._outputs):
             raise ValueError(f"onebit.exchange: {len(grads)} gradients, {len(self._outputs)} expected")
-        self._quantize_local(list(grads), self._send[0])
+        self._quantize_local(list(grads), 0)
         self._exchange_stripes(self._send[0], stalled=True)
-        for k, out in enumerate(self._outputs):
-            if out.numel():
-                self._dequantize_slot(k, as_columns(out))
+        for j, k in enumerate(self._live):
+            self._dequantize_slot(j, as_columns(self._outputs[k]))
         return list(self._outputs)
 
     # --------------------------------------------------------------------------- helpers
@@ -277,6 +282,16 @@ class OneBitStrategy(Strategy):
         self._recv, self._mine_repeated = wire(n * mine), wire(n * mine)
         owned = plan.owned[rank]
         self._sums = [torch.zeros(b.rows, b.c1 - b.c0, device=dev) for b in owned]
+        # Views into the wire buffers, built once: (bounds, words, recon) per matrix ...
+        slots = range(len(shapes2d))
+        self._send_segments = [[plan.slot_segments(buf, j) for j in slots] for buf in self._send]
+        self._gathered_segments = [plan.slot_segments(self._gathered, j) for j in slots]
+        # ... and, per owned block, its n incoming segments and its re-quantized segment.
+        self._owner_views = []
+        for b in owned:
+            incoming = [plan.view(self._recv, b, s * mine) for s in range(n)]
+            self._owner_views.append((([w for w, _ in incoming], [r for _, r in incoming]),
+                                      plan.view(self._mine_repeated, b, 0)))
         ef = self.config.error_feedback
         self._residuals = [Residual(r, c, dev) for r, c in shapes2d] if ef else []
         self._second = [Residual(b.rows, b.c1 - b.c0, dev) for b in owned] if ef else []
@@ -289,8 +304,8 @@ class OneBitStrategy(Strategy):
             state, self._stashed_state = self._stashed_state, None
             self.load_state_dict(state)
 
-    def _quantize_local(self, grads: Sequence[torch.Tensor | None], send: torch.Tensor) -> None:
-        """Step 1: quantize every matrix (plus its residual) straight into the send buffer."""
+    def _quantize_local(self, grads: Sequence[torch.Tensor | None], buffer: int) -> None:
+        """Step 1: quantize every matrix (plus its residual) straight into send buffer `buffer`."""
         for j, k in enumerate(self._live):
             g = grads[k]
             if g is None:
@@ -299,7 +314,7 @@ class OneBitStrategy(Strategy):
                 if g.dtype != torch.float32:
                     raise TrainingError(f"onebit: gradient {k} is {g.dtype}, float32 required")
                 g2d = as_columns(g).contiguous()
-            bounds, words, recon = self._plan.slot_segments(send, j)
+            bounds, words, recon = self._send_segments[buffer][j]
             self._quantizer.quantize(g2d, self._residuals[j] if self._residuals else None, bounds, words, recon)
 
     def _exchange_stripes(self, send: torch.Tensor, stalled: bool) -> None:
@@ -315,11 +330,8 @@ class OneBitStrategy(Strategy):
         out = self._mine_repeated[:mine]
         for m, block in enumerate(plan.owned[rank]):
             width = block.c1 - block.c0
-            for s in range(n):
-                words, recon = plan.view(self._recv, block, s * mine)
-                self._quantizer.dequantize([words], [recon], block.rows, [0, width], self._sums[m], accumulate=s > 0)
-            self._sums[m].div_(n)
-            words, recon = plan.view(out, block, 0)
+            (in_words, in_recon), (words, recon) = self._owner_views[m]
+            self._quantizer.dequantize_mean(in_words, in_recon, block.rows, self._sums[m])
             self._quantizer.quantize(self._sums[m], self._second[m] if self._second else None,
                                      [0, width], [words], [recon])
         if n > 1:
@@ -343,7 +355,7 @@ class OneBitStrategy(Strategy):
         self._result_ready = True
 
     def _dequantize_slot(self, j: int, out2d: torch.Tensor) -> None:
-        bounds, words, recon = self._plan.slot_segments(self._gathered, j)
+        bounds, words, recon = self._gathered_segments[j]
         self._quantizer.dequantize(words, recon, self._plan.shapes[j][0], bounds, out2d)
 
     def _dequantize_into_grads(self) -> None:

@@ -168,6 +168,16 @@ class ReferenceQuantizer:
                 out[:, a:b] = values
 
 
+    def dequantize_mean(self, words: Sequence[torch.Tensor], recon: Sequence[torch.Tensor], rows: int,
+                        out: torch.Tensor) -> None:
+        """`out` [rows, w] = the mean of n reconstructions of the same block (the owner's reduce):
+        summed in source order, then divided by n."""
+        width = out.shape[1]
+        for s in range(len(words)):
+            self.dequantize([words[s]], [recon[s]], rows, [0, width], out, accumulate=s > 0)
+        out.div_(len(words))
+
+
 # ------------------------------------------------------------------------------------- fused
 
 _C_SOURCE = r"""
@@ -310,30 +320,45 @@ int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int
     return 0;
 }
 
+/* One row of one segment: o[j] (+)= bit (shift) of wi[j] ? pm[j] : nm[j]. */
+static inline __attribute__((always_inline)) void dequant_row(
+        const uint32_t* restrict wi, const float* restrict nm, const float* restrict pm,
+        uint32_t shift, float* restrict o, int64_t width, const int accumulate) {
+    for (int64_t j = 0; j < width; ++j) {
+        const float p = pm[j], n = nm[j];
+        const float value = ((wi[j] >> shift) & 1u) ? p : n;
+        o[j] = accumulate ? o[j] + value : value;
+    }
+}
+
 /* Write (or add) the reconstruction of segments s = columns [bounds[s], bounds[s+1]) of out
    (rows x out_stride, row-major) from words[s] / recon[s]. */
 void onebit_dequantize(const uint32_t* const* words, const float* const* recon, int64_t rows,
                        int nseg, const int64_t* bounds, float* out, int64_t out_stride, int accumulate) {
     for (int64_t i = 0; i < rows; ++i) {
-        const uint32_t shift = (uint32_t)(i & 31);
         for (int s = 0; s < nseg; ++s) {
             const int64_t ws = bounds[s + 1] - bounds[s];
-            const uint32_t* restrict wi = words[s] + (i >> 5) * ws;
-            const float* restrict nm = recon[s];
-            const float* restrict pm = recon[s] + ws;
-            float* restrict o = out + i * out_stride + bounds[s];
-            if (accumulate) {
-                for (int64_t j = 0; j < ws; ++j) {
-                    const float p = pm[j], n = nm[j];
-                    o[j] += ((wi[j] >> shift) & 1u) ? p : n;
-                }
-            } else {
-                for (int64_t j = 0; j < ws; ++j) {
-                    const float p = pm[j], n = nm[j];
-                    o[j] = ((wi[j] >> shift) & 1u) ? p : n;
-                }
-            }
+            const uint32_t* wi = words[s] + (i >> 5) * ws;
+            float* o = out + i * out_stride + bounds[s];
+            if (accumulate) dequant_row(wi, recon[s], recon[s] + ws, (uint32_t)(i & 31), o, ws, 1);
+            else dequant_row(wi, recon[s], recon[s] + ws, (uint32_t)(i & 31), o, ws, 0);
         }
+    }
+}
+
+/* out (rows x width, contiguous) = the mean of nsrc reconstructions of one block, summed in
+   source order and divided by nsrc: the stripe owner's reduce, one write per value. */
+void onebit_dequantize_mean(const uint32_t* const* words, const float* const* recon, int nsrc,
+                            int64_t rows, int64_t width, float* out) {
+    const float count = (float)nsrc;
+    for (int64_t i = 0; i < rows; ++i) {
+        float* restrict o = out + i * width;
+        for (int s = 0; s < nsrc; ++s) {
+            const uint32_t* wi = words[s] + (i >> 5) * width;
+            if (s) dequant_row(wi, recon[s], recon[s] + width, (uint32_t)(i & 31), o, width, 1);
+            else dequant_row(wi, recon[s], recon[s] + width, (uint32_t)(i & 31), o, width, 0);
+        }
+        for (int64_t j = 0; j < width; ++j) o[j] = o[j] / count;
     }
 }
 """
@@ -394,6 +419,8 @@ def _load_library() -> ctypes.CDLL:
                 lib.onebit_quantize.restype = i32
                 lib.onebit_dequantize.argtypes = [p, p, i64, i32, p, p, i64, i32]
                 lib.onebit_dequantize.restype = None
+                lib.onebit_dequantize_mean.argtypes = [p, p, i32, i64, i64, p]
+                lib.onebit_dequantize_mean.restype = None
                 _lib = lib
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 _lib_error = f"{type(e).__name__}: {e}"
@@ -458,6 +485,15 @@ class FusedQuantizer:
         self._lib.onebit_dequantize(_pointers(words), _pointers(recon), rows, len(bounds) - 1,
                                     (ctypes.c_int64 * len(bounds))(*bounds), out.data_ptr(),
                                     out.stride(0), int(accumulate))
+
+
+    def dequantize_mean(self, words, recon, rows, out) -> None:
+        _check_matrix(out, "fused dequantize_mean out")
+        if not out.is_contiguous() or out.shape[0] != rows:
+            raise ValueError("fused dequantize_mean: out must be a contiguous [rows, w] matrix")
+        width = out.shape[1]
+        _check_segments(list(range(0, width * (len(words) + 1), width)), words, recon, rows, "fused dequantize_mean")
+        self._lib.onebit_dequantize_mean(_pointers(words), _pointers(recon), len(words), rows, width, out.data_ptr())
 
 
 def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):

@@ -146,6 +146,8 @@ class SyncStrategy(Strategy):
             raise TrainingError("sync.exchange: call setup_exchange first")
         if len(grads) != len(slots):
             raise ValueError(f"sync.exchange: {len(grads)} gradients, {len(slots)} expected")
+        if not self.ctx.distributed:
+            return list(grads)
         grad_of = {id(slot): g for slot, g in zip(slots, grads)}
         for bucket in self._buckets:
             comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.flat)

@@ -212,7 +212,7 @@ class Trainer:
             record.update(valid)
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
-        if self.progress:
+        if self.ctx.rank == 0:
             shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1

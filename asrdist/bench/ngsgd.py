@@ -1,0 +1,173 @@
+"""`asrdist bench ngsgd`: NG-SGD step time vs plain SGD, and averaging vs sync bytes per sample.
+
+- `step_time_ratio`: one training step (the trainer's own `Trainer.train_step`) of the default DNN
+  (11×40 inputs -> 4×512 ReLU -> 40 phones) with natural-gradient layers, over the same step with
+  plain layers; same optimizer (the recipe default: plain SGD), same batch (256 frames).
+- `step_time_ratio_swbd`: the same on the 1-bit SGD paper's shapes (429 -> 7×2048 sigmoid -> 9304).
+- `bytes_per_sample_ratio`: bytes each learner sends per training sample, `averaging` (default
+  `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
+  `--learners` processes splitting the global batch (no training: only the communication calls).
+
+Timing: after a warm-up past the preconditioners' first 10 statistics updates, steps are timed in
+blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
+update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
+as wall time and as process CPU time (steadier on a shared machine).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from asrdist.models.registry import ModelConfig, build_model, count_parameters
+from asrdist.optim.build import OptimConfig, build_optimizer
+from asrdist.optim.ng_layers import apply_natural_gradient
+from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES
+from asrdist.parallel.averaging import AveragingConfig
+
+UPDATE_PERIOD = 4
+DNN_FEATURES, DNN_CLASSES = 40, 40  # default recipe: 40 fbank bins, monophone targets (sil + 39)
+SWBD_FEATURES, SWBD_CLASSES = 39, 9304
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, default=256, help="frames per step (default DNN)")
+    parser.add_argument("--blocks", type=int, default=12, help="timed blocks of 4 steps per variant (default DNN)")
+    parser.add_argument("--num-classes", type=int, default=DNN_CLASSES, help="outputs of the default DNN")
+    parser.add_argument("--swbd-batch", type=int, default=256, help="frames per step on the swbd shapes")
+    parser.add_argument("--swbd-blocks", type=int, default=2, help="timed blocks of 4 steps per variant (swbd)")
+    parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadiest figure)")
+    parser.add_argument("--learners", type=int, default=4, help="learners for the bytes-per-sample run")
+    parser.add_argument("--global-batch", type=int, default=256, help="global batch split across learners")
+    parser.add_argument("--average-every", type=int, default=AveragingConfig().average_every,
+                        help="samples per learner between averages")
+
+
+def _trainer_step(model: torch.nn.Module, batch_size: int, num_classes: int):
+    """A `Trainer` around `model` with a fixed synthetic batch; returns its train_step."""
+    from asrdist.parallel.base import Strategy
+    from asrdist.train.trainer import Trainer, TrainerHooks
+
+    gen = torch.Generator().manual_seed(0)
+    batch = (torch.randn(batch_size, model.input_dim, generator=gen),
+             torch.randint(0, num_classes, (batch_size,), generator=gen))
+
+    def loss_fn(m, b):
+        return F.cross_entropy(m(b[0]), b[1]), b[0].shape[0]
+
+    optimizer = build_optimizer(OptimConfig(lr=0.01), model.parameters())
+    trainer = Trainer(model, optimizer, Strategy(), sampler=None, hooks=TrainerHooks(loss_fn=loss_fn,
+                      lr_at=lambda step, epoch: 0.01), ctx=Strategy().ctx, run_dir=Path(tempfile.gettempdir()),
+                      epochs=1, progress=False)
+    return lambda: trainer.train_step(batch)
+
+
+def _time_block(step, steps: int) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        step()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int) -> dict:
+    """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
+    torch.manual_seed(0)
+    plain = build_model(ModelConfig(name=model_name), features, num_classes)
+    natural = apply_natural_gradient(copy.deepcopy(plain))
+    steps = {"sgd": _trainer_step(plain, batch, num_classes), "ngsgd": _trainer_step(natural, batch, num_classes)}
+    steps["sgd"]()
+    for _ in range(NUM_INITIAL_UPDATES + 2):  # past the initial every-step statistics updates
+        steps["ngsgd"]()
+    times: dict[str, list[tuple[float, float]]] = {"sgd": [], "ngsgd": []}
+    for block in range(blocks):
+        for name in (("sgd", "ngsgd") if block % 2 == 0 else ("ngsgd", "sgd")):
+            times[name].append(_time_block(steps[name], UPDATE_PERIOD))
+    wall = {k: statistics.median(w for w, _ in v) / UPDATE_PERIOD for k, v in times.items()}
+    cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
+    return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}'), {features}, "
+                     f"{num_classes})",
+            "parameters": count_parameters(plain), "batch": batch, "timed_steps_per_variant": blocks * UPDATE_PERIOD,
+            "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
+            "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
+            "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
+            "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4)}
+
+
+# ------------------------------------------------------------------------ bytes per sample
+
+def _bytes_learner(rank: int, world_size: int, store_path: str, out_dir: str, local_batch: int,
+                   average_every: int, features: int, num_classes: int) -> None:
+    import torch.distributed as dist
+
+    from asrdist.parallel.averaging import AveragingStrategy
+    from asrdist.parallel.base import LearnerContext
+    from asrdist.parallel.comm import init_process_group
+    from asrdist.parallel.sync import SyncStrategy
+
+    torch.set_num_threads(1)
+    init_process_group(rank, world_size, store=dist.FileStore(store_path, world_size),
+                       timeout=timedelta(seconds=120), backend="gloo")
+    try:
+        ctx = LearnerContext(rank=rank, world_size=world_size)
+        model = build_model(ModelConfig(name="dnn"), features, num_classes)
+        optimizer = build_optimizer(OptimConfig(), model.parameters())
+        result = {}
+        averaging = AveragingStrategy(AveragingConfig(average_every=average_every))
+        averaging.setup(model, optimizer, ctx)
+        start = averaging.counters.bytes_sent
+        steps = 2 * math.ceil(average_every / local_batch)  # exactly two averages
+        for _ in range(steps):
+            averaging.note_samples(local_batch)
+            averaging.after_step()
+        result["averaging"] = ((averaging.counters.bytes_sent - start) / (steps * local_batch),
+                               averaging.num_averages)
+        sync = SyncStrategy()
+        sync.setup(model, optimizer, ctx)
+        start = sync.counters.bytes_sent
+        for _ in range(3):
+            sync.after_backward()
+        result["sync"] = ((sync.counters.bytes_sent - start) / (3 * local_batch), 3)
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def bytes_per_sample(learners: int, global_batch: int, average_every: int, features: int, num_classes: int) -> dict:
+    import torch.multiprocessing as mp
+
+    local_batch = global_batch // learners
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_bytes_learner, args=(learners, str(Path(tmp) / "store"), tmp, local_batch, average_every,
+                                       features, num_classes), nprocs=learners, join=True)
+        per_rank = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(learners)]
+    avg = statistics.mean(r["averaging"][0] for r in per_rank)
+    sync = statistics.mean(r["sync"][0] for r in per_rank)
+    return {"learners": learners, "local_batch": local_batch, "average_every": average_every,
+            "averages": per_rank[0]["averaging"][1], "averaging_bytes_per_sample": round(avg, 3),
+            "sync_bytes_per_sample": round(sync, 3), "bytes_per_sample_ratio": round(avg / sync, 6)}
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks)
+    result = {"step_time_ratio": dnn["step_time_ratio"], "step_time_ratio_target": 1.10, "dnn": dnn}
+    if not args.skip_swbd:
+        swbd = compare_step_times("swbd", SWBD_FEATURES, SWBD_CLASSES, args.swbd_batch, args.swbd_blocks)
+        result["step_time_ratio_swbd"] = swbd["step_time_ratio"]
+        result["swbd"] = swbd
+    comm = bytes_per_sample(args.learners, args.global_batch, args.average_every, DNN_FEATURES, args.num_classes)
+    result["bytes_per_sample_ratio"] = comm["bytes_per_sample_ratio"]
+    result["bytes"] = comm
+    result["threads"] = torch.get_num_threads()
+    result["timing"] = ("median of interleaved blocks of 4 steps (one statistics update each), "
+                        "Trainer.train_step, wall clock; *_cpu: process CPU time")
+    return result

@@ -1,0 +1,283 @@
+"""`onebit` strategy: stripes, identical learners, equality with a one-process simulation of the
+algorithm, determinism, the error-feedback ablation, double buffering, exact resume."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asrdist.errors import ConfigError
+from asrdist.optim.adagrad import CntkAdaGrad
+from asrdist.parallel import build_strategy, comm
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy, _Plan, quantize_dequantize
+from asrdist.parallel.onebit_kernel import SWBD_SHAPES, ReferenceQuantizer, Residual, as_columns, packed_words
+from tests.dist_utils import run_distributed
+
+STEPS, BATCH = 5, 12
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
+
+
+def _data():
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS, BATCH, 6, generator=gen), torch.randint(0, 3, (STEPS, BATCH), generator=gen)
+
+
+def _optimizer(name: str, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.2, momentum=0.9)
+    return CntkAdaGrad(params, lr=0.05)
+
+
+def _local_loss(model, t: int, rank: int, n: int):
+    x, y = _data()
+    per = BATCH // n
+    return F.cross_entropy(model(x[t, rank * per:(rank + 1) * per]), y[t, rank * per:(rank + 1) * per])
+
+
+def _train(rank, n, config, opt_name="sgd", steps=STEPS, start=0, state=None, model_seed=None):
+    """The trainer's loop; returns the parameters after every step, the strategy and its parts."""
+    model = _model(rank if model_seed is None else model_seed)  # setup must broadcast rank 0's
+    opt = _optimizer(opt_name, model.parameters())
+    strategy = OneBitStrategy(config)
+    strategy.setup(model, opt, LearnerContext(rank=rank, world_size=n))
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        strategy.load_state_dict(state["strategy"])
+    trajectory = []
+    for t in range(start, start + steps):
+        _local_loss(model, t, rank, n).backward()
+        strategy.after_backward()
+        opt.step()
+        opt.zero_grad()
+        strategy.after_step()
+        trajectory.append([p.detach().clone() for p in model.parameters()])
+    return trajectory, strategy, model, opt
+
+
+def _finish(strategy, model):
+    strategy.finalize()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _qd(quantizer, m, residual):
+    rows, cols = m.shape
+    words, recon = [torch.empty(packed_words(rows) * cols, dtype=torch.int32)], [torch.empty(2 * cols)]
+    quantizer.quantize(m.contiguous(), residual, [0, cols], words, recon)
+    out = torch.empty(rows, cols)
+    quantizer.dequantize(words, recon, rows, [0, cols], out)
+    return out
+
+
+def simulate(n: int, config: OneBitConfig, opt_name="sgd"):
+    """The algorithm of DESIGN.md §5.2 for n learners in one process, whole matrices at a time
+    (stripes do not change per-column arithmetic); trajectory and final parameters."""
+    model = _model(0)
+    opt = _optimizer(opt_name, model.parameters())
+    params = list(model.parameters())
+    q = ReferenceQuantizer()
+    ef = config.error_feedback
+    shapes = [as_columns(p).shape for p in params]
+    residuals = [[Residual(*s) if ef else None for s in shapes] for _ in range(n)]
+    second = [Residual(*s) if ef else None for s in shapes]
+    pending, trajectory = None, []
+
+    def apply(grads):
+        for p, g in zip(params, grads or [None] * len(params)):
+            p.grad = g
+        opt.step()
+        opt.zero_grad()
+
+    for t in range(STEPS):
+        local = []
+        for i in range(n):
+            _local_loss(model, t, i, n).backward()
+            local.append([p.grad.clone() for p in params])
+            opt.zero_grad()
+        agg = []
+        for k, p in enumerate(params):
+            total = None
+            for i in range(n):
+                d = _qd(q, as_columns(local[i][k]), residuals[i][k])
+                total = d if total is None else total + d
+            agg.append(_qd(q, total / n, second[k]).reshape(p.shape))
+        if config.double_buffering:
+            agg, pending = pending, agg
+        apply(agg)
+        trajectory.append([p.detach().clone() for p in params])
+    if pending is not None:
+        apply(pending)
+    return trajectory, [p.detach().clone() for p in params]
+
+
+RUNS = {
+    "ef": (OneBitConfig(), "sgd"),
+    "ef_again": (OneBitConfig(), "sgd"),
+    "no_ef": (OneBitConfig(error_feedback=False), "sgd"),
+    "double_buffering": (OneBitConfig(double_buffering=True), "sgd"),
+    "adagrad": (OneBitConfig(), "adagrad"),
+}
+
+
+def _learner(rank: int, n: int):
+    out = {}
+    for name, (config, opt_name) in RUNS.items():
+        trajectory, strategy, model, _ = _train(rank, n, config, opt_name)
+        out[name] = (trajectory, _finish(strategy, model))
+        out[f"{name}_counters"] = strategy.counters
+    # exact resume, double buffering + error feedback: state after 2 steps, then 2 more steps
+    config = OneBitConfig(double_buffering=True)
+    _, strategy, model, opt = _train(rank, n, config, steps=2)
+    state = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                           "strategy": strategy.state_dict()})
+    straight, *_ = _train_more(strategy, model, opt, rank, n)
+    strategy.finalize()  # let its communication thread finish before the next strategy starts
+    resumed, *_ = _train(rank, n, config, steps=2, start=2, state=state, model_seed=7)
+    out["resume"] = (straight, resumed)
+    if rank == 0:
+        out["simulated"] = {name: simulate(n, config, opt_name) for name, (config, opt_name) in RUNS.items()}
+    return out
+
+
+def _train_more(strategy, model, opt, rank, n):
+    trajectory = []
+    for t in (2, 3):
+        _local_loss(model, t, rank, n).backward()
+        strategy.after_backward()
+        opt.step()
+        opt.zero_grad()
+        trajectory.append([p.detach().clone() for p in model.parameters()])
+    return trajectory, strategy
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.slow
+def test_three_learners(tmp_path):
+    n = 3
+    results = run_distributed(_learner, n, tmp_path)
+    simulated = results[0]["simulated"]
+    for name in RUNS:
+        trajectory, final = results[0][name]
+        for res in results[1:]:  # every learner bit-identical after every step
+            assert all(_equal(a, b) for a, b in zip(trajectory, res[name][0])), name
+            assert _equal(final, res[name][1]), name
+        sim_trajectory, sim_final = simulated[name]
+        assert all(_equal(a, b) for a, b in zip(trajectory, sim_trajectory)), name
+        assert _equal(final, sim_final), name
+    ef, ef_again, no_ef = (results[0][k][1] for k in ("ef", "ef_again", "no_ef"))
+    assert _equal(ef, ef_again)  # one seed, two runs: identical
+    assert not _equal(ef, no_ef)  # the ablation changes the updates
+    straight, resumed = results[1]["resume"]
+    assert all(_equal(a, b) for a, b in zip(straight, resumed))
+
+    # bytes on the wire, from the buffers: all learners together send 2(n-1) x the quantized model
+    quantized_int32 = sum((packed_words(as_columns(p).shape[0]) + 2) * as_columns(p).shape[1]
+                          for p in _model(0).parameters())
+    setup_bytes = sum(p.numel() * 4 for p in _model(0).parameters()) * (n - 1)  # rank 0's broadcast
+    total = sum(res["ef_counters"].bytes_sent for res in results) - setup_bytes
+    assert total == STEPS * 2 * (n - 1) * quantized_int32 * 4
+    assert all(res["ef_counters"].exchanges == STEPS for res in results)
+
+
+def test_single_learner_applies_the_twice_quantized_gradient():
+    model = _model(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = build_strategy("onebit", OneBitConfig())
+    strategy.setup(model, opt, LearnerContext())
+    _local_loss(model, 0, 0, 1).backward()
+    raw = [p.grad.clone() for p in model.parameters()]
+    strategy.after_backward()
+    for p, g in zip(model.parameters(), raw):
+        assert torch.equal(p.grad, quantize_dequantize(quantize_dequantize(g)))
+    assert strategy.counters.bytes_sent == 0
+
+
+def _linear_run(config: OneBitConfig, steps: int):
+    """A loss whose gradient does not depend on the parameters: (W * C_t).sum()."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(33, 5))
+    holder = torch.nn.Module()
+    holder.w = w
+    opt = torch.optim.SGD([w], lr=0.5)
+    strategy = OneBitStrategy(config)
+    strategy.setup(holder, opt, LearnerContext())
+    gen = torch.Generator().manual_seed(2)
+    trajectory = [w.detach().clone()]
+    for _ in range(steps):
+        (w * torch.randn(33, 5, generator=gen)).sum().backward()
+        strategy.after_backward()
+        opt.step()
+        opt.zero_grad()
+        trajectory.append(w.detach().clone())
+    strategy.finalize()
+    return trajectory, w.detach().clone()
+
+
+def test_double_buffering_applies_each_update_one_step_late():
+    exact, exact_final = _linear_run(OneBitConfig(), steps=4)
+    late, late_final = _linear_run(OneBitConfig(double_buffering=True), steps=4)
+    assert torch.equal(late[1], late[0])  # the first step applies nothing
+    for t in range(1, 5):
+        assert torch.equal(late[t], exact[t - 1])
+    assert torch.equal(late_final, exact_final)  # finalize applies the last pending gradient
+
+
+def test_plan_stripes_cover_every_column_once_and_spread_biases():
+    shapes = [(40, 6), (40, 1), (3, 40), (3, 1), (5, 2)]
+    for n in (1, 2, 3, 4, 7):
+        plan = _Plan(shapes, n, rank=0)
+        for k, (rows, cols) in enumerate(shapes):
+            covered = [c for b in plan.blocks_of_slot[k] for c in range(b.c0, b.c1)]
+            assert covered == list(range(cols))
+        owners_of_biases = {plan.blocks_of_slot[k][0].owner for k in (1, 3)}
+        assert len(owners_of_biases) == min(n, 2)
+        assert sum(plan.stripe_numel) == plan.total_numel
+
+
+def test_swbd_bytes_on_the_wire_are_under_one_25th_of_fp32_allreduce():
+    shapes = [as_columns(torch.empty(s, device="meta")).shape for s in SWBD_SHAPES]
+    numel = sum(r * c for r, c in shapes)
+    for n in (2, 4, 8):
+        fp32 = comm.ring_allreduce_bytes(numel * 4, n)
+        plans = [_Plan(shapes, n, rank) for rank in range(n)]
+        for rank, plan in enumerate(plans):
+            mine = plan.stripe_numel[rank]
+            onebit = (comm.all_to_all_bytes(plan.stripe_numel, rank) + (n - 1) * mine) * 4
+            assert onebit <= fp32 / 25, (n, rank, onebit / fp32)
+
+
+@pytest.mark.parametrize("kwargs", [{"error_feedback": "no"}, {"double_buffering": 1}, {"kernel": "gpu"}])
+def test_config_is_validated(kwargs):
+    with pytest.raises(ConfigError):
+        OneBitConfig(**kwargs)
+
+
+def test_state_from_another_world_size_is_refused():
+    model = _model(0)
+    strategy = OneBitStrategy()
+    strategy.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), LearnerContext())
+    state = strategy.state_dict()
+    state["world_size"] = 4
+    with pytest.raises(ConfigError):
+        strategy.load_state_dict(state)
+
+
+def test_exchange_without_a_model():
+    strategy = OneBitStrategy()
+    shapes = [(40, 6), (40,)]
+    strategy.setup_exchange(shapes, LearnerContext())
+    grads = [torch.randn(s) for s in shapes]
+    out = strategy.exchange(grads)
+    for g, o in zip(grads, out):
+        assert o.shape == g.shape
+        assert torch.equal(o, quantize_dequantize(quantize_dequantize(g)))
