@@ -108,7 +108,7 @@ def test_phones_match_espeak_and_boundaries_follow_events(tmp_path):
     """Frame labels spell exactly the phonemes espeak reports for the text (espeak_TextToPhonemes),
     and segment starts are espeak's event sample positions scaled to 16 kHz."""
     engine = espeak.engine()
-    for job in synth.plan("espeak", SEED, 12, None, tmp_path)[::3]:
+    for job in synth.plan(synth.choose_speakers("espeak", SEED, 12), SEED, 12, None, tmp_path)[::3]:
         voice = job.speaker.voice
         reference = engine.text_to_phonemes(job.spoken, voice)
         syn = engine.synthesize(job.spoken, voice)
@@ -232,6 +232,17 @@ def test_missing_synthesizers_are_one_line_errors(tmp_path, monkeypatch, capsys)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_espeak_child_errors_reach_the_parent():
+    class MissingVoice(espeak.EspeakVoice):
+        name = "xx-no-such-language"
+
+    with pytest.raises(DataError, match="espeak-ng: voice 'xx-no-such-language' not found"):
+        espeak.engine().synthesize("Hello.", MissingVoice("m1", 170, 50))
+    with pytest.raises(RuntimeError, match="espeak-ng child"):  # a bug is not reported as bad data
+        espeak.engine().synthesize(None, espeak.EspeakVoice("m1", 170, 50))
+    assert len(espeak.engine().synthesize("Hello.", espeak.EspeakVoice("m1", 170, 50)).samples) > 0
+
+
 def test_existing_output_needs_overwrite(tmp_path, capsys):
     out = tmp_path / "corpus"
     out.mkdir()
@@ -251,6 +262,10 @@ def test_bad_arguments(tmp_path):
         build(tmp_path / "a", utterances=2)
     with pytest.raises(ConfigError, match="--jobs"):
         build(tmp_path / "b", jobs=-1)
+    with pytest.raises(ConfigError, match="--noise-snr"):
+        build(tmp_path / "c", noise_snr=float("nan"))
+    with pytest.raises(ConfigError, match="--synthesizer"):
+        build(tmp_path / "d", synthesizer="festival")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -197,7 +197,7 @@ def engine() -> Espeak:
 
 
 def _in_fresh_child(fn, *args):
-    """Run fn(*args) in a forked child and return its (pickled) result or re-raise its DataError."""
+    """Run fn(*args) in a forked child and return its (pickled) result; re-raise its DataError."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never return into the caller's stack
@@ -208,8 +208,8 @@ def _in_fresh_child(fn, *args):
                 payload = pickle.dumps(("ok", fn(*args)))
             except DataError as exc:
                 payload = pickle.dumps(("error", str(exc)))
-            except BaseException as exc:  # report any crash to the parent as one line
-                payload = pickle.dumps(("error", f"espeak-ng: {type(exc).__name__}: {exc}"))
+            except BaseException as exc:  # a bug, not bad data: the parent re-raises it as such
+                payload = pickle.dumps(("crash", f"espeak-ng child: {type(exc).__name__}: {exc}"))
             with os.fdopen(write_fd, "wb") as f:
                 f.write(payload)
         except BaseException:
@@ -225,6 +225,8 @@ def _in_fresh_child(fn, *args):
     kind, value = pickle.loads(payload)
     if kind == "error":
         raise DataError(value)
+    if kind == "crash":
+        raise RuntimeError(value)
     return value
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import multiprocessing
 import os
 import sys
@@ -116,8 +117,9 @@ def choose_speakers(synthesizer: str, seed: int, num_utterances: int) -> list[Sp
     return [Speaker(chosen[i].id, chosen[i].voice, split) for i, split in zip(order, splits)]
 
 
-def plan(synthesizer: str, seed: int, num_utterances: int, noise_snr: float | None, root: Path) -> list[Job]:
-    speakers = choose_speakers(synthesizer, seed, num_utterances)
+def plan(speakers: list[Speaker], seed: int, num_utterances: int, noise_snr: float | None,
+         root: Path) -> list[Job]:
+    """The utterances of a corpus: sentence i spoken by speaker i mod S."""
     jobs = []
     for i in range(num_utterances):
         spk = speakers[i % len(speakers)]
@@ -214,51 +216,57 @@ def check_synthesizer(synthesizer: str) -> None:
 def build_corpus(out: Path, utterances: int, seed: int = 0, synthesizer: str = "espeak", jobs: int = 0,
                  noise_snr: float | None = None, skip_bad: bool = False, overwrite: bool = False,
                  progress: bool = True) -> dict:
-    """Build the corpus at `out` and return its summary (also written to out/summary.json)."""
+    """Build the corpus at `out` and return its summary (also written to out/summary.json).
+
+    With jobs != 1 the workers are spawned processes: a script calling this needs the usual
+    `if __name__ == "__main__":` guard.
+    """
     from tqdm import tqdm
 
     if jobs < 0:
         raise ConfigError(f"--jobs: must be >= 0, got {jobs}")
+    if noise_snr is not None and not math.isfinite(noise_snr):
+        raise ConfigError(f"--noise-snr: must be a finite number of dB, got {noise_snr}")
+    speakers = choose_speakers(synthesizer, seed, utterances)
     check_synthesizer(synthesizer)
-    workers = jobs or os.cpu_count() or 1
-    table = PhoneTable()
+    workers = min(jobs or os.cpu_count() or 1, utterances)
     with atomic_dir(out, overwrite=overwrite) as root:
-        work = plan(synthesizer, seed, utterances, noise_snr, root)
-        done: dict[str, list[Result]] = {split: [] for split in SPLITS}
+        work = plan(speakers, seed, utterances, noise_snr, root)
+        done: list[Result] = []
         skipped = 0
         bar = tqdm(total=len(work), desc=f"synth ({synthesizer})", unit="utt", file=sys.stderr,
                    disable=not progress, mininterval=0.5)
-        with bar, _results(work, min(workers, len(work))) as results:
+        with bar, _results(work, workers) as results:
             for res in results:
                 bar.update(1)
                 if res.error is None:
-                    done[res.speaker.split].append(res)
+                    done.append(res)
                 elif skip_bad:
                     skipped += 1
                 else:
                     raise DataError(res.error)
         summary = {"synthesizer": synthesizer, "seed": seed, "sample_rate": SAMPLE_RATE,
-                   "utterances": 0, "speakers": 0, "hours": 0.0, "skipped": skipped, "splits": {}}
-        for split in SPLITS:
-            results = sorted(done[split], key=lambda r: r.utt_id)
-            if not results:
-                raise DataError(f"{out}: split '{split}' has no utterances left ({skipped} skipped)")
-            write_data_dir(root / split, [
-                Utterance(r.utt_id, r.speaker.id, f"wav/{r.utt_id}.wav", r.words, r.duration, r.alignment)
-                for r in results])
-            counts = np.bincount(np.concatenate([r.alignment for r in results]), minlength=len(table))
-            seconds = sum(r.duration for r in results)
-            summary["splits"][split] = {
-                "utterances": len(results), "speakers": len({r.speaker.id for r in results}),
-                "hours": round(seconds / 3600, 4),
-                "phones": {table.symbol(i): int(c) for i, c in enumerate(counts)}}
-            summary["utterances"] += len(results)
-            summary["speakers"] += summary["splits"][split]["speakers"]
-            summary["hours"] += seconds / 3600
-        summary["hours"] = round(summary["hours"], 4)
-        table.write(root / "phones.txt")
+                   "utterances": len(done), "speakers": len({r.speaker.id for r in done}),
+                   "hours": round(sum(r.duration for r in done) / 3600, 4), "skipped": skipped,
+                   "splits": {split: _write_split(root / split, [r for r in done if r.speaker.split == split],
+                                                  skipped) for split in SPLITS}}
+        PhoneTable().write(root / "phones.txt")
         write_json_atomic(root / "summary.json", summary)
     return summary
+
+
+def _write_split(path: Path, results: list[Result], skipped: int) -> dict:
+    """Write one split's Kaldi directory (its audio is already there); return its summary."""
+    if not results:
+        raise DataError(f"{path}: no utterances left in this split ({skipped} skipped)")
+    results = sorted(results, key=lambda r: r.utt_id)
+    write_data_dir(path, [Utterance(r.utt_id, r.speaker.id, f"wav/{r.utt_id}.wav", r.words, r.duration,
+                                    r.alignment) for r in results])
+    table = PhoneTable()
+    counts = np.bincount(np.concatenate([r.alignment for r in results]), minlength=len(table))
+    return {"utterances": len(results), "speakers": len({r.speaker.id for r in results}),
+            "hours": round(sum(r.duration for r in results) / 3600, 4),
+            "phones": {table.symbol(i): int(c) for i, c in enumerate(counts)}}
 
 
 def synth_command(args) -> int:

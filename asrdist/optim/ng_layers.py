@@ -40,18 +40,19 @@ def default_ranks(in_features: int, out_features: int, bias: bool = True,
 class _NaturalGradientAffine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        ctx.save_for_backward(x, weight)
+        # The rows X_in (with the ones column) are built now, while x is hot in cache.
+        ctx.save_for_backward(layer.input_rows(x), weight)
         ctx.layer, ctx.update, ctx.has_bias = layer, layer.training, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
+        x_in, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_out @ weight
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x, grad_out, ctx.update)
+            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in, grad_out, ctx.update)
             if not ctx.needs_input_grad[1]:
                 grad_weight = None
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
@@ -97,25 +98,29 @@ class NaturalGradientLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         return _NaturalGradientAffine.apply(x, self.weight, self.bias, self)
 
-    def preconditioned_gradient(self, x: torch.Tensor, grad_out: torch.Tensor,
+    def input_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """X_in: x as rows (N, D_in), with a column of ones appended when the layer has a bias."""
+        rows = x.reshape(-1, self.in_features)
+        if self.bias is None:
+            return rows
+        return torch.cat([rows, rows.new_ones(rows.shape[0], 1)], dim=1)
+
+    def preconditioned_gradient(self, x_in: torch.Tensor, grad_out: torch.Tensor,
                                 update: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in, split at the bias column."""
-        x_in = x.reshape(-1, self.in_features)
-        if self.bias is not None:
-            x_in = torch.cat([x_in, x_in.new_ones(x_in.shape[0], 1)], dim=1)
+        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in for X_in = `input_rows(x)`, split at
+        the bias column."""
         x_in_hat, s_in = self.preconditioner_in.precondition_unscaled(x_in, update)
         # Kaldi's derivatives are those of the objective summed over the minibatch; a mean-reduced
         # loss divides them by the row count, which would push tiny derivatives under the
         # preconditioner's absolute floor (1e-10). Precondition the summed-objective derivatives.
         rows = x_in.shape[0]
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
-            grad_out.reshape(-1, self.out_features) * rows, update)
-        scale = s_in * s_out / rows
-        if scale != 1.0:  # fold both γ into the thinner factor
-            x_out_hat.mul_(scale)
+            grad_out.reshape(-1, self.out_features), update, scale=float(rows))
+        full = x_in_hat.new_empty(self.out_features, x_in_hat.shape[1])
+        torch.addmm(full, x_out_hat.T, x_in_hat, beta=0.0, alpha=s_in * s_out / rows, out=full)
         if self.bias is None:
-            return x_out_hat.T @ x_in_hat, None
-        return x_out_hat.T @ x_in_hat[:, :-1], x_out_hat.T @ x_in_hat[:, -1]
+            return full, None
+        return full[:, :-1], full[:, -1]
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, rank_in={self.preconditioner_in.rank}, "

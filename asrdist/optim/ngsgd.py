@@ -47,11 +47,6 @@ NUM_INITIAL_UPDATES = 10
 NUM_INIT_ITERS = 3
 
 
-def _sum_squares(x: torch.Tensor) -> float:
-    flat = x.reshape(-1)
-    return float(torch.dot(flat, flat))
-
-
 def _small(t: torch.Tensor) -> np.ndarray:
     """A rank×rank tensor as float64 numpy: the small algebra is float64 (Z is a fourth power of the
     data) and elementwise numpy is cheaper per call than torch. Factorizations stay in torch:
@@ -64,7 +59,7 @@ class OnlineNaturalGradient:
 
     __slots__ = ("dim", "rank", "num_samples_history", "alpha", "update_period", "seed",
                  "num_updates", "num_reorthogonalizations", "num_floored", "_skipped",
-                 "_W", "_d", "_rho")
+                 "_W", "_d", "_rho", "_two_minus_e")
 
     def __init__(self, dim: int, rank: int, num_samples_history: float = 2000.0, alpha: float = 4.0,
                  update_period: int = 4, seed: int = 0):
@@ -91,6 +86,7 @@ class OnlineNaturalGradient:
         self._W: torch.Tensor | None = None  # E^{1/2} R, rank x dim
         self._d = np.zeros(0)  # diagonal of D (float64, descending)
         self._rho = 0.0
+        self._two_minus_e = torch.zeros(0)  # 2 − diag(E), for tr(XXᵀ) in _project
 
     # -- public API ------------------------------------------------------------------------------
     @property
@@ -108,26 +104,27 @@ class OnlineNaturalGradient:
         x_hat, gamma = self.precondition_unscaled(x, update)
         return x_hat.mul_(gamma) if gamma != 1.0 else x_hat
 
-    def precondition_unscaled(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, float]:
-        """(X̂, γ): the projected rows and the norm-preserving scale, for callers that can fold
-        γ into a later product (the natural-gradient layers do)."""
+    def precondition_unscaled(self, x: torch.Tensor, update: bool = True,
+                              scale: float = 1.0) -> tuple[torch.Tensor, float]:
+        """(P, g) with P·g = `precondition(scale·x)`, for callers that fold g into a later product
+        (the natural-gradient layers do); `scale` spares them a pass over x."""
         if x.dim() != 2 or x.shape[1] != self.dim:
             raise DataError(f"OnlineNaturalGradient: expected input of shape (N, {self.dim}), got {tuple(x.shape)}")
         if self.rank == 0 or x.shape[0] == 0:
-            return x.clone(), 1.0
+            return x.clone(), scale
         if self._W is None:
             if not update:
-                return x.clone(), 1.0
-            self._initialize(x)
+                return x.clone(), scale
+            self._initialize(x, scale * scale)
         W = self._weights_for(x)
         H = x @ W.T
-        due = self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1
-        if update and due:
-            return self._update(x, H, W)
-        if update:
-            self._skipped += 1
-        x_hat = torch.addmm(x, H, W, alpha=-1.0)
-        return x_hat, self._gamma(_sum_squares(x), x_hat)
+        if update and (self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1):
+            x_hat, gamma = self._update(x, H, W, scale * scale)
+        else:
+            if update:
+                self._skipped += 1
+            x_hat, gamma, _ = self._project(x, H, W)
+        return x_hat, gamma * scale
 
     @property
     def rho(self) -> float:
@@ -166,9 +163,11 @@ class OnlineNaturalGradient:
             raise ConfigError(f"OnlineNaturalGradient: state has W of shape {tuple(W.shape)}, "
                               f"expected ({self.rank}, {self.dim})")
         device = self._W.device if self._W is not None else torch.device("cpu")
-        self._W = None if W is None else W.clone().to(device)
-        self._d = torch.as_tensor(state["d"], dtype=torch.float64).numpy().copy()
-        self._rho = float(state["rho"])
+        d = torch.as_tensor(state["d"], dtype=torch.float64).numpy().copy()
+        if W is None:
+            self._W, self._d, self._rho = None, d, float(state["rho"])
+        else:
+            self._set_state(W.clone().to(device), d, state["rho"])
         self.num_updates, self._skipped = int(state["num_updates"]), int(state["skipped"])
         self.num_reorthogonalizations = int(state.get("num_reorthogonalizations", 0))
         self.num_floored = int(state.get("num_floored", 0))
@@ -193,33 +192,47 @@ class OnlineNaturalGradient:
         beta = rho * (1.0 + self.alpha) + self.alpha * d.sum() / self.dim
         return 1.0 / (beta / d + 1.0)
 
-    @staticmethod
-    def _gamma(tr_x: float, x_hat: torch.Tensor) -> float:
-        tr_hat = _sum_squares(x_hat)
-        return math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0
+    def _project(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """(X̂ = X − H W, γ, tr(XXᵀ)). As in Kaldi, tr(XXᵀ) comes from the fresh X̂ and H, since
+        W Wᵀ = E: tr(XXᵀ) = tr(X̂X̂ᵀ) + Σ_i (2 − e_i)·|H_:i|², sparing a pass over X."""
+        x_hat = torch.addmm(x, H, W, alpha=-1.0)
+        flat = x_hat.reshape(-1)
+        two_minus_e = self._two_minus_e
+        if two_minus_e.dtype != x.dtype or two_minus_e.device != x.device:
+            two_minus_e = two_minus_e.to(dtype=x.dtype, device=x.device)
+        tr_hat, correction = torch.stack([torch.dot(flat, flat), torch.dot(H.square().sum(0), two_minus_e)]).tolist()
+        tr_x = tr_hat + correction
+        return x_hat, (math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0), tr_x
+
+    def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float) -> None:
+        self._W, self._d, self._rho = W, d, float(rho)
+        self._two_minus_e = torch.from_numpy(2.0 - self._e(d, rho)).to(dtype=W.dtype, device=W.device)
 
     def _initial_rows(self) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.seed)
         q, _ = torch.linalg.qr(torch.randn(self.dim, self.rank, generator=gen, dtype=torch.float64))
         return q.T.contiguous()
 
-    def _initialize(self, x: torch.Tensor) -> None:
-        self._d = np.full(self.rank, EPSILON)
-        self._rho = EPSILON
-        sqrt_e = torch.from_numpy(np.sqrt(self._e(self._d, self._rho)))
-        self._W = (sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device)
+    def _initialize(self, x: torch.Tensor, scale_sq: float) -> None:
+        d = np.full(self.rank, EPSILON)
+        sqrt_e = torch.from_numpy(np.sqrt(self._e(d, EPSILON)))
+        self._set_state((sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device), d, EPSILON)
         for _ in range(NUM_INIT_ITERS):
-            self._update(x, x @ self._W.T, self._W)
+            self._update(x, x @ self._W.T, self._W, scale_sq)
         self.num_updates, self._skipped = 0, 0
 
-    def _update(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Precondition x with the current F, then move F towards the scatter of x (steps 1–5)."""
+    def _update(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor,
+                scale_sq: float = 1.0) -> tuple[torch.Tensor, float]:
+        """Precondition x with the current F, then move F towards the scatter of X = scale·x
+        (steps 1–5; H = x Wᵀ)."""
         n, dim, rank = x.shape[0], self.dim, self.rank
         eta = self.eta(n)
         a, b = eta / n, 1.0 - eta
         d, rho = self._d, self._rho
         J = H.T @ x  # W XᵀX, rank x dim
-        K, L = _small(J @ J.T), _small(H.T @ H)
+        if scale_sq != 1.0:
+            J.mul_(scale_sq)
+        K, L = _small(J @ J.T), _small(H.T @ H) * scale_sq
 
         inv_sqrt_e = 1.0 / np.sqrt(self._e(d, rho))
         d_rho = d + rho
@@ -237,9 +250,8 @@ class OnlineNaturalGradient:
             reorthogonalize = True
             c = np.maximum(c, c_floor)
 
-        x_hat = torch.addmm(x, H, W, alpha=-1.0)
-        tr_x = _sum_squares(x)
-        gamma = self._gamma(tr_x, x_hat)
+        x_hat, gamma, tr_x = self._project(x, H, W)
+        tr_x *= scale_sq
 
         sqrt_c = np.sqrt(c)
         rho_new = (a * tr_x + b * (dim * rho + d.sum()) - sqrt_c.sum()) / (dim - rank)
@@ -259,8 +271,7 @@ class OnlineNaturalGradient:
             W_new = self._reorthogonalized(W_new, sqrt_e_new)
             self.num_reorthogonalizations += 1
         self.num_floored += int(floored)
-        self._W = W_new.to(self._W.dtype)
-        self._d, self._rho = d_new, float(rho_new)
+        self._set_state(W_new.to(self._W.dtype), d_new, rho_new)
         self.num_updates += 1
         self._skipped = 0
         return x_hat, gamma
