@@ -11,7 +11,8 @@
 Timing: after a warm-up past the preconditioners' first 10 statistics updates, steps are timed in
 blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
 update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
-as wall time and as process CPU time (steadier on a shared machine).
+as wall time and as process CPU time (steadier on a shared machine). `flop_ratio` is the same
+ratio in multiply-adds of the affine layers: the floor any implementation of these ranks meets.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
-from asrdist.optim.ng_layers import apply_natural_gradient
+from asrdist.optim.ng_layers import NaturalGradientLinear, apply_natural_gradient
 from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES
 from asrdist.parallel.averaging import AveragingConfig
 
@@ -78,6 +79,21 @@ def _time_block(step, steps: int) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def flop_ratio(model: torch.nn.Module, batch: int) -> float:
+    """(multiply-adds of an NG-SGD step) / (those of a plain step), counting the affine layers only:
+    forward, input (but the first layer's) and weight gradients, plus per preconditioner the two thin products of every
+    step and the statistics update (J, K, L, W' products) every UPDATE_PERIOD steps."""
+    plain = extra = 0
+    layers = [m for m in model.modules() if isinstance(m, NaturalGradientLinear)]
+    for k, layer in enumerate(layers):
+        d_in, d_out = layer.in_features, layer.out_features
+        plain += (2 if k == 0 else 3) * batch * d_in * d_out  # the input layer needs no input gradient
+        for p in (layer.preconditioner_in, layer.preconditioner_out):
+            r, dim = p.rank, p.dim
+            extra += 2 * batch * dim * r + (batch * r * dim + 2 * r * r * dim + r * r * batch) / UPDATE_PERIOD
+    return (plain + extra) / plain
+
+
 def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int) -> dict:
     """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
     torch.manual_seed(0)
@@ -99,7 +115,8 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
             "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
-            "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4)}
+            "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4),
+            "flop_ratio": round(flop_ratio(natural, batch), 4)}
 
 
 # ------------------------------------------------------------------------ bytes per sample

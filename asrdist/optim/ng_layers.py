@@ -8,6 +8,10 @@ by one of dim D_out and rank min(80, (D_out+1)//2); s_in, s_out are their norm-p
 input gradient is the plain one. The gradient lands in `p.grad` through autograd, so DDP hooks and
 every strategy (which only touch `p.grad` after backward) see it like any other gradient.
 
+X̂_in is computed in the forward pass (it needs only the activations, and they are still in cache
+then), so the input preconditioner's statistics advance at forward time, the output one's at
+backward time.
+
 `apply_natural_gradient(model)` swaps every `nn.Linear` in place, keeping the same Parameter
 objects (an optimizer built before the swap stays valid). `nn.LSTM`'s fused kernel hides its
 affine maps, so `AffineLSTM` below is an LSTM made of `nn.Linear` maps that the swap reaches;
@@ -40,19 +44,21 @@ def default_ranks(in_features: int, out_features: int, bias: bool = True,
 class _NaturalGradientAffine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
-        # The rows X_in (with the ones column) are built now, while x is hot in cache.
-        ctx.save_for_backward(layer.input_rows(x), weight)
+        # X̂_in depends on the forward activations only: precondition them now, while x is hot in
+        # cache, and keep X̂_in (not x) for backward.
+        x_in_hat, ctx.s_in = layer.preconditioner_in.precondition_unscaled(layer.input_rows(x), layer.training)
+        ctx.save_for_backward(x_in_hat, weight)
         ctx.layer, ctx.update, ctx.has_bias = layer, layer.training, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_in, weight = ctx.saved_tensors
+        x_in_hat, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_out @ weight
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in, grad_out, ctx.update)
+            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, ctx.s_in, grad_out, ctx.update)
             if not ctx.needs_input_grad[1]:
                 grad_weight = None
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
@@ -105,15 +111,14 @@ class NaturalGradientLinear(nn.Linear):
             return rows
         return torch.cat([rows, rows.new_ones(rows.shape[0], 1)], dim=1)
 
-    def preconditioned_gradient(self, x_in: torch.Tensor, grad_out: torch.Tensor,
+    def preconditioned_gradient(self, x_in_hat: torch.Tensor, s_in: float, grad_out: torch.Tensor,
                                 update: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in for X_in = `input_rows(x)`, split at
-        the bias column."""
-        x_in_hat, s_in = self.preconditioner_in.precondition_unscaled(x_in, update)
+        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in, split at the bias column, given
+        (X̂_in, s_in) from `preconditioner_in.precondition_unscaled(input_rows(x))`."""
         # Kaldi's derivatives are those of the objective summed over the minibatch; a mean-reduced
         # loss divides them by the row count, which would push tiny derivatives under the
         # preconditioner's absolute floor (1e-10). Precondition the summed-objective derivatives.
-        rows = x_in.shape[0]
+        rows = x_in_hat.shape[0]
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
             grad_out.reshape(-1, self.out_features), update, scale=float(rows))
         full = x_in_hat.new_empty(self.out_features, x_in_hat.shape[1])
@@ -130,11 +135,13 @@ class NaturalGradientLinear(nn.Linear):
 class AffineLSTM(nn.Module):
     """Batch-first (bi)LSTM whose four gates come from two `nn.Linear` maps per layer and direction
     (`input_maps`: x -> 4H over the whole sequence at once; `recurrent_maps`: h -> 4H, bias-free,
-    once per time step), so natural gradient reaches every affine map. Gate order and the single
-    bias (b_ih + b_hh) follow `nn.LSTM`; `from_lstm` copies its weights. Slower than the fused kernel."""
+    once per time step, each call one minibatch for its preconditioners, like Kaldi's per-step
+    recurrent affine components), so natural gradient reaches every affine map. Gate order and
+    the single bias (b_ih + b_hh) follow `nn.LSTM`; `from_lstm` copies its weights. Much slower
+    than the fused kernel: a Python loop over time."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bidirectional: bool = False,
-                 dropout: float = 0.0):
+                 dropout: float = 0.0, bias: bool = True):
         super().__init__()
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bidirectional, self.dropout = bidirectional, dropout
@@ -143,14 +150,14 @@ class AffineLSTM(nn.Module):
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size * directions
             for _ in range(directions):
-                self.input_maps.append(nn.Linear(width, 4 * hidden_size))
+                self.input_maps.append(nn.Linear(width, 4 * hidden_size, bias=bias))
                 self.recurrent_maps.append(nn.Linear(hidden_size, 4 * hidden_size, bias=False))
 
     @classmethod
     def from_lstm(cls, lstm: nn.LSTM) -> "AffineLSTM":
         if not lstm.batch_first or lstm.proj_size:
             raise ValueError("AffineLSTM.from_lstm: only batch_first LSTMs without projection are supported")
-        new = cls(lstm.input_size, lstm.hidden_size, lstm.num_layers, lstm.bidirectional, lstm.dropout)
+        new = cls(lstm.input_size, lstm.hidden_size, lstm.num_layers, lstm.bidirectional, lstm.dropout, lstm.bias)
         new.train(lstm.training)
         directions = 2 if lstm.bidirectional else 1
         with torch.no_grad():
@@ -160,10 +167,8 @@ class AffineLSTM(nn.Module):
                     i = layer * directions + direction
                     new.input_maps[i].weight.copy_(getattr(lstm, "weight_ih" + suffix))
                     new.recurrent_maps[i].weight.copy_(getattr(lstm, "weight_hh" + suffix))
-                    bias = new.input_maps[i].bias
-                    bias.zero_()
                     if lstm.bias:
-                        bias.add_(getattr(lstm, "bias_ih" + suffix)).add_(getattr(lstm, "bias_hh" + suffix))
+                        new.input_maps[i].bias.copy_(getattr(lstm, "bias_ih" + suffix) + getattr(lstm, "bias_hh" + suffix))
         return new
 
     def _run_direction(self, gates_x: torch.Tensor, recurrent: nn.Module, reverse: bool) -> torch.Tensor:

@@ -69,6 +69,12 @@ class Strategy:
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         self.model, self.optimizer, self.ctx = model, optimizer, ctx
 
+    def note_samples(self, n: int) -> None:
+        """Called once per minibatch with the frames this learner just trained on."""
+
+    def note_loss(self, loss: float) -> None:
+        """Called once per minibatch with this learner's minibatch loss."""
+
     def after_backward(self) -> None:
         """Called after loss.backward(), before optimizer.step()."""
 

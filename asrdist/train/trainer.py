@@ -92,6 +92,8 @@ class Trainer:
             loss.backward()
         compute = time.perf_counter() - t0
         self.compute_seconds += compute
+        self.strategy.note_samples(frames)
+        self.strategy.note_loss(loss_value)
         self.strategy.after_backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
