@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _trainer_step(model: torch.nn.Module, batch_size: int, num_classes: int):
     """A `Trainer` around `model` with a fixed synthetic batch; returns its train_step."""
-    from asrdist.parallel.base import Strategy
+    from asrdist.parallel.base import LearnerContext, Strategy
     from asrdist.train.trainer import Trainer, TrainerHooks
 
     gen = torch.Generator().manual_seed(0)
@@ -66,9 +66,9 @@ def _trainer_step(model: torch.nn.Module, batch_size: int, num_classes: int):
         return F.cross_entropy(m(b[0]), b[1]), b[0].shape[0]
 
     optimizer = build_optimizer(OptimConfig(lr=0.01), model.parameters())
-    trainer = Trainer(model, optimizer, Strategy(), sampler=None, hooks=TrainerHooks(loss_fn=loss_fn,
-                      lr_at=lambda step, epoch: 0.01), ctx=Strategy().ctx, run_dir=Path(tempfile.gettempdir()),
-                      epochs=1, progress=False)
+    hooks = TrainerHooks(loss_fn=loss_fn, lr_at=lambda step, epoch: 0.01)
+    trainer = Trainer(model, optimizer, Strategy(), sampler=None, hooks=hooks, ctx=LearnerContext(),
+                      run_dir=Path(tempfile.gettempdir()), epochs=1, progress=False)
     return lambda: trainer.train_step(batch)
 
 

@@ -52,6 +52,10 @@ class OptimConfig:
     decay: str = "none"
     """none | geometric: lr decays geometrically from `lr` to `final_lr` over the whole run (Kaldi)."""
     final_lr: float | None = None
+    natural_gradient: bool = False
+    """Precondition every affine layer's gradient with online natural gradient (Povey et al. 2015)."""
+    max_change: bool = False
+    """Kaldi's max-change: cap the per-minibatch parameter change per layer (0.75 hidden, 1.5 output) and in total (2.0)."""
     """The learning rate of the last step with decay=geometric (scaled like `lr`)."""
 
     def __post_init__(self):

@@ -42,18 +42,25 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     targets = load_targets(run_dir)
     task = SpeechTask(cfg, targets, ctx.rank, ctx.world_size)
     model = task.model
-    if getattr(cfg.optim, "natural_gradient", False):
-        from asrdist.optim.ng_layers import apply_natural_gradient
+    hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
+    if cfg.optim.natural_gradient:
+        from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
+                                             natural_gradient_state)
 
-        apply_natural_gradient(model)
+        apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed)
+        hooks.extra_state = lambda: {"natural_gradient": natural_gradient_state(model)}
+        hooks.load_extra_state = lambda s: load_natural_gradient_state(model, s["natural_gradient"])
+    if cfg.optim.max_change:
+        from asrdist.optim.max_change import clip_change
+
+        hooks.before_optimizer_step = lambda lr: clip_change(model, lr)
     optimizer = build_optimizer(cfg.optim, model.parameters())
     schedule = LRSchedule(cfg.optim, steps_per_epoch=len(task.sampler), total_epochs=cfg.train.epochs,
                           global_batch=cfg.data.batch_size)
     strategy = build_strategy(cfg.strategy_name, cfg.strategy)
     strategy.setup(model, optimizer, ctx)
     torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # per-learner randomness (dropout) from here on
-    hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate,
-                         lr_at=lambda step, epoch: schedule.lr_at(step))
+    hooks.lr_at = lambda step, epoch: schedule.lr_at(step)
     tc = cfg.train
     trainer = Trainer(model, optimizer, strategy, task.sampler, hooks, ctx, run_dir,
                       epochs=tc.epochs, max_steps=tc.max_steps, log_every=tc.log_every,

@@ -50,6 +50,11 @@ class TrainerHooks:
     """model -> metrics dict (rank 0 only); called at epoch ends."""
     lr_at: Callable[[int, int], float] = lambda step, epoch: 0.1
     """(global step, epoch) -> learning rate before the strategy's scale."""
+    before_optimizer_step: Callable[[float], None] | None = None
+    """Called with the learning rate after gradient communication, before optimizer.step() (max-change)."""
+    extra_state: Callable[[], dict] | None = None
+    """Additional learner state to checkpoint (e.g. natural-gradient statistics)."""
+    load_extra_state: Callable[[dict], None] | None = None
 
 
 class Trainer:
@@ -95,6 +100,8 @@ class Trainer:
         self.strategy.note_samples(frames)
         self.strategy.note_loss(loss_value)
         self.strategy.after_backward()
+        if self.hooks.before_optimizer_step is not None:
+            self.hooks.before_optimizer_step(lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=False)
         self.strategy.after_step()
@@ -121,7 +128,8 @@ class Trainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
                 "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
-                "jitter_rng": self._jitter_rng.getstate()}
+                "jitter_rng": self._jitter_rng.getstate(),
+                "extra": self.hooks.extra_state() if self.hooks.extra_state else None}
 
     def save_checkpoint(self) -> None:
         ckpt.save_learner(self.run_dir, self.state.step, self.ctx.rank, self._learner_state())
@@ -139,6 +147,8 @@ class Trainer:
         self.state = LoopState(**state["loop"])
         ckpt.set_rng_state(state["rng"])
         self._jitter_rng.setstate(state["jitter_rng"])
+        if self.hooks.load_extra_state and state.get("extra") is not None:
+            self.hooks.load_extra_state(state["extra"])
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> LoopState:

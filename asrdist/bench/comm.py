@@ -1,0 +1,152 @@
+"""`asrdist bench comm`: 1-bit vs fp32 gradient exchange on the 46M-parameter `swbd` shapes.
+
+N learners (default 4, one emulated host each) are started by `netem_launch.run_learners` on the
+emulated network (default 1 Gbit/s links; loopback when emulation is unavailable, recorded in
+`network`). Every learner holds random gradients of Seide et al.'s Switchboard DNN and, per
+repeat, times one `sync` exchange (bucketed fp32 allreduce, then the mean) and one `onebit`
+exchange (quantize + error feedback + pack, all-to-all, owner's sum and re-quantization,
+all-to-all, dequantize) through the strategies' own `exchange`. The two alternate which goes
+first, each after a barrier, so machine noise hits both alike. A repeat's time is its slowest
+learner's; the figures are medians over repeats.
+
+- `bytes_ratio`: onebit payload bytes on the wire per exchange / sync's (all learners).
+- `exchange_speedup`: sync exchange time / onebit exchange time (quantization included).
+- `quantize_vs_copy`: quantize + error feedback + pack throughput vs copying the same fp32
+  tensors into preallocated buffers, one thread, measured in this process before the learners.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+DEFAULT_NETWORK = "1gbit"
+TINY_SHAPES = ((64, 429), (64,), (64, 64), (64,), (93, 64), (93,))
+"""A swbd-like net 32x smaller per layer: for quick checks of the benchmark itself."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--network", default=DEFAULT_NETWORK,
+                        help="1gbit | 10gbit | loopback | any tc rate (default: 1gbit, emulated)")
+    parser.add_argument("--learners", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=None, help="emulated hosts (default: one per learner)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed exchanges per strategy")
+    parser.add_argument("--kernel", default="auto", help="onebit quantizer: auto | fused | reference")
+    parser.add_argument("--shapes", choices=("swbd", "tiny"), default="swbd",
+                        help="gradient shapes: the 46M-parameter swbd DNN, or a tiny one for smoke tests")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole learner job")
+
+
+def run(args) -> dict:
+    from asrdist.errors import ConfigError
+    from asrdist.parallel.netem import resolve_network
+    from asrdist.parallel.netem_launch import run_learners
+    from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
+
+    if args.learners < 2:
+        raise ConfigError(f"bench comm: --learners must be >= 2, got {args.learners}")
+    if args.repeats < 1:
+        raise ConfigError(f"bench comm: --repeats must be >= 1, got {args.repeats}")
+    shapes = SWBD_SHAPES if args.shapes == "swbd" else TINY_SHAPES
+    network, _ = resolve_network(args.network)
+    quant = measure_quantize_vs_copy(shapes, kind=args.kernel)
+    results = run_learners(__name__, "exchange_timing", args.learners, args.nodes, network,
+                           {"shapes": [list(s) for s in shapes], "repeats": args.repeats,
+                            "kernel": args.kernel}, timeout=args.timeout)
+    r0 = results[0]
+    sync_s, onebit_s = r0["sync_seconds"], r0["onebit_seconds"]
+    sync_median, onebit_median = statistics.median(sync_s), statistics.median(onebit_s)
+    return {
+        "network": r0["network"],
+        "requested_network": args.network,
+        "bytes_ratio": r0["onebit_bytes"] / r0["sync_bytes"],
+        "exchange_speedup": sync_median / onebit_median,
+        "quantize_vs_copy": quant["quantize_vs_copy"],
+        "sync_seconds": sync_s,
+        "onebit_seconds": onebit_s,
+        "sync_seconds_median": sync_median,
+        "onebit_seconds_median": onebit_median,
+        "sync_bytes_per_exchange": r0["sync_bytes"],
+        "onebit_bytes_per_exchange": r0["onebit_bytes"],
+        "quantize": quant,
+        "onebit_identical_on_all_learners": len({r["onebit_checksum"] for r in results}) == 1,
+        "sync_mean_correct": all(r["sync_mean_error"] < 1e-6 for r in results),
+        "parameters": r0["parameters"],
+        "model": "swbd (429 -> 7 x 2048 -> 9304)" if args.shapes == "swbd" else "tiny (429 -> 64 -> 64 -> 93)",
+        "learners": args.learners,
+        "nodes": args.nodes or args.learners,
+        "repeats": args.repeats,
+        "cores": len(os.sched_getaffinity(0)),
+        "cores_shared_by": f"{args.learners} learners",
+        "threads_per_learner": r0["threads"],
+        "timing": "median over repeats of the slowest learner's exchange; sync and onebit alternate",
+        "bytes": "payload bytes all learners put on the wire per exchange (ring allreduce 2S(n-1)/n)",
+    }
+
+
+def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
+    """Learner function (run by run_learners): time sync and onebit exchanges side by side."""
+    import torch
+    import torch.distributed as dist
+
+    from asrdist.parallel.base import LearnerContext
+    from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
+    from asrdist.parallel.sync import SyncConfig, SyncStrategy
+
+    spec.init_process_group("gloo")
+    ctx = LearnerContext(rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+                         local_world_size=spec.local_world_size, timeout=timedelta(seconds=spec.timeout_s))
+    shapes = [torch.Size(s) for s in args["shapes"]]
+    gen = torch.Generator().manual_seed(1000 + spec.rank)
+    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
+    strategies = {"sync": SyncStrategy(SyncConfig()), "onebit": OneBitStrategy(OneBitConfig(kernel=args["kernel"]))}
+    for s in strategies.values():
+        s.setup_exchange(shapes, ctx)
+        s.exchange(grads)  # warm-up: connections opened, buffers paged in
+    seconds: dict[str, list[float]] = {name: [] for name in strategies}
+    sent: dict[str, int] = {}
+    last: dict[str, list] = {}
+    names = list(strategies)
+    for r in range(int(args["repeats"])):
+        for name in names if r % 2 == 0 else names[::-1]:
+            strategy = strategies[name]
+            before = strategy.counters.bytes_sent
+            dist.barrier()
+            t0 = time.perf_counter()
+            last[name] = strategy.exchange(grads)
+            seconds[name].append(time.perf_counter() - t0)
+            sent[name] = strategy.counters.bytes_sent - before
+    # the slowest learner of each repeat, and the bytes of all learners
+    slowest = torch.tensor(seconds["sync"] + seconds["onebit"], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    total_bytes = torch.tensor([sent["sync"], sent["onebit"]], dtype=torch.float64)
+    dist.all_reduce(total_bytes)
+    k = len(seconds["sync"])
+    return {
+        "rank": spec.rank,
+        "network": spec.network,
+        "threads": spec.num_threads,
+        "parameters": sum(s.numel() for s in shapes),
+        "sync_seconds": slowest[:k].tolist(),
+        "onebit_seconds": slowest[k:].tolist(),
+        "sync_bytes": int(total_bytes[0]),
+        "onebit_bytes": int(total_bytes[1]),
+        "onebit_checksum": repr([float(t.double().sum()) for t in last["onebit"]]),
+        "sync_mean_error": _sync_mean_error(last["sync"], shapes, spec.world_size),
+    }
+
+
+def _sync_mean_error(out, shapes, world_size: int) -> float:
+    """Largest deviation of sync's result from the true mean of every learner's gradient (the
+    gradients are regenerated from their seeds; only the first tensor is checked, for time)."""
+    import torch
+
+    expected = torch.zeros(shapes[0])
+    for rank in range(world_size):
+        gen = torch.Generator().manual_seed(1000 + rank)
+        expected += torch.randn(shapes[0], generator=gen) * 1e-3
+    expected /= world_size
+    return float((out[0] - expected).abs().max())

@@ -1,0 +1,88 @@
+"""Automatic minibatch-size search at an epoch start (Seide et al. 2014; CNTK's
+`SGD::SearchForBestMinibatchSize`; DESIGN.md §5.2).
+
+1. Trial sizes: `base_size`, then base x sqrt(2)^k rounded to the nearest multiple of 64, for as
+   long as base x sqrt(2)^k <= 2 x the previous epoch's size (sizes that round to a repeat or
+   beyond that limit are skipped).
+2. Each trial restores the epoch-start state (model, optimizer, strategy residuals, sampler,
+   RNG), trains a fixed number of minibatches at the trial size and reports their mean loss;
+   `train_minibatches(size) -> loss` does both, the search only chooses.
+3. The first trial's loss is the base loss. Trials go on while a loss stays <= 1.01 x the base
+   loss; the first one above it (or not finite) ends the search, as in CNTK.
+4. The result is the largest size that passed. The caller restores the epoch-start state once
+   more and trains the epoch at that size.
+
+A larger minibatch means fewer model updates per epoch and, for 1-bit SGD, proportionally less
+communication; the search takes the largest that does not hurt the objective.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from asrdist.errors import ConfigError, TrainingError
+
+GROWTH = math.sqrt(2.0)
+MULTIPLE = 64
+TOLERANCE = 1.01
+MAX_GROWTH = 2.0
+
+
+def round_to_multiple(value: float, multiple: int = MULTIPLE) -> int:
+    """Nearest multiple of `multiple` (halves round up), at least `multiple` (CNTK: 64 * ((v + 32) // 64))."""
+    return max(multiple, multiple * int((value + multiple / 2) // multiple))
+
+
+def trial_sizes(base_size: int, previous_size: int | None = None, *, growth: float = GROWTH,
+                multiple: int = MULTIPLE, max_growth: float = MAX_GROWTH) -> list[int]:
+    """The minibatch sizes the search tries, in order (step 1 of the module docstring)."""
+    _check_size("base_size", base_size, multiple)
+    previous = base_size if previous_size is None else previous_size
+    _check_size("previous_size", previous, 1)
+    if not growth > 1 or not max_growth >= 1:
+        raise ConfigError(f"batch-size search: growth must be > 1 and max_growth >= 1, got {growth}, {max_growth}")
+    limit = max_growth * previous
+    sizes = [base_size]
+    k = 1
+    while True:
+        target = base_size * growth ** k
+        if target > limit * (1 + 1e-9):  # 1e-9: base * sqrt(2)^2 must count as exactly 2 x base
+            return sizes
+        size = round_to_multiple(target, multiple)
+        if size > sizes[-1] and size <= limit:
+            sizes.append(size)
+        k += 1
+
+
+def search_batch_size(train_minibatches: Callable[[int], float], base_size: int,
+                      previous_size: int | None = None, *, tolerance: float = TOLERANCE,
+                      growth: float = GROWTH, multiple: int = MULTIPLE, max_growth: float = MAX_GROWTH,
+                      log: list[tuple[int, float]] | None = None) -> int:
+    """The largest trial size whose loss is <= tolerance x the base size's loss (module docstring).
+
+    train_minibatches(size): restore the epoch-start state, train the fixed number of minibatches
+    at `size`, return their mean loss. `log`, if given, receives (size, loss) of every trial.
+    """
+    if not tolerance >= 1:
+        raise ConfigError(f"batch-size search: tolerance must be >= 1, got {tolerance}")
+    sizes = trial_sizes(base_size, previous_size, growth=growth, multiple=multiple, max_growth=max_growth)
+    base_loss = float(train_minibatches(sizes[0]))
+    if log is not None:
+        log.append((sizes[0], base_loss))
+    if not math.isfinite(base_loss):
+        raise TrainingError(f"batch-size search: loss {base_loss} at the base size {sizes[0]}; "
+                            f"lower optim.lr or check the data")
+    chosen = sizes[0]
+    for size in sizes[1:]:
+        loss = float(train_minibatches(size))
+        if log is not None:
+            log.append((size, loss))
+        if not math.isfinite(loss) or loss > tolerance * base_loss:
+            break
+        chosen = size
+    return chosen
+
+
+def _check_size(name: str, value: object, multiple: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % multiple:
+        raise ConfigError(f"batch-size search: {name} must be a positive multiple of {multiple}, got {value!r}")
