@@ -85,3 +85,19 @@ def test_bad_config_names_the_key(corpus, tmp_path, capsys, override, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("recipe,overrides,metric", [
+    ("configs/lstm.yaml", ["data.batch_size=16", "model.hidden_dim=32", "model.hidden_layers=1"], "per"),
+    ("configs/ctc.yaml", ["data.batch_size=1500", "model.hidden_dim=48", "model.hidden_layers=1",
+                          "eval.beam=2"], "per"),
+])
+def test_lstm_and_ctc_train(corpus, tmp_path, recipe, overrides, metric):
+    rc = main(["train", recipe, *overrides, "train.log_every=5", "optim.warmup_steps=0",
+               "--data", str(corpus), "--epochs", "3", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    history = summary["history"]
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"], history
+    assert metric in summary["final"]
+    assert 0.0 <= summary["final"][metric] < 1.5

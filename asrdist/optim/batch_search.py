@@ -17,8 +17,9 @@ communication; the search takes the largest that does not hurt the objective.
 """
 from __future__ import annotations
 
+import copy
 import math
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 from asrdist.errors import ConfigError, TrainingError
 
@@ -86,3 +87,44 @@ def search_batch_size(train_minibatches: Callable[[int], float], base_size: int,
 def _check_size(name: str, value: object, multiple: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % multiple:
         raise ConfigError(f"batch-size search: {name} must be a positive multiple of {multiple}, got {value!r}")
+
+
+class EpochStartTrials:
+    """`train_minibatches` for a live learner: snapshot the epoch-start state once, then per
+    trial size restore it and train `minibatches` minibatches through the trainer's own step.
+
+    train_step(batch) -> (loss, frames): `Trainer.train_step`. batches_at(size): this learner's
+    minibatches of the epoch at global size `size` (a sampler built for size // learners, set to
+    the epoch). save_state() / load_state(state): everything a trial changes (model, optimizer,
+    strategy residuals, RNG), e.g. the trainer's checkpoint dict. agree(loss): the loss all
+    learners decide on (a mean over learners; identity for one learner), so they all choose the
+    same size.
+    """
+
+    def __init__(self, train_step: Callable[[Any], tuple[float, int]], batches_at: Callable[[int], Iterable[Any]],
+                 save_state: Callable[[], Any], load_state: Callable[[Any], None], minibatches: int,
+                 agree: Callable[[float], float] = lambda loss: loss):
+        if isinstance(minibatches, bool) or not isinstance(minibatches, int) or minibatches < 1:
+            raise ConfigError(f"batch-size search: minibatches must be an integer >= 1, got {minibatches!r}")
+        self.train_step, self.batches_at, self.load_state = train_step, batches_at, load_state
+        self.minibatches, self.agree = minibatches, agree
+        self._snapshot = copy.deepcopy(save_state())  # trials must not write into it
+
+    def restore(self) -> None:
+        """Put the learner back exactly at the epoch start (call after the search)."""
+        # a copy each time: optimizers may keep the loaded tensors and update them in place
+        self.load_state(copy.deepcopy(self._snapshot))
+
+    def __call__(self, size: int) -> float:
+        self.restore()
+        loss_sum, frames_sum, done = 0.0, 0, 0
+        for batch in self.batches_at(size):
+            if done == self.minibatches:
+                break
+            loss, frames = self.train_step(batch)
+            loss_sum += loss * frames
+            frames_sum += frames
+            done += 1
+        if frames_sum == 0:
+            raise TrainingError(f"batch-size search: the epoch has no minibatch of size {size}")
+        return float(self.agree(loss_sum / frames_sum))

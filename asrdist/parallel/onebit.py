@@ -18,7 +18,9 @@ Per minibatch, on every learner (n learners, this one is `rank`):
 2-4 of minibatch t on a communication thread while minibatch t+1 is computed; the gradient of t is
 applied at step t+1, so the first step applies nothing (every p.grad is set to None, which torch
 optimizers skip) and `finalize()` applies the last pending gradient with one more optimizer step.
-Off, the update is exact 1-bit SGD.
+Off, the update is exact 1-bit SGD. `auto_batch_size: true` asks the trainer for CNTK's
+minibatch-size search at epoch starts (`asrdist.optim.batch_search`); the strategy itself only
+carries the switch, since the search restarts from the epoch-start state of everything.
 """
 from __future__ import annotations
 
@@ -48,13 +50,23 @@ class OneBitConfig:
     kernel: str = "auto"
     """Quantizer: 'fused' (compiled C, CPU), 'reference' (pure torch) or 'auto' (fused when it
     builds and the device is the CPU)."""
+    auto_batch_size: bool = False
+    """CNTK's automatic minibatch-size search (`asrdist.optim.batch_search`) at every epoch start
+    after the first: from the epoch-start state, trial global sizes data.batch_size x sqrt(2)^k
+    (multiples of 64, up to 2x the previous epoch's size) each train `batch_search_minibatches`;
+    the largest whose loss stays <= 1.01 x the base size's trains the epoch."""
+    batch_search_minibatches: int = 10
+    """Minibatches trained per trial size by the search."""
 
     def __post_init__(self):
-        for key in ("error_feedback", "double_buffering"):
+        for key in ("error_feedback", "double_buffering", "auto_batch_size"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"strategy.onebit.{key}: expected true or false, got {getattr(self, key)!r}")
         if self.kernel not in KERNEL_KINDS:
             raise ConfigError(f"strategy.onebit.kernel: unknown kernel {self.kernel!r} (known: {', '.join(KERNEL_KINDS)})")
+        m = self.batch_search_minibatches
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ConfigError(f"strategy.onebit.batch_search_minibatches: expected an integer >= 1, got {m!r}")
 
 
 _default_quantizer = None
