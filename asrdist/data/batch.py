@@ -1,0 +1,40 @@
+"""The one minibatch type every sampler yields and every model's loss function reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IGNORE_INDEX = -100
+"""Target value of padded frames (torch's cross-entropy default `ignore_index`)."""
+
+
+@dataclass
+class Batch:
+    """A minibatch. Shapes depend on the sampler:
+
+    - frames (DNN): inputs [B, (2C+1)*dim] float32, targets [B] int64;
+    - chunks (LSTM): inputs [B, chunk, dim], targets [B, chunk] (IGNORE_INDEX on padding),
+      input_lengths [B];
+    - utterances (CTC): inputs [B, Tmax, dim] zero-padded, input_lengths [B], targets [B, Lmax]
+      zero-padded, target_lengths [B].
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    num_frames: int
+    """Real (unpadded) input frames in the batch: what throughput figures count."""
+    input_lengths: torch.Tensor | None = None
+    target_lengths: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return Batch(inputs=move(self.inputs), targets=move(self.targets), num_frames=self.num_frames,
+                     input_lengths=move(self.input_lengths), target_lengths=move(self.target_lengths))
+
+    @property
+    def size(self) -> int:
+        """Rows in the batch (frames, chunks or utterances)."""
+        return int(self.inputs.shape[0])
