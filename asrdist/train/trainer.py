@@ -103,7 +103,7 @@ class Trainer:
         if self.hooks.before_optimizer_step is not None:
             self.hooks.before_optimizer_step(lr)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)
         self.strategy.after_step()
         delay = (self.slowdown - 1.0) * compute
         if self.jitter > 0:
