@@ -133,7 +133,7 @@ def test_averaging_matches_single_process_reference(tmp_path, world_size, exclud
         broadcast = params_bytes * (world_size - 1) if rank == 0 else 0  # setup: rank 0's parameters
         assert r["counters"]["bytes_sent"] == broadcast + 3 * (ring + objectives)
         assert r["counters"]["exchanges"] == 3 and r["counters"]["comm_seconds"] > 0
-        assert r["lr_scale"] == world_size
+        assert r["lr_scale"] == 1.0  # default: the mean over B/n frames already carries the factor n
 
 
 def test_single_learner_counting_and_state():
@@ -150,7 +150,7 @@ def test_single_learner_counting_and_state():
     assert (twin.num_averages, twin.samples_since_average, twin.steps) == (2, 8, 7)
 
     four = LearnerContext(rank=0, world_size=4)
-    scaled, unscaled = AveragingStrategy(), AveragingStrategy(AveragingConfig(scale_lr=False))
+    scaled, unscaled = AveragingStrategy(AveragingConfig(scale_lr=True)), AveragingStrategy()
     scaled.ctx = unscaled.ctx = four  # lr_scale needs only the context, not a process group
     assert (scaled.lr_scale(), unscaled.lr_scale()) == (4.0, 1.0)
 

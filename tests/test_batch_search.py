@@ -83,6 +83,30 @@ def test_tolerance_is_configurable():
         search_batch_size(FakeTraining(losses), 256, tolerance=0.9)
 
 
+def test_epoch_start_trials_restore_first_and_weight_by_frames():
+    state = {"w": 0.0}
+    batches = [(10, 1.0), (30, 3.0), (10, 5.0)]  # (frames, loss increment)
+
+    def train_step(batch):
+        frames, inc = batch
+        state["w"] += inc
+        return state["w"], frames
+
+    agreed = []
+    trials = EpochStartTrials(train_step, lambda size: iter(batches[:size]), lambda: dict(state),
+                              lambda saved: state.update(saved), minibatches=2,
+                              agree=lambda loss: agreed.append(loss) or 2 * loss)
+    state["w"] = 100.0  # what a previous trial left behind
+    assert trials(3) == 2 * (10 * 1.0 + 30 * 4.0) / 40  # two minibatches, from w = 0
+    assert trials(1) == 2 * 1.0 and agreed == [(10 * 1.0 + 30 * 4.0) / 40, 1.0]
+    trials.restore()
+    assert state == {"w": 0.0}
+    with pytest.raises(TrainingError, match="no minibatch of size 0"):
+        trials(0)
+    with pytest.raises(ConfigError):
+        EpochStartTrials(train_step, lambda size: [], dict, print, minibatches=0)
+
+
 def test_onebit_config_switch_is_validated():
     cfg = load_config(None, ["strategy.name=onebit", "strategy.auto_batch_size=true",
                              "strategy.batch_search_minibatches=4"])

@@ -72,7 +72,7 @@ def run(args) -> dict:
                            "local_batch": args.local_batch, "steps": args.steps, "warmup": args.warmup}
     results: dict[str, dict[str, float]] = {}
     details: dict[str, dict[str, dict]] = {}
-    parameters = threads = None
+    parameters, threads = None, {}
     for name in strategies:
         results[name], details[name] = {}, {}
         for n in counts:
@@ -82,7 +82,7 @@ def run(args) -> dict:
             results[name][str(n)] = r0["frames_per_second"]
             details[name][str(n)] = {k: v for k, v in r0.items() if k not in ("rank", "parameters")}
             parameters = r0["parameters"]
-            threads = {**(threads or {}), str(n): r0["threads"]}
+            threads[str(n)] = r0["threads"]
     speedup = {name: {n: fps / by_n["1"] for n, fps in by_n.items()} for name, by_n in results.items()}
     return {
         "network": label,
@@ -99,5 +99,4 @@ def run(args) -> dict:
         "warmup": args.warmup,
         "optimizer": f"sgd lr={args.lr}",
         "scaling": "weak: every learner's minibatch is local_batch_frames; ideal speedup = learners",
-        "learners_shared_cores": "all learners ran on this one machine's cores (see cores)",
     }

@@ -4,9 +4,9 @@
 1. Trial sizes: `base_size`, then base x sqrt(2)^k rounded to the nearest multiple of 64, for as
    long as base x sqrt(2)^k <= 2 x the previous epoch's size (sizes that round to a repeat or
    beyond that limit are skipped).
-2. Each trial restores the epoch-start state (model, optimizer, strategy residuals, sampler,
-   RNG), trains a fixed number of minibatches at the trial size and reports their mean loss;
-   `train_minibatches(size) -> loss` does both, the search only chooses.
+2. Each trial restores the epoch-start state (model, optimizer, strategy residuals, RNG), trains
+   a fixed number of minibatches of the epoch at the trial size and reports their mean loss;
+   `train_minibatches(size) -> loss` does both (`EpochStartTrials`), the search only chooses.
 3. The first trial's loss is the base loss. Trials go on while a loss stays <= 1.01 x the base
    loss; the first one above it (or not finite) ends the search, as in CNTK.
 4. The result is the largest size that passed. The caller restores the epoch-start state once

