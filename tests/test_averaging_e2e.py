@@ -23,6 +23,8 @@ import torch
 from asrdist.cli import main
 from tests.corpus_fixture import make_tone_corpus
 
+pytestmark = pytest.mark.slow  # four 2-learner launches through torch.distributed.run
+
 TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=128", "train.log_every=10"]
 SYNC = ["configs/default.yaml", "--strategy", "sync", "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
 # 53 steps per epoch per learner; an average every 20 local steps (1280 frames of 64)
