@@ -146,16 +146,23 @@ def _launcher_noise(line: str) -> bool:
 
 
 def failure_message(run_dir: Path, launcher_output: str, rc: int) -> str:
-    """The first learner's own error if it wrote one, else the rank torch's launcher blamed."""
+    """One line naming the learner that failed first.
+
+    A learner killed by a signal (not the launcher's own SIGTERM) is the root cause even when its
+    peers wrote errors of their own (their collectives broke because it vanished); otherwise the
+    first learner that reported its own error is named.
+    """
+    failures = [(int(r), int(c)) for r, c in
+                re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
+    for rank, code in failures:
+        if code < 0 and code != -15:
+            return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
     reports = sorted(run_dir.glob("failed-rank-*.txt"), key=lambda p: p.stat().st_mtime)
     if reports:
-        first = reports[0].read_text().strip().splitlines()[0]
-        return first
-    m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", launcher_output, re.S)
-    if m:
-        code = int(m.group(2))
-        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        return f"learner rank {m.group(1)} failed ({how}); the job was stopped"
+        return reports[0].read_text().strip().splitlines()[0]
+    if failures:
+        rank, code = failures[0]
+        return f"learner rank {rank} failed (exit code {code}); the job was stopped"
     return f"learners failed (launcher exit code {rc})"
 
 

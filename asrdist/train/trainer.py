@@ -77,6 +77,8 @@ class Trainer:
         self.state = LoopState()
         self.metrics: MetricsLog | None = None
         self.compute_seconds = 0.0
+        self._synthetic: list[torch.Tensor] | None = None
+        self._synthetic_grads: list[torch.Tensor] | None = None
 
     # -- one step -------------------------------------------------------------------------
     def train_step(self, batch: Any) -> tuple[float, int]:
@@ -114,14 +116,17 @@ class Trainer:
 
     def _emulated_compute(self, batch: Any) -> tuple[float, int]:
         time.sleep(self.emulate_compute_ms / 1000.0)
-        gen = torch.Generator().manual_seed(self.ctx.seed * 7919 + self.ctx.rank * 104729 + self.state.step)
-        for p in self.model.parameters():
-            if p.requires_grad:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad.copy_(torch.randn(p.shape, generator=gen) * 1e-3)
-        frames = getattr(batch, "num_frames", 0)
-        return 0.0, int(frames)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self._synthetic is None:
+            # Drawn once: a fresh randn of a 46M-parameter model per step costs more than the
+            # compute it emulates. Strategies write p.grad in place, so refill a separate buffer.
+            gen = torch.Generator().manual_seed(self.ctx.seed * 7919 + self.ctx.rank * 104729)
+            self._synthetic = [(torch.randn(p.shape, generator=gen) * 1e-3).to(p.device) for p in params]
+            self._synthetic_grads = [torch.empty_like(p) for p in params]
+        for p, g, buf in zip(params, self._synthetic, self._synthetic_grads):
+            buf.copy_(g)
+            p.grad = buf
+        return 0.0, int(getattr(batch, "num_frames", 0))
 
     # -- checkpoints ----------------------------------------------------------------------
     def _learner_state(self) -> dict:
