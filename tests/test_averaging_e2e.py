@@ -1,12 +1,15 @@
 """Model averaging end to end through `asrdist train` (issue 5, DESIGN.md §5.4), 2 learners.
 
 On a tone corpus, with the recipes' own optimizers (configs/default.yaml for `sync`,
-configs/averaging.yaml for averaging, shrunk to a tiny DNN): averaging + NG-SGD ends within 3%
-relative of `sync`, averaging + plain SGD (same recipe, natural_gradient and max_change off) ends
-clearly worse, and an averaging + NG-SGD run resumed from a mid-run checkpoint ends bitwise equal
-to the uninterrupted run.
+configs/averaging.yaml for averaging, shrunk to a tiny DNN): averaging + NG-SGD ends at most 3%
+relative above `sync`, averaging + plain SGD (same recipe, natural_gradient and max_change off)
+ends at least twice NG-SGD averaging's error, and an averaging + NG-SGD run resumed from a mid-run
+checkpoint ends bitwise equal to the uninterrupted run. (Plain-SGD averaging against `sync` is a
+toss-up on this easy task, so it is not asserted; on the built-in corpus it is clearly worse, see
+scripts/experiment_averaging.sh.) Margins over run seeds 0-3 and a second corpus seed: NG-SGD
+averaging 0.05-0.89 x sync's error, plain SGD 2.7-16 x NG-SGD's.
 
-The metric is frame error on the valid speaker (~3,900 frames), not PER: the ~240 valid phones
+The metric is frame error on the valid speaker (3,248 frames), not PER: the ~240 valid phones
 make one phone error 0.4% absolute (3% relative of a ~1% PER is a fraction of one phone), and the
 31 phones the tone corpus never uses get floored priors (1e-8) that make the hybrid decoder insert
 them, so PER there measures the floor, not the model. Four speakers put the valid speaker's pitch

@@ -4,9 +4,11 @@ lr(step) = cfg.lr x scale x batch_scaling x warmup(step) x anneal(epoch) x decay
 - batch_scaling = 1, G/R or sqrt(G/R) for lr_scaling none | linear | sqrt (G the global batch,
   R cfg.reference_batch; Goyal et al. 2017 for linear, the IBM ADPSGD recipe);
 - warmup(step) = min(1, (step + 1) / warmup_steps) (linear warmup, 1 when warmup_steps = 0);
-- anneal(epoch) = anneal_factor ** max(0, epoch - E + 1) with epoch = step // steps_per_epoch
-  counted from 0 and E = anneal_after_epoch: the first E epochs run at the full rate, every
-  later epoch is annealed once more (IBM: x 1/sqrt(2) per epoch late in training);
+- anneal(epoch) = anneal_factor ** max(0, epoch - E + 1) with epoch counted from 0 (the caller's,
+  else step // steps_per_epoch) and E = anneal_after_epoch: the first E epochs run at the full
+  rate, every later epoch is annealed once more (IBM: x 1/sqrt(2) per epoch late in training);
+  a run whose minibatch size changes between epochs (onebit's auto_batch_size) must pass its
+  epoch, since steps per epoch then vary;
 - decay(step) = (final_lr / lr) ** (step / (total_steps - 1)) for decay = geometric, Kaldi's
   geometric interpolation from the initial to the final learning rate over the whole run (the
   last step uses final_lr exactly; later steps stay there).
@@ -40,15 +42,19 @@ class LRSchedule:
         self.peak_lr = cfg.lr * scale * batch_scaling
         """The learning rate after scaling, before warmup, annealing and decay."""
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, epoch: int | None = None) -> float:
+        """The rate at global `step`; `epoch` (from 0), if given, is the one annealing uses."""
         if step < 0:
             raise ValueError(f"LRSchedule: negative step {step}")
+        if epoch is not None and epoch < 0:
+            raise ValueError(f"LRSchedule: negative epoch {epoch}")
         cfg = self.cfg
         lr = self.peak_lr
         if cfg.warmup_steps > 0:
             lr *= min(1.0, (step + 1) / cfg.warmup_steps)
         if cfg.anneal_after_epoch is not None:
-            epoch = step // self.steps_per_epoch
+            if epoch is None:
+                epoch = step // self.steps_per_epoch
             lr *= cfg.anneal_factor ** max(0, epoch - cfg.anneal_after_epoch + 1)
         if cfg.decay == "geometric":
             progress = min(1.0, step / max(1, self.total_steps - 1))

@@ -1,9 +1,12 @@
 """One learner's whole run: build everything from the run directory, train, finalize, report.
 
 Called in-process for one learner and by `asrdist.train.worker` under torch.distributed.run.
+With onebit's auto_batch_size, every epoch after the first starts with CNTK's minibatch-size search
+(`asrdist.optim.batch_search`) run by all learners in lock step.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from datetime import timedelta
@@ -13,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.config import RunConfig
+from asrdist.errors import ConfigError
 from asrdist.parallel import build_strategy
 from asrdist.parallel.base import LearnerContext
 from asrdist.train.trainer import Trainer, TrainerHooks
@@ -30,6 +34,66 @@ def _barrier(ctx: LearnerContext):
     return lambda: None
 
 
+def _agree(ctx: LearnerContext):
+    """The mean of a value over all learners, so every learner takes the same decision."""
+    if not ctx.distributed or ctx.world_size == 1:
+        return lambda value: value
+
+    def mean(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / ctx.world_size
+    return mean
+
+
+def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
+    """(batch_search, sampler_at) for TrainerHooks: onebit's automatic minibatch-size search.
+
+    Trials start from an in-memory snapshot of the epoch start (model, optimizer, strategy
+    residuals and byte counters, RNG), so neither their updates nor their traffic count.
+    """
+    from asrdist.optim.batch_search import MULTIPLE, EpochStartTrials, search_batch_size
+
+    base, n = cfg.data.batch_size, ctx.world_size
+    if base % MULTIPLE or MULTIPLE % n:
+        raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} "
+                          f"(got {base}) and {n} learners dividing {MULTIPLE}")
+    agree = _agree(ctx)
+
+    def sampler_at(size: int, epoch: int | None = None):
+        sampler = task.sampler_for((size or base) // n)
+        if epoch is not None:
+            sampler.set_epoch(epoch)
+        return sampler
+
+    def search(tr: Trainer) -> None:
+        epoch, previous = tr.state.epoch, tr.state.batch_size or base
+        compute_seconds = tr.compute_seconds
+        trials = EpochStartTrials(tr.train_step, lambda size: sampler_at(size, epoch), tr.snapshot,
+                                  tr.restore_snapshot, cfg.strategy.batch_search_minibatches, agree)
+
+        def train_minibatches(size: int) -> float:
+            try:
+                sampler_at(size)
+            except ConfigError:  # no batch of this size fits a shard: the same on every learner
+                return math.inf
+            return trials(size)
+
+        log: list[tuple[int, float]] = []
+        chosen = search_batch_size(train_minibatches, base, previous, log=log)
+        trials.restore()
+        tr.compute_seconds = compute_seconds  # the epoch's compute, not the search's
+        tr.sampler = sampler_at(chosen, epoch)
+        tr.state.batch_size = chosen
+        tr.metrics.log("batch_search", tr.state.step, epoch=epoch, previous=previous, chosen=chosen,
+                       trials=[[size, loss] for size, loss in log])
+        if ctx.rank == 0:
+            shown = ", ".join(f"{size}: {loss:.4f}" for size, loss in log)
+            print(f"[asrdist] epoch {epoch}: minibatch {chosen} (trials {shown})", flush=True)
+
+    return search, sampler_at
+
+
 def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
                 progress: bool = True) -> dict | None:
     from asrdist.optim.build import build_optimizer
@@ -43,6 +107,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     task = SpeechTask(cfg, targets, ctx.rank, ctx.world_size)
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
+    if cfg.strategy_name == "onebit" and cfg.strategy.auto_batch_size:
+        hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
     if cfg.optim.natural_gradient:
         from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
                                              natural_gradient_state)
@@ -60,7 +126,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     strategy = build_strategy(cfg.strategy_name, cfg.strategy)
     strategy.setup(model, optimizer, ctx)
     torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # per-learner randomness (dropout) from here on
-    hooks.lr_at = lambda step, epoch: schedule.lr_at(step)
+    # the trainer's epoch: steps per epoch change when the batch-size search picks another size
+    hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
     tc = cfg.train
     trainer = Trainer(model, optimizer, strategy, task.sampler, hooks, ctx, run_dir,
                       epochs=tc.epochs, max_steps=tc.max_steps, log_every=tc.log_every,

@@ -39,24 +39,27 @@ class SpeechTask:
             from asrdist.errors import ConfigError
 
             raise ConfigError(f"data.batch_size: {cfg.data.batch_size} is not divisible by {world_size} learners")
+        self.rank, self.world_size = rank, world_size
         self.local_batch = cfg.data.batch_size // world_size
-        self.sampler = self._build_sampler(rank, world_size)
+        self.sampler = self.sampler_for(self.local_batch)
 
-    def _build_sampler(self, rank: int, world_size: int):
+    def sampler_for(self, local_batch: int):
+        """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC)."""
         from asrdist.data import samplers
 
         cfg, store = self.cfg, self.store
+        rank, world_size = self.rank, self.world_size
         if self.kind == "ctc":
             tokens = ctc_tokens(self.train_dir, self.targets)
             return samplers.UtteranceBatchSampler(store, tokens, store.utt_ids, rank=rank, world_size=world_size,
-                                                  max_frames=self.local_batch, seed=cfg.seed)
+                                                  max_frames=local_batch, seed=cfg.seed)
         labels = frame_labels(self.train_dir, self.targets)
         utt_ids = [u for u in store.utt_ids if u in labels]
         if self.kind == "chunk":
             return samplers.ChunkSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
-                                         batch_size=self.local_batch, chunk=cfg.model.chunk, seed=cfg.seed)
+                                         batch_size=local_batch, chunk=cfg.model.chunk, seed=cfg.seed)
         return samplers.FrameSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
-                                     batch_size=self.local_batch, context=cfg.model.context, seed=cfg.seed,
+                                     batch_size=local_batch, context=cfg.model.context, seed=cfg.seed,
                                      window_utterances=cfg.data.window_utterances)
 
     def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:

@@ -2,10 +2,13 @@
 
 Per minibatch: schedule -> forward/backward (or emulated compute) -> strategy.after_backward ->
 optimizer.step -> strategy.after_step -> straggler delay -> metrics / checkpoint. Epoch end:
-validation and a checkpoint. Every learner runs this same loop.
+validation and a checkpoint. Every learner runs this same loop. Epoch start (after the first
+epoch): an optional `batch_search` hook may try minibatch sizes from an in-memory snapshot and
+install a sampler at the size it picks (onebit's auto_batch_size).
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -40,6 +43,8 @@ class LoopState:
     epoch_loss_frames: int = 0
     history: list[dict] = field(default_factory=list)
     """Per-epoch records: epoch, train_loss, valid metrics."""
+    batch_size: int = 0
+    """Global minibatch size the sampler runs at; 0 = the configured one (set by a batch search)."""
 
 
 @dataclass
@@ -55,6 +60,12 @@ class TrainerHooks:
     extra_state: Callable[[], dict] | None = None
     """Additional learner state to checkpoint (e.g. natural-gradient statistics)."""
     load_extra_state: Callable[[dict], None] | None = None
+    batch_search: Callable[["Trainer"], None] | None = None
+    """Called at the start of every epoch after the first, before its first minibatch; may
+    replace `trainer.sampler` and set `trainer.state.batch_size` (it must restore everything else)."""
+    sampler_at: Callable[[int], Sampler] | None = None
+    """Global batch size (0 = the configured one) -> a fresh sampler at that size; rebuilds the
+    sampler when a loaded loop state has another batch_size (a sampler refuses another size's state)."""
 
 
 class Trainer:
@@ -143,17 +154,27 @@ class Trainer:
             ckpt.publish(self.run_dir, self.state.step, self.ctx.world_size)
         self.barrier()
 
-    def resume(self) -> None:
-        state = ckpt.load_learner(self.run_dir, self.ctx.rank, self.ctx.world_size)
+    def snapshot(self) -> dict:
+        """This learner's whole state (as a checkpoint holds it), copied in memory."""
+        return copy.deepcopy(self._learner_state())
+
+    def restore_snapshot(self, state: dict) -> None:
+        """Load a `snapshot()` or checkpoint dict; the tensors may be kept, so pass a copy to reuse one."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.strategy.load_state_dict(state["strategy"])
+        loop = LoopState(**state["loop"])
+        if loop.batch_size != self.state.batch_size and self.hooks.sampler_at is not None:
+            self.sampler = self.hooks.sampler_at(loop.batch_size)  # self.sampler runs at state.batch_size
         self.sampler.load_state_dict(state["sampler"])
-        self.state = LoopState(**state["loop"])
+        self.state = loop
         ckpt.set_rng_state(state["rng"])
         self._jitter_rng.setstate(state["jitter_rng"])
         if self.hooks.load_extra_state and state.get("extra") is not None:
             self.hooks.load_extra_state(state["extra"])
+
+    def resume(self) -> None:
+        self.restore_snapshot(ckpt.load_learner(self.run_dir, self.ctx.rank, self.ctx.world_size))
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> LoopState:
@@ -166,6 +187,8 @@ class Trainer:
             while self.state.epoch < self.epochs:
                 if not mid_epoch:
                     self.sampler.set_epoch(self.state.epoch)
+                    if self.hooks.batch_search is not None and self.state.epoch > 0:
+                        self.hooks.batch_search(self)
                 mid_epoch = False
                 self._run_epoch()
                 if not self._epoch_finished:  # max_steps reached mid-epoch
