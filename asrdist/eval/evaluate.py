@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrdist.errors import DataError
+
 
 def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> torch.Tensor:
     from asrdist.data.samplers import splice
@@ -41,7 +43,11 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
 
     labels = frame_labels(split_dir, targets)
     ref_phones = phone_sequences(read_alignments(split_dir), targets["silence_id"])
-    log_priors = np.log(np.asarray(targets["priors"], dtype=np.float64))
+    priors = np.asarray(targets["priors"], dtype=np.float64)
+    # Classes never seen in training carry only the smoothing floor; dividing by it would favour
+    # them by ~16 nats, so they are left out of decoding (log prior -inf).
+    with np.errstate(divide="ignore"):
+        log_priors = np.log(np.where(priors > 1e-6, priors, 0.0))
     loss_sum, correct, frames = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
@@ -54,10 +60,13 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
         correct += int((logits.argmax(-1) == y).sum())
         frames += t
         log_post = torch.log_softmax(logits, -1).double().numpy()
-        hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets["class_to_phone"],
-                                   targets["bigram"], min_duration=cfg.eval.min_duration,
-                                   acoustic_scale=cfg.eval.acoustic_scale,
-                                   silence_id=targets["silence_id"]))
+        try:
+            hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets["class_to_phone"],
+                                       targets["bigram"], min_duration=cfg.eval.min_duration,
+                                       acoustic_scale=cfg.eval.acoustic_scale,
+                                       silence_id=targets["silence_id"]))
+        except DataError:  # no finite path (e.g. a diverged model): score the utterance as all deletions
+            hyps.append([])
         refs.append(ref_phones[utt])
     per = error_rate(refs, hyps)
     return {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),

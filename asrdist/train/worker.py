@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         from asrdist.train.learner import run_learner
 
         run_learner(cfg, args.run_dir, ctx, resume=args.resume, progress=not args.no_progress)
+        dist.barrier()  # nobody tears the group down while a peer is still inside a collective
         dist.destroy_process_group()
         return 0
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
