@@ -166,7 +166,7 @@ def from_dict(cls: type, data: dict, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _apply_override(tree: dict, override: str) -> None:
+def apply_override(tree: dict, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override '{override}': expected section.key=value")
     key, _, raw = override.partition("=")
@@ -185,20 +185,24 @@ def _apply_override(tree: dict, override: str) -> None:
     node[parts[-1]] = value
 
 
+def read_config_tree(path: str | Path) -> dict:
+    """The raw mapping of a YAML recipe; a missing or malformed file is a one-line ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return tree
+
+
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
-    tree: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: config file not found")
-        try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+    tree = read_config_tree(path) if path is not None else {}
     for o in overrides:
-        _apply_override(tree, o)
+        apply_override(tree, o)
     return config_from_tree(tree)
 
 

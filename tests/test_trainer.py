@@ -101,3 +101,12 @@ def test_lstm_and_ctc_train(corpus, tmp_path, recipe, overrides, metric):
     assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"], history
     assert metric in summary["final"]
     assert 0.0 <= summary["final"][metric] < 1.5
+
+
+def test_malformed_recipe_is_a_one_line_error(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("model: [\n")
+    assert main(["train", str(recipe), "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "invalid YAML" in err[0], err
+    assert not (tmp_path / "run").exists()

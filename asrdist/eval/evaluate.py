@@ -38,11 +38,11 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, A
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.scoring import error_rate
-    from asrdist.train.prepare import frame_labels, phone_sequences
-    from asrdist.corpus.kaldi_dir import read_alignments
+    from asrdist.train.prepare import frame_labels, phone_sequences, split_alignments
 
-    labels = frame_labels(split_dir, targets)
-    ref_phones = phone_sequences(read_alignments(split_dir), targets["silence_id"])
+    alignments = split_alignments(split_dir)
+    labels = frame_labels(split_dir, targets, alignments)
+    ref_phones = phone_sequences(alignments, targets["silence_id"])
     priors = np.asarray(targets["priors"], dtype=np.float64)
     # Classes never seen in training carry only the smoothing floor; dividing by it would favour
     # them by ~16 nats, so they are left out of decoding (log prior -inf).

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from asrdist.config import RunConfig, config_from_tree, load_config
+from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.parallel.base import LearnerContext
 from asrdist.utils.io import write_json_atomic, write_text_atomic
@@ -38,18 +38,13 @@ def resolve_config(args) -> RunConfig:
         base = args.resume / "config.yaml"
         if not base.is_file():
             raise ConfigError(f"{base}: missing; --resume needs a run directory made by asrdist train")
-        tree = yaml.safe_load(base.read_text())
+        tree = read_config_tree(base)
     else:
-        tree = yaml.safe_load(Path(args.config).read_text()) if Path(args.config).is_file() else None
-        if tree is None:
-            load_config(args.config)  # raises the proper error
-            tree = {}
+        tree = read_config_tree(args.config)
     if args.strategy is not None and (tree.get("strategy") or {}).get("name") != args.strategy:
         tree["strategy"] = {"name": args.strategy}
-    from asrdist.config import _apply_override
-
     for o in flag_overrides + overrides:
-        _apply_override(tree, o)
+        apply_override(tree, o)
     return config_from_tree(tree)
 
 

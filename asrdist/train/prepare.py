@@ -32,12 +32,18 @@ def ensure_features(corpus: Path, cfg: RunConfig, progress: bool = True) -> None
     extract_features(corpus, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, progress=progress)
 
 
-def frame_labels(split_dir: Path, targets: dict[str, Any]) -> dict[str, np.ndarray]:
-    """Per-utterance frame labels (monophones, or tied states) for a split with alignments."""
+def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:
     if not (split_dir / "alignment.scp").is_file():
         raise DataError(f"{split_dir}: no alignment.scp; frame-level targets need alignments "
                         f"(use a CTC model, data.targets=phones|chars, for unaligned corpora)")
-    alignments = read_alignments(split_dir)
+    return read_alignments(split_dir)
+
+
+def frame_labels(split_dir: Path, targets: dict[str, Any],
+                 alignments: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Per-utterance frame labels (monophones, or tied states) for a split with alignments."""
+    if alignments is None:
+        alignments = split_alignments(split_dir)
     tied = targets.get("tied")
     if tied is None:
         return alignments
@@ -74,7 +80,7 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
     out: dict[str, Any] = {"kind": kind, "phones": list(phones.symbols), "silence_id": phones.silence_id}
     train = corpus / "train"
     if kind in ("monophone", "tied"):
-        alignments = read_alignments(train)
+        alignments = split_alignments(train)
         if kind == "tied":
             out["tied"] = TiedStates.fit(alignments, len(phones), cfg.data.tied_states,
                                          context_independent=[phones.silence_id])
@@ -83,7 +89,7 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
         else:
             out["num_classes"] = len(phones)
             out["class_to_phone"] = np.arange(len(phones))
-        labels = frame_labels(train, out)
+        labels = frame_labels(train, out, alignments)
         out["priors"] = label_priors(list(labels.values()), out["num_classes"])
         seqs = list(phone_sequences(alignments, phones.silence_id).values())
         out["bigram"] = PhoneBigram.fit(seqs, len(phones), smoothing=cfg.eval.bigram_smoothing)
