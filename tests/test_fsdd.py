@@ -14,7 +14,8 @@ from asrdist.corpus.fsdd import DIGIT_WORDS, build_fsdd
 from asrdist.corpus.kaldi_dir import read_data_dir
 from asrdist.corpus.phones import PhoneTable
 
-FSDD = Path("/work/shared/data/fsdd/recordings")
+# ../shared beside the checkout, as in CI and in the project layout
+FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
 SPEAKERS = ("george", "jackson")
 DIGITS = (0, 7)
 TAKES = range(12)
@@ -143,6 +144,6 @@ def test_measure_speed_reports_its_figures(source: Path):
 def test_default_source_is_found_beside_the_working_directory(monkeypatch):
     from asrdist.corpus.fsdd import resolve_source
 
-    monkeypatch.chdir(FSDD.parents[2])  # a sibling of shared/, like the project checkout
+    monkeypatch.chdir(FSDD.parents[2])  # inside shared/ itself: the checkout's sibling is still found first
     assert resolve_source(None).resolve() == FSDD.resolve()
     assert resolve_source(FSDD.parent) == FSDD and resolve_source(FSDD) == FSDD
