@@ -82,6 +82,13 @@ def simulate(n: int, config: OneBitConfig, opt_name="sgd"):
     model = _model(0)
     opt = _optimizer(opt_name, model.parameters())
     params = list(model.parameters())
+    # Momentum correction: each learner keeps its own heavy-ball buffer u and quantizes u, not g;
+    # the optimizer then takes plain steps.
+    correct = config.momentum_correction and opt_name == "sgd"
+    mu = opt.param_groups[0]["momentum"]
+    if correct:
+        opt.param_groups[0]["momentum"] = 0.0
+    velocity = [[None] * len(params) for _ in range(n)]
     q = ReferenceQuantizer()
     ef = config.error_feedback
     shapes = [as_columns(p).shape for p in params]
@@ -99,7 +106,13 @@ def simulate(n: int, config: OneBitConfig, opt_name="sgd"):
         local = []
         for i in range(n):
             _local_loss(model, t, i, n).backward()
-            local.append([p.grad.clone() for p in params])
+            grads = [p.grad.clone() for p in params]
+            if correct:
+                for k, g in enumerate(grads):
+                    u = velocity[i][k]
+                    velocity[i][k] = g.clone() if u is None else mu * u + g
+                grads = [u.clone() for u in velocity[i]]
+            local.append(grads)
             opt.zero_grad()
         agg = []
         for k, p in enumerate(params):
@@ -121,6 +134,7 @@ RUNS = {
     "ef": (OneBitConfig(), "sgd"),
     "ef_again": (OneBitConfig(), "sgd"),
     "no_ef": (OneBitConfig(error_feedback=False), "sgd"),
+    "no_momentum_correction": (OneBitConfig(momentum_correction=False), "sgd"),
     "double_buffering": (OneBitConfig(double_buffering=True), "sgd"),
     "adagrad": (OneBitConfig(), "adagrad"),
 }

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--swbd-batch", type=int, default=256, help="frames per step on the swbd shapes")
     parser.add_argument("--swbd-blocks", type=int, default=2, help="timed blocks of 4 steps per variant (swbd)")
     parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
+    parser.add_argument("--widths", default="1024,2048",
+                        help="also time the default DNN with these hidden widths (comma list; '' for none)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadiest figure)")
     parser.add_argument("--learners", type=int, default=4, help="learners for the bytes-per-sample run")
     parser.add_argument("--global-batch", type=int, default=256, help="global batch split across learners")
@@ -94,10 +96,12 @@ def flop_ratio(model: torch.nn.Module, batch: int) -> float:
     return (plain + extra) / plain
 
 
-def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int) -> dict:
+def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int,
+                       hidden_dim: int | None = None) -> dict:
     """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
     torch.manual_seed(0)
-    plain = build_model(ModelConfig(name=model_name), features, num_classes)
+    config = ModelConfig(name=model_name, hidden_dim=hidden_dim)
+    plain = build_model(config, features, num_classes)
     natural = apply_natural_gradient(copy.deepcopy(plain))
     steps = {"sgd": _trainer_step(plain, batch, num_classes), "ngsgd": _trainer_step(natural, batch, num_classes)}
     steps["sgd"]()
@@ -109,9 +113,9 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
             times[name].append(_time_block(steps[name], UPDATE_PERIOD))
     wall = {k: statistics.median(w for w, _ in v) / UPDATE_PERIOD for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
-    return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}'), {features}, "
-                     f"{num_classes})",
-            "parameters": count_parameters(plain), "batch": batch, "timed_steps_per_variant": blocks * UPDATE_PERIOD,
+    return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}', "
+                     f"hidden_dim={config.hidden_dim}), {features}, {num_classes})",
+            "hidden_dim": config.hidden_dim, "parameters": count_parameters(plain), "batch": batch, "timed_steps_per_variant": blocks * UPDATE_PERIOD,
             "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
@@ -177,6 +181,16 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks)
     result = {"step_time_ratio": dnn["step_time_ratio"], "step_time_ratio_target": 1.10, "dnn": dnn}
+    widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    if widths:
+        # The extra work per layer is ~2·N·(D_in·rank_in + D_out·rank_out) against ~3·N·D_in·D_out:
+        # with Kaldi's fixed ranks the relative cost falls as layers widen.
+        by_width = {str(dnn["hidden_dim"]): dnn}
+        for width in widths:
+            by_width[str(width)] = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch,
+                                                      args.blocks, hidden_dim=width)
+        result["step_time_ratio_by_width"] = {w: r["step_time_ratio"] for w, r in by_width.items()}
+        result["flop_ratio_by_width"] = {w: r["flop_ratio"] for w, r in by_width.items()}
     if not args.skip_swbd:
         swbd = compare_step_times("swbd", SWBD_FEATURES, SWBD_CLASSES, args.swbd_batch, args.swbd_blocks)
         result["step_time_ratio_swbd"] = swbd["step_time_ratio"]

@@ -121,11 +121,15 @@ class NaturalGradientLinear(nn.Linear):
         rows = x_in_hat.shape[0]
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
             grad_out.reshape(-1, self.out_features), update, scale=float(rows))
-        full = x_in_hat.new_empty(self.out_features, x_in_hat.shape[1])
-        torch.addmm(full, x_out_hat.T, x_in_hat, beta=0.0, alpha=s_in * s_out / rows, out=full)
+        alpha = s_in * s_out / rows
         if self.bias is None:
-            return full, None
-        return full[:, :-1], full[:, -1]
+            weight = x_in_hat.new_empty(self.out_features, self.in_features)
+            return torch.addmm(weight, x_out_hat.T, x_in_hat, beta=0.0, alpha=alpha, out=weight), None
+        # Weight and bias separately, so the weight gradient is contiguous (autograd would copy a
+        # strided slice of one [D_out, D_in+1] product); BLAS reads the strided X̂_in view as is.
+        weight = x_in_hat.new_empty(self.out_features, self.in_features)
+        torch.addmm(weight, x_out_hat.T, x_in_hat[:, :-1], beta=0.0, alpha=alpha, out=weight)
+        return weight, torch.mv(x_out_hat.T, x_in_hat[:, -1]).mul_(alpha)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, rank_in={self.preconditioner_in.rank}, "

@@ -38,6 +38,7 @@ from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.onebit_kernel import (
     KERNEL_KINDS, Residual, as_columns, get_quantizer, packed_words, segment_numel, split_segment,
 )
+from asrdist.parallel.momentum import MomentumCorrection
 
 
 @dataclass
@@ -57,9 +58,14 @@ class OneBitConfig:
     the largest whose loss stays <= 1.01 x the base size's trains the epoch."""
     batch_search_minibatches: int = 10
     """Minibatches trained per trial size by the search."""
+    momentum_correction: bool = True
+    """With SGD momentum (or weight decay), each learner folds them into its own gradient before
+    quantizing, and the optimizer applies the exchanged result as a plain step (see
+    `MomentumCorrection`). False quantizes raw gradients and leaves momentum to the optimizer,
+    which amplifies the quantization error by 1/(1 - momentum) (the ablation)."""
 
     def __post_init__(self):
-        for key in ("error_feedback", "double_buffering", "auto_batch_size"):
+        for key in ("error_feedback", "double_buffering", "auto_batch_size", "momentum_correction"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"strategy.onebit.{key}: expected true or false, got {getattr(self, key)!r}")
         if self.kernel not in KERNEL_KINDS:
@@ -168,6 +174,7 @@ class OneBitStrategy(Strategy):
         self._inflight: Future | None = None
         self._result_ready = False  # the gathered buffer holds a gradient not yet applied
         self._stashed_state: dict[str, Any] | None = None
+        self._momentum: MomentumCorrection | None = None
 
     # ---------------------------------------------------------------- trainer interface
 
@@ -179,9 +186,13 @@ class OneBitStrategy(Strategy):
                 raise ConfigError(f"strategy onebit: parameter {name} is {p.dtype}, float32 required")
         if ctx.distributed:
             comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)
+        if self.config.momentum_correction:
+            self._momentum = MomentumCorrection.take_over(optimizer, self._params)
         self._prepare([p.shape for p in self._params], ctx)
 
     def after_backward(self) -> None:
+        if self._momentum is not None:
+            self._momentum.apply(self._params)
         grads = [p.grad for p in self._params]
         if not self.config.double_buffering:
             self._quantize_local(grads, 0)
@@ -216,6 +227,8 @@ class OneBitStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """This learner's state: residuals differ per rank, so every rank's must be saved."""
         state = super().state_dict()
+        if self._momentum is not None:
+            state["momentum"] = self._momentum.state_dict()
         if self._plan is None:
             return state
         self._wait_inflight()
@@ -235,6 +248,8 @@ class OneBitStrategy(Strategy):
         if self._plan is None:
             self._stashed_state = state  # applied at setup
             return
+        if self._momentum is not None and state.get("momentum") is not None:
+            self._momentum.load_state_dict(state["momentum"])
         p = self._plan
         if (state.get("rank"), state.get("world_size"), state.get("shapes")) != (p.rank, p.n, p.shapes):
             raise ConfigError(f"strategy onebit: checkpoint state is for rank {state.get('rank')} of "

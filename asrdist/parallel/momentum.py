@@ -1,0 +1,89 @@
+"""Momentum correction for compressed-gradient strategies (Lin et al., ICLR 2018, "Deep Gradient
+Compression", §3.2; applied here to 1-bit quantization).
+
+SGD with momentum μ, dampening 0 and weight decay λ updates, per parameter p with gradient g:
+d = g + λp; u ← μu + d; p ← p − lr·(d + μu if Nesterov else u). Everything before the `lr·` is
+linear in g, so the mean over learners of each learner's own direction (from its own buffer u_i)
+equals the direction that one momentum buffer fed the mean gradient would give. Quantizing
+that local direction, instead of the raw gradient, therefore changes nothing in exact arithmetic,
+but the quantization error then enters the model once (lr × error), where quantized raw gradients
+let it circulate in the momentum buffer and be applied 1/(1−μ) times over. With 1-bit gradients,
+momentum 0.9 and 4 learners, that amplification made the default recipe diverge.
+
+`MomentumCorrection.take_over(optimizer, params)` moves momentum, Nesterov and weight decay out
+of a `torch.optim.SGD`'s parameter groups (setting them to 0 there, so the optimizer applies
+plain steps) into per-parameter buffers here; `apply(params)` turns each p.grad into its
+direction in place. Other optimizers (CNTK AdaGrad normalizes the gradient before its momentum,
+which is not linear) are left alone: `take_over` returns None for them.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+
+class MomentumCorrection:
+    """Per-learner momentum buffers applied to gradients before they are compressed."""
+
+    def __init__(self, settings: Sequence[tuple[float, bool, float]]):
+        self.settings = list(settings)  # (momentum, nesterov, weight_decay) per parameter
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.settings)
+
+    @classmethod
+    def take_over(cls, optimizer: torch.optim.Optimizer,
+                  params: Sequence[torch.nn.Parameter]) -> "MomentumCorrection | None":
+        """Move SGD's momentum / Nesterov / weight decay for `params` here; None when there is
+        nothing to move or the optimizer is not plain `torch.optim.SGD`."""
+        if type(optimizer) is not torch.optim.SGD:
+            return None
+        group_of = {}
+        for group in optimizer.param_groups:
+            if group.get("dampening", 0) != 0 or group.get("maximize", False):
+                return None
+            for p in group["params"]:
+                group_of[id(p)] = group
+        settings = []
+        for p in params:
+            g = group_of.get(id(p))
+            settings.append((float(g["momentum"]), bool(g["nesterov"]), float(g["weight_decay"])) if g else
+                            (0.0, False, 0.0))
+        if not any(m or wd for m, _, wd in settings):
+            return None
+        for group in optimizer.param_groups:
+            group.update(momentum=0.0, nesterov=False, weight_decay=0.0)
+        return cls(settings)
+
+    def apply(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """p.grad ← this learner's momentum direction (a missing gradient counts as zero)."""
+        for k, p in enumerate(params):
+            momentum, nesterov, weight_decay = self.settings[k]
+            if p.grad is None:
+                if not (momentum or weight_decay):
+                    continue
+                p.grad = torch.zeros_like(p)
+            d = p.grad
+            if weight_decay:
+                d.add_(p.detach(), alpha=weight_decay)
+            if not momentum:
+                continue
+            buf = self.buffers[k]
+            if buf is None:
+                buf = self.buffers[k] = d.detach().clone()  # torch.optim.SGD's first step
+            else:
+                if buf.device != d.device:
+                    buf = self.buffers[k] = buf.to(d.device)
+                buf.mul_(momentum).add_(d)
+            if nesterov:
+                d.add_(buf, alpha=momentum)
+            else:
+                d.copy_(buf)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffers": [None if b is None else b.detach().cpu().clone() for b in self.buffers]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        buffers = state["buffers"]
+        if len(buffers) != len(self.buffers):
+            raise ValueError(f"momentum correction: state has {len(buffers)} buffers, expected {len(self.buffers)}")
+        self.buffers = [None if b is None else b.clone() for b in buffers]

@@ -1,0 +1,33 @@
+"""`asrdist bench ngsgd` and `asrdist bench trainer` end to end, on tiny settings: the JSON keys the
+issues name are there and hold sane values (timing targets are the benchmarks' business, not ours)."""
+from __future__ import annotations
+
+import json
+
+from asrdist.cli import main
+
+
+def test_bench_ngsgd_writes_its_contract(tmp_path):
+    out = tmp_path / "ngsgd.json"
+    assert main(["bench", "ngsgd", "--json", str(out), "--blocks", "1", "--batch", "64", "--skip-swbd",
+                 "--widths", "64", "--learners", "2", "--global-batch", "64", "--average-every", "64"]) == 0
+    result = json.loads(out.read_text())
+    assert result["step_time_ratio"] > 0 and result["step_time_ratio_target"] == 1.10
+    assert "step_time_ratio_swbd" not in result  # skipped
+    dnn = result["dnn"]
+    assert dnn["hidden_dim"] == 512 and dnn["parameters"] > 1_000_000
+    assert dnn["flop_ratio"] > 1.0  # preconditioning adds work, never removes it
+    assert set(result["step_time_ratio_by_width"]) == {"512", "64"}
+    # A narrow layer pays relatively more for the same ranks.
+    assert result["flop_ratio_by_width"]["64"] > result["flop_ratio_by_width"]["512"]
+    # Averaging every 64 samples with 32 per learner per step averages every other step: one
+    # parameter-sized allreduce per 2 steps against one gradient allreduce per step.
+    assert result["bytes"]["averages"] == 2
+    assert 0.4 < result["bytes_per_sample_ratio"] < 0.6
+
+
+def test_bench_trainer_writes_its_contract(tmp_path):
+    out = tmp_path / "trainer.json"
+    assert main(["bench", "trainer", "--json", str(out), "--utterances", "6", "--rounds", "1"]) == 0
+    result = json.loads(out.read_text())
+    assert result["trainer_vs_bare"] > 0
