@@ -13,6 +13,11 @@ learner's; the figures are medians over repeats.
 - `exchange_speedup`: sync exchange time / onebit exchange time (quantization included).
 - `quantize_vs_copy`: quantize + error feedback + pack throughput vs copying the same fp32
   tensors into preallocated buffers, one thread, measured in this process before the learners.
+- `onebit_phases_seconds`: where a onebit exchange's time goes (median over repeats of the mean
+  over learners): quantize, reduce (stripe owners), dequantize, and scatter_wait / gather_wait,
+  the time blocked on the two all-to-alls. The exchange is pipelined over `onebit_chunks` column
+  chunks, so the waits are only the wire time not hidden behind the other phases; with
+  `--chunks 1` the phases run one after another.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="onebit quantizer: auto | fused | reference")
     parser.add_argument("--shapes", choices=("swbd", "tiny"), default="swbd",
                         help="gradient shapes: the 46M-parameter swbd DNN, or a tiny one for smoke tests")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="onebit pipeline chunks (default: the strategy's; 1 = no pipelining)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole learner job")
 
 
@@ -55,7 +62,7 @@ def run(args) -> dict:
     quant = measure_quantize_vs_copy(shapes, kind=args.kernel)
     results = run_learners(__name__, "exchange_timing", args.learners, args.nodes, network,
                            {"shapes": [list(s) for s in shapes], "repeats": args.repeats,
-                            "kernel": args.kernel}, timeout=args.timeout)
+                            "kernel": args.kernel, "chunks": args.chunks}, timeout=args.timeout)
     r0 = results[0]
     sync_s, onebit_s = r0["sync_seconds"], r0["onebit_seconds"]
     sync_median, onebit_median = statistics.median(sync_s), statistics.median(onebit_s)
@@ -72,6 +79,8 @@ def run(args) -> dict:
         "sync_bytes_per_exchange": r0["sync_bytes"],
         "onebit_bytes_per_exchange": r0["onebit_bytes"],
         "quantize": quant,
+        "onebit_phases_seconds": _phase_medians([r["onebit_phases"] for r in results]),
+        "onebit_chunks": r0["onebit_chunks"],
         "onebit_identical_on_all_learners": len({r["onebit_checksum"] for r in results}) == 1,
         "sync_mean_correct": all(r["sync_mean_error"] < 1e-6 for r in results),
         "parameters": r0["parameters"],
@@ -102,7 +111,8 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     shapes = [torch.Size(s) for s in args["shapes"]]
     gen = torch.Generator().manual_seed(1000 + spec.rank)
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
-    strategies = {"sync": SyncStrategy(SyncConfig()), "onebit": OneBitStrategy(OneBitConfig(kernel=args["kernel"]))}
+    onebit = OneBitStrategy(OneBitConfig(kernel=args["kernel"]), chunks=args.get("chunks"))
+    strategies = {"sync": SyncStrategy(SyncConfig()), "onebit": onebit}
     for s in strategies.values():
         s.setup_exchange(shapes, ctx)
         s.exchange(grads)  # warm-up: connections opened, buffers paged in
@@ -110,14 +120,18 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     sent: dict[str, int] = {}
     last: dict[str, list] = {}
     names = list(strategies)
+    phases: list[dict[str, float]] = []
     for r in range(int(args["repeats"])):
         for name in names if r % 2 == 0 else names[::-1]:
             strategy = strategies[name]
             before = strategy.counters.bytes_sent
             dist.barrier()
+            onebit.phase_seconds = {}
             t0 = time.perf_counter()
             last[name] = strategy.exchange(grads)
             seconds[name].append(time.perf_counter() - t0)
+            if name == "onebit":
+                phases.append(dict(onebit.phase_seconds))
             sent[name] = strategy.counters.bytes_sent - before
     # the slowest learner of each repeat, and the bytes of all learners
     slowest = torch.tensor(seconds["sync"] + seconds["onebit"], dtype=torch.float64)
@@ -134,9 +148,22 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         "onebit_seconds": slowest[k:].tolist(),
         "sync_bytes": int(total_bytes[0]),
         "onebit_bytes": int(total_bytes[1]),
+        "onebit_phases": phases,
+        "onebit_chunks": len(onebit._chunks.slices),
         "onebit_checksum": repr([float(t.double().sum()) for t in last["onebit"]]),
         "sync_mean_error": _sync_mean_error(last["sync"], shapes, spec.world_size),
     }
+
+
+def _phase_medians(per_learner: list[list[dict[str, float]]]) -> dict[str, float]:
+    """Per phase: the median over repeats of the mean over learners."""
+    names = sorted({name for repeats in per_learner for phases in repeats for name in phases})
+    out = {}
+    for name in names:
+        means = [statistics.fmean(repeats[r].get(name, 0.0) for repeats in per_learner)
+                 for r in range(len(per_learner[0]))]
+        out[name] = statistics.median(means)
+    return out
 
 
 def _sync_mean_error(out, shapes, world_size: int) -> float:

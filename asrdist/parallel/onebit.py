@@ -18,7 +18,12 @@ Per minibatch, on every learner (n learners, this one is `rank`):
 2-4 of minibatch t on a communication thread while minibatch t+1 is computed; the gradient of t is
 applied at step t+1, so the first step applies nothing (every p.grad is set to None, which torch
 optimizers skip) and `finalize()` applies the last pending gradient with one more optimizer step.
-Off, the update is exact 1-bit SGD. `auto_batch_size: true` asks the trainer for CNTK's
+Off, the update is exact 1-bit SGD.
+
+Steps 1-4 are software-pipelined (`_Chunks`): the columns are cut into a few chunks, each chunk
+has its own pair of all-to-alls, and while one chunk is on the wire the next is quantized, an
+earlier one reduced by its owners or dequantized. Per column the arithmetic is unchanged, so the
+result is bit-identical to the unchunked exchange; only which columns travel together changes. `auto_batch_size: true` asks the trainer for CNTK's
 minibatch-size search at epoch starts (`asrdist.optim.batch_search`); the strategy itself only
 carries the switch, since the search restarts from the epoch-start state of everything.
 """
@@ -36,9 +41,10 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.onebit_kernel import (
-    KERNEL_KINDS, Residual, as_columns, get_quantizer, packed_words, segment_numel, split_segment,
+    KERNEL_KINDS, Residual, as_columns, get_quantizer, packed_words,
 )
 from asrdist.parallel.momentum import MomentumCorrection
+from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan  # noqa: F401 (tests use _Plan)
 
 
 @dataclass
@@ -102,72 +108,26 @@ def quantize_dequantize(v: torch.Tensor) -> torch.Tensor:
     return out.reshape(v.shape).to(v.dtype)
 
 
-@dataclass(frozen=True)
-class _Block:
-    slot: int
-    c0: int
-    c1: int
-    rows: int
-    owner: int
-
-    @property
-    def numel(self) -> int:
-        return segment_numel(self.rows, self.c1 - self.c0)
-
-
-class _Plan:
-    """Which learner owns which column block, and where each block sits in the wire buffers.
-    The send buffer and the gathered buffer share one layout: the owners' stripes in rank order,
-    each the owner's blocks in matrix order."""
-
-    def __init__(self, shapes: Sequence[tuple[int, int]], n: int, rank: int):
-        self.shapes, self.n, self.rank = list(shapes), n, rank
-        self.blocks_of_slot: list[list[_Block]] = []
-        self.owned: list[list[_Block]] = [[] for _ in range(n)]
-        dealt = 0  # blocks are dealt round-robin: a matrix's n blocks go to n different owners
-        for k, (rows, cols) in enumerate(self.shapes):
-            edges = [cols * b // n for b in range(n + 1)]
-            blocks = []
-            for c0, c1 in zip(edges, edges[1:]):
-                if c1 > c0:
-                    blocks.append(_Block(k, c0, c1, rows, dealt % n))
-                    dealt += 1
-            self.blocks_of_slot.append(blocks)
-            for block in blocks:
-                self.owned[block.owner].append(block)
-        self.offset: dict[_Block, int] = {}
-        self.stripe_numel = []
-        for blocks in self.owned:
-            filled = 0
-            for block in blocks:
-                self.offset[block] = filled
-                filled += block.numel
-            self.stripe_numel.append(filled)
-        self.stripe_start = [sum(self.stripe_numel[:s]) for s in range(n)]
-        self.total_numel = sum(self.stripe_numel)
-
-    def slot_segments(self, buffer: torch.Tensor, k: int):
-        """(bounds, words views, recon views) of matrix k in a send/gathered-layout buffer."""
-        blocks = self.blocks_of_slot[k]
-        bounds = [b.c0 for b in blocks] + [blocks[-1].c1]
-        views = [self.view(buffer, b, self.stripe_start[b.owner]) for b in blocks]
-        return bounds, [w for w, _ in views], [r for _, r in views]
-
-    def view(self, buffer: torch.Tensor, block: _Block, base: int):
-        start = base + self.offset[block]
-        return split_segment(buffer[start:start + block.numel], block.rows, block.c1 - block.c0)
-
-
 class OneBitStrategy(Strategy):
-    """1-bit SGD with error feedback and stripe aggregation; see the module docstring."""
+    """1-bit SGD with error feedback and stripe aggregation; see the module docstring.
+
+    `chunks`: pipeline chunks per exchange (default `PIPELINE_CHUNKS`; 1 runs the phases one
+    after another). `phase_seconds` accumulates the seconds spent in each phase of the exchange
+    by the thread(s) running it: quantize, reduce (owners), dequantize, and scatter_wait /
+    gather_wait, the time blocked on the two all-to-alls (wire time not hidden by other phases)."""
 
     name = "onebit"
 
-    def __init__(self, config: OneBitConfig | None = None):
+    def __init__(self, config: OneBitConfig | None = None, chunks: int | None = None):
         config = OneBitConfig() if config is None else config
         if not isinstance(config, OneBitConfig):
             raise ConfigError(f"strategy onebit: expected a OneBitConfig, got {type(config).__name__}")
+        chunks = PIPELINE_CHUNKS if chunks is None else chunks
+        if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+            raise ConfigError(f"strategy onebit: chunks must be an integer >= 1, got {chunks!r}")
         super().__init__(config)
+        self.chunks = chunks
+        self.phase_seconds: dict[str, float] = {}
         self._params: list[torch.nn.Parameter] = []
         self._plan: _Plan | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -193,22 +153,21 @@ class OneBitStrategy(Strategy):
     def after_backward(self) -> None:
         if self._momentum is not None:
             self._momentum.apply(self._params)
-        grads = [p.grad for p in self._params]
+        sources = self._sources([p.grad for p in self._params])
         if not self.config.double_buffering:
-            self._quantize_local(grads, 0)
-            self._exchange_stripes(self._send[0], stalled=True)
-            self._dequantize_into_grads()
+            # Chunk c's columns are read (quantized) before they are overwritten (dequantized).
+            self._exchange(sources, 0, self._grad_targets(), stalled=True)
             return
         buffer = self._step % 2  # the other send buffer may still be on the wire
-        self._quantize_local(grads, buffer)
-        send = self._send[buffer]
+        for c in range(len(self._chunks.slices)):
+            self._timed("quantize", self._quantize_chunk, sources, buffer, c)
         self._wait_inflight()
         if self._result_ready:
             self._dequantize_into_grads()
         else:
             for p in self._params:  # first step: nothing to apply yet
                 p.grad = None
-        self._inflight = self._executor.submit(self._exchange_stripes, send, False)
+        self._inflight = self._executor.submit(self._exchange, None, buffer, None, False)
         self._step += 1
 
     def finalize(self) -> None:
@@ -225,21 +184,28 @@ class OneBitStrategy(Strategy):
             self._executor = None
 
     def state_dict(self) -> dict[str, Any]:
-        """This learner's state: residuals differ per rank, so every rank's must be saved."""
+        """This learner's state: residuals differ per rank, so every rank's must be saved. The
+        second residuals and the pending gradient are saved per block in the plan's layout,
+        whatever the chunking."""
         state = super().state_dict()
         if self._momentum is not None:
             state["momentum"] = self._momentum.state_dict()
         if self._plan is None:
             return state
         self._wait_inflight()
+        pending = None
+        if self._result_ready:
+            pending = torch.empty_like(self._gathered)
+            self._chunks.to_block_layout(self._gathered, pending)
         state.update({
             "rank": self._plan.rank,
             "world_size": self._plan.n,
             "shapes": self._plan.shapes,
             "step": self._step,
             "residuals": [r.materialize().cpu() for r in self._residuals] if self._residuals else None,
-            "second_residuals": [r.materialize().cpu() for r in self._second] if self._second else None,
-            "pending_gradient": self._gathered.cpu().clone() if self._result_ready else None,
+            "second_residuals": [torch.cat([self._second[p].materialize() for p in pieces], dim=1).cpu()
+                                 for pieces in self._owned_pieces] if self._second else None,
+            "pending_gradient": pending.cpu() if pending is not None else None,
         })
         return state
 
@@ -254,16 +220,19 @@ class OneBitStrategy(Strategy):
         if (state.get("rank"), state.get("world_size"), state.get("shapes")) != (p.rank, p.n, p.shapes):
             raise ConfigError(f"strategy onebit: checkpoint state is for rank {state.get('rank')} of "
                               f"{state.get('world_size')} learners, this is rank {p.rank} of {p.n}")
-        for key, mine in (("residuals", self._residuals), ("second_residuals", self._second)):
-            saved = state.get(key)
-            if saved is not None and mine:
-                for residual, value in zip(mine, saved):
-                    residual.load(value.to(residual.last.device))
+        if state.get("residuals") is not None and self._residuals:
+            for residual, value in zip(self._residuals, state["residuals"]):
+                residual.load(value.to(residual.last.device))
+        if state.get("second_residuals") is not None and self._second:
+            for pieces, value in zip(self._owned_pieces, state["second_residuals"]):
+                for piece in pieces:
+                    b = piece.block
+                    self._second[piece].load(value[:, piece.c0 - b.c0:piece.c1 - b.c0].to(self.ctx.device))
         self._step = state.get("step", 0)
         pending = state.get("pending_gradient")
         self._result_ready = pending is not None and self.config.double_buffering
         if self._result_ready:
-            self._gathered.copy_(pending)
+            self._chunks.to_block_layout(self._gathered, pending.to(self._gathered.device), back=True)
 
     # ------------------------------------------------------------------------ model-free
 
@@ -281,10 +250,8 @@ class OneBitStrategy(Strategy):
             raise TrainingError("onebit.exchange: call setup_exchange first")
         if len(grads) != len(self._outputs):
             raise ValueError(f"onebit.exchange: {len(grads)} gradients, {len(self._outputs)} expected")
-        self._quantize_local(list(grads), 0)
-        self._exchange_stripes(self._send[0], stalled=True)
-        for j, k in enumerate(self._live):
-            self._dequantize_slot(j, as_columns(self._outputs[k]))
+        targets = [as_columns(self._outputs[k]) for k in self._live]
+        self._exchange(self._sources(list(grads)), 0, targets, stalled=True)
         return list(self._outputs)
 
     # --------------------------------------------------------------------------- helpers
@@ -296,6 +263,7 @@ class OneBitStrategy(Strategy):
         shapes2d = [tuple(as_columns(torch.empty(shapes[k], device="meta")).shape) for k in self._live]
         n, rank = ctx.world_size, ctx.rank
         self._plan = plan = _Plan(shapes2d, n, rank)
+        self._chunks = chunks = _Chunks(plan, self.chunks) if shapes2d else _Chunks(plan, 1)
         self._quantizer = get_quantizer(self.config.kernel, ctx.device)
         self._group = dist.new_group(timeout=ctx.timeout) if ctx.distributed else None
         dev = ctx.device
@@ -303,25 +271,32 @@ class OneBitStrategy(Strategy):
         def wire(numel: int) -> torch.Tensor:
             return torch.zeros(numel, dtype=torch.int32, device=dev)
 
-        self._send = [wire(plan.total_numel) for _ in range(2 if self.config.double_buffering else 1)]
-        self._gathered = wire(plan.total_numel)
-        mine = plan.stripe_numel[rank]
-        self._recv, self._mine_repeated = wire(n * mine), wire(n * mine)
-        owned = plan.owned[rank]
-        self._sums = [torch.zeros(b.rows, b.c1 - b.c0, device=dev) for b in owned]
-        # Views into the wire buffers, built once: (bounds, words, recon) per matrix ...
-        slots = range(len(shapes2d))
-        self._send_segments = [[plan.slot_segments(buf, j) for j in slots] for buf in self._send]
-        self._gathered_segments = [plan.slot_segments(self._gathered, j) for j in slots]
-        # ... and, per owned block, its n incoming segments and its re-quantized segment.
-        self._owner_views = []
-        for b in owned:
-            incoming = [plan.view(self._recv, b, s * mine) for s in range(n)]
-            self._owner_views.append((([w for w, _ in incoming], [r for _, r in incoming]),
-                                      plan.view(self._mine_repeated, b, 0)))
+        self._send = [wire(chunks.total_numel) for _ in range(2 if self.config.double_buffering else 1)]
+        self._gathered = wire(chunks.total_numel)
+        self._recv, self._mine_repeated = wire(chunks.recv_numel), wire(chunks.recv_numel)
+        # Views into the wire buffers, built once: per chunk, (slot, bounds, words, recon) per
+        # matrix slice ...
+        k_range = range(len(chunks.slices))
+        self._send_segments = [[chunks.slot_segments(buf, c) for c in k_range] for buf in self._send]
+        self._gathered_segments = [chunks.slot_segments(self._gathered, c) for c in k_range]
+        # ... and per owned piece its n incoming segments and its re-quantized segment.
         ef = self.config.error_feedback
+        self._owner_work: list[list[tuple]] = []
+        self._second: dict[_Piece, Residual] = {}
+        for c in k_range:
+            mine, base = chunks.owner_numel[c][rank], chunks.recv_start[c]
+            work = []
+            for p in (p for p in chunks.pieces[c] if p.block.owner == rank):
+                incoming = [chunks.view(self._recv, base + s * mine + chunks.offset[p], p) for s in range(n)]
+                width = p.c1 - p.c0
+                if ef:
+                    self._second[p] = Residual(p.block.rows, width, dev)
+                work.append((p, [w for w, _ in incoming], [r for _, r in incoming], self._second.get(p),
+                             chunks.view(self._mine_repeated, base + chunks.offset[p], p)))
+            self._owner_work.append(work)
+        self._owned_pieces = [sorted((p for p in self._second if p.block is b), key=lambda p: p.c0)
+                              for b in plan.owned[rank]]
         self._residuals = [Residual(r, c, dev) for r, c in shapes2d] if ef else []
-        self._second = [Residual(b.rows, b.c1 - b.c0, dev) for b in owned] if ef else []
         self._zeros: dict[int, torch.Tensor] = {}
         self._step = 0
         self._inflight, self._result_ready = None, False
@@ -331,44 +306,106 @@ class OneBitStrategy(Strategy):
             state, self._stashed_state = self._stashed_state, None
             self.load_state_dict(state)
 
-    def _quantize_local(self, grads: Sequence[torch.Tensor | None], buffer: int) -> None:
-        """Step 1: quantize every matrix (plus its residual) straight into send buffer `buffer`."""
+    def _sources(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        """The [R, C] contiguous float32 matrix quantized for each live slot (zeros for None)."""
+        out = []
         for j, k in enumerate(self._live):
             g = grads[k]
             if g is None:
-                g2d = self._zeros.setdefault(k, torch.zeros(self._plan.shapes[j], device=self.ctx.device))
-            else:
-                if g.dtype != torch.float32:
-                    raise TrainingError(f"onebit: gradient {k} is {g.dtype}, float32 required")
-                g2d = as_columns(g).contiguous()
-            bounds, words, recon = self._send_segments[buffer][j]
-            self._quantizer.quantize(g2d, self._residuals[j] if self._residuals else None, bounds, words, recon)
+                out.append(self._zeros.setdefault(k, torch.zeros(self._plan.shapes[j], device=self.ctx.device)))
+                continue
+            if g.dtype != torch.float32:
+                raise TrainingError(f"onebit: gradient {k} is {g.dtype}, float32 required")
+            out.append(as_columns(g).contiguous())
+        return out
 
-    def _exchange_stripes(self, send: torch.Tensor, stalled: bool) -> None:
-        """Steps 2-4 up to the gathered bits: all-to-all, owner's reduce + re-quantize, gather."""
-        plan, n, rank = self._plan, self._plan.n, self._plan.rank
-        mine = plan.stripe_numel[rank]
-        timeout = self.ctx.timeout
-        if n > 1:
-            comm.all_to_all(self._recv, send, [mine] * n, plan.stripe_numel, self.counters,
-                            group=self._group, timeout=timeout, stalled=stalled)
-        else:
-            self._recv.copy_(send)
-        out = self._mine_repeated[:mine]
-        for m, block in enumerate(plan.owned[rank]):
-            width = block.c1 - block.c0
-            (in_words, in_recon), (words, recon) = self._owner_views[m]
-            self._quantizer.dequantize_mean(in_words, in_recon, block.rows, self._sums[m])
-            self._quantizer.quantize(self._sums[m], self._second[m] if self._second else None,
-                                     [0, width], [words], [recon])
-        if n > 1:
-            for s in range(1, n):
-                self._mine_repeated[s * mine:(s + 1) * mine].copy_(out)
-            comm.all_to_all(self._gathered, self._mine_repeated, plan.stripe_numel, [mine] * n,
-                            self.counters, group=self._group, timeout=timeout, stalled=stalled)
-        else:
-            self._gathered.copy_(out)
+    def _grad_targets(self) -> list[torch.Tensor]:
+        """The [R, C] views of p.grad the exchanged gradient is written to (allocated if needed)."""
+        for p in self._params:
+            if p.grad is None or not p.grad.is_contiguous():
+                p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
+        return [as_columns(self._params[k].grad) for k in self._live]
+
+    def _timed(self, phase: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def _exchange(self, sources: list[torch.Tensor] | None, buffer: int,
+                  targets: list[torch.Tensor] | None, stalled: bool) -> None:
+        """Steps 1-4 as a pipeline over the chunks: at stage t, quantize chunk t (if `sources`)
+        and launch its all-to-all, reduce chunk t - 1 and launch its gather, dequantize chunk
+        t - 2 (if `targets`). Every rank launches the collectives in the same order."""
+        k = len(self._chunks.slices)
+        scatters: list = [None] * k
+        gathers: list = [None] * k
+        for stage in range(k + 2):
+            if stage < k:
+                if sources is not None:
+                    self._timed("quantize", self._quantize_chunk, sources, buffer, stage)
+                scatters[stage] = self._scatter(buffer, stage, stalled)
+            if 0 <= stage - 1 < k:
+                self._timed("scatter_wait", self._finish, scatters[stage - 1], stalled)
+                self._timed("reduce", self._reduce_chunk, stage - 1)
+                gathers[stage - 1] = self._gather(stage - 1, stalled)
+            if targets is not None and 0 <= stage - 2 < k:
+                self._timed("gather_wait", self._finish, gathers[stage - 2], stalled)
+                self._timed("dequantize", self._dequantize_chunk, stage - 2, targets)
+        if targets is None:
+            for pending in gathers:
+                self._timed("gather_wait", self._finish, pending, stalled)
         self.counters.exchanges += 1
+
+    def _quantize_chunk(self, sources: list[torch.Tensor], buffer: int, c: int) -> None:
+        """Step 1 for chunk c: its columns of every matrix (plus residual) into the send buffer."""
+        for j, bounds, words, recon in self._send_segments[buffer][c]:
+            self._quantizer.quantize(sources[j], self._residuals[j] if self._residuals else None,
+                                     bounds, words, recon)
+
+    def _scatter(self, buffer: int, c: int, stalled: bool):
+        """Step 2 for chunk c: launch the all-to-all sending each owner its pieces."""
+        ch, n, rank = self._chunks, self._plan.n, self._plan.rank
+        size, mine = sum(ch.owner_numel[c]), ch.owner_numel[c][rank]
+        send = self._send[buffer][ch.start[c]:ch.start[c] + size]
+        recv = self._recv[ch.recv_start[c]:ch.recv_start[c] + n * mine]
+        if n == 1:
+            recv.copy_(send)
+            return None
+        return comm.all_to_all(recv, send, [mine] * n, ch.owner_numel[c], self.counters, group=self._group,
+                               async_op=True, timeout=self.ctx.timeout, stalled=stalled)
+
+    def _reduce_chunk(self, c: int) -> None:
+        """Step 3 for chunk c: the owner's mean of the n contributions, re-quantized with the
+        second residual, repeated n times for the gather."""
+        for piece, in_words, in_recon, second, (words, recon) in self._owner_work[c]:
+            self._quantizer.reduce_quantize(in_words, in_recon, piece.block.rows, piece.c1 - piece.c0,
+                                            second, words, recon)
+        mine, base = self._chunks.owner_numel[c][self._plan.rank], self._chunks.recv_start[c]
+        for s in range(1, self._plan.n):
+            self._mine_repeated[base + s * mine:base + (s + 1) * mine].copy_(self._mine_repeated[base:base + mine])
+
+    def _gather(self, c: int, stalled: bool):
+        """Step 4 for chunk c: launch the all-to-all that brings every owner's pieces to all."""
+        ch, n, rank = self._chunks, self._plan.n, self._plan.rank
+        size, mine = sum(ch.owner_numel[c]), ch.owner_numel[c][rank]
+        gathered = self._gathered[ch.start[c]:ch.start[c] + size]
+        repeated = self._mine_repeated[ch.recv_start[c]:ch.recv_start[c] + n * mine]
+        if n == 1:
+            gathered.copy_(repeated)
+            return None
+        return comm.all_to_all(gathered, repeated, ch.owner_numel[c], [mine] * n, self.counters,
+                               group=self._group, async_op=True, timeout=self.ctx.timeout, stalled=stalled)
+
+    @staticmethod
+    def _finish(pending, stalled: bool) -> None:
+        if pending is not None:
+            pending.wait(stalled)
+
+    def _dequantize_chunk(self, c: int, targets: list[torch.Tensor]) -> None:
+        for j, bounds, words, recon in self._gathered_segments[c]:
+            self._quantizer.dequantize(words, recon, self._plan.shapes[j][0], bounds, targets[j])
 
     def _wait_inflight(self) -> None:
         if self._inflight is None:
@@ -381,17 +418,11 @@ class OneBitStrategy(Strategy):
             self._inflight = None
         self._result_ready = True
 
-    def _dequantize_slot(self, j: int, out2d: torch.Tensor) -> None:
-        bounds, words, recon = self._gathered_segments[j]
-        self._quantizer.dequantize(words, recon, self._plan.shapes[j][0], bounds, out2d)
-
     def _dequantize_into_grads(self) -> None:
         """Step 4, last part: every learner writes the identical aggregated gradient."""
-        for j, k in enumerate(self._live):
-            p = self._params[k]
-            if p.grad is None or not p.grad.is_contiguous():
-                p.grad = torch.empty_like(p, memory_format=torch.contiguous_format)
-            self._dequantize_slot(j, as_columns(p.grad))
+        targets = self._grad_targets()
+        for c in range(len(self._chunks.slices)):
+            self._timed("dequantize", self._dequantize_chunk, c, targets)
         for k, p in enumerate(self._params):
             if p.numel() == 0 and p.grad is None:
                 p.grad = torch.zeros_like(p)

@@ -177,191 +177,20 @@ class ReferenceQuantizer:
             self.dequantize([words[s]], [recon[s]], rows, [0, width], out, accumulate=s > 0)
         out.div_(len(words))
 
+    def reduce_quantize(self, words: Sequence[torch.Tensor], recon: Sequence[torch.Tensor], rows: int,
+                        width: int, residual: Residual | None, out_words: torch.Tensor,
+                        out_recon: torch.Tensor) -> None:
+        """The stripe owner's reduce: quantize (with `residual`) the mean of n reconstructions
+        of a [rows, width] block into one segment; `dequantize_mean` then `quantize`."""
+        mean = torch.empty(rows, width, device=out_words.device)
+        self.dequantize_mean(words, recon, rows, mean)
+        self.quantize(mean, residual, [0, width], [out_words], [out_recon])
+
 
 # ------------------------------------------------------------------------------------- fused
 
-_C_SOURCE = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static int trailing_ones(int64_t i) { int t = 0; while (i & 1) { ++t; i >>= 1; } return t; }
-static int num_levels(int64_t rows) { int l = 0; while (rows) { ++l; rows >>= 1; } return l; }
-
-/* The subtree just stored at level t absorbs the stored subtrees of levels [from, t): the
-   binary-counter form of the reference's pairwise row sums. */
-static void carry(float* restrict pos_slots, float* restrict neg_slots, int from, int t, int64_t width) {
-    float* restrict pt = pos_slots + t * width;
-    float* restrict nt = neg_slots + t * width;
-    for (int l = from; l < t; ++l) {
-        const float* restrict pl = pos_slots + l * width;
-        const float* restrict nl = neg_slots + l * width;
-        for (int64_t j = 0; j < width; ++j) { pt[j] = pl[j] + pt[j]; nt[j] = nl[j] + nt[j]; }
-    }
-}
-
-/* v = g + (last - recon(last)): the residual of the previous quantization, folded in. */
-#define FOLD(v, k)                                                                  \
-    if (has_r) {                                                                    \
-        const float last = sv[j + (k) * stride], lp = lpm[j], ln = lnm[j];         \
-        v += last - (last >= 0.0f ? lp : ln);                                       \
-        sv[j + (k) * stride] = v;                                                   \
-    }
-
-/* Rows i..i+3 (i % 4 == 0) of columns [b0, b1): bits into w, counts, and each column's
-   two-level subtree into ps / ns. Inlined with a constant has_r: branch-free, vectorizable. */
-static inline __attribute__((always_inline)) void rows4(
-        const float* restrict g, float* restrict sv, const float* restrict lnm,
-        const float* restrict lpm, const int has_r, int64_t stride, int64_t b0, int64_t b1,
-        uint32_t shift, uint32_t* restrict w, float* restrict ps, float* restrict ns,
-        int32_t* restrict pos_count) {
-    const uint32_t keep = shift ? ~0u : 0u;  /* the first rows of a word overwrite it */
-    for (int64_t j = b0; j < b1; ++j) {
-        float v0 = g[j], v1 = g[j + stride], v2 = g[j + 2 * stride], v3 = g[j + 3 * stride];
-        FOLD(v0, 0) FOLD(v1, 1) FOLD(v2, 2) FOLD(v3, 3)
-        const int k0 = v0 >= 0.0f, k1 = v1 >= 0.0f, k2 = v2 >= 0.0f, k3 = v3 >= 0.0f;
-        const uint32_t bits = ((uint32_t)k0 | (uint32_t)k1 << 1 | (uint32_t)k2 << 2 | (uint32_t)k3 << 3) << shift;
-        w[j - b0] = (w[j - b0] & keep) | bits;
-        pos_count[j] += k0 + k1 + k2 + k3;
-        ps[j] = ((k0 ? v0 : 0.0f) + (k1 ? v1 : 0.0f)) + ((k2 ? v2 : 0.0f) + (k3 ? v3 : 0.0f));
-        ns[j] = ((k0 ? 0.0f : v0) + (k1 ? 0.0f : v1)) + ((k2 ? 0.0f : v2) + (k3 ? 0.0f : v3));
-    }
-}
-
-/* One row (the last rows % 4): a level-0 subtree. */
-static inline __attribute__((always_inline)) void row1(
-        const float* restrict g, float* restrict sv, const float* restrict lnm,
-        const float* restrict lpm, const int has_r, int64_t stride, int64_t b0, int64_t b1,
-        uint32_t shift, uint32_t* restrict w, float* restrict ps, float* restrict ns,
-        int32_t* restrict pos_count) {
-    const uint32_t keep = shift ? ~0u : 0u;
-    for (int64_t j = b0; j < b1; ++j) {
-        float v = g[j];
-        FOLD(v, 0)
-        const int k = v >= 0.0f;
-        w[j - b0] = (w[j - b0] & keep) | ((uint32_t)k << shift);
-        pos_count[j] += k;
-        ps[j] = k ? v : 0.0f;
-        ns[j] = k ? 0.0f : v;
-    }
-}
-
-/* Quantize columns [bounds[0], bounds[nseg]) of g (rows x stride, row-major) in one sweep.
-   Error feedback (if last != NULL): `last` (same layout as g) holds the previous step's values
-   and `means` (2 x stride: negative row, non-negative row) their reconstruction; the residual
-   last - recon(last) is added to g, then `last` and `means` are overwritten with this step's
-   values and means. Segment s = columns [bounds[s], bounds[s+1]) goes to words[s]
-   (ceil(rows/32) x width_s) and recon[s] (2 x width_s). Returns 0, or -1 if out of memory. */
-int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int64_t stride,
-                    int nseg, const int64_t* bounds, uint32_t* const* words, float* const* recon) {
-    const int64_t c0 = bounds[0], width = bounds[nseg] - c0;
-    const int levels = num_levels(rows);
-    float* scratch = (float*)malloc(sizeof(float) * (2 * levels + 2) * width + sizeof(int32_t) * width);
-    if (!scratch) return -1;
-    float* pos_slots = scratch;
-    float* neg_slots = scratch + levels * width;
-    float* pos_mean = scratch + 2 * levels * width;
-    float* neg_mean = pos_mean + width;
-    int32_t* pos_count = (int32_t*)(neg_mean + width);
-    memset(pos_count, 0, sizeof(int32_t) * width);
-    const float* gc = g + c0;
-    float* lc = last ? last + c0 : 0;
-    const float* lnm = means ? means + c0 : 0;
-    const float* lpm = means ? means + stride + c0 : 0;
-    int64_t i = 0;
-    for (; i < rows; ) {
-        const int four = i + 4 <= rows;
-        const int t = trailing_ones(four ? i + 3 : i);
-        const uint32_t shift = (uint32_t)(i & 31);
-        for (int s = 0; s < nseg; ++s) {
-            const int64_t b0 = bounds[s] - c0, b1 = bounds[s + 1] - c0;
-            uint32_t* w = words[s] + (i >> 5) * (b1 - b0);
-            float* ps = pos_slots + t * width;
-            float* ns = neg_slots + t * width;
-            const float* gi = gc + i * stride;
-            float* li = lc ? lc + i * stride : 0;
-            if (four && lc) rows4(gi, li, lnm, lpm, 1, stride, b0, b1, shift, w, ps, ns, pos_count);
-            else if (four) rows4(gi, li, lnm, lpm, 0, stride, b0, b1, shift, w, ps, ns, pos_count);
-            else if (lc) row1(gi, li, lnm, lpm, 1, stride, b0, b1, shift, w, ps, ns, pos_count);
-            else row1(gi, li, lnm, lpm, 0, stride, b0, b1, shift, w, ps, ns, pos_count);
-        }
-        carry(pos_slots, neg_slots, four ? 2 : 0, t, width);
-        i += four ? 4 : 1;
-    }
-    /* The complete subtrees left at the levels set in `rows`, combined from low to high. */
-    int have = 0;
-    for (int l = 0; l < levels; ++l) {
-        if (!((rows >> l) & 1)) continue;
-        const float* pl = pos_slots + l * width;
-        const float* nl = neg_slots + l * width;
-        for (int64_t j = 0; j < width; ++j) {
-            pos_mean[j] = have ? pl[j] + pos_mean[j] : pl[j];
-            neg_mean[j] = have ? nl[j] + neg_mean[j] : nl[j];
-        }
-        have = 1;
-    }
-    for (int64_t j = 0; j < width; ++j) {
-        const int32_t pc = pos_count[j];
-        const int64_t nc = rows - pc;
-        const float ps = pos_mean[j], ns = neg_mean[j];
-        pos_mean[j] = pc > 0 ? ps / (float)pc : 0.0f;
-        neg_mean[j] = nc > 0 ? ns / (float)nc : 0.0f;
-    }
-    for (int s = 0; s < nseg; ++s) {
-        const int64_t b0 = bounds[s] - c0, ws = bounds[s + 1] - bounds[s];
-        memcpy(recon[s], neg_mean + b0, sizeof(float) * ws);
-        memcpy(recon[s] + ws, pos_mean + b0, sizeof(float) * ws);
-    }
-    if (means) {
-        memcpy(means + c0, neg_mean, sizeof(float) * width);
-        memcpy(means + stride + c0, pos_mean, sizeof(float) * width);
-    }
-    free(scratch);
-    return 0;
-}
-
-/* One row of one segment: o[j] (+)= bit (shift) of wi[j] ? pm[j] : nm[j]. */
-static inline __attribute__((always_inline)) void dequant_row(
-        const uint32_t* restrict wi, const float* restrict nm, const float* restrict pm,
-        uint32_t shift, float* restrict o, int64_t width, const int accumulate) {
-    for (int64_t j = 0; j < width; ++j) {
-        const float p = pm[j], n = nm[j];
-        const float value = ((wi[j] >> shift) & 1u) ? p : n;
-        o[j] = accumulate ? o[j] + value : value;
-    }
-}
-
-/* Write (or add) the reconstruction of segments s = columns [bounds[s], bounds[s+1]) of out
-   (rows x out_stride, row-major) from words[s] / recon[s]. */
-void onebit_dequantize(const uint32_t* const* words, const float* const* recon, int64_t rows,
-                       int nseg, const int64_t* bounds, float* out, int64_t out_stride, int accumulate) {
-    for (int64_t i = 0; i < rows; ++i) {
-        for (int s = 0; s < nseg; ++s) {
-            const int64_t ws = bounds[s + 1] - bounds[s];
-            const uint32_t* wi = words[s] + (i >> 5) * ws;
-            float* o = out + i * out_stride + bounds[s];
-            if (accumulate) dequant_row(wi, recon[s], recon[s] + ws, (uint32_t)(i & 31), o, ws, 1);
-            else dequant_row(wi, recon[s], recon[s] + ws, (uint32_t)(i & 31), o, ws, 0);
-        }
-    }
-}
-
-/* out (rows x width, contiguous) = the mean of nsrc reconstructions of one block, summed in
-   source order and divided by nsrc: the stripe owner's reduce, one write per value. */
-void onebit_dequantize_mean(const uint32_t* const* words, const float* const* recon, int nsrc,
-                            int64_t rows, int64_t width, float* out) {
-    const float count = (float)nsrc;
-    for (int64_t i = 0; i < rows; ++i) {
-        float* restrict o = out + i * width;
-        for (int s = 0; s < nsrc; ++s) {
-            const uint32_t* wi = words[s] + (i >> 5) * width;
-            if (s) dequant_row(wi, recon[s], recon[s] + width, (uint32_t)(i & 31), o, width, 1);
-            else dequant_row(wi, recon[s], recon[s] + width, (uint32_t)(i & 31), o, width, 0);
-        }
-        for (int64_t j = 0; j < width; ++j) o[j] = o[j] / count;
-    }
-}
-"""
+_C_SOURCE = (Path(__file__).parent / "onebit_kernel.c").read_text()
+"""The fused kernels' C source (it sits beside this module and is part of the package)."""
 # No -ffast-math and no FMA contraction: the kernel must round exactly like the torch reference.
 # Vector width never changes a result (no value is summed across lanes), so -march=native is safe;
 # it is tried first and the cache key includes the CPU's identity.
@@ -421,6 +250,8 @@ def _load_library() -> ctypes.CDLL:
                 lib.onebit_dequantize.restype = None
                 lib.onebit_dequantize_mean.argtypes = [p, p, i32, i64, i64, p]
                 lib.onebit_dequantize_mean.restype = None
+                lib.onebit_reduce_quantize.argtypes = [p, p, i32, p, p, i64, i64, p, p]
+                lib.onebit_reduce_quantize.restype = i32
                 _lib = lib
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 _lib_error = f"{type(e).__name__}: {e}"
@@ -494,6 +325,19 @@ class FusedQuantizer:
         width = out.shape[1]
         _check_segments(list(range(0, width * (len(words) + 1), width)), words, recon, rows, "fused dequantize_mean")
         self._lib.onebit_dequantize_mean(_pointers(words), _pointers(recon), len(words), rows, width, out.data_ptr())
+
+    def reduce_quantize(self, words, recon, rows, width, residual, out_words, out_recon) -> None:
+        _check_segments(list(range(0, width * (len(words) + 2), width)), [*words, out_words],
+                        [*recon, out_recon], rows, "fused reduce_quantize")
+        if residual is not None:
+            for t, shape in ((residual.last, (rows, width)), (residual.means, (2, width))):
+                if tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
+                    raise ValueError(f"fused reduce_quantize: residual buffers must be contiguous CPU {shape}")
+        last, means = (None, None) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
+        status = self._lib.onebit_reduce_quantize(_pointers(words), _pointers(recon), len(words), last, means,
+                                                  rows, width, out_words.data_ptr(), out_recon.data_ptr())
+        if status != 0:
+            raise MemoryError("fused reduce_quantize: scratch allocation failed")
 
 
 def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):
