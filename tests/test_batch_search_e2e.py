@@ -72,6 +72,12 @@ def test_two_learners_search_the_batch_size_every_epoch_and_resume_at_the_search
     assert len(epoch_steps) == 3 and sum(epoch_steps) == summary["steps"]
     sizes = [128] + [r["chosen"] for r in searches]
     assert summary["train_frames"] == sum(n * b for n, b in zip(epoch_steps, sizes))
+    # the learning-rate clock counts minibatches at the configured size (128), so warmup and
+    # decay follow the data seen, not the number of (larger) minibatches
+    from asrdist.train.checkpoint import load_learner
+    loop = load_learner(run, 0, 2)["loop"]
+    assert loop["schedule_step"] == pytest.approx(sum(n * b / 128 for n, b in zip(epoch_steps, sizes)))
+    assert loop["schedule_step"] > loop["step"]
     # the search's traffic is not counted: one exchange per real step on every learner
     for p in summary["comm"]["per_learner"]:
         assert p["exchanges"] == summary["steps"] and p["frames"] == summary["train_frames"] // 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +111,17 @@ def test_malformed_recipe_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "invalid YAML" in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_features_extracted_with_other_settings_are_refused(tmp_path):
+    """A recipe asking for per-speaker CMVN must not silently train on global-CMVN features."""
+    from asrdist.config import load_config
+    from asrdist.errors import DataError
+    from asrdist.train.prepare import ensure_features
+    root = Path(__file__).resolve().parents[1]
+    corpus = make_tone_corpus(tmp_path / "corpus")
+    ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)
+    ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)
+    other = load_config(root / "configs/default.yaml", [f"data.corpus={corpus}", "data.cmvn=speaker"])
+    with pytest.raises(DataError, match=r"cmvn=global, the recipe asks num_mel_bins=40, cmvn=speaker.*--overwrite"):
+        ensure_features(corpus, other, progress=False)

@@ -39,12 +39,14 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True) -> dict:
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.extract import extract_features
     from asrdist.features.store import FeatureStore, has_features
+    from asrdist.train.prepare import check_feature_settings
 
     model, cfg, targets, input_dim = load_run_model(run_dir)
     split = resolve_split(data)
     if not has_features(split):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
         extract_features(target, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, progress=progress)
+    check_feature_settings(split, cfg)
     dim = FeatureStore(split).dim
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")

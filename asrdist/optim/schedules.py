@@ -8,7 +8,9 @@ lr(step) = cfg.lr x scale x batch_scaling x warmup(step) x anneal(epoch) x decay
   else step // steps_per_epoch) and E = anneal_after_epoch: the first E epochs run at the full
   rate, every later epoch is annealed once more (IBM: x 1/sqrt(2) per epoch late in training);
   a run whose minibatch size changes between epochs (onebit's auto_batch_size) must pass its
-  epoch, since steps per epoch then vary;
+  epoch, since steps per epoch then vary, and count its steps at the configured size (a
+  minibatch of twice the size is two steps: the trainer's `schedule_step`, a float), so
+  warmup and decay follow the data seen;
 - decay(step) = (final_lr / lr) ** (step / (total_steps - 1)) for decay = geometric, Kaldi's
   geometric interpolation from the initial to the final learning rate over the whole run (the
   last step uses final_lr exactly; later steps stay there).
@@ -42,7 +44,7 @@ class LRSchedule:
         self.peak_lr = cfg.lr * scale * batch_scaling
         """The learning rate after scaling, before warmup, annealing and decay."""
 
-    def lr_at(self, step: int, epoch: int | None = None) -> float:
+    def lr_at(self, step: float, epoch: int | None = None) -> float:
         """The rate at global `step`; `epoch` (from 0), if given, is the one annealing uses."""
         if step < 0:
             raise ValueError(f"LRSchedule: negative step {step}")

@@ -109,6 +109,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
     if cfg.strategy_name == "onebit" and cfg.strategy.auto_batch_size:
         hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
+        hooks.base_batch_size = cfg.data.batch_size
     if cfg.optim.natural_gradient:
         from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
                                              natural_gradient_state)

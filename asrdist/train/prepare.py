@@ -27,9 +27,29 @@ def ensure_features(corpus: Path, cfg: RunConfig, progress: bool = True) -> None
 
     if not (corpus / "train").is_dir():
         raise DataError(f"{corpus}: not a corpus directory (no train/ inside); build one with `asrdist corpus ...`")
-    if all(has_features(corpus / s) for s in SPLITS if (corpus / s).is_dir()):
+    splits = [corpus / s for s in SPLITS if (corpus / s).is_dir()]
+    if all(has_features(s) for s in splits):
+        for split in splits:
+            check_feature_settings(split, cfg)
         return
     extract_features(corpus, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, progress=progress)
+
+
+def check_feature_settings(split: Path, cfg: RunConfig) -> None:
+    """Features already in `split` must be the ones the recipe asks for: training or decoding on
+    another CMVN or filterbank size would run without complaint and quietly mean something else.
+    Imported Kaldi features (no `num_mel_bins` recorded) are taken as they are."""
+    from asrdist.features.store import FeatureStore
+
+    meta = FeatureStore(split).meta
+    if meta.get("num_mel_bins") is None:
+        return
+    have = (meta["num_mel_bins"], meta.get("cmvn"))
+    want = (cfg.data.num_mel_bins, cfg.data.cmvn)
+    if have != want:
+        raise DataError(f"{split}: features were extracted with num_mel_bins={have[0]}, cmvn={have[1]}, the "
+                        f"recipe asks num_mel_bins={want[0]}, cmvn={want[1]}; re-extract with `asrdist features "
+                        f"{split.parent} --num-mel-bins {want[0]} --cmvn {want[1]} --overwrite`")
 
 
 def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:

@@ -45,6 +45,10 @@ class LoopState:
     """Per-epoch records: epoch, train_loss, valid metrics."""
     batch_size: int = 0
     """Global minibatch size the sampler runs at; 0 = the configured one (set by a batch search)."""
+    schedule_step: float = 0.0
+    """Minibatches trained, each counted as its size over the configured size: the learning-rate
+    schedule's clock, so warmup and decay follow the data seen when a batch search changes the
+    size (equal to `step` otherwise)."""
 
 
 @dataclass
@@ -53,8 +57,11 @@ class TrainerHooks:
     """(model, batch) -> (mean loss over the batch, frames in the batch)."""
     validate_fn: Callable[[torch.nn.Module], dict] | None = None
     """model -> metrics dict (rank 0 only); called at epoch ends."""
-    lr_at: Callable[[int, int], float] = lambda step, epoch: 0.1
-    """(global step, epoch) -> learning rate before the strategy's scale."""
+    lr_at: Callable[[float, int], float] = lambda step, epoch: 0.1
+    """(schedule step, epoch) -> learning rate before the strategy's scale."""
+    base_batch_size: int = 0
+    """The configured global minibatch size, against which a searched size counts in
+    `LoopState.schedule_step` (0: every minibatch counts 1)."""
     before_optimizer_step: Callable[[float], None] | None = None
     """Called with the learning rate after gradient communication, before optimizer.step() (max-change)."""
     extra_state: Callable[[], dict] | None = None
@@ -94,7 +101,7 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------
     def train_step(self, batch: Any) -> tuple[float, int]:
         """One minibatch on this learner; returns (loss, frames). Benchmarks call this too."""
-        lr = self.hooks.lr_at(self.state.step, self.state.epoch) * self.strategy.lr_scale()
+        lr = self.hooks.lr_at(self.state.schedule_step, self.state.epoch) * self.strategy.lr_scale()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
@@ -164,6 +171,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.strategy.load_state_dict(state["strategy"])
         loop = LoopState(**state["loop"])
+        if "schedule_step" not in state["loop"]:  # a checkpoint from before the schedule clock
+            loop.schedule_step = float(loop.step)
         if loop.batch_size != self.state.batch_size and self.hooks.sampler_at is not None:
             self.sampler = self.hooks.sampler_at(loop.batch_size)  # self.sampler runs at state.batch_size
         self.sampler.load_state_dict(state["sampler"])
@@ -172,6 +181,10 @@ class Trainer:
         self._jitter_rng.setstate(state["jitter_rng"])
         if self.hooks.load_extra_state and state.get("extra") is not None:
             self.hooks.load_extra_state(state["extra"])
+
+    def _size_ratio(self) -> float:
+        size, base = self.state.batch_size, self.hooks.base_batch_size
+        return size / base if size and base else 1.0
 
     def resume(self) -> None:
         self.restore_snapshot(ckpt.load_learner(self.run_dir, self.ctx.rank, self.ctx.world_size))
@@ -221,6 +234,7 @@ class Trainer:
             loss, frames = self.train_step(batch)
             self.state.train_seconds += time.perf_counter() - t0
             self.state.step += 1
+            self.state.schedule_step += self._size_ratio()
             self.state.frames += frames
             losses.append(loss)
             self.state.epoch_loss_sum += loss * frames
