@@ -79,5 +79,7 @@ def demo_command(args) -> int:
     print(f"{'test set':30s} {'utts':>5s} {'frame acc':>10s} {'PER':>7s} {'prior-only PER':>15s}")
     for name, n, acc, per, base in rows:
         print(f"{name:30s} {n:5d} {acc:10.3f} {per:7.3f} {base:15.3f}")
+    print("(flite's voices come from another synthesizer, never seen in training: the gap to the held-out\n"
+          " espeak speakers measures that mismatch; PER can exceed 1 when a decoder inserts many phones)")
     print(f"\nreport: {run_dir / 'report.png'}   summary: {run_dir / 'summary.json'}   table: {work / 'demo.json'}")
     return 0
