@@ -1,5 +1,6 @@
-"""`asrdist bench ngsgd` and `asrdist bench trainer` end to end, on tiny settings: the JSON keys the
-issues name are there and hold sane values (timing targets are the benchmarks' business, not ours)."""
+"""`asrdist bench ngsgd`, `bench trainer` and `bench scaling` end to end, on tiny settings: the JSON
+keys the issues name are there and hold sane values (timing targets are the benchmarks' business,
+not the tests')."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,12 @@ from asrdist.cli import main
 
 def test_bench_ngsgd_writes_its_contract(tmp_path):
     out = tmp_path / "ngsgd.json"
-    assert main(["bench", "ngsgd", "--json", str(out), "--blocks", "1", "--batch", "64", "--skip-swbd",
-                 "--widths", "64", "--learners", "2", "--global-batch", "64", "--average-every", "64"]) == 0
+    assert main(["bench", "ngsgd", "--json", str(out), "--blocks", "1", "--batch", "64", "--swbd-batch", "8",
+                 "--swbd-blocks", "1", "--widths", "64", "--learners", "2", "--global-batch", "64",
+                 "--average-every", "64"]) == 0
     result = json.loads(out.read_text())
     assert result["step_time_ratio"] > 0 and result["step_time_ratio_target"] == 1.10
-    assert "step_time_ratio_swbd" not in result  # skipped
+    assert result["step_time_ratio_swbd"] > 0 and result["swbd"]["parameters"] == 45_122_648
     dnn = result["dnn"]
     assert dnn["hidden_dim"] == 512 and dnn["parameters"] > 1_000_000
     assert dnn["flop_ratio"] > 1.0  # preconditioning adds work, never removes it
@@ -31,3 +33,20 @@ def test_bench_trainer_writes_its_contract(tmp_path):
     assert main(["bench", "trainer", "--json", str(out), "--utterances", "6", "--rounds", "1"]) == 0
     result = json.loads(out.read_text())
     assert result["trainer_vs_bare"] > 0
+
+
+def test_bench_scaling_writes_its_contract(tmp_path):
+    out = tmp_path / "scaling.json"
+    assert main(["bench", "scaling", "--json", str(out), "--network", "loopback", "--learners", "1,2",
+                 "--compute-ms", "5", "--local-batch", "64", "--model", "dnn", "--hidden-dim", "32",
+                 "--hidden-layers", "1", "--feature-dim", "8", "--num-classes", "5", "--steps", "2"]) == 0
+    result = json.loads(out.read_text())
+    assert result["network"] == "loopback" and result["cores"] >= 1
+    assert set(result["results"]) == {"sync", "onebit"}
+    for strategy in ("sync", "onebit"):
+        assert set(result["results"][strategy]) == {"1", "2"}
+        assert all(fps > 0 for fps in result["results"][strategy].values())
+        assert result["speedup"][strategy]["1"] == 1.0
+        two = result["details"][strategy]["2"]
+        assert two["steps"] == 2 and two["bytes_sent_per_step"] > 0  # two learners do communicate
+    assert result["threads_per_learner"]["2"] >= 1
