@@ -15,8 +15,9 @@ from asrdist.optim.schedules import LRSchedule
 torch.set_num_threads(1)
 
 
-def _numpy_adagrad(params, grads_per_step, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
-    """Straight transcription of DESIGN.md §5.2 in float64, one matrix at a time."""
+def _numpy_adagrad(params, grads_per_step, lr, momentum=0.0, nesterov=False, weight_decay=0.0, skip_unseen=False):
+    """Straight transcription of DESIGN.md §5.2 in float64, one matrix at a time; with
+    `skip_unseen` the multipliers' mean runs over elements whose running sum is non-zero."""
     params = [p.astype(np.float64).copy() for p in params]
     acc = [np.zeros_like(p) for p in params]
     buf = [np.zeros_like(p) for p in params]
@@ -25,7 +26,8 @@ def _numpy_adagrad(params, grads_per_step, lr, momentum=0.0, nesterov=False, wei
             g = g.astype(np.float64) + weight_decay * params[i]
             acc[i] += g * g
             normalized = g / np.sqrt(acc[i] + 1e-16)
-            lr_eff = lr / np.mean(1.0 / np.sqrt(acc[i] + 1e-16))
+            multipliers = 1.0 / np.sqrt(acc[i] + 1e-16)
+            lr_eff = lr / np.mean(multipliers[acc[i] > 0] if skip_unseen else multipliers)
             if momentum:
                 buf[i] = momentum * buf[i] + normalized * lr_eff / lr
                 step = normalized * lr_eff / lr + momentum * buf[i] if nesterov else buf[i]
@@ -52,7 +54,7 @@ def _problem(seed=0, steps=6):
     for step in range(steps):
         g_w = rng.normal(size=(5, 4)).astype(np.float32)
         if step < 2:
-            g_w[0, 0] = 0.0  # no gradient yet: multiplier 1e8, which shrinks the whole matrix's lr
+            g_w[0, 0] = 0.0  # no gradient yet: multiplier 1e8 (CNTK's mean lets it shrink the matrix's lr)
         grads.append([g_w, rng.normal(size=(5,)).astype(np.float32) * 10])
     return params0, grads
 
@@ -62,6 +64,8 @@ def _problem(seed=0, steps=6):
     {"momentum": 0.9},
     {"momentum": 0.9, "nesterov": True},
     {"weight_decay": 0.01},
+    {"skip_unseen": True},
+    {"skip_unseen": True, "momentum": 0.9},
 ])
 def test_adagrad_matches_numpy_reference(kw):
     params0, grads = _problem()
@@ -70,6 +74,23 @@ def test_adagrad_matches_numpy_reference(kw):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     assert np.abs(got[0] - params0[0]).max() > 1e-3
+
+
+def test_adagrad_ignores_never_updated_elements_in_the_mean():
+    """A dead unit's always-zero gradient must not shrink the rest of its matrix's step: the update
+    equals that of the same matrix without the dead element; CNTK's literal mean shrinks it ~1e7x."""
+    rng = np.random.default_rng(3)
+    grads = [rng.normal(size=(4, 3)).astype(np.float32) for _ in range(3)]
+    for g in grads:
+        g[:, 0] = 0.0  # column 0 never sees a gradient
+    live = [[g[:, 1:].copy()] for g in grads]
+    zeros = np.zeros((4, 3), dtype=np.float32)
+    got, _ = _run_torch([zeros], [[g] for g in grads], lr=0.1, skip_unseen=True)
+    want, _ = _run_torch([zeros[:, 1:].copy()], live, lr=0.1, skip_unseen=True)
+    np.testing.assert_allclose(got[0][:, 1:], want[0], rtol=1e-6)
+    assert np.all(got[0][:, 0] == 0)
+    literal, _ = _run_torch([zeros], [[g] for g in grads], lr=0.1)  # CNTK's mean, the default
+    assert np.abs(literal[0]).max() < 1e-5 * np.abs(got[0]).max()
 
 
 def test_adagrad_first_step_is_mean_normalized():

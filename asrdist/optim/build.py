@@ -52,11 +52,15 @@ class OptimConfig:
     decay: str = "none"
     """none | geometric: lr decays geometrically from `lr` to `final_lr` over the whole run (Kaldi)."""
     final_lr: float | None = None
+    """The learning rate of the last step with decay=geometric (scaled like `lr`)."""
     natural_gradient: bool = False
     """Precondition every affine layer's gradient with online natural gradient (Povey et al. 2015)."""
     max_change: bool = False
     """Kaldi's max-change: cap the per-minibatch parameter change per layer (0.75 hidden, 1.5 output) and in total (2.0)."""
-    """The learning rate of the last step with decay=geometric (scaled like `lr`)."""
+    adagrad_skip_unseen: bool = False
+    """adagrad only: average the per-element multipliers over the elements that have had a non-zero
+    gradient, so a ReLU net's dead units cannot shrink their matrix's step (see `CntkAdaGrad`);
+    false (the default) is CNTK's literal mean over all elements."""
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
@@ -65,8 +69,9 @@ class OptimConfig:
             raise ConfigError(f"optim.lr: must be > 0, got {self.lr}")
         if not 0 <= _number("momentum", self.momentum) < 1:
             raise ConfigError(f"optim.momentum: must be in [0, 1), got {self.momentum}")
-        if not isinstance(self.nesterov, bool):
-            raise ConfigError(f"optim.nesterov: expected true/false, got {self.nesterov!r}")
+        for key in ("nesterov", "adagrad_skip_unseen"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"optim.{key}: expected true/false, got {getattr(self, key)!r}")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("optim.nesterov: needs optim.momentum > 0")
         if _number("weight_decay", self.weight_decay) < 0:
@@ -92,6 +97,6 @@ def build_optimizer(cfg: OptimConfig, params: Iterable) -> torch.optim.Optimizer
     """The optimizer at lr = cfg.lr; an `LRSchedule` then sets the lr of every step."""
     if cfg.name == "adagrad":
         return CntkAdaGrad(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay)
+                           weight_decay=cfg.weight_decay, skip_unseen=cfg.adagrad_skip_unseen)
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay)
