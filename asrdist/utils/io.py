@@ -5,7 +5,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,11 +41,31 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 
 @contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """While inside, SIGTERM raises SystemExit(143) in the main thread (when nobody else handles
+    it), so `finally` blocks and context managers clean up as they do on Ctrl-C; Python's default
+    would end the process without running them."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it onto `path` only on success.
 
     If anything raises, the temporary directory is removed and `path` is untouched, so a failed
-    command never leaves a half-written output behind.
+    command never leaves a half-written output behind; SIGTERM counts as raising.
     """
     path = Path(path)
     if path.exists() and not overwrite and any(path.iterdir()):
@@ -56,7 +78,8 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a corpus should be as readable as any dir
     try:
-        yield tmp
+        with sigterm_as_exit():  # a `kill` must not leave the hidden temporary directory behind
+            yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
