@@ -46,3 +46,35 @@ def test_sigterm_handler_is_restored_and_others_are_kept(tmp_path):
             assert signal.getsignal(signal.SIGTERM) is mine  # someone else's handler is left alone
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _report_handler_then_sleep(queue):
+    import time
+    queue.put(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+    time.sleep(60)
+
+
+def test_forked_children_still_die_of_sigterm():
+    """Worker pools forked inside `atomic_dir` are ended by Pool.terminate() with SIGTERM: they must
+    die of it at once (exit code -15), not raise SystemExit wherever they happen to be."""
+    import multiprocessing
+
+    with sigterm_as_exit():
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_report_handler_then_sleep, args=(queue,))
+        child.start()
+        assert queue.get(timeout=30) is True  # the child runs with the default SIGTERM action
+        child.terminate()
+        child.join(timeout=30)
+    assert child.exitcode == -signal.SIGTERM
+
+
+def test_a_worker_pool_inside_atomic_dir_shuts_down(tmp_path):
+    import multiprocessing
+
+    with atomic_dir(tmp_path / "out") as tmp:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            assert pool.map(abs, range(-50, 0)) == list(range(50, 0, -1))
+        (tmp / "done").write_text("1")
+    assert (tmp_path / "out" / "done").is_file()

@@ -40,11 +40,21 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def _default_in_child() -> None:
+    if getattr(signal.getsignal(signal.SIGTERM), "asrdist_sigterm", False):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_in_child)
+
+
 @contextlib.contextmanager
 def sigterm_as_exit() -> Iterator[None]:
     """While inside, SIGTERM raises SystemExit(143) in the main thread (when nobody else handles
     it), so `finally` blocks and context managers clean up as they do on Ctrl-C; Python's default
-    would end the process without running them."""
+    would end the process without running them. Processes forked meanwhile (worker pools) get the
+    default back right after the fork: `Pool.terminate()` ends its workers with SIGTERM, and a
+    worker raising SystemExit mid-task instead could hang the pool's shutdown."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -52,6 +62,8 @@ def sigterm_as_exit() -> Iterator[None]:
 
     def _exit(signum, frame):
         raise SystemExit(128 + signum)
+
+    _exit.asrdist_sigterm = True  # type: ignore[attr-defined]  (marks it for _default_in_child)
 
     signal.signal(signal.SIGTERM, _exit)
     try:
