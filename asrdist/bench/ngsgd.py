@@ -115,7 +115,8 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
     return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}', "
                      f"hidden_dim={config.hidden_dim}), {features}, {num_classes})",
-            "hidden_dim": config.hidden_dim, "parameters": count_parameters(plain), "batch": batch, "timed_steps_per_variant": blocks * UPDATE_PERIOD,
+            "hidden_dim": config.hidden_dim, "parameters": count_parameters(plain), "batch": batch,
+            "timed_steps_per_variant": blocks * UPDATE_PERIOD,
             "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),

@@ -122,13 +122,12 @@ class NaturalGradientLinear(nn.Linear):
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
             grad_out.reshape(-1, self.out_features), update, scale=float(rows))
         alpha = s_in * s_out / rows
-        if self.bias is None:
-            weight = x_in_hat.new_empty(self.out_features, self.in_features)
-            return torch.addmm(weight, x_out_hat.T, x_in_hat, beta=0.0, alpha=alpha, out=weight), None
         # Weight and bias separately, so the weight gradient is contiguous (autograd would copy a
         # strided slice of one [D_out, D_in+1] product); BLAS reads the strided X̂_in view as is.
         weight = x_in_hat.new_empty(self.out_features, self.in_features)
-        torch.addmm(weight, x_out_hat.T, x_in_hat[:, :-1], beta=0.0, alpha=alpha, out=weight)
+        torch.addmm(weight, x_out_hat.T, x_in_hat[:, :self.in_features], beta=0.0, alpha=alpha, out=weight)
+        if self.bias is None:
+            return weight, None
         return weight, torch.mv(x_out_hat.T, x_in_hat[:, -1]).mul_(alpha)
 
     def extra_repr(self) -> str:

@@ -86,11 +86,9 @@ class AveragingStrategy(Strategy):
     """Periodic parameter averaging; see the module docstring."""
 
     name = "averaging"
+    config_class = AveragingConfig
 
     def __init__(self, config: AveragingConfig | None = None):
-        config = AveragingConfig() if config is None else config
-        if not isinstance(config, AveragingConfig):
-            raise ConfigError(f"strategy averaging: expected an AveragingConfig, got {type(config).__name__}")
         super().__init__(config)
         self.samples_since_average = 0
         self.samples_noted = 0

@@ -58,8 +58,18 @@ class Strategy:
     """Base class: the single-learner behaviour (no communication)."""
 
     name = "single"
+    config_class: type | None = None
+    """The strategy's typed config: `__init__` takes an instance (None = its defaults) and refuses
+    anything else."""
 
     def __init__(self, config: Any = None):
+        if self.config_class is not None:
+            config = self.config_class() if config is None else config
+            if not isinstance(config, self.config_class):
+                from asrdist.errors import ConfigError
+
+                raise ConfigError(f"strategy {self.name}: expected a config of type {self.config_class.__name__}, "
+                                  f"got {type(config).__name__}")
         self.config = config
         self.counters = CommCounters()
         self.model: torch.nn.Module | None = None

@@ -117,15 +117,13 @@ class OneBitStrategy(Strategy):
     gather_wait, the time blocked on the two all-to-alls (wire time not hidden by other phases)."""
 
     name = "onebit"
+    config_class = OneBitConfig
 
     def __init__(self, config: OneBitConfig | None = None, chunks: int | None = None):
-        config = OneBitConfig() if config is None else config
-        if not isinstance(config, OneBitConfig):
-            raise ConfigError(f"strategy onebit: expected a OneBitConfig, got {type(config).__name__}")
+        super().__init__(config)
         chunks = PIPELINE_CHUNKS if chunks is None else chunks
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ConfigError(f"strategy onebit: chunks must be an integer >= 1, got {chunks!r}")
-        super().__init__(config)
         self.chunks = chunks
         self.phase_seconds: dict[str, float] = {}
         self._params: list[torch.nn.Parameter] = []

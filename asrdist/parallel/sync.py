@@ -69,11 +69,9 @@ class SyncStrategy(Strategy):
     """Gradient mean by bucketed allreduce, overlapped with backward."""
 
     name = "sync"
+    config_class = SyncConfig
 
     def __init__(self, config: SyncConfig | None = None):
-        config = SyncConfig() if config is None else config
-        if not isinstance(config, SyncConfig):
-            raise ConfigError(f"strategy sync: expected a SyncConfig, got {type(config).__name__}")
         super().__init__(config)
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
