@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "asrdist.train.cli",
     "asrdist.eval.cli",
     "asrdist.bench.cli",
+    "asrdist.topology_cli",
     "asrdist.demo",
 )
 

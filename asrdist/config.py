@@ -74,6 +74,8 @@ class TrainConfig:
     emulate_compute_ms: float = 0.0
     """Replace forward/backward by a sleep and synthetic gradients (scaling benchmarks)."""
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
+    group_size: int = 0
+    """Learners per group (a "node" for hierarchical strategies); 0 = torchrun's LOCAL_WORLD_SIZE."""
 
     def __post_init__(self):
         if self.epochs < 1:

@@ -20,23 +20,34 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 TIMEOUT = timedelta(seconds=30)
-_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "asrdist.parallel.comm"]
+_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "asrdist.parallel.comm", "asrdist.cluster.process_group"]
 START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 if START_METHOD == "forkserver":
     mp.set_forkserver_preload(_PRELOAD)
 
 
+_CONTEXT = None
+
+
+def learner_context():
+    """This learner's `LearnerContext` (groups and the job store), as `start_learner` built it."""
+    return _CONTEXT
+
+
 def _learner(rank: int, fn, world_size: int, store_path: str, result_dir: str, args: tuple) -> None:
-    from asrdist.parallel.comm import init_process_group
+    global _CONTEXT
+    from asrdist.cluster.process_group import JobEnv, start_learner
 
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world_size)
-    init_process_group(rank, world_size, store=store, timeout=TIMEOUT, backend="gloo")
+    _CONTEXT = start_learner(JobEnv(rank, world_size, rank, world_size), seed=0, timeout=TIMEOUT, store=store,
+                             backend="gloo")
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, Path(result_dir) / f"rank{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_distributed(fn, world_size: int, tmp_path: Path, *args) -> list:

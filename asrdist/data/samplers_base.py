@@ -203,6 +203,13 @@ class ShardedSampler:
             if produced >= n:
                 return
 
+    def batch_at(self, epoch: int, index: int) -> Batch:
+        """Batch `index` of `epoch`, without moving the cursor (job-wide epochs claim batches out
+        of order)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"{type(self).__name__}: batch {index} outside 0..{len(self) - 1}")
+        return next(iter(self._generate(epoch, index)))
+
     def state_dict(self) -> dict:
         return {"kind": self.kind, "epoch": self._epoch, "position": self._position, "config": self._full_config()}
 

@@ -29,10 +29,10 @@ from asrdist.errors import ConfigError
 class _Window:
     """One loaded window: padded feature matrix, and per stream frame its matrix row and label."""
 
-    __slots__ = ("first", "rows", "labels", "matrix")
+    __slots__ = ("epoch", "first", "rows", "labels", "matrix")
 
-    def __init__(self, first: int, matrix: np.ndarray, rows: np.ndarray, labels: np.ndarray):
-        self.first, self.matrix, self.rows, self.labels = first, matrix, rows, labels
+    def __init__(self, epoch: int, first: int, matrix: np.ndarray, rows: np.ndarray, labels: np.ndarray):
+        self.epoch, self.first, self.matrix, self.rows, self.labels = epoch, first, matrix, rows, labels
 
 
 class FrameSampler(ShardedSampler):
@@ -59,6 +59,8 @@ class FrameSampler(ShardedSampler):
         self._slice_offset = rank * batch_size if shared_stream else 0
         self._shard_lengths = np.array([self.lengths[u] for u in self.shard], dtype=np.int64)
         self._offsets = np.arange(-context, context + 1, dtype=np.int64)
+        self._window: _Window | None = None
+        """The last loaded window, kept for `batch_at`'s random access (a pure cache)."""
         len(self)  # fail now, not at the first epoch, if a shard is too small
 
     @property
@@ -76,7 +78,7 @@ class FrameSampler(ShardedSampler):
         order = self._rng(epoch, 0).permutation(len(self.shard))
         windows = [order[i:i + self.window_utterances] for i in range(0, len(order), self.window_utterances)]
         window_starts = np.cumsum([0] + [int(self._shard_lengths[w].sum()) for w in windows])
-        current: _Window | None = None
+        current = self._window if self._window is not None and self._window.epoch == epoch else None
         for k in range(start, len(self)):
             lo = k * self._stream_batch + self._slice_offset
             hi = lo + self.batch_size
@@ -84,7 +86,7 @@ class FrameSampler(ShardedSampler):
             while lo < hi:
                 if current is None or not current.first <= lo < current.first + len(current.rows):
                     w = int(np.searchsorted(window_starts, lo, side="right")) - 1
-                    current = self._load_window(epoch, w, windows[w], int(window_starts[w]))
+                    current = self._window = self._load_window(epoch, w, windows[w], int(window_starts[w]))
                 take = min(hi, current.first + len(current.rows)) - lo
                 sel = slice(lo - current.first, lo - current.first + take)
                 inputs.append(self._gather(current.matrix, current.rows[sel]))
@@ -115,4 +117,4 @@ class FrameSampler(ShardedSampler):
         # Frame j of the i-th member sits at matrix row (frames before it) + 2C*i + C.
         rows = np.arange(pos, dtype=np.int64) + np.repeat(2 * c * np.arange(len(members)) + c, lengths)
         perm = self._rng(epoch, 1, index).permutation(pos)
-        return _Window(first, matrix, rows[perm], labels[perm])
+        return _Window(epoch, first, matrix, rows[perm], labels[perm])

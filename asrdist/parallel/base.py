@@ -3,20 +3,31 @@
 The trainer calls, per minibatch:
 
     loss.backward()
-    strategy.after_backward()      # gradient communication (p.grad may be replaced)
-    optimizer.step(); optimizer.zero_grad()
-    strategy.after_step()          # parameter communication (averaging, gossip)
+    strategy.after_backward()           # gradient communication (p.grad may be replaced)
+    strategy.apply_update(step_fn)      # the one place parameters change: step_fn() runs
+                                        # max-change, optimizer.step() and zero_grad()
+    strategy.after_step()               # parameter communication (averaging, gossip)
+    strategy.should_stop()              # a strategy may end training early
 
-and at the end `strategy.finalize()` which leaves the consensus model in `model`. A strategy knows
-nothing of speech: it sees a `torch.nn.Module`, its optimizer and a `LearnerContext`.
+and wraps every read or write of the learner's state (checkpoint, snapshot, restore, validation)
+in `with strategy.paused():`. On the way out, `close(error)` runs first (also on failure: a
+communication thread stops at once), then, after a successful run, `finalize()`.
+
+`lockstep = True` (sync, onebit, averaging) means every learner takes the same steps in the same
+order: the trainer keeps per-learner samplers and exact resume. A strategy with `lockstep = False`
+(adpsgd) gets epochs that belong to the job (learners claim minibatches from one shared order),
+checkpoints without a barrier, and resume from the last job checkpoint.
+
+A strategy knows nothing of speech: it sees a `torch.nn.Module`, its optimizer and a
+`LearnerContext`.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -39,7 +50,13 @@ class CommCounters:
 
 @dataclass(frozen=True)
 class LearnerContext:
-    """Who this learner is. Rank and world size are explicit; nothing below reads os.environ."""
+    """Who this learner is. Rank and world size are explicit; nothing below reads os.environ.
+
+    `group` is the process group a strategy works on (None: the whole world), and `rank` /
+    `world_size` are this learner's place in it; `on_group(g)` gives the context of a strategy
+    working inside `g` (e.g. sync inside a node). `groups` holds the job's groups and `store` the
+    job's c10d store, built once per job by `asrdist.cluster.process_group.start_learner`.
+    """
 
     rank: int = 0
     world_size: int = 1
@@ -48,16 +65,40 @@ class LearnerContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     timeout: timedelta = timedelta(seconds=120)
     seed: int = 0
+    group: Any = None
+    groups: Any = None
+    """`asrdist.cluster.process_group.ProcessGroups` (world, node, leaders) or None for one learner."""
+    store: Any = None
+    """The job's c10d store (keys under asrdist/), for coordination without a collective."""
+    group_size: int = 1
+    """Learners per node group."""
+    job_rank: int = -1
+    """This learner's rank in the whole job (= rank unless `on_group` narrowed the context)."""
+    job_world_size: int = -1
+
+    def __post_init__(self):
+        if self.job_rank < 0:
+            object.__setattr__(self, "job_rank", self.rank)
+        if self.job_world_size < 0:
+            object.__setattr__(self, "job_world_size", self.world_size)
 
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    def on_group(self, group: Any) -> "LearnerContext":
+        """The context of a strategy that communicates inside `group` only."""
+        import torch.distributed as dist
+
+        return replace(self, group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group))
 
 
 class Strategy:
     """Base class: the single-learner behaviour (no communication)."""
 
     name = "single"
+    lockstep = True
+    """Every learner takes the same steps in the same order (see the module docstring)."""
     config_class: type | None = None
     """The strategy's typed config: `__init__` takes an instance (None = its defaults) and refuses
     anything else."""
@@ -91,8 +132,32 @@ class Strategy:
     def after_step(self) -> None:
         """Called after optimizer.step()."""
 
+    def apply_update(self, step_fn: Callable[[], None]) -> None:
+        """Change the parameters: run `step_fn` (max-change, optimizer step, zero_grad). A strategy
+        with a communication thread holds its lock here or swaps in averaged parameters."""
+        step_fn()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No communication touches the parameters inside this block (checkpoint, snapshot,
+        restore, validation)."""
+        yield
+
+    def should_stop(self) -> bool:
+        """True ends training after this minibatch (e.g. the strategy's partners are gone)."""
+        return False
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Stop communication threads now; called once from the trainer's `finally`, `error` is
+        the exception that ends training (None on success). Must not raise."""
+
     def finalize(self) -> None:
-        """Leave the consensus model in self.model (all learners end identical)."""
+        """Leave the consensus model in self.model; every learner calls it after training. A
+        strategy may keep answering partners until every learner is done, then leaves the average."""
+
+    def wants_batch_search(self) -> bool:
+        """Run CNTK's automatic minibatch-size search at epoch starts (onebit's auto_batch_size)."""
+        return False
 
     def lr_scale(self) -> float:
         """Factor the trainer applies to the configured learning rate (averaging uses n)."""

@@ -1,9 +1,10 @@
 """Atomic, per-learner checkpoints with exact resume.
 
-Layout: RUN_DIR/checkpoints/step-00000120/rank-0.pt (one file per learner: its model, optimizer,
-strategy residuals, sampler position and RNG states) and RUN_DIR/checkpoints/latest, a one-line
-pointer rewritten atomically only after every learner has written its file. A crash at any moment
-therefore leaves `latest` pointing at a complete checkpoint.
+Layout: RUN_DIR/checkpoints/TAG/rank-R.pt (one file per learner: its model, optimizer, strategy
+state, sampler position and RNG states; TAG is step-00000120 for lock-step strategies, epoch-0003
+for the others) and RUN_DIR/checkpoints/latest, a one-line pointer rewritten atomically by the
+learner that writes the last file of a checkpoint (the job store counts them; no barrier). A crash
+at any moment therefore leaves `latest` pointing at a complete checkpoint.
 """
 from __future__ import annotations
 
@@ -31,26 +32,32 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"step-{step:08d}"
+def step_tag(step: int) -> str:
+    return f"step-{step:08d}"
 
 
-def save_learner(run_dir: Path, step: int, rank: int, state: dict[str, Any]) -> None:
-    d = checkpoint_dir(run_dir, step)
+def checkpoint_dir(run_dir: Path, tag: str | int) -> Path:
+    return run_dir / "checkpoints" / (step_tag(tag) if isinstance(tag, int) else tag)
+
+
+def save_learner(run_dir: Path, tag: str | int, rank: int, state: dict[str, Any]) -> None:
+    d = checkpoint_dir(run_dir, tag)
     d.mkdir(parents=True, exist_ok=True)
     with atomic_path(d / f"rank-{rank}.pt") as tmp:
         torch.save(state, tmp)
 
 
-def publish(run_dir: Path, step: int, world_size: int) -> None:
-    """Point `latest` at step (call on rank 0 after all learners saved); prune old checkpoints."""
-    d = checkpoint_dir(run_dir, step)
+def publish(run_dir: Path, tag: str | int, world_size: int) -> None:
+    """Point `latest` at the checkpoint `tag` (once every learner saved it); prune older ones.
+    Checkpoints newer than `tag` (a faster learner's next one) are left alone."""
+    d = checkpoint_dir(run_dir, tag)
     missing = [r for r in range(world_size) if not (d / f"rank-{r}.pt").is_file()]
     if missing:
         raise TrainingError(f"{d}: checkpoint of rank {missing[0]} missing")
     write_text_atomic(run_dir / "checkpoints" / "latest", d.name + "\n")
-    old = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir() and p != d)
-    for p in old[:-(KEEP_LAST - 1)] if KEEP_LAST > 1 else old:
+    kind = d.name.split("-")[0]
+    older = sorted(p for p in (run_dir / "checkpoints").glob(f"{kind}-*") if p.is_dir() and p.name < d.name)
+    for p in older[:max(0, len(older) - (KEEP_LAST - 1))]:
         shutil.rmtree(p, ignore_errors=True)
 
 

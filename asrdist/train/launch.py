@@ -21,7 +21,7 @@ import yaml
 
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.parallel.base import LearnerContext
+from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
 
@@ -87,7 +87,9 @@ def train_command(args) -> int:
     if cfg.train.learners == 1 and cfg.strategy_name == "single":
         from asrdist.train.learner import run_learner
 
-        summary = run_learner(cfg, run_dir, LearnerContext(seed=cfg.seed), resume=args.resume is not None,
+        ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
+                            timeout=timedelta(seconds=cfg.train.timeout_seconds))
+        summary = run_learner(cfg, run_dir, ctx, resume=args.resume is not None,
                               progress=progress)
     else:
         summary = launch_learners(cfg, run_dir, resume=args.resume is not None, progress=progress)

@@ -1,16 +1,18 @@
 """One learner's whole run: build everything from the run directory, train, finalize, report.
 
 Called in-process for one learner and by `asrdist.train.worker` under torch.distributed.run.
-With onebit's auto_batch_size, every epoch after the first starts with CNTK's minibatch-size search
-(`asrdist.optim.batch_search`) run by all learners in lock step.
+`build_learner` is the one place a learner is put together (runs and benchmarks). With a strategy
+that asks for it (onebit's auto_batch_size), every epoch after the first starts with CNTK's
+minibatch-size search (`asrdist.optim.batch_search`) run by all learners in lock step.
 """
 from __future__ import annotations
 
 import math
 import os
 import time
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,7 +20,7 @@ import torch.distributed as dist
 from asrdist.config import RunConfig
 from asrdist.errors import ConfigError
 from asrdist.parallel import build_strategy
-from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train.trainer import Trainer, TrainerHooks
 
 
@@ -28,20 +30,14 @@ def set_threads(threads: int, local_world_size: int) -> int:
     return n
 
 
-def _barrier(ctx: LearnerContext):
-    if ctx.world_size > 1 and dist.is_initialized():
-        return lambda: dist.barrier()
-    return lambda: None
-
-
 def _agree(ctx: LearnerContext):
     """The mean of a value over all learners, so every learner takes the same decision."""
     if not ctx.distributed or ctx.world_size == 1:
         return lambda value: value
 
     def mean(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t)
+        t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(t, group=ctx.group)
         return float(t.item()) / ctx.world_size
     return mean
 
@@ -80,7 +76,11 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
             return trials(size)
 
         log: list[tuple[int, float]] = []
-        chosen = search_batch_size(train_minibatches, base, previous, log=log)
+        tr.trial = True  # a diverging trial rejects its size instead of ending the run
+        try:
+            chosen = search_batch_size(train_minibatches, base, previous, log=log)
+        finally:
+            tr.trial = False
         trials.restore()
         tr.compute_seconds = compute_seconds  # the epoch's compute, not the search's
         tr.sampler = sampler_at(chosen, epoch)
@@ -94,22 +94,31 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
     return search, sampler_at
 
 
-def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
-                progress: bool = True) -> dict | None:
+@dataclass
+class Learner:
+    """Everything one learner trains with, built by `build_learner`."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    strategy: Strategy
+    trainer: Trainer
+    task: Any
+    threads: int
+
+
+def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any, *,
+                  progress: bool = False) -> Learner:
+    """The one way to build a learner: model on its device, natural-gradient layers, max-change,
+    optimizer, schedule, strategy, sampler (per-learner for lock-step strategies, the job's shared
+    order otherwise) and the trainer. `task` supplies the model, samplers, loss and validation
+    (`SpeechTask`, or a benchmark's synthetic task)."""
+    from asrdist.data.job_sampler import JobEpochSampler
     from asrdist.optim.build import build_optimizer
     from asrdist.optim.schedules import LRSchedule
-    from asrdist.train.prepare import load_targets
-    from asrdist.train.task import SpeechTask
 
     threads = set_threads(cfg.train.threads, ctx.local_world_size)
-    torch.manual_seed(cfg.seed)  # identical initial model on every learner
-    targets = load_targets(run_dir)
-    task = SpeechTask(cfg, targets, ctx.rank, ctx.world_size)
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
-    if cfg.strategy_name == "onebit" and cfg.strategy.auto_batch_size:
-        hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
-        hooks.base_batch_size = cfg.data.batch_size
     if cfg.optim.natural_gradient:
         from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
                                              natural_gradient_state)
@@ -117,37 +126,60 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
         apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed)
         hooks.extra_state = lambda: {"natural_gradient": natural_gradient_state(model)}
         hooks.load_extra_state = lambda s: load_natural_gradient_state(model, s["natural_gradient"])
+    model.to(ctx.device)
     if cfg.optim.max_change:
         from asrdist.optim.max_change import clip_change
 
         hooks.before_optimizer_step = lambda lr: clip_change(model, lr)
     optimizer = build_optimizer(cfg.optim, model.parameters())
-    schedule = LRSchedule(cfg.optim, steps_per_epoch=len(task.sampler), total_epochs=cfg.train.epochs,
-                          global_batch=cfg.data.batch_size)
     strategy = build_strategy(cfg.strategy_name, cfg.strategy)
-    strategy.setup(model, optimizer, ctx)
-    torch.manual_seed(cfg.seed * 1000 + ctx.rank)  # per-learner randomness (dropout) from here on
-    # the trainer's epoch: steps per epoch change when the batch-size search picks another size
+    if strategy.lockstep:
+        sampler = task.sampler
+        steps_per_epoch = len(sampler)
+    else:
+        sampler = JobEpochSampler(task.sampler_for(task.local_batch, rank=0, world_size=1), ctx.store,
+                                  ctx.job_world_size)
+        steps_per_epoch = sampler.steps_per_epoch
+    schedule = LRSchedule(cfg.optim, steps_per_epoch=steps_per_epoch, total_epochs=cfg.train.epochs,
+                          global_batch=cfg.data.batch_size)
     hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
+    strategy.setup(model, optimizer, ctx)
+    if strategy.wants_batch_search():
+        hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
+        hooks.base_batch_size = cfg.data.batch_size
+    torch.manual_seed(cfg.seed * 1000 + ctx.job_rank)  # per-learner randomness (dropout) from here on
     tc = cfg.train
-    trainer = Trainer(model, optimizer, strategy, task.sampler, hooks, ctx, run_dir,
+    trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir,
                       epochs=tc.epochs, max_steps=tc.max_steps, log_every=tc.log_every,
                       checkpoint_every=tc.checkpoint_every, validate_every_epochs=tc.validate_every_epochs,
                       emulate_compute_ms=tc.emulate_compute_ms, straggler_ranks=tc.straggler.ranks,
                       straggler_slowdown=tc.straggler.slowdown, straggler_jitter=tc.straggler.jitter,
-                      progress=progress, barrier=_barrier(ctx))
+                      progress=progress)
+    return Learner(model, optimizer, strategy, trainer, task, threads)
+
+
+def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
+                progress: bool = True) -> dict | None:
+    from asrdist.train.prepare import load_targets
+    from asrdist.train.task import SpeechTask
+
+    torch.manual_seed(cfg.seed)  # identical initial model on every learner
+    targets = load_targets(run_dir)
+    task = SpeechTask(cfg, targets, ctx.job_rank, ctx.job_world_size)
+    learner = build_learner(cfg, run_dir, ctx, task, progress=progress)
     t0 = time.perf_counter()
-    state = trainer.fit(resume=resume)
+    state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
-    per_learner = {"rank": ctx.rank, "frames": state.frames, "train_seconds": state.train_seconds,
-                   "compute_seconds": trainer.compute_seconds, **strategy.counters.as_dict()}
-    if ctx.world_size > 1:
-        gathered: list = [None] * ctx.world_size
+    per_learner = {"rank": ctx.job_rank, "steps": state.step, "frames": state.frames,
+                   "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
+                   **learner.strategy.counters.as_dict()}
+    if ctx.job_world_size > 1:
+        gathered: list = [None] * ctx.job_world_size
         dist.all_gather_object(gathered, per_learner)
     else:
         gathered = [per_learner]
-    if ctx.rank != 0:
+    if ctx.job_rank != 0:
         return None
     from asrdist.train.summary import finish_run
 
-    return finish_run(cfg, run_dir, model, task, targets, state, gathered, wall, threads)
+    return finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads)

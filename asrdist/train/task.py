@@ -43,12 +43,14 @@ class SpeechTask:
         self.local_batch = cfg.data.batch_size // world_size
         self.sampler = self.sampler_for(self.local_batch)
 
-    def sampler_for(self, local_batch: int):
-        """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC)."""
+    def sampler_for(self, local_batch: int, rank: int | None = None, world_size: int | None = None):
+        """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC);
+        `rank=0, world_size=1` gives the whole corpus in one order (job-wide epochs)."""
         from asrdist.data import samplers
 
         cfg, store = self.cfg, self.store
-        rank, world_size = self.rank, self.world_size
+        rank = self.rank if rank is None else rank
+        world_size = self.world_size if world_size is None else world_size
         if self.kind == "ctc":
             tokens = ctc_tokens(self.train_dir, self.targets)
             return samplers.UtteranceBatchSampler(store, tokens, store.utt_ids, rank=rank, world_size=world_size,
@@ -65,6 +67,7 @@ class SpeechTask:
     def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
         from asrdist.models import objectives
 
+        batch = batch.to(next(model.parameters()).device)
         if self.kind == "ctc":
             log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
             loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
@@ -74,7 +77,11 @@ class SpeechTask:
         return loss, batch.num_frames
 
     def validate(self, model: torch.nn.Module) -> dict:
+        import copy
+
         from asrdist.eval.evaluate import evaluate_split
 
+        if next(model.parameters()).device.type != "cpu":  # decoding runs on the CPU
+            model = copy.deepcopy(model).cpu()
         result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)
         return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items() if k != "utterances"}

@@ -1,10 +1,17 @@
 """The one training loop. It knows neither the strategy nor the speech task behind its inputs.
 
 Per minibatch: schedule -> forward/backward (or emulated compute) -> strategy.after_backward ->
-optimizer.step -> strategy.after_step -> straggler delay -> metrics / checkpoint. Epoch end:
-validation and a checkpoint. Every learner runs this same loop. Epoch start (after the first
-epoch): an optional `batch_search` hook may try minibatch sizes from an in-memory snapshot and
-install a sampler at the size it picks (onebit's auto_batch_size).
+strategy.apply_update(max-change, optimizer.step, zero_grad) -> strategy.after_step -> straggler
+delay -> metrics / checkpoint. Epoch end: validation of the consensus model (the learners'
+average) and a checkpoint. Every learner runs this same loop; checkpoint, snapshot, restore and
+validation run inside `strategy.paused()`, and `strategy.close(error)` runs on the way out.
+
+Lock-step strategies (`strategy.lockstep`) keep per-learner samplers and exact resume; the others
+get a `JobEpochSampler` (epochs belong to the job), a checkpoint only at epoch ends, published
+without a barrier when every rank has written its file (the job store counts them), and resume
+from the start of the last completed epoch. Epoch start (after the first epoch): an optional
+`batch_search` hook may try minibatch sizes from an in-memory snapshot and install a sampler at
+the size it picks (onebit's auto_batch_size).
 """
 from __future__ import annotations
 
@@ -18,8 +25,10 @@ from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
-from asrdist.errors import TrainingError
+from asrdist.data.job_sampler import JobEpochSampler
+from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.consensus import consensus_copy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import MetricsLog
 
@@ -56,7 +65,7 @@ class TrainerHooks:
     loss_fn: Callable[[torch.nn.Module, Any], tuple[torch.Tensor, int]]
     """(model, batch) -> (mean loss over the batch, frames in the batch)."""
     validate_fn: Callable[[torch.nn.Module], dict] | None = None
-    """model -> metrics dict (rank 0 only); called at epoch ends."""
+    """model -> metrics dict (rank 0 only); called at epoch ends with the consensus model."""
     lr_at: Callable[[float, int], float] = lambda step, epoch: 0.1
     """(schedule step, epoch) -> learning rate before the strategy's scale."""
     base_batch_size: int = 0
@@ -81,7 +90,10 @@ class Trainer:
                  epochs: int, max_steps: int = 0, log_every: int = 20, checkpoint_every: int = 0,
                  validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
                  straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
-                 straggler_jitter: float = 0.0, progress: bool = True, barrier: Callable[[], None] = lambda: None):
+                 straggler_jitter: float = 0.0, progress: bool = True):
+        if log_every < 1 or validate_every_epochs < 1 or checkpoint_every < 0 or max_steps < 0:
+            raise ConfigError("trainer: log_every and validate_every_epochs must be >= 1, "
+                              "checkpoint_every and max_steps >= 0")
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
         self.epochs, self.max_steps, self.log_every = epochs, max_steps, log_every
@@ -90,9 +102,11 @@ class Trainer:
         self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
         self.jitter = straggler_jitter
         self._jitter_rng = random.Random(ctx.seed * 1000 + ctx.rank)
-        self.progress = progress and ctx.rank == 0
-        self.barrier = barrier
+        self.progress = progress and ctx.job_rank == 0
         self.state = LoopState()
+        self.trial = False
+        """Batch-size search trials: a non-finite loss is returned (the trial is rejected), not raised,
+        so every learner still reaches the strategy's collectives."""
         self.metrics: MetricsLog | None = None
         self.compute_seconds = 0.0
         self._synthetic: list[torch.Tensor] | None = None
@@ -111,8 +125,8 @@ class Trainer:
             self.model.train()
             loss, frames = self.hooks.loss_fn(self.model, batch)
             loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise TrainingError(f"rank {self.ctx.rank}: loss is {loss_value} at step {self.state.step} "
+            if not math.isfinite(loss_value) and not self.trial:
+                raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {self.state.step} "
                                     f"(epoch {self.state.epoch}); lower optim.lr or check the data")
             loss.backward()
         compute = time.perf_counter() - t0
@@ -120,10 +134,7 @@ class Trainer:
         self.strategy.note_samples(frames)
         self.strategy.note_loss(loss_value)
         self.strategy.after_backward()
-        if self.hooks.before_optimizer_step is not None:
-            self.hooks.before_optimizer_step(lr)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.strategy.apply_update(lambda: self._update_parameters(lr))
         self.strategy.after_step()
         delay = (self.slowdown - 1.0) * compute
         if self.jitter > 0:
@@ -131,6 +142,12 @@ class Trainer:
         if delay > 0:
             time.sleep(delay)
         return loss_value, frames
+
+    def _update_parameters(self, lr: float) -> None:
+        if self.hooks.before_optimizer_step is not None:
+            self.hooks.before_optimizer_step(lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _emulated_compute(self, batch: Any) -> tuple[float, int]:
         time.sleep(self.emulate_compute_ms / 1000.0)
@@ -154,19 +171,32 @@ class Trainer:
                 "jitter_rng": self._jitter_rng.getstate(),
                 "extra": self.hooks.extra_state() if self.hooks.extra_state else None}
 
+    @property
+    def job_epochs(self) -> bool:
+        return isinstance(self.sampler, JobEpochSampler)
+
     def save_checkpoint(self) -> None:
-        ckpt.save_learner(self.run_dir, self.state.step, self.ctx.rank, self._learner_state())
-        self.barrier()
-        if self.ctx.rank == 0:
-            ckpt.publish(self.run_dir, self.state.step, self.ctx.world_size)
-        self.barrier()
+        """This learner's file, then the job checkpoint is published by whichever rank writes the
+        last file for it (the job store counts them): no barrier."""
+        tag = f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
+        with self.strategy.paused():
+            state = self._learner_state()
+        ckpt.save_learner(self.run_dir, tag, self.ctx.job_rank, state)
+        written = int(self.ctx.store.add(f"checkpoint/{tag}", 1)) if self.ctx.store is not None else 1
+        if written == self.ctx.job_world_size:
+            ckpt.publish(self.run_dir, tag, self.ctx.job_world_size)
 
     def snapshot(self) -> dict:
         """This learner's whole state (as a checkpoint holds it), copied in memory."""
-        return copy.deepcopy(self._learner_state())
+        with self.strategy.paused():
+            return copy.deepcopy(self._learner_state())
 
     def restore_snapshot(self, state: dict) -> None:
         """Load a `snapshot()` or checkpoint dict; the tensors may be kept, so pass a copy to reuse one."""
+        with self.strategy.paused():
+            self._restore(state)
+
+    def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.strategy.load_state_dict(state["strategy"])
@@ -187,87 +217,136 @@ class Trainer:
         return size / base if size and base else 1.0
 
     def resume(self) -> None:
-        self.restore_snapshot(ckpt.load_learner(self.run_dir, self.ctx.rank, self.ctx.world_size))
+        self.restore_snapshot(ckpt.load_learner(self.run_dir, self.ctx.job_rank, self.ctx.job_world_size))
+        if self.job_epochs and self.ctx.job_rank == 0:
+            print(f"[asrdist] resuming at the start of epoch {self.state.epoch + 1} (the last job checkpoint; "
+                  f"an asynchronous strategy does not resume mid-epoch)", flush=True)
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> LoopState:
-        if resume:
-            self.resume()
-        self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.rank == 0,
-                                  resume_step=self.state.step if resume else None)
-        mid_epoch = resume and self.sampler.state_dict().get("position", 0) > 0
+        error: BaseException | None = None
         try:
-            while self.state.epoch < self.epochs:
-                if not mid_epoch:
-                    self.sampler.set_epoch(self.state.epoch)
-                    if self.hooks.batch_search is not None and self.state.epoch > 0:
-                        self.hooks.batch_search(self)
-                mid_epoch = False
-                self._run_epoch()
-                if not self._epoch_finished:  # max_steps reached mid-epoch
-                    self.save_checkpoint()
-                    break
-                self._end_epoch()
-                if self._done():
-                    break
+            if resume:
+                self.resume()
+            self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
+                                      resume_step=self.state.step if resume else None)
+            self._train(mid_epoch=resume and self.sampler.state_dict().get("position", 0) > 0)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            self.metrics.close()
+            if self.metrics is not None:
+                self.metrics.close()
+            self.strategy.close(error)
         self.strategy.finalize()
         return self.state
 
-    def _done(self) -> bool:
-        return self.max_steps > 0 and self.state.step >= self.max_steps
+    def _train(self, mid_epoch: bool) -> None:
+        while self.state.epoch < self.epochs:
+            if not mid_epoch:
+                self.sampler.set_epoch(self.state.epoch)
+                if self.hooks.batch_search is not None and self.state.epoch > 0:
+                    self.hooks.batch_search(self)
+            mid_epoch = False
+            if not self._run_epoch():  # max_steps or the strategy stopped it mid-epoch
+                if not self.job_epochs:
+                    self.save_checkpoint()
+                break
+            self._end_epoch()
+            if self._done():
+                break
 
-    def _run_epoch(self) -> None:
+    def _done(self) -> bool:
+        return (self.max_steps > 0 and self.state.step >= self.max_steps) or self.strategy.should_stop()
+
+    def _run_epoch(self) -> bool:
+        """Train until the epoch's data is used up (True) or training must stop (False)."""
         from tqdm import tqdm
 
         total = len(self.sampler)
         start = self.sampler.state_dict().get("position", 0)
         bar = tqdm(total=total, initial=start, desc=f"epoch {self.state.epoch + 1}/{self.epochs}",
                    unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
-        losses, frames_window, t_window = [], 0, time.perf_counter()
-        done_steps = start
+        window = _RateWindow(self.ctx.store)
+        losses: list[float] = []
         if start == 0:
             self.state.epoch_loss_sum, self.state.epoch_loss_frames = 0.0, 0
+        finished, done_steps = True, start
         for batch in self.sampler:
+            if self.job_epochs:
+                self.state.schedule_step = self.sampler.schedule_step()
             t0 = time.perf_counter()
             loss, frames = self.train_step(batch)
             self.state.train_seconds += time.perf_counter() - t0
             self.state.step += 1
-            self.state.schedule_step += self._size_ratio()
+            if not self.job_epochs:
+                self.state.schedule_step += self._size_ratio()
             self.state.frames += frames
             losses.append(loss)
             self.state.epoch_loss_sum += loss * frames
             self.state.epoch_loss_frames += frames
-            frames_window += frames
+            window.add(frames)
             done_steps += 1
-            bar.update(1)
+            bar.update(self.sampler.claimed + 1 - bar.n if self.job_epochs else 1)
             if self.state.step % self.log_every == 0:
-                elapsed = max(time.perf_counter() - t_window, 1e-9)
-                fps = frames_window * self.ctx.world_size / elapsed
+                learner_fps, job_fps = window.rates()
                 mean_loss = sum(losses) / len(losses)
-                bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{fps:,.0f}")
+                bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{job_fps:,.0f}")
                 self.metrics.log("train", self.state.step, epoch=self.state.epoch, loss=mean_loss,
-                                 frames_per_second=fps, lr=self.optimizer.param_groups[0]["lr"])
-                losses, frames_window, t_window = [], 0, time.perf_counter()
-            if self.checkpoint_every and self.state.step % self.checkpoint_every == 0:
+                                 frames_per_second=job_fps, learner_frames_per_second=learner_fps,
+                                 lr=self.optimizer.param_groups[0]["lr"])
+                losses = []
+            if (not self.job_epochs and self.checkpoint_every and self.state.step % self.checkpoint_every == 0
+                    and done_steps < total):  # the epoch's end saves its own
                 self.save_checkpoint()
             if self._done():
+                finished = False
                 break
-        self._epoch_finished = done_steps >= total
+        if not self.job_epochs:
+            finished = done_steps >= total
         bar.close()
+        return finished
 
     def _end_epoch(self) -> None:
         record = {"epoch": self.state.epoch,
                   "train_loss": self.state.epoch_loss_sum / max(self.state.epoch_loss_frames, 1)}
+        if self.job_epochs:
+            record["minibatches"] = self.sampler.last_taken  # this learner's share of the job's epoch
         last = self.state.epoch == self.epochs - 1 or self._done()
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
-            valid = self.hooks.validate_fn(self.model) if self.ctx.rank == 0 else {}
-            record.update(valid)
+            with self.strategy.paused():
+                model = consensus_copy(self.model, world_size=self.ctx.job_world_size,
+                                       group=self.ctx.groups.world if self.ctx.groups else None,
+                                       timeout=self.ctx.timeout)
+                record.update(self.hooks.validate_fn(model) if self.ctx.job_rank == 0 else {})
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
-        if self.ctx.rank == 0:
+        if self.ctx.job_rank == 0:
             shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1
         self.save_checkpoint()
+
+
+class _RateWindow:
+    """Frames per second over a logging window: this learner's, and the job's (every learner adds
+    its frames to one counter in the job store; rank 0's rate is the counter's growth)."""
+
+    def __init__(self, store):
+        self.store, self.frames, self.t0 = store, 0, time.perf_counter()
+        self.job0 = self._job_total(0)
+
+    def _job_total(self, add: int) -> int | None:
+        return int(self.store.add("frames", add)) if self.store is not None else None
+
+    def add(self, frames: int) -> None:
+        self.frames += frames
+
+    def rates(self) -> tuple[float, float]:
+        now = time.perf_counter()
+        elapsed = max(now - self.t0, 1e-9)
+        total = self._job_total(self.frames)
+        learner = self.frames / elapsed
+        job = (total - self.job0) / elapsed if total is not None and self.job0 is not None else learner
+        self.frames, self.t0, self.job0 = 0, now, total
+        return learner, job

@@ -1,0 +1,124 @@
+"""The one process-group set-up of asrdist, and the one reader of torchrun's environment.
+
+`JobEnv.from_environ()` reads what torchrun (or `torch.distributed.run`) tells a learner;
+`start_learner(...)` joins the default process group through a c10d store, builds the job's
+process groups in the same order on every rank, and returns the `LearnerContext` everything
+below receives. Nothing else in asrdist calls `init_process_group` or reads RANK / WORLD_SIZE.
+
+Groups (`ProcessGroups`): `world`; `node`, this learner's group of `group_size` consecutive ranks
+(torchrun's LOCAL_WORLD_SIZE unless `train.group_size` says otherwise: the allreduce inside a
+"super learner" of the hierarchical strategies); `leaders`, the first rank of every node (None
+on other ranks and when there is only one node).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from asrdist.errors import ConfigError
+from asrdist.parallel.base import LearnerContext
+
+STORE_PREFIX = "asrdist/"
+"""Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """What the launcher tells one learner about itself."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
+        env = os.environ if environ is None else environ
+        try:
+            world = int(env["WORLD_SIZE"])
+            return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)))
+        except KeyError as e:
+            raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    world: Any
+    node: Any
+    leaders: Any
+    group_size: int
+
+    @property
+    def num_groups(self) -> int:
+        return dist.get_world_size() // self.group_size if dist.is_initialized() else 1
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+
+
+def device_for_backend(backend: str, local_rank: int) -> torch.device:
+    """The device a learner computes on: its own GPU under NCCL, the CPU under gloo."""
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def check_group_size(group_size: int, world_size: int) -> None:
+    if group_size < 1 or world_size % group_size:
+        raise ConfigError(f"train.group_size: {group_size} does not divide {world_size} learners into equal groups")
+
+
+def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta) -> ProcessGroups:
+    """Every rank calls this in the same order (torch requires it for every new group)."""
+    check_group_size(group_size, world_size)
+    world = dist.group.WORLD
+    if group_size == world_size:
+        return ProcessGroups(world=world, node=world, leaders=None, group_size=group_size)
+    node = None
+    for first in range(0, world_size, group_size):
+        g = dist.new_group(list(range(first, first + group_size)), timeout=timeout)
+        if first <= rank < first + group_size:
+            node = g
+    leaders = dist.new_group(list(range(0, world_size, group_size)), timeout=timeout)
+    return ProcessGroups(world=world, node=node, leaders=leaders if rank % group_size == 0 else None,
+                         group_size=group_size)
+
+
+def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,
+                  init_method: str = "env://", group_size: int = 0, backend: str | None = None) -> LearnerContext:
+    """Join the job and return this learner's context (one learner: no process group at all).
+
+    The store is the launcher's own c10d store (`env://` under torchrun) unless a test passes one
+    (a FileStore); asrdist's keys live under STORE_PREFIX in it.
+    """
+    group_size = group_size or env.local_world_size
+    check_group_size(group_size, env.world_size)
+    if env.world_size == 1 and store is None:  # one learner in this process: no process group
+        return LearnerContext(seed=seed, timeout=timeout, store=dist.HashStore(), group_size=1)
+    if not 0 <= env.rank < env.world_size:
+        raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
+    if store is None:
+        store, _, _ = next(dist.rendezvous(init_method, env.rank, env.world_size, timeout=timeout))
+    backend = backend or default_backend()
+    device = device_for_backend(backend, env.local_rank)
+    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
+                            device_id=device if backend == "nccl" else None)
+    groups = build_groups(env.rank, env.world_size, group_size, timeout)
+    return LearnerContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
+                          local_world_size=env.local_world_size, device=device, timeout=timeout, seed=seed,
+                          store=dist.PrefixStore(STORE_PREFIX, store), groups=groups, group_size=group_size)
+
+
+def stop_learner() -> None:
+    """Leave the job: nobody tears the group down while a peer is still inside a collective."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,55 @@
+"""The consensus model: the average of every learner's parameters, for validation, the final
+model of decentralized strategies, and the learners' spread (consensus distance)."""
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from asrdist.parallel import comm
+from asrdist.parallel.base import CommCounters
+
+
+def _floats(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [t for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()]
+
+
+def average_into(module: torch.nn.Module, counters: CommCounters, *, group=None,
+                 timeout: timedelta | None = None) -> None:
+    """Replace `module`'s floating-point parameters and buffers by their mean over `group`."""
+    n = dist.get_world_size(group)
+    with torch.no_grad():
+        for same in comm.group_by_kind([t.data for t in _floats(module)]).values():
+            flat = comm.flatten(same)
+            comm.allreduce(flat, counters, group=group, timeout=timeout)
+            flat.div_(n)
+            comm.unflatten_into(flat, same)
+
+
+def consensus_copy(module: torch.nn.Module, *, world_size: int, group=None,
+                   timeout: timedelta | None = None) -> torch.nn.Module:
+    """A copy of `module` holding the learners' average (the module itself for one learner).
+    Its traffic is not any strategy's: it goes to a throw-away counter."""
+    if world_size == 1:
+        return module
+    averaged = copy.deepcopy(module)
+    average_into(averaged, CommCounters(), group=group, timeout=timeout)
+    return averaged
+
+
+def consensus_distance(module: torch.nn.Module, *, world_size: int, group=None,
+                       timeout: timedelta | None = None) -> float:
+    """mean_i ||x_i - x̄|| / ||x̄|| over the learners (0.0 for one learner)."""
+    if world_size == 1:
+        return 0.0
+    with torch.no_grad():
+        mine = torch.cat([t.detach().reshape(-1).double() for t in _floats(module)])
+        mean = mine.clone()
+        comm.allreduce(mean, CommCounters(), group=group, timeout=timeout)
+        mean.div_(world_size)
+        ratio = torch.tensor([float((mine - mean).norm() / mean.norm().clamp_min(1e-30))],
+                             dtype=torch.float64, device=mine.device)
+        comm.allreduce(ratio, CommCounters(), group=group, timeout=timeout)
+        return float(ratio.item()) / world_size
