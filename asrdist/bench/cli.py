@@ -17,6 +17,7 @@ BENCHMARKS = {
     "comm": "1-bit vs fp32 gradient exchange on the 46M-parameter swbd shapes",
     "scaling": "frames/s of 1, 2, 4 learners per strategy with compute emulation",
     "ngsgd": "NG-SGD step time vs plain SGD; averaging bytes per sample",
+    "straggler": "throughput kept with one learner 3x slower: sync vs adpsgd; delay-by-one speed-up",
 }
 
 

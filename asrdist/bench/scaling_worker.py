@@ -61,11 +61,13 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
 
     if args["compute_ms"] <= 0:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
+    from asrdist.cluster.process_group import JobEnv, start_learner
+
     distributed = spec.world_size > 1
-    if distributed:
-        spec.init_process_group("gloo")
-    ctx = LearnerContext(rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
-                         local_world_size=spec.local_world_size, timeout=timedelta(seconds=spec.timeout_s), seed=0)
+    env = JobEnv(rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+                 local_world_size=spec.local_world_size)
+    ctx = start_learner(env, seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
+                        backend="gloo")
     torch.manual_seed(0)  # the same initial model everywhere, as run_learner does
     model = build_model(ModelConfig(**args["model"]), args["feature_dim"], args["num_classes"])
     optim_cfg = OptimConfig(**args["optim"])
@@ -79,8 +81,11 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     sampler = SyntheticSampler(int(args["local_batch"]), warmup + steps)
     hooks = TrainerHooks(loss_fn=_unused_loss, lr_at=lambda step, epoch: optim_cfg.lr)
     with tempfile.TemporaryDirectory(prefix="asrdist-scaling-") as run_dir:
+        straggler = args.get("straggler_rank")
         trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir, epochs=1,
-                          emulate_compute_ms=float(args["compute_ms"]), progress=False)
+                          emulate_compute_ms=float(args["compute_ms"]), progress=False,
+                          straggler_ranks=[] if straggler is None else [int(straggler)],
+                          straggler_slowdown=float(args.get("slowdown", 1.0)))
         frames = 0
         t0 = time.perf_counter()
         counters0 = compute0 = None
@@ -98,11 +103,13 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     strategy.finalize()
     counters = {k: v - counters0[k] for k, v in strategy.counters.as_dict().items()}
     totals = torch.tensor([elapsed, frames], dtype=torch.float64)
+    rates = torch.tensor([frames / elapsed], dtype=torch.float64)
     if distributed:
         slowest = totals[:1].clone()
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         all_frames = totals[1:].clone()
         dist.all_reduce(all_frames)
+        dist.all_reduce(rates)
         elapsed_max, frames_all = float(slowest), float(all_frames)
     else:
         elapsed_max, frames_all = elapsed, float(frames)
@@ -112,6 +119,8 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "parameters": count_parameters(model),
         "frames_per_second": frames_all / elapsed_max,
+        # each learner's own frames/s, summed: the aggregate when learners move at their own pace
+        "sum_of_learner_rates": float(rates),
         "seconds": elapsed_max,
         "frames": frames_all,
         "steps": steps,

@@ -12,6 +12,7 @@ STRATEGIES: dict[str, tuple[str, str, str | None]] = {
     "sync": ("asrdist.parallel.sync", "SyncStrategy", "SyncConfig"),
     "onebit": ("asrdist.parallel.onebit", "OneBitStrategy", "OneBitConfig"),
     "averaging": ("asrdist.parallel.averaging", "AveragingStrategy", "AveragingConfig"),
+    "adpsgd": ("asrdist.parallel.adpsgd", "AdpsgdStrategy", "AdpsgdConfig"),
 }
 
 

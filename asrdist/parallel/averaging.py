@@ -3,8 +3,9 @@
 Every learner starts from rank 0's parameters (broadcast at setup), trains alone on its own
 shard (NG-SGD in configs/averaging.yaml, plain SGD as the ablation) and:
 
-1. counts the samples it trains on (`note_samples(n)` from the trainer, or `samples_per_step`);
-2. once it has trained on `average_every` samples since the last average, all learners replace
+1. counts its minibatches, each as `samples_per_step` samples (or, if 0, as many as the first
+   minibatch the trainer reported with `note_samples(n)`): a count every learner keeps identically;
+2. once that count reaches `average_every` samples since the last average, all learners replace
    their parameters (and floating-point buffers) by the mean over learners, computed by ONE
    flattened allreduce; learner i contributes w_i·x_i and the sum is divided by Σ w_i;
 3. optional exclusion (`exclude_threshold`): before the average, the learners' mean objectives
@@ -16,8 +17,9 @@ shard (NG-SGD in configs/averaging.yaml, plain SGD as the ablation) and:
    trainer's schedule supplies the rate and its geometric decay (optim.decay=geometric);
 5. `finalize()` averages once more, so every learner ends with the identical consensus model.
 
-All learners must reach step 2 at the same step: the trainer gives every learner the same number
-of samples per step (as it must for `sync` too). Momentum buffers: Kaldi's setup has no momentum,
+All learners must reach step 2 at the same step, so the decision never uses a learner's own frame
+count, which differs between learners with utterance (CTC) or chunk (LSTM) minibatches, and needs
+no collective. Momentum buffers: Kaldi's setup has no momentum,
 and local momentum is the usual choice in local SGD, so by default they stay local;
 `average_momentum: true` appends the optimizer's per-parameter tensors (e.g. SGD's
 momentum_buffer) to the same allreduce, at the price of more bytes.
@@ -49,12 +51,18 @@ from asrdist.parallel.base import LearnerContext, Strategy
 @dataclass
 class AveragingConfig:
     average_every: int = 20000
-    """Samples (frames for the DNN) each learner trains on between two averages. Kaldi averages
+    """Samples (frames for the DNN) each learner trains on between two averages, counted as
+    minibatches x `samples_per_step` so that every learner averages at the same step. Kaldi averages
     about every 400k samples; on the built-in corpus (~230k training frames) 20k is about 3
     averages per epoch with 4 learners, and configs/averaging.yaml uses 10k (about 6)."""
     samples_per_step: int = 0
-    """0: the trainer reports samples with `note_samples(n)`. > 0: count this many per step
-    instead (the local minibatch size), for trainers that do not report."""
+    """Samples one learner's minibatch counts for (its nominal size, e.g. data.batch_size / n
+    frames): learners average every ceil(average_every / samples_per_step) minibatches, a count
+    that is the same on every learner whatever frames each minibatch actually has (reports are
+    not added to it). 0: the learner's nominal minibatch (`LearnerContext.samples_per_step`, set
+    by the learner builder: frames, chunks x chunk length, or CTC's frame budget), else the size of
+    the first minibatch reported with `note_samples(n)`; a later report of another size then
+    stops training with an error."""
     scale_lr: bool = False
     """true: lr_scale() = number of learners (Kaldi's rule, right when each learner's batch stays
     the size lr was tuned for); false (default): the global batch is split, the mean over B/n
@@ -91,7 +99,11 @@ class AveragingStrategy(Strategy):
     def __init__(self, config: AveragingConfig | None = None):
         super().__init__(config)
         self.samples_since_average = 0
+        """Minibatches since the last average, times `samples_per_minibatch`."""
         self.samples_noted = 0
+        """Samples the trainer reported (this learner's own frames; not used to decide)."""
+        self.samples_per_minibatch: int | None = self.config.samples_per_step or None
+        """What a minibatch counts for: `samples_per_step`, or the first report (None: none yet)."""
         self.steps = 0
         self.num_averages = 0
         self.loss_sum = 0.0
@@ -102,8 +114,17 @@ class AveragingStrategy(Strategy):
     # -- what the trainer tells us ---------------------------------------------------------------
     def note_samples(self, n: int) -> None:
         """The trainer reports the samples (frames) of this learner's latest minibatch."""
-        self.samples_since_average += int(n)
-        self.samples_noted += int(n)
+        n = int(n)
+        self.samples_noted += n
+        if self.config.samples_per_step or self.ctx.samples_per_step:
+            return
+        if self.samples_per_minibatch is None:
+            self.samples_per_minibatch = n
+        elif n != self.samples_per_minibatch:
+            raise TrainingError(f"averaging: rank {self.ctx.rank} reports a minibatch of {n} samples after "
+                                f"minibatches of {self.samples_per_minibatch}; learners would average at "
+                                f"different steps: set strategy.samples_per_step to the nominal samples per "
+                                f"learner and minibatch")
 
     def note_loss(self, loss: float) -> None:
         """The trainer reports this learner's latest minibatch objective (mean loss)."""
@@ -120,15 +141,18 @@ class AveragingStrategy(Strategy):
             if not dist.is_initialized():
                 raise TrainingError(f"averaging: rank {ctx.rank} of {ctx.world_size} has no process group "
                                     "(torch.distributed is not initialized)")
-            comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)  # same start everywhere
+            comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
+        if not self.config.samples_per_step and ctx.samples_per_step:
+            self.samples_per_minibatch = ctx.samples_per_step
 
     def after_step(self) -> None:
         self.steps += 1
-        if self.config.samples_per_step > 0:
-            self.samples_since_average += self.config.samples_per_step
-        elif self.samples_noted == 0 and self.steps >= 2:
-            raise TrainingError("averaging: the trainer reports no samples (call strategy.note_samples(n) per "
-                                "minibatch or set strategy.samples_per_step)")
+        if self.samples_per_minibatch is None:
+            if self.steps >= 2:
+                raise TrainingError("averaging: the trainer reports no samples (call strategy.note_samples(n) "
+                                    "per minibatch or set strategy.samples_per_step)")
+            return
+        self.samples_since_average += self.samples_per_minibatch
         if self.samples_since_average >= self.config.average_every:
             self.average()
 
@@ -174,7 +198,7 @@ class AveragingStrategy(Strategy):
         if self.loss_count:
             table[rank, 0] = self.loss_sum / self.loss_count
             table[rank, 1] = self.loss_count
-        comm.allreduce(table, self.counters, timeout=self.ctx.timeout)
+        comm.allreduce(table, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
         losses = [(float(loss), int(count)) for loss, count in table.tolist()]
         reported = [loss for loss, count in losses if count > 0]
         finite = [loss for loss in reported if math.isfinite(loss)]
@@ -191,7 +215,7 @@ class AveragingStrategy(Strategy):
             flat = comm.flatten(same)
             if not included[self.ctx.rank]:
                 flat.zero_()  # contributes nothing (and no NaN) to the sum
-            comm.allreduce(flat, self.counters, timeout=self.ctx.timeout)
+            comm.allreduce(flat, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
             flat.div_(divisor)
             with torch.no_grad():
                 comm.unflatten_into(flat, same)
@@ -201,7 +225,7 @@ class AveragingStrategy(Strategy):
         state = super().state_dict()
         state.update(samples_since_average=self.samples_since_average, samples_noted=self.samples_noted,
                      steps=self.steps, num_averages=self.num_averages, loss_sum=self.loss_sum,
-                     loss_count=self.loss_count)
+                     loss_count=self.loss_count, samples_per_minibatch=self.samples_per_minibatch)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,3 +233,6 @@ class AveragingStrategy(Strategy):
         for key in ("samples_since_average", "samples_noted", "steps", "num_averages", "loss_count"):
             setattr(self, key, int(state.get(key, 0)))
         self.loss_sum = float(state.get("loss_sum", 0.0))
+        if not (self.config.samples_per_step or self.ctx.samples_per_step):  # None (not reported yet, or an older checkpoint): the next report
+            size = state.get("samples_per_minibatch")
+            self.samples_per_minibatch = None if size is None else int(size)

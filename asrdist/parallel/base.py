@@ -43,6 +43,9 @@ class CommCounters:
     wait_seconds: float = 0.0
     """Part of comm_seconds spent blocked on peers (barriers, partner not ready)."""
     exchanges: int = 0
+    """Gradient exchanges (collective strategies) or pairwise averagings (adpsgd)."""
+    answer_seconds: float = 0.0
+    """Seconds a communication thread spent answering partners (adpsgd's passive learners)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +75,9 @@ class LearnerContext:
     """The job's c10d store (keys under asrdist/), for coordination without a collective."""
     group_size: int = 1
     """Learners per node group."""
+    samples_per_step: int = 0
+    """This learner's nominal samples per minibatch (the same on every learner; 0 = unknown): lets a
+    strategy count progress identically on every learner when actual minibatches differ (CTC)."""
     job_rank: int = -1
     """This learner's rank in the whole job (= rank unless `on_group` narrowed the context)."""
     job_world_size: int = -1
@@ -154,6 +160,11 @@ class Strategy:
     def finalize(self) -> None:
         """Leave the consensus model in self.model; every learner calls it after training. A
         strategy may keep answering partners until every learner is done, then leaves the average."""
+
+    def epoch_end_metrics(self) -> dict[str, float]:
+        """Called on every learner at every epoch end, inside `paused()`; may use collectives.
+        Its values go into the epoch's record in metrics.jsonl (e.g. adpsgd's consensus distance)."""
+        return {}
 
     def wants_batch_search(self) -> bool:
         """Run CNTK's automatic minibatch-size search at epoch starts (onebit's auto_batch_size)."""

@@ -141,11 +141,11 @@ def all_to_all(output: torch.Tensor, input: torch.Tensor, output_splits: Sequenc
 
 def broadcast(tensor: torch.Tensor, src: int, counters: CommCounters, *, group=None,
               timeout: timedelta | None = None) -> None:
-    """Copy `tensor` from rank `src` to all (counted as the root's n−1 sends)."""
+    """Copy `tensor` from rank `src` of `group` to all (counted as the root's n−1 sends)."""
     n = dist.get_world_size(group)
     nbytes = tensor.numel() * tensor.element_size() * (n - 1) if dist.get_rank(group) == src else 0
     _launch("broadcast", counters, nbytes, timeout, False, True,
-            lambda: dist.broadcast(tensor, src, group=group, async_op=True))
+            lambda: dist.broadcast(tensor, group=group, group_src=src, async_op=True))
 
 
 def broadcast_module(module: torch.nn.Module, counters: CommCounters, *, src: int = 0, group=None,

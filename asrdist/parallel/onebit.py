@@ -136,6 +136,9 @@ class OneBitStrategy(Strategy):
 
     # ---------------------------------------------------------------- trainer interface
 
+    def wants_batch_search(self) -> bool:
+        return self.config.auto_batch_size
+
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         super().setup(model, optimizer, ctx)
         self._params = parameters_with_grad(model)
@@ -143,7 +146,7 @@ class OneBitStrategy(Strategy):
             if p.requires_grad and p.dtype != torch.float32:
                 raise ConfigError(f"strategy onebit: parameter {name} is {p.dtype}, float32 required")
         if ctx.distributed:
-            comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)
+            comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
         if self.config.momentum_correction:
             self._momentum = MomentumCorrection.take_over(optimizer, self._params)
         self._prepare([p.shape for p in self._params], ctx)
@@ -168,6 +171,12 @@ class OneBitStrategy(Strategy):
         self._inflight = self._executor.submit(self._exchange, None, buffer, None, False)
         self._step += 1
 
+    def close(self, error: BaseException | None = None) -> None:
+        """On failure the exchange thread is dropped at once (its collective fails by timeout)."""
+        if error is not None and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
     def finalize(self) -> None:
         """With double buffering, apply the last minibatch's pending gradient (one more optimizer
         step), so every minibatch is applied exactly once."""
@@ -184,13 +193,15 @@ class OneBitStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """This learner's state: residuals differ per rank, so every rank's must be saved. The
         second residuals and the pending gradient are saved per block in the plan's layout,
-        whatever the chunking."""
+        whatever the chunking. The exchange in flight is finished first and its result kept as
+        the pending gradient, so counters, residuals and pending gradient are of the same step."""
+        if self._plan is not None:
+            self._wait_inflight()
         state = super().state_dict()
         if self._momentum is not None:
             state["momentum"] = self._momentum.state_dict()
         if self._plan is None:
             return state
-        self._wait_inflight()
         pending = None
         if self._result_ready:
             pending = torch.empty_like(self._gathered)
@@ -208,6 +219,13 @@ class OneBitStrategy(Strategy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace this learner's state by `state`. The exchange in flight (double buffering) is
+        finished and its result dropped: otherwise it would later overwrite the loaded second
+        residuals and pending gradient, or be applied as the next step's update (a batch-size
+        search restores its snapshot right after a trial's last step)."""
+        if self._plan is not None:
+            self._wait_inflight()
+            self._result_ready = False
         super().load_state_dict(state)
         if self._plan is None:
             self._stashed_state = state  # applied at setup
@@ -263,7 +281,8 @@ class OneBitStrategy(Strategy):
         self._plan = plan = _Plan(shapes2d, n, rank)
         self._chunks = chunks = _Chunks(plan, self.chunks) if shapes2d else _Chunks(plan, 1)
         self._quantizer = get_quantizer(self.config.kernel, ctx.device)
-        self._group = dist.new_group(timeout=ctx.timeout) if ctx.distributed else None
+        ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
+        self._group = dist.new_group(ranks, timeout=ctx.timeout) if ctx.distributed else None
         dev = ctx.device
 
         def wire(numel: int) -> torch.Tensor:

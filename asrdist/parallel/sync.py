@@ -84,7 +84,7 @@ class SyncStrategy(Strategy):
         super().setup(model, optimizer, ctx)
         if not ctx.distributed:
             return
-        comm.broadcast_module(model, self.counters, src=0, timeout=ctx.timeout)
+        comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
         params = list(reversed(parameters_with_grad(model)))
         self._buckets = _build_buckets(params, self.config.bucket_cap_mb)
         self._where = {id(t): (b, k) for b, bucket in enumerate(self._buckets) for k, t in enumerate(bucket.tensors)}
@@ -123,7 +123,7 @@ class SyncStrategy(Strategy):
             buffers = list(self.model.buffers())
             for same in comm.group_by_kind(buffers).values():
                 flat = comm.flatten(same)
-                comm.broadcast(flat, 0, self.counters, timeout=self.ctx.timeout)
+                comm.broadcast(flat, 0, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
                 comm.unflatten_into(flat, same)
 
     # ------------------------------------------------------------------------ model-free
@@ -149,7 +149,7 @@ class SyncStrategy(Strategy):
         grad_of = {id(slot): g for slot, g in zip(slots, grads)}
         for bucket in self._buckets:
             comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.flat)
-            bucket.pending = comm.allreduce(bucket.flat, self.counters, async_op=True, timeout=self.ctx.timeout)
+            bucket.pending = comm.allreduce(bucket.flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
         mean_of = {}
         for bucket in self._buckets:
             bucket.pending.wait()
@@ -182,5 +182,5 @@ class SyncStrategy(Strategy):
         """Launch complete buckets in index order: every learner issues the same sequence."""
         while self._next_launch < len(self._buckets) and all(self._buckets[self._next_launch].ready):
             bucket = self._buckets[self._next_launch]
-            bucket.pending = comm.allreduce(bucket.flat, self.counters, async_op=True, timeout=self.ctx.timeout)
+            bucket.pending = comm.allreduce(bucket.flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
             self._next_launch += 1

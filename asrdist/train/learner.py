@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,7 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
     from asrdist.optim.schedules import LRSchedule
 
     threads = set_threads(cfg.train.threads, ctx.local_world_size)
+    ctx = replace(ctx, samples_per_step=getattr(task, "samples_per_step", 0))
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
     if cfg.optim.natural_gradient:

@@ -43,6 +43,11 @@ class SpeechTask:
         self.local_batch = cfg.data.batch_size // world_size
         self.sampler = self.sampler_for(self.local_batch)
 
+    @property
+    def samples_per_step(self) -> int:
+        """Nominal frames in one of this learner's minibatches (the same on every learner)."""
+        return self.local_batch * (self.cfg.model.chunk if self.kind == "chunk" else 1)
+
     def sampler_for(self, local_batch: int, rank: int | None = None, world_size: int | None = None):
         """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC);
         `rank=0, world_size=1` gives the whole corpus in one order (job-wide epochs)."""

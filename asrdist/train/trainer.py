@@ -313,6 +313,8 @@ class Trainer:
         if self.job_epochs:
             record["minibatches"] = self.sampler.last_taken  # this learner's share of the job's epoch
         last = self.state.epoch == self.epochs - 1 or self._done()
+        with self.strategy.paused():
+            record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
                 model = consensus_copy(self.model, world_size=self.ctx.job_world_size,

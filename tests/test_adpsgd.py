@@ -1,0 +1,144 @@
+"""adpsgd on real gloo learners: averaging preserves the mean and contracts the spread at the rate
+the spectral gap predicts, nothing deadlocks or loses an update under random delays, odd learner
+counts work, and a fast learner takes about 3x the minibatches of a 3x slower one."""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from asrdist.data.job_sampler import JobEpochSampler
+from asrdist.errors import ConfigError
+from asrdist.parallel import comm, topology
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
+from asrdist.parallel.base import CommCounters
+from asrdist.train.trainer import Trainer, TrainerHooks
+from dist_utils import learner_context, run_distributed
+from test_engine import ListOrder, _loss
+
+pytestmark = pytest.mark.slow
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+
+
+def _strategy(pattern="fixed", delay_by_one=False):
+    ctx = learner_context()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    strategy = AdpsgdStrategy(AdpsgdConfig(pattern=pattern, delay_by_one=delay_by_one, seed=3))
+    strategy.setup(model, opt, ctx)
+    return strategy, model, ctx
+
+
+def _sum(flat: torch.Tensor) -> torch.Tensor:
+    total = flat.detach().clone().double()
+    comm.allreduce(total, CommCounters())
+    return total
+
+
+def _spread(rank, world_size, pattern, rounds):
+    strategy, model, ctx = _strategy(pattern)
+    flat = strategy._flat
+    with torch.no_grad():  # every learner starts somewhere else
+        flat.add_(torch.randn(flat.shape, generator=torch.Generator().manual_seed(rank)))
+    total0 = _sum(flat)
+    d0 = strategy.epoch_end_metrics()["consensus_distance"]
+    if strategy.active:
+        for _ in range(rounds):
+            strategy.after_step()
+    dist.barrier()  # test only: every exchange is done (actives exchange synchronously)
+    total1 = _sum(flat)
+    d1 = strategy.epoch_end_metrics()["consensus_distance"]
+    strategy.close(None)
+    strategy.finalize()
+    return {"total0": total0, "total1": total1, "d0": d0, "d1": d1, "final": flat.clone()}
+
+
+@pytest.mark.parametrize("n,pattern", [(2, "fixed"), (4, "fixed"), (4, "random"), (3, "fixed")])
+def test_averaging_keeps_the_mean_and_shrinks_the_spread_as_the_spectral_gap_predicts(tmp_path, n, pattern):
+    rounds = 8
+    results = run_distributed(_spread, n, tmp_path, pattern, rounds)
+    r = results[0]
+    torch.testing.assert_close(r["total1"], r["total0"], rtol=0, atol=1e-4)
+    gap = topology.pattern_gap(n, pattern)
+    # E||x_k - mean||^2 <= (1 - gap)^k ||x_0 - mean||^2; a factor 2 of slack for the finite sample
+    assert r["d1"] <= 2.0 * (1 - gap) ** (rounds / 2) * r["d0"] + 1e-6, (r["d0"], r["d1"], gap)
+    assert r["d1"] < r["d0"]
+    for other in results[1:]:
+        torch.testing.assert_close(other["final"], r["final"])  # finalize leaves the consensus
+
+
+def _busy(rank, world_size, rounds, delay_by_one):
+    strategy, model, ctx = _strategy("random", delay_by_one)
+    flat = strategy._flat
+    rng = random.Random(rank)
+    total0 = _sum(flat)
+    update = torch.randn(flat.shape, generator=torch.Generator().manual_seed(100 + rank)) * 1e-3
+    applied = torch.zeros_like(flat, dtype=torch.float64)
+
+    def step():
+        with torch.no_grad():
+            flat.add_(update)
+        applied.add_(update.double())
+
+    steps = rounds if strategy.active else rounds // 2
+    for _ in range(steps):
+        time.sleep(rng.uniform(0, 0.002))
+        strategy.apply_update(step)  # a local step that a passive's exchange may interleave with
+        strategy.after_step()
+    strategy.close(None)
+    strategy._wait_pending()
+    strategy._say_goodbye()
+    if strategy._answerer is not None:  # every exchange answered before the sum is taken
+        strategy._answerer.join(60)
+    total1 = _sum(flat)
+    comm.allreduce(applied, CommCounters())
+    strategy.finalize()
+    return {"lost": float((total1 - total0 - applied).abs().max()), "exchanges": strategy.counters.exchanges,
+            "active": strategy.active}
+
+
+@pytest.mark.parametrize("n,delay_by_one", [(3, False), (4, True)])
+def test_random_delays_neither_deadlock_nor_lose_an_update(tmp_path, n, delay_by_one):
+    results = run_distributed(_busy, n, tmp_path, 1000 if n == 3 else 300, delay_by_one)
+    assert max(r["lost"] for r in results) < 1e-3  # the sum of all parameters = start + every step
+    actives = sum(r["exchanges"] for r in results if r["active"])
+    passives = sum(r["exchanges"] for r in results if not r["active"])
+    assert actives == passives == (1000 if n == 3 else 2 * 300)
+
+
+def _straggler(rank, world_size, run_dir, pattern):
+    ctx = learner_context()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    strategy = AdpsgdStrategy(AdpsgdConfig(pattern=pattern))
+    strategy.setup(model, opt, ctx)
+    sampler = JobEpochSampler(ListOrder(60), ctx.store, world_size)
+    hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
+    tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=1, progress=False,
+                 emulate_compute_ms=15.0, straggler_ranks=[1], straggler_slowdown=3.0)
+    state = tr.fit()
+    return {"taken": state.history[0]["minibatches"], "distance": state.history[0]["consensus_distance"],
+            "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()])}
+
+
+def test_the_fast_learner_of_two_takes_about_three_times_the_minibatches(tmp_path):
+    fast, slow = run_distributed(_straggler, 2, tmp_path, str(tmp_path / "run"), "fixed")
+    assert fast["taken"] + slow["taken"] == 60
+    assert 1.8 <= fast["taken"] / max(slow["taken"], 1) <= 5.0, (fast["taken"], slow["taken"])
+    torch.testing.assert_close(fast["params"], slow["params"])  # the final consensus
+    assert fast["distance"] >= 0
+
+
+def test_config_is_checked():
+    with pytest.raises(ConfigError, match="strategy.pattern"):
+        AdpsgdConfig(pattern="ring")
+    with pytest.raises(ConfigError, match="strategy.seed"):
+        AdpsgdConfig(seed=-1)
