@@ -7,6 +7,7 @@ section's keys depend on `strategy.name`: each strategy module defines its own c
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +19,27 @@ import yaml
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig
 from asrdist.optim.build import OptimConfig
+
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true/false"}
+
+
+def check_field(key: str, value: Any, kind: type = int, *, at_least: float | None = None,
+                above: float | None = None, at_most: float | None = None) -> Any:
+    """The one check of a typed config field: `value` is a `kind` (a bool is never a number; an int
+    is a float) within the bounds, or a one-line ConfigError naming `key` and the allowed range."""
+    bounds = [f"{op} {b:g}" for op, b in ((">=", at_least), (">", above), ("<=", at_most)) if b is not None]
+    expected = " ".join([_KIND_NAMES[kind], " and ".join(bounds)]).strip()
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        ok = False
+    else:
+        ok = (math.isfinite(value)
+              and (at_least is None or value >= at_least) and (above is None or value > above)
+              and (at_most is None or value <= at_most))
+    if not ok:
+        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+    return value
 
 
 @dataclass
@@ -42,8 +64,10 @@ class DataConfig:
             raise ConfigError(f"data.cmvn: '{self.cmvn}' is not one of global, speaker, none")
         if self.targets not in ("monophone", "tied", "phones", "chars"):
             raise ConfigError(f"data.targets: '{self.targets}' is not one of monophone, tied, phones, chars")
-        if self.batch_size < 1:
-            raise ConfigError("data.batch_size: must be >= 1")
+        check_field("data.num_mel_bins", self.num_mel_bins, at_least=1)
+        check_field("data.tied_states", self.tied_states, at_least=1)
+        check_field("data.batch_size", self.batch_size, at_least=1)
+        check_field("data.window_utterances", self.window_utterances, at_least=1)
 
 
 @dataclass
@@ -54,6 +78,14 @@ class StragglerConfig:
     """Each slow learner sleeps (slowdown - 1) x its own compute time after every step."""
     jitter: float = 0.0
     """Random mode: every learner sleeps uniform(0, jitter) x its compute time."""
+
+    def __post_init__(self):
+        if not isinstance(self.ranks, list):
+            raise ConfigError(f"train.straggler.ranks: expected a list of learner ranks, got {self.ranks!r}")
+        for rank in self.ranks:
+            check_field("train.straggler.ranks", rank, at_least=0)
+        check_field("train.straggler.slowdown", self.slowdown, float, at_least=1)
+        check_field("train.straggler.jitter", self.jitter, float, at_least=0)
 
 
 @dataclass
@@ -78,10 +110,14 @@ class TrainConfig:
     """Learners per group (a "node" for hierarchical strategies); 0 = torchrun's LOCAL_WORLD_SIZE."""
 
     def __post_init__(self):
-        if self.epochs < 1:
-            raise ConfigError("train.epochs: must be >= 1")
-        if self.learners < 1:
-            raise ConfigError("train.learners: must be >= 1")
+        for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
+                             ("checkpoint_every", 0), ("validate_every_epochs", 1), ("threads", 0)):
+            check_field(f"train.{key}", getattr(self, key), at_least=minimum)
+        check_field("train.timeout_seconds", self.timeout_seconds, float, above=0)
+        check_field("train.emulate_compute_ms", self.emulate_compute_ms, float, at_least=0)
+        check_field("train.group_size", self.group_size, at_least=0)
+        if not isinstance(self.straggler, StragglerConfig):
+            raise ConfigError(f"train.straggler: expected a mapping, got {self.straggler!r}")
 
 
 @dataclass
@@ -93,6 +129,13 @@ class EvalConfig:
     bigram_smoothing: float = 1.0
     beam: int = 8
     """CTC beam width (0 = greedy only)."""
+
+    def __post_init__(self):
+        check_field("eval.min_duration", self.min_duration, at_least=1)
+        check_field("eval.acoustic_scale", self.acoustic_scale, float, above=0)
+        check_field("eval.prior_scale", self.prior_scale, float, at_least=0)
+        check_field("eval.bigram_smoothing", self.bigram_smoothing, float, at_least=0)
+        check_field("eval.beam", self.beam, at_least=0)
 
 
 @dataclass
@@ -106,6 +149,21 @@ class RunConfig:
     """The strategy's own config dataclass; its `name` picks the class."""
     strategy_name: str = "single"
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        """Checks that need more than one section, so a bad combination fails before any run starts."""
+        check_field("seed", self.seed)
+        learners = self.train.learners
+        if self.strategy_name == "single" and learners != 1:
+            raise ConfigError(f"train.learners: strategy 'single' runs exactly 1 learner, got {learners} "
+                              "(pick a strategy that communicates: sync, onebit, averaging)")
+        if self.data.batch_size % learners:
+            raise ConfigError(f"data.batch_size: must be a multiple of train.learners = {learners} "
+                              f"(each learner takes an equal share), got {self.data.batch_size}")
+        for rank in self.train.straggler.ranks:
+            if rank >= learners:
+                raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "
+                                  f"(train.learners = {learners}), got {rank}")
 
     def to_dict(self) -> dict:
         d = {"seed": self.seed}
@@ -228,7 +286,4 @@ def config_from_tree(tree: dict) -> RunConfig:
     for key, cls_ in (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig),
                       ("train", TrainConfig), ("eval", EvalConfig)):
         sections[key] = from_dict(cls_, tree.get(key) or {}, key)
-    seed = tree.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed: expected an integer, got {seed!r}")
-    return RunConfig(seed=seed, strategy=strategy, strategy_name=name, **sections)
+    return RunConfig(seed=tree.get("seed", 0), strategy=strategy, strategy_name=name, **sections)

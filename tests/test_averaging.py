@@ -102,6 +102,7 @@ def _reference(world_size: int, config: AveragingConfig, bad_rank: int | None):
     return models, opts, included_log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size, exclude", [(3, True), (2, False)])
 def test_averaging_matches_single_process_reference(tmp_path, world_size, exclude):
     # with exclusion, momentum stays local; without, it is averaged too

@@ -16,6 +16,8 @@ from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
 from dist_utils import run_distributed
 
+pytestmark = pytest.mark.slow  # multi-process: every test runs gloo learners
+
 BATCH, STEPS, LR, WORLD = 12, 6, 0.05, 2
 
 

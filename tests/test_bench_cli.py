@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from asrdist.cli import main
+
+pytestmark = pytest.mark.slow  # end to end: whole benchmarks, some start learner processes
 
 
 def test_bench_ngsgd_writes_its_contract(tmp_path):

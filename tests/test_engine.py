@@ -227,3 +227,54 @@ def test_a_fast_learner_takes_proportionally_more_minibatches_of_the_jobs_epoch(
     assert ckpt.latest_step_dir(tmp_path / "run").name == "epoch-0002"  # published by the last writer
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "epoch-0002").iterdir())
     assert files == ["rank-0.pt", "rank-1.pt"]
+
+
+def _old_main_step(model, opt, strategy, batch, lr):
+    """The step as main ran it before the contract grew (loss, backward, hooks, optimizer.step,
+    zero_grad, after_step): the reference the new trainer must reproduce bit for bit."""
+    for group in opt.param_groups:
+        group["lr"] = lr * strategy.lr_scale()
+    loss, frames = _loss(model, batch)
+    loss.backward()
+    strategy.note_samples(frames)
+    strategy.note_loss(float(loss))
+    strategy.after_backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    strategy.after_step()
+
+
+def _lockstep_learner(rank: int, world_size: int, name: str, config: dict, run_dir: str) -> list:
+    from asrdist.parallel import build_strategy, strategy_config_class
+
+    ctx = learner_context()
+    finals = []
+    for path in ("trainer", "reference"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+        strategy = build_strategy(name, strategy_config_class(name)(**config))
+        strategy.setup(model, opt, ctx)
+        batches = ListOrder(12, seed=rank).batches
+        if path == "trainer":
+            hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.05)
+            tr = Trainer(model, opt, strategy, ListOrder(1), hooks, ctx, Path(run_dir), epochs=1, progress=False)
+            for batch in batches:
+                tr.train_step(batch)
+        else:
+            for batch in batches:
+                _old_main_step(model, opt, strategy, batch, 0.05)
+        strategy.close(None)
+        strategy.finalize()
+        finals.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    return finals
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,config", [("sync", {}), ("onebit", {"double_buffering": True}),
+                                         ("onebit", {"double_buffering": False}),
+                                         ("averaging", {"average_every": 16})])
+def test_lockstep_strategies_step_exactly_as_before_the_contract_grew(tmp_path, name, config):
+    for trainer_final, reference_final in run_distributed(_lockstep_learner, 2, tmp_path, name, config,
+                                                          str(tmp_path / "run")):
+        assert torch.equal(trainer_final, reference_final)

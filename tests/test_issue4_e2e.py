@@ -7,7 +7,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -202,14 +201,18 @@ TWO_NODES = FAST + ["strategy.name=onebit", "train.learners=2", "train.epochs=1"
 
 
 def test_two_node_torchrun_on_loopback(corpus, tmp_path):
+    """The rendezvous store is hosted here, on a port the kernel picks and this process holds
+    open, and both agents join it as clients (is_host=0): no port number is freed and reused.
+    Node 0's agent then serves the learners' store on a port of its own choosing (port 0)."""
+    from torch.distributed import TCPStore
+
     run = _prepared_run(corpus, tmp_path / "run", TWO_NODES)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=150))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    agents = [subprocess.Popen(_torchrun_node(node, f"127.0.0.1:{port}", run), env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True) for node in range(2)]
-    _check_two_node_run(agents, run)
+    agents = [subprocess.Popen(_torchrun_node(node, f"127.0.0.1:{store.port}", run, "--rdzv-conf", "is_host=0"),
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for node in range(2)]
+    _check_two_node_run(agents, run)  # `store` lives until here: the agents' rendezvous
 
 
 EMULATION_OK, EMULATION_WHY = netem.available()

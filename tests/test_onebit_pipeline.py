@@ -70,6 +70,7 @@ def _equal(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_chunked_exchanges_are_bit_identical_on_three_learners(tmp_path):
     n = 3
     results = run_distributed(_learner, n, tmp_path)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,21 +154,31 @@ def test_flatten_roundtrip_and_byte_formulas():
     assert comm.all_to_all_bytes([10, 20, 30], rank=1) == 40
 
 
-def _absent_peer(rank: int, world_size: int):
+HANG_S = 120  # generous: only catches a hang, never paces the test
+
+
+def _absent_peer(rank: int, world_size: int, done_flag: str):
     if rank == 1:
-        time.sleep(3)  # never joins the collective
+        # Alive but never joins the collective: stay until rank 0 has seen its timeout (a peer
+        # that left early would make rank 0's collective fail differently, by a closed connection).
+        deadline = time.monotonic() + HANG_S
+        while not Path(done_flag).exists():
+            assert time.monotonic() < deadline, "rank 0 never finished its collective"
+            time.sleep(0.01)
         return None
     counters = comm.CommCounters()
     try:
         comm.allreduce(torch.ones(4), counters, timeout=timedelta(seconds=1))
     except TrainingError as e:
         return str(e), counters.comm_seconds
+    finally:
+        Path(done_flag).touch()
     return "no error"
 
 
 @pytest.mark.slow
 def test_a_collective_without_its_peer_fails_within_its_timeout(tmp_path):
-    message, seconds = run_distributed(_absent_peer, 2, tmp_path)[0]
+    message, seconds = run_distributed(_absent_peer, 2, tmp_path, str(tmp_path / "rank0-done"))[0]
     # the timeout fired (the peer was still alive, sleeping), as one line naming the rank
     assert message.startswith("rank 0: allreduce (timeout 1 s) failed") and "\n" not in message
     assert "timed out" in message.lower() and seconds > 0

@@ -11,6 +11,8 @@ from asrdist.cli import main
 from asrdist.train.checkpoint import latest_step_dir
 from tests.corpus_fixture import make_tone_corpus
 
+pytestmark = pytest.mark.slow  # end to end: `asrdist train` on a tone corpus
+
 FAST = ["train.log_every=5", "data.batch_size=128", "model.hidden_dim=64", "model.hidden_layers=2",
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
 

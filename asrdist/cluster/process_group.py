@@ -102,7 +102,8 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     group_size = group_size or env.local_world_size
     check_group_size(group_size, env.world_size)
     if env.world_size == 1 and store is None:  # one learner in this process: no process group
-        return LearnerContext(seed=seed, timeout=timeout, store=dist.HashStore(), group_size=1)
+        device = device_for_backend(backend or default_backend(), env.local_rank)
+        return LearnerContext(seed=seed, timeout=timeout, store=dist.HashStore(), group_size=1, device=device)
     if not 0 <= env.rank < env.world_size:
         raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
     if store is None:

@@ -6,8 +6,53 @@ from pathlib import Path
 
 import torch
 
+from asrdist.config import RunConfig
 from asrdist.errors import DataError
 from asrdist.utils.io import write_json_atomic
+
+
+def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` as the learners trained it: natural gradient turns a chunk model's `nn.LSTM` into an
+    `AffineLSTM` (other state_dict keys), exactly as `asrdist.train.learner` does before training."""
+    if cfg.optim.natural_gradient:
+        from asrdist.optim.ng_layers import apply_natural_gradient
+
+        apply_natural_gradient(model, convert_lstm=model.kind == "chunk", seed=cfg.seed)
+    return model
+
+
+def _read_model_file(path: Path) -> dict:
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(f"{path}: not a readable model file ({type(exc).__name__}: {detail})") from None
+    if not isinstance(blob, dict):
+        raise DataError(f"{path}: not an asrdist model file (a {type(blob).__name__}, expected a mapping)")
+    for key in ("model", "config", "input_dim"):
+        if key not in blob:
+            raise DataError(f"{path}: not an asrdist model file (no '{key}' entry)")
+    return blob
+
+
+def load_state_strictly(model: torch.nn.Module, state: dict, path: Path) -> None:
+    """Load every tensor of `state` into `model`; any missing, unexpected or misshaped key is a
+    one-line DataError naming `path` and the first such key."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise DataError(f"{path}: missing key '{missing[0]}' ({len(missing)} missing); "
+                        "the file does not fit the model its config builds")
+    unexpected = [k for k in state if k not in expected]
+    if unexpected:
+        raise DataError(f"{path}: unexpected key '{unexpected[0]}' ({len(unexpected)} unexpected); "
+                        "the file does not fit the model its config builds")
+    for key, tensor in expected.items():
+        saved = state[key]
+        if not isinstance(saved, torch.Tensor) or saved.shape != tensor.shape:
+            shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            raise DataError(f"{path}: key '{key}' has shape {shape}, the model expects {tuple(tensor.shape)}")
+    model.load_state_dict(state, strict=True)
 
 
 def load_run_model(run_dir: Path):
@@ -18,11 +63,11 @@ def load_run_model(run_dir: Path):
     path = run_dir / "model.pt"
     if not path.is_file():
         raise DataError(f"{path}: missing; has the run in {run_dir} finished?")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    cfg = config_from_tree(blob["config"])
+    blob = _read_model_file(path)
+    cfg = config_from_tree(blob["config"])  # the config the model was trained with
     targets = load_targets(run_dir)
-    model = build_model_for(cfg, blob["input_dim"], targets)
-    model.load_state_dict(blob["model"], strict=False)
+    model = trained_architecture(cfg, build_model_for(cfg, blob["input_dim"], targets))
+    load_state_strictly(model, blob["model"], path)
     model.eval()
     return model, cfg, targets, blob["input_dim"]
 

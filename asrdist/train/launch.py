@@ -25,6 +25,38 @@ from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
 
+CONFIG_NAME = "config.yaml"
+_RESUME_CONFIG = re.compile(r"^config-resume-(\d+)\.yaml$")
+
+
+def _resume_configs(run_dir: Path) -> dict[int, Path]:
+    found = {}
+    for path in run_dir.glob("config-resume-*.yaml"):
+        m = _RESUME_CONFIG.match(path.name)
+        if m:
+            found[int(m.group(1))] = path
+    return found
+
+
+def run_config_path(run_dir: Path) -> Path:
+    """The resolved config the run's latest start was made with, which its learners read:
+    `config-resume-K.yaml` of the K-th (latest) `--resume`, else `config.yaml`. config.yaml is
+    written once, by the first start, and never rewritten: it records what made the first steps."""
+    resumes = _resume_configs(run_dir)
+    return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME
+
+
+def _write_resume_config(cfg: RunConfig, run_dir: Path) -> Path:
+    """Record the K-th resume's resolved config as config-resume-K.yaml beside the earlier ones."""
+    from asrdist.train.checkpoint import latest_step_dir
+
+    if latest_step_dir(run_dir) is None:
+        raise TrainingError(f"{run_dir}: no checkpoint to resume from")
+    path = run_dir / f"config-resume-{max(_resume_configs(run_dir), default=0) + 1}.yaml"
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return path
+
+
 def resolve_config(args) -> RunConfig:
     overrides = list(args.overrides or [])
     flag_overrides = []
@@ -35,10 +67,10 @@ def resolve_config(args) -> RunConfig:
     if args.learners is not None:
         flag_overrides.append(f"train.learners={args.learners}")
     if args.resume is not None:
-        base = args.resume / "config.yaml"
-        if not base.is_file():
-            raise ConfigError(f"{base}: missing; --resume needs a run directory made by asrdist train")
-        tree = read_config_tree(base)
+        first = args.resume / CONFIG_NAME
+        if not first.is_file():
+            raise ConfigError(f"{first}: missing; --resume needs a run directory made by asrdist train")
+        tree = read_config_tree(run_config_path(args.resume))  # what the last start ran with
     else:
         tree = read_config_tree(args.config)
     if args.strategy is not None and (tree.get("strategy") or {}).get("name") != args.strategy:
@@ -68,7 +100,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     ensure_features(corpus, cfg, progress=progress)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_targets(run_dir, build_targets(corpus, cfg, model_kind(cfg)))
-    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", environment_record(cfg))
 
 
@@ -77,7 +109,7 @@ def train_command(args) -> int:
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     if args.resume is not None:
         run_dir = args.resume
-        write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        _write_resume_config(cfg, run_dir)
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         if (run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists():

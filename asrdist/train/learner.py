@@ -171,7 +171,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     t0 = time.perf_counter()
     state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
-    per_learner = {"rank": ctx.job_rank, "steps": state.step, "frames": state.frames,
+    per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
                    "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
                    **learner.strategy.counters.as_dict()}
     if ctx.job_world_size > 1:

@@ -230,6 +230,7 @@ class Trainer:
                 self.resume()
             self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
                                       resume_step=self.state.step if resume else None)
+            self._start_line()
             self._train(mid_epoch=resume and self.sampler.state_dict().get("position", 0) > 0)
         except BaseException as exc:
             error = exc
@@ -240,6 +241,14 @@ class Trainer:
             self.strategy.close(error)
         self.strategy.finalize()
         return self.state
+
+    def _start_line(self) -> None:
+        """Learners that move at their own pace start together (through the job store), so that
+        one learner's slower set-up does not hand the first epoch to the others."""
+        if self.job_epochs and self.ctx.store is not None and self.ctx.job_world_size > 1:
+            if int(self.ctx.store.add("start/ready", 1)) == self.ctx.job_world_size:
+                self.ctx.store.set("start/go", "1")
+            self.ctx.store.wait(["start/go"], self.ctx.timeout)
 
     def _train(self, mid_epoch: bool) -> None:
         while self.state.epoch < self.epochs:

@@ -15,6 +15,7 @@ import yaml
 
 from asrdist.cluster.process_group import JobEnv, start_learner, stop_learner
 from asrdist.config import config_from_tree
+from asrdist.train.launch import run_config_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     env = JobEnv.from_environ()
     rank = env.rank
     try:
-        cfg = config_from_tree(yaml.safe_load((args.run_dir / "config.yaml").read_text()))
+        cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
         from asrdist.train.learner import run_learner

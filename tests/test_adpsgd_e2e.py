@@ -1,0 +1,69 @@
+"""adpsgd end to end through `asrdist train`: fixed, random and delay-by-one rings train the tone
+corpus as well as sync (PER within 3% relative), with 3 learners (an odd ring);
+a straggler's fast peers take more of the job's minibatches; `bench straggler` writes its keys."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrdist.cli import main
+from corpus_fixture import make_tone_corpus
+
+pytestmark = pytest.mark.slow
+
+TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=126", "train.log_every=10",
+        "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus", utterances_per_speaker=60, speakers=4)
+    assert main(["features", str(path)]) == 0
+    return path
+
+
+def _train(corpus, out, *extra) -> dict:
+    assert main(["train", "configs/default.yaml", *TINY, *extra, "--data", str(corpus), "--learners", "3",
+                 "--epochs", "2", "--out", str(out), "--no-progress"]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def sync_run(corpus, tmp_path_factory):
+    return _train(corpus, tmp_path_factory.mktemp("sync") / "run", "--strategy", "sync")
+
+
+@pytest.mark.parametrize("variant", [["strategy.pattern=fixed"], ["strategy.pattern=random"],
+                                     ["strategy.pattern=fixed", "strategy.delay_by_one=true"]])
+def test_adpsgd_trains_as_well_as_sync(corpus, sync_run, tmp_path, variant):
+    run = _train(corpus, tmp_path / "run", "--strategy", "adpsgd", *variant)
+    assert run["final"]["per"] <= 1.03 * sync_run["final"]["per"] + 0.01, (run["final"], sync_run["final"])
+    sync_error = 1 - sync_run["final"]["frame_accuracy"]
+    error = 1 - run["final"]["frame_accuracy"]
+    assert error <= 3 * sync_error + 0.02, (error, sync_error)  # it learned (the tone corpus is ~99% right)
+    per_learner = run["comm"]["per_learner"]
+    assert sum(p["exchanges"] for p in per_learner if p["rank"] == 0) > 0  # rank 0 is active
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert len(epochs) == 2 and all(0 <= r["consensus_distance"] < 1 for r in epochs)
+    assert (tmp_path / "run" / "checkpoints" / "epoch-0002").is_dir()
+
+
+def test_a_straggler_leaves_its_peers_more_of_the_epoch(corpus, tmp_path):
+    run = _train(corpus, tmp_path / "run", "--strategy", "adpsgd", "train.straggler.ranks=[2]",
+                 "train.straggler.slowdown=4.0")
+    steps = {p["rank"]: p["steps"] for p in run["comm"]["per_learner"]}
+    assert steps[1] > 1.5 * steps[2], steps  # rank 1 (passive) answers and trains at its own pace
+
+
+def test_bench_straggler_writes_its_keys(tmp_path):
+    out = tmp_path / "straggler.json"
+    assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--learners", "2",
+                 "--straggler-rank", "1", "--hidden-dim", "32", "--compute-ms", "20", "--steps", "3",
+                 "--warmup", "1", "--overlap-compute-ms", "5"]) == 0
+    result = json.loads(out.read_text())
+    for key in ("sync_kept", "adpsgd_kept", "adpsgd_random_kept", "adpsgd_delay_by_one_speedup",
+                "sync_comm_share", "exchange_vs_compute"):
+        assert result[key] > 0, key
+    assert result["network"] == "loopback" and result["learners"] == 2

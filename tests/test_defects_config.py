@@ -1,0 +1,193 @@
+"""Config checks that used to be missing, and `--resume` keeping the first start's config.yaml.
+
+Defects: train.log_every=0 divided by zero in the trainer; other train.* ranges, the straggler
+settings, data.batch_size vs train.learners and `--strategy single` with several learners were
+never checked (or only inside the learners, after the run directory was made); `--resume`
+rewrote RUN/config.yaml, losing the record of what produced the first steps.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from asrdist.cli import main
+from asrdist import config as config_module
+from asrdist.config import config_from_tree, load_config
+from asrdist.errors import ConfigError
+from asrdist.train import launch
+from tests.corpus_fixture import make_tone_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "configs/default.yaml")
+TINY = ["data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1", "optim.warmup_steps=0",
+        "optim.anneal_after_epoch=null", "train.log_every=5", "train.threads=1"]
+
+# override -> (the key the message names, the allowed range it states)
+BAD = {
+    "train.log_every=0": ("train.log_every", ">= 1"),
+    "train.validate_every_epochs=0": ("train.validate_every_epochs", ">= 1"),
+    "train.threads=-1": ("train.threads", ">= 0"),
+    "train.timeout_seconds=0": ("train.timeout_seconds", "> 0"),
+    "train.timeout_seconds=-5": ("train.timeout_seconds", "> 0"),
+    "train.max_steps=-1": ("train.max_steps", ">= 0"),
+    "train.checkpoint_every=-1": ("train.checkpoint_every", ">= 0"),
+    "train.epochs=0": ("train.epochs", ">= 1"),
+    "train.learners=0": ("train.learners", ">= 1"),
+    "train.straggler.ranks=[-1]": ("train.straggler.ranks", ">= 0"),
+    "train.straggler.slowdown=0.5": ("train.straggler.slowdown", ">= 1"),
+    "train.straggler.jitter=-0.1": ("train.straggler.jitter", ">= 0"),
+    "data.window_utterances=0": ("data.window_utterances", ">= 1"),
+    "eval.bigram_smoothing=-1": ("eval.bigram_smoothing", ">= 0"),
+    "eval.beam=-1": ("eval.beam", ">= 0"),
+}
+# with 2 learners under sync: -> (key, allowed range)
+BAD_FOR_TWO = {
+    "train.straggler.ranks=[2]": ("train.straggler.ranks", "[0, 1]"),
+    "train.straggler.ranks=[0,5]": ("train.straggler.ranks", "[0, 1]"),
+    "data.batch_size=255": ("data.batch_size", "multiple of train.learners = 2"),
+}
+
+
+def _assert_names(message: str, key: str, allowed: str) -> None:
+    assert "\n" not in message and message.startswith(f"{key}:") and allowed in message, message
+
+
+@pytest.mark.parametrize("override", sorted(BAD))
+def test_out_of_range_values_are_refused_by_the_loader(override):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, [override])
+    _assert_names(str(err.value), *BAD[override])
+
+
+@pytest.mark.parametrize("override", sorted(BAD_FOR_TWO))
+def test_values_that_do_not_fit_the_learners_are_refused(override):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, ["strategy.name=sync", "train.learners=2", override])
+    _assert_names(str(err.value), *BAD_FOR_TWO[override])
+    load_config(RECIPE, ["strategy.name=sync", "train.learners=2", "train.straggler.ranks=[1]"])  # in range
+
+
+def test_single_strategy_means_one_learner():
+    with pytest.raises(ConfigError) as err:
+        config_from_tree({"train": {"learners": 2}})
+    _assert_names(str(err.value), "train.learners", "exactly 1 learner")
+
+
+@pytest.mark.parametrize("argv", [
+    ["train.log_every=0"], ["train.threads=-1"], ["train.straggler.slowdown=0.5"],
+    ["train.straggler.ranks=[3]", "--learners", "2", "--strategy", "sync"],
+    ["--learners", "3", "--strategy", "sync"],  # 256 frames do not split into 3 equal shares
+    ["--learners", "2", "--strategy", "single"],
+])
+def test_cli_refuses_before_making_anything(tmp_path, capsys, argv):
+    out = tmp_path / "run"
+    assert main(["train", RECIPE, *argv, "--data", str(tmp_path / "no-corpus"), "--out", str(out),
+                 "--no-progress"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asrdist: error: "), err
+    key = err[0].removeprefix("asrdist: error: ").split(":")[0]
+    assert key in {"train.log_every", "train.threads", "train.straggler.slowdown", "train.straggler.ranks",
+                   "data.batch_size", "train.learners"}, err
+    assert not out.exists() and not (tmp_path / "no-corpus").exists()
+
+
+def test_check_field_is_the_one_range_check():
+    check_field = config_module.check_field
+    assert check_field("a.b", 3, at_least=1) == 3
+    assert check_field("a.b", 2, float, above=0) == 2
+    assert check_field("a.b", True, bool) is True
+    for value, kind, bounds, expected in [
+        (0, int, {"at_least": 1}, "a.b: expected an integer >= 1, got 0"),
+        (True, int, {"at_least": 0}, "a.b: expected an integer >= 0, got True"),
+        ("5", int, {}, "a.b: expected an integer, got '5'"),
+        (1.5, int, {}, "a.b: expected an integer, got 1.5"),
+        (math.inf, float, {"above": 0}, "a.b: expected a number > 0, got inf"),
+        (math.nan, float, {}, "a.b: expected a number, got nan"),
+        (1, bool, {}, "a.b: expected true/false, got 1"),
+        (2.0, float, {"at_least": 0, "at_most": 1}, "a.b: expected a number >= 0 and <= 1, got 2.0"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            check_field("a.b", value, kind, **bounds)
+        assert str(err.value) == expected
+
+
+# ------------------------------------------------------------------ through `asrdist train`
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus", utterances_per_speaker=6)
+    assert main(["features", str(path)]) == 0
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv,key", [
+    (["train.log_every=0"], "train.log_every"),
+    (["data.batch_size=100", "--learners", "3", "--strategy", "sync"], "data.batch_size"),
+    (["train.straggler.ranks=[4]", "--learners", "2", "--strategy", "sync"], "train.straggler.ranks"),
+    (["--learners", "2", "--strategy", "single"], "train.learners"),
+])
+def test_train_on_a_real_corpus_refuses_without_a_run_directory(corpus, tmp_path, capsys, argv, key):
+    out = tmp_path / "run"
+    assert main(["train", RECIPE, *TINY, *argv, "--data", str(corpus), "--epochs", "1", "--out", str(out),
+                 "--no-progress"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"asrdist: error: {key}:"), err
+    assert not out.exists()
+
+
+def _resume(run: Path, *argv: str) -> int:
+    return main(["train", RECIPE, "--resume", str(run), *argv, "--no-progress"])
+
+
+def _snapshot(run: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(run)): (p.stat().st_mtime_ns, p.stat().st_size) for p in run.rglob("*")}
+
+
+@pytest.mark.slow
+def test_resume_keeps_config_yaml_and_records_the_resumed_config(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=3", "train.max_steps=4", "--data", str(corpus),
+                 "--epochs", "1", "--out", str(run), "--no-progress"]) == 0
+    original = (run / "config.yaml").read_bytes()
+
+    assert _resume(run, "--epochs", "2", "train.max_steps=0") == 0
+    assert (run / "config.yaml").read_bytes() == original
+    assert yaml.safe_load(original)["train"]["epochs"] == 1
+    resumed = yaml.safe_load((run / "config-resume-1.yaml").read_text())
+    assert resumed["train"]["epochs"] == 2 and resumed["train"]["max_steps"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 2  # the learner ran with the resumed config
+    assert torch.load(run / "model.pt", weights_only=False)["config"]["train"]["epochs"] == 2
+    assert launch.run_config_path(run) == run / "config-resume-1.yaml"  # what learners read next
+
+    # a resume that fails (unknown key, bad value) writes nothing at all
+    before = _snapshot(run)
+    assert _resume(run, "train.bogus=1") != 0
+    assert _resume(run, "train.log_every=0") != 0
+    assert capsys.readouterr().err.count("asrdist: error:") == 2
+    assert _snapshot(run) == before
+
+
+def test_run_config_path_picks_the_latest_resume(tmp_path):
+    for name in ("config.yaml", "config-resume-1.yaml", "config-resume-2.yaml", "config-resume-10.yaml",
+                 "config-resume-x.yaml"):
+        (tmp_path / name).write_text("{}\n")
+    assert launch.run_config_path(tmp_path) == tmp_path / "config-resume-10.yaml"
+
+
+@pytest.mark.slow
+def test_resume_without_a_checkpoint_writes_nothing(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = load_config(RECIPE, [f"data.corpus={corpus}", *TINY])
+    launch.prepare_run_dir(cfg, run, progress=False)
+    before = _snapshot(run)
+    assert _resume(run) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no checkpoint to resume from" in err[0], err
+    assert _snapshot(run) == before
