@@ -14,6 +14,7 @@ from asrdist.parallel import build_strategy
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
 from dist_utils import run_distributed
+from strategy_harness import default_loss, make_trainer, train_steps
 
 BATCH, STEPS = 8, 7
 
@@ -28,29 +29,29 @@ def _batch(rank: int, step: int):
     return torch.randn(BATCH, 5, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
 
 
-def _reported_loss(rank: int, loss: float, bad_rank: int | None) -> float:
+def _reported_loss(rank: int, loss, bad_rank: int | None):
+    """The bad learner's objective is 10 worse (a loss tensor or its value; the gradient is unchanged)."""
     return 10.0 + loss if rank == bad_rank else loss
 
 
 def _learner(rank: int, world_size: int, config: AveragingConfig, bad_rank: int | None):
-    """The trainer's loop with the calls the averaging strategy expects."""
+    """The trainer's own step on this learner's minibatches."""
     model = _model(seed=rank)  # learners start different: setup must broadcast rank 0's
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     strategy = AveragingStrategy(config)
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
     included = []
-    for step in range(STEPS):
-        x, y = _batch(rank, step)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        strategy.note_loss(_reported_loss(rank, loss.item(), bad_rank))
-        strategy.note_samples(BATCH)
-        averages = strategy.num_averages
-        strategy.after_step()
-        if strategy.num_averages > averages:
+
+    def reported_loss(model, batch):
+        loss, frames = default_loss(model, batch)
+        return _reported_loss(rank, loss, bad_rank), frames
+
+    def record_average():
+        if strategy.num_averages > len(included):  # this step averaged
             included.append(strategy.last_included)
+
+    trainer = make_trainer(model, opt, strategy, loss_fn=reported_loss)
+    train_steps(trainer, [_batch(rank, step) for step in range(STEPS)], after_each=record_average)
     strategy.finalize()
     included.append(strategy.last_included)
     return {"params": [p.detach().clone() for p in model.parameters()],

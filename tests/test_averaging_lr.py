@@ -15,6 +15,7 @@ from torch.testing import assert_close
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
 from dist_utils import run_distributed
+from strategy_harness import make_trainer, train_steps
 
 pytestmark = pytest.mark.slow  # multi-process: every test runs gloo learners
 
@@ -36,23 +37,16 @@ def _global_batch(step: int):
 
 
 def _learner(rank: int, world_size: int, scale_lr: bool):
-    """The trainer's order of calls, each learner on its slice of every global batch."""
+    """The trainer's own step (lr times strategy.lr_scale()), each learner on its slice of every
+    global batch; the default loss is the mean over the local B/n."""
     model = _model()
     opt = _optimizer(model, LR)
     strategy = AveragingStrategy(AveragingConfig(average_every=1, scale_lr=scale_lr))
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
     local = BATCH // world_size
-    for step in range(STEPS):
-        x, y = _global_batch(step)
-        x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
-        for group in opt.param_groups:
-            group["lr"] = LR * strategy.lr_scale()
-        F.cross_entropy(model(x), y).backward()  # mean over the local B/n
-        strategy.note_samples(local)
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        strategy.after_step()
+    mine = slice(rank * local, (rank + 1) * local)
+    batches = [tuple(t[mine] for t in _global_batch(step)) for step in range(STEPS)]
+    train_steps(make_trainer(model, opt, strategy, lr=LR), batches)
     strategy.finalize()
     return [p.detach().clone() for p in model.parameters()]
 

@@ -7,12 +7,12 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from asrdist.errors import TrainingError
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
 from tests.dist_utils import TIMEOUT, run_distributed
+from tests.strategy_harness import make_trainer, train_steps
 
 STEPS, NOMINAL, EVERY = 23, 100, 500  # an average due every 5 minibatches: after 5, 10, 15, 20
 
@@ -21,29 +21,27 @@ def _frames(rank: int, step: int) -> int:
     return NOMINAL if rank == 0 else random.Random(step).randint(37, 163)
 
 
+def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    frames = _frames(rank, step)
+    gen = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(frames, 4, generator=gen), torch.randint(0, 3, (frames,), generator=gen)
+
+
 def _learner(rank: int, world_size: int) -> dict:
     torch.manual_seed(rank)
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = AveragingStrategy(AveragingConfig(average_every=EVERY, samples_per_step=NOMINAL))
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size, timeout=TIMEOUT))
+    trainer = make_trainer(model, opt, strategy)
     averaged_at, params_at = [], []
-    for step in range(1, STEPS + 1):  # the trainer's order of calls
-        frames = _frames(rank, step)
-        gen = torch.Generator().manual_seed(100 * rank + step)
-        loss = F.cross_entropy(model(torch.randn(frames, 4, generator=gen)),
-                               torch.randint(0, 3, (frames,), generator=gen))
-        loss.backward()
-        strategy.note_samples(frames)
-        strategy.note_loss(loss.item())
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        before = strategy.num_averages
-        strategy.after_step()
-        if strategy.num_averages > before:
-            averaged_at.append(step)
+
+    def record_average():
+        if strategy.num_averages > len(averaged_at):  # this step averaged
+            averaged_at.append(trainer.state.step)
             params_at.append([p.detach().clone() for p in model.parameters()])
+
+    train_steps(trainer, [_batch(rank, step) for step in range(1, STEPS + 1)], after_each=record_average)
     strategy.finalize()
     return {"averaged_at": averaged_at, "params_at": params_at,
             "final": [p.detach().clone() for p in model.parameters()]}

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from tests.dist_utils import TIMEOUT, run_distributed
+from tests.strategy_harness import make_trainer, train_steps
 
 BATCH, TRIAL_STEPS, STEPS_AFTER = 8, 3, 2
 
@@ -21,14 +21,12 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, 40), torch.nn.Tanh(), torch.nn.Linear(40, 3))
 
 
-def _step(model, opt, strategy, t: int, rank: int) -> None:
-    gen = torch.Generator().manual_seed(1000 * t + rank)
-    x, y = torch.randn(BATCH, 6, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
-    F.cross_entropy(model(x), y).backward()
-    strategy.after_backward()
-    opt.step()
-    opt.zero_grad()
-    strategy.after_step()
+def _batches(steps, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def batch(t: int):
+        gen = torch.Generator().manual_seed(1000 * t + rank)
+        return torch.randn(BATCH, 6, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
+
+    return [batch(t) for t in steps]
 
 
 def _run(rank: int, n: int, snapshot_at: int, trial_steps: int) -> dict:
@@ -38,22 +36,20 @@ def _run(rank: int, n: int, snapshot_at: int, trial_steps: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     strategy = OneBitStrategy(OneBitConfig(double_buffering=True))
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=n, timeout=TIMEOUT))
-    for t in range(snapshot_at):
-        _step(model, opt, strategy, t, rank)
+    trainer = make_trainer(model, opt, strategy)
+    train_steps(trainer, _batches(range(snapshot_at), rank))
     snapshot = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
                               "strategy": strategy.state_dict()})
     if trial_steps:
-        for t in range(trial_steps):
-            _step(model, opt, strategy, 100 + t, rank)
+        train_steps(trainer, _batches(range(100, 100 + trial_steps), rank))
         # restored at once, the last trial exchange still in flight (as between search trials)
         state = copy.deepcopy(snapshot)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         strategy.load_state_dict(state["strategy"])
     trajectory = []
-    for t in range(snapshot_at, snapshot_at + STEPS_AFTER):
-        _step(model, opt, strategy, t, rank)
-        trajectory.append([p.detach().clone() for p in model.parameters()])
+    train_steps(trainer, _batches(range(snapshot_at, snapshot_at + STEPS_AFTER), rank),
+                after_each=lambda: trajectory.append([p.detach().clone() for p in model.parameters()]))
     state = strategy.state_dict()
     strategy.finalize()
     return {"trajectory": trajectory, "final": [p.detach().clone() for p in model.parameters()],

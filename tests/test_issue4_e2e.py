@@ -18,7 +18,7 @@ import torch
 
 from asrdist.cli import main
 from asrdist.config import load_config
-from asrdist.parallel import netem
+from asrdist.cluster import netem
 from asrdist.train.launch import prepare_run_dir
 from tests.corpus_fixture import make_tone_corpus
 from tests.dist_utils import run_distributed
@@ -62,11 +62,9 @@ def test_train_two_onebit_learners_through_the_cli(corpus, tmp_path, capsys):
         assert p["bytes_sent"] > 0 and p["comm_seconds"] > 0 and p["exchanges"] == summary["steps"] > 0
         assert p["frames"] == summary["train_frames"] // 2
     assert summary["comm"]["bytes_sent"] == sum(p["bytes_sent"] for p in per_learner)
-    # the side-by-side table of bench/compare reads the same summary
-    from asrdist.bench.compare import main as compare_main
-
+    # the side-by-side table of `asrdist bench compare` reads the same summary
     capsys.readouterr()
-    assert compare_main([str(run)]) == 0
+    assert main(["bench", "compare", str(run)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:3] == ["run", "strategy", "learners"] and table[2].split()[:3] == ["run", "onebit", "2"]
 
@@ -255,7 +253,7 @@ def test_bench_comm_runs_both_strategies_side_by_side(tmp_path):
 def test_bench_scaling_learner_drives_the_trainer_step():
     """One learner in this process (the launcher's multi-learner path is the comm test's)."""
     from asrdist.bench.scaling_worker import scaling_learner
-    from asrdist.parallel.netem_launch import LearnerSpec
+    from asrdist.cluster.netem_launch import LearnerSpec
 
     spec = LearnerSpec(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
                        master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1, timeout_s=30)

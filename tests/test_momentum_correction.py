@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from asrdist.optim.adagrad import CntkAdaGrad
+from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.momentum import MomentumCorrection
+from strategy_harness import make_trainer, train_steps
 
 
 def _model() -> torch.nn.Module:
@@ -28,6 +30,18 @@ def _grads(model, batch):
     return [p.grad.clone() for p in model.parameters()]
 
 
+class CorrectedExactExchange(Strategy):
+    """Onebit's momentum handling with an exact exchange: only the correction in after_backward."""
+
+    def setup(self, model, optimizer, ctx):
+        super().setup(model, optimizer, ctx)
+        self.params = list(model.parameters())
+        self.correction = MomentumCorrection.take_over(optimizer, self.params)
+
+    def after_backward(self):
+        self.correction.apply(self.params)
+
+
 @pytest.mark.parametrize("nesterov,weight_decay", [(False, 0.0), (True, 0.0), (True, 1e-2), (False, 1e-2)])
 def test_corrected_plain_steps_equal_torch_sgd_with_momentum(nesterov, weight_decay):
     reference, corrected = _model(), _model()
@@ -35,16 +49,14 @@ def test_corrected_plain_steps_equal_torch_sgd_with_momentum(nesterov, weight_de
                               weight_decay=weight_decay)
     opt = torch.optim.SGD(corrected.parameters(), lr=0.1, momentum=0.9, nesterov=nesterov,
                           weight_decay=weight_decay)
-    params = list(corrected.parameters())
-    mc = MomentumCorrection.take_over(opt, params)
-    assert mc is not None
+    strategy = CorrectedExactExchange()
+    strategy.setup(corrected, opt, LearnerContext())
+    assert strategy.correction is not None
     assert all(g["momentum"] == 0 and not g["nesterov"] and g["weight_decay"] == 0 for g in opt.param_groups)
     for (batch,) in _batches(6):
         _grads(reference, batch)
         opt_ref.step()
-        _grads(corrected, batch)
-        mc.apply(params)
-        opt.step()
+    train_steps(make_trainer(corrected, opt, strategy), [batch for (batch,) in _batches(6)])
     for a, b in zip(reference.parameters(), corrected.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 

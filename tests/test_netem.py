@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.parallel import netem
-from asrdist.parallel.netem import EmulatedNetwork, parse_delay, parse_rate
-from asrdist.parallel.netem_launch import LearnerSpec, run_learners
+from asrdist.cluster import netem
+from asrdist.cluster.netem import EmulatedNetwork, parse_delay, parse_rate
+from asrdist.cluster.netem_launch import LearnerSpec, run_learners
 
 ROOT_OK, ROOT_REASON = netem.available()
 needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"emulated network unavailable: {ROOT_REASON}")
@@ -47,6 +47,15 @@ def _ns_json(ns: str | None, *argv: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------- learner functions (run in workers)
+def _join(spec: LearnerSpec) -> None:
+    from datetime import timedelta
+
+    from asrdist.cluster.process_group import start_learner
+
+    start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
+                  backend="gloo")
+
+
 def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
     """Allreduce rank-dependent values; rank 0 also reads its link's qdisc counters around it."""
     import torch
@@ -59,7 +68,7 @@ def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
                              capture_output=True, text=True, check=True).stdout
         return next(q for q in json.loads(out) if q.get("root"))
 
-    spec.init_process_group("gloo")
+    _join(spec)
     x = torch.arange(args["floats"], dtype=torch.float32) * (spec.rank + 1)
     before = uplink()
     dist.all_reduce(x)
@@ -72,7 +81,7 @@ def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
 def learner_fails(spec: LearnerSpec, args: dict) -> dict:
     if spec.rank == args["bad_rank"]:
         raise ValueError(f"injected failure on rank {spec.rank}")
-    spec.init_process_group("gloo")  # the others wait here for the dead one
+    _join(spec)  # the others wait here for the dead one
     return {}
 
 
@@ -103,6 +112,20 @@ def test_bad_layouts_and_subnets():
         EmulatedNetwork(2, subnet="8.8.8.0/24")
     with pytest.raises(ConfigError, match="too small"):
         EmulatedNetwork(3, subnet="10.213.0.0/30")
+
+
+def test_spec_from_torchrun_environment():
+    from asrdist.cluster.process_group import JobEnv
+
+    environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+               "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    spec = LearnerSpec.from_torchrun_env(environ, "cluster", 60.0)
+    assert (spec.rank, spec.world_size, spec.local_rank, spec.local_world_size) == (3, 4, 1, 2)
+    assert (spec.node_rank, spec.num_nodes, spec.master_addr, spec.master_port) == (1, 2, "10.0.0.1", 29500)
+    assert spec.init_method == "env://" and spec.job_env() == JobEnv(3, 4, 1, 2)
+    for missing in ("RANK", "MASTER_PORT"):
+        with pytest.raises(ConfigError, match=f"'{missing}' not set"):
+            LearnerSpec.from_torchrun_env({k: v for k, v in environ.items() if k != missing}, "cluster", 60.0)
 
 
 def test_resolve_network_falls_back_to_loopback(monkeypatch):
@@ -266,7 +289,7 @@ def test_torchrun_two_nodes_on_the_emulated_network(tmp_path, workers_import_tes
         agents = [net.popen(node, [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                                    "--nproc-per-node", "1", "--node-rank", str(node),
                                    "--master-addr", net.node_address(0), "--master-port", "29500",
-                                   "-m", "asrdist.parallel.netem_launch",
+                                   "-m", "asrdist.cluster.netem_launch",
                                    "--function", f"{MODULE}:learner_allreduce",
                                    "--args", json.dumps({"floats": 1000}), "--result-dir", str(tmp_path),
                                    "--label", net.label, "--timeout", "60"],
@@ -295,7 +318,7 @@ def test_failing_learner_is_named_and_everything_removed(workers_import_tests):
 _SIGNALLED = """
 import json, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from asrdist.parallel.netem import EmulatedNetwork
+from asrdist.cluster.netem import EmulatedNetwork
 net = EmulatedNetwork(1).open()
 child = net.popen(0, [sys.executable, "-c", "import time; time.sleep(600)"])
 print(json.dumps({"namespaces": net.namespaces(), "child": child.pid}), flush=True)

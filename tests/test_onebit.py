@@ -15,6 +15,7 @@ from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy, _Plan, quantize_dequantize
 from asrdist.parallel.onebit_kernel import SWBD_SHAPES, ReferenceQuantizer, Residual, as_columns, packed_words
 from tests.dist_utils import run_distributed
+from tests.strategy_harness import make_trainer, train_steps
 
 STEPS, BATCH = 5, 12
 
@@ -35,14 +36,28 @@ def _optimizer(name: str, params):
     return CntkAdaGrad(params, lr=0.05)
 
 
-def _local_loss(model, t: int, rank: int, n: int):
+def _local_batches(steps, rank: int, n: int):
+    """Learner `rank`'s slice of the global batch of every step in `steps`."""
     x, y = _data()
-    per = BATCH // n
-    return F.cross_entropy(model(x[t, rank * per:(rank + 1) * per]), y[t, rank * per:(rank + 1) * per])
+    mine = slice(rank * (BATCH // n), (rank + 1) * (BATCH // n))
+    return [(x[t, mine], y[t, mine]) for t in steps]
+
+
+def _local_loss(model, t: int, rank: int, n: int):
+    (x, y), = _local_batches([t], rank, n)
+    return F.cross_entropy(model(x), y)
+
+
+def _train_steps(model, opt, strategy, steps, rank: int, n: int):
+    """The trainer's own step on this learner's slices; the parameters after every step."""
+    trajectory = []
+    train_steps(make_trainer(model, opt, strategy), _local_batches(steps, rank, n),
+                after_each=lambda: trajectory.append([p.detach().clone() for p in model.parameters()]))
+    return trajectory
 
 
 def _train(rank, n, config, opt_name="sgd", steps=STEPS, start=0, state=None, model_seed=None):
-    """The trainer's loop; returns the parameters after every step, the strategy and its parts."""
+    """Set up and train; returns the parameters after every step, the strategy and its parts."""
     model = _model(rank if model_seed is None else model_seed)  # setup must broadcast rank 0's
     opt = _optimizer(opt_name, model.parameters())
     strategy = OneBitStrategy(config)
@@ -51,14 +66,7 @@ def _train(rank, n, config, opt_name="sgd", steps=STEPS, start=0, state=None, mo
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         strategy.load_state_dict(state["strategy"])
-    trajectory = []
-    for t in range(start, start + steps):
-        _local_loss(model, t, rank, n).backward()
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        strategy.after_step()
-        trajectory.append([p.detach().clone() for p in model.parameters()])
+    trajectory = _train_steps(model, opt, strategy, range(start, start + steps), rank, n)
     return trajectory, strategy, model, opt
 
 
@@ -151,24 +159,13 @@ def _learner(rank: int, n: int):
     _, strategy, model, opt = _train(rank, n, config, steps=2)
     state = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
                            "strategy": strategy.state_dict()})
-    straight, *_ = _train_more(strategy, model, opt, rank, n)
+    straight = _train_steps(model, opt, strategy, (2, 3), rank, n)
     strategy.finalize()  # let its communication thread finish before the next strategy starts
     resumed, *_ = _train(rank, n, config, steps=2, start=2, state=state, model_seed=7)
     out["resume"] = (straight, resumed)
     if rank == 0:
         out["simulated"] = {name: simulate(n, config, opt_name) for name, (config, opt_name) in RUNS.items()}
     return out
-
-
-def _train_more(strategy, model, opt, rank, n):
-    trajectory = []
-    for t in (2, 3):
-        _local_loss(model, t, rank, n).backward()
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        trajectory.append([p.detach().clone() for p in model.parameters()])
-    return trajectory, strategy
 
 
 def _equal(a, b) -> bool:
@@ -216,8 +213,12 @@ def test_single_learner_applies_the_twice_quantized_gradient():
     assert strategy.counters.bytes_sent == 0
 
 
+def _linear_loss(holder, batch):
+    """A loss whose gradient does not depend on the parameters: (W * C_t).sum(), C_t the inputs."""
+    return (holder.w * batch.inputs).sum(), batch.num_frames
+
+
 def _linear_run(config: OneBitConfig, steps: int):
-    """A loss whose gradient does not depend on the parameters: (W * C_t).sum()."""
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(33, 5))
     holder = torch.nn.Module()
@@ -226,13 +227,10 @@ def _linear_run(config: OneBitConfig, steps: int):
     strategy = OneBitStrategy(config)
     strategy.setup(holder, opt, LearnerContext())
     gen = torch.Generator().manual_seed(2)
+    coefficients = [(torch.randn(33, 5, generator=gen), torch.empty(0)) for _ in range(steps)]
     trajectory = [w.detach().clone()]
-    for _ in range(steps):
-        (w * torch.randn(33, 5, generator=gen)).sum().backward()
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        trajectory.append(w.detach().clone())
+    train_steps(make_trainer(holder, opt, strategy, loss_fn=_linear_loss), coefficients,
+                after_each=lambda: trajectory.append(w.detach().clone()))
     strategy.finalize()
     return trajectory, w.detach().clone()
 

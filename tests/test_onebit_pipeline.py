@@ -13,6 +13,7 @@ from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy, _Chunks, _Plan
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, get_quantizer, packed_words
 from tests.dist_utils import run_distributed
+from tests.strategy_harness import make_trainer, train_steps
 
 SHAPES = [(40, 6), (40,), (3, 40), (3,), (70, 33), (70,)]
 
@@ -92,8 +93,13 @@ def test_chunked_exchanges_are_bit_identical_on_three_learners(tmp_path):
     assert sum(res[5]["counters"]["bytes_sent"] for res in results) == 3 * 2 * (n - 1) * quantized * 4
 
 
+def _cubic_loss(holder, batch):
+    """(W * C_t).sum() + (b ** 3).sum(), C_t the inputs."""
+    return (holder.w * batch.inputs).sum() + (holder.b ** 3).sum(), batch.num_frames
+
+
 def _linear_run(chunks: int, steps: int, state=None, start: int = 0):
-    """Double-buffered training on (W * C_t).sum(); returns the weights after every step."""
+    """Double-buffered training on `_cubic_loss`; returns the weights after every step."""
     torch.manual_seed(0)
     holder = torch.nn.Module()
     holder.w = torch.nn.Parameter(torch.randn(70, 9))
@@ -105,14 +111,11 @@ def _linear_run(chunks: int, steps: int, state=None, start: int = 0):
         holder.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         strategy.load_state_dict(state["strategy"])
+    coefficients = [(torch.randn(70, 9, generator=torch.Generator().manual_seed(t)), torch.empty(0))
+                    for t in range(start, start + steps)]
     trajectory = []
-    for t in range(start, start + steps):
-        gen = torch.Generator().manual_seed(t)
-        ((holder.w * torch.randn(70, 9, generator=gen)).sum() + (holder.b ** 3).sum()).backward()
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        trajectory.append([p.detach().clone() for p in holder.parameters()])
+    train_steps(make_trainer(holder, opt, strategy, loss_fn=_cubic_loss), coefficients,
+                after_each=lambda: trajectory.append([p.detach().clone() for p in holder.parameters()]))
     saved = copy.deepcopy({"model": holder.state_dict(), "optimizer": opt.state_dict(),
                            "strategy": strategy.state_dict()})
     strategy.finalize()

@@ -14,6 +14,7 @@ from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 from tests.dist_utils import run_distributed
+from tests.strategy_harness import make_trainer, train_steps
 
 STEPS, BATCH = 4, 8
 
@@ -35,23 +36,24 @@ def _optimizer(name: str, params):
 
 
 def _train(opt_name: str, rank: int, world_size: int, config: SyncConfig | None, record: dict | None = None):
-    """The trainer's loop on this rank's slice of every global batch."""
+    """The trainer's own step on this rank's slice of every global batch."""
     model = _model(seed=rank)  # learners start different: setup must broadcast rank 0's
     opt = _optimizer(opt_name, model.parameters())
     strategy = SyncStrategy(config) if config else SyncStrategy()
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
-    x, y = _data()
-    per = BATCH // world_size
-    for t in range(STEPS):
-        xs, ys = x[t, rank * per:(rank + 1) * per], y[t, rank * per:(rank + 1) * per]
-        F.cross_entropy(model(xs), ys).backward()
-        if record is not None:
+    if record is not None:  # buckets already launched when backward returns (before after_backward)
+        exchange = strategy.after_backward
+
+        def count_launched_then_exchange():
             record.setdefault("launched_in_backward", []).append(
                 sum(b.pending is not None for b in strategy._buckets))
-        strategy.after_backward()
-        opt.step()
-        opt.zero_grad()
-        strategy.after_step()
+            exchange()
+
+        strategy.after_backward = count_launched_then_exchange
+    x, y = _data()
+    per = BATCH // world_size
+    mine = slice(rank * per, (rank + 1) * per)
+    train_steps(make_trainer(model, opt, strategy), [(x[t, mine], y[t, mine]) for t in range(STEPS)])
     strategy.finalize()
     return [p.detach().clone() for p in model.parameters()], strategy.counters
 

@@ -1,8 +1,10 @@
 """`asrdist bench NAME --json OUT`: every benchmark writes one JSON object.
 
 Each benchmark is a module `asrdist.bench.<name>` with `add_arguments(parser)` and
-`run(args) -> dict`. Ratios are measured side by side in one run; the JSON also records the
-machine (cores, threads) and, where communication is measured, the `network` used.
+`run(args) -> dict`; it may define `format_result(result) -> str` to print instead of the JSON, and
+`JSON_REQUIRED = False` to make `--json` optional (only `compare`, whose output is a table).
+Ratios are measured side by side in one run; the JSON also records the machine (cores, threads)
+and, where communication is measured, the `network` used.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ BENCHMARKS = {
     "scaling": "frames/s of 1, 2, 4 learners per strategy with compute emulation",
     "ngsgd": "NG-SGD step time vs plain SGD; averaging bytes per sample",
     "straggler": "throughput kept with one learner 3x slower: sync vs adpsgd; delay-by-one speed-up",
+    "compare": "strategies side by side (PER, frames/s, bytes): finished runs, or --train one per strategy",
 }
 
 
@@ -26,12 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = p.add_subparsers(dest="bench_name", required=True, metavar="NAME")
     for name, help_text in BENCHMARKS.items():
         b = bsub.add_parser(name, help=help_text)
-        b.add_argument("--json", type=Path, required=True, help="output JSON file")
         b.set_defaults(func=_run, bench_module=f"asrdist.bench.{name}")
         try:
-            importlib.import_module(f"asrdist.bench.{name}").add_arguments(b)
+            module = importlib.import_module(f"asrdist.bench.{name}")
         except ModuleNotFoundError:
-            pass  # benchmark not built yet
+            module = None  # benchmark not built yet
+        required = getattr(module, "JSON_REQUIRED", True)
+        b.add_argument("--json", type=Path, required=required,
+                       help="output JSON file" if required else "also write the result as JSON")
+        if module is not None:
+            module.add_arguments(b)
 
 
 def _run(args) -> int:
@@ -41,6 +48,7 @@ def _run(args) -> int:
     module = importlib.import_module(args.bench_module)
     result = module.run(args)
     result.setdefault("machine", machine_info())
-    write_json_atomic(args.json, result)
-    print(json.dumps(result, indent=2))
+    if args.json is not None:
+        write_json_atomic(args.json, result)
+    print(module.format_result(result) if hasattr(module, "format_result") else json.dumps(result, indent=2))
     return 0

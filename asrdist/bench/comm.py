@@ -49,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     from asrdist.errors import ConfigError
-    from asrdist.parallel.netem import resolve_network
-    from asrdist.parallel.netem_launch import run_learners
+    from asrdist.cluster.netem import resolve_network
+    from asrdist.cluster.netem_launch import run_learners
     from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
 
     if args.learners < 2:
@@ -101,13 +101,12 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from asrdist.parallel.base import LearnerContext
+    from asrdist.cluster.process_group import start_learner
     from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
     from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
-    spec.init_process_group("gloo")
-    ctx = LearnerContext(rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
-                         local_world_size=spec.local_world_size, timeout=timedelta(seconds=spec.timeout_s))
+    ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
+                        init_method=spec.init_method, backend="gloo")
     shapes = [torch.Size(s) for s in args["shapes"]]
     gen = torch.Generator().manual_seed(1000 + spec.rank)
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]

@@ -2,7 +2,8 @@
 
 - `step_time_ratio`: one training step (the trainer's own `Trainer.train_step`) of the default DNN
   (11×40 inputs -> 4×512 ReLU -> 40 phones) with natural-gradient layers, over the same step with
-  plain layers; same optimizer (the recipe default: plain SGD), same batch (256 frames).
+  plain layers; both learners from `build_learner` (`optim.natural_gradient` true / false), same
+  initial weights, same optimizer (the recipe default: plain SGD), same batch (256 frames).
 - `step_time_ratio_swbd`: the same on the 1-bit SGD paper's shapes (429 -> 7×2048 sigmoid -> 9304).
 - `bytes_per_sample_ratio`: bytes each learner sends per training sample, `averaging` (default
   `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
@@ -17,7 +18,6 @@ ratio in multiply-adds of the affine layers: the floor any implementation of the
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import tempfile
@@ -26,11 +26,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
-from asrdist.optim.ng_layers import NaturalGradientLinear, apply_natural_gradient
+from asrdist.optim.ng_layers import NaturalGradientLinear
 from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES
 from asrdist.parallel.averaging import AveragingConfig
 
@@ -55,23 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="samples per learner between averages")
 
 
-def _trainer_step(model: torch.nn.Module, batch_size: int, num_classes: int):
-    """A `Trainer` around `model` with a fixed synthetic batch; returns its train_step."""
-    from asrdist.parallel.base import LearnerContext, Strategy
-    from asrdist.train.trainer import Trainer, TrainerHooks
+def build_learners(config: ModelConfig, features: int, num_classes: int, batch: int, run_dir: Path) -> dict:
+    """{"sgd": plain learner, "ngsgd": natural-gradient learner}, both from `build_learner` with the
+    same optimizer (plain SGD, lr 0.01) and the same fixed synthetic batch of `batch` frames. Each
+    model is built right after `torch.manual_seed(0)`, so both start from identical weights."""
+    from asrdist.config import DataConfig, RunConfig, TrainConfig
+    from asrdist.parallel.base import LearnerContext
+    from asrdist.train.learner import build_learner
+    from asrdist.train.synthetic import SyntheticTask
 
-    gen = torch.Generator().manual_seed(0)
-    batch = (torch.randn(batch_size, model.input_dim, generator=gen),
-             torch.randint(0, num_classes, (batch_size,), generator=gen))
-
-    def loss_fn(m, b):
-        return F.cross_entropy(m(b[0]), b[1]), b[0].shape[0]
-
-    optimizer = build_optimizer(OptimConfig(lr=0.01), model.parameters())
-    hooks = TrainerHooks(loss_fn=loss_fn, lr_at=lambda step, epoch: 0.01)
-    trainer = Trainer(model, optimizer, Strategy(), sampler=None, hooks=hooks, ctx=LearnerContext(),
-                      run_dir=Path(tempfile.gettempdir()), epochs=1, progress=False)
-    return lambda: trainer.train_step(batch)
+    learners = {}
+    for name, natural_gradient in (("sgd", False), ("ngsgd", True)):
+        cfg = RunConfig(model=config, data=DataConfig(batch_size=batch),
+                        optim=OptimConfig(lr=0.01, natural_gradient=natural_gradient),
+                        train=TrainConfig(epochs=1, threads=torch.get_num_threads()))
+        torch.manual_seed(0)  # build_learner reseeds on its way out: reseed for each model
+        task = SyntheticTask(build_model(config, features, num_classes), batch, steps=1)
+        learners[name] = build_learner(cfg, run_dir, LearnerContext(), task)
+    return learners
 
 
 def _time_block(step, steps: int) -> tuple[float, float]:
@@ -99,29 +99,29 @@ def flop_ratio(model: torch.nn.Module, batch: int) -> float:
 def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int,
                        hidden_dim: int | None = None) -> dict:
     """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
-    torch.manual_seed(0)
     config = ModelConfig(name=model_name, hidden_dim=hidden_dim)
-    plain = build_model(config, features, num_classes)
-    natural = apply_natural_gradient(copy.deepcopy(plain))
-    steps = {"sgd": _trainer_step(plain, batch, num_classes), "ngsgd": _trainer_step(natural, batch, num_classes)}
-    steps["sgd"]()
-    for _ in range(NUM_INITIAL_UPDATES + 2):  # past the initial every-step statistics updates
-        steps["ngsgd"]()
     times: dict[str, list[tuple[float, float]]] = {"sgd": [], "ngsgd": []}
-    for block in range(blocks):
-        for name in (("sgd", "ngsgd") if block % 2 == 0 else ("ngsgd", "sgd")):
-            times[name].append(_time_block(steps[name], UPDATE_PERIOD))
+    with tempfile.TemporaryDirectory(prefix="asrdist-bench-ngsgd-") as run_dir:
+        learners = build_learners(config, features, num_classes, batch, Path(run_dir))
+        steps = {name: (lambda tr=learner.trainer, b=learner.task.batch: tr.train_step(b))
+                 for name, learner in learners.items()}
+        steps["sgd"]()
+        for _ in range(NUM_INITIAL_UPDATES + 2):  # past the initial every-step statistics updates
+            steps["ngsgd"]()
+        for block in range(blocks):
+            for name in (("sgd", "ngsgd") if block % 2 == 0 else ("ngsgd", "sgd")):
+                times[name].append(_time_block(steps[name], UPDATE_PERIOD))
     wall = {k: statistics.median(w for w, _ in v) / UPDATE_PERIOD for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
     return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}', "
                      f"hidden_dim={config.hidden_dim}), {features}, {num_classes})",
-            "hidden_dim": config.hidden_dim, "parameters": count_parameters(plain), "batch": batch,
+            "hidden_dim": config.hidden_dim, "parameters": count_parameters(learners["sgd"].model), "batch": batch,
             "timed_steps_per_variant": blocks * UPDATE_PERIOD,
             "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
             "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4),
-            "flop_ratio": round(flop_ratio(natural, batch), 4)}
+            "flop_ratio": round(flop_ratio(learners["ngsgd"].model, batch), 4)}
 
 
 # ------------------------------------------------------------------------ bytes per sample
@@ -130,16 +130,15 @@ def _bytes_learner(rank: int, world_size: int, store_path: str, out_dir: str, lo
                    average_every: int, features: int, num_classes: int) -> None:
     import torch.distributed as dist
 
+    from asrdist.cluster.process_group import JobEnv, start_learner
     from asrdist.parallel.averaging import AveragingStrategy
-    from asrdist.parallel.base import LearnerContext
-    from asrdist.parallel.comm import init_process_group
     from asrdist.parallel.sync import SyncStrategy
 
     torch.set_num_threads(1)
-    init_process_group(rank, world_size, store=dist.FileStore(store_path, world_size),
-                       timeout=timedelta(seconds=120), backend="gloo")
+    env = JobEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size)
+    ctx = start_learner(env, seed=0, timeout=timedelta(seconds=120), store=dist.FileStore(store_path, world_size),
+                        backend="gloo")
     try:
-        ctx = LearnerContext(rank=rank, world_size=world_size)
         model = build_model(ModelConfig(name="dnn"), features, num_classes)
         optimizer = build_optimizer(OptimConfig(), model.parameters())
         result = {}

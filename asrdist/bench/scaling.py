@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> dict:
     from asrdist.models.registry import ModelConfig
     from asrdist.parallel import strategy_config_class
-    from asrdist.parallel.netem import resolve_network
-    from asrdist.parallel.netem_launch import run_learners
+    from asrdist.cluster.netem import resolve_network
+    from asrdist.cluster.netem_launch import run_learners
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for name in strategies:

@@ -1,11 +1,12 @@
 """One learner of `asrdist bench scaling`: the real model, optimizer, strategy and `Trainer`, fed
 synthetic minibatches, with the trainer's compute emulation (DESIGN.md §5.8).
 
-`scaling_learner(spec, args)` is run by `netem_launch.run_learners`. It builds everything the
-way `run_learner` does (same seed on every learner, the strategy's `setup`), then calls the
-trainer's own `Trainer.train_step` on `warmup + steps` minibatches of `local_batch` frames and
-times the last `steps`. `emulate_compute_ms` makes the trainer sleep instead of computing and
-write synthetic gradients of the model's shapes, so the step's real work is the strategy's
+`scaling_learner(spec, args)` is run by `netem_launch.run_learners`. It builds the learner with
+`build_learner`, the way `run_learner` does (same seed on every learner, the strategy's `setup`),
+from a `RunConfig` made of its args and a `SyntheticTask`, then calls the trainer's own
+`Trainer.train_step` on `warmup + steps` minibatches of `local_batch` frames and times the last
+`steps`. `train.emulate_compute_ms` makes the trainer sleep instead of computing and write
+synthetic gradients of the model's shapes, so the step's real work is the strategy's
 communication and the optimizer update.
 """
 from __future__ import annotations
@@ -13,83 +14,58 @@ from __future__ import annotations
 import tempfile
 import time
 from datetime import timedelta
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from asrdist.data.batch import Batch
+from asrdist.config import RunConfig
 
 
-class SyntheticSampler:
-    """`steps` minibatches of `frames` frames each, with empty tensors (the emulation never reads
-    them); the sampler protocol the Trainer expects."""
+def scaling_config(spec, args: dict[str, Any]) -> RunConfig:
+    """The run config of one learner: args' model, optimizer and strategy, one epoch, compute
+    emulation and the optional straggler, `local_batch` frames per learner."""
+    from asrdist.config import config_from_tree
 
-    def __init__(self, frames: int, steps: int):
-        self.frames, self.steps = frames, steps
-        self._epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
-
-    def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self.steps):
-            yield Batch(inputs=torch.empty(0), targets=torch.empty(0, dtype=torch.int64), num_frames=self.frames)
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "position": 0}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._epoch = int(state["epoch"])
-
-
-def _unused_loss(model, batch):
-    raise RuntimeError("scaling benchmark: the loss is never computed (compute emulation is on)")
+    straggler = args.get("straggler_rank")
+    return config_from_tree({
+        "seed": 0,
+        "model": args["model"],
+        "optim": args["optim"],
+        "strategy": {"name": args["strategy"], **args.get("strategy_config", {})},
+        "data": {"batch_size": int(args["local_batch"]) * spec.world_size},
+        "train": {"epochs": 1, "learners": spec.world_size, "threads": spec.num_threads,
+                  "timeout_seconds": float(spec.timeout_s), "emulate_compute_ms": float(args["compute_ms"]),
+                  "straggler": {"ranks": [] if straggler is None else [int(straggler)],
+                                "slowdown": float(args.get("slowdown", 1.0))}},
+    })
 
 
 def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from asrdist.config import from_dict
-    from asrdist.models.registry import ModelConfig, build_model, count_parameters
-    from asrdist.optim.build import OptimConfig, build_optimizer
-    from asrdist.parallel import build_strategy, strategy_config_class
-    from asrdist.parallel.base import LearnerContext
-    from asrdist.train.trainer import Trainer, TrainerHooks
+    from asrdist.cluster.process_group import start_learner
+    from asrdist.models.registry import build_model, count_parameters
+    from asrdist.train.learner import build_learner
+    from asrdist.train.synthetic import SyntheticTask
 
     if args["compute_ms"] <= 0:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
-    from asrdist.cluster.process_group import JobEnv, start_learner
-
+    cfg = scaling_config(spec, args)
     distributed = spec.world_size > 1
-    env = JobEnv(rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
-                 local_world_size=spec.local_world_size)
-    ctx = start_learner(env, seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
-                        backend="gloo")
-    torch.manual_seed(0)  # the same initial model everywhere, as run_learner does
-    model = build_model(ModelConfig(**args["model"]), args["feature_dim"], args["num_classes"])
-    optim_cfg = OptimConfig(**args["optim"])
-    optimizer = build_optimizer(optim_cfg, model.parameters())
-    name = args["strategy"]
-    cfg_class = strategy_config_class(name)
-    strategy = build_strategy(name, from_dict(cfg_class, args.get("strategy_config", {}), "strategy")
-                              if cfg_class else None)
-    strategy.setup(model, optimizer, ctx)
+    ctx = start_learner(spec.job_env(), seed=cfg.seed, timeout=timedelta(seconds=spec.timeout_s),
+                        init_method=spec.init_method, backend="gloo")
     warmup, steps = int(args["warmup"]), int(args["steps"])
-    sampler = SyntheticSampler(int(args["local_batch"]), warmup + steps)
-    hooks = TrainerHooks(loss_fn=_unused_loss, lr_at=lambda step, epoch: optim_cfg.lr)
+    torch.manual_seed(cfg.seed)  # the same initial model everywhere, as run_learner does
+    model = build_model(cfg.model, args["feature_dim"], args["num_classes"])
+    task = SyntheticTask(model, int(args["local_batch"]), warmup + steps, emulate=True)
     with tempfile.TemporaryDirectory(prefix="asrdist-scaling-") as run_dir:
-        straggler = args.get("straggler_rank")
-        trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir, epochs=1,
-                          emulate_compute_ms=float(args["compute_ms"]), progress=False,
-                          straggler_ranks=[] if straggler is None else [int(straggler)],
-                          straggler_slowdown=float(args.get("slowdown", 1.0)))
+        learner = build_learner(cfg, Path(run_dir), ctx, task)
+        trainer, strategy = learner.trainer, learner.strategy
         frames = 0
         t0 = time.perf_counter()
         counters0 = compute0 = None
-        for i, batch in enumerate(sampler):
+        for i, batch in enumerate(task.sampler):  # every learner its own warmup + steps minibatches
             if i == warmup:  # the timed window starts together on every learner
                 if distributed:
                     dist.barrier()
@@ -117,7 +93,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "rank": spec.rank,
         "network": spec.network if distributed else "none (one learner)",
         "threads": torch.get_num_threads(),
-        "parameters": count_parameters(model),
+        "parameters": count_parameters(learner.model),
         "frames_per_second": frames_all / elapsed_max,
         # each learner's own frames/s, summed: the aggregate when learners move at their own pace
         "sum_of_learner_rates": float(rates),

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run(job: dict, strategy: str, config: dict, n: int, network: str, timeout: float,
          straggler: int | None = None, slowdown: float = 1.0) -> dict:
-    from asrdist.parallel.netem_launch import run_learners
+    from asrdist.cluster.netem_launch import run_learners
 
     args = {**job, "strategy": strategy, "strategy_config": config}
     if straggler is not None:
@@ -56,7 +56,7 @@ def _run(job: dict, strategy: str, config: dict, n: int, network: str, timeout: 
 
 
 def run(args) -> dict:
-    from asrdist.parallel.netem import resolve_network
+    from asrdist.cluster.netem import resolve_network
 
     n = args.learners
     if n < 2 or not 0 <= args.straggler_rank < n or args.slowdown < 1 or args.compute_ms <= 0 or args.steps < 1:

@@ -2,8 +2,9 @@
 
 Both loops train the default DNN on the same batches from the same `FrameSampler` (random
 features in a memory-mapped store), one learner, one epoch per round; rounds alternate
-bare / asrdist so machine noise hits both alike. `trainer_vs_bare` = asrdist frames/s divided by
-bare frames/s, medians over the rounds (target >= 0.95).
+bare / asrdist so machine noise hits both alike. The asrdist side is a learner from
+`build_learner` with the bare loop's optimizer, trained by `Trainer.fit`. `trainer_vs_bare` =
+asrdist frames/s divided by bare frames/s, medians over the rounds (target >= 0.95).
 """
 from __future__ import annotations
 
@@ -48,8 +49,7 @@ def _model():
     return build_model(ModelConfig(name="dnn"), DIM, CLASSES)
 
 
-def _bare(sampler) -> tuple[int, float, float]:
-    model = _model()
+def _bare(model: torch.nn.Module, sampler) -> tuple[int, float, float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler.set_epoch(0)
     frames, t0, c0 = 0, time.perf_counter(), time.process_time()
@@ -62,24 +62,24 @@ def _bare(sampler) -> tuple[int, float, float]:
     return frames, time.perf_counter() - t0, time.process_time() - c0
 
 
+def asrdist_learner(sampler, run_dir: Path):
+    """The asrdist side: `build_learner` on `_model()` and `sampler`, with the bare loop's optimizer
+    (SGD, lr 0.05, momentum 0.9, constant rate), so both loops do the same work."""
+    from asrdist.config import DataConfig, RunConfig, TrainConfig
+    from asrdist.optim.build import OptimConfig
+    from asrdist.parallel.base import LearnerContext
+    from asrdist.train.learner import build_learner
+    from asrdist.train.synthetic import FrameTask
+
+    cfg = RunConfig(data=DataConfig(batch_size=sampler.batch_size), optim=OptimConfig(lr=0.05, momentum=0.9),
+                    train=TrainConfig(epochs=1, log_every=50, threads=torch.get_num_threads()))
+    return build_learner(cfg, run_dir, LearnerContext(), FrameTask(_model(), sampler))
+
+
 def _asrdist(sampler, run_dir: Path) -> tuple[int, float, float]:
-    from asrdist.models.objectives import frame_cross_entropy
-    from asrdist.parallel.base import LearnerContext, Strategy
-    from asrdist.train.trainer import Trainer, TrainerHooks
-
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    strategy = Strategy()
-    strategy.setup(model, opt, LearnerContext())
-
-    def loss_fn(m, batch):
-        loss, _ = frame_cross_entropy(m(batch.inputs), batch.targets)
-        return loss, batch.num_frames
-
-    trainer = Trainer(model, opt, strategy, sampler, TrainerHooks(loss_fn=loss_fn, lr_at=lambda s, e: 0.05),
-                      LearnerContext(), run_dir, epochs=1, log_every=50, progress=False)
+    learner = asrdist_learner(sampler, run_dir)
     t0, c0 = time.perf_counter(), time.process_time()
-    state = trainer.fit()
+    state = learner.trainer.fit()
     return state.frames, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -94,7 +94,7 @@ def run(args) -> dict:
         store, labels = _store(tmp, args.utterances)
         for r in range(args.rounds):
             s1 = FrameSampler(store, labels, batch_size=256, context=5, seed=0)
-            f, t, c = _bare(s1)
+            f, t, c = _bare(_model(), s1)
             bare.append(f / t)
             bare_cpu.append(f / c)
             s2 = FrameSampler(store, labels, batch_size=256, context=5, seed=0)

@@ -1,6 +1,5 @@
 """Communication helpers shared by the strategies.
 
-- `init_process_group`: gloo on CPU, NCCL when CUDA is there, never hard-coded.
 - Timed collectives (`allreduce`, `all_to_all`, `broadcast`) that account payload bytes and
   seconds in a `CommCounters` and always wait with a timeout; a failure becomes a one-line
   `TrainingError` naming the rank. Launch with `async_op=True` to overlap, then `Pending.wait()`.
@@ -20,37 +19,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.errors import TrainingError
 from asrdist.parallel.base import CommCounters
 
 DEFAULT_TIMEOUT = timedelta(seconds=120)
-
-
-def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-
-
-def init_process_group(rank: int, world_size: int, *, store: dist.Store | None = None,
-                       init_method: str | None = None, timeout: timedelta = DEFAULT_TIMEOUT,
-                       backend: str | None = None) -> str:
-    """Join the default process group through `store` or `init_method` (e.g. "env://" under
-    torchrun); return the backend chosen. The timeout bounds every collective."""
-    if not 0 <= rank < world_size:
-        raise ConfigError(f"learners: rank {rank} outside world size {world_size}")
-    if (store is None) == (init_method is None):
-        raise ConfigError("init_process_group: give exactly one of store or init_method")
-    backend = backend or default_backend()
-    dist.init_process_group(backend, store=store, init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timeout)
-    return backend
-
-
-def device_for_backend(backend: str, local_rank: int) -> torch.device:
-    """The device a learner computes on: its own GPU under NCCL, the CPU under gloo."""
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------- byte accounting

@@ -1,27 +1,24 @@
 """`asrdist train`: resolve the config, prepare the run directory, start the learners.
 
-One learner runs in this process. N learners run through torch's own elastic launcher,
-`python -m torch.distributed.run --standalone --nproc-per-node N -m asrdist.train.worker RUN_DIR`,
-which is exactly what `torchrun --nnodes A --nproc-per-node B` runs on a cluster.
+One learner runs in this process. N learners run `asrdist.train.worker RUN_DIR` through the
+cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as torchrun on a cluster).
 """
 from __future__ import annotations
 
 import json
-import os
 import platform
 import re
-import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import yaml
 
+from asrdist.cluster.launcher import launch_learners
+from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
 
@@ -124,75 +121,16 @@ def train_command(args) -> int:
         summary = run_learner(cfg, run_dir, ctx, resume=args.resume is not None,
                               progress=progress)
     else:
-        summary = launch_learners(cfg, run_dir, resume=args.resume is not None, progress=progress)
+        summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress)
     print_summary(run_dir, summary)
     return 0
 
 
-def launch_learners(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool) -> dict:
-    n = cfg.train.learners
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc-per-node", str(n), "--max-restarts", "0", "--monitor-interval", "0.5",
-           "-m", "asrdist.train.worker", str(run_dir)]
-    if resume:
-        cmd.append("--resume")
-    if not progress:
-        cmd.append("--no-progress")
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)))
-    run_distributed_command(cmd, env, run_dir, timeout=None)
+def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool) -> dict:
+    """`cfg.train.learners` workers of the prepared run through the cluster launcher; the summary."""
+    args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
+    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir)
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def run_distributed_command(cmd: list[str], env: dict, run_dir: Path, timeout: float | None) -> None:
-    """Run torch.distributed.run, echo its output, and turn a failure into one line naming the rank."""
-    for f in run_dir.glob("failed-rank-*.txt"):
-        f.unlink()
-    proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
-    tail: list[str] = []
-
-    def pump():
-        for line in proc.stderr:
-            tail.append(line)
-            del tail[:-200]
-            if not _launcher_noise(line):
-                sys.stderr.write(line)
-
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
-    try:
-        rc = proc.wait(timeout=timeout)
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):
-        proc.terminate()
-        proc.wait(30)
-        raise
-    t.join(5)
-    if rc != 0:
-        raise TrainingError(failure_message(run_dir, "".join(tail), rc))
-
-
-def _launcher_noise(line: str) -> bool:
-    return "torch.distributed.run" in line and "OMP_NUM_THREADS" in line or line.startswith("*****")
-
-
-def failure_message(run_dir: Path, launcher_output: str, rc: int) -> str:
-    """One line naming the learner that failed first.
-
-    A learner killed by a signal (not the launcher's own SIGTERM) is the root cause even when its
-    peers wrote errors of their own (their collectives broke because it vanished); otherwise the
-    first learner that reported its own error is named.
-    """
-    failures = [(int(r), int(c)) for r, c in
-                re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
-    for rank, code in failures:
-        if code < 0 and code != -15:
-            return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
-    reports = sorted(run_dir.glob("failed-rank-*.txt"), key=lambda p: p.stat().st_mtime)
-    if reports:
-        return reports[0].read_text().strip().splitlines()[0]
-    if failures:
-        rank, code = failures[0]
-        return f"learner rank {rank} failed (exit code {code}); the job was stopped"
-    return f"learners failed (launcher exit code {rc})"
 
 
 def print_summary(run_dir: Path, summary: dict | None) -> None:

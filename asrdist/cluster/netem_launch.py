@@ -1,24 +1,25 @@
 """Launch learner processes on loopback or on an emulated cluster network (see netem.py).
 
 `run_learners(module, name, world_size, nodes, network, args, timeout)` starts `world_size`
-processes of `python -m asrdist.parallel.netem_launch --worker SPEC`, each calling
+processes of `python -m asrdist.cluster.netem_launch --worker SPEC`, each calling
 `module.name(spec: LearnerSpec, args: dict) -> dict` and returning that JSON-able dict through a
 file. Ranks are grouped into `nodes` like torchrun does (rank = node * per_node + local_rank);
-learners of one node share its namespace and loopback, like GPUs in one server. Rendezvous is TCP
-on node 0's address (`spec.init_process_group()`), and gloo binds to the node's NIC through
-GLOO_SOCKET_IFNAME. A learner that fails or hangs stops them all within `timeout`, and a
-TrainingError names its rank and its last stderr line.
+learners of one node share its namespace and loopback, like GPUs in one server. A learner joins
+the job through the one process-group set-up, `start_learner(spec.job_env(), ...,
+init_method=spec.init_method)` (TCP rendezvous on node 0's address), and gloo binds to the node's
+NIC through GLOO_SOCKET_IFNAME. A learner that fails or hangs stops them all within `timeout`, and
+a TrainingError names its rank and its last stderr line.
 
 Run as a script it measures an allreduce, e.g. the 46M-parameter gradient on 4 learners:
 
-    python -m asrdist.parallel.netem_launch --learners 4 --network 1gbit --floats 46000000
+    python -m asrdist.cluster.netem_launch --learners 4 --network 1gbit --floats 46000000
 
 The same learner functions run under torchrun on a real cluster (one command per host, R = 0..A-1;
 learners then read torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT):
 
     GLOO_SOCKET_IFNAME=<cluster NIC> torchrun --nnodes A --nproc-per-node B --node-rank R \
-        --master-addr HOST0 --master-port 29500 -m asrdist.parallel.netem_launch \
-        --function asrdist.parallel.netem_launch:allreduce_timing --args '{"floats": 46000000}'
+        --master-addr HOST0 --master-port 29500 -m asrdist.cluster.netem_launch \
+        --function asrdist.cluster.netem_launch:allreduce_timing --args '{"floats": 46000000}'
 """
 from __future__ import annotations
 
@@ -33,14 +34,15 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
+from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.parallel.netem import (EmulatedNetwork, available, die_with_parent, parse_rate,
-                                    stop_process)
 from asrdist.utils.io import write_json_atomic
+
+if TYPE_CHECKING:
+    from asrdist.cluster.process_group import JobEnv
 
 _POLL_S = 0.05
 # Rendezvous ports in a fresh namespace: below Linux's ephemeral range (32768-60999), where gloo's
@@ -68,25 +70,30 @@ class LearnerSpec:
     """'tcp://ADDR:PORT' from run_learners; 'env://' under torchrun (it may host the store itself)."""
 
     @classmethod
-    def from_torchrun_env(cls, environ: dict[str, str], network: str, timeout_s: float) -> "LearnerSpec":
-        """The spec of a learner started by torchrun, from the variables torchrun sets."""
+    def from_torchrun_env(cls, environ: Mapping[str, str], network: str, timeout_s: float) -> "LearnerSpec":
+        """The spec of a learner started by torchrun: ranks from `JobEnv.from_environ`, the node
+        and the rendezvous address from the rest of what torchrun sets."""
+        from asrdist.cluster.process_group import JobEnv
+
+        job = JobEnv.from_environ(environ)
         try:
-            world, local_world = int(environ["WORLD_SIZE"]), int(environ["LOCAL_WORLD_SIZE"])
-            return cls(rank=int(environ["RANK"]), world_size=world, local_rank=int(environ["LOCAL_RANK"]),
-                       local_world_size=local_world, node_rank=int(environ["GROUP_RANK"]),
-                       num_nodes=world // local_world, master_addr=environ["MASTER_ADDR"],
-                       master_port=int(environ["MASTER_PORT"]), network=network,
-                       num_threads=max(1, len(os.sched_getaffinity(0)) // local_world),
-                       timeout_s=timeout_s, init_method="env://")
+            node_rank, master_addr, master_port = (int(environ["GROUP_RANK"]), environ["MASTER_ADDR"],
+                                                   int(environ["MASTER_PORT"]))
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
+        return cls(rank=job.rank, world_size=job.world_size, local_rank=job.local_rank,
+                   local_world_size=job.local_world_size, node_rank=node_rank,
+                   num_nodes=job.world_size // job.local_world_size, master_addr=master_addr,
+                   master_port=master_port, network=network,
+                   num_threads=max(1, len(os.sched_getaffinity(0)) // job.local_world_size),
+                   timeout_s=timeout_s, init_method="env://")
 
-    def init_process_group(self, backend: str = "gloo") -> None:
-        """Join the job's process group (TCP rendezvous on node 0's address)."""
-        import torch.distributed as dist
+    def job_env(self) -> "JobEnv":
+        """This learner as `start_learner` takes it."""
+        from asrdist.cluster.process_group import JobEnv
 
-        dist.init_process_group(backend, init_method=self.init_method, rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+        return JobEnv(rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
+                      local_world_size=self.local_world_size)
 
 
 def _free_loopback_port() -> int:
@@ -159,7 +166,7 @@ def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_siz
                        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                        WORLD_SIZE=str(world_size), LOCAL_RANK=str(spec.local_rank),
                        LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(spec.node_rank))
-            argv = [sys.executable, "-m", "asrdist.parallel.netem_launch", "--worker", str(spec_path)]
+            argv = [sys.executable, "-m", "asrdist.cluster.netem_launch", "--worker", str(spec_path)]
             # stdout is inherited, as under torchrun; stderr is kept to name a failure's cause
             log = open(tmp / f"stderr{rank}.log", "wb")
             logs.append(log)
@@ -244,10 +251,15 @@ def allreduce_timing(spec: LearnerSpec, args: dict[str, Any]) -> dict[str, Any]:
 
     Returns seconds per allreduce (the slowest learner's, agreed through an allreduce of the max)
     and a checksum: element 0 after the last allreduce, which must equal the sum of the ranks+1."""
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
-    spec.init_process_group("gloo")
+    from asrdist.cluster.process_group import start_learner
+
+    start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
+                  backend="gloo")
     tensor = torch.empty(int(args["floats"]), dtype=torch.float32)
     tensor.fill_(spec.rank + 1)
     dist.all_reduce(tensor[: min(len(tensor), 1 << 16)])  # warm-up: connections established
@@ -266,7 +278,7 @@ def allreduce_timing(spec: LearnerSpec, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m asrdist.parallel.netem_launch",
+    p = argparse.ArgumentParser(prog="python -m asrdist.cluster.netem_launch",
                                 description="Time a gloo allreduce over loopback or an emulated network.")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--function", help="under torchrun: run learner function MODULE:NAME(spec, args)")
@@ -286,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.function:
         _torchrun_learner(a.function, a.args, a.result_dir, a.label, a.timeout)
         return 0
-    results = run_learners(__name__ if __name__ != "__main__" else "asrdist.parallel.netem_launch",
+    if a.learners < 2:
+        p.error(f"--learners: an allreduce needs at least 2 learners, got {a.learners}")
+    results = run_learners(__name__ if __name__ != "__main__" else "asrdist.cluster.netem_launch",
                            "allreduce_timing", a.learners, a.nodes, a.network,
                            {"floats": a.floats, "repeats": a.repeats}, a.timeout)
     r0 = results[0]

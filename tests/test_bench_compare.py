@@ -1,0 +1,80 @@
+"""`asrdist bench compare`: the table (and JSON) from finished runs, its argument checks, and end to
+end `--train` of two strategies on the tone corpus."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asrdist.cli import main
+from tests.corpus_fixture import make_tone_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.epochs=1"]
+
+
+def _fake_run(run_dir: Path, strategy: str, bytes_sent: int) -> Path:
+    run_dir.mkdir(parents=True)
+    summary = {"strategy": strategy, "learners": 2, "final": {"per": 0.25, "frame_accuracy": 0.75},
+               "frames_per_second": 1000.0, "wall_seconds": 3.0,
+               "comm": {"bytes_sent": bytes_sent, "comm_seconds": 0.5, "wait_seconds": 0.25}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def test_table_and_json_from_finished_runs(tmp_path, capsys):
+    runs = [_fake_run(tmp_path / "a", "sync", 2_000_000), _fake_run(tmp_path / "b", "onebit", 100_000)]
+    out = tmp_path / "compare.json"
+    assert main(["bench", "compare", *map(str, runs), "--json", str(out)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["run", "strategy", "learners"]
+    assert [line.split()[:2] for line in table[2:]] == [["a", "sync"], ["b", "onebit"]]
+    result = json.loads(out.read_text())
+    assert [r["strategy"] for r in result["runs"]] == ["sync", "onebit"]
+    assert [r["MB sent"] for r in result["runs"]] == [2.0, 0.1] and result["runs"][1]["path"] == str(runs[1])
+    assert "trained" not in result and "machine" in result
+    assert main(["bench", "compare", str(runs[0])]) == 0  # --json is optional for compare only
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give run directories, or --train"),
+    (["RUN", "--learners", "2"], "--learners: only with --train"),
+    (["RUN", "optim.lr=0.1"], "optim.lr=0.1: only with --train"),
+    (["--train", "configs/default.yaml", "--strategies", ","], "names no strategy"),
+    (["MISSING"], "MISSING/summary.json: missing"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, capsys):
+    assert main(["bench", "compare", *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_other_benchmarks_still_require_json():
+    with pytest.raises(SystemExit):
+        main(["bench", "data"])
+
+
+@pytest.mark.slow
+def test_train_two_strategies_then_compare(tmp_path, capsys):
+    corpus = make_tone_corpus(tmp_path / "corpus")
+    assert main(["features", str(corpus)]) == 0
+    out, first, again = tmp_path / "compare", tmp_path / "first.json", tmp_path / "again.json"
+    assert main(["bench", "compare", "--train", str(ROOT / "configs/default.yaml"), "--learners", "2",
+                 "--strategies", "sync,onebit", "--out", str(out), "--data", str(corpus), "--json", str(first),
+                 *TINY]) == 0
+    table = capsys.readouterr().out.splitlines()[-4:]  # after what features and training print
+    assert table[0].split()[:3] == ["run", "strategy", "learners"]
+    assert [line.split()[:3] for line in table[2:]] == [["sync", "sync", "2"], ["onebit", "onebit", "2"]]
+    result = json.loads(first.read_text())
+    assert result["trained"] == {"config": str(ROOT / "configs/default.yaml"), "learners": 2, "out": str(out),
+                                 "overrides": TINY}
+    sync, onebit = result["runs"]
+    for row in (sync, onebit):
+        assert 0.0 <= row["frame acc"] <= 1.0 and row["frames/s"] > 0 and row["wall s"] > 0
+        config = (Path(row["path"]) / "config.yaml").read_text()
+        assert "hidden_dim: 32" in config and "epochs: 1" in config
+    # 1 bit per value against 32, plus two scales per column: ~1/10 on columns 32 deep
+    assert 0 < onebit["MB sent"] < sync["MB sent"] / 5
+    # the table again, from the finished runs
+    assert main(["bench", "compare", str(out / "sync"), str(out / "onebit"), "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["runs"] == result["runs"]
