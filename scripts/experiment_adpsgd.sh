@@ -4,8 +4,9 @@
 # learner 3 made 3x slower; one table line per run from its summary.json. A run whose
 # summary.json exists is not redone.
 #
-#   scripts/experiment_adpsgd.sh [OUT_DIR] [EPOCHS] [LEARNERS]
-#   (defaults: runs/adpsgd-experiment, 4, 4; CORPUS=demo/corpus; ASRDIST=.venv/bin/asrdist)
+#   [BATCHES="1024 2048 4096"] scripts/experiment_adpsgd.sh [OUT_DIR] [EPOCHS] [LEARNERS]
+#   (defaults: runs/adpsgd-experiment, 4, 4; CORPUS=demo/corpus; ASRDIST=.venv/bin/asrdist;
+#   BATCHES: also sweep the global batch of sync and adpsgd)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/adpsgd-experiment}
@@ -41,3 +42,22 @@ for straggler in equal slow; do
 done
 
 "$asrdist" bench compare "${names[@]/#/$out/}" --json "$out/compare.json"
+
+# How large a global batch each tolerates (the IBM papers: ADPSGD about 3x sync's): the same
+# recipe at larger global batches (lr scaled linearly with it), equal learners.
+# A run that diverges (a one-line error, no summary) is a result here: it is listed, not fatal.
+if [ -n "${BATCHES:-}" ]; then
+    sweep=(sync-equal adpsgd-fixed-equal)
+    for batch in $BATCHES; do
+        for name in "sync-batch$batch" "adpsgd-batch$batch"; do
+            strategy=(--strategy sync)
+            [ "${name%%-*}" = adpsgd ] && strategy=(strategy.pattern=fixed)
+            if run "$name" "${strategy[@]}" data.batch_size=$batch; then
+                sweep+=("$name")
+            else
+                echo "[experiment] $name: failed (diverged?); see the line above"
+            fi
+        done
+    done
+    "$asrdist" bench compare "${sweep[@]/#/$out/}" --json "$out/batch-sweep.json"
+fi

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from asrdist.cli import main
-from corpus_fixture import make_tone_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -17,10 +16,8 @@ TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=126", "
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus", utterances_per_speaker=60, speakers=4)
-    assert main(["features", str(path)]) == 0
-    return path
+def corpus(tone_corpus):
+    return tone_corpus
 
 
 def _train(corpus, out, *extra) -> dict:

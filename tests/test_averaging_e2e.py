@@ -24,7 +24,6 @@ import pytest
 import torch
 
 from asrdist.cli import main
-from tests.corpus_fixture import make_tone_corpus
 
 pytestmark = pytest.mark.slow  # four 2-learner launches through torch.distributed.run
 
@@ -37,10 +36,8 @@ CHECKPOINT_EVERY = 31  # the last two checkpoints kept: step 93 (mid epoch 2, mi
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus", utterances_per_speaker=60, speakers=4)
-    assert main(["features", str(path)]) == 0
-    return path
+def corpus(tone_corpus):
+    return tone_corpus
 
 
 def _train(corpus, out, recipe, *extra) -> dict:

@@ -13,6 +13,29 @@ Weak scaling: each learner's minibatch is `--local-batch` frames whatever the le
 learners share this machine's cores: `cores` says how many, `threads_per_learner` how they were
 split; the synthetic gradients and the optimizer update are real CPU work that the learners
 share.
+
+`--nodes A --per-node B` (either one turns it on; defaults 2 x 2): A emulated hosts of B learners
+each, `--network` links between hosts (default 1 Gbit/s) and loopback inside one (`run_learners`'
+`nodes`; the learners of a node are its process group, torchrun's LOCAL_WORLD_SIZE). The JSON
+section `nodes` holds the frames/s of `NODE_CONFIGS` at A x B learners: sync flat and
+hierarchical, onebit hierarchical, adpsgd, hierarchical (ADPSGD between nodes, sync inside) and
+hybrid with `sync_epochs: 0` (the worker calls `start_epoch(0)`, so the timed phase is hybrid's
+asynchronous one, recorded in `details.hybrid.phase`). Lock-step configurations report the job's
+frames / the slowest learner's seconds; the others (`lockstep` false) the sum of every learner's
+own frames/s. When emulation is unavailable everything runs on loopback and `network_fallback`
+says why.
+
+`hierarchical_allreduce_speedup` (in `nodes` and at the top level) = flat / hierarchical time of
+one sync exchange (bucketed allreduce and mean) of the bench model's gradient (default the
+45M-parameter swbd DNN), timed on its own by the A x B learners of the `sync_flat` job once its
+steps are timed (`scaling_worker.time_exchanges`, as `bench comm` does: the two alternate, a
+barrier before each, the slowest learner's time, the median over `--exchange-repeats`). It is
+preferred to the ratio of the sync runs' `comm_seconds_per_step`, whose communication windows
+also absorb the other learners' emulated compute, gradient copies and optimizer updates on the
+shared cores and the lock-step waits for the slowest learner; that in-training ratio is recorded
+beside it (`details.hierarchical_comm_speedup_in_training`), and so is the bandwidth model's
+ratio, `hierarchical_allreduce_predicted` (`predict_hierarchical_allreduce`). The learner-count
+sweep (`results`, `speedup`, ...) runs too when `--learners` is given.
 """
 from __future__ import annotations
 
@@ -23,6 +46,23 @@ from typing import Any
 from asrdist.errors import ConfigError
 
 SWBD = {"name": "swbd"}
+DEFAULT_LEARNERS = [1, 2, 4]
+DEFAULT_NODES, DEFAULT_PER_NODE = 2, 2
+PREDICTION_RATE = "1gbit"
+"""The link rate of the bandwidth model when the run itself is on loopback."""
+
+NODE_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sync_flat": ("sync", {"hierarchical": "false"}),
+    "sync_hierarchical": ("sync", {"hierarchical": "true"}),
+    "onebit_hierarchical": ("onebit", {"hierarchical": "true"}),
+    "adpsgd": ("adpsgd", {}),
+    "hierarchical": ("hierarchical", {}),
+    "hybrid": ("hybrid", {"sync_epochs": 0}),  # epoch 0 is past the synchronous start: ADPSGD phase
+}
+"""`--nodes` mode: configuration name -> (strategy, strategy config)."""
+EXCHANGE_JOB = "sync_flat"
+"""The `--nodes` job whose learners, after their timed steps, also time the flat and the
+hierarchical allreduce of the model's gradient (`scaling_worker.time_exchanges`)."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -38,7 +78,16 @@ def _int_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default="1gbit", help="1gbit | 10gbit | loopback | any tc rate")
     parser.add_argument("--strategies", default="sync,onebit", help="comma-separated strategy names")
-    parser.add_argument("--learners", type=_int_list, default=[1, 2, 4], help="learner counts, e.g. 1,2,4")
+    parser.add_argument("--learners", type=_int_list, default=None,
+                        help="learner counts, e.g. 1,2,4 (default 1,2,4; with --nodes: none unless given)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help=f"emulated hosts of --per-node learners each (default {DEFAULT_NODES} when "
+                             "--per-node is given): time sync flat/hierarchical, onebit hierarchical, "
+                             "adpsgd, hierarchical, hybrid")
+    parser.add_argument("--per-node", type=int, default=None,
+                        help=f"learners per emulated host (default {DEFAULT_PER_NODE} when --nodes is given)")
+    parser.add_argument("--exchange-repeats", type=int, default=5,
+                        help="--nodes: timed flat and hierarchical allreduces of the model's gradient")
     parser.add_argument("--compute-ms", type=float, default=200.0, help="emulated forward/backward per minibatch")
     parser.add_argument("--local-batch", type=int, default=1024, help="frames per learner per minibatch")
     parser.add_argument("--model", default="swbd", help="model name (swbd: 429 -> 7 x 2048 -> 9304)")
@@ -56,20 +105,69 @@ def run(args) -> dict:
     from asrdist.models.registry import ModelConfig
     from asrdist.parallel import strategy_config_class
     from asrdist.cluster.netem import resolve_network
-    from asrdist.cluster.netem_launch import run_learners
 
+    nodes_mode = args.nodes is not None or args.per_node is not None
+    sweep = args.learners if args.learners is not None else (None if nodes_mode else DEFAULT_LEARNERS)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for name in strategies:
         strategy_config_class(name)  # unknown names fail before anything starts
     if args.compute_ms <= 0 or args.steps < 1 or args.warmup < 0 or args.local_batch < 1:
         raise ConfigError("bench scaling: need --compute-ms > 0, --steps >= 1, --warmup >= 0, --local-batch >= 1")
+    if nodes_mode:
+        nodes = DEFAULT_NODES if args.nodes is None else args.nodes
+        per_node = DEFAULT_PER_NODE if args.per_node is None else args.per_node
+        if nodes < 2 or per_node < 1 or args.exchange_repeats < 1:
+            raise ConfigError(f"bench scaling: need --nodes >= 2 (hierarchical differs from flat only across "
+                              f"nodes), --per-node >= 1, --exchange-repeats >= 1; got {nodes}, {per_node}, "
+                              f"{args.exchange_repeats}")
     model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
     ModelConfig(**model)  # validate now
     network, label = resolve_network(args.network)
-    counts = sorted(set(args.learners) | {1})
     job: dict[str, Any] = {"model": model, "feature_dim": args.feature_dim, "num_classes": args.num_classes,
                            "optim": {"name": "sgd", "lr": args.lr}, "compute_ms": args.compute_ms,
                            "local_batch": args.local_batch, "steps": args.steps, "warmup": args.warmup}
+    out: dict[str, Any] = {"network": label, "requested_network": args.network}
+    if label == "loopback" and args.network != "loopback":
+        out["network_fallback"] = _fallback_reason(args.network)
+    parameters = None
+    if sweep is not None:
+        swept = _run_sweep(job, strategies, sweep, network, args.timeout)
+        parameters = swept.pop("parameters")
+        out.update(swept)
+    if nodes_mode:
+        section = _run_nodes(job, nodes, per_node, network, label, args)
+        parameters = section["parameters"]
+        out["nodes"] = section
+        out["hierarchical_allreduce_speedup"] = section["hierarchical_allreduce_speedup"]
+    out["cores"] = len(os.sched_getaffinity(0))
+    if sweep is not None:
+        out["threads_per_learner"] = out.pop("threads_per_learner")
+        out["details"] = out.pop("details")
+    out.update({
+        "model": f"{args.model} ({parameters:,} parameters)",
+        "compute_ms": args.compute_ms,
+        "local_batch_frames": args.local_batch,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "optimizer": f"sgd lr={args.lr}",
+        "scaling": "weak: every learner's minibatch is local_batch_frames; ideal speedup = learners",
+    })
+    return out
+
+
+def _fallback_reason(requested: str) -> str:
+    from asrdist.cluster.netem import available
+
+    _, reason = available()
+    return f"network '{requested}' unavailable ({reason}); every learner ran on loopback"
+
+
+def _run_sweep(job: dict[str, Any], strategies: list[str], learners: list[int], network: str,
+               timeout: float) -> dict[str, Any]:
+    """The learner-count sweep: 1, 2, 4 (`learners`) learners per strategy, one per emulated host."""
+    from asrdist.cluster.netem_launch import run_learners
+
+    counts = sorted(set(learners) | {1})
     results: dict[str, dict[str, float]] = {}
     details: dict[str, dict[str, dict]] = {}
     parameters, threads = None, {}
@@ -78,25 +176,112 @@ def run(args) -> dict:
         for n in counts:
             r0 = run_learners(__package__ + ".scaling_worker", "scaling_learner", n, None,
                               network if n > 1 else "loopback", {**job, "strategy": name},
-                              timeout=args.timeout)[0]
+                              timeout=timeout)[0]
             results[name][str(n)] = r0["frames_per_second"]
-            details[name][str(n)] = {k: v for k, v in r0.items() if k not in ("rank", "parameters")}
+            details[name][str(n)] = {k: v for k, v in r0.items()
+                                     if k not in ("rank", "parameters", "strategy", "lockstep")}
             parameters = r0["parameters"]
             threads[str(n)] = r0["threads"]
     speedup = {name: {n: fps / by_n["1"] for n, fps in by_n.items()} for name, by_n in results.items()}
+    return {"results": results, "speedup": speedup, "threads_per_learner": threads, "details": details,
+            "parameters": parameters}
+
+
+def predict_hierarchical_allreduce(gradient_bytes: float, nodes: int, per_node: int,
+                                   rate_bits_per_second: float) -> dict[str, float]:
+    """The bandwidth model of one allreduce of `gradient_bytes` (S) over n = A x B learners, A =
+    `nodes` hosts of B = `per_node` learners, hosts joined by links of `rate_bits_per_second`,
+    traffic inside a host free (loopback). Only the busiest link between hosts counts:
+
+        flat ring over n learners:  a ring edge carries 2·S·(n−1)/n bytes, and a ring of the
+                                    ranks in node order crosses every host's link once each way:
+                                    t_flat = 2·S·(n−1)/n · 8 / rate
+        hierarchical:               the cross-host allreduce runs on S/B bytes over A hosts, each
+                                    learner sends 2·(S/B)·(A−1)/A, and the B learners of a host
+                                    share its link: B · 2·(S/B)·(A−1)/A = 2·S·(A−1)/A bytes,
+                                    t_hier = 2·S·(A−1)/A · 8 / rate
+        ratio = t_flat / t_hier = ((n−1)/n) / ((A−1)/A)     (2 x 2: 0.75 / 0.5 = 1.5)
+
+    Latency (the 0.1 ms delay per hop) and the reduction's CPU time are left out."""
+    if nodes < 2 or per_node < 1 or rate_bits_per_second <= 0:
+        raise ValueError("predict_hierarchical_allreduce: need nodes >= 2, per_node >= 1, rate > 0")
+    n, size = nodes * per_node, float(gradient_bytes)
+    flat_link_bytes = 2 * size * (n - 1) / n
+    hier_link_bytes = per_node * 2 * (size / per_node) * (nodes - 1) / nodes
+    flat_s = flat_link_bytes * 8 / rate_bits_per_second
+    hier_s = hier_link_bytes * 8 / rate_bits_per_second
+    return {"flat_seconds": flat_s, "hierarchical_seconds": hier_s, "ratio": flat_s / hier_s,
+            "flat_link_bytes": flat_link_bytes, "hierarchical_link_bytes": hier_link_bytes}
+
+
+def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, label: str, args) -> dict[str, Any]:
+    """`--nodes` mode: NODE_CONFIGS at nodes x per_node learners, and the allreduce speed-up."""
+    import statistics
+
+    from asrdist.cluster.netem import parse_rate
+    from asrdist.cluster.netem_launch import run_learners
+
+    world = nodes * per_node
+    results: dict[str, float] = {}
+    details: dict[str, Any] = {}
+    runs: dict[str, list[dict]] = {}
+    ex: dict[str, Any] = {}  # the exchange timing, from EXCHANGE_JOB's learners
+    for config, (strategy, strategy_config) in NODE_CONFIGS.items():
+        extra = {"exchange_repeats": args.exchange_repeats} if config == EXCHANGE_JOB else {}
+        rs = run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
+                          {**job, "strategy": strategy, "strategy_config": strategy_config, **extra},
+                          timeout=args.timeout)
+        runs[config] = rs
+        r0 = dict(rs[0])
+        if "exchange" in r0:
+            ex = r0.pop("exchange")
+        lockstep = bool(r0["lockstep"])
+        results[config] = r0["frames_per_second"] if lockstep else r0["sum_of_learner_rates"]
+        details[config] = {
+            "strategy": strategy, "strategy_config": strategy_config, "lockstep": lockstep,
+            "aggregate": "frames / slowest learner's seconds" if lockstep else "sum_of_learner_rates",
+            **{k: v for k, v in r0.items() if k not in ("rank", "parameters", "strategy", "lockstep")},
+            "per_learner": [{k: r[k] for k in ("rank", "seconds_per_step", "comm_seconds_per_step",
+                                               "wait_seconds_per_step", "bytes_sent_per_step")} for r in rs],
+        }
+    details["hybrid"]["phase"] = ("synchronous (allreduce over all learners)" if details["hybrid"]["lockstep"] else
+                                  "asynchronous (sync_epochs 0, start_epoch(0): ADPSGD between nodes, sync inside)")
+    flat_median = statistics.median(ex["flat_seconds"])
+    hier_median = statistics.median(ex["hierarchical_seconds"])
+    parameters = runs[EXCHANGE_JOB][0]["parameters"]
+    gradient_bytes = 4 * parameters  # float32
+    rate_name = network if network != "loopback" else PREDICTION_RATE
+    predicted = predict_hierarchical_allreduce(gradient_bytes, nodes, per_node, parse_rate(rate_name))
+
+    def comm(config: str) -> float:  # mean over learners
+        return statistics.fmean(r["comm_seconds_per_step"] for r in runs[config])
+
+    in_training = comm("sync_flat") / comm("sync_hierarchical") if comm("sync_hierarchical") > 0 else None
+    details["exchange"] = {
+        "flat_seconds": ex["flat_seconds"], "hierarchical_seconds": ex["hierarchical_seconds"],
+        "flat_seconds_median": flat_median, "hierarchical_seconds_median": hier_median,
+        "flat_bytes_per_exchange": ex["flat_bytes"], "hierarchical_bytes_per_exchange": ex["hierarchical_bytes"],
+        "max_abs_difference": ex["max_abs_difference"], "repeats": args.exchange_repeats,
+        "gradient_bytes": gradient_bytes,
+        "timing": "one sync exchange (bucketed allreduce + mean) of the model's gradient shapes, flat vs "
+                  "hierarchical alternating in one job; median over repeats of the slowest learner's time",
+    }
+    details["hierarchical_comm_speedup_in_training"] = in_training
+    details["prediction"] = {**predicted, "rate": rate_name, "rate_bits_per_second": parse_rate(rate_name),
+                             "formula": "flat link bytes 2S(n-1)/n, hierarchical B*2(S/B)(A-1)/A; "
+                                        "ratio ((n-1)/n)/((A-1)/A)"}
     return {
+        "nodes": nodes,
+        "per_node": per_node,
+        "learners": world,
         "network": label,
         "requested_network": args.network,
+        "inside_node": "loopback",
         "results": results,
-        "speedup": speedup,
-        "cores": len(os.sched_getaffinity(0)),
-        "threads_per_learner": threads,
         "details": details,
-        "model": f"{args.model} ({parameters:,} parameters)",
-        "compute_ms": args.compute_ms,
-        "local_batch_frames": args.local_batch,
-        "steps": args.steps,
-        "warmup": args.warmup,
-        "optimizer": f"sgd lr={args.lr}",
-        "scaling": "weak: every learner's minibatch is local_batch_frames; ideal speedup = learners",
+        "hierarchical_allreduce_speedup": flat_median / hier_median,
+        "hierarchical_allreduce_predicted": predicted["ratio"],
+        "hierarchical_allreduce_target": 1.3,
+        "parameters": parameters,
+        "threads_per_learner": runs[EXCHANGE_JOB][0]["threads"],
     }

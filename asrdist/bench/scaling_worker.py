@@ -7,7 +7,14 @@ from a `RunConfig` made of its args and a `SyntheticTask`, then calls the traine
 `Trainer.train_step` on `warmup + steps` minibatches of `local_batch` frames and times the last
 `steps`. `train.emulate_compute_ms` makes the trainer sleep instead of computing and write
 synthetic gradients of the model's shapes, so the step's real work is the strategy's
-communication and the optimizer update.
+communication and the optimizer update. Before the first minibatch it calls
+`strategy.start_epoch(args["epoch"])` (default 0), as the trainer does at every epoch start, so a
+strategy with phases (`hybrid`: `sync_epochs`) runs the phase of that epoch; the result says
+whether the timed phase was lock-step (`lockstep`).
+
+With `args["exchange_repeats"]` (`bench scaling --nodes`), after the timed steps the learners
+also time the bucketed sync allreduce of the model's gradient, flat and hierarchical side by side
+(`time_exchanges`), and the result holds it under `exchange`: one job fewer to start.
 """
 from __future__ import annotations
 
@@ -62,6 +69,8 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="asrdist-scaling-") as run_dir:
         learner = build_learner(cfg, Path(run_dir), ctx, task)
         trainer, strategy = learner.trainer, learner.strategy
+        strategy.start_epoch(int(args.get("epoch", 0)))  # as Trainer.fit does at an epoch's start
+        lockstep = bool(strategy.lockstep_now)
         frames = 0
         t0 = time.perf_counter()
         counters0 = compute0 = None
@@ -76,8 +85,15 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
             if i >= warmup:
                 frames += n
         elapsed = time.perf_counter() - t0
-    strategy.finalize()
+    # the timed window's counters, before finalize's goodbyes and consensus average (which wait
+    # for the slowest learner and are not a step's cost)
     counters = {k: v - counters0[k] for k, v in strategy.counters.as_dict().items()}
+    strategy.close(None)
+    strategy.finalize()
+    exchange = None
+    if args.get("exchange_repeats") and distributed:
+        shapes = [p.shape for p in learner.model.parameters() if p.requires_grad]
+        exchange = time_exchanges(ctx, shapes, int(args["exchange_repeats"]), spec.rank)
     totals = torch.tensor([elapsed, frames], dtype=torch.float64)
     rates = torch.tensor([frames / elapsed], dtype=torch.float64)
     if distributed:
@@ -92,6 +108,8 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     return {
         "rank": spec.rank,
         "network": spec.network if distributed else "none (one learner)",
+        "strategy": strategy.name,
+        "lockstep": lockstep,
         "threads": torch.get_num_threads(),
         "parameters": count_parameters(learner.model),
         "frames_per_second": frames_all / elapsed_max,
@@ -105,4 +123,55 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "comm_seconds_per_step": counters["comm_seconds"] / steps,
         "wait_seconds_per_step": counters["wait_seconds"] / steps,
         "bytes_sent_per_step": counters["bytes_sent"] / steps,
+        **({} if exchange is None else {"exchange": exchange}),
+    }
+
+
+def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> dict[str, Any]:
+    """Time the sync strategy's bucketed allreduce of gradients of `shapes`, flat
+    (`hierarchical: false`) and hierarchical (`true`: reduce-scatter inside the node, allreduce of
+    1/L across nodes, all-gather inside the node), through `SyncStrategy.exchange`, on every
+    learner of the job in `ctx` (collective: every rank calls it at the same point). Every learner
+    holds random gradients; per repeat each exchange runs once after a barrier, the two
+    alternating which goes first so machine noise hits both alike. A repeat's time is its slowest
+    learner's; bytes are all learners'."""
+    import torch.distributed as dist
+
+    from asrdist.parallel.sync import SyncConfig, SyncStrategy
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
+    strategies = {"flat": SyncStrategy(SyncConfig(hierarchical="false")),
+                  "hierarchical": SyncStrategy(SyncConfig(hierarchical="true"))}
+    for s in strategies.values():  # the same order on every rank: setup builds groups
+        s.setup_exchange(shapes, ctx)
+        s.exchange(grads)  # warm-up: connections opened, buffers paged in
+    names = list(strategies)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    sent: dict[str, int] = {}
+    error = 0.0
+    for r in range(repeats):
+        out = {}
+        for name in names if r % 2 == 0 else names[::-1]:
+            strategy = strategies[name]
+            before = strategy.counters.bytes_sent
+            dist.barrier()
+            t0 = time.perf_counter()
+            out[name] = strategy.exchange(grads)
+            seconds[name].append(time.perf_counter() - t0)
+            sent[name] = strategy.counters.bytes_sent - before
+        # the same mean in another summation order
+        error = max(error, max(float((a - b).abs().max()) for a, b in zip(out["flat"], out["hierarchical"])))
+    slowest = torch.tensor(seconds["flat"] + seconds["hierarchical"], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    total_bytes = torch.tensor([sent["flat"], sent["hierarchical"]], dtype=torch.float64)
+    dist.all_reduce(total_bytes)
+    worst_error = torch.tensor([error], dtype=torch.float64)
+    dist.all_reduce(worst_error, op=dist.ReduceOp.MAX)
+    return {
+        "flat_seconds": slowest[:repeats].tolist(),
+        "hierarchical_seconds": slowest[repeats:].tolist(),
+        "flat_bytes": int(total_bytes[0]),
+        "hierarchical_bytes": int(total_bytes[1]),
+        "max_abs_difference": float(worst_error),
     }

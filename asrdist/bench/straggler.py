@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--straggler-rank", type=int, default=3)
     parser.add_argument("--slowdown", type=float, default=3.0)
     parser.add_argument("--hidden-dim", type=int, default=1024, help="default DNN width (4 hidden layers)")
-    parser.add_argument("--compute-ms", type=float, default=400.0, help="regime 1: emulated compute per step")
+    parser.add_argument("--compute-ms", type=float, default=800.0, help="regime 1: emulated compute per step")
     parser.add_argument("--overlap-compute-ms", type=float, default=0.0,
                         help="regime 2: compute per step ~ one exchange (0: measured from regime 1's adpsgd run)")
     parser.add_argument("--local-batch", type=int, default=256, help="frames per learner per minibatch")

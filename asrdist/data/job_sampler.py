@@ -9,6 +9,10 @@ store is torch.distributed's c10d store (a HashStore for one learner).
 The learning-rate clock follows the job: after claiming minibatch k of an epoch, the job has
 consumed k + 1 local minibatches, i.e. (k + 1) / n minibatches of the configured global size.
 A job epoch resumes from its start (the claims of an interrupted epoch are not recorded).
+
+With `group_size` g > 1 (hierarchical strategies: a node's learners allreduce every step, so they
+must step together) a claim takes g consecutive minibatches, one per member: the group's first
+learner claims and publishes the claim under a per-group, per-step key, the others read it.
 """
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ from asrdist.errors import ConfigError
 class JobEpochSampler:
     kind = "job"
 
-    def __init__(self, order: Any, store: Any, learners: int):
+    def __init__(self, order: Any, store: Any, learners: int, group_size: int = 1, rank: int = 0):
         if getattr(order, "world_size", 1) != 1:
             raise ConfigError("JobEpochSampler: the shared order must be a one-rank sampler")
-        if learners < 1:
-            raise ConfigError(f"JobEpochSampler: learners must be >= 1, got {learners}")
+        if learners < 1 or group_size < 1 or learners % group_size or not 0 <= rank < learners:
+            raise ConfigError(f"JobEpochSampler: {learners} learners, groups of {group_size}, rank {rank}")
         self.order, self.store, self.learners = order, store, learners
+        self.group_size, self.group, self.member = group_size, rank // group_size, rank % group_size
+        self.lockstep = False
+        """Hand every group the same minibatches in turn, no store (a strategy's synchronous phase)."""
         self._epoch = 0
         self.claimed = -1
         """Index of the minibatch this learner claimed last in the current epoch (-1: none yet)."""
@@ -54,8 +61,21 @@ class JobEpochSampler:
             self._epoch, self.claimed, self.taken = int(epoch), -1, 0
 
     def claim(self, epoch: int) -> int:
-        """The next unclaimed minibatch of `epoch` (>= len(self) once the epoch is used up)."""
-        return int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
+        """The next unclaimed minibatch of `epoch` for this learner (>= len(self) once the epoch
+        is used up)."""
+        groups = self.learners // self.group_size
+        if self.lockstep:  # group g takes units g, g + G, ...: the same count for every group
+            units = len(self) // self.group_size
+            if self.taken >= units // groups:
+                return len(self)
+            return (self.taken * groups + self.group) * self.group_size + self.member
+        if self.group_size == 1:
+            return int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
+        key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
+        if self.member == 0:
+            self.store.set(key, str(int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1))
+        unit = int(self.store.get(key))
+        return unit * self.group_size + self.member if unit < len(self) // self.group_size else len(self)
 
     def schedule_step(self) -> float:
         """The job's progress, in configured global minibatches, at the last claim."""
@@ -74,6 +94,7 @@ class JobEpochSampler:
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "epoch": self._epoch, "position": 0, "learners": self.learners,
+                "group_size": self.group_size,
                 "order": self.order.state_dict()["config"] if hasattr(self.order, "state_dict") else {}}
 
     def load_state_dict(self, state: dict) -> None:

@@ -13,6 +13,8 @@ STRATEGIES: dict[str, tuple[str, str, str | None]] = {
     "onebit": ("asrdist.parallel.onebit", "OneBitStrategy", "OneBitConfig"),
     "averaging": ("asrdist.parallel.averaging", "AveragingStrategy", "AveragingConfig"),
     "adpsgd": ("asrdist.parallel.adpsgd", "AdpsgdStrategy", "AdpsgdConfig"),
+    "hierarchical": ("asrdist.parallel.hierarchical", "HierarchicalStrategy", "HierarchicalConfig"),
+    "hybrid": ("asrdist.parallel.hierarchical", "HybridStrategy", "HybridConfig"),
 }
 
 

@@ -66,6 +66,11 @@ class AdpsgdConfig:
             raise ConfigError(f"strategy.seed: expected an integer >= 0, got {self.seed!r}")
 
 
+def exchange_group(ranks: list[int] | None):
+    """The gloo group pairwise exchanges travel on (every rank of the job must call this)."""
+    return dist.new_group(ranks, timeout=_PASSIVE_WAIT, backend="gloo")
+
+
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     """Move every parameter into one flat float32 buffer and make the parameters views of it, so
     an exchange reads and writes the whole model in one tensor operation."""
@@ -95,6 +100,9 @@ class AdpsgdStrategy(Strategy):
         self._answerer: threading.Thread | None = None
         self._answer_error: BaseException | None = None
         self._said_goodbye = False
+        self.p2p_group = None
+        """The group exchanges travel on (default: made at setup over the strategy's learners);
+        a hierarchical strategy makes it on every rank, leaders only take part."""
 
     # -- set-up ----------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
@@ -106,8 +114,8 @@ class AdpsgdStrategy(Strategy):
         self._flat = flat_parameters(model)
         if not ctx.distributed:
             return
-        ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
-        self._group = dist.new_group(ranks, timeout=_PASSIVE_WAIT, backend="gloo")
+        self._group = self.p2p_group or exchange_group(
+            None if ctx.group is None else dist.get_process_group_ranks(ctx.group))
         self.active = topology.is_active(ctx.rank, ctx.world_size)
         if self.active and self.config.delay_by_one:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="adpsgd-exchange")

@@ -105,6 +105,9 @@ class Strategy:
     name = "single"
     lockstep = True
     """Every learner takes the same steps in the same order (see the module docstring)."""
+    moves_by_node = False
+    """Not lock-step across nodes but lock-step inside one (hierarchical): job-wide epochs hand
+    out one minibatch per node member at a time."""
     config_class: type | None = None
     """The strategy's typed config: `__init__` takes an instance (None = its defaults) and refuses
     anything else."""
@@ -137,6 +140,15 @@ class Strategy:
 
     def after_step(self) -> None:
         """Called after optimizer.step()."""
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called on every learner at the start of every epoch (a strategy may change phase)."""
+
+    @property
+    def lockstep_now(self) -> bool:
+        """Whether the current epoch runs in lock step (job-wide epochs then hand every node the
+        same number of minibatches); `lockstep` unless a strategy changes phase."""
+        return self.lockstep
 
     def apply_update(self, step_fn: Callable[[], None]) -> None:
         """Change the parameters: run `step_fn` (max-change, optimizer step, zero_grad). A strategy

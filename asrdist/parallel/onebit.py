@@ -26,6 +26,12 @@ earlier one reduced by its owners or dequantized. Per column the arithmetic is u
 result is bit-identical to the unchunked exchange; only which columns travel together changes. `auto_batch_size: true` asks the trainer for CNTK's
 minibatch-size search at epoch starts (`asrdist.optim.batch_search`); the strategy itself only
 carries the switch, since the search restarts from the epoch-start state of everything.
+
+`hierarchical` (auto: when the job spans more than one node; `asrdist.parallel.hierarchical_allreduce`):
+the fp32 gradients are reduce-scattered inside the node by whole columns (`ColumnShards`), steps 1-4
+run across nodes only, among the learners of the same local rank, on this learner's columns of the
+node mean, and the result is all-gathered inside the node. Per column the arithmetic is that of a
+flat exchange among the N node means; residuals, plan and checkpoint state are those of the rail.
 """
 from __future__ import annotations
 
@@ -40,6 +46,9 @@ import torch.distributed as dist
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.hierarchical_allreduce import (
+    ColumnShards, build_hierarchy, check_hierarchical, use_hierarchical,
+)
 from asrdist.parallel.onebit_kernel import (
     KERNEL_KINDS, Residual, as_columns, get_quantizer, packed_words,
 )
@@ -69,8 +78,12 @@ class OneBitConfig:
     quantizing, and the optimizer applies the exchanged result as a plain step (see
     `MomentumCorrection`). False quantizes raw gradients and leaves momentum to the optimizer,
     which amplifies the quantization error by 1/(1 - momentum) (the ablation)."""
+    hierarchical: Any = "auto"
+    """auto | true | false: fp32 reduce-scatter inside the node, the 1-bit exchange across nodes on
+    this learner's columns, all-gather inside the node; auto = when there are several nodes."""
 
     def __post_init__(self):
+        self.hierarchical = check_hierarchical(self.hierarchical)
         for key in ("error_feedback", "double_buffering", "auto_batch_size", "momentum_correction"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"strategy.onebit.{key}: expected true or false, got {getattr(self, key)!r}")
@@ -114,7 +127,8 @@ class OneBitStrategy(Strategy):
     `chunks`: pipeline chunks per exchange (default `PIPELINE_CHUNKS`; 1 runs the phases one
     after another). `phase_seconds` accumulates the seconds spent in each phase of the exchange
     by the thread(s) running it: quantize, reduce (owners), dequantize, and scatter_wait /
-    gather_wait, the time blocked on the two all-to-alls (wire time not hidden by other phases)."""
+    gather_wait, the time blocked on the two all-to-alls (wire time not hidden by other phases);
+    hierarchical: node_scatter / node_gather, the reduce-scatter and all-gather inside the node."""
 
     name = "onebit"
     config_class = OneBitConfig
@@ -128,6 +142,7 @@ class OneBitStrategy(Strategy):
         self.phase_seconds: dict[str, float] = {}
         self._params: list[torch.nn.Parameter] = []
         self._plan: _Plan | None = None
+        self._shards: ColumnShards | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._inflight: Future | None = None
         self._result_ready = False  # the gathered buffer holds a gradient not yet applied
@@ -157,8 +172,10 @@ class OneBitStrategy(Strategy):
         sources = self._sources([p.grad for p in self._params])
         if not self.config.double_buffering:
             # Chunk c's columns are read (quantized) before they are overwritten (dequantized).
-            self._exchange(sources, 0, self._grad_targets(), stalled=True)
+            self._exchange_into(sources, self._grad_targets())
             return
+        if self._shards is not None:  # inside the node now; across nodes on the thread
+            sources = self._timed("node_scatter", self._shards.reduce_scatter, sources, self.counters)
         buffer = self._step % 2  # the other send buffer may still be on the wire
         for c in range(len(self._chunks.slices)):
             self._timed("quantize", self._quantize_chunk, sources, buffer, c)
@@ -267,7 +284,7 @@ class OneBitStrategy(Strategy):
         if len(grads) != len(self._outputs):
             raise ValueError(f"onebit.exchange: {len(grads)} gradients, {len(self._outputs)} expected")
         targets = [as_columns(self._outputs[k]) for k in self._live]
-        self._exchange(self._sources(list(grads)), 0, targets, stalled=True)
+        self._exchange_into(self._sources(list(grads)), targets)
         return list(self._outputs)
 
     # --------------------------------------------------------------------------- helpers
@@ -276,14 +293,21 @@ class OneBitStrategy(Strategy):
         shapes = [torch.Size(s) for s in shapes]
         self._shapes = shapes
         self._live = [k for k, s in enumerate(shapes) if s.numel() > 0]
-        shapes2d = [tuple(as_columns(torch.empty(shapes[k], device="meta")).shape) for k in self._live]
-        n, rank = ctx.world_size, ctx.rank
+        self._full_shapes = [tuple(as_columns(torch.empty(shapes[k], device="meta")).shape) for k in self._live]
+        dev = ctx.device
+        if use_hierarchical(self.config.hierarchical, ctx):
+            hierarchy = build_hierarchy(ctx)  # its rails are this strategy's private groups
+            self._shards = ColumnShards(self._full_shapes, hierarchy, dev, ctx.timeout)
+            shapes2d, n, rank = self._shards.shard_shapes, hierarchy.num_nodes, hierarchy.node_index
+            self._group = hierarchy.rail
+        else:
+            self._shards = None
+            shapes2d, n, rank = self._full_shapes, ctx.world_size, ctx.rank
+            ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
+            self._group = dist.new_group(ranks, timeout=ctx.timeout) if ctx.distributed else None
         self._plan = plan = _Plan(shapes2d, n, rank)
         self._chunks = chunks = _Chunks(plan, self.chunks) if shapes2d else _Chunks(plan, 1)
         self._quantizer = get_quantizer(self.config.kernel, ctx.device)
-        ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
-        self._group = dist.new_group(ranks, timeout=ctx.timeout) if ctx.distributed else None
-        dev = ctx.device
 
         def wire(numel: int) -> torch.Tensor:
             return torch.zeros(numel, dtype=torch.int32, device=dev)
@@ -329,7 +353,7 @@ class OneBitStrategy(Strategy):
         for j, k in enumerate(self._live):
             g = grads[k]
             if g is None:
-                out.append(self._zeros.setdefault(k, torch.zeros(self._plan.shapes[j], device=self.ctx.device)))
+                out.append(self._zeros.setdefault(k, torch.zeros(self._full_shapes[j], device=self.ctx.device)))
                 continue
             if g.dtype != torch.float32:
                 raise TrainingError(f"onebit: gradient {k} is {g.dtype}, float32 required")
@@ -349,6 +373,16 @@ class OneBitStrategy(Strategy):
             return fn(*args)
         finally:
             self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def _exchange_into(self, sources: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+        """One synchronous exchange of the full matrices `sources` into `targets`; hierarchical:
+        inside the node around the exchange of this learner's columns across nodes."""
+        if self._shards is None:
+            self._exchange(sources, 0, targets, stalled=True)
+            return
+        shard = self._timed("node_scatter", self._shards.reduce_scatter, sources, self.counters)
+        self._exchange(shard, 0, self._shards.result_matrices, stalled=True)
+        self._timed("node_gather", self._shards.all_gather, targets, self.counters)
 
     def _exchange(self, sources: list[torch.Tensor] | None, buffer: int,
                   targets: list[torch.Tensor] | None, stalled: bool) -> None:
@@ -438,8 +472,11 @@ class OneBitStrategy(Strategy):
     def _dequantize_into_grads(self) -> None:
         """Step 4, last part: every learner writes the identical aggregated gradient."""
         targets = self._grad_targets()
+        shard_targets = targets if self._shards is None else self._shards.result_matrices
         for c in range(len(self._chunks.slices)):
-            self._timed("dequantize", self._dequantize_chunk, c, targets)
+            self._timed("dequantize", self._dequantize_chunk, c, shard_targets)
+        if self._shards is not None:
+            self._timed("node_gather", self._shards.all_gather, targets, self.counters)
         for k, p in enumerate(self._params):
             if p.numel() == 0 and p.grad is None:
                 p.grad = torch.zeros_like(p)

@@ -10,6 +10,11 @@
    waits, divides by n and writes the mean into every p.grad; the optimizer then takes the same
    step everywhere.
 
+With `hierarchical` (auto: when the job spans more than one node) each bucket's allreduce is
+`hierarchical_allreduce`: reduce-scatter inside the node, allreduce of 1/L of the bucket across
+nodes, all-gather inside the node; buckets are padded to a multiple of the node size L. The mean
+equals the flat one within float rounding (another summation order).
+
 Why hooks and not DistributedDataParallel: DDP must wrap the module and see its forward, but the
 trainer calls the model it built and only hands the strategy `(model, optimizer, ctx)`. Hooks give
 the same bucketing and overlap behind the common Strategy interface.
@@ -17,13 +22,17 @@ the same bucketing and overlap behind the common Strategy interface.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.hierarchical_allreduce import (
+    Hierarchy, build_hierarchy, check_hierarchical, finish_all, hierarchical_allreduce, padded_numel,
+    use_hierarchical,
+)
 
 
 @dataclass
@@ -33,8 +42,12 @@ class SyncConfig:
     overlap: bool = True
     """Launch each bucket's allreduce during backward as soon as its gradients are ready;
     False: everything in after_backward."""
+    hierarchical: Any = "auto"
+    """auto | true | false: reduce-scatter inside the node, allreduce across nodes, all-gather
+    inside the node (`asrdist.parallel.hierarchical_allreduce`); auto = when there are several nodes."""
 
     def __post_init__(self):
+        self.hierarchical = check_hierarchical(self.hierarchical)
         if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
                 or not self.bucket_cap_mb > 0:
             raise ConfigError(f"strategy.sync.bucket_cap_mb: expected a positive number, got {self.bucket_cap_mb!r}")
@@ -43,25 +56,27 @@ class SyncConfig:
 
 
 class _Bucket:
-    """One flat buffer of gradients and the allreduce in flight on it."""
+    """One flat buffer of gradients (zero-padded to a multiple of the node size when the
+    allreduce is hierarchical) and the allreduce in flight on it."""
 
-    __slots__ = ("tensors", "flat", "views", "ready", "pending")
+    __slots__ = ("tensors", "flat", "values", "views", "ready", "pending")
 
-    def __init__(self, tensors: list[torch.Tensor]):
+    def __init__(self, tensors: list[torch.Tensor], hierarchy: Hierarchy | None):
         self.tensors = tensors
-        self.flat = torch.zeros(sum(t.numel() for t in tensors), dtype=tensors[0].dtype,
-                                device=tensors[0].device)
+        numel = sum(t.numel() for t in tensors)
+        self.flat = torch.zeros(padded_numel(numel, hierarchy), dtype=tensors[0].dtype, device=tensors[0].device)
+        self.values = self.flat[:numel]
         self.views = comm.flat_views(self.flat, [t.shape for t in tensors])
         self.ready = [False] * len(tensors)
-        self.pending: comm.Pending | None = None
+        self.pending = None
 
 
-def _build_buckets(tensors: Sequence[torch.Tensor], cap_mb: float) -> list[_Bucket]:
+def _build_buckets(tensors: Sequence[torch.Tensor], cap_mb: float, hierarchy: Hierarchy | None) -> list[_Bucket]:
     buckets = []
     for same in comm.group_by_kind(list(tensors)).values():
         sizes = [t.numel() * t.element_size() for t in same]
         for idx in comm.bucket_indices(sizes, int(cap_mb * 2**20)):
-            buckets.append(_Bucket([same[i] for i in idx]))
+            buckets.append(_Bucket([same[i] for i in idx], hierarchy))
     return buckets
 
 
@@ -77,6 +92,7 @@ class SyncStrategy(Strategy):
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
         self._next_launch = 0
         self._hooks: list = []
+        self._hierarchy: Hierarchy | None = None
 
     # ---------------------------------------------------------------- trainer interface
 
@@ -85,8 +101,9 @@ class SyncStrategy(Strategy):
         if not ctx.distributed:
             return
         comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
+        self._hierarchy = build_hierarchy(ctx) if use_hierarchical(self.config.hierarchical, ctx) else None
         params = list(reversed(parameters_with_grad(model)))
-        self._buckets = _build_buckets(params, self.config.bucket_cap_mb)
+        self._buckets = _build_buckets(params, self.config.bucket_cap_mb, self._hierarchy)
         self._where = {id(t): (b, k) for b, bucket in enumerate(self._buckets) for k, t in enumerate(bucket.tensors)}
         if self.config.overlap:
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
@@ -99,6 +116,8 @@ class SyncStrategy(Strategy):
                 if not bucket.ready[k]:
                     self._fill(bucket, k, p)
         self._launch_ready()
+        if self._hierarchy is not None:
+            finish_all(bucket.pending for bucket in self._buckets)
         n = self.ctx.world_size
         for bucket in self._buckets:
             bucket.pending.wait()
@@ -133,7 +152,8 @@ class SyncStrategy(Strategy):
         """Prepare `exchange` for gradients of these shapes without a model (benchmarks)."""
         self.ctx = ctx
         self._slots = [torch.empty(s, dtype=dtype, device=ctx.device) for s in shapes]
-        self._buckets = _build_buckets(self._slots, self.config.bucket_cap_mb)
+        self._hierarchy = build_hierarchy(ctx) if use_hierarchical(self.config.hierarchical, ctx) else None
+        self._buckets = _build_buckets(self._slots, self.config.bucket_cap_mb, self._hierarchy)
 
     def exchange(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Mean of `grads` (shaped as given to `setup_exchange`) over the learners by bucketed
@@ -148,8 +168,10 @@ class SyncStrategy(Strategy):
             return list(grads)
         grad_of = {id(slot): g for slot, g in zip(slots, grads)}
         for bucket in self._buckets:
-            comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.flat)
-            bucket.pending = comm.allreduce(bucket.flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
+            comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.values)
+            bucket.pending = self._allreduce(bucket.flat)
+        if self._hierarchy is not None:
+            finish_all(bucket.pending for bucket in self._buckets)
         mean_of = {}
         for bucket in self._buckets:
             bucket.pending.wait()
@@ -182,5 +204,11 @@ class SyncStrategy(Strategy):
         """Launch complete buckets in index order: every learner issues the same sequence."""
         while self._next_launch < len(self._buckets) and all(self._buckets[self._next_launch].ready):
             bucket = self._buckets[self._next_launch]
-            bucket.pending = comm.allreduce(bucket.flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
+            bucket.pending = self._allreduce(bucket.flat)
             self._next_launch += 1
+
+    def _allreduce(self, flat: torch.Tensor):
+        """Launch one bucket's sum over the learners: flat, or hierarchical across nodes."""
+        if self._hierarchy is None:
+            return comm.allreduce(flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
+        return hierarchical_allreduce(flat, self.counters, self._hierarchy, timeout=self.ctx.timeout, async_op=True)

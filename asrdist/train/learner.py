@@ -139,7 +139,8 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
         steps_per_epoch = len(sampler)
     else:
         sampler = JobEpochSampler(task.sampler_for(task.local_batch, rank=0, world_size=1), ctx.store,
-                                  ctx.job_world_size)
+                                  ctx.job_world_size, group_size=ctx.group_size if strategy.moves_by_node else 1,
+                                  rank=ctx.job_rank)
         steps_per_epoch = sampler.steps_per_epoch
     schedule = LRSchedule(cfg.optim, steps_per_epoch=steps_per_epoch, total_epochs=cfg.train.epochs,
                           global_batch=cfg.data.batch_size)

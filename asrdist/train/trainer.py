@@ -252,6 +252,9 @@ class Trainer:
 
     def _train(self, mid_epoch: bool) -> None:
         while self.state.epoch < self.epochs:
+            self.strategy.start_epoch(self.state.epoch)
+            if self.job_epochs:
+                self.sampler.lockstep = self.strategy.lockstep_now
             if not mid_epoch:
                 self.sampler.set_epoch(self.state.epoch)
                 if self.hooks.batch_search is not None and self.state.epoch > 0:

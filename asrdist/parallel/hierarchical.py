@@ -1,0 +1,188 @@
+"""`hierarchical`: H-ADPSGD (IBM, Interspeech 2019), DESIGN.md §5.6.
+
+The learners of a node (`train.group_size`, by default torchrun's LOCAL_WORLD_SIZE) form one
+"super learner" and the super learners run ADPSGD among themselves:
+
+1. every learner computes its gradient; `sync` (bucketed, overlapped with backward) allreduces
+   it inside the node, so the node's learners take the same step;
+2. the node's leader (its first learner) runs `adpsgd` with the other leaders: actives start an
+   exchange after their step, passives answer from a communication thread while their whole
+   node computes (any pattern, delay-by-one included);
+3. the leader's parameters are broadcast inside the node after every step, so the exchange
+   reaches every member.
+A node's learners move in lock step; nodes move at their own pace (job-wide epochs claim one
+minibatch per member at a time: `moves_by_node`). One node: plain `sync`; one learner per node:
+plain `adpsgd`. `finalize` averages the leaders and broadcasts the result: every learner ends
+with the consensus model.
+
+`hybrid` (IBM ICASSP 2019): the same groups, but the first `sync_epochs` epochs allreduce the
+gradient over all learners (synchronous start, for stability; hierarchical allreduce across
+nodes), then ADPSGD between nodes (asynchronous, for speed).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.parallel import comm
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_group, flat_parameters
+from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.consensus import consensus_distance
+from asrdist.parallel.sync import SyncConfig, SyncStrategy
+
+
+@dataclass
+class HierarchicalConfig(AdpsgdConfig):
+    """The ADPSGD settings between nodes (pattern, delay_by_one, seed); inside a node: sync."""
+
+
+class HierarchicalStrategy(Strategy):
+    name = "hierarchical"
+    config_class = HierarchicalConfig
+    lockstep = False
+    moves_by_node = True
+    overlap_inner = True
+
+    def __init__(self, config: HierarchicalConfig | None = None):
+        super().__init__(config)
+        self.inner = SyncStrategy(SyncConfig(overlap=self.overlap_inner))
+        self.outer: AdpsgdStrategy | None = None
+        self._flat: torch.Tensor | None = None
+
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
+        super().setup(model, optimizer, ctx)
+        groups = ctx.groups
+        if ctx.distributed and groups is None:
+            raise TrainingError(f"hierarchical: rank {ctx.rank} has no process groups (start_learner builds them)")
+        self.inner.setup(model, optimizer, ctx.on_group(groups.node) if ctx.distributed else ctx)
+        self.counters = self.inner.counters  # one set of counters for the learner
+        nodes = ctx.world_size // ctx.group_size if ctx.distributed else 1
+        self.leader = ctx.rank % ctx.group_size == 0
+        if nodes > 1:  # every rank creates the exchange group; leaders alone use it
+            group = exchange_group(list(range(0, ctx.world_size, ctx.group_size)))
+            if self.leader:
+                self.outer = AdpsgdStrategy(AdpsgdConfig(pattern=self.config.pattern,
+                                                         delay_by_one=self.config.delay_by_one,
+                                                         seed=self.config.seed))
+                self.outer.p2p_group = group
+                self.outer.setup(model, optimizer, ctx.on_group(groups.leaders))
+                self.outer.counters = self.counters
+                self._flat = self.outer._flat
+        if self._flat is None:
+            self._flat = flat_parameters(model)
+
+    # -- the trainer's hooks ---------------------------------------------------------------
+    def note_samples(self, n: int) -> None:
+        self.inner.note_samples(n)
+
+    def note_loss(self, loss: float) -> None:
+        self.inner.note_loss(loss)
+
+    def after_backward(self) -> None:
+        self.inner.after_backward()
+
+    def apply_update(self, step_fn: Callable[[], None]) -> None:
+        if self.outer is not None:
+            self.outer.apply_update(step_fn)
+        else:
+            step_fn()
+
+    def after_step(self) -> None:
+        if self.outer is not None:
+            self.outer.after_step()
+        self._share_leaders_parameters()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        if self.outer is None:
+            yield
+            return
+        with self.outer.paused():
+            yield
+
+    def epoch_end_metrics(self) -> dict:
+        world = self.ctx.groups.world if self.ctx.groups is not None else None
+        return {"consensus_distance": consensus_distance(self.model, world_size=self.ctx.world_size, group=world,
+                                                         timeout=self.ctx.timeout)}
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self.outer is not None:
+            self.outer.close(error)
+
+    def finalize(self) -> None:
+        if self.outer is not None:
+            self.outer.finalize()
+        self._share_leaders_parameters()
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.outer is not None:
+            state["outer"] = self.outer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.inner.counters = self.counters
+        if self.outer is not None and "outer" in state:
+            self.outer.load_state_dict(state["outer"])
+            self.outer.counters = self.counters
+
+    def _share_leaders_parameters(self) -> None:
+        """Every member takes its leader's parameters (after the leader's exchange)."""
+        if not self.ctx.distributed or self.ctx.group_size == 1:
+            return
+        node = self.ctx.groups.node
+        if self.outer is not None:
+            with self.outer._lock:  # the answering thread must not write while the node reads
+                comm.broadcast(self._flat, 0, self.counters, group=node, timeout=self.ctx.timeout)
+        else:
+            with torch.no_grad():
+                comm.broadcast(self._flat, 0, self.counters, group=node, timeout=self.ctx.timeout)
+
+
+@dataclass
+class HybridConfig(HierarchicalConfig):
+    sync_epochs: int = 1
+    """Epochs (from the first) with synchronous allreduce between nodes; ADPSGD after them."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.sync_epochs, bool) or not isinstance(self.sync_epochs, int) or self.sync_epochs < 0:
+            raise ConfigError(f"strategy.sync_epochs: expected an integer >= 0, got {self.sync_epochs!r}")
+
+
+class HybridStrategy(HierarchicalStrategy):
+    name = "hybrid"
+    config_class = HybridConfig
+    overlap_inner = False  # two syncs share the parameters: neither registers gradient hooks
+
+    def __init__(self, config: HybridConfig | None = None):
+        super().__init__(config)
+        self.everyone = SyncStrategy(SyncConfig(overlap=False))
+        self._synchronous = True
+
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
+        self.everyone.setup(model, optimizer, ctx)  # all learners, hierarchical across nodes
+        super().setup(model, optimizer, ctx)
+        self.everyone.counters = self.counters
+
+    def start_epoch(self, epoch: int) -> None:
+        self._synchronous = epoch < self.config.sync_epochs
+
+    @property
+    def lockstep_now(self) -> bool:
+        return self._synchronous
+
+    def after_backward(self) -> None:
+        (self.everyone if self._synchronous else self.inner).after_backward()
+
+    def after_step(self) -> None:
+        if not self._synchronous:  # the synchronous phase leaves every learner identical
+            super().after_step()
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "synchronous": self._synchronous}
