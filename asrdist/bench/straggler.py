@@ -9,7 +9,7 @@ The straggler is the trainer's own `train.straggler`: rank `--straggler-rank` sl
 
 - `*_kept` = aggregate frames/s with the straggler / without it. Aggregate = the sum of every
   learner's own frames/s over its timed steps (for lock-step sync that is learners x the slowest
-  pace). Regime 1 (`--compute-ms`, default DNN 4 x 1024): sync spends at most ~20% of a step
+  pace). Regime 1 (`--compute-ms` 400, default DNN 4 x 512): sync spends at most ~20% of a step
   communicating, so arithmetic alone caps sync at (C+m)/(3C+m) <= 0.4; the JSON records the
   measured share (`sync_comm_share`).
 - `adpsgd_delay_by_one_speedup` = frames/s of adpsgd with delay-by-one / without, equal learners,
@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--straggler-rank", type=int, default=3)
     parser.add_argument("--slowdown", type=float, default=3.0)
-    parser.add_argument("--hidden-dim", type=int, default=1024, help="default DNN width (4 hidden layers)")
-    parser.add_argument("--compute-ms", type=float, default=800.0, help="regime 1: emulated compute per step")
+    parser.add_argument("--hidden-dim", type=int, default=512, help="default DNN width (4 hidden layers)")
+    parser.add_argument("--compute-ms", type=float, default=400.0, help="regime 1: emulated compute per step")
     parser.add_argument("--overlap-compute-ms", type=float, default=0.0,
                         help="regime 2: compute per step ~ one exchange (0: measured from regime 1's adpsgd run)")
     parser.add_argument("--local-batch", type=int, default=256, help="frames per learner per minibatch")

@@ -63,14 +63,14 @@ def _launcher_noise(line: str) -> bool:
 def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
     """One line naming the learner that failed first.
 
-    A learner killed by a signal (not the launcher's own SIGTERM) is the root cause even when its
-    peers wrote errors of their own (their collectives broke because it vanished); otherwise the
-    first learner that reported its own error is named.
+    A learner killed by a signal (not the launcher's own SIGTERM) without a report of its own is
+    the root cause even when its peers wrote errors of their own (their collectives broke because
+    it vanished); otherwise the first learner that reported its own error is named.
     """
     failures = [(int(r), int(c)) for r, c in
                 re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
     for rank, code in failures:
-        if code < 0 and code != -15:
+        if code < 0 and code != -15 and not (report_dir / f"failed-rank-{rank}.txt").is_file():
             return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
     reports = sorted(report_dir.glob("failed-rank-*.txt"), key=lambda p: p.stat().st_mtime)
     if reports:

@@ -6,6 +6,7 @@ joined by its `start_learner`; everything below receives rank, groups and store 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from datetime import timedelta
@@ -39,8 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         message = f"learner rank {rank}: {detail}"
         (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
-        print(f"asrdist: error: {message}", file=sys.stderr)
-        return 1
+        print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
+        # leave at once: a communication thread still blocked in a gloo call would make the
+        # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
+        os._exit(1)
 
 
 if __name__ == "__main__":
