@@ -64,3 +64,12 @@ def test_bench_straggler_writes_its_keys(tmp_path):
                 "sync_comm_share", "exchange_vs_compute"):
         assert result[key] > 0, key
     assert result["network"] == "loopback" and result["learners"] == 2
+
+
+def test_a_diverging_learner_is_named_by_its_own_error_not_by_a_signal(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["train", "configs/default.yaml", *TINY, "optim.lr=1e6", "--data", str(corpus), "--learners", "2",
+               "--strategy", "adpsgd", "--epochs", "1", "--out", str(out), "--no-progress"])
+    assert rc != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("asrdist: error: learner rank") and "loss is" in last and "signal" not in last, last
