@@ -54,10 +54,6 @@ class ProcessGroups:
     leaders: Any
     group_size: int
 
-    @property
-    def num_groups(self) -> int:
-        return dist.get_world_size() // self.group_size if dist.is_initialized() else 1
-
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"

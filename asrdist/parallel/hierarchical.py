@@ -21,7 +21,7 @@ nodes), then ADPSGD between nodes (asynchronous, for speed).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -135,13 +135,9 @@ class HierarchicalStrategy(Strategy):
         """Every member takes its leader's parameters (after the leader's exchange)."""
         if not self.ctx.distributed or self.ctx.group_size == 1:
             return
-        node = self.ctx.groups.node
-        if self.outer is not None:
-            with self.outer._lock:  # the answering thread must not write while the node reads
-                comm.broadcast(self._flat, 0, self.counters, group=node, timeout=self.ctx.timeout)
-        else:
-            with torch.no_grad():
-                comm.broadcast(self._flat, 0, self.counters, group=node, timeout=self.ctx.timeout)
+        # on the leader, the answering thread must not write while the node reads
+        with self.outer._lock if self.outer is not None else nullcontext():
+            comm.broadcast(self._flat, 0, self.counters, group=self.ctx.groups.node, timeout=self.ctx.timeout)
 
 
 @dataclass
