@@ -160,6 +160,9 @@ class RunConfig:
         if self.data.batch_size % learners:
             raise ConfigError(f"data.batch_size: must be a multiple of train.learners = {learners} "
                               f"(each learner takes an equal share), got {self.data.batch_size}")
+        if self.train.group_size and learners % self.train.group_size:
+            raise ConfigError(f"train.group_size: {self.train.group_size} does not divide train.learners = "
+                              f"{learners} into equal groups")
         for rank in self.train.straggler.ranks:
             if rank >= learners:
                 raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "

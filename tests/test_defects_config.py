@@ -50,6 +50,7 @@ BAD_FOR_TWO = {
     "train.straggler.ranks=[2]": ("train.straggler.ranks", "[0, 1]"),
     "train.straggler.ranks=[0,5]": ("train.straggler.ranks", "[0, 1]"),
     "data.batch_size=255": ("data.batch_size", "multiple of train.learners = 2"),
+    "train.group_size=3": ("train.group_size", "does not divide train.learners = 2"),
 }
 
 
