@@ -66,6 +66,13 @@ class AdpsgdConfig:
             raise ConfigError(f"strategy.seed: expected an integer >= 0, got {self.seed!r}")
 
 
+def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transfer]:
+    """One pairwise exchange of `numel` parameters as each side sends it: the active's header
+    (two int64) and parameters, the passive's reply. The strategy counts exactly these."""
+    return {"exchange": comm.Transfer("exchange", "pair", 2, 2 * 8 + numel * element_size, numel),
+            "answer": comm.Transfer("answer", "pair", 2, numel * element_size, numel)}
+
+
 def exchange_group(ranks: list[int] | None):
     """The gloo group pairwise exchanges travel on (every rank of the job must call this)."""
     return dist.new_group(ranks, timeout=_PASSIVE_WAIT, backend="gloo")
@@ -215,7 +222,7 @@ class AdpsgdStrategy(Strategy):
         with self._lock:
             self._flat.add_(delta)
         dt = time.perf_counter() - t0
-        self.counters.bytes_sent += header.numel() * 8 + mine_pre.numel() * mine_pre.element_size()
+        self.counters.bytes_sent += exchange_traffic(mine_pre.numel(), mine_pre.element_size())["exchange"].bytes_sent
         self.counters.exchanges += 1
         self.counters.comm_seconds += dt
         if stalled:
@@ -261,7 +268,7 @@ class AdpsgdStrategy(Strategy):
                 dist.send(reply, group=self._group, group_dst=source, tag=_REPLY)
                 self.counters.answer_seconds += time.perf_counter() - t0
                 self.counters.comm_seconds += time.perf_counter() - t0
-                self.counters.bytes_sent += reply.numel() * reply.element_size()
+                self.counters.bytes_sent += exchange_traffic(reply.numel(), reply.element_size())["answer"].bytes_sent
                 self.counters.exchanges += 1
         except BaseException as exc:  # reported to the training thread at its next step
             self._answer_error = exc

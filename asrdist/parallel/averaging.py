@@ -90,6 +90,28 @@ class AveragingConfig:
                 raise ConfigError(f"strategy.{name}: expected true/false, got {getattr(self, name)!r}")
 
 
+def steps_between_averages(config: AveragingConfig, samples_per_step: int) -> int:
+    """Minibatches from one average to the next (`after_step`'s count reaches `average_every`)."""
+    return max(1, -(-config.average_every // samples_per_step))
+
+
+def average_traffic(numel: int, world_size: int, config: AveragingConfig | None = None,
+                    element_size: int = 4) -> list[comm.Transfer]:
+    """What one learner sends in one average of `numel` float values (parameters, floating-point
+    buffers, and with `average_momentum` the optimizer's state tensors): the exclusion rule's
+    n x 2 float64 table, then the flat allreduce."""
+    config = config or AveragingConfig()
+    if world_size < 2:
+        return []
+    out = []
+    if config.exclude_threshold is not None:
+        out.append(comm.Transfer("allreduce", "world", world_size,
+                                 comm.ring_allreduce_bytes(world_size * 2 * 8, world_size), 2 * world_size))
+    out.append(comm.Transfer("allreduce", "world", world_size,
+                             comm.ring_allreduce_bytes(numel * element_size, world_size), numel))
+    return out
+
+
 class AveragingStrategy(Strategy):
     """Periodic parameter averaging; see the module docstring."""
 

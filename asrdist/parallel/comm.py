@@ -14,6 +14,7 @@ collective to finish, i.e. communication that was not hidden behind computation.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Sequence
 
@@ -42,6 +43,24 @@ def reduce_scatter_bytes(nbytes: int, world_size: int) -> int:
     """Bytes one learner sends in a reduce-scatter of `nbytes` in all, or in an all-gather into
     `nbytes` in all: (n−1)/n of it (ring, or one part to each peer)."""
     return nbytes * (world_size - 1) // world_size
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One communication of a strategy's step as one learner sees it: each strategy module's
+    `*_traffic` function lists them, from the same layout and byte accounting its run uses, and
+    the scaling simulator (`asrdist.sim`) times them."""
+
+    kind: str
+    """allreduce | reduce_scatter | all_gather | all_to_all | broadcast | exchange | answer."""
+    group: str
+    """world | node (this learner's node) | rail (one learner per node) | pair (one partner)."""
+    size: int
+    """Learners in the group."""
+    bytes_sent: int
+    """What this learner puts on the wire (as `CommCounters.bytes_sent` counts it)."""
+    values: int = 0
+    """Entries of the tensor it carries (gradient or parameter values; int32 words for 1-bit)."""
 
 
 # ------------------------------------------------------------------------ timed collectives

@@ -40,6 +40,30 @@ class HierarchicalConfig(AdpsgdConfig):
     """The ADPSGD settings between nodes (pattern, delay_by_one, seed); inside a node: sync."""
 
 
+def step_traffic(shapes, world_size: int, group_size: int, rank: int, *, synchronous: bool = False,
+                 overlap_inner: bool = True) -> list[comm.Transfer]:
+    """One step of learner `rank` as it sends it (float32 parameters of `shapes`): the
+    synchronous phase's allreduce over all learners (hybrid), or the allreduce inside the node,
+    an active leader's exchange with another node's leader (`adpsgd.exchange_traffic`; a passive
+    leader's answers come with its partners' exchanges) and the leader's broadcast to its node."""
+    from asrdist.parallel import sync
+    from asrdist.parallel.adpsgd import exchange_traffic
+    from asrdist.parallel.topology import is_active
+
+    if synchronous:
+        return [t for bucket in sync.exchange_traffic(shapes, world_size, group_size, SyncConfig(overlap=False))
+                for t in bucket]
+    numel = sum(int(torch.Size(s).numel()) for s in shapes)
+    out = [t for bucket in sync.exchange_traffic(shapes, group_size, group_size, SyncConfig(overlap=overlap_inner),
+                                                 group="node") for t in bucket]
+    nodes, leader = world_size // group_size, rank % group_size == 0
+    if nodes > 1 and leader and is_active(rank // group_size, nodes):
+        out.append(exchange_traffic(numel)["exchange"])
+    if group_size > 1:
+        out.append(comm.Transfer("broadcast", "node", group_size, numel * 4 * (group_size - 1) if leader else 0, numel))
+    return out
+
+
 class HierarchicalStrategy(Strategy):
     name = "hierarchical"
     config_class = HierarchicalConfig

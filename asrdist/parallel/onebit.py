@@ -121,6 +121,51 @@ def quantize_dequantize(v: torch.Tensor) -> torch.Tensor:
     return out.reshape(v.shape).to(v.dtype)
 
 
+def _exchange_bytes(shapes2d: Sequence[tuple[int, int]], n: int, rank: int, chunks: int) -> list[comm.Transfer]:
+    """Steps 2 and 4 per pipeline chunk (`_exchange`'s two all-to-alls), from the plan the run
+    builds: int32 words, so 4 bytes each."""
+    if n < 2 or not shapes2d:
+        return []
+    plan = _Plan(shapes2d, n, rank)
+    layout = _Chunks(plan, chunks)
+    out = []
+    for numel in layout.owner_numel:
+        values = sum(numel)  # int32 words of the chunk (bits and reconstruction values)
+        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * k for k in numel], rank), values))
+        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * numel[rank]] * n, rank), values))
+    return out
+
+
+def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
+                     config: OneBitConfig | None = None, chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
+    """One step's 1-bit exchange as learner `rank` sends it (float32 gradients of `shapes`, as
+    `model.parameters()`): the two all-to-alls per chunk, or, hierarchical, the fp32 column
+    reduce-scatter and all-gather inside the node around them. Built from the same plan,
+    chunks and column shards the run uses (on the meta device: no memory); group "rail" is the
+    world when there is one node per learner."""
+    from asrdist.parallel.hierarchical_allreduce import Hierarchy
+    from asrdist.parallel.sync import hierarchical_in_use
+
+    config = config or OneBitConfig()
+    full = [tuple(as_columns(torch.empty(tuple(s), device="meta")).shape) for s in shapes]
+    full = [s for s in full if s[0] * s[1] > 0]
+    if world_size < 2:
+        return []
+    if not hierarchical_in_use(config.hierarchical, world_size, group_size):
+        return [comm.Transfer(t.kind, "world", t.size, t.bytes_sent, t.values)
+                for t in _exchange_bytes(full, world_size, rank, chunks)]
+    nodes, local = world_size // group_size, rank % group_size
+    hierarchy = Hierarchy(node=None, rail=None, local_size=group_size, local_rank=local, num_nodes=nodes,
+                          node_index=rank // group_size)
+    shards = ColumnShards(full, hierarchy, torch.device("meta"))
+    values = sum(r * c for r, c in full)
+    inside = [] if group_size == 1 or not shards.part_numel else [
+        comm.Transfer(kind, "node", group_size, comm.reduce_scatter_bytes(4 * shards.flat.numel(), group_size), values)
+        for kind in ("reduce_scatter", "all_gather")]
+    across = _exchange_bytes(shards.shard_shapes, nodes, rank // group_size, chunks)
+    return inside[:1] + across + inside[1:]
+
+
 class OneBitStrategy(Strategy):
     """1-bit SGD with error feedback and stripe aggregation; see the module docstring.
 

@@ -71,13 +71,63 @@ class _Bucket:
         self.pending = None
 
 
+def bucket_layout(sizes_bytes: Sequence[int], cap_mb: float) -> list[list[int]]:
+    """Which tensors (of one kind, in launch order) share a bucket: the layout the strategy builds
+    and `exchange_traffic` counts."""
+    return comm.bucket_indices(sizes_bytes, int(cap_mb * 2**20))
+
+
 def _build_buckets(tensors: Sequence[torch.Tensor], cap_mb: float, hierarchy: Hierarchy | None) -> list[_Bucket]:
     buckets = []
     for same in comm.group_by_kind(list(tensors)).values():
         sizes = [t.numel() * t.element_size() for t in same]
-        for idx in comm.bucket_indices(sizes, int(cap_mb * 2**20)):
+        for idx in bucket_layout(sizes, cap_mb):
             buckets.append(_Bucket([same[i] for i in idx], hierarchy))
     return buckets
+
+
+def hierarchical_in_use(setting: str, world_size: int, group_size: int) -> bool:
+    """`use_hierarchical` for a strategy on the whole job of `world_size` learners in nodes of
+    `group_size`, without a process group (the simulator's view)."""
+    if setting == "false" or world_size < 2:
+        return False
+    return setting == "true" or world_size // group_size > 1
+
+
+def allreduce_traffic(numel: int, world_size: int, group_size: int, hierarchical: bool,
+                      element_size: int = 4, group: str = "world") -> list[comm.Transfer]:
+    """What one learner sends to sum `numel` values over `world_size` learners: one ring allreduce,
+    or the three steps of `hierarchical_allreduce` (the length padded to the node size)."""
+    if world_size < 2 or numel == 0:
+        return []
+    if not hierarchical:
+        return [comm.Transfer("allreduce", group, world_size, comm.ring_allreduce_bytes(numel * element_size, world_size),
+                              numel)]
+    size, nodes = group_size, world_size // group_size
+    padded = -(-numel // size) * size
+    out = []
+    if size > 1:
+        out.append(comm.Transfer("reduce_scatter", "node", size, comm.reduce_scatter_bytes(padded * element_size, size),
+                                 numel))
+    if nodes > 1:
+        out.append(comm.Transfer("allreduce", "rail", nodes,
+                                 comm.ring_allreduce_bytes(padded // size * element_size, nodes), numel // size))
+    if size > 1:
+        out.append(comm.Transfer("all_gather", "node", size, comm.reduce_scatter_bytes(padded * element_size, size),
+                                 numel))
+    return out
+
+
+def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int,
+                     config: SyncConfig | None = None, group: str = "world") -> list[list[comm.Transfer]]:
+    """One step's gradient exchange as one learner sends it: per bucket, in launch order, its
+    transfers (float32 gradients of `shapes`, in registration order, as `model.parameters()`)."""
+    config = config or SyncConfig()
+    numels = [int(torch.Size(s).numel()) for s in reversed(list(shapes))]
+    hierarchical = group == "world" and hierarchical_in_use(config.hierarchical, world_size, group_size)
+    buckets = [allreduce_traffic(sum(numels[i] for i in idx), world_size, group_size, hierarchical, group=group)
+               for idx in bucket_layout([4 * n for n in numels], config.bucket_cap_mb)]
+    return [b for b in buckets if b]
 
 
 class SyncStrategy(Strategy):

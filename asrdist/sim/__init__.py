@@ -1,0 +1,14 @@
+"""Scaling simulator: predicts frames/s, speed-up and time per epoch of every asrdist strategy on
+a cluster that is not in front of the user (`asrdist simulate`). See `asrdist.sim.engine`."""
+from __future__ import annotations
+
+
+def predict_frames_per_second(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1,
+                              network: str = "loopback") -> float:
+    """The simulator's job frames/s for run config `cfg` (model, strategy and its settings, global
+    batch) on `learners` learners in `nodes` nodes, each learner computing `seconds_per_frame`
+    (measured single-learner compute time per frame on this machine; the learners of one machine
+    share its cores). `network`: the link between nodes (loopback, 1gbit, ...)."""
+    from asrdist.sim.engine import simulate_config
+
+    return simulate_config(cfg, learners, seconds_per_frame, nodes=nodes, network=network).frames_per_second

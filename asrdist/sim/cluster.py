@@ -1,0 +1,143 @@
+"""What the simulator is told about a cluster: devices, links, models and the presets of the
+source documents. Every preset number names its source, or says that it is an assumption.
+
+Compute: a frame of an acoustic model costs about 6 x parameters floating-point operations
+(forward 2 per weight, backward 4); a device preset is a sustained rate in FLOP/s, so its
+seconds per frame follow from the model's parameter count (from the model registry).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from asrdist.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of connection: bytes per second one learner (or node, between nodes) can push,
+    and the latency of one message."""
+
+    bandwidth: float
+    latency: float
+    source: str = "assumption"
+
+    def __post_init__(self):
+        if not self.bandwidth > 0 or self.latency < 0:
+            raise ConfigError(f"link: need bandwidth > 0 and latency >= 0, got {self.bandwidth}, {self.latency}")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A learner's compute: sustained FLOP/s on the model's big matrix products, plus a fixed
+    cost per minibatch (kernel launches, data loading not hidden)."""
+
+    flops: float
+    step_overhead: float = 0.0
+    source: str = "assumption"
+
+
+LINKS: dict[str, Link] = {
+    # Inside a node.
+    "pcie": Link(6e9, 10e-6, "assumption: PCIe 3.0 x16 (15.75 GB/s nominal) through host memory, as "
+                             "CNTK's MPI exchange of 2014 staged it: about 6 GB/s, 10 us"),
+    "nvlink": Link(50e9, 5e-6, "assumption: NVLink 2.0 between V100s (IBM AC922: 3 x 25 GB/s per direction "
+                               "per GPU pair); 50 GB/s effective, 5 us"),
+    # Between nodes (a node's network card, shared by its learners).
+    "infiniband": Link(12.5e9, 3e-6, "assumption: EDR InfiniBand, 100 Gbit/s per node, 3 us"),
+    "100gbit": Link(10e9, 20e-6, "100 Gbit/s Ethernet (IBM Interspeech 2019 abstract); assumption: 80% of it "
+                                 "(10 GB/s) and 20 us per message"),
+    "1gbit": Link(1e9 / 8, 0.1e-3, "asrdist's emulated network (DESIGN.md 5.8: tc, 1 Gbit/s, 0.1 ms)"),
+    "10gbit": Link(10e9 / 8, 0.1e-3, "tc-shaped 10 Gbit/s, 0.1 ms (as 1gbit)"),
+    "loopback": Link(2e9, 50e-6, "assumption: gloo over loopback on a 2-core VM, 2 GB/s, 50 us "
+                                 "(`asrdist bench simulator` measures it)"),
+}
+
+DEVICES: dict[str, Device] = {
+    "k20x": Device(0.48 * 3.95e12, 0.0, "NVIDIA K20X: 3.95 TFLOP/s fp32 peak (datasheet); 48% sustained "
+                                        "is calibrated on Seide 2014's single-GPU rate (abstract: 27 kfps = 3.6x "
+                                        "one GPU at minibatch 2880, i.e. 7.5 kfps)"),
+    "p100": Device(0.45 * 10.6e12, 5e-3, "NVIDIA P100 SXM2: 10.6 TFLOP/s fp32 peak (datasheet); assumption: the "
+                                         "V100's sustained share"),
+    "v100": Device(0.45 * 15.7e12, 5e-3, "NVIDIA V100 SXM2: 15.7 TFLOP/s fp32 peak (datasheet); 45% sustained is "
+                                         "calibrated on IBM ICASSP 2019 (blog: about 1 week on 1 V100); 5 ms per "
+                                         "minibatch is an assumption"),
+}
+
+MODELS: dict[str, dict] = {
+    # model config for asrdist.models.registry, input features per frame, output classes
+    "swbd": {"model": {"name": "swbd"}, "feature_dim": 39, "num_classes": 9304,
+             "source": "Seide 2014: 46M-parameter Switchboard DNN, 429 inputs (11 x 39), 7 x 2048 sigmoid, "
+                       "9304 tied states (asrdist's registry 'swbd')"},
+    "ibm-lstm": {"model": {"name": "blstm", "hidden_layers": 6, "hidden_dim": 512, "chunk": 21},
+                 "feature_dim": 260, "num_classes": 32000,
+                 "source": "IBM SWB2000 LSTM: 32,000 classes (IBM blog 2019), 21-frame chunks (DESIGN.md 5); "
+                           "assumption: 6 bidirectional layers of 512 cells per direction, 260 inputs"},
+}
+
+
+def model_shapes(model: dict, feature_dim: int, num_classes: int) -> list[tuple[int, ...]]:
+    """Parameter shapes of a registry model, built on the meta device (no memory)."""
+    from asrdist.models.registry import ModelConfig, build_model
+
+    cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
+    with torch.device("meta"):
+        built = build_model(cfg, feature_dim, num_classes)
+    return [tuple(p.shape) for p in built.parameters() if p.requires_grad]
+
+
+def seconds_per_frame(device: Device, parameters: int) -> float:
+    """Compute time of one frame (forward + backward, about 6 FLOP per parameter)."""
+    return 6.0 * parameters / device.flops
+
+
+@dataclass
+class Cluster:
+    """nodes x per_node learners; `inside` joins the learners of a node, `between` the nodes."""
+
+    nodes: int = 1
+    per_node: int = 1
+    inside: Link = field(default_factory=lambda: LINKS["loopback"])
+    between: Link = field(default_factory=lambda: LINKS["loopback"])
+    shared_cores: int = 0
+    """CPU learners: the cores one node's learners share (threads per learner = max(1, cores //
+    learners)); 0 = every learner has its own device."""
+
+    def __post_init__(self):
+        if self.nodes < 1 or self.per_node < 1:
+            raise ConfigError(f"cluster: need nodes >= 1 and learners per node >= 1, got {self.nodes} x {self.per_node}")
+
+    @property
+    def learners(self) -> int:
+        return self.nodes * self.per_node
+
+    def compute_factor(self) -> float:
+        """How much slower one learner computes than a lone learner with all cores: with t =
+        max(1, cores // L) threads each and L learners, max(cores / t, L) (threads scale linearly,
+        oversubscription shares the cores)."""
+        if not self.shared_cores:
+            return 1.0
+        threads = max(1, self.shared_cores // self.per_node)
+        return max(self.shared_cores / threads, float(self.per_node))
+
+
+def parse_cluster(text: str) -> tuple[int, int]:
+    """'8x4' -> (8 nodes, 4 learners per node); '16' -> (1, 16)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts = [1, parts[0]]
+    if len(parts) != 2 or min(parts) < 1:
+        raise ConfigError(f"--cluster: expected NODESxPER_NODE like 8x4 (or a learner count), got {text!r}")
+    return parts[0], parts[1]
+
+
+def link_named(name: str) -> Link:
+    if name in LINKS:
+        return LINKS[name]
+    from asrdist.cluster.netem import parse_rate
+
+    return Link(parse_rate(name) / 8, 0.1e-3, f"tc-shaped {name}, 0.1 ms")

@@ -1,0 +1,439 @@
+"""The discrete-event simulation of one strategy on one cluster (SimPy processes, one per learner,
+or per node where a node moves in lock step).
+
+What a step costs, per strategy (the traffic always comes from the strategy module's own
+`*_traffic` function, i.e. the layout and byte accounting of the real run):
+- compute: local minibatch x seconds per frame (x the cluster's CPU sharing factor, x a
+  straggler's slowdown or a random jitter) + a fixed cost per minibatch; the last
+  `backward_share` of it is backward.
+- sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
+  one after another on the learner's communication stream, and every collective waits for all
+  members of its group (lock step): the slowest learner sets the pace.
+- onebit: quantize, owner reduce and dequantize cost `quantize_cost` per value and pass; the
+  chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double buffering moves the
+  exchange of step t behind the compute of step t + 1.
+- averaging: the flat allreduce every `steps_between_averages` minibatches.
+- adpsgd: learners claim minibatches from one job-wide pool; an active learner exchanges with its
+  partner (`topology.partner`) after each step; a passive answers one partner at a time (a
+  SimPy resource: contention), without stopping its compute; delay-by-one overlaps the exchange
+  with the next step.
+- hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
+  leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
+A collective's time: the bytes this learner sends over the slowest link it crosses (a node's
+card is shared by the node's learners that cross it at the same time) + one latency per
+sequential message (ring allreduce 2(n-1), reduce-scatter / all-gather / all-to-all n-1,
+broadcast log2 n, a pairwise exchange 2).
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from asrdist.errors import ConfigError
+from asrdist.parallel.comm import Transfer
+from asrdist.sim.cluster import Cluster
+
+STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
+MAX_AVERAGING_STEPS = 2000
+
+
+@dataclass
+class SimSpec:
+    """Everything one simulation needs."""
+
+    strategy: str
+    strategy_config: Any
+    shapes: list[tuple[int, ...]]
+    cluster: Cluster
+    local_batch: int
+    """Frames per learner per minibatch."""
+    seconds_per_frame: float
+    """One learner's compute per frame when it has the whole device (machine) to itself."""
+    step_overhead: float = 0.0
+    quantize_cost: float = 1e-9
+    """Seconds per value and pass of 1-bit quantization (quantize, owner reduce, dequantize)."""
+    copy_cost: float = 0.0
+    """Seconds per value of parameter arithmetic in an average or exchange (host or device)."""
+    backward_share: float = 2 / 3
+    slowdown: dict[int, float] = field(default_factory=dict)
+    """Straggler ranks and their slowdown (compute x slowdown)."""
+    jitter: float = 0.0
+    """Every learner's compute x (1 + uniform(0, jitter)) per step."""
+    steps: int = 24
+    """Minibatches per learner simulated (a job-wide pool of steps x learners for adpsgd)."""
+    synchronous: bool = False
+    """hybrid: simulate its synchronous phase (else the ADPSGD phase)."""
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGY_NAMES + ("single",):
+            raise ConfigError(f"simulate: unknown strategy {self.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
+        if self.local_batch < 1 or not self.seconds_per_frame > 0 or self.steps < 2:
+            raise ConfigError("simulate: need a local batch >= 1 frame, seconds per frame > 0 and >= 2 steps")
+
+    @property
+    def values(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+
+@dataclass
+class SimResult:
+    frames_per_second: float
+    seconds_per_step: float
+    """Mean over learners of wall seconds per own minibatch."""
+    comm_share: float
+    """Mean share of a learner's time with its communication in flight."""
+    wait_share: float
+    """Mean share of a learner's time blocked on communication (not hidden behind compute)."""
+    bytes_per_step: list[float]
+    """Per learner: bytes sent per own minibatch."""
+    bytes_sent: list[int]
+    steps: list[int]
+    compute_seconds_per_step: float
+
+
+class _Meet:
+    """Lock-step collectives: each member joins with its own duration; all leave together once
+    the last has arrived and the longest duration has passed."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self._open: dict[Any, list] = {}
+
+    def join(self, key: Any, size: int, duration: float) -> simpy.Event:
+        event = self.env.event()
+        waiting = self._open.setdefault(key, [])
+        waiting.append((event, duration))
+        if len(waiting) == size:
+            del self._open[key]
+            self.env.process(self._release(waiting))
+        return event
+
+    def _release(self, waiting):
+        yield self.env.timeout(max(d for _, d in waiting))
+        for event, _ in waiting:
+            event.succeed()
+
+
+_LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
+                  "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1,
+                  "broadcast": lambda n: math.ceil(math.log2(max(n, 2))), "exchange": lambda n: 2,
+                  "answer": lambda n: 0}
+
+
+def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None = None,
+                     payload_bytes: int | None = None) -> float:
+    """Time of one collective from one learner's bytes (see the module docstring). `crosses_nodes`
+    and `payload_bytes` (both directions' bytes) for a pairwise exchange."""
+    per_node, nodes, n = cluster.per_node, cluster.nodes, cluster.learners
+    inside, between = cluster.inside, cluster.between
+    latency_steps = _LATENCY_STEPS[t.kind](t.size)
+    b = float(t.bytes_sent if payload_bytes is None else payload_bytes)
+    if t.group == "node" or (t.group == "world" and nodes == 1) or (t.group == "pair" and not crosses_nodes):
+        return b / inside.bandwidth + latency_steps * inside.latency
+    if t.group == "rail":  # every local rank's rail crosses the node's card at once
+        return per_node * b / between.bandwidth + latency_steps * between.latency
+    if t.group == "pair":
+        return b / between.bandwidth + latency_steps * between.latency
+    # the whole world over several nodes
+    if t.kind == "all_to_all":
+        out_of_node = per_node * b * (n - per_node) / (n - 1)
+        in_node = b * (per_node - 1) / (n - 1)
+        wire = max(out_of_node / between.bandwidth, in_node / inside.bandwidth)
+    else:  # rings in node order: one stream crosses each node's card
+        wire = b / between.bandwidth
+    return wire + latency_steps * between.latency
+
+
+class _Learner:
+    """Counters of one simulated learner."""
+
+    __slots__ = ("rank", "steps", "frames", "bytes", "comm", "wait", "compute", "done_at")
+
+    def __init__(self, rank: int):
+        self.rank, self.steps, self.frames, self.bytes = rank, 0, 0, 0
+        self.comm = self.wait = self.compute = self.done_at = 0.0
+
+
+def simulate(spec: SimSpec) -> SimResult:
+    """Run the simulation of `spec` and summarize it."""
+    return _Simulation(spec).run()
+
+
+class _Simulation:
+    def __init__(self, spec: SimSpec):
+        self.spec, self.cluster = spec, spec.cluster
+        self.env = simpy.Environment()
+        self.meet = _Meet(self.env)
+        self.n = spec.cluster.learners
+        self.learners = [_Learner(r) for r in range(self.n)]
+        self.rng = random.Random(spec.seed)
+        self.steps = spec.steps
+        self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
+
+    # -- pieces -------------------------------------------------------------------------
+    def compute_seconds(self, rank: int) -> float:
+        s = self.spec
+        t = s.local_batch * s.seconds_per_frame * self.cluster.compute_factor()
+        t *= s.slowdown.get(rank, 1.0)
+        if s.jitter:
+            t *= 1.0 + self.rng.uniform(0.0, s.jitter)
+        return t + s.step_overhead
+
+    def group_key(self, t: Transfer, rank: int) -> Any:
+        per_node = self.cluster.per_node
+        return {"world": "world", "node": ("node", rank // per_node), "rail": ("rail", rank % per_node)}[t.group]
+
+    def collective(self, me: _Learner, t: Transfer, step: int, index: int, stalled: bool = True):
+        """A lock-step collective: wait for the group, then its time."""
+        t0 = self.env.now
+        duration = transfer_seconds(t, self.cluster)
+        yield self.meet.join((self.group_key(t, me.rank), step, index), t.size, duration)
+        me.bytes += t.bytes_sent
+        me.comm += self.env.now - t0
+        if stalled:
+            me.wait += self.env.now - t0
+
+    # -- lock-step strategies -----------------------------------------------------------
+    def lockstep_learner(self, me: _Learner, buckets: list[list[Transfer]], overlap: bool):
+        s = self.spec
+        total = sum(b[0].values for b in buckets) or 1
+        for step in range(self.steps):
+            compute = self.compute_seconds(me.rank)
+            me.compute += compute
+            backward_start = self.env.now + compute * (1 - s.backward_share)
+            stream = self.env.process(self._bucket_stream(me, buckets, step, overlap, backward_start,
+                                                          compute * s.backward_share, total))
+            yield self.env.timeout(compute)
+            t0 = self.env.now
+            yield stream
+            me.wait += self.env.now - t0
+            yield from self._after_step(me, step)
+            me.steps += 1
+            me.frames += s.local_batch
+        me.done_at = self.env.now
+
+    def _bucket_stream(self, me, buckets, step, overlap, backward_start, backward, total):
+        done = 0
+        index = 0
+        for bucket in buckets:
+            done += bucket[0].values
+            ready = backward_start + backward * (done / total if overlap else 1.0)
+            if ready > self.env.now:
+                yield self.env.timeout(ready - self.env.now)
+            for t in bucket:
+                yield from self.collective(me, t, step, index, stalled=False)
+                index += 1
+
+    def _after_step(self, me: _Learner, step: int):
+        s = self.spec
+        if s.strategy == "averaging" and (step + 1) % self.average_every == 0:
+            for i, t in enumerate(self.average):
+                yield from self.collective(me, t, step, 1000 + i)
+            yield self.env.timeout(s.copy_cost * s.values)
+            me.comm += s.copy_cost * s.values
+            me.wait += s.copy_cost * s.values
+
+    def onebit_learner(self, me: _Learner, transfers: list[Transfer], double_buffering: bool, chunks: int):
+        s = self.spec
+        inside = [t for t in transfers if t.group == "node"]
+        across = [t for t in transfers if t.group != "node"]
+        share = self.cluster.per_node if inside else 1
+        values = s.values / share  # what this learner quantizes across nodes
+        n_across = across[0].size if across else 1
+        quantize = s.quantize_cost * values
+        reduce = s.quantize_cost * values * (1 + 1 / n_across)
+        dequantize = s.quantize_cost * values
+        pending = None
+        for step in range(s.steps):
+            compute = self.compute_seconds(me.rank)
+            me.compute += compute
+            yield self.env.timeout(compute)
+            t0 = self.env.now
+            if inside:
+                yield from self.collective(me, inside[0], step, 0)
+            if not double_buffering:
+                yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True)
+            else:
+                yield self.env.timeout(quantize)
+                if pending is not None:
+                    t1 = self.env.now
+                    yield pending
+                    me.wait += self.env.now - t1
+                yield self.env.timeout(dequantize)
+                pending = self.env.process(self._onebit_wire(me, across, step, reduce, chunks, False))
+            if inside:
+                yield from self.collective(me, inside[1], step, 10_000)
+            me.comm += self.env.now - t0 if double_buffering else 0.0
+            if double_buffering:
+                me.wait += quantize + dequantize
+            me.steps += 1
+            me.frames += s.local_batch
+        if pending is not None:
+            yield pending
+        me.done_at = self.env.now
+
+    def _onebit_wire(self, me, across, step, cpu, chunks, stalled):
+        t0 = self.env.now
+        for i, t in enumerate(across):
+            yield from self.collective(me, t, step, 1 + i, stalled=stalled)
+        wire = self.env.now - t0
+        extra = max(cpu - wire, 0.0) + min(cpu, wire) / chunks
+        yield self.env.timeout(extra)
+        me.comm += extra
+        if stalled:
+            me.wait += extra
+
+    # -- asynchronous strategies --------------------------------------------------------
+    def claim(self) -> bool:
+        if self.pool <= 0:
+            return False
+        self.pool -= 1
+        return True
+
+    def adpsgd_unit(self, members: list[_Learner], leader_rank: int, unit: int, units: int, node_traffic,
+                    broadcast: Transfer | None, overlap: bool):
+        """One ADPSGD participant: a learner, or (hierarchical) a node moving in lock step."""
+        from asrdist.parallel import topology
+
+        s, cfg = self.spec, self.spec.strategy_config
+        active = units > 1 and topology.is_active(unit, units)
+        pending = None
+        rnd = 0
+        total = sum(b[0].values for b in node_traffic) or 1
+        step = 0
+        while True:
+            if not all(self.claim() for _ in members):
+                break
+            computes = [self.compute_seconds(m.rank) for m in members]
+            compute = max(computes)
+            for m, c in zip(members, computes):
+                m.compute += c
+            if node_traffic:
+                streams = [self.env.process(self._bucket_stream(m, node_traffic, step, overlap,
+                                                                self.env.now + c * (1 - s.backward_share),
+                                                                c * s.backward_share, total))
+                           for m, c in zip(members, computes)]
+                yield self.env.timeout(compute)
+                t0 = self.env.now
+                yield self.env.all_of(streams)
+                for m in members:
+                    m.wait += self.env.now - t0
+            else:
+                yield self.env.timeout(compute)
+            if active:
+                partner = topology.partner(unit, units, rnd, cfg.pattern, cfg.seed)
+                rnd += 1
+                leader = self.learners[leader_rank]
+                if cfg.delay_by_one:
+                    if pending is not None:
+                        t0 = self.env.now
+                        yield pending
+                        for m in members:
+                            m.wait += self.env.now - t0
+                    pending = self.env.process(self._exchange(leader, partner, False, members))
+                else:
+                    yield from self._exchange(leader, partner, True, members)
+            if broadcast is not None:
+                t0 = self.env.now
+                duration = transfer_seconds(broadcast, self.cluster)
+                yield self.env.timeout(duration)
+                for m in members:
+                    m.comm += duration
+                    m.wait += duration
+                self.learners[leader_rank].bytes += broadcast.bytes_sent
+            for m in members:
+                m.steps += 1
+                m.frames += s.local_batch
+            step += 1
+        if pending is not None:
+            yield pending
+        for m in members:
+            m.done_at = self.env.now
+
+    def _exchange(self, leader: _Learner, partner_unit: int, stalled: bool, members: list[_Learner]):
+        s = self.spec
+        partner_rank = partner_unit * self.unit_size
+        t0 = self.env.now
+        with self.answerers[partner_unit].request() as turn:
+            yield turn
+            ex, ans = self.exchange["exchange"], self.exchange["answer"]
+            crosses = partner_rank // self.cluster.per_node != leader.rank // self.cluster.per_node
+            duration = transfer_seconds(ex, self.cluster, crosses, ex.bytes_sent + ans.bytes_sent)
+            duration += 2 * s.copy_cost * s.values
+            yield self.env.timeout(duration)
+        leader.bytes += ex.bytes_sent
+        self.learners[partner_rank].bytes += ans.bytes_sent
+        for m in members:
+            m.comm += self.env.now - t0
+            if stalled:
+                m.wait += self.env.now - t0
+
+    # -- running ------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        from asrdist.parallel import averaging, hierarchical, onebit, sync
+        from asrdist.parallel.adpsgd import exchange_traffic
+
+        s, c, env = self.spec, self.cluster, self.env
+        cfg = s.strategy_config
+        name = s.strategy
+        if name == "hybrid" and s.synchronous:
+            name = "sync_everyone"
+        if self.n == 1 or name == "single":
+            for me in self.learners:
+                env.process(self.lockstep_learner(me, [], False))
+        elif name in ("sync", "sync_everyone", "averaging"):
+            if name == "averaging":
+                buckets = []
+                self.average = averaging.average_traffic(s.values, self.n, cfg)
+                self.average_every = averaging.steps_between_averages(cfg, s.local_batch)
+                # whole averaging periods (two), at most MAX_AVERAGING_STEPS minibatches
+                self.steps = max(s.steps, min(2 * self.average_every, MAX_AVERAGING_STEPS))
+                overlap = False
+            else:
+                sync_cfg = cfg if name == "sync" else sync.SyncConfig(overlap=False)
+                buckets = sync.exchange_traffic(s.shapes, self.n, c.per_node, sync_cfg)
+                overlap = sync_cfg.overlap
+            for me in self.learners:
+                env.process(self.lockstep_learner(me, buckets, overlap))
+        elif name == "onebit":
+            for me in self.learners:
+                transfers = onebit.exchange_traffic(s.shapes, self.n, c.per_node, me.rank, cfg)
+                env.process(self.onebit_learner(me, transfers, cfg.double_buffering, onebit.PIPELINE_CHUNKS))
+        else:  # adpsgd, hierarchical, hybrid's asynchronous phase
+            per_unit = 1 if name == "adpsgd" else c.per_node
+            self.unit_size = per_unit
+            units = self.n // per_unit
+            self.answerers = [simpy.Resource(env, capacity=1) for _ in range(units)]
+            self.exchange = exchange_traffic(s.values)
+            node_traffic, broadcast = [], None
+            if per_unit > 1:
+                inner = sync.SyncConfig(overlap=name == "hierarchical")
+                node_traffic = sync.exchange_traffic(s.shapes, per_unit, per_unit, inner, group="node")
+                broadcast = next(t for t in hierarchical.step_traffic(s.shapes, self.n, per_unit, 0)
+                                 if t.kind == "broadcast")
+            for u in range(units):
+                members = self.learners[u * per_unit:(u + 1) * per_unit]
+                env.process(self.adpsgd_unit(members, u * per_unit, u, units, node_traffic, broadcast,
+                                             name == "hierarchical"))
+        env.run()
+        return self._summary()
+
+    def _summary(self) -> SimResult:
+        ls = self.learners
+        end = max(l.done_at for l in ls) or 1e-12
+        frames = sum(l.frames for l in ls)
+        return SimResult(
+            frames_per_second=frames / end,
+            seconds_per_step=sum(l.done_at / max(l.steps, 1) for l in ls) / len(ls),
+            comm_share=sum(min(l.comm / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
+            wait_share=sum(min(l.wait / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
+            bytes_per_step=[l.bytes / max(l.steps, 1) for l in ls],
+            bytes_sent=[l.bytes for l in ls],
+            steps=[l.steps for l in ls],
+            compute_seconds_per_step=sum(l.compute / max(l.steps, 1) for l in ls) / len(ls),
+        )

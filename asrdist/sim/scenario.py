@@ -1,0 +1,130 @@
+"""A simulated job: model, strategy, cluster and compute; its frames/s, speed-up and time per
+epoch; and the advisor that ranks every strategy for one cluster."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from asrdist.errors import ConfigError
+from asrdist.sim.cluster import Cluster
+from asrdist.sim.engine import SimResult, SimSpec, simulate
+
+ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
+    "sync": ("sync", {}),
+    "sync_flat": ("sync", {"hierarchical": "false"}),
+    "onebit": ("onebit", {}),
+    "onebit_double_buffering": ("onebit", {"double_buffering": True}),
+    "averaging": ("averaging", {}),
+    "adpsgd_fixed": ("adpsgd", {"pattern": "fixed"}),
+    "adpsgd_random": ("adpsgd", {"pattern": "random"}),
+    "adpsgd_delay_by_one": ("adpsgd", {"delay_by_one": True}),
+    "hierarchical": ("hierarchical", {}),
+    "hybrid": ("hybrid", {"sync_epochs": 1}),
+}
+"""Every variant the advisor ranks: name -> (strategy, strategy config)."""
+
+
+def strategy_config(name: str, settings: dict[str, Any] | None = None) -> Any:
+    from asrdist.parallel import strategy_config_class
+
+    cls = strategy_config_class(name)
+    return None if cls is None else cls(**(settings or {}))
+
+
+@dataclass
+class Job:
+    """One strategy on one cluster; `frames_per_epoch` and `epochs` give the job's time."""
+
+    strategy: str
+    strategy_config: Any
+    shapes: list[tuple[int, ...]]
+    cluster: Cluster
+    global_batch: int
+    """Frames per minibatch over all learners (split evenly)."""
+    seconds_per_frame: float
+    step_overhead: float = 0.0
+    quantize_cost: float = 1e-9
+    copy_cost: float = 0.0
+    frames_per_epoch: float = 1e6
+    epochs: int = 1
+    slowdown: dict[int, float] = field(default_factory=dict)
+    jitter: float = 0.0
+    steps: int = 24
+
+    def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
+        cluster = learners_cluster or self.cluster
+        local = max(1, self.global_batch // cluster.learners)
+        return SimSpec(self.strategy, self.strategy_config, self.shapes, cluster, local, self.seconds_per_frame,
+                       step_overhead=self.step_overhead, quantize_cost=self.quantize_cost,
+                       copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
+                       **changes)
+
+
+@dataclass
+class Prediction:
+    name: str
+    learners: int
+    frames_per_second: float
+    speedup: float
+    epoch_seconds: float
+    job_seconds: float
+    comm_share: float
+    wait_share: float
+    bytes_per_step: float
+    detail: SimResult
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "detail"}
+        d["seconds_per_step"] = self.detail.seconds_per_step
+        d["compute_seconds_per_step"] = self.detail.compute_seconds_per_step
+        return d
+
+
+def run_job(job: Job, name: str | None = None) -> Prediction:
+    """Simulate `job` and one learner alone (with the whole global batch: the speed-up's base)."""
+    if job.strategy == "hybrid":
+        sync_phase = simulate(job.spec(synchronous=True))
+        async_phase = simulate(job.spec())
+        sync_epochs = min(job.strategy_config.sync_epochs, job.epochs)
+        seconds = (sync_epochs / sync_phase.frames_per_second
+                   + (job.epochs - sync_epochs) / async_phase.frames_per_second) * job.frames_per_epoch
+        result = async_phase if job.epochs > sync_epochs else sync_phase
+        fps = job.epochs * job.frames_per_epoch / seconds
+    else:
+        result = simulate(job.spec())
+        fps = result.frames_per_second
+        seconds = job.epochs * job.frames_per_epoch / fps
+    one = simulate(dataclasses.replace(job.spec(Cluster(1, 1, job.cluster.inside, job.cluster.between,
+                                                          job.cluster.shared_cores)), strategy="single"))
+    return Prediction(name or job.strategy, job.cluster.learners, fps, fps / one.frames_per_second,
+                      seconds / job.epochs, seconds, result.comm_share, result.wait_share,
+                      max(result.bytes_per_step), result)
+
+
+def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None) -> tuple[list[Prediction], str]:
+    """Every strategy variant of `ADVISED` on `job`'s cluster, fastest epoch first, and why the
+    winner wins."""
+    ranked = []
+    for name, (strategy, settings) in (variants or ADVISED).items():
+        if job.cluster.learners < 2:
+            raise ConfigError("simulate: the advisor needs at least 2 learners")
+        cfg = strategy_config(strategy, settings)
+        ranked.append(run_job(dataclasses.replace(job, strategy=strategy, strategy_config=cfg), name))
+    ranked.sort(key=lambda p: p.epoch_seconds)
+    return ranked, explain(ranked)
+
+
+def explain(ranked: list[Prediction]) -> str:
+    best, rest = ranked[0], ranked[1:]
+    sync = next((p for p in ranked if p.name == "sync"), None)
+    why = [f"{best.name} wins: {best.epoch_seconds / 3600:.2f} h per epoch, {best.speedup:.1f}x one learner, "
+           f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
+    if sync is not None and sync is not best:
+        bound = "wire-bound" if sync.wait_share > 0.3 else "compute-bound"
+        why.append(f"sync is {bound}: {100 * sync.wait_share:.0f}% of each step blocked communicating "
+                   f"({sync.bytes_per_step / 1e6:.0f} MB sent per learner and step)")
+    if rest:
+        runner = rest[0]
+        why.append(f"runner-up {runner.name} is {runner.epoch_seconds / best.epoch_seconds:.2f}x slower")
+    return "; ".join(why)
