@@ -9,6 +9,6 @@ def predict_frames_per_second(cfg, learners: int, seconds_per_frame: float, *, n
     batch) on `learners` learners in `nodes` nodes, each learner computing `seconds_per_frame`
     (measured single-learner compute time per frame on this machine; the learners of one machine
     share its cores). `network`: the link between nodes (loopback, 1gbit, ...)."""
-    from asrdist.sim.engine import simulate_config
+    from asrdist.sim.scenario import simulate_config
 
     return simulate_config(cfg, learners, seconds_per_frame, nodes=nodes, network=network).frames_per_second

@@ -103,6 +103,8 @@ class Cluster:
     shared_cores: int = 0
     """CPU learners: the cores one node's learners share (threads per learner = max(1, cores //
     learners)); 0 = every learner has its own device."""
+    one_machine: bool = False
+    """The nodes are emulated on one machine: all learners share `shared_cores`."""
 
     def __post_init__(self):
         if self.nodes < 1 or self.per_node < 1:
@@ -118,8 +120,9 @@ class Cluster:
         oversubscription shares the cores)."""
         if not self.shared_cores:
             return 1.0
-        threads = max(1, self.shared_cores // self.per_node)
-        return max(self.shared_cores / threads, float(self.per_node))
+        sharing = self.learners if self.one_machine else self.per_node
+        threads = max(1, self.shared_cores // sharing)
+        return max(self.shared_cores / threads, float(sharing))
 
 
 def parse_cluster(text: str) -> tuple[int, int]:

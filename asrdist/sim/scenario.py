@@ -128,3 +128,51 @@ def explain(ranked: list[Prediction]) -> str:
         runner = rest[0]
         why.append(f"runner-up {runner.name} is {runner.epoch_seconds / best.epoch_seconds:.2f}x slower")
     return "; ".join(why)
+
+
+CPU_QUANTIZE_COST = 1e-9
+"""Assumption: seconds per value and pass of the fused 1-bit kernel on a CPU core."""
+CPU_COPY_COST = 0.5e-9
+"""Assumption: seconds per value of a parameter average's arithmetic on a CPU."""
+
+
+def config_shapes(cfg, feature_dim: int | None = None, num_classes: int | None = None) -> list[tuple[int, ...]]:
+    """Parameter shapes of `cfg.model` from the registry; features per frame and classes from the
+    config (swbd: the paper's 39 and 9304) unless given."""
+    from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
+    from asrdist.sim.cluster import model_shapes
+
+    swbd = cfg.model.name == "swbd"
+    if feature_dim is None:
+        feature_dim = SWBD_FEATURE_DIM if swbd else cfg.data.num_mel_bins
+    if num_classes is None:
+        classes = {"monophone": 40, "tied": cfg.data.tied_states, "phones": 41, "chars": 30}
+        num_classes = SWBD_NUM_CLASSES if swbd else classes[cfg.data.targets]
+    return model_shapes(cfg.model, feature_dim, num_classes)
+
+
+def config_job(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1, network: str = "loopback",
+               cores: int | None = None, feature_dim: int | None = None, num_classes: int | None = None) -> Job:
+    """The simulated job of run config `cfg` on this machine: `learners` CPU learners sharing its
+    cores (`nodes` emulated hosts joined by `network`, loopback inside one)."""
+    import os
+
+    from asrdist.models.registry import model_kind
+    from asrdist.sim.cluster import LINKS, link_named
+
+    if learners < 1 or nodes < 1 or learners % nodes:
+        raise ConfigError(f"simulate: {learners} learners do not split into {nodes} equal nodes")
+    cores = cores or len(os.sched_getaffinity(0))
+    cluster = Cluster(nodes, learners // nodes, LINKS["loopback"], link_named(network), shared_cores=cores,
+                      one_machine=True)
+    frames = cfg.data.batch_size * (cfg.model.chunk if model_kind(cfg.model) == "chunk" else 1)
+    strategy = cfg.strategy_name if learners > 1 else "single"
+    return Job(strategy, cfg.strategy if learners > 1 else None, config_shapes(cfg, feature_dim, num_classes),
+               cluster, frames, seconds_per_frame, quantize_cost=CPU_QUANTIZE_COST, copy_cost=CPU_COPY_COST,
+               epochs=cfg.train.epochs)
+
+
+def simulate_config(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1,
+                    network: str = "loopback", **kwargs) -> Prediction:
+    """`run_job` of `config_job` (see there)."""
+    return run_job(config_job(cfg, learners, seconds_per_frame, nodes=nodes, network=network, **kwargs))
