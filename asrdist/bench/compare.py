@@ -8,8 +8,10 @@ or train first, one run per strategy under OUT/<strategy>, then print the table:
     asrdist bench compare --train configs/default.yaml --learners 4 --strategies sync,onebit \\
         --out runs/compare4 [--data CORPUS] [--json OUT] [section.key=value ...]
 
-The table is the output; `--json` is optional here (unlike the other benchmarks) because the runs'
-summary.json files already hold every figure. The JSON has one row per run under `runs`.
+Training and reading the runs is `asrdist compare`'s (asrdist/compare/runs.py), which also writes
+the HTML report; this is its table only. The table is the output; `--json` is optional here
+(unlike the other benchmarks) because the runs' summary.json files already hold every figure. The
+JSON has one row per run under `runs`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from asrdist.errors import AsrdistError, ConfigError, DataError
+from asrdist.compare import runs as compare_runs
+from asrdist.errors import ConfigError
 
 JSON_REQUIRED = False
 """The table is printed either way; `--json OUT` also writes it (see bench/cli.py)."""
@@ -44,14 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> dict:
     if args.train:
         overrides = [*args.runs, *args.overrides]
-        not_overrides = [o for o in overrides if "=" not in o or o.startswith("-")]
-        if not_overrides:
-            raise ConfigError(f"bench compare --train: expected section.key=value overrides, got {not_overrides}")
-        strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
-        if not strategies:
-            raise ConfigError("bench compare: --strategies names no strategy")
-        runs = train_all(args.train, strategies, args.learners or DEFAULT_LEARNERS, args.out or DEFAULT_OUT,
-                         args.data, overrides)
+        strategies = compare_runs.parse_strategies(args.strategies or DEFAULT_STRATEGIES)
+        learners = args.learners or DEFAULT_LEARNERS
+        configs = compare_runs.resolve_all(Path(args.train), strategies, learners, args.data, overrides)
+        runs = list(compare_runs.train_missing(Path(args.train), configs, args.out or DEFAULT_OUT,
+                                               args.data, overrides).values())
     else:
         given = [f"--{name}" for name in _TRAIN_ONLY if getattr(args, name) is not None]
         given += [o for o in [*args.runs, *args.overrides] if "=" in o and not Path(o).is_dir()]
@@ -74,20 +74,12 @@ def format_result(result: dict) -> str:
 
 
 def load_row(run_dir: Path) -> dict:
-    """One table row from RUN_DIR/summary.json (all learners' bytes; seconds per learner, mean)."""
-    path = Path(run_dir) / "summary.json"
-    try:
-        s = json.loads(path.read_text())
-        final, comm = s["final"], s["comm"]
-        return {"run": Path(run_dir).name, "strategy": s["strategy"], "learners": s["learners"],
-                "PER": final.get("per"), "frame acc": final.get("frame_accuracy"),
-                "frames/s": s["frames_per_second"], "MB sent": comm["bytes_sent"] / 1e6,
-                "comm s": comm["comm_seconds"], "wait s": comm["wait_seconds"], "wall s": s["wall_seconds"],
-                "path": str(run_dir)}
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing; is {run_dir} a finished asrdist run?") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise DataError(f"{path}: not an asrdist summary ({type(exc).__name__}: {exc})") from None
+    """One table row of a finished run (all learners' bytes; seconds per learner, mean)."""
+    r = compare_runs.run_record(run_dir)
+    return {"run": r["run"], "strategy": r["strategy"], "learners": r["learners"],
+            "PER": r["error_rate"] if r["metric"] == "per" else None, "frame acc": r["frame_accuracy"],
+            "frames/s": r["frames_per_second"], "MB sent": r["mb_sent"], "comm s": r["comm_seconds"],
+            "wait s": r["wait_seconds"], "wall s": r["wall_seconds"], "path": r["path"]}
 
 
 def format_table(rows: list[dict]) -> str:
@@ -98,21 +90,3 @@ def format_table(rows: list[dict]) -> str:
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in cells]
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
-
-
-def train_all(config: str, strategies: list[str], learners: int, out: Path, data: Path | None,
-              overrides: list[str]) -> list[Path]:
-    """`asrdist train` once per strategy into OUT/<strategy>; the run directories."""
-    from asrdist.cli import main as asrdist_main
-
-    runs = []
-    for name in strategies:
-        run_dir = out / name
-        argv = ["train", config, *overrides, "--learners", str(learners), "--strategy", name,
-                "--out", str(run_dir), "--no-progress"]
-        if data is not None:
-            argv += ["--data", str(data)]
-        if asrdist_main(argv) != 0:
-            raise AsrdistError(f"training with strategy '{name}' failed (run directory {run_dir})")
-        runs.append(run_dir)
-    return runs

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
+
+from asrdist.utils.io import output_errors
 
 
 class MetricsLog:
@@ -11,6 +14,9 @@ class MetricsLog:
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
         self._tb = None
+        self._started = time.monotonic()
+        self._seconds_before = 0.0
+        """Every record's `seconds`: training time since the run started, summed over its (re)starts."""
         if not enabled:
             return
         if resume_step is not None and self.path.is_file():
@@ -18,6 +24,7 @@ class MetricsLog:
             kept = [line for line in self.path.read_text().splitlines()
                     if line and json.loads(line).get("step", 0) <= resume_step]
             self.path.write_text("".join(k + "\n" for k in kept))
+            self._seconds_before = max((json.loads(k).get("seconds", 0.0) for k in kept), default=0.0)
         elif self.path.exists():
             self.path.unlink()
         try:
@@ -30,8 +37,9 @@ class MetricsLog:
     def log(self, kind: str, step: int, **values: Any) -> None:
         if not self.enabled:
             return
-        record = {"kind": kind, "step": step, **values}
-        with open(self.path, "a", encoding="utf-8") as f:
+        seconds = self._seconds_before + time.monotonic() - self._started
+        record = {"kind": kind, "step": step, "seconds": round(seconds, 3), **values}
+        with output_errors(self.path), open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for k, v in values.items():

@@ -1,0 +1,1 @@
+"""`asrdist compare`: one recipe trained under several strategies, side by side in one report."""

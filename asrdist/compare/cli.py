@@ -1,0 +1,48 @@
+"""`asrdist compare CONFIG --strategies sync,onebit,... --learners N --out DIR [--data D] [section.key=value ...]`
+
+Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`), skipping runs
+already finished with the same config, then writes DIR/summary.json and DIR/report.html.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_STRATEGIES = "sync,onebit,averaging,adpsgd"
+DEFAULT_LEARNERS = 4
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="train one recipe under several strategies; HTML report and summary.json")
+    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, applied to every run")
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES})")
+    p.add_argument("--learners", type=int, default=DEFAULT_LEARNERS, help=f"learners per run (default: {DEFAULT_LEARNERS})")
+    p.add_argument("--out", type=Path, required=True, help="directory of the runs and the report")
+    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    p.set_defaults(func=compare_command)
+
+
+def compare(config: Path, strategies: str, learners: int, out: Path, data: Path | None,
+            overrides: list[str]) -> dict:
+    """Train what is missing, then build the report; returns summary.json's content."""
+    from asrdist.compare.report import build_summary, write_outputs
+    from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
+
+    names = parse_strategies(strategies)
+    configs = resolve_all(config, names, learners, data, overrides)
+    run_dirs = train_missing(config, configs, out, data, overrides)
+    setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
+             "data": None if data is None else str(data), "overrides": list(overrides)}
+    summary = build_summary(run_dirs, setup)
+    write_outputs(out, summary)
+    return summary
+
+
+def compare_command(args) -> int:
+    from asrdist.compare.report import format_table
+
+    summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []))
+    print(format_table(summary))
+    print(f"\nreport: {args.out / 'report.html'}   summary: {args.out / 'summary.json'}")
+    return 0

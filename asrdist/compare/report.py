@@ -1,0 +1,150 @@
+"""The comparison's outputs: DIR/summary.json (every figure, per run) and DIR/report.html, one
+self-contained page (the plots are PNGs embedded as base64; nothing is fetched from a network)."""
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from asrdist.compare.runs import predict_frames_per_second, run_record
+from asrdist.utils.io import write_json_atomic, write_text_atomic
+
+NETWORK = "loopback"
+"""`asrdist train` runs its learners on this machine, talking over loopback."""
+TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error_rate", "{metric}", "{:.4f}"),
+         ("frame_accuracy", "frame acc", "{:.4f}"), ("frames_per_second", "frames/s", "{:,.0f}"),
+         ("predicted_frames_per_second", "simulated frames/s", "{:,.0f}"),
+         ("prediction_error", "simulator error", "{:+.1%}"), ("mb_sent", "MB sent", "{:,.1f}"),
+         ("comm_seconds", "comm s", "{:.2f}"), ("wait_seconds", "wait s", "{:.2f}"),
+         ("wall_seconds", "wall s", "{:.1f}"))
+"""(key in a run's record, column heading, format): the summary table of the page and the JSON."""
+
+
+def build_summary(run_dirs: dict[str, Path], setup: dict) -> dict:
+    """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
+    prediction beside the measured frames/s, and the summary table."""
+    runs = [run_record(run_dir) for run_dir in run_dirs.values()]
+    lone = next((r for r in runs if r["learners"] == 1 and r["compute_seconds_per_frame"]), None)
+    spf = lone["compute_seconds_per_frame"] if lone else None
+    for record, run_dir in zip(runs, run_dirs.values()):
+        predicted, note = predict_frames_per_second(run_dir, record["learners"], spf)
+        record["predicted_frames_per_second"] = predicted
+        record["prediction"] = note
+        measured = record["frames_per_second"]
+        record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
+    metric = next((r["metric"] for r in runs if r["metric"]), "per")
+    columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
+    rows = [[r[key] for key, _, _ in TABLE] for r in runs]
+    return {**setup, "metric": metric, "network": NETWORK, "cores": runs[0]["cores"],
+            "one_learner_compute_seconds_per_frame": spf, "runs": runs,
+            "table": {"columns": columns, "rows": rows}}
+
+
+def format_table(summary: dict) -> str:
+    """The summary table as text (what `asrdist compare` prints)."""
+    cells = [summary["table"]["columns"]]
+    for row in summary["table"]["rows"]:
+        cells.append(["-" if v is None else fmt.format(v) for v, (_, _, fmt) in zip(row, TABLE)])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
+def setup_line(summary: dict) -> str:
+    """How many learners shared how many cores, with how many threads, on which network."""
+    shapes = sorted({(r["learners"], r["threads_per_learner"]) for r in summary["runs"]})
+    runs = ", ".join(f"{n} learner(s) x {t} thread(s)" for n, t in shapes)
+    return (f"{runs} on {summary['cores']} CPU core(s), talking over {summary['network']}; recipe "
+            f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else ""))
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figures(summary: dict) -> list[tuple[str, str]]:
+    """(caption, base64 PNG) of each plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, label = summary["runs"], summary["metric"].upper()
+    names = [r["run"] for r in runs]
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for r in runs:
+        curve = r["curve"]
+        by_epoch.plot([p["epoch"] for p in curve], [p[r["metric"]] for p in curve], "o-", label=r["run"])
+        timed = [p for p in curve if p["seconds"] is not None]
+        by_time.plot([p["seconds"] for p in timed], [p[r["metric"]] for p in timed], "o-", label=r["run"])
+    for ax, xlabel in ((by_epoch, "epoch"), (by_time, "training time (s)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"validation {label}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    curves = _png(fig)
+
+    fig, (speed, sent, comm) = plt.subplots(1, 3, figsize=(13, 3.8))
+    x = range(len(runs))
+    w = 0.4
+    speed.bar([i - w / 2 for i in x], [r["frames_per_second"] for r in runs], w, label="measured")
+    speed.bar([i + w / 2 for i in x], [r["predicted_frames_per_second"] or 0 for r in runs], w, label="simulated")
+    speed.set_ylabel("frames/s (whole job)")
+    speed.legend()
+    sent.bar(list(x), [r["mb_sent"] for r in runs], 0.6, color="tab:green")
+    sent.set_ylabel("MB sent (all learners)")
+    comm.bar([i - w / 2 for i in x], [r["comm_seconds"] for r in runs], w, label="communicating")
+    comm.bar([i + w / 2 for i in x], [r["wait_seconds"] for r in runs], w, label="waiting for peers")
+    comm.set_ylabel("seconds per learner")
+    comm.legend()
+    for ax in (speed, sent, comm):
+        ax.set_xticks(list(x), names, rotation=20)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    costs = _png(fig)
+    return [(f"Validation {label} of the consensus model against epoch and against training time", curves),
+            ("Throughput (measured, and the simulator's prediction from the measured compute time per frame), "
+             "bytes sent and time spent communicating / waiting", costs)]
+
+
+def render_html(summary: dict) -> str:
+    esc = html.escape
+    title = f"asrdist compare: {', '.join(r['run'] for r in summary['runs'])}"
+    head = "".join(f"<th>{esc(c)}</th>" for c in summary["table"]["columns"])
+    body = "".join("<tr>" + "".join(f"<td>{'-' if v is None else esc(fmt.format(v))}</td>"
+                                    for v, (_, _, fmt) in zip(row, TABLE)) + "</tr>\n"
+                   for row in summary["table"]["rows"])
+    notes = "".join(f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
+                    for r in summary["runs"] if r["predicted_frames_per_second"] is None)
+    figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
+                      f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em;color:#222}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #bbb;padding:4px 10px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
+th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%}}</style></head>
+<body><h1>{esc(title)}</h1>
+<p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
+(consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
+comm / wait s: per learner, mean.</p>
+<table id="summary"><thead><tr>{head}</tr></thead><tbody>
+{body}</tbody></table>
+{f'<ul>{notes}</ul>' if notes else ''}
+{figures}</body></html>
+"""
+
+
+def write_outputs(out: Path, summary: dict) -> tuple[Path, Path]:
+    """DIR/summary.json and DIR/report.html, each written whole or not at all."""
+    page = render_html(summary)  # everything rendered before the first file is written
+    write_json_atomic(out / "summary.json", summary)
+    write_text_atomic(out / "report.html", page)
+    return out / "report.html", out / "summary.json"

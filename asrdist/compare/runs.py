@@ -1,0 +1,194 @@
+"""The runs of a comparison: one `asrdist train` run per strategy under OUT/<strategy>, trained
+only when not finished yet, and what the report needs from each (summary.json, metrics.jsonl).
+
+Every run goes through the launcher path of `asrdist train` (train/launch.py): there is no second
+training loop here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+from asrdist.config import RunConfig, config_from_tree, read_config_tree
+from asrdist.errors import AsrdistError, ConfigError, DataError
+
+ERROR_METRICS = ("per", "wer", "cer")
+"""The first of these a run's final evaluation holds is its error rate (hybrid: PER; CTC: WER/CER)."""
+_SUMMARY_KEYS = ("strategy", "learners", "final", "frames_per_second", "wall_seconds", "comm")
+_COMM_KEYS = ("bytes_sent", "comm_seconds", "wait_seconds")
+
+
+def parse_strategies(text: str) -> list[str]:
+    """`sync,onebit,...` -> names, each a known strategy, none twice."""
+    from asrdist.parallel import STRATEGIES
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ConfigError("--strategies names no strategy")
+    for name in names:
+        if name not in STRATEGIES:
+            raise ConfigError(f"--strategies: unknown strategy '{name}' (known: {', '.join(STRATEGIES)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--strategies: '{twice[0]}' given twice")
+    return names
+
+
+def resolve_all(config: Path, strategies: list[str], learners: int, data: Path | None,
+                overrides: list[str]) -> dict[str, RunConfig]:
+    """The resolved config of every strategy's run, exactly as `asrdist train` would resolve it.
+    Checks everything before anything is trained: a bad override or strategy fails here."""
+    from asrdist.train.launch import resolve_config
+
+    bad = [o for o in overrides if "=" not in o or o.startswith("-")]
+    if bad:
+        raise ConfigError(f"expected section.key=value overrides, got {bad[0]!r}")
+    configs = {}
+    for name in strategies:
+        cfg = resolve_config(_train_args(config, name, learners_of(name, learners), data, overrides, out=None))
+        cfg.data.corpus = str(Path(cfg.data.corpus).resolve())  # as train_command records it
+        configs[name] = cfg
+    corpus = Path(next(iter(configs.values())).data.corpus)
+    if not (corpus / "train").is_dir():
+        raise DataError(f"{corpus}: not a corpus (no train/ split); build one with `asrdist corpus synth` "
+                        "or pass --data")
+    return configs
+
+
+def learners_of(strategy: str, learners: int) -> int:
+    """`single` is the one-learner baseline of a comparison; every other strategy runs `learners`."""
+    return 1 if strategy == "single" else learners
+
+
+def _train_args(config: Path, strategy: str, learners: int, data: Path | None, overrides: list[str],
+                out: Path | None, resume: Path | None = None) -> argparse.Namespace:
+    return argparse.Namespace(config=config, overrides=list(overrides), out=out, data=data, epochs=None,
+                              learners=learners, strategy=strategy, resume=resume, no_progress=True)
+
+
+def _normal(tree: dict) -> dict:
+    return yaml.safe_load(yaml.safe_dump(tree, sort_keys=True))
+
+
+def _differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(recorded) | set(wanted)):
+        a, b = recorded.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} there, {b!r} asked")
+    return out
+
+
+def check_same_recipe(run_dir: Path, cfg: RunConfig) -> None:
+    """A run found under OUT must have been trained with the config asked for now."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return  # nothing of a run there yet
+    recorded = _normal(read_config_tree(path))
+    diffs = _differences(recorded, _normal(cfg.to_dict()))
+    if diffs:
+        raise ConfigError(f"{run_dir}: trained with another config ({diffs[0]}); pick another --out")
+
+
+def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
+                  overrides: list[str]) -> dict[str, Path]:
+    """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
+    checkpoint is resumed); finished runs are kept. Returns strategy -> run directory."""
+    from asrdist.train.checkpoint import latest_step_dir
+    from asrdist.train.launch import train_command
+
+    runs = {name: out / name for name in configs}
+    for name, run_dir in runs.items():
+        check_same_recipe(run_dir, configs[name])  # all of them before the first training starts
+    for name, run_dir in runs.items():
+        if (run_dir / "summary.json").is_file():
+            print(f"[compare] {name}: finished run {run_dir}, not trained again", flush=True)
+            continue
+        resume = run_dir if latest_step_dir(run_dir) is not None else None
+        learners = configs[name].train.learners
+        print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
+              f"({learners} learner(s))", flush=True)
+        train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume))
+    return runs
+
+
+def load_summary(run_dir: Path) -> dict:
+    """RUN_DIR/summary.json, with the keys a comparison reads checked."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing; is {run_dir} a finished asrdist run?") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not JSON ({exc})") from None
+    summary = summary if isinstance(summary, dict) else {}
+    comm = summary.get("comm") if isinstance(summary.get("comm"), dict) else {}
+    missing = [k for k in _SUMMARY_KEYS if k not in summary] + [f"comm.{k}" for k in _COMM_KEYS if k not in comm]
+    missing += [] if isinstance(summary.get("final", {}), dict) else ["final"]
+    if missing:
+        raise DataError(f"{path}: not an asrdist summary (no '{missing[0]}')")
+    return summary
+
+
+def error_metric(final: dict) -> str | None:
+    return next((k for k in ERROR_METRICS if final.get(k) is not None), None)
+
+
+def run_record(run_dir: Path) -> dict:
+    """What the comparison reports of one finished run: the summary's figures and its epoch curves
+    (error rate against epoch and against training seconds, from metrics.jsonl)."""
+    from asrdist.train.metrics import read_metrics
+
+    s = load_summary(run_dir)
+    final, comm = s["final"], s["comm"]
+    metric = error_metric(final)
+    curve = []
+    for r in read_metrics(run_dir):
+        if r.get("kind") == "epoch" and metric in r:
+            curve.append({"epoch": r["epoch"] + 1, "step": r["step"], "seconds": r.get("seconds"),
+                          metric: r[metric], "frame_accuracy": r.get("frame_accuracy")})
+    per_learner = comm.get("per_learner") or []
+    compute = sum(p.get("compute_seconds", 0.0) for p in per_learner)
+    frames = sum(p.get("frames", 0) for p in per_learner)
+    return {
+        "run": Path(run_dir).name, "path": str(run_dir), "strategy": s["strategy"], "learners": s["learners"],
+        "cores": s.get("cores"), "threads_per_learner": s.get("threads_per_learner"),
+        "metric": metric, "error_rate": final.get(metric) if metric else None,
+        "frame_accuracy": final.get("frame_accuracy"), "epochs": s.get("epochs"),
+        "frames_per_second": s["frames_per_second"], "mb_sent": comm["bytes_sent"] / 1e6,
+        "comm_seconds": comm["comm_seconds"], "wait_seconds": comm["wait_seconds"],
+        "wall_seconds": s["wall_seconds"],
+        "compute_seconds_per_frame": compute / frames if frames and compute else None,
+        "curve": curve,
+    }
+
+
+def run_config(run_dir: Path) -> RunConfig:
+    """The resolved config a run was (last) started with."""
+    from asrdist.train.launch import run_config_path
+
+    return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
+
+
+def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None) -> tuple[float | None, str]:
+    """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
+    and node shape, from the compute time per frame a lone learner measured (`seconds_per_frame`,
+    the comparison's `single` run); (None, why) when it cannot."""
+    if seconds_per_frame is None:
+        return None, "no one-learner compute time (add single to --strategies)"
+    try:
+        from asrdist.sim import predict_frames_per_second as simulate
+
+        cfg = run_config(run_dir)
+        group = cfg.train.group_size
+        nodes = learners // group if group else 1
+        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network="loopback")), "simulated"
+    except ImportError as exc:
+        return None, f"simulator not available ({exc})"
+    except AsrdistError as exc:
+        return None, f"simulator: {exc}"

@@ -1,0 +1,183 @@
+"""`asrdist compare`: the report and summary.json from finished runs (made up in the real format,
+no training), the simulator's prediction beside the measured frames/s, what is trained or resumed,
+one-line errors with nothing written, and one small real comparison end to end."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import asrdist.train.launch as launch
+from asrdist.cli import main
+from tests.compare_fixture import CONFIG, FIGURES, TINY, fabricate_runs, make_corpus
+
+
+def _compare(out: Path, corpus: Path, strategies: str, *extra: str) -> int:
+    return main(["compare", str(CONFIG), "--strategies", strategies, "--learners", "2", "--out", str(out),
+                 "--data", str(corpus), *TINY, *extra])
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    def refuse(args):
+        raise AssertionError(f"trained {args.out} again")
+    monkeypatch.setattr(launch, "train_command", refuse)
+
+
+@pytest.fixture
+def fake_simulator(monkeypatch):
+    """Records the calls; predicts 1000 frames/s per learner."""
+    import asrdist.sim
+
+    calls = []
+
+    def predict(cfg, learners, seconds_per_frame, *, nodes=1, network="loopback"):
+        calls.append((cfg.strategy_name, cfg.train.learners, learners, seconds_per_frame, nodes, network))
+        return 1000.0 * learners
+    monkeypatch.setattr(asrdist.sim, "predict_frames_per_second", predict)
+    return calls
+
+
+def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, capsys):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync", "onebit"])
+    assert _compare(out, corpus, "single,sync,onebit") == 0
+    printed = capsys.readouterr().out
+    assert "not trained again" in printed and f"report: {out / 'report.html'}" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategies"] == ["single", "sync", "onebit"] and summary["learners"] == 2
+    assert summary["metric"] == "per" and summary["network"] == "loopback" and summary["cores"] == 2
+    single, sync, onebit = summary["runs"]
+    assert (single["learners"], sync["learners"]) == (1, 2)  # single is the one-learner baseline
+    # the simulator gets each run's own config and learners, and the lone learner's compute time
+    spf = FIGURES["single"][3]
+    assert [c[:3] for c in fake_simulator] == [("single", 1, 1), ("sync", 2, 2), ("onebit", 2, 2)]
+    assert all(c[3] == pytest.approx(spf) and c[4:] == (1, "loopback") for c in fake_simulator)
+    assert summary["one_learner_compute_seconds_per_frame"] == pytest.approx(spf)
+    assert sync["predicted_frames_per_second"] == 2000.0 and sync["prediction_error"] == pytest.approx(2000 / 1500 - 1)
+    assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
+    assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])
+    assert [p["epoch"] for p in sync["curve"]] == [1, 2] and sync["curve"][1]["seconds"] > sync["curve"][0]["seconds"]
+    table = summary["table"]
+    assert table["columns"][:3] == ["strategy", "learners", "PER"] and len(table["rows"]) == 3
+    assert table["rows"][2][:3] == ["onebit", 2, FIGURES["onebit"][0][-1]]
+
+    page = (out / "report.html").read_text()
+    assert "<title>asrdist compare: single, sync, onebit</title>" in page
+    assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) on 2 CPU core(s)" in page
+    assert re.search(r"<td>onebit</td><td>2</td><td>0\.2200</td>", page)
+    pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(pngs) == 2 and all(base64.b64decode(p).startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert not re.search(r"(src|href)=\"(?!data:)", page)  # self-contained: nothing fetched
+
+
+def test_without_simulator_or_one_learner_run_the_report_says_why(tmp_path, no_training, monkeypatch):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync"])
+    monkeypatch.setitem(sys.modules, "asrdist.sim", None)  # import fails as when it is not installed
+    assert _compare(out, corpus, "single,sync") == 0
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert all(r["predicted_frames_per_second"] is None and r["prediction"].startswith("simulator not available")
+               for r in runs)
+    assert "simulated frames/s: simulator not available" in (out / "report.html").read_text()
+    monkeypatch.delitem(sys.modules, "asrdist.sim")
+    assert _compare(out, corpus, "sync") == 0
+    (run,) = json.loads((out / "summary.json").read_text())["runs"]
+    assert run["predicted_frames_per_second"] is None and "add single to --strategies" in run["prediction"]
+
+
+def test_the_real_simulator_predicts_each_run(tmp_path, no_training):
+    pytest.importorskip("asrdist.sim")
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync", "adpsgd"])
+    assert _compare(out, corpus, "single,sync,adpsgd") == 0
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    for r in runs:
+        assert r["prediction"] == "simulated" and r["predicted_frames_per_second"] > 0, r
+    # one learner computing 1 ms per frame and nothing to exchange: about 1000 frames/s
+    assert runs[0]["predicted_frames_per_second"] == pytest.approx(1000.0, rel=0.2)
+
+
+def test_trains_what_is_missing_and_resumes_what_is_unfinished(tmp_path, monkeypatch, fake_simulator):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    made = fabricate_runs(tmp_path / "made", corpus, ["single", "sync", "onebit"])
+    fabricate_runs(out, corpus, ["single"])
+    unfinished = out / "sync"
+    unfinished.mkdir()
+    (made["sync"] / "summary.json").rename(tmp_path / "sync-summary.json")
+    for name in ("config.yaml", "metrics.jsonl"):
+        (unfinished / name).write_text((made["sync"] / name).read_text())
+    (unfinished / "checkpoints" / "step-10").mkdir(parents=True)
+    (unfinished / "checkpoints" / "latest").write_text("step-10\n")
+    trained = []
+
+    def train(args):  # stands in for `asrdist train`: the run ends with its summary
+        trained.append((args.strategy, args.learners, args.out, args.resume, args.data, args.overrides))
+        args.out.mkdir(exist_ok=True)
+        source = tmp_path / "sync-summary.json" if args.strategy == "sync" else made[args.strategy] / "summary.json"
+        (args.out / "summary.json").write_text(source.read_text())
+        if args.resume is None:
+            for name in ("config.yaml", "metrics.jsonl"):
+                (args.out / name).write_text((made[args.strategy] / name).read_text())
+        return 0
+    monkeypatch.setattr(launch, "train_command", train)
+    assert _compare(out, corpus, "single,sync,onebit") == 0
+    assert trained == [("sync", 2, unfinished, unfinished, corpus, TINY),
+                       ("onebit", 2, out / "onebit", None, corpus, TINY)]
+    assert [r["strategy"] for r in json.loads((out / "summary.json").read_text())["runs"]] == \
+        ["single", "sync", "onebit"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategies", "sync,nosuch"], "--strategies: unknown strategy 'nosuch' (known: single, sync"),
+    (["--strategies", " , "], "--strategies names no strategy"),
+    (["--strategies", "sync,sync"], "'sync' given twice"),
+    (["optim.nosuch=1"], "optim.nosuch"),
+    (["--learners", "0"], "train.learners"),
+    (["--data", "NOCORPUS"], "NOCORPUS: not a corpus"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, argv, message, capsys, no_training):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    args = ["compare", str(CONFIG), "--strategies", "sync", "--out", str(out), "--data", str(corpus)]
+    assert main(args + argv) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("asrdist: error: ") and message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_a_run_made_with_another_recipe_is_refused_before_training(tmp_path, no_training, capsys):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["sync"])
+    assert _compare(out, corpus, "onebit,sync", "train.epochs=3") != 0
+    assert "cmp/sync: trained with another config (train.epochs: 2 there, 3 asked)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["sync"]  # no onebit run, no report
+
+
+@pytest.mark.slow
+def test_compare_end_to_end_then_rebuild_without_training(tone_corpus, tmp_path, capsys, monkeypatch):
+    """A tiny real comparison (one learner, then 2 learners under sync and onebit); the bench table
+    reads the same runs; running it again rebuilds the report without training."""
+    out = tmp_path / "cmp"
+    assert _compare(out, tone_corpus, "single,sync,onebit") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    single, sync, onebit = summary["runs"]
+    for r in summary["runs"]:
+        assert 0 < r["frame_accuracy"] <= 1 and r["frames_per_second"] > 0 and r["compute_seconds_per_frame"] > 0
+        assert [p["epoch"] for p in r["curve"]] == [1, 2] and 0 < r["curve"][0]["seconds"] < r["curve"][1]["seconds"]
+        assert "hidden_dim: 32" in (Path(r["path"]) / "config.yaml").read_text()
+    assert single["learners"] == 1 and single["mb_sent"] == 0 and sync["learners"] == 2
+    # 1 bit per value against 32, plus two scales per column: ~1/10 on columns 32 deep
+    assert 0 < onebit["mb_sent"] < sync["mb_sent"] / 5
+    assert main(["bench", "compare", str(out / "sync"), str(out / "onebit")]) == 0
+    table = capsys.readouterr().out.splitlines()[-2:]
+    assert [line.split()[:3] for line in table] == [["sync", "sync", "2"], ["onebit", "onebit", "2"]]
+    first_page = (out / "report.html").read_text()
+    monkeypatch.setattr(launch, "train_command", lambda args: pytest.fail(f"trained {args.out} again"))
+    assert _compare(out, tone_corpus, "single,sync,onebit") == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert [r["frames_per_second"] for r in again["runs"]] == [r["frames_per_second"] for r in summary["runs"]]
+    assert (out / "report.html").read_text().split("<figure>")[0] == first_page.split("<figure>")[0]
