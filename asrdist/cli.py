@@ -13,11 +13,9 @@ COMMAND_MODULES = (
     "asrdist.features.cli",
     "asrdist.train.cli",
     "asrdist.eval.cli",
-    "asrdist.align.cli",
     "asrdist.bench.cli",
     "asrdist.compare.cli",
     "asrdist.topology_cli",
-    "asrdist.sim.cli",
     "asrdist.demo",
 )
 
