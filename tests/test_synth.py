@@ -63,7 +63,7 @@ def test_layout_and_summary(corpus):
         assert list(s["phones"].values()) == np.bincount(frames, minlength=len(TABLE)).tolist()
         total_frames += len(frames)
         for u in d.utterances.values():
-            assert u.wav == f"wav/{u.utt_id}.wav" and d.wav_path(u).is_file()
+            assert u.wav == str((d.path / f"wav/{u.utt_id}.wav").resolve()) and d.wav_path(u).is_file()
             index = int(u.utt_id.rsplit("-", 1)[1])
             assert u.text == sentence(SEED, index)[0] and u.text == u.text.lower()
             assert set(u.text.split()) <= vocabulary()

@@ -1,4 +1,4 @@
-"""`asrdist corpus synth|fsdd|import-kaldi|export-kaldi`."""
+"""`asrdist corpus synth|fsdd|import-kaldi|import-lhotse|export-kaldi`."""
 from __future__ import annotations
 
 import argparse
@@ -31,20 +31,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--overwrite", action="store_true")
     f.set_defaults(func=_fsdd)
 
-    k = csub.add_parser("import-kaldi", help="import a Kaldi data directory")
-    k.add_argument("src", type=Path)
+    k = csub.add_parser("import-kaldi", help="a corpus from Kaldi data directories (train / dev / test)")
+    k.add_argument("src", type=Path, help="a directory holding Kaldi data directories, or one of them")
     k.add_argument("out", type=Path)
+    _add_split_options(k, "subdirectory")
     k.add_argument("--alignments", type=Path, default=None,
                    help="alignment ark/scp/text (int phone ids per frame); default: SRC/alignment.scp if present")
+    k.add_argument("--channel", type=int, default=None, metavar="K",
+                   help="use channel K (0-based) of multi-channel audio, which is an error without it "
+                        "(give `asrdist features` the same --channel)")
     k.add_argument("--skip-bad", action="store_true")
     k.add_argument("--overwrite", action="store_true")
     k.set_defaults(func=_import_kaldi)
+
+    h = csub.add_parser("import-lhotse", help="a corpus from lhotse manifests (recordings + supervisions)")
+    h.add_argument("src", type=Path, help="a directory of *recordings*.jsonl[.gz] / *supervisions*.jsonl[.gz] "
+                                          "manifests, named by split as lhotse recipes write them")
+    h.add_argument("out", type=Path)
+    _add_split_options(h, "manifest part (e.g. train-clean-5)")
+    h.add_argument("--skip-bad", action="store_true")
+    h.add_argument("--overwrite", action="store_true")
+    h.set_defaults(func=_import_lhotse)
 
     e = csub.add_parser("export-kaldi", help="export a corpus split as a plain Kaldi data directory")
     e.add_argument("src", type=Path)
     e.add_argument("out", type=Path)
     e.add_argument("--overwrite", action="store_true")
     e.set_defaults(func=_export_kaldi)
+
+
+def _add_split_options(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--split", action="append", default=None, metavar="SPLIT[=NAME]",
+                   help=f"SPLIT (train) when SRC is a single source; SPLIT=NAME picks the {what} for a "
+                        f"split (train, valid, test) where the names do not say it")
+    p.add_argument("--valid-speakers", type=int, default=None, metavar="N",
+                   help="carve a valid set of N whole training speakers when the source has none "
+                        "(default: 10%% of them, at least 1)")
 
 
 def _synth(args):
@@ -60,6 +82,11 @@ def _fsdd(args):
 def _import_kaldi(args):
     from asrdist.corpus.import_kaldi import import_command
     return import_command(args)
+
+
+def _import_lhotse(args):
+    from asrdist.corpus.import_lhotse import import_lhotse_command
+    return import_lhotse_command(args)
 
 
 def _export_kaldi(args):

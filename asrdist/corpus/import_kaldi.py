@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import kaldiio
@@ -25,7 +26,7 @@ from asrdist.corpus.audio import num_frames, read_wav
 from asrdist.corpus.kaldi_dir import (DataDir, Segment, Utterance, read_data_dir, write_alignments,
                                       write_data_dir)
 from asrdist.corpus.phones import PhoneTable
-from asrdist.errors import DataError
+from asrdist.errors import ConfigError, DataError
 
 TOLERANCE_FRAMES = 1
 KALDI_SNIP_EDGES_DEFICIT = 2
@@ -112,27 +113,59 @@ def _fit_frames(x: np.ndarray, frames: int, where: str, what: str) -> np.ndarray
                     f"(tolerance {TOLERANCE_FRAMES})")
 
 
-class _Importer:
-    """Collects per-utterance problems in `bad` so --skip-bad can drop exactly those."""
+@dataclass
+class ImportedSplit:
+    """One split's checked utterances, ready to be written by `write_split`."""
 
-    def __init__(self, src: Path, alignments: Path | None, progress: bool):
-        self.src, self.progress = src, progress
+    source: Path
+    utterances: list[Utterance]
+    sample_rate: int
+    phones: PhoneTable
+    features: dict[str, np.ndarray]
+    """Imported features by utterance (empty when the source has none)."""
+    skipped: list[str]
+    alignments: bool
+
+
+class _Importer:
+    """Collects per-utterance problems in `bad` so --skip-bad can drop exactly those.
+
+    The source is Kaldi's tables: read from `src`, or given as `tables` (name -> {key: value})
+    with `files` naming, for each table, the file that messages should point at (lhotse import).
+    `optional_alignments`: an alignment file that covers none of this split's utterances is
+    ignored (one file given for a whole corpus)."""
+
+    channel: int | None = None
+    """The channel read from multi-channel audio (which is an error without one)."""
+
+    def __init__(self, src: Path, alignments: Path | None, progress: bool,
+                 tables: dict[str, dict[str, str]] | None = None, files: dict[str, Path] | None = None,
+                 optional_alignments: bool = False):
+        self.src, self.progress, self.files = src, progress, files or {}
         self.bad: dict[str, str] = {}
-        self.wav_scp = _read_table(src / "wav.scp", self.bad)
-        self.segments = _read_table(src / "segments", self.bad, required=False)
-        self.text = _read_table(src / "text", self.bad)
-        self.utt2spk = _read_table(src / "utt2spk", self.bad)
+        if tables is None:
+            tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
+                      "segments": _read_table(src / "segments", self.bad, required=False),
+                      "text": _read_table(src / "text", self.bad),
+                      "utt2spk": _read_table(src / "utt2spk", self.bad)}
+        self.wav_scp, self.segments = tables["wav.scp"], tables.get("segments", {})
+        self.text, self.utt2spk = tables["text"], tables["utt2spk"]
         self.phones = PhoneTable.read(src / "phones.txt") if (src / "phones.txt").is_file() else PhoneTable()
         if alignments is None and (src / "alignment.scp").is_file():
             alignments = src / "alignment.scp"
-        self.alignment_path = alignments
+        self.utt_ids = sorted(self.segments) if self.segments else sorted(self.wav_scp)
         self.alignments = read_alignment_file(alignments, self.bad) if alignments else {}
+        if optional_alignments and not set(self.utt_ids) & set(self.alignments):
+            alignments, self.alignments = None, {}
+        self.alignment_path = alignments
         has_feats = (src / "feats.scp").is_file()
         self.feats = _load_scp(src / "feats.scp", self.bad, "features") if has_feats else {}
-        self.utt_ids = sorted(self.segments) if self.segments else sorted(self.wav_scp)
+
+    def where(self, file: str) -> Path:
+        return self.files.get(file, self.src / file)
 
     def fail(self, utt_id: str, reason: str, file: str = "wav.scp") -> None:
-        self.bad.setdefault(utt_id, f"{self.src / file}: utterance {utt_id}: {reason}")
+        self.bad.setdefault(utt_id, f"{self.where(file)}: utterance {utt_id}: {reason}")
 
     def recordings(self) -> dict[str, str]:
         """utt -> recording id, marking utterances without usable audio entries bad."""
@@ -171,7 +204,8 @@ class _Importer:
                                 disable=None if self.progress else True, file=sys.stderr):
             path = _resolve(self.src, self.wav_scp[rec])
             try:
-                samples, rate = read_wav(path, where=f"{self.src / 'wav.scp'}: utterance {utt_id}")
+                samples, rate = read_wav(path, where=f"{self.where('wav.scp')}: utterance {utt_id}",
+                                         channel=self.channel)
                 audio[rec] = (path, len(samples), rate)
             except DataError as exc:
                 for u, r in rec_of.items():
@@ -182,18 +216,18 @@ class _Importer:
 
     def utterance(self, utt_id: str, rec: str, path: Path, total: int, rate: int) -> Utterance:
         """One checked utterance; raises DataError naming it."""
-        where = f"{self.src / 'wav.scp'}: utterance {utt_id}"
+        where = f"{self.where('wav.scp')}: utterance {utt_id}"
         segment, count = None, total
         if self.segments:
             _, start, end = self.segments[utt_id].split()
             try:
                 start, end = round(float(start), 3), round(float(end), 3)
             except ValueError:
-                raise DataError(f"{self.src / 'segments'}: utterance {utt_id}: bad times") from None
+                raise DataError(f"{self.where('segments')}: utterance {utt_id}: bad times") from None
             end = round(total / rate, 3) if end < 0 else end
             first, last = int(round(start * rate)), int(round(end * rate))
             if start < 0 or last <= first or last > total + rate // 100:
-                raise DataError(f"{self.src / 'segments'}: utterance {utt_id}: segment {start:.3f}-"
+                raise DataError(f"{self.where('segments')}: utterance {utt_id}: segment {start:.3f}-"
                                 f"{end:.3f} s outside the recording ({total / rate:.3f} s)")
             segment, count = Segment(rec, start, end), min(last, total) - first
         frames = num_frames(count, rate)
@@ -225,16 +259,16 @@ class _Importer:
                          alignment=alignment, segment=segment)
 
 
-def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None = None,
-                 skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary."""
-    from asrdist.features.store import FeatureStoreWriter
-    from asrdist.utils.io import atomic_dir, write_json_atomic
-
-    src = Path(src)
-    if not src.is_dir():
+def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = False, progress: bool = True,
+                 optional_alignments: bool = False, tables: dict[str, dict[str, str]] | None = None,
+                 files: dict[str, Path] | None = None, channel: int | None = None) -> ImportedSplit:
+    """Read and check one Kaldi data directory (or the tables given); DataError on the first bad
+    utterance, or with `skip_bad` every bad one is left out, reported and counted. Multi-channel
+    audio needs `channel`."""
+    if tables is None and not src.is_dir():
         raise DataError(f"{src}: Kaldi data directory not found")
-    imp = _Importer(src, Path(alignments) if alignments else None, progress)
+    imp = _Importer(src, alignments, progress, tables, files, optional_alignments)
+    imp.channel = channel
     rec_of = imp.recordings()
     audio, rate = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
     utts: list[Utterance] = []
@@ -243,7 +277,7 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
             path, total, utt_rate = audio[rec_of[utt_id]]
             try:
                 if utt_rate != rate:
-                    raise DataError(f"{src / 'wav.scp'}: utterance {utt_id}: sample rate {utt_rate} Hz, "
+                    raise DataError(f"{imp.where('wav.scp')}: utterance {utt_id}: sample rate {utt_rate} Hz, "
                                     f"expected {rate} Hz (the rate of most recordings)")
                 utts.append(imp.utterance(utt_id, rec_of[utt_id], path, total, rate))
                 continue
@@ -259,24 +293,48 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
         skipped.append(imp.bad[_UNMATCHED])
     if not utts:
         raise DataError(f"{src}: no usable utterances")
+    if imp.feats:
+        dims = {imp.feats[u.utt_id].shape[1] for u in utts}
+        if len(dims) != 1:
+            raise DataError(f"{imp.where('feats.scp')}: features of different dimensions {sorted(dims)}")
+    return ImportedSplit(source=src, utterances=utts, sample_rate=rate, phones=imp.phones,
+                         features={u.utt_id: imp.feats[u.utt_id] for u in utts} if imp.feats else {},
+                         skipped=skipped, alignments=imp.alignment_path is not None)
+
+
+def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utterance]) -> dict:
+    """Write `utts` of `split` as a split directory at `tmp` (to be renamed to `final`): Kaldi
+    tables with absolute paths, and its imported features in the feature store. Returns its stats."""
+    from asrdist.features.store import FeatureStoreWriter
+
+    write_data_dir(tmp, utts, final_dir=final)
+    if split.features:
+        writer = FeatureStoreWriter(tmp / "feats", next(iter(split.features.values())).shape[1])
+        for u in utts:
+            writer.add(u.utt_id, split.features[u.utt_id])
+        writer.close({"num_mel_bins": None, "cmvn": "none", "sample_rate": split.sample_rate,
+                      "frame_shift": 0.01, "imported": "kaldi feats.scp", "skipped": 0, "skipped_utterances": []})
+    return {"utterances": len(utts), "speakers": len({u.speaker for u in utts}),
+            "hours": round(sum(u.duration for u in utts) / 3600.0, 6)}
+
+
+def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None = None,
+                 skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
+                 channel: int | None = None) -> dict:
+    """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary.
+    (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
+    from asrdist.utils.io import atomic_dir, write_json_atomic
+
+    src = Path(src)
+    split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel)
+    utts = split.utterances
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        write_data_dir(tmp, utts)
-        imp.phones.write(tmp / "phones.txt")
-        if imp.feats:
-            dims = {imp.feats[u.utt_id].shape[1] for u in utts}
-            if len(dims) != 1:
-                raise DataError(f"{src / 'feats.scp'}: features of different dimensions {sorted(dims)}")
-            writer = FeatureStoreWriter(tmp / "feats", dims.pop())
-            for u in utts:
-                writer.add(u.utt_id, imp.feats[u.utt_id])
-            writer.close({"num_mel_bins": None, "cmvn": "none", "sample_rate": rate, "frame_shift": 0.01,
-                          "imported": "kaldi feats.scp", "skipped": 0, "skipped_utterances": []})
+        stats = write_split(tmp, Path(out), split, utts)
+        split.phones.write(tmp / "phones.txt")
         summary = {
-            "source": str(src.resolve()), "sample_rate": rate, "utterances": len(utts),
-            "speakers": len({u.speaker for u in utts}),
-            "hours": round(sum(u.duration for u in utts) / 3600.0, 6),
-            "alignments": imp.alignment_path is not None, "features": bool(imp.feats),
-            "skipped": len(skipped), "skipped_reasons": skipped,
+            "source": str(src.resolve()), "sample_rate": split.sample_rate, **stats,
+            "alignments": split.alignments, "features": bool(split.features),
+            "skipped": len(split.skipped), "skipped_reasons": split.skipped,
         }
         write_json_atomic(tmp / "summary.json", summary)
     return summary
@@ -298,16 +356,11 @@ def _export_split(data: DataDir, out: Path, final: Path) -> None:
         u = data.utterances[utt_id]
         utts.append(Utterance(utt_id=u.utt_id, speaker=u.speaker, wav=str(data.wav_path(u).resolve()),
                               text=u.text, duration=u.duration, segment=u.segment))
-    write_data_dir(out, utts)
+    write_data_dir(out, utts, final_dir=final)
     _phone_table_of(data.path).write(out / "phones.txt")
     if data.has_alignments:
         alignments = {u: data.utterances[u].alignment for u in data.utt_ids}
-        write_alignments(out, alignments)
-        scp = out / "alignment.scp"
-        ark = final.resolve() / "alignment.ark"
-        lines = [f"{u} {ark}:{loc.rpartition(':')[2]}"
-                 for u, loc in (line.split(maxsplit=1) for line in scp.read_text().splitlines())]
-        scp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        write_alignments(out, alignments, final)
         (out / "alignment.txt").write_text(
             "".join(f"{u} {' '.join(map(str, a.tolist()))}\n" for u, a in sorted(alignments.items())),
             encoding="utf-8")
@@ -331,8 +384,21 @@ def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) 
 
 
 def import_command(args) -> int:
-    summary = import_kaldi(args.src, args.out, alignments=args.alignments,
-                           skip_bad=args.skip_bad, overwrite=args.overwrite)
+    from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
+
+    single, mapping = parse_split_options(args.split or [])
+    if (args.src / "wav.scp").is_file() and single is None and not mapping:
+        if args.valid_speakers is not None:
+            raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
+        summary = import_kaldi(args.src, args.out, alignments=args.alignments,
+                               skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
+        print(f"asrdist: note: {args.src} is one Kaldi data directory, so {args.out} is one split directory "
+              f"(for `asrdist eval --data` or `asrdist features`); to train, import with --split train, or give "
+              f"a directory holding train / dev / test", file=sys.stderr)
+    else:
+        summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
+                                      valid_speakers=args.valid_speakers, alignments=args.alignments,
+                                      skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -2,12 +2,14 @@
 
 A split directory holds `wav.scp`, `text`, `utt2spk`, `spk2utt`, `utt2dur` and optionally
 `segments` and `alignment.scp` / `alignment.ark` (one int32 phone id per 10 ms frame, kaldiio).
-Relative paths in `wav.scp` and `alignment.scp` are resolved against the directory itself, so a
-corpus can be moved as a whole. Files are sorted by utterance id, as Kaldi requires.
+asrdist writes every path in `wav.scp` and `alignment.scp` absolute, so Kaldi tools, kaldiio and
+lhotse read the files from any working directory; relative paths (older corpora, hand-made
+directories) are resolved against the directory itself. Files are sorted by utterance id, as
+Kaldi requires.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import kaldiio
@@ -68,10 +70,15 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
-def write_data_dir(path: str | Path, utterances: list[Utterance]) -> None:
-    """Write a split directory (the caller makes it atomic, e.g. with `atomic_dir`)."""
+def write_data_dir(path: str | Path, utterances: list[Utterance], final_dir: str | Path | None = None) -> None:
+    """Write a split directory (the caller makes it atomic, e.g. with `atomic_dir`). `final_dir` is
+    where `path` will live once renamed (default: `path`): relative audio paths are resolved
+    against it and every path is written absolute."""
     path = Path(path)
+    final_dir = Path(final_dir if final_dir is not None else path).resolve()
     path.mkdir(parents=True, exist_ok=True)
+    utterances = [replace(u, wav=str(final_dir / u.wav)) if not Path(u.wav).is_absolute() else u
+                  for u in utterances]
     utts = sorted(utterances, key=lambda u: u.utt_id)
     if len({u.utt_id for u in utts}) != len(utts):
         raise DataError(f"{path}: duplicate utterance ids")
@@ -93,19 +100,21 @@ def write_data_dir(path: str | Path, utterances: list[Utterance]) -> None:
     _write_lines(path / "utt2dur", [f"{u.utt_id} {u.duration:.3f}" for u in utts])
     aligned = [u for u in utts if u.alignment is not None]
     if aligned:
-        write_alignments(path, {u.utt_id: u.alignment for u in aligned})
+        write_alignments(path, {u.utt_id: u.alignment for u in aligned}, final_dir)
 
 
-def write_alignments(path: Path, alignments: dict[str, np.ndarray]) -> None:
-    """Write `alignment.ark` + `alignment.scp` (int32 vectors) with a directory-relative scp."""
+def write_alignments(path: Path, alignments: dict[str, np.ndarray], final_dir: Path | None = None) -> None:
+    """Write `alignment.ark` + `alignment.scp` (int32 vectors); the scp names the ark by its
+    absolute path at `final_dir` (default: `path`), where the directory will live."""
     ark = path / "alignment.ark"
+    final_ark = Path(final_dir if final_dir is not None else path).resolve() / "alignment.ark"
     offsets: dict[str, int] = {}
     with open(ark, "wb") as f:
         for utt_id in sorted(alignments):
             f.write(utt_id.encode() + b" ")
             offsets[utt_id] = f.tell()
             _write_int32_vector(f, np.asarray(alignments[utt_id], dtype=np.int32))
-    _write_lines(path / "alignment.scp", [f"{u} alignment.ark:{offsets[u]}" for u in sorted(offsets)])
+    _write_lines(path / "alignment.scp", [f"{u} {final_ark}:{offsets[u]}" for u in sorted(offsets)])
 
 
 def _write_int32_vector(f, vec: np.ndarray) -> None:

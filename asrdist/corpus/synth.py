@@ -249,19 +249,19 @@ def build_corpus(out: Path, utterances: int, seed: int = 0, synthesizer: str = "
                    "utterances": len(done), "speakers": len({r.speaker.id for r in done}),
                    "hours": round(sum(r.duration for r in done) / 3600, 4), "skipped": skipped,
                    "splits": {split: _write_split(root / split, [r for r in done if r.speaker.split == split],
-                                                  skipped) for split in SPLITS}}
+                                                  skipped, Path(out) / split) for split in SPLITS}}
         PhoneTable().write(root / "phones.txt")
         write_json_atomic(root / "summary.json", summary)
     return summary
 
 
-def _write_split(path: Path, results: list[Result], skipped: int) -> dict:
+def _write_split(path: Path, results: list[Result], skipped: int, final: Path) -> dict:
     """Write one split's Kaldi directory (its audio is already there); return its summary."""
     if not results:
         raise DataError(f"{path}: no utterances left in this split ({skipped} skipped)")
     results = sorted(results, key=lambda r: r.utt_id)
     write_data_dir(path, [Utterance(r.utt_id, r.speaker.id, f"wav/{r.utt_id}.wav", r.words, r.duration,
-                                    r.alignment) for r in results])
+                                    r.alignment) for r in results], final_dir=final)
     table = PhoneTable()
     counts = np.bincount(np.concatenate([r.alignment for r in results]), minlength=len(table))
     return {"utterances": len(results), "speakers": len({r.speaker.id for r in results}),

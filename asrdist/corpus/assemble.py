@@ -1,0 +1,197 @@
+"""Assemble an asrdist corpus (train / valid / test) from a user's data in one step.
+
+Sources name their splits as Kaldi recipes do (`train`, `dev`, `test`, `train_si284`,
+`test_clean`, ...); `SPLIT_ALIASES` maps those names onto asrdist's three splits, and
+`--split SPLIT=NAME` chooses where the names are ambiguous. When no valid set is given, one is
+carved off the training speakers (`carve_valid`: whole speakers, chosen by a hash of their names,
+so the choice is the same on every machine and does not move when other speakers are added).
+Everything training needs (train and valid) is checked before anything is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+from asrdist.corpus.kaldi_dir import Utterance
+from asrdist.errors import ConfigError, DataError
+
+SPLITS = ("train", "valid", "test")
+SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "dev", "validation", "val", "cv"),
+                 "test": ("test", "eval")}
+VALID_FRACTION = 0.1
+"""Share of the training speakers carved off as the valid set when none is given."""
+
+
+def parse_split_options(values: list[str]) -> tuple[str | None, dict[str, str]]:
+    """`--split` values: one bare SPLIT (SRC is a single source), or SPLIT=NAME pairs."""
+    single, mapping = None, {}
+    for value in values:
+        split, sep, name = value.partition("=")
+        if split not in SPLITS:
+            raise ConfigError(f"--split: unknown split '{split}' (expected {', '.join(SPLITS)})")
+        if sep:
+            if not name or split in mapping:
+                raise ConfigError(f"--split: '{value}': give one non-empty SPLIT=NAME per split")
+            mapping[split] = name
+        elif single is not None:
+            raise ConfigError("--split: give one SPLIT for a single source, or SPLIT=NAME pairs")
+        else:
+            single = split
+    if single is not None and mapping:
+        raise ConfigError("--split: give one SPLIT for a single source, or SPLIT=NAME pairs, not both")
+    return single, mapping
+
+
+def _matches(name: str, alias: str) -> bool:
+    return name == alias or (name.startswith(alias) and name[len(alias)] in "_-.0123456789")
+
+
+def match_splits(names: list[str], chosen: dict[str, str], where: Path) -> dict[str, str]:
+    """asrdist split -> source name, from Kaldi-style names; `chosen` (from --split) wins.
+    An exact alias (`dev`) wins over a prefixed one (`dev_clean`); two candidates are an error."""
+    unknown = sorted(set(chosen.values()) - set(names))
+    if unknown:
+        raise DataError(f"{where}: no '{unknown[0]}' here (found: {', '.join(sorted(names)) or 'nothing'})")
+    out = dict(chosen)
+    taken = set(chosen.values())
+    for split, aliases in SPLIT_ALIASES.items():
+        if split in out:
+            continue
+        free = [n for n in names if n not in taken]
+        exact = [n for n in free if n in aliases]
+        found = exact or [n for n in free if any(_matches(n, a) for a in aliases)]
+        if len(found) > 1:
+            raise DataError(f"{where}: {' and '.join(sorted(found))} could each be the {split} split; "
+                            f"choose with --split {split}=NAME")
+        if found:
+            out[split] = found[0]
+            taken.add(found[0])
+    return out
+
+
+def speaker_rank(speaker: str) -> str:
+    return hashlib.sha256(speaker.encode("utf-8")).hexdigest()
+
+
+def default_valid_speakers(num_speakers: int) -> int:
+    return max(1, round(VALID_FRACTION * num_speakers))
+
+
+def carve_valid(utts: list[Utterance], valid_speakers: int | None,
+                where: Path) -> tuple[list[Utterance], list[Utterance], list[str]]:
+    """(train, valid, valid speaker names): `valid_speakers` whole speakers (default 10%, at
+    least one) with the smallest name hashes move from train to valid."""
+    speakers = sorted({u.speaker for u in utts}, key=speaker_rank)
+    n = default_valid_speakers(len(speakers)) if valid_speakers is None else valid_speakers
+    if len(speakers) < 2 or n >= len(speakers):
+        raise DataError(f"{where}: cannot carve a valid set of {n} speaker(s) off a training set of "
+                        f"{len(speakers)} speaker(s) (training keeps at least one); give a dev set "
+                        f"(--split valid=NAME) or a smaller --valid-speakers")
+    chosen = set(speakers[:n])
+    return ([u for u in utts if u.speaker not in chosen], [u for u in utts if u.speaker in chosen],
+            sorted(chosen))
+
+
+def check_valid_speakers(valid_speakers: int | None, has_valid: bool) -> None:
+    if valid_speakers is None:
+        return
+    if valid_speakers < 1:
+        raise ConfigError(f"--valid-speakers: {valid_speakers}, expected >= 1")
+    if has_valid:
+        raise ConfigError("--valid-speakers: the source already has a valid split; "
+                          "leave it out or choose the splits with --split")
+
+
+def require_train(found: dict, where: Path, names: list[str]) -> None:
+    if "train" not in found:
+        raise DataError(f"{where}: no training split (found: {', '.join(sorted(names)) or 'nothing'}); "
+                        f"training needs one named train* or chosen with --split train=NAME")
+
+
+def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | None, overwrite: bool,
+                 kind: str, extra_dirs: dict[str, Path] | None = None) -> dict:
+    """Write imported splits (`ImportedSplit` by asrdist split name, `train` required) as a corpus:
+    OUT/{train,valid,test}, OUT/phones.txt, OUT/summary.json. Carves valid off train when absent.
+    `extra_dirs` (name -> directory) are moved into OUT under their names (decoded audio)."""
+    from asrdist.corpus.import_kaldi import write_split
+    from asrdist.utils.io import atomic_dir, write_json_atomic
+
+    train = splits["train"]
+    rates = {name: s.sample_rate for name, s in splits.items()}
+    if len(set(rates.values())) > 1:
+        raise DataError(f"{source}: splits have different sample rates "
+                        f"({', '.join(f'{n} {r} Hz' for n, r in rates.items())})")
+    tables = {name: s.phones.symbols for name, s in splits.items()}
+    if len({tuple(t) for t in tables.values()}) > 1:
+        raise DataError(f"{source}: splits have different phones.txt tables")
+    utts = {name: s.utterances for name, s in splits.items()}
+    carved: list[str] = []
+    if "valid" not in splits:
+        utts["train"], utts["valid"], carved = carve_valid(train.utterances, valid_speakers, source)
+    out = Path(out)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        stats = {}
+        for name in SPLITS:
+            if name in utts:
+                stats[name] = write_split(tmp / name, out / name, splits.get(name, train), utts[name])
+                stats[name]["source"] = str(splits.get(name, train).source)
+        if carved:
+            stats["valid"]["carved_from"] = "train"
+            stats["valid"]["speaker_list"] = carved
+        for name, path in (extra_dirs or {}).items():
+            shutil.move(str(path), str(tmp / name))
+        train.phones.write(tmp / "phones.txt")
+        everything = [u for group in utts.values() for u in group]
+        skipped = [reason for s in splits.values() for reason in s.skipped]
+        summary = {
+            "source": str(Path(source).resolve()), "imported_from": kind, "sample_rate": train.sample_rate,
+            "utterances": len(everything), "speakers": len({u.speaker for u in everything}),
+            "hours": round(sum(u.duration for u in everything) / 3600.0, 6),
+            "alignments": {name: splits.get(name, train).alignments for name in stats},
+            "features": bool(train.features), "skipped": len(skipped), "skipped_reasons": skipped,
+            "splits": stats,
+        }
+        write_json_atomic(tmp / "summary.json", summary)
+    if "test" not in stats:
+        print(f"asrdist: note: {out} has no test split; `asrdist eval` then needs --data on another corpus "
+              f"or split", file=sys.stderr)
+    return summary
+
+
+def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | None = None,
+                        split_dirs: dict[str, str] | None = None, valid_speakers: int | None = None,
+                        alignments: str | Path | None = None, skip_bad: bool = False,
+                        overwrite: bool = False, progress: bool = True, channel: int | None = None) -> dict:
+    """A corpus from Kaldi data directories: SRC is one of them (with `single_split`) or holds
+    several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
+    `alignments` (a file for any utterances) must cover the training split."""
+    from asrdist.corpus.import_kaldi import import_split
+
+    src = Path(src)
+    if not src.is_dir():
+        raise DataError(f"{src}: directory not found")
+    single = (src / "wav.scp").is_file()
+    if single:
+        if split_dirs:
+            raise ConfigError(f"--split: {src} is one Kaldi data directory; give --split train, not SPLIT=NAME")
+        if single_split != "train":
+            raise ConfigError(f"--split: a corpus built from one Kaldi data directory is its train split "
+                              f"(--split train); import a {single_split} set alone without --split")
+        names, found = [src.name], {"train": None}
+    else:
+        if single_split is not None:
+            raise ConfigError(f"--split: {src} holds no wav.scp; for a directory of data directories "
+                              f"give SPLIT=NAME pairs")
+        names = sorted(p.name for p in src.iterdir() if (p / "wav.scp").is_file())
+        found = match_splits(names, dict(split_dirs or {}), src)
+    require_train(found, src, names)
+    check_valid_speakers(valid_speakers, "valid" in found)
+    ali = Path(alignments) if alignments else None
+    splits = {}
+    for split, name in found.items():
+        path = src if name is None else src / name
+        splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
+                                     channel=channel)
+    return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi")

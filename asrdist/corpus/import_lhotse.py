@@ -1,0 +1,184 @@
+"""`asrdist corpus import-lhotse`: a corpus from lhotse manifests, read by lhotse itself.
+
+SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write them,
+`{prefix}_recordings_{part}.jsonl.gz` and `{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`,
+`.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
+`asrdist.corpus.assemble`). Every supervision becomes one utterance (id, speaker, text, and its
+segment of the recording). A recording that is a mono WAV file is referenced where it lies; any
+other (FLAC, several channels, a command, a URL, in memory) is decoded by lhotse and stored as a
+16-bit WAV under OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from asrdist.errors import ConfigError, DataError
+
+_MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
+                       r"\.(?:jsonl|json)(?:\.gz)?$")
+
+
+def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
+    """Part name -> (recordings, supervisions) manifest paths in `src`."""
+    found: dict[tuple[str, str], dict[str, Path]] = {}
+    for path in sorted(src.iterdir()):
+        m = _MANIFEST.match(path.name)
+        if m and path.is_file():
+            key = (m["prefix"], m["part"] or "")
+            if m["kind"] in found.setdefault(key, {}):
+                raise DataError(f"{path}: a second {m['kind']} manifest for part '{key[1]}'")
+            found[key][m["kind"]] = path
+    prefixes = {prefix for prefix, _ in found}
+    out = {}
+    for (prefix, part), files in found.items():
+        missing = {"recordings", "supervisions"} - set(files)
+        if missing:
+            raise DataError(f"{next(iter(files.values()))}: no matching {missing.pop()} manifest in {src}")
+        name = part if len(prefixes) == 1 else "_".join(x for x in (prefix, part) if x)
+        out[name] = (files["recordings"], files["supervisions"])
+    return out
+
+
+def _wav_file(recording, base: Path) -> Path | None:
+    """The recording's own file when asrdist can read it in place (one mono WAV file)."""
+    from asrdist.corpus.import_kaldi import _resolve
+
+    sources = recording.sources
+    if len(sources) != 1 or sources[0].type != "file" or recording.num_channels != 1:
+        return None
+    path = _resolve(base, str(sources[0].source))
+    return path if path.suffix.lower() == ".wav" else None
+
+
+def _decode(recording, channel: int | None, out: Path) -> None:
+    """Decode one channel of `recording` with lhotse into a 16-bit WAV at `out`."""
+    from asrdist.corpus.audio import write_wav
+
+    audio = recording.load_audio(channels=channel)
+    samples = np.asarray(audio, dtype=np.float64).reshape(-1, audio.shape[-1])[0]
+    write_wav(out, np.clip(samples * 32768.0, -32768, 32767), recording.sampling_rate)
+
+
+def _channel(sup, recording, where: str) -> int | None:
+    channel = sup.channel
+    if isinstance(channel, list):
+        if len(channel) != 1:
+            raise DataError(f"{where}: supervision on channels {channel}; one channel per utterance expected")
+        channel = channel[0]
+    return None if recording.num_channels == 1 else int(channel)
+
+
+def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, skip_bad: bool):
+    """One split's Kaldi-style tables from its two manifests (lhotse reads them), decoding the
+    audio asrdist cannot read in place into `audio_dir`; returns (tables, files, bad)."""
+    from lhotse import RecordingSet, SupervisionSet
+
+    try:
+        recordings = RecordingSet.from_file(recordings_path)
+        supervisions = SupervisionSet.from_file(supervisions_path)
+    except Exception as exc:  # lhotse raises many types for a malformed manifest
+        raise DataError(f"{recordings_path.parent}: cannot read lhotse manifests "
+                        f"{recordings_path.name} / {supervisions_path.name} ({exc})") from None
+    wav_scp, segments, text, utt2spk, bad = {}, {}, {}, {}, {}
+    for sup in supervisions:
+        where = f"{supervisions_path}: utterance {sup.id}"
+        if any(c.isspace() for c in sup.id + sup.recording_id):
+            raise DataError(f"{where}: ids must not contain white space")
+        if sup.id in segments:
+            raise DataError(f"{where}: duplicate supervision id")
+        try:
+            if sup.recording_id not in recordings:
+                raise DataError(f"{recordings_path}: utterance {sup.id}: recording '{sup.recording_id}' "
+                                f"not in the recordings manifest")
+            recording = recordings[sup.recording_id]
+            channel = _channel(sup, recording, where)
+            key = sup.recording_id if channel is None else f"{sup.recording_id}-ch{channel}"
+            if key not in wav_scp:
+                path = _wav_file(recording, recordings_path.parent)
+                if path is None:
+                    path = audio_dir / f"{key}.wav"
+                    try:
+                        _decode(recording, channel, path)
+                    except Exception as exc:  # any decoder failure is this recording's problem
+                        raise DataError(f"{recordings_path}: utterance {sup.id}: cannot decode recording "
+                                        f"'{sup.recording_id}' ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+                wav_scp[key] = str(path)
+        except DataError as exc:
+            if not skip_bad:
+                raise
+            bad[sup.id] = str(exc)
+            continue
+        segments[sup.id] = f"{key} {sup.start:.3f} {sup.start + sup.duration:.3f}"
+        if sup.text is not None:
+            text[sup.id] = " ".join(sup.text.split())
+        if sup.speaker:
+            utt2spk[sup.id] = sup.speaker
+    if not segments and not bad:
+        raise DataError(f"{supervisions_path}: no supervisions")
+    files = {"wav.scp": recordings_path, "segments": supervisions_path, "text": supervisions_path,
+             "utt2spk": supervisions_path}
+    return {"wav.scp": wav_scp, "segments": segments, "text": text, "utt2spk": utt2spk}, files, bad
+
+
+def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | None = None,
+                         split_parts: dict[str, str] | None = None, valid_speakers: int | None = None,
+                         skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
+    from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
+    from asrdist.corpus.import_kaldi import import_split
+
+    src, out = Path(src), Path(out)
+    if not src.is_dir():
+        raise DataError(f"{src}: directory not found")
+    parts = find_manifests(src)
+    if not parts:
+        raise DataError(f"{src}: no lhotse manifests (*recordings*.jsonl[.gz] and *supervisions*.jsonl[.gz])")
+    if single_split is not None:
+        if single_split != "train" or len(parts) != 1:
+            raise ConfigError(f"--split {single_split}: a bare split names the one part of SRC as train; "
+                              f"SRC has {len(parts)} part(s): choose with SPLIT=PART")
+        found = {"train": next(iter(parts))}
+    else:
+        found = match_splits(sorted(parts), dict(split_parts or {}), src)
+    require_train(found, src, sorted(parts))
+    check_valid_speakers(valid_speakers, "valid" in found)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    decoded = Path(tempfile.mkdtemp(prefix=f".{out.name}.audio.", dir=out.parent)).resolve()
+    try:
+        splits = {}
+        for split, part in found.items():
+            tables, files, bad = read_part(*parts[part], decoded, skip_bad)
+            for reason in bad.values():
+                print(f"asrdist: skipped: {reason}", file=sys.stderr)
+            imported = import_split(parts[part][1], skip_bad=skip_bad, progress=progress,
+                                    tables=tables, files=files)
+            imported.skipped[:0] = list(bad.values())
+            imported.source = parts[part][1]
+            splits[split] = imported
+        final_audio = out.resolve() / "audio"
+        for imported in splits.values():
+            for u in imported.utterances:
+                if Path(u.wav).parent == decoded:
+                    u.wav = str(final_audio / Path(u.wav).name)
+        extra = {"audio": decoded} if any(decoded.iterdir()) else {}
+        return write_corpus(out, splits, src, valid_speakers, overwrite, "lhotse", extra_dirs=extra)
+    finally:
+        shutil.rmtree(decoded, ignore_errors=True)
+
+
+def import_lhotse_command(args) -> int:
+    from asrdist.corpus.assemble import parse_split_options
+
+    single, mapping = parse_split_options(args.split or [])
+    summary = import_lhotse_corpus(args.src, args.out, single_split=single, split_parts=mapping,
+                                   valid_speakers=args.valid_speakers, skip_bad=args.skip_bad,
+                                   overwrite=args.overwrite)
+    print(json.dumps(summary, indent=2))
+    return 0
