@@ -1,0 +1,142 @@
+"""`asrdist corpus import-kaldi` builds a whole corpus: split names, valid carving, checks, and
+Kaldi files that kaldiio and lhotse read from any working directory. Real FSDD recordings."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import kaldiio
+import numpy as np
+import pytest
+
+from asrdist.cli import main
+from asrdist.corpus.audio import read_wav
+from asrdist.corpus.kaldi_dir import read_data_dir
+from fsdd_kaldi import FSDD, make_kaldi_tree
+
+pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
+
+
+def _one_error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("asrdist: error")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_directory_of_kaldi_dirs_becomes_a_corpus_with_a_carved_valid_set(tmp_path: Path):
+    src = make_kaldi_tree(tmp_path)
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["phones.txt", "summary.json", "test", "train", "valid"]
+    splits = {name: read_data_dir(out / name) for name in ("train", "valid", "test")}
+    # valid: the training speaker with the smallest name hash, the same on every machine
+    expected = min(("george", "jackson", "nicolas"), key=lambda s: hashlib.sha256(s.encode()).hexdigest())
+    assert splits["valid"].speakers == [expected]
+    assert sorted(splits["train"].speakers) == sorted({"george", "jackson", "nicolas"} - {expected})
+    assert splits["test"].speakers == ["theo"]
+    assert splits["valid"].utterances[f"{expected}-2-1"].text == "two"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["splits"]["valid"]["carved_from"] == "train" and summary["utterances"] == 24
+    # the same source gives the same corpus
+    again = tmp_path / "again"
+    assert main(["corpus", "import-kaldi", str(src), str(again), "--valid-speakers", "1"]) == 0
+    for name in ("train/text", "valid/text", "test/utt2spk"):
+        assert (out / name).read_text() == (again / name).read_text()
+
+
+def test_written_kaldi_files_are_read_by_kaldiio_and_lhotse_from_another_directory(tmp_path: Path, monkeypatch):
+    from lhotse.kaldi import load_kaldi_data_dir
+
+    src = make_kaldi_tree(tmp_path, test=())
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src / "train"), str(out), "--split", "train"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    train = out / "train"
+    for utt, (rate, samples) in kaldiio.load_scp(str(train / "wav.scp")).items():
+        assert rate == 8000
+        np.testing.assert_array_equal(samples, read_wav(read_data_dir(train).wav_path(
+            read_data_dir(train).utterances[utt]))[0])
+    recordings, supervisions, _ = load_kaldi_data_dir(train, sampling_rate=8000)
+    assert len(recordings) == len(read_data_dir(train).utterances)
+    first = recordings[0]
+    assert first.load_audio().shape[1] == first.num_samples
+    assert {s.text for s in supervisions} <= {"zero", "one", "two"}
+
+
+def test_alignment_scp_is_absolute_and_old_relative_corpora_still_load(tmp_path: Path, monkeypatch):
+    from corpus_fixture import make_tone_corpus
+
+    corpus = make_tone_corpus(tmp_path / "tones", utterances_per_speaker=2, speakers=3)
+    scp = corpus / "train" / "alignment.scp"
+    monkeypatch.chdir(tmp_path)
+    loaded = kaldiio.load_scp(str(scp))
+    ours = read_data_dir(corpus / "train")
+    for utt, ali in loaded.items():
+        np.testing.assert_array_equal(ali, ours.utterances[utt].alignment)
+    # a corpus written before paths were absolute: relative to the split directory
+    old = tmp_path / "old"
+    shutil.copytree(corpus, old)
+    rel = [f"{u} alignment.ark:{loc.rpartition(':')[2]}"
+           for u, loc in (line.split() for line in (old / "train" / "alignment.scp").read_text().splitlines())]
+    (old / "train" / "alignment.scp").write_text("\n".join(rel) + "\n")
+    (corpus / "train" / "alignment.ark").unlink()  # nothing may still point at the first copy
+    np.testing.assert_array_equal(read_data_dir(old / "train").utterances["spk2-000"].alignment,
+                                  ours.utterances["spk2-000"].alignment)
+
+
+def test_kaldi_split_names_and_explicit_choice(tmp_path: Path, capsys):
+    src = make_kaldi_tree(tmp_path, train=("george", "jackson"), test=("theo",), dev=("nicolas",),
+                          names=("train_si284", "test_eval92", "dev_clean"))
+    shutil.copytree(src / "test_eval92", src / "test_dev93")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out)]) != 0
+    err = _one_error(capsys)
+    assert "test_dev93 and test_eval92" in err and "--split test=NAME" in err and not out.exists()
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--split", "test=test_eval92"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["splits"]["valid"]["source"].endswith("dev_clean")  # a dev set: nothing carved
+    assert "carved_from" not in summary["splits"]["valid"]
+    assert summary["splits"]["test"]["source"].endswith("test_eval92")
+
+
+@pytest.mark.parametrize("case,args,message", [
+    ("no-train", [], "no training split"),
+    ("dev-and-carve", ["--valid-speakers", "1"], "already has a valid split"),
+    ("one-speaker", [], "cannot carve a valid set of 1 speaker(s) off a training set of 1"),
+    ("too-many", ["--valid-speakers", "3"], "cannot carve a valid set of 3 speaker(s)"),
+    ("bare-split", ["--split", "train"], "holds no wav.scp"),
+])
+def test_missing_splits_are_found_before_anything_is_written(tmp_path: Path, capsys, case, args, message):
+    if case == "no-train":
+        src = make_kaldi_tree(tmp_path, train=(), test=("theo",), dev=("george",))
+    elif case == "dev-and-carve":
+        src = make_kaldi_tree(tmp_path, train=("jackson",), dev=("george",))
+    elif case == "one-speaker":
+        src = make_kaldi_tree(tmp_path, train=("jackson",))
+    else:
+        src = make_kaldi_tree(tmp_path)
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), *args]) != 0
+    assert message in _one_error(capsys)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]
+
+
+def test_training_checks_its_splits_up_front(tmp_path: Path, capsys):
+    src = make_kaldi_tree(tmp_path, test=())
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+    split_only = tmp_path / "split"
+    assert main(["corpus", "import-kaldi", str(src / "train"), str(split_only)]) == 0
+    capsys.readouterr()
+    assert main(["train", str(recipe), "--data", str(split_only), "--out", str(tmp_path / "run")]) != 0
+    assert "one split directory" in _one_error(capsys) and not (tmp_path / "run").exists()
+    no_valid = tmp_path / "no_valid"
+    (no_valid / "train").mkdir(parents=True)
+    for name in ("wav.scp", "text", "utt2spk"):
+        shutil.copy(split_only / name, no_valid / "train" / name)
+    assert main(["train", str(recipe), "--data", str(no_valid), "--out", str(tmp_path / "run")]) != 0
+    err = _one_error(capsys)
+    assert "no valid/ split" in err and "--valid-speakers" in err and not (tmp_path / "run").exists()
