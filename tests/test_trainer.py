@@ -115,15 +115,19 @@ def test_malformed_recipe_is_a_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_features_extracted_with_other_settings_are_refused(tmp_path):
-    """A recipe asking for per-speaker CMVN must not silently train on global-CMVN features."""
+def test_features_follow_the_recipe(tmp_path, capsys):
+    """A recipe asking for per-speaker CMVN must not train on global-CMVN features: they are
+    re-extracted with its settings, and the user is told; features that fit are left alone."""
     from asrdist.config import load_config
-    from asrdist.errors import DataError
+    from asrdist.features.store import FeatureStore
     from asrdist.train.prepare import ensure_features
     root = Path(__file__).resolve().parents[1]
     corpus = make_tone_corpus(tmp_path / "corpus")
     ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)
+    assert "it has none" in capsys.readouterr().out
     ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)
+    assert capsys.readouterr().out == ""
     other = load_config(root / "configs/default.yaml", [f"data.corpus={corpus}", "data.cmvn=speaker"])
-    with pytest.raises(DataError, match=r"cmvn=global, the recipe asks num_mel_bins=40, cmvn=speaker.*--overwrite"):
-        ensure_features(corpus, other, progress=False)
+    ensure_features(corpus, other, progress=False)
+    assert "cmvn=speaker (train: its features have num_mel_bins=40, cmvn=global" in capsys.readouterr().out
+    assert {FeatureStore(corpus / s).meta["cmvn"] for s in ("train", "valid", "test")} == {"speaker"}

@@ -1,4 +1,4 @@
-"""`asrdist eval RUN_DIR --data DATA_DIR`."""
+"""`asrdist eval RUN_DIR --data DATA_DIR` and `asrdist decode RUN_DIR WAV...`."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +9,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="evaluate a trained run on a data split (writes eval.json)")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", type=Path, required=True, help="a split directory or a corpus directory (uses test)")
-    p.add_argument("--out", type=Path, default=None, help="output JSON (default RUN_DIR/eval.json)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output JSON (default RUN_DIR/eval.json); hypotheses go to hyp.txt beside it")
     p.set_defaults(func=_eval)
+
+    d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)")
+    d.add_argument("run_dir", type=Path)
+    d.add_argument("wavs", type=Path, nargs="+", metavar="WAV")
+    d.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
+    d.set_defaults(func=_decode)
 
 
 def _eval(args):
     from asrdist.eval.run import eval_command
     return eval_command(args)
+
+
+def _decode(args):
+    from asrdist.eval.transcribe import decode_command
+    return decode_command(args)

@@ -20,7 +20,9 @@ def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> to
 
 @torch.no_grad()
 def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, Any], cfg,
-                   max_utterances: int | None = None) -> dict:
+                   max_utterances: int | None = None, details: bool = False) -> dict:
+    """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
+    and errors of every utterance, `asrdist.eval.details`)."""
     from asrdist.features.store import FeatureStore
 
     was_training = model.training
@@ -29,13 +31,13 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, A
         store = FeatureStore(split_dir)
         utt_ids = store.utt_ids[:max_utterances] if max_utterances else store.utt_ids
         if model.kind == "ctc":
-            return _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg)
-        return _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg)
+            return _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details)
+        return _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details)
     finally:
         model.train(was_training)
 
 
-def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
+def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.scoring import error_rate
     from asrdist.train.prepare import frame_labels, phone_sequences, split_alignments
@@ -69,11 +71,16 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg) -> dict:
             hyps.append([])
         refs.append(ref_phones[utt])
     per = error_rate(refs, hyps)
-    return {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),
-            "per": per["rate"], "utterances": len(utt_ids), "frames": frames}
+    result = {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),
+              "per": per["rate"], "utterances": len(utt_ids), "frames": frames}
+    if details:
+        from asrdist.eval.details import phone_details
+
+        result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets["phones"])
+    return result
 
 
-def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg) -> dict:
+def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
     from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode
     from asrdist.eval.scoring import error_rate
     from asrdist.models.objectives import ctc_objective
@@ -100,10 +107,18 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg) -> dict:
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
     if targets["kind"] == "phones":
         result["per"] = error_rate(refs, hyps)["rate"]
+        if details:
+            from asrdist.eval.details import phone_details
+
+            result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets["phones"])
     else:
         tok = targets["tokenizer"]
         ref_text = [tok.decode(r) for r in refs]
         hyp_text = [tok.decode(h) for h in hyps]
         result["cer"] = error_rate([list(r) for r in ref_text], [list(h) for h in hyp_text])["rate"]
         result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
+        if details:
+            from asrdist.eval.details import text_details
+
+            result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
     return result

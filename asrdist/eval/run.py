@@ -80,29 +80,37 @@ def resolve_split(data: Path) -> Path:
     raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus with test/")
 
 
-def evaluate_run(run_dir: Path, data: Path, progress: bool = True) -> dict:
+def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool = False) -> dict:
+    """Score the run's model on `data`, whose features are (re-)extracted with the run's recipe
+    settings when they are missing or other ones (its whole corpus, for global CMVN statistics)."""
     from asrdist.eval.evaluate import evaluate_split
-    from asrdist.features.extract import extract_features
-    from asrdist.features.store import FeatureStore, has_features
-    from asrdist.train.prepare import check_feature_settings
+    from asrdist.features.store import FeatureStore
+    from asrdist.train.prepare import feature_mismatch, ensure_features
 
     model, cfg, targets, input_dim = load_run_model(run_dir)
     split = resolve_split(data)
-    if not has_features(split):
+    if feature_mismatch(split, cfg):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
-        extract_features(target, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, progress=progress)
-    check_feature_settings(split, cfg)
+        ensure_features(target, cfg, progress=progress, check=False)
     dim = FeatureStore(split).dim
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
-    result = evaluate_split(model, split, targets, cfg)
+    result = evaluate_split(model, split, targets, cfg, details=details)
     result = {"data": str(split), **result}
     return result
 
 
 def eval_command(args) -> int:
-    result = evaluate_run(args.run_dir, args.data)
+    """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
+    from asrdist.eval.details import hyp_lines, hyp_path, worst_utterances
+    from asrdist.utils.io import write_text_atomic
+
+    result = evaluate_run(args.run_dir, args.data, details=True)
+    records = result.pop("per_utterance")
+    result["worst_utterances"] = worst_utterances(records)
     out = args.out or args.run_dir / "eval.json"
+    write_text_atomic(hyp_path(out), hyp_lines(records))
     write_json_atomic(out, result)
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "worst_utterances"}, indent=2))
+    print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; worst utterances in {out}")
     return 0

@@ -15,41 +15,64 @@ from asrdist.config import RunConfig
 from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
-from asrdist.utils.io import atomic_path
+from asrdist.utils.io import save_torch_atomic
 
 SPLITS = ("train", "valid", "test")
 CTC_TARGETS = ("phones", "chars")
 
 
-def ensure_features(corpus: Path, cfg: RunConfig, progress: bool = True) -> None:
-    from asrdist.features.extract import extract_features
-    from asrdist.features.store import has_features
+def check_corpus(corpus: Path) -> None:
+    """Up front, before anything is written: `corpus` is a corpus and holds the splits training
+    reads (train, and valid for the end of every epoch)."""
+    if (corpus / "wav.scp").is_file():
+        raise DataError(f"{corpus}: one split directory (wav.scp inside), not a corpus; build a corpus with "
+                        f"`asrdist corpus import-kaldi SRC OUT --split train` (a valid set is carved off by "
+                        f"speaker) or from a directory holding train / dev / test")
+    if not corpus.is_dir():
+        raise DataError(f"{corpus}: corpus directory not found")
+    if not (corpus / "train" / "wav.scp").is_file():
+        raise DataError(f"{corpus}: not a corpus directory (no train/ inside); build one with `asrdist corpus "
+                        f"synth|fsdd|import-kaldi|import-lhotse ...`")
+    if not (corpus / "valid" / "wav.scp").is_file():
+        raise DataError(f"{corpus}: no valid/ split, which training evaluates at every epoch end; import the "
+                        f"corpus again with `asrdist corpus import-kaldi` or `import-lhotse` (without a dev set "
+                        f"they carve one off the training speakers, --valid-speakers N) or add a valid/ Kaldi "
+                        f"data directory")
 
-    if not (corpus / "train").is_dir():
-        raise DataError(f"{corpus}: not a corpus directory (no train/ inside); build one with `asrdist corpus ...`")
-    splits = [corpus / s for s in SPLITS if (corpus / s).is_dir()]
-    if all(has_features(s) for s in splits):
-        for split in splits:
-            check_feature_settings(split, cfg)
-        return
-    extract_features(corpus, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, progress=progress)
 
+def feature_mismatch(split: Path, cfg: RunConfig) -> str | None:
+    """Why the features in `split` are not the recipe's (None when they are). Imported Kaldi
+    features (no `num_mel_bins` recorded) are taken as they are."""
+    from asrdist.features.store import FeatureStore, has_features
 
-def check_feature_settings(split: Path, cfg: RunConfig) -> None:
-    """Features already in `split` must be the ones the recipe asks for: training or decoding on
-    another CMVN or filterbank size would run without complaint and quietly mean something else.
-    Imported Kaldi features (no `num_mel_bins` recorded) are taken as they are."""
-    from asrdist.features.store import FeatureStore
-
+    if not has_features(split):
+        return "it has none"
     meta = FeatureStore(split).meta
     if meta.get("num_mel_bins") is None:
-        return
+        return None
     have = (meta["num_mel_bins"], meta.get("cmvn"))
-    want = (cfg.data.num_mel_bins, cfg.data.cmvn)
-    if have != want:
-        raise DataError(f"{split}: features were extracted with num_mel_bins={have[0]}, cmvn={have[1]}, the "
-                        f"recipe asks num_mel_bins={want[0]}, cmvn={want[1]}; re-extract with `asrdist features "
-                        f"{split.parent} --num-mel-bins {want[0]} --cmvn {want[1]} --overwrite`")
+    if have != (cfg.data.num_mel_bins, cfg.data.cmvn):
+        return f"its features have num_mel_bins={have[0]}, cmvn={have[1]}"
+    return None
+
+
+def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bool = True) -> None:
+    """Features with the recipe's settings in every split of corpus `data` (or in split `data`):
+    extracted when missing, re-extracted (and said so) when made with other settings. Training or
+    decoding on another CMVN or filterbank size would otherwise quietly mean something else."""
+    from asrdist.features.extract import extract_features, find_splits
+
+    if check:
+        check_corpus(data)
+    why = {name: feature_mismatch(path, cfg) for name, path in find_splits(data).items()}
+    stale = {name: reason for name, reason in why.items() if reason}
+    if not stale:
+        return
+    said = "; ".join(f"{name}: {reason}" for name, reason in stale.items())
+    print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
+          f"cmvn={cfg.data.cmvn} ({said})", flush=True)
+    extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
+                     progress=progress)
 
 
 def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:
@@ -91,14 +114,22 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
     """Fit the label side of the run on the training split."""
     from asrdist.data.targets import CharTokenizer, TiedStates, label_priors
     from asrdist.eval.decode import PhoneBigram
+    from asrdist.eval.transcribe import feature_record
 
-    phones = PhoneTable.read(corpus / "phones.txt")
     kind = cfg.data.targets
+    if (corpus / "phones.txt").is_file():
+        phones = PhoneTable.read(corpus / "phones.txt")
+    elif kind == "chars":
+        phones = PhoneTable()  # character targets use no phone table
+    else:
+        raise DataError(f"{corpus / 'phones.txt'}: missing; data.targets={kind} needs the corpus' phone table "
+                        f"(data.targets=chars does not)")
     if (model_kind == "ctc") != (kind in CTC_TARGETS):
         raise ConfigError(f"data.targets: '{kind}' does not fit model '{cfg.model.name}' "
                           f"({'phones or chars' if model_kind == 'ctc' else 'monophone or tied'} expected)")
     out: dict[str, Any] = {"kind": kind, "phones": list(phones.symbols), "silence_id": phones.silence_id}
     train = corpus / "train"
+    out["features"] = feature_record(train)  # `asrdist decode` rebuilds the front end from it
     if kind in ("monophone", "tied"):
         alignments = split_alignments(train)
         if kind == "tied":

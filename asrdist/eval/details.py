@@ -1,0 +1,52 @@
+"""What a model says, utterance by utterance: `hyp.txt` and the worst utterances of `eval.json`.
+
+Each record is {utt, ref, hyp, errors, ref_length, unit}: texts as a reader sees them (phone
+symbols joined by spaces for phone models), errors counted by edit distance (kaldialign) in the
+unit of the text (words for character models, phones otherwise).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import kaldialign
+
+WORST = 10
+
+
+def _record(utt: str, ref: list, hyp: list, ref_text: str, hyp_text: str, unit: str) -> dict:
+    d = kaldialign.edit_distance(ref, hyp)
+    return {"utt": utt, "ref": ref_text, "hyp": hyp_text, "errors": d["sub"] + d["del"] + d["ins"],
+            "ref_length": len(ref), "unit": unit}
+
+
+def phone_details(utt_ids: Sequence[str], refs: Sequence[Sequence[int]], hyps: Sequence[Sequence[int]],
+                  symbols: Sequence[str]) -> list[dict]:
+    def text(seq):
+        return " ".join(symbols[i] for i in seq)
+
+    return [_record(u, list(r), list(h), text(r), text(h), "phones") for u, r, h in zip(utt_ids, refs, hyps)]
+
+
+def text_details(utt_ids: Sequence[str], refs: Sequence[str], hyps: Sequence[str]) -> list[dict]:
+    return [_record(u, r.split(), h.split(), " ".join(r.split()), " ".join(h.split()), "words")
+            for u, r, h in zip(utt_ids, refs, hyps)]
+
+
+def worst_utterances(records: list[dict], count: int = WORST) -> list[dict]:
+    """The `count` utterances with the highest error rate (errors / reference length), most
+    errors first among equals, then by id: the ones to listen to first."""
+    def key(r):
+        return (-r["errors"] / max(r["ref_length"], 1), -r["errors"], r["utt"])
+
+    return [r for r in sorted(records, key=key) if r["errors"] > 0][:count]
+
+
+def hyp_lines(records: list[dict]) -> str:
+    """Kaldi's `utt text` form, sorted by utterance id."""
+    return "".join(f"{r['utt']} {r['hyp']}".rstrip() + "\n" for r in sorted(records, key=lambda r: r["utt"]))
+
+
+def hyp_path(eval_json: Path) -> Path:
+    """hyp.txt beside eval.json (`NAME.hyp.txt` beside any other NAME.json)."""
+    return eval_json.with_name("hyp.txt") if eval_json.name == "eval.json" else eval_json.with_suffix(".hyp.txt")
