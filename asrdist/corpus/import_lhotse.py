@@ -81,8 +81,8 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
     from lhotse import RecordingSet, SupervisionSet
 
     try:
-        recordings = RecordingSet.from_file(recordings_path)
-        supervisions = SupervisionSet.from_file(supervisions_path)
+        recordings = {r.id: r for r in RecordingSet.from_file(recordings_path)}
+        supervisions = list(SupervisionSet.from_file(supervisions_path))
     except Exception as exc:  # lhotse raises many types for a malformed manifest
         raise DataError(f"{recordings_path.parent}: cannot read lhotse manifests "
                         f"{recordings_path.name} / {supervisions_path.name} ({exc})") from None
