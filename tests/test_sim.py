@@ -1,0 +1,70 @@
+"""The scaling simulator in one process: its strategies behave as the real ones do where the
+answer is known, the advisor ranks every strategy, and `asrdist simulate` keeps its contract."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrdist.cli import main
+from asrdist.sim.cluster import LINKS, Cluster
+from asrdist.sim.engine import SimSpec, simulate
+from asrdist.sim.scenario import ADVISED, Job, advise, strategy_config
+
+SHAPES = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]
+
+
+def _spec(strategy: str, settings: dict | None = None, cluster: Cluster | None = None, **kw) -> SimSpec:
+    cluster = cluster or Cluster(1, 4, LINKS["1gbit"], LINKS["1gbit"])
+    return SimSpec(strategy, strategy_config(strategy, settings), SHAPES, cluster, 256, 2e-5, steps=8, **kw)
+
+
+def test_one_straggler_sets_the_pace_of_sync_but_not_of_adpsgd():
+    kept = {}
+    fast_links = Cluster(1, 4, LINKS["loopback"], LINKS["loopback"])  # compute-bound
+    for name in ("sync", "adpsgd"):
+        fast = simulate(_spec(name, cluster=fast_links)).frames_per_second
+        slow = simulate(_spec(name, cluster=fast_links, slowdown={3: 3.0})).frames_per_second
+        kept[name] = slow / fast
+    assert kept["sync"] < 0.45  # lock step: everyone waits for the learner 3x slower
+    assert kept["adpsgd"] > 0.7  # only its exchanges with the slow learner wait
+
+
+def test_overlap_and_double_buffering_hide_communication():
+    buckets = {"bucket_cap_mb": 0.25}  # several buckets: the first ones leave during backward
+    assert simulate(_spec("sync", {"overlap": True, **buckets})).seconds_per_step < \
+        simulate(_spec("sync", {"overlap": False, **buckets})).seconds_per_step
+    assert simulate(_spec("onebit", {"double_buffering": True})).seconds_per_step < \
+        simulate(_spec("onebit", {"double_buffering": False})).seconds_per_step
+    assert simulate(_spec("adpsgd", {"delay_by_one": True})).seconds_per_step < \
+        simulate(_spec("adpsgd")).seconds_per_step
+
+
+def test_hierarchical_allreduce_beats_flat_across_slow_nodes():
+    cluster = Cluster(2, 2, LINKS["loopback"], LINKS["1gbit"])
+    flat = simulate(_spec("sync", {"hierarchical": "false"}, cluster))
+    hier = simulate(_spec("sync", {"hierarchical": "true"}, cluster))
+    assert hier.seconds_per_step < flat.seconds_per_step
+
+
+def test_advisor_ranks_every_strategy_fastest_first_and_names_the_winner():
+    job = Job("sync", None, SHAPES, Cluster(2, 2, LINKS["loopback"], LINKS["1gbit"]), 1024, 2e-5, steps=6)
+    ranked, why = advise(job)
+    assert sorted(p.name for p in ranked) == sorted(ADVISED)
+    assert [p.epoch_seconds for p in ranked] == sorted(p.epoch_seconds for p in ranked)
+    assert why.startswith(f"{ranked[0].name} wins")
+
+
+def test_simulate_cli_writes_json_and_refuses_bad_input(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--cluster", "2x2", "--strategy", "onebit", "--set", "double_buffering=true",
+                 "--device", "k20x", "--inside", "pcie", "--network", "1gbit", "--json", str(out)]) == 0
+    prediction = json.loads(out.read_text())["prediction"]
+    assert prediction["learners"] == 4 and prediction["frames_per_second"] > 0
+    assert 0 < prediction["speedup"] <= 4
+    bad = tmp_path / "bad.json"
+    assert main(["simulate", "--cluster", "2y2", "--json", str(bad)]) != 0
+    assert "asrdist: error: --cluster" in capsys.readouterr().err
+    assert not bad.exists()
+    with pytest.raises(SystemExit):
+        main(["simulate", "--straggler"])
