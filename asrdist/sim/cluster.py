@@ -55,12 +55,11 @@ LINKS: dict[str, Link] = {
 }
 
 DEVICES: dict[str, Device] = {
-    "k20x": Device(0.48 * 3.95e12, 0.0, "NVIDIA K20X: 3.95 TFLOP/s fp32 peak (datasheet); 48% sustained "
-                                        "is calibrated on Seide 2014's single-GPU rate (abstract: 27 kfps = 3.6x "
-                                        "one GPU at minibatch 2880, i.e. 7.5 kfps)"),
-    "p100": Device(0.45 * 10.6e12, 5e-3, "NVIDIA P100 SXM2: 10.6 TFLOP/s fp32 peak (datasheet); assumption: the "
+    "k20x": Device(0.49 * 3.95e12, 0.0, "NVIDIA K20X: 3.95 TFLOP/s fp32 peak (datasheet); assumption: the "
+                                        "V100's sustained share (49%, calibrated by `simulate --validate`)"),
+    "p100": Device(0.49 * 10.6e12, 5e-3, "NVIDIA P100 SXM2: 10.6 TFLOP/s fp32 peak (datasheet); assumption: the "
                                          "V100's sustained share"),
-    "v100": Device(0.45 * 15.7e12, 5e-3, "NVIDIA V100 SXM2: 15.7 TFLOP/s fp32 peak (datasheet); 45% sustained is "
+    "v100": Device(0.49 * 15.7e12, 5e-3, "NVIDIA V100 SXM2: 15.7 TFLOP/s fp32 peak (datasheet); 49% sustained is "
                                          "calibrated on IBM ICASSP 2019 (blog: about 1 week on 1 V100); 5 ms per "
                                          "minibatch is an assumption"),
 }
