@@ -71,5 +71,8 @@ def test_a_diverging_learner_is_named_by_its_own_error_not_by_a_signal(corpus, t
     rc = main(["train", "configs/default.yaml", *TINY, "optim.lr=1e6", "--data", str(corpus), "--learners", "2",
                "--strategy", "adpsgd", "--epochs", "1", "--out", str(out), "--no-progress"])
     assert rc != 0
-    last = capsys.readouterr().err.strip().splitlines()[-1]
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
     assert last.startswith("asrdist: error: learner rank") and "loss is" in last and "signal" not in last, last
+    assert err.count("asrdist: error") == 1 and "Traceback" not in err and "ChildFailedError" not in err, err
+    assert "ChildFailedError" in (out / "launcher.log").read_text()  # torch's report kept, off the terminal

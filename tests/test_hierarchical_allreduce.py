@@ -16,7 +16,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel import comm
 from asrdist.parallel.base import CommCounters, LearnerContext
 from asrdist.parallel.hierarchical_allreduce import (
-    ColumnShards, Hierarchy, build_hierarchy, deal_columns, finish_all, hierarchical_allreduce, padded_numel,
+    ColumnShards, Hierarchy, build_hierarchy, chunk_bounds, deal_columns, finish_all, hierarchical_allreduce, padded_numel,
     rail_ranks, use_hierarchical,
 )
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
@@ -141,6 +141,11 @@ def _learner(rank: int, world_size: int) -> dict:
         flat = _values(numel, rank)
         comm.allreduce(flat, CommCounters(), timeout=TIMEOUT)
         out[numel] = (padded, flat, counters.bytes_sent)
+    chunked = torch.zeros(padded_numel(LENGTHS[-1], hierarchy))  # a pipeline of 63 chunks of 16 values
+    chunked[:LENGTHS[-1]] = _values(LENGTHS[-1], rank)
+    counters = CommCounters()
+    hierarchical_allreduce(chunked, counters, hierarchy, timeout=TIMEOUT, chunk_bytes=64)
+    out["chunked"] = (chunked, counters.bytes_sent)
     buffers = [torch.zeros(padded_numel(numel, hierarchy)) for numel in LENGTHS]  # several in flight
     for numel, b in zip(LENGTHS, buffers):
         b[:numel] = _values(numel, rank, salt=1)
@@ -190,6 +195,25 @@ def test_bytes_are_node_reduce_scatter_rail_allreduce_node_all_gather(results, n
     inside = comm.reduce_scatter_bytes(nbytes, NODE)
     across = comm.ring_allreduce_bytes(nbytes // NODE, WORLD // NODE)
     assert all(r[numel][2] == 2 * inside + across for r in results)
+
+
+@pytest.mark.slow
+def test_a_pipeline_of_chunks_gives_the_same_sum_and_bytes(results):
+    for r in results:
+        chunked, sent = r["chunked"]
+        whole, _, whole_sent = r[LENGTHS[-1]]
+        torch.testing.assert_close(chunked, whole, rtol=0, atol=1e-5)
+        assert sent == whole_sent
+
+
+def test_chunks_cover_the_tensor_in_multiples_of_the_node_size():
+    for numel, size, chunk_bytes in ((1002, 2, 64), (12, 3, 4), (4096, 4, 2**20), (0, 2, 64)):
+        bounds = chunk_bounds(numel, size, 4, chunk_bytes)
+        assert bounds[0][0] == 0 and bounds[-1][1] == numel
+        assert all(b0 == a1 for (_, a1), (b0, _) in zip(bounds, bounds[1:]))
+        assert all((b - a) % size == 0 for a, b in bounds)
+        assert all((b - a) * 4 <= max(chunk_bytes, 4 * size) for a, b in bounds)
+    assert len(chunk_bounds(1002, 2, 4, 64)) == 63
 
 
 @pytest.mark.slow

@@ -21,3 +21,34 @@ def test_a_learner_that_reported_its_error_is_named_by_it_even_if_it_ended_by_a_
     (tmp_path / "failed-rank-1.txt").write_text("learner rank 1: loss is nan at step 84\ntraceback...\n")
     message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-6), 1)
     assert message == "learner rank 1: loss is nan at step 84"
+
+
+def test_a_killed_learner_whose_peers_timed_out_had_hung(tmp_path):
+    (tmp_path / "failed-rank-1.txt").write_text(
+        "learner rank 1: allreduce (timeout 20 s) failed: Timed out waiting 20000ms for recv\n")
+    message = failure_message(tmp_path, OUTPUT.format(rank=0, code=-9), 1)
+    assert message.startswith("learner rank 0 hung (no progress") and "Timed out" in message
+
+
+def test_empty_reports_from_a_full_disk_are_skipped(tmp_path):
+    (tmp_path / "failed-rank-0.txt").write_text("")
+    (tmp_path / "failed-rank-1.txt").write_text("learner rank 1: checkpoint: No space left on device\n")
+    assert failure_message(tmp_path, "", 1) == "learner rank 1: checkpoint: No space left on device"
+    (tmp_path / "failed-rank-1.txt").write_text("")
+    assert "launcher exit code 1" in failure_message(tmp_path, "", 1)
+
+
+def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
+    from asrdist.cluster.launcher import _launcher_noise
+
+    assert _launcher_noise("E1122 16:16:07.961000 5991 torch/distributed/elastic/multiprocessing/api.py:1002] failed\n")
+    assert _launcher_noise("asrdist: error: learner rank 0: loss is nan\n")  # the launcher prints the one line
+    assert not _launcher_noise("[asrdist] epoch=0, train_loss=0.16\n")
+
+
+def test_the_launcher_stops_on_sigterm_sigint_and_sighup():
+    import signal
+
+    from asrdist.cluster.launcher import _STOP_SIGNALS
+
+    assert set(_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}

@@ -1,63 +1,186 @@
-"""The one launcher of local learners: torch's own elastic launcher, `torch.distributed.run`.
+"""The one launcher of learners: torch's own elastic launcher, `torch.distributed.run`.
 
 `launch_learners("asrdist.train.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
 `python -m torch.distributed.run --standalone --nproc-per-node n -m MODULE ARGS`, which is exactly
-what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. Each learner gets `cores / n`
-threads. A learner that fails writes `failed-rank-R.txt` (its one-line error, then the traceback)
-into the report directory; a failed job becomes one `TrainingError` line naming the learner that
-failed first.
+what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. With `nodes=A` and a `network`
+rate it runs that cluster command on this machine: an `EmulatedNetwork` of A hosts (namespaces
+joined by shaped links), one `torch.distributed.run` agent per host, c10d rendezvous on host 0.
+Each learner gets `cores / n` threads.
+
+Supervision:
+- A learner that fails writes `failed-rank-R.txt` (its one-line error, then the traceback) into the
+  report directory; a failed job becomes one `TrainingError` line naming the learner that failed
+  first (`failure_message`). Everything the agents print on stderr goes to `launcher.log` in the
+  report directory; the terminal gets the learners' own output without torch's launcher
+  tracebacks.
+- SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
+  becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
+  so do learners with their agent (`asrdist.train.worker` sets it for itself).
 """
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 from asrdist.errors import TrainingError
 
+LOG_NAME = "launcher.log"
+STOP_GRACE_S = 30.0
+"""How long stopped agents get to stop their learners before they are killed."""
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
-                    timeout: float | None = None) -> None:
-    """Run `python -m module *args` as `learners` local learners; raise TrainingError on failure."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-           "--nproc-per-node", str(learners), "--max-restarts", "0", "--monitor-interval", "0.5",
-           "-m", module, *args]
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // learners)))
-    run_distributed_command(cmd, env, report_dir, timeout=timeout)
+                    timeout: float | None = None, nodes: int = 1, network: str = "1gbit") -> None:
+    """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
+    emulated hosts joined by `network` links; raise TrainingError on failure."""
+    threads = max(1, len(os.sched_getaffinity(0)) // learners)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    common = ["--max-restarts", "0", "--monitor-interval", "0.5"]
+    if nodes == 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+               "--nproc-per-node", str(learners), *common, "-m", module, *args]
+        run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
+        return
+    from asrdist.cluster.netem import EmulatedNetwork
+    from asrdist.cluster.netem_launch import _check_layout, _namespace_port
+
+    _check_layout(learners, nodes, network)
+    with EmulatedNetwork(nodes, rate=network) as net:
+        env["GLOO_SOCKET_IFNAME"] = net.interface
+        port = _namespace_port()
+
+        def agent(node: int) -> Callable[[], subprocess.Popen]:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                   "--nproc-per-node", str(learners // nodes), "--node-rank", str(node),
+                   "--rdzv-backend", "static", "--master-addr", net.node_address(0), "--master-port", str(port),
+                   *common, "-m", module, *args]
+            return lambda: net.popen(node, cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+        run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
 
 
-def run_distributed_command(cmd: list[str], env: dict, report_dir: Path, timeout: float | None) -> None:
-    """Run torch.distributed.run, echo its output, and turn a failure into one line naming the rank."""
+def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
+    from asrdist.cluster.netem import die_with_parent
+
+    return subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            start_new_session=True, preexec_fn=die_with_parent)
+
+
+def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: Path, timeout: float | None) -> None:
+    """Start the launcher agents, echo their learners' output, log all of it, and turn a failure
+    (or a stop signal) into one line naming the rank."""
+    report_dir = Path(report_dir)
     for f in report_dir.glob("failed-rank-*.txt"):
         f.unlink()
-    proc = subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
-    tail: list[str] = []
+    stop = threading.Event()
+    stopped_by: list[str] = []
+    previous = {}
 
-    def pump():
-        for line in proc.stderr:
-            tail.append(line)
-            del tail[:-200]
-            if not _launcher_noise(line):
-                sys.stderr.write(line)
+    def on_signal(signum, _frame):
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
 
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
-    try:
-        rc = proc.wait(timeout=timeout)
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):
-        proc.terminate()
-        proc.wait(30)
-        raise
-    t.join(5)
-    if rc != 0:
-        raise TrainingError(failure_message(report_dir, "".join(tail), rc))
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
+    procs: list[subprocess.Popen] = []
+    outputs: list[list[str]] = []
+    pumps: list[threading.Thread] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with open(report_dir / LOG_NAME, "a", encoding="utf-8") as log:
+        try:
+            for start in starters:
+                proc = start()
+                procs.append(proc)
+                outputs.append([])
+                pumps.append(threading.Thread(target=_pump, args=(proc, outputs[-1], log), daemon=True))
+                pumps[-1].start()
+            codes = _wait(procs, stop, deadline)
+        finally:
+            if any(p.poll() is None for p in procs):
+                _stop(procs)
+            for t in pumps:
+                t.join(5)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if stopped_by:
+        raise TrainingError(f"stopped by {stopped_by[0]}: every learner and launcher was stopped")
+    if codes is None:
+        raise TrainingError(f"the job did not finish within {timeout:g} s; every learner was stopped "
+                            f"(log: {report_dir / LOG_NAME})")
+    failed = [c for c in codes if c != 0]
+    if failed:
+        raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))
+
+
+def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
+    """Wait until every agent has exited (their codes), one has failed and the others have had a
+    grace period to fail too, a stop signal came, or the deadline passed (None)."""
+    failed_at = None
+    while not stop.is_set():
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now  # the other hosts' learners fail on their own within their timeout
+        if failed_at is not None and now - failed_at > STOP_GRACE_S:
+            _stop(procs)
+            return [p.wait() for p in procs]
+        if deadline is not None and now > deadline:
+            return None
+        stop.wait(0.2)
+    return [p.poll() or 0 for p in procs]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every agent's process group (the agent stops its learners), SIGKILL after the grace."""
+    from asrdist.cluster.netem import stop_process
+
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    end = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stop_process(p, grace_s=0.1)
+
+
+def _pump(proc: subprocess.Popen, tail: list[str], log) -> None:
+    """Copy an agent's stderr into the log; echo the learners' own lines (not torch's launcher
+    reports and tracebacks, not the learners' error lines: the launcher prints the one line)."""
+    hidden = False
+    for line in proc.stderr:
+        log.write(line)
+        log.flush()
+        tail.append(line)
+        del tail[:-400]
+        hidden = hidden or line.startswith("Traceback (most recent call last)") or "ChildFailedError" in line
+        if not hidden and not _launcher_noise(line):
+            sys.stderr.write(line)
+
+
+_TORCH_LOG = re.compile(r"^\[?[DIWEF]\d{4} \d\d:\d\d:\d\d")
 
 
 def _launcher_noise(line: str) -> bool:
-    return "torch.distributed.run" in line and "OMP_NUM_THREADS" in line or line.startswith("*****")
+    return (bool(_TORCH_LOG.match(line)) or line.startswith("*****") or line.startswith("asrdist: error: learner rank")
+            or "torch.distributed.run" in line and "OMP_NUM_THREADS" in line)
+
+
+_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 
 
 def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
@@ -65,17 +188,31 @@ def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
 
     A learner killed by a signal (not the launcher's own SIGTERM) without a report of its own is
     the root cause even when its peers wrote errors of their own (their collectives broke because
-    it vanished); otherwise the first learner that reported its own error is named.
+    it vanished); when those peers timed out waiting for it, it had hung (stopped making progress)
+    and the launcher killed it. Otherwise the first learner that reported its own error is named.
     """
     failures = [(int(r), int(c)) for r, c in
                 re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
+    reports = sorted((p for p in report_dir.glob("failed-rank-*.txt") if _first_line(p)),
+                     key=lambda p: p.stat().st_mtime)
     for rank, code in failures:
-        if code < 0 and code != -15 and not (report_dir / f"failed-rank-{rank}.txt").is_file():
+        if code < 0 and code != -15 and not _first_line(report_dir / f"failed-rank-{rank}.txt"):
+            if reports and all(_TIMED_OUT.search(_first_line(p)) for p in reports):
+                return (f"learner rank {rank} hung (no progress until its peers' timeout ran out: "
+                        f"{_first_line(reports[0])}); the job was stopped")
             return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
-    reports = sorted(report_dir.glob("failed-rank-*.txt"), key=lambda p: p.stat().st_mtime)
     if reports:
-        return reports[0].read_text().strip().splitlines()[0]
+        return _first_line(reports[0])
     if failures:
         rank, code = failures[0]
         return f"learner rank {rank} failed (exit code {code}); the job was stopped"
-    return f"learners failed (launcher exit code {rc})"
+    return f"learners failed (launcher exit code {rc}; see {report_dir / LOG_NAME})"
+
+
+def _first_line(path: Path) -> str:
+    """The first line of a learner's failure report; '' when it is missing or empty (a full disk)."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[0] if lines else ""

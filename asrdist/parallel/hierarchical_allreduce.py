@@ -10,6 +10,11 @@ Bytes one learner sends: S(L-1)/L + 2(S/L)(N-1)/N + S(L-1)/L; only step 2 leaves
 The sum is that of the flat allreduce in another order (equal within float rounding), and the
 same on every learner: each part is reduced once, then copied.
 
+A tensor larger than `PIPELINE_CHUNK_BYTES` runs as a pipeline of chunks: while chunk k crosses
+the nodes (step 2, on the rail's process group), chunk k+1 is reduce-scattered and chunk k−1
+all-gathered inside the node (on the node's group), so the in-node steps hide behind the slow link
+instead of adding to it. Chunking changes neither the bytes nor the result.
+
 `strategy.hierarchical` (sync, onebit): auto | true | false; auto = hierarchical when the strategy
 works on the whole job and the job spans more than one node.
 """
@@ -137,30 +142,75 @@ class HierarchicalPending:
             pass
 
 
+class PipelinedPending:
+    """The chunks of one tensor's hierarchical allreduce; `advance()` moves every unfinished chunk
+    one step on, in chunk order."""
+
+    __slots__ = ("_chunks",)
+
+    def __init__(self, chunks: list[HierarchicalPending]):
+        self._chunks = chunks
+
+    @property
+    def done(self) -> bool:
+        return all(c.done for c in self._chunks)
+
+    def advance(self, stalled: bool = True) -> bool:
+        for chunk in self._chunks:
+            chunk.advance(stalled)
+        return self.done
+
+    def wait(self, stalled: bool = True) -> None:
+        while not self.advance(stalled):
+            pass
+
+
+PIPELINE_CHUNK_BYTES = 4 * 2**20
+"""Largest piece of a tensor that goes through the three steps as one (see the module docstring)."""
+
+
+def chunk_bounds(numel: int, size: int, element_size: int, chunk_bytes: int = PIPELINE_CHUNK_BYTES) -> list[tuple[int, int]]:
+    """[start, end) of the pipeline chunks of a tensor of `numel` values (a multiple of the node
+    size `size`): equal lengths, each a multiple of `size`, at most `chunk_bytes` unless one group
+    of `size` values is larger."""
+    groups = numel // size
+    per_chunk = max(1, chunk_bytes // (element_size * size))
+    count = max(1, -(-groups // per_chunk))
+    edges = [groups * c // count * size for c in range(count + 1)]
+    return [(a, b) for a, b in zip(edges, edges[1:]) if b > a] or [(0, numel)]
+
+
+def _start(flat: torch.Tensor, counters: CommCounters, hierarchy: Hierarchy, timeout, stalled: bool) -> HierarchicalPending:
+    """Launch step 1 for one chunk."""
+    if hierarchy.local_size == 1:
+        return HierarchicalPending(flat, flat, hierarchy, counters, timeout, None)
+    part = torch.empty(flat.numel() // hierarchy.local_size, dtype=flat.dtype, device=flat.device)
+    pending = comm.reduce_scatter(part, flat, counters, group=hierarchy.node, async_op=True,
+                                  timeout=timeout, stalled=stalled)
+    return HierarchicalPending(flat, part, hierarchy, counters, timeout, pending)
+
+
 def hierarchical_allreduce(flat: torch.Tensor, counters: CommCounters, hierarchy: Hierarchy, *,
-                           timeout: timedelta | None = None, async_op: bool = False,
-                           stalled: bool = True) -> HierarchicalPending | None:
-    """Sum the 1-D `flat` in place over the job, steps 1-3 of the module docstring. Its length
-    must be a multiple of the node size (`padded_numel`). `async_op`: return the pending
-    allreduce with step 1 launched; `finish_all` or its `wait()` completes it."""
+                           timeout: timedelta | None = None, async_op: bool = False, stalled: bool = True,
+                           chunk_bytes: int | None = None) -> HierarchicalPending | PipelinedPending | None:
+    """Sum the 1-D `flat` in place over the job, steps 1-3 of the module docstring, pipelined over
+    chunks of at most `chunk_bytes` (default `PIPELINE_CHUNK_BYTES`). Its length must be a multiple of the node size
+    (`padded_numel`). `async_op`: return the pending allreduce with step 1 launched; `finish_all`
+    or its `wait()` completes it."""
     size = hierarchy.local_size
     if flat.dim() != 1 or flat.numel() % size:
         raise ValueError(f"hierarchical_allreduce: expected a 1-D tensor whose length is a multiple of "
                          f"{size}, got shape {tuple(flat.shape)}")
-    if size == 1:
-        part, pending = flat, None
-    else:
-        part = torch.empty(flat.numel() // size, dtype=flat.dtype, device=flat.device)
-        pending = comm.reduce_scatter(part, flat, counters, group=hierarchy.node, async_op=True,
-                                      timeout=timeout, stalled=stalled)
-    running = HierarchicalPending(flat, part, hierarchy, counters, timeout, pending)
+    bounds = chunk_bounds(flat.numel(), size, flat.element_size(), chunk_bytes or PIPELINE_CHUNK_BYTES)
+    chunks = [_start(flat[a:b], counters, hierarchy, timeout, stalled) for a, b in bounds]
+    running = chunks[0] if len(chunks) == 1 else PipelinedPending(chunks)
     if async_op:
         return running
     running.wait(stalled)
     return None
 
 
-def finish_all(pendings: Iterable[HierarchicalPending], stalled: bool = True) -> None:
+def finish_all(pendings: Iterable[HierarchicalPending | PipelinedPending], stalled: bool = True) -> None:
     """Finish several hierarchical allreduces step by step (every one's step 1, then every one's
     step 2, ...), so that their cross-node allreduces are in flight together."""
     live = list(pendings)

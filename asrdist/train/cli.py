@@ -15,6 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learners", type=int, default=None, help="number of local learners")
     p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
     p.add_argument("--resume", type=Path, default=None, help="resume RUN_DIR from its last checkpoint")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="run the learners on this many emulated hosts (network namespaces joined by shaped "
+                        "links, one torchrun agent each; needs root): a cluster on one machine")
+    p.add_argument("--network", default="1gbit", help="link rate between emulated hosts, e.g. 1gbit, 10gbit")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_train)
 

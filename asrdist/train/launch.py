@@ -103,6 +103,9 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
 
 def train_command(args) -> int:
     cfg = resolve_config(args)
+    nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
+    if nodes != 1:
+        check_emulated_cluster(cfg.train.learners, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     if args.resume is not None:
         run_dir = args.resume
@@ -113,7 +116,7 @@ def train_command(args) -> int:
             raise AsrdistError(f"{run_dir}: run directory already used; pick another --out or --resume it")
         prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
     progress = not args.no_progress and sys.stderr.isatty()
-    if cfg.train.learners == 1 and cfg.strategy_name == "single":
+    if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
         from asrdist.train.learner import run_learner
 
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
@@ -121,15 +124,30 @@ def train_command(args) -> int:
         summary = run_learner(cfg, run_dir, ctx, resume=args.resume is not None,
                               progress=progress)
     else:
-        summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress)
+        summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress,
+                              nodes=nodes, network=network)
     print_summary(run_dir, summary)
     return 0
 
 
-def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool) -> dict:
-    """`cfg.train.learners` workers of the prepared run through the cluster launcher; the summary."""
+def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:
+    """`--nodes A --network RATE`, checked before anything is written."""
+    from asrdist.cluster.netem import available, parse_rate
+
+    if nodes < 1 or learners % nodes:
+        raise ConfigError(f"--nodes: {learners} learners cannot be split evenly into {nodes} emulated hosts")
+    parse_rate(network)
+    ok, reason = available()
+    if not ok:
+        raise ConfigError(f"--nodes {nodes}: the emulated network is unavailable here: {reason}")
+
+
+def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nodes: int = 1,
+                network: str = "1gbit") -> dict:
+    """`cfg.train.learners` workers of the prepared run through the cluster launcher (on `nodes`
+    emulated hosts joined by `network` links when nodes > 1); the summary."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
-    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir)
+    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network)
     return json.loads((run_dir / "summary.json").read_text())
 
 

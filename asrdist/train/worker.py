@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    _die_with_parent()
     env = JobEnv.from_environ()
     rank = env.rank
     try:
@@ -38,11 +39,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = detail.removeprefix(f"rank {rank}: ")
         message = f"learner rank {rank}: {detail}"
-        (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
+        try:
+            (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
+        except OSError:  # a full disk: the line on stderr still reaches the launcher's log
+            pass
         print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
+        os._exit(1)
+
+
+def _die_with_parent() -> None:
+    """A learner never trains unsupervised: it gets SIGKILL when its launcher agent dies (even
+    by SIGKILL), and leaves at once if the agent is already gone."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent or parent == 1:
         os._exit(1)
 
 
