@@ -21,6 +21,7 @@ BENCHMARKS = {
     "ngsgd": "NG-SGD step time vs plain SGD; averaging bytes per sample",
     "straggler": "throughput kept with one learner 3x slower: sync vs adpsgd; delay-by-one speed-up",
     "compare": "strategies side by side (PER, frames/s, bytes): finished runs, or --train one per strategy",
+    "simulator": "the scaling simulator against asrdist's own runs (1, 2, 4 learners, every strategy)",
 }
 
 
