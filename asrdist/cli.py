@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "asrdist.corpus.cli",
     "asrdist.features.cli",
     "asrdist.train.cli",
+    "asrdist.train.prepare_cli",
     "asrdist.eval.cli",
     "asrdist.bench.cli",
     "asrdist.compare.cli",

@@ -1,0 +1,48 @@
+"""`asrdist prepare CONFIG --out RUN_DIR [overrides]`: a run directory for a cluster job.
+
+Does everything `asrdist train` does before its learners start (resolve and check the config,
+features with the recipe's settings, targets, config.yaml, env.json) and starts nothing; the
+learners are then `torchrun ... -m asrdist.train.worker RUN_DIR` on every host (the README's
+SLURM script). RUN_DIR and the corpus must lie on storage every host sees.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="prepare a run directory for torchrun / SLURM (starts no learner)")
+    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    p.add_argument("--out", type=Path, required=True, help="run directory (on storage every host sees)")
+    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--learners", type=int, default=None, help="learners in the whole job (nodes x per node)")
+    p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=prepare_command, resume=None)
+
+
+def worker_command(run_dir: Path, learners: int) -> str:
+    """The torchrun line to start on every host (A hosts x B learners = `learners`)."""
+    return (f"torchrun --nnodes A --nproc-per-node B --rdzv-backend c10d --rdzv-endpoint HOST0:29400 "
+            f"-m asrdist.train.worker {run_dir} --no-progress   # A x B = {learners}")
+
+
+def prepare_command(args) -> int:
+    from asrdist.errors import AsrdistError
+    from asrdist.train.launch import prepare_run_dir, resolve_config
+
+    cfg = resolve_config(args)
+    cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
+    run_dir = args.out.resolve()
+    if (run_dir / "config.yaml").exists() or (run_dir / "checkpoints").exists():
+        raise AsrdistError(f"{args.out}: run directory already used; pick another --out")
+    prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+    print(json.dumps({"run_dir": str(run_dir), "corpus": cfg.data.corpus, "learners": cfg.train.learners,
+                      "strategy": cfg.strategy_name, "global_batch": cfg.data.batch_size}, indent=2))
+    print(f"[asrdist] prepared {run_dir}; start the learners on every host with:\n"
+          f"  {worker_command(run_dir, cfg.train.learners)}")
+    return 0

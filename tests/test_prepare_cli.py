@@ -1,0 +1,75 @@
+"""`asrdist prepare` and the README's SLURM script: its torchrun line, as written there, started
+twice on this machine as node 0 and node 1 (c10d rendezvous on 127.0.0.1), trains a prepared run."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from asrdist.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
+        "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.timeout_seconds=60", "train.max_steps=6"]
+
+
+def readme_torchrun_argv(env: dict[str, str]) -> list[str]:
+    """The torchrun command of the README's SLURM script, its $VARIABLES taken from `env`."""
+    block = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block, "README: no SLURM script"
+    script = block.group(1).replace("\\\n", " ")
+    line = next(line for line in script.splitlines() if line.startswith("srun torchrun"))
+    line = re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], line)
+    argv = shlex.split(line)
+    assert argv[:2] == ["srun", "torchrun"]
+    return argv[1:]
+
+
+def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["prepare", str(ROOT / "configs/default.yaml"), "--out", str(run), "--data", str(tone_corpus), *TINY]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "asrdist.train.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
+    assert {"config.yaml", "targets.pt", "env.json"} <= {p.name for p in run.iterdir()}
+    assert main(args) != 0 and "already used" in capsys.readouterr().err
+    assert main(args[:2] + ["--data", str(tone_corpus), "--out", str(tmp_path / "other"), "optim.nope=1"]) != 0
+    assert "optim.nope" in capsys.readouterr().err and not (tmp_path / "other").exists()
+
+
+@pytest.mark.slow
+def test_readme_slurm_torchrun_line_on_two_nodes(tone_corpus, tmp_path):
+    from torch.distributed import TCPStore
+
+    run = tmp_path / "run"
+    assert main(["prepare", str(ROOT / "configs/default.yaml"), "--out", str(run), "--data", str(tone_corpus),
+                 "--learners", "2", "--strategy", "sync", *TINY]) == 0
+    # The rendezvous store lives here, on a port the kernel picks and this process holds, and
+    # both agents join it as clients: as on a cluster where HEAD_NODE hosts it, but no port is freed.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=150))
+    env = {"SLURM_NNODES": "2", "NPROC_PER_NODE": "1", "SLURM_JOB_ID": "test", "HEAD_NODE": "127.0.0.1",
+           "PORT": str(store.port), "RUN_DIR": str(run)}
+    argv = readme_torchrun_argv(env)
+    at = argv.index("-m")
+    argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:at], "--rdzv-conf", "is_host=0", *argv[at:]]
+    agents = [subprocess.Popen(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    logs = []
+    try:
+        logs = [agent.communicate(timeout=240)[0] for agent in agents]
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["learners"] == 2 and summary["strategy"] == "sync" and summary["steps"] == 6
+    assert (run / "model.pt").is_file() and all(p["bytes_sent"] > 0 for p in summary["comm"]["per_learner"])
