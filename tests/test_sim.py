@@ -68,3 +68,30 @@ def test_simulate_cli_writes_json_and_refuses_bad_input(tmp_path, capsys):
     assert not bad.exists()
     with pytest.raises(SystemExit):
         main(["simulate", "--straggler"])
+
+
+def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(monkeypatch):
+    """The comparison on recorded sweeps (the sweep itself is `bench scaling`'s, tested there)."""
+    import argparse
+
+    from asrdist.bench import scaling, simulator
+
+    sweeps = iter([{"network": "loopback", "results": {"sync": {"1": 1000.0, "2": 1800.0}},
+                    "details": {"sync": {"1": {"seconds_per_step": 0.07}, "2": {"seconds_per_step": 0.08}}}},
+                   {"network": "loopback", "results": {"sync": {"1": 1100.0, "2": 1500.0}},
+                    "details": {"sync": {"1": {"seconds_per_step": 0.06}, "2": {"seconds_per_step": 0.09}}}},
+                   {"network": "loopback", "results": {"sync": {"1": 900.0, "2": 2000.0}},
+                    "details": {"sync": {"1": {"seconds_per_step": 0.08}, "2": {"seconds_per_step": 0.07}}}}])
+    monkeypatch.setattr(scaling, "run", lambda args: next(sweeps))
+    parser = argparse.ArgumentParser()
+    simulator.add_arguments(parser)
+    args = parser.parse_args(["--model", "dnn", "--hidden-layers", "1", "--hidden-dim", "16", "--num-classes", "4",
+                              "--compute-ms", "50", "--local-batch", "64", "--repeats", "3"])
+    out = simulator.run(args)
+    sync = out["predictions"]["sync"]
+    assert sync["1"]["measured"] == 1000.0 and sync["2"]["measured"] == 1800.0  # medians
+    for case in sync.values():
+        assert case["relative_error"] == pytest.approx((case["predicted"] - case["measured"]) / case["measured"])
+    # one learner: 50 ms emulated compute + the median 20 ms of the rest of a step, 64 frames
+    assert sync["1"]["predicted"] == pytest.approx(64 / 0.070, rel=0.02)
+    assert out["max_relative_error"] == max(abs(c["relative_error"]) for c in sync.values())
