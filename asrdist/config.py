@@ -108,6 +108,11 @@ class TrainConfig:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     group_size: int = 0
     """Learners per group (a "node" for hierarchical strategies); 0 = torchrun's LOCAL_WORLD_SIZE."""
+    nonfinite: str = "stop"
+    """A NaN/inf loss or gradient: stop (the run ends naming the step) | skip (the minibatch is
+    dropped on every learner that shares the step, counted in summary.json)."""
+    max_skips_in_a_row: int = 10
+    """skip: this many non-finite minibatches in a row stop the run."""
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
@@ -116,6 +121,9 @@ class TrainConfig:
         check_field("train.timeout_seconds", self.timeout_seconds, float, above=0)
         check_field("train.emulate_compute_ms", self.emulate_compute_ms, float, at_least=0)
         check_field("train.group_size", self.group_size, at_least=0)
+        if self.nonfinite not in ("stop", "skip"):
+            raise ConfigError(f"train.nonfinite: expected stop or skip, got {self.nonfinite!r}")
+        check_field("train.max_skips_in_a_row", self.max_skips_in_a_row, at_least=1)
         if not isinstance(self.straggler, StragglerConfig):
             raise ConfigError(f"train.straggler: expected a mapping, got {self.straggler!r}")
 

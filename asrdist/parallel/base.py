@@ -141,6 +141,11 @@ class Strategy:
     def after_step(self) -> None:
         """Called after optimizer.step()."""
 
+    def discard_step(self) -> None:
+        """The trainer dropped this step's update (a non-finite loss or gradient, `train.nonfinite:
+        skip`): forget whatever of it the strategy kept (e.g. onebit's quantization residual).
+        after_step still follows."""
+
     def start_epoch(self, epoch: int) -> None:
         """Called on every learner at the start of every epoch (a strategy may change phase)."""
 

@@ -252,6 +252,14 @@ class OneBitStrategy(Strategy):
             self._executor.shutdown(wait=True)
             self._executor = None
 
+    def discard_step(self) -> None:
+        """A dropped step's non-finite values must not live on in the error-feedback residuals:
+        their non-finite entries are reset to zero (the finite ones keep their feedback)."""
+        for residual in [*(self._residuals or []), *getattr(self, "_second", {}).values()]:
+            value = residual.materialize()
+            if not bool(torch.isfinite(value).all()):
+                residual.load(torch.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0))
+
     def state_dict(self) -> dict[str, Any]:
         """This learner's state: residuals differ per rank, so every rank's must be saved. The
         second residuals and the pending gradient are saved per block in the plan's layout,

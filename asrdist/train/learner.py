@@ -156,7 +156,7 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                       checkpoint_every=tc.checkpoint_every, validate_every_epochs=tc.validate_every_epochs,
                       emulate_compute_ms=tc.emulate_compute_ms, straggler_ranks=tc.straggler.ranks,
                       straggler_slowdown=tc.straggler.slowdown, straggler_jitter=tc.straggler.jitter,
-                      progress=progress)
+                      progress=progress, nonfinite=tc.nonfinite, max_skips_in_a_row=tc.max_skips_in_a_row)
     return Learner(model, optimizer, strategy, trainer, task, threads)
 
 
@@ -174,6 +174,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     wall = time.perf_counter() - t0
     per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
                    "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
+                   "skipped_nonfinite": learner.trainer.skipped,
                    **learner.strategy.counters.as_dict()}
     if ctx.job_world_size > 1:
         gathered: list = [None] * ctx.job_world_size

@@ -38,6 +38,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "steps": state.step,
         "train_frames": frames,
         "frames_per_second": frames / train_seconds if train_seconds > 0 else 0.0,
+        "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
         "wall_seconds": wall_seconds,
         "final": final,
         "comm": {

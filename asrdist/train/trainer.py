@@ -90,7 +90,8 @@ class Trainer:
                  epochs: int, max_steps: int = 0, log_every: int = 20, checkpoint_every: int = 0,
                  validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
                  straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
-                 straggler_jitter: float = 0.0, progress: bool = True):
+                 straggler_jitter: float = 0.0, progress: bool = True, nonfinite: str = "stop",
+                 max_skips_in_a_row: int = 10):
         if log_every < 1 or validate_every_epochs < 1 or checkpoint_every < 0 or max_steps < 0:
             raise ConfigError("trainer: log_every and validate_every_epochs must be >= 1, "
                               "checkpoint_every and max_steps >= 0")
@@ -104,6 +105,10 @@ class Trainer:
         self._jitter_rng = random.Random(ctx.seed * 1000 + ctx.rank)
         self.progress = progress and ctx.job_rank == 0
         self.state = LoopState()
+        self.nonfinite, self.max_skips_in_a_row = nonfinite, max_skips_in_a_row
+        self.skipped = 0
+        """Minibatches dropped for a non-finite loss or gradient (`nonfinite: skip`)."""
+        self._skips_in_a_row = 0
         self.trial = False
         """Batch-size search trials: a non-finite loss is returned (the trial is rejected), not raised,
         so every learner still reaches the strategy's collectives."""
@@ -125,16 +130,25 @@ class Trainer:
             self.model.train()
             loss, frames = self.hooks.loss_fn(self.model, batch)
             loss_value = float(loss.detach())
-            if not math.isfinite(loss_value) and not self.trial:
+            if math.isfinite(loss_value):
+                loss.backward()
+            elif self.nonfinite == "skip" or self.trial:
+                self._poison_gradients()
+            else:
                 raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {self.state.step} "
-                                    f"(epoch {self.state.epoch}); lower optim.lr or check the data")
-            loss.backward()
+                                    f"(epoch {self.state.epoch}); lower optim.lr or check the data "
+                                    f"(or train.nonfinite=skip)")
         compute = time.perf_counter() - t0
         self.compute_seconds += compute
         self.strategy.note_samples(frames)
-        self.strategy.note_loss(loss_value)
+        if math.isfinite(loss_value):
+            self.strategy.note_loss(loss_value)
         self.strategy.after_backward()
-        self.strategy.apply_update(lambda: self._update_parameters(lr))
+        if self.trial or self.emulate_compute_ms > 0 or self._gradients_finite():
+            self._skips_in_a_row = 0
+            self.strategy.apply_update(lambda: self._update_parameters(lr))
+        else:
+            self._skip_step(loss_value)
         self.strategy.after_step()
         delay = (self.slowdown - 1.0) * compute
         if self.jitter > 0:
@@ -142,6 +156,36 @@ class Trainer:
         if delay > 0:
             time.sleep(delay)
         return loss_value, frames
+
+    # -- non-finite losses and gradients ------------------------------------------------------
+    def _poison_gradients(self) -> None:
+        """A non-finite loss becomes NaN gradients: a lock-step exchange (a sum) then hands every
+        learner of the step a non-finite result, so all of them drop the minibatch together."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.full_like(p, math.nan)
+
+    def _gradients_finite(self) -> bool:
+        """Whether every gradient the update would use is finite (after the strategy's exchange)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+    def _skip_step(self, loss_value: float) -> None:
+        where = f"at step {self.state.step} (epoch {self.state.epoch})"
+        if self.nonfinite != "skip":
+            raise TrainingError(f"rank {self.ctx.job_rank}: non-finite gradient {where} (loss {loss_value:g}); "
+                                f"lower optim.lr or check the data (or train.nonfinite=skip)")
+        self.skipped += 1
+        self._skips_in_a_row += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.strategy.discard_step()
+        if self.metrics is not None:
+            self.metrics.log("skipped", self.state.step, epoch=self.state.epoch, loss=loss_value,
+                             skipped=self.skipped)
+        if self._skips_in_a_row >= self.max_skips_in_a_row:
+            raise TrainingError(f"rank {self.ctx.job_rank}: {self._skips_in_a_row} minibatches in a row had a "
+                                f"non-finite loss or gradient (last {where}); train.nonfinite=skip gives up: "
+                                f"lower optim.lr or check the data")
 
     def _update_parameters(self, lr: float) -> None:
         if self.hooks.before_optimizer_step is not None:
