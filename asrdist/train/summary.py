@@ -1,4 +1,9 @@
-"""End of a run (rank 0): final evaluation, the consensus model, summary.json and report.png."""
+"""End of a run (rank 0): final evaluation, the consensus model, summary.json and report.png.
+
+After `--resume` the summary accounts the whole run: frames, training seconds and wall time of
+every start up to the checkpoint the next one resumed from (kept in the checkpoints' loop state),
+plus the last start; `wall_seconds_last_start` and `starts` tell the last start apart.
+"""
 from __future__ import annotations
 
 import os
@@ -39,7 +44,9 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "train_frames": frames,
         "frames_per_second": frames / train_seconds if train_seconds > 0 else 0.0,
         "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
-        "wall_seconds": wall_seconds,
+        "wall_seconds": max(state.wall_seconds, wall_seconds),
+        "wall_seconds_last_start": wall_seconds,
+        "starts": 1 + len(list(run_dir.glob("config-resume-*.yaml"))),
         "final": final,
         "comm": {
             "bytes_sent": sum(p["bytes_sent"] for p in per_learner),

@@ -54,6 +54,9 @@ class LoopState:
     """Per-epoch records: epoch, train_loss, valid metrics."""
     batch_size: int = 0
     """Global minibatch size the sampler runs at; 0 = the configured one (set by a batch search)."""
+    wall_seconds: float = 0.0
+    """Wall time of the run up to this state, over every start (a resumed run counts the time
+    of its earlier starts up to the checkpoint it resumed from)."""
     schedule_step: float = 0.0
     """Minibatches trained, each counted as its size over the configured size: the learning-rate
     schedule's clock, so warmup and decay follow the data seen when a batch search changes the
@@ -114,6 +117,7 @@ class Trainer:
         so every learner still reaches the strategy's collectives."""
         self.metrics: MetricsLog | None = None
         self.compute_seconds = 0.0
+        self._started, self._wall_before = time.perf_counter(), 0.0  # this start; earlier starts (resume)
         self._synthetic: list[torch.Tensor] | None = None
         self._synthetic_grads: list[torch.Tensor] | None = None
 
@@ -209,6 +213,7 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------
     def _learner_state(self) -> dict:
+        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._started
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
                 "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
@@ -269,9 +274,11 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> LoopState:
         error: BaseException | None = None
+        self._started = time.perf_counter()
         try:
             if resume:
                 self.resume()
+                self._wall_before = self.state.wall_seconds
             self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
                                       resume_step=self.state.step if resume else None)
             self._start_line()
@@ -284,6 +291,7 @@ class Trainer:
                 self.metrics.close()
             self.strategy.close(error)
         self.strategy.finalize()
+        self.state.wall_seconds = self._wall_before + time.perf_counter() - self._started
         return self.state
 
     def _start_line(self) -> None:

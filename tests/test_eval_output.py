@@ -1,0 +1,92 @@
+"""Seeing the output: hyp.txt and the worst utterances of `asrdist eval`, `asrdist decode` on audio
+files, and summary.json after --resume accounting the whole run. A character CTC model trained a
+few steps on real FSDD digits imported from Kaldi dirs, with no phones.txt in the corpus."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from asrdist.cli import main
+from asrdist.corpus.kaldi_dir import read_data_dir
+from fsdd_kaldi import FSDD, make_kaldi_tree
+
+pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
+
+RECIPE = """seed: 0
+data: {corpus: CORPUS, num_mel_bins: 40, cmvn: global, targets: chars, batch_size: 1500}
+model: {name: ctc, hidden_layers: 1, hidden_dim: 24, subsample: 2}
+optim: {name: sgd, lr: 0.3, momentum: 0.9, warmup_steps: 0}
+train: {epochs: 1, log_every: 2, threads: 1}
+eval: {beam: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """(run dir, corpus, first summary, wall seconds in the checkpoint resumed from)."""
+    root = tmp_path_factory.mktemp("fsdd_eval")
+    corpus = root / "corpus"
+    assert main(["corpus", "import-kaldi", str(make_kaldi_tree(root)), str(corpus)]) == 0
+    (corpus / "phones.txt").unlink()  # character targets need no phone table
+    recipe = root / "chars.yaml"
+    recipe.write_text(RECIPE.replace("CORPUS", str(corpus)))
+    run = root / "run"
+    assert main(["train", str(recipe), "--out", str(run), "--no-progress"]) == 0
+    first = json.loads((run / "summary.json").read_text())
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "rank-0.pt"
+    checkpoint_wall = torch.load(latest, weights_only=False)["loop"]["wall_seconds"]
+    assert main(["train", str(recipe), "--resume", str(run), "train.epochs=2", "--no-progress"]) == 0
+    return run, corpus, first, checkpoint_wall
+
+
+def test_summary_after_resume_accounts_the_whole_run(resumed_run):
+    run, _, first, checkpoint_wall = resumed_run
+    second = json.loads((run / "summary.json").read_text())
+    assert first["starts"] == 1 and second["starts"] == 2 and len(second["history"]) == 2
+    assert 0 < checkpoint_wall <= first["wall_seconds"]
+    assert second["wall_seconds"] == pytest.approx(checkpoint_wall + second["wall_seconds_last_start"], abs=0.5)
+    assert second["train_frames"] == 2 * first["train_frames"]  # both epochs, as the wall time
+    train_seconds = max(p["train_seconds"] for p in second["comm"]["per_learner"])
+    assert second["frames_per_second"] == pytest.approx(second["train_frames"] / train_seconds)
+
+
+def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):
+    run, corpus, _, _ = resumed_run
+    assert main(["eval", str(run), "--data", str(corpus)]) == 0
+    result = json.loads((run / "eval.json").read_text())
+    test = read_data_dir(corpus / "test")
+    lines = (run / "hyp.txt").read_text().splitlines()
+    assert [line.split(maxsplit=1)[0] for line in lines] == test.utt_ids == sorted(test.utt_ids)
+    hyps = {u: (line.split(maxsplit=1) + [""])[1] for u, line in zip(test.utt_ids, lines)}
+    worst = result["worst_utterances"]
+    assert worst and len(worst) <= 10
+    rates = [w["errors"] / w["ref_length"] for w in worst]
+    assert rates == sorted(rates, reverse=True)
+    for w in worst:
+        assert w["ref"] == test.utterances[w["utt"]].text and w["hyp"] == hyps[w["utt"]] and w["unit"] == "words"
+        assert w["errors"] >= 1
+    # the rates eval reports are those of hyp.txt against the transcripts
+    wrong = sum(hyps[u].split() != test.utterances[u].text.split() for u in test.utt_ids)
+    assert result["sentence_accuracy"] == pytest.approx(1 - wrong / len(test.utt_ids))
+    # `--out` elsewhere puts NAME.hyp.txt beside it
+    assert main(["eval", str(run), "--data", str(corpus / "test"), "--out", str(run / "other.json")]) == 0
+    assert (run / "other.hyp.txt").read_text() == (run / "hyp.txt").read_text()
+
+
+def test_decode_transcribes_audio_files_as_eval_does(resumed_run, capsys):
+    run, corpus, _, _ = resumed_run
+    if not (run / "hyp.txt").is_file():
+        assert main(["eval", str(run), "--data", str(corpus)]) == 0
+    test = read_data_dir(corpus / "test")
+    wavs = [test.wav_path(test.utterances[u]) for u in test.utt_ids[:3]]
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs), "--out", str(run / "decoded.txt")]) == 0
+    printed = capsys.readouterr().out
+    assert printed == (run / "decoded.txt").read_text()
+    # global CMVN: decode's front end gives exactly eval's features, so the same hypotheses
+    assert printed.splitlines() == (run / "hyp.txt").read_text().splitlines()[:3]
+    assert main(["decode", str(run), str(run / "missing.wav")]) != 0
+    assert "missing.wav: audio file not found" in capsys.readouterr().err
