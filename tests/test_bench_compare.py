@@ -1,5 +1,5 @@
-"""`asrdist bench compare`: the table (and JSON) from finished runs, its argument checks, and end to
-end `--train` of two strategies on the tone corpus."""
+"""`asrdist bench compare`: the table (and JSON) from finished runs, its argument checks, and
+`--train` over finished runs (its training is `asrdist compare`'s, trained in tests/test_compare.py)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.cli import main
-from tests.corpus_fixture import make_tone_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.epochs=1"]
 
 
 def _fake_run(run_dir: Path, strategy: str, bytes_sent: int) -> Path:
@@ -54,27 +51,20 @@ def test_other_benchmarks_still_require_json():
         main(["bench", "data"])
 
 
-@pytest.mark.slow
-def test_train_two_strategies_then_compare(tmp_path, capsys):
-    corpus = make_tone_corpus(tmp_path / "corpus")
-    assert main(["features", str(corpus)]) == 0
-    out, first, again = tmp_path / "compare", tmp_path / "first.json", tmp_path / "again.json"
-    assert main(["bench", "compare", "--train", str(ROOT / "configs/default.yaml"), "--learners", "2",
-                 "--strategies", "sync,onebit", "--out", str(out), "--data", str(corpus), "--json", str(first),
-                 *TINY]) == 0
-    table = capsys.readouterr().out.splitlines()[-4:]  # after what features and training print
+def test_train_reuses_finished_runs_of_the_same_recipe(tmp_path, capsys, monkeypatch):
+    """`--train` is `asrdist compare`'s training (asrdist/compare/runs.py, trained end to end in
+    tests/test_compare.py): finished runs of the same recipe are read, not trained again."""
+    import asrdist.train.launch as launch
+    from tests.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
+
+    corpus, out, first = make_corpus(tmp_path / "corpus"), tmp_path / "compare", tmp_path / "first.json"
+    fabricate_runs(out, corpus, ["sync", "onebit"])
+    monkeypatch.setattr(launch, "train_command", lambda args: pytest.fail(f"trained {args.out} again"))
+    assert main(["bench", "compare", "--train", str(CONFIG), "--learners", "2", "--strategies", "sync,onebit",
+                 "--out", str(out), "--data", str(corpus), "--json", str(first), *TINY]) == 0
+    table = capsys.readouterr().out.splitlines()[-4:]
     assert table[0].split()[:3] == ["run", "strategy", "learners"]
     assert [line.split()[:3] for line in table[2:]] == [["sync", "sync", "2"], ["onebit", "onebit", "2"]]
     result = json.loads(first.read_text())
-    assert result["trained"] == {"config": str(ROOT / "configs/default.yaml"), "learners": 2, "out": str(out),
-                                 "overrides": TINY}
-    sync, onebit = result["runs"]
-    for row in (sync, onebit):
-        assert 0.0 <= row["frame acc"] <= 1.0 and row["frames/s"] > 0 and row["wall s"] > 0
-        config = (Path(row["path"]) / "config.yaml").read_text()
-        assert "hidden_dim: 32" in config and "epochs: 1" in config
-    # 1 bit per value against 32, plus two scales per column: ~1/10 on columns 32 deep
-    assert 0 < onebit["MB sent"] < sync["MB sent"] / 5
-    # the table again, from the finished runs
-    assert main(["bench", "compare", str(out / "sync"), str(out / "onebit"), "--json", str(again)]) == 0
-    assert json.loads(again.read_text())["runs"] == result["runs"]
+    assert result["trained"] == {"config": str(CONFIG), "learners": 2, "out": str(out), "overrides": TINY}
+    assert [r["MB sent"] for r in result["runs"]] == [40.0, 2.0]

@@ -75,6 +75,7 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     runs, label = summary["runs"], summary["metric"].upper()
     names = [r["run"] for r in runs]
@@ -84,6 +85,7 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
         by_epoch.plot([p["epoch"] for p in curve], [p[r["metric"]] for p in curve], "o-", label=r["run"])
         timed = [p for p in curve if p["seconds"] is not None]
         by_time.plot([p["seconds"] for p in timed], [p[r["metric"]] for p in timed], "o-", label=r["run"])
+    by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax, xlabel in ((by_epoch, "epoch"), (by_time, "training time (s)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"validation {label}")
@@ -98,13 +100,13 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     speed.bar([i - w / 2 for i in x], [r["frames_per_second"] for r in runs], w, label="measured")
     speed.bar([i + w / 2 for i in x], [r["predicted_frames_per_second"] or 0 for r in runs], w, label="simulated")
     speed.set_ylabel("frames/s (whole job)")
-    speed.legend()
+    speed.legend(fontsize="small")
     sent.bar(list(x), [r["mb_sent"] for r in runs], 0.6, color="tab:green")
     sent.set_ylabel("MB sent (all learners)")
     comm.bar([i - w / 2 for i in x], [r["comm_seconds"] for r in runs], w, label="communicating")
     comm.bar([i + w / 2 for i in x], [r["wait_seconds"] for r in runs], w, label="waiting for peers")
     comm.set_ylabel("seconds per learner")
-    comm.legend()
+    comm.legend(fontsize="small")
     for ax in (speed, sent, comm):
         ax.set_xticks(list(x), names, rotation=20)
         ax.grid(alpha=0.3, axis="y")

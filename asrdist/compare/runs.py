@@ -74,8 +74,9 @@ def _normal(tree: dict) -> dict:
 
 
 def _differences(recorded: dict, wanted: dict, prefix: str = "") -> list[str]:
+    """Keys set differently in both (a key only one side has came or went with another version)."""
     out = []
-    for key in sorted(set(recorded) | set(wanted)):
+    for key in sorted(set(recorded) & set(wanted)):
         a, b = recorded.get(key), wanted.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
