@@ -15,7 +15,7 @@ from asrdist.config import RunConfig
 from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
-from asrdist.utils.io import save_torch_atomic
+from asrdist.utils.io import atomic_path
 
 SPLITS = ("train", "valid", "test")
 CTC_TARGETS = ("phones", "chars")
