@@ -150,6 +150,13 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, argv, message, capsy
     assert not out.exists()
 
 
+def test_out_must_be_a_directory(tmp_path, capsys, no_training):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    out.write_text("a file")
+    assert _compare(out, corpus, "sync") != 0
+    assert "is not a directory" in capsys.readouterr().err and out.read_text() == "a file"
+
+
 def test_a_run_made_with_another_recipe_is_refused_before_training(tmp_path, no_training, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["sync"])

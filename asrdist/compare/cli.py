@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrdist.errors import ConfigError
+
 DEFAULT_STRATEGIES = "sync,onebit,averaging,adpsgd"
 DEFAULT_LEARNERS = 4
 
@@ -30,6 +32,8 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
 
     names = parse_strategies(strategies)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
     configs = resolve_all(config, names, learners, data, overrides)
     run_dirs = train_missing(config, configs, out, data, overrides)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
