@@ -12,12 +12,24 @@
 Timing: after a warm-up past the preconditioners' first 10 statistics updates, steps are timed in
 blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
 update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
-as wall time and as process CPU time (steadier on a shared machine). `flop_ratio` is the same
-ratio in multiply-adds of the affine layers: the floor any implementation of these ranks meets.
+as wall time and as process CPU time (steadier on a shared machine). `flop_ratio` (beside every
+`step_time_ratio`) is the same ratio in multiply-adds of the affine layers: the floor any
+implementation of these ranks meets.
+
+`phases_ms` says where an NG-SGD step's extra process CPU time (`extra_cpu_ms` = NG-SGD step −
+SGD step) goes, per step, all layers together: each layer's preconditioners are re-run alone on
+the inputs and output derivatives captured from a real step. `preconditioning_products`: the
+per-step work (X Wᵀ, X̂, the norms for γ); `statistics_update`: a block of `update_period` steps
+less as many plain ones, per step, without the eigendecomposition; `eigendecomposition`: the
+rank×rank float64 eigh of each update, per step; `autograd_overhead`: the rest of
+`extra_cpu_ms` (the autograd Function, the bias column, the weight-gradient product, Python per
+layer). CPU time, not wall: the phases are short, and other processes on a shared machine would
+swamp them.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import statistics
 import tempfile
@@ -30,7 +42,7 @@ import torch
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
 from asrdist.optim.ng_layers import NaturalGradientLinear
-from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES
+from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES, symmetric_eigh
 from asrdist.parallel.averaging import AveragingConfig
 
 UPDATE_PERIOD = 4
@@ -96,6 +108,59 @@ def flop_ratio(model: torch.nn.Module, batch: int) -> float:
     return (plain + extra) / plain
 
 
+def _median_cpu_seconds(fn, repeats: int) -> float:
+    fn()  # warm: first touch of fresh buffers
+    times = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def capture_layer_inputs(model: torch.nn.Module, step) -> list[tuple[NaturalGradientLinear, torch.Tensor, torch.Tensor]]:
+    """(layer, input rows, output-derivative rows) of every natural-gradient layer in one `step()`."""
+    captured: dict[NaturalGradientLinear, list] = {}
+
+    def forward_hook(layer, inputs, output):
+        captured[layer] = [inputs[0].detach().reshape(-1, layer.in_features).clone(), None]
+        output.register_hook(lambda g: captured[layer].__setitem__(1, g.detach().reshape(-1, layer.out_features).clone()))
+
+    layers = [m for m in model.modules() if isinstance(m, NaturalGradientLinear)]
+    handles = [layer.register_forward_hook(forward_hook) for layer in layers]
+    try:
+        step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [(layer, *captured[layer]) for layer in layers]
+
+
+def phase_breakdown(captured, extra_ms: float, repeats: int = 5) -> dict:
+    """Per-step milliseconds of the NG-SGD phases (see the module docstring), each preconditioner
+    re-run on copies of its state, so the trained learner is left as it was."""
+    products = block = eigh = 0.0
+    for layer, inputs, derivatives in captured:
+        rows = inputs.shape[0]
+        for preconditioner, x, scale in ((layer.preconditioner_in, layer.input_rows(inputs), 1.0),
+                                         (layer.preconditioner_out, derivatives, float(rows))):
+            if preconditioner.rank == 0:
+                continue
+            plain = _median_cpu_seconds(lambda: preconditioner.precondition_unscaled(x, False, scale), repeats)
+            updating = copy.deepcopy(preconditioner)
+            block += _median_cpu_seconds(lambda: [updating.precondition_unscaled(x, True, scale)
+                                              for _ in range(UPDATE_PERIOD)], repeats) - UPDATE_PERIOD * plain
+            products += plain
+            y = torch.randn(preconditioner.rank, preconditioner.rank + 1, dtype=torch.float64)
+            z = (y @ y.T).numpy()
+            eigh += _median_cpu_seconds(lambda: symmetric_eigh(z), repeats) / UPDATE_PERIOD
+    statistics_update = block / UPDATE_PERIOD - eigh
+    ms = {"preconditioning_products": products, "statistics_update": statistics_update, "eigendecomposition": eigh}
+    ms = {k: v * 1e3 for k, v in ms.items()}
+    ms["autograd_overhead"] = extra_ms - sum(ms.values())
+    return {k: round(v, 3) for k, v in ms.items()}
+
+
 def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int,
                        hidden_dim: int | None = None) -> dict:
     """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
@@ -106,13 +171,17 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
         steps = {name: (lambda tr=learner.trainer, b=learner.task.batch: tr.train_step(b))
                  for name, learner in learners.items()}
         steps["sgd"]()
-        for _ in range(NUM_INITIAL_UPDATES + 2):  # past the initial every-step statistics updates
+        for _ in range(NUM_INITIAL_UPDATES + 1):  # past the initial every-step statistics updates
             steps["ngsgd"]()
+        captured = capture_layer_inputs(learners["ngsgd"].model, steps["ngsgd"])
         for block in range(blocks):
             for name in (("sgd", "ngsgd") if block % 2 == 0 else ("ngsgd", "sgd")):
                 times[name].append(_time_block(steps[name], UPDATE_PERIOD))
     wall = {k: statistics.median(w for w, _ in v) / UPDATE_PERIOD for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
+    extra_ms = (cpu["ngsgd"] - cpu["sgd"]) * 1e3
+    phases = phase_breakdown(captured, extra_ms)
+    del captured
     return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}', "
                      f"hidden_dim={config.hidden_dim}), {features}, {num_classes})",
             "hidden_dim": config.hidden_dim, "parameters": count_parameters(learners["sgd"].model), "batch": batch,
@@ -121,7 +190,8 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
             "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4),
-            "flop_ratio": round(flop_ratio(learners["ngsgd"].model, batch), 4)}
+            "flop_ratio": round(flop_ratio(learners["ngsgd"].model, batch), 4),
+            "extra_cpu_ms": round(extra_ms, 3), "phases_ms": phases}
 
 
 # ------------------------------------------------------------------------ bytes per sample
@@ -180,7 +250,8 @@ def bytes_per_sample(learners: int, global_batch: int, average_every: int, featu
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks)
-    result = {"step_time_ratio": dnn["step_time_ratio"], "step_time_ratio_target": 1.10, "dnn": dnn}
+    result = {"step_time_ratio": dnn["step_time_ratio"], "flop_ratio": dnn["flop_ratio"],
+              "step_time_ratio_target": 1.10, "dnn": dnn}
     widths = [int(w) for w in args.widths.split(",") if w.strip()]
     if widths:
         # The extra work per layer is ~2·N·(D_in·rank_in + D_out·rank_out) against ~3·N·D_in·D_out:
@@ -191,9 +262,11 @@ def run(args) -> dict:
                                                       args.blocks, hidden_dim=width)
         result["step_time_ratio_by_width"] = {w: r["step_time_ratio"] for w, r in by_width.items()}
         result["flop_ratio_by_width"] = {w: r["flop_ratio"] for w, r in by_width.items()}
+        result["phases_ms_by_width"] = {w: r["phases_ms"] for w, r in by_width.items()}
     if not args.skip_swbd:
         swbd = compare_step_times("swbd", SWBD_FEATURES, SWBD_CLASSES, args.swbd_batch, args.swbd_blocks)
         result["step_time_ratio_swbd"] = swbd["step_time_ratio"]
+        result["flop_ratio_swbd"] = swbd["flop_ratio"]
         result["swbd"] = swbd
     comm = bytes_per_sample(args.learners, args.global_batch, args.average_every, DNN_FEATURES, args.num_classes)
     result["bytes_per_sample_ratio"] = comm["bytes_per_sample_ratio"]

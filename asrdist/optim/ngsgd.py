@@ -54,6 +54,12 @@ def _small(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
+def symmetric_eigh(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(c, U) of a symmetric float64 matrix z = U diag(c) Uᵀ, c descending."""
+    c, U = torch.linalg.eigh(torch.from_numpy(z))  # ascending
+    return c.numpy()[::-1], U.numpy()[:, ::-1]
+
+
 class OnlineNaturalGradient:
     """Preconditioner for minibatches of `dim`-dimensional row vectors; see the module docstring."""
 
@@ -241,8 +247,7 @@ class OnlineNaturalGradient:
         RSR = (L + L.T) * (0.5 * scale)  # R XᵀX Rᵀ
         Z = ((a * a * 0.5) * scale) * (K + K.T) + (a * b) * RSR * (d_rho[:, None] + d_rho[None, :]) \
             + np.diag((b * d_rho) ** 2)
-        c, U = torch.linalg.eigh(torch.from_numpy(Z))  # ascending
-        c, U = c.numpy()[::-1], U.numpy()[:, ::-1]
+        c, U = symmetric_eigh(Z)
         reorthogonalize = not c[0] <= CONDITION_THRESHOLD * c[-1]
         c_floor = (rho * b) ** 2
         floored = bool(c[-1] < c_floor)
