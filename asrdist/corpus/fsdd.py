@@ -2,7 +2,8 @@
 
 Recordings are `{digit}_{speaker}_{take}.wav` (8 kHz mono) in the checkout's `recordings/`.
 The corpus has the synthetic corpus' layout (`phones.txt`, `summary.json`, `train/`, `valid/`,
-`test/` Kaldi data directories; transcript = the digit word; no alignments) and holds its own
+`test/` Kaldi data directories; transcript = the digit word; no alignments; `lexicon.txt` with the
+digits' pronunciations, for phone targets and `asrdist align`) and holds its own
 copy of the audio (`SPLIT/wav/UTT.wav`, paths relative to the split), resampled on request.
 
 Splits:
@@ -21,10 +22,24 @@ from pathlib import Path
 
 from asrdist.corpus.audio import num_frames, read_wav, resample, write_wav
 from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DIGIT_LEXICON = """zero z ih r ow
+zero z iy r ow
+one w ah n
+two t uw
+three th r iy
+four f ao r
+five f ay v
+six s ih k s
+seven s eh v ah n
+eight ey t
+nine n ay n
+"""
+"""The digits' CMU dictionary pronunciations (stress dropped), stored as the corpus' lexicon.txt."""
 VALID_TAKES = range(5, 10)
 OFFICIAL_TEST_TAKES = range(0, 5)
 SPLITS = ("train", "valid", "test")
@@ -141,8 +156,9 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
             if not utts:
                 raise DataError(f"{recordings_dir}: split '{name}' would be empty "
                                 f"(--split {split}; check the takes and speakers present)")
-            write_data_dir(tmp / name, utts)
+            write_data_dir(tmp / name, utts, Path(out) / name)
         PhoneTable().write(tmp / "phones.txt")
+        (tmp / LEXICON_NAME).write_text(DIGIT_LEXICON, encoding="utf-8")
         summary = _summary(recordings_dir, sample_rate, split, test_speaker, split_utts, skipped)
         write_json_atomic(tmp / "summary.json", summary)
     return summary

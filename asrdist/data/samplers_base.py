@@ -149,6 +149,8 @@ class ShardedSampler:
         self.shard = self.shards[rank]
         self._epoch, self._position = 0, 0
         self._len: int | None = None
+        self.batch_transform = None
+        """Optional `(batch, rng) -> batch` applied to every batch (SpecAugment, asrdist.data.augment)."""
 
     # -- subclass hooks ---------------------------------------------------------------------
     def _num_batches(self, shard: list[str]) -> int:
@@ -193,7 +195,7 @@ class ShardedSampler:
         n = len(self)
         epoch, start = self._epoch, self._position
         produced = start
-        for batch in self._generate(epoch, start):
+        for batch in self._batches(epoch, start):
             produced += 1
             if produced >= n:
                 self._epoch, self._position = epoch + 1, 0
@@ -208,7 +210,12 @@ class ShardedSampler:
         of order)."""
         if not 0 <= index < len(self):
             raise IndexError(f"{type(self).__name__}: batch {index} outside 0..{len(self) - 1}")
-        return next(iter(self._generate(epoch, index)))
+        return next(iter(self._batches(epoch, index)))
+
+    def _batches(self, epoch: int, start: int) -> Iterator[Batch]:
+        """`_generate`'s batches through `batch_transform`, with an RNG of (seed, epoch, rank, batch)."""
+        for k, batch in enumerate(self._generate(epoch, start), start):
+            yield batch if self.batch_transform is None else self.batch_transform(batch, self._rng(epoch, 2, k))
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "epoch": self._epoch, "position": self._position, "config": self._full_config()}

@@ -45,6 +45,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     alignments = split_alignments(split_dir)
     labels = frame_labels(split_dir, targets, alignments)
     ref_phones = phone_sequences(alignments, targets["silence_id"])
+    utt_ids = [u for u in utt_ids if u in labels]  # `asrdist align` leaves out utterances with unknown words
     priors = np.asarray(targets["priors"], dtype=np.float64)
     # Classes never seen in training carry only the smoothing floor; dividing by it would favour
     # them by ~16 nats, so they are left out of decoding (log prior -inf).
@@ -87,6 +88,7 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
     from asrdist.train.prepare import ctc_tokens
 
     tokens = ctc_tokens(split_dir, targets)
+    utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
     loss_sum, frames, exact = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:

@@ -27,12 +27,13 @@ def model_kind(cfg: RunConfig) -> str:
 
 class SpeechTask:
     def __init__(self, cfg: RunConfig, targets: dict[str, Any], rank: int, world_size: int):
-        from asrdist.features.store import FeatureStore
+        from asrdist.data.augment import SpecAugment, training_store
 
         self.cfg, self.targets = cfg, targets
         corpus = Path(cfg.data.corpus)
         self.train_dir, self.valid_dir = corpus / "train", corpus / "valid"
-        self.store = FeatureStore(self.train_dir)
+        self.store = training_store(self.train_dir, cfg.data, cfg.seed)
+        self.spec_augment = SpecAugment.from_config(cfg.data, cfg.data.num_mel_bins)
         self.model = build_model_for(cfg, self.store.dim, targets)
         self.kind = self.model.kind
         if cfg.data.batch_size % world_size:
@@ -52,22 +53,31 @@ class SpeechTask:
         """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC);
         `rank=0, world_size=1` gives the whole corpus in one order (job-wide epochs)."""
         from asrdist.data import samplers
+        from asrdist.data.augment import AugmentedStore
 
         cfg, store = self.cfg, self.store
         rank = self.rank if rank is None else rank
         world_size = self.world_size if world_size is None else world_size
+        augmented = isinstance(store, AugmentedStore)
         if self.kind == "ctc":
             tokens = ctc_tokens(self.train_dir, self.targets)
-            return samplers.UtteranceBatchSampler(store, tokens, store.utt_ids, rank=rank, world_size=world_size,
-                                                  max_frames=local_batch, seed=cfg.seed)
-        labels = frame_labels(self.train_dir, self.targets)
-        utt_ids = [u for u in store.utt_ids if u in labels]
-        if self.kind == "chunk":
-            return samplers.ChunkSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
-                                         batch_size=local_batch, chunk=cfg.model.chunk, seed=cfg.seed)
-        return samplers.FrameSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
-                                     batch_size=local_batch, context=cfg.model.context, seed=cfg.seed,
-                                     window_utterances=cfg.data.window_utterances)
+            tokens = store.expand_tokens(tokens) if augmented else tokens
+            sampler = samplers.UtteranceBatchSampler(store, tokens, [u for u in store.utt_ids if u in tokens],
+                                                     rank=rank, world_size=world_size, max_frames=local_batch,
+                                                     seed=cfg.seed)
+        else:
+            labels = frame_labels(self.train_dir, self.targets)
+            labels = store.expand_labels(labels) if augmented else labels
+            utt_ids = [u for u in store.utt_ids if u in labels]
+            if self.kind == "chunk":
+                sampler = samplers.ChunkSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
+                                                batch_size=local_batch, chunk=cfg.model.chunk, seed=cfg.seed)
+            else:
+                sampler = samplers.FrameSampler(store, labels, utt_ids, rank=rank, world_size=world_size,
+                                                batch_size=local_batch, context=cfg.model.context, seed=cfg.seed,
+                                                window_utterances=cfg.data.window_utterances)
+        sampler.batch_transform = self.spec_augment
+        return sampler
 
     def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
         from asrdist.models import objectives

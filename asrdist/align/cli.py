@@ -1,0 +1,20 @@
+"""`asrdist align RUN_DIR --data CORPUS [--lexicon FILE]`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("align", help="write frame-level phone alignments into a corpus with a trained model")
+    p.add_argument("run_dir", type=Path, help="a finished run of a phone CTC or hybrid model")
+    p.add_argument("--data", type=Path, required=True, help="corpus (every split) or one split directory")
+    p.add_argument("--lexicon", type=Path, default=None,
+                   help="Kaldi or CMU pronunciation dictionary (default: CORPUS/lexicon.txt)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_align)
+
+
+def _align(args):
+    from asrdist.align.run import align_command
+    return align_command(args)

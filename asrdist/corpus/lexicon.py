@@ -1,0 +1,186 @@
+"""Pronunciation lexicons: Kaldi `lexicon.txt` / `lexiconp.txt` and CMU dictionary files, with their
+phones mapped onto asrdist's phone table (`asrdist.corpus.phones`).
+
+Accepted lines: `word p1 p2 ...` (Kaldi, CMU), `word 1.0 p1 p2 ...` (Kaldi lexiconp: a probability
+after the word), CMU variants `word(2) ...`, comments `;;;` / `#`. Words are matched lowercased.
+Phones lose their stress digits and are lowercased; symbols outside ARPAbet that Kaldi and TIMIT
+lexicons use map to their nearest ARPAbet phone (`PHONE_ALIASES`), silence and noise symbols to
+`sil`. A word's first pronunciation is its CTC target; alignment may use any of them.
+A corpus keeps its lexicon as `CORPUS/lexicon.txt` in asrdist's own phones.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from asrdist.corpus.phones import SILENCE, PhoneTable
+from asrdist.errors import DataError
+
+LEXICON_NAME = "lexicon.txt"
+PHONE_ALIASES = {
+    "ax": "ah", "axh": "ah", "ax-h": "ah", "axr": "er", "ix": "ih", "ux": "uw", "dx": "t", "nx": "n",
+    "hv": "hh", "el": "l", "em": "m", "en": "n", "eng": "ng",
+    "sil": SILENCE, "sp": SILENCE, "spn": SILENCE, "nsn": SILENCE, "<sil>": SILENCE, "h#": SILENCE,
+    "pau": SILENCE, "epi": SILENCE,
+}
+"""Non-ARPAbet symbols -> asrdist phones (TIMIT's reduced vowels and flaps, Kaldi's silence/noise)."""
+_VARIANT = re.compile(r"^(.+)\(\d+\)$")
+
+
+def normalize_word(word: str) -> str:
+    return word.lower()
+
+
+def map_phone(symbol: str, table: PhoneTable, where: str) -> int:
+    """One lexicon phone symbol -> asrdist phone id (stress dropped, aliases applied)."""
+    s = symbol.lower().rstrip("012")
+    s = PHONE_ALIASES.get(s, s)
+    if s not in table:
+        raise DataError(f"{where}: phone '{symbol}' is not an ARPAbet phone asrdist knows")
+    return table.id(s)
+
+
+class Lexicon:
+    """word -> pronunciations (tuples of asrdist phone ids), in file order."""
+
+    def __init__(self, entries: Mapping[str, list[tuple[int, ...]]], table: PhoneTable | None = None):
+        self.table = table or PhoneTable()
+        self.entries = {w: list(prons) for w, prons in entries.items()}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, word: str) -> bool:
+        return normalize_word(word) in self.entries
+
+    def pronunciations(self, word: str) -> list[tuple[int, ...]]:
+        return self.entries[normalize_word(word)]
+
+    @classmethod
+    def read(cls, path: str | Path, table: PhoneTable | None = None) -> "Lexicon":
+        path = Path(path)
+        table = table or PhoneTable()
+        if not path.is_file():
+            raise DataError(f"{path}: lexicon not found")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            text = path.read_text(encoding="latin-1")  # the CMU dictionary's older releases
+        entries: dict[str, list[tuple[int, ...]]] = {}
+        for lineno, line in enumerate(text.splitlines(), 1):
+            fields = line.split()
+            if not fields or fields[0].startswith((";;;", "#")):
+                continue
+            where = f"{path}:{lineno}"
+            word, phones = fields[0], fields[1:]
+            variant = _VARIANT.match(word)
+            word = normalize_word(variant.group(1) if variant else word)
+            if phones and _is_probability(phones[0]):
+                phones = phones[1:]
+            if "#" in phones:  # CMU dict 0.7b+ inline comments
+                phones = phones[:phones.index("#")]
+            if not phones:
+                raise DataError(f"{where}: word '{fields[0]}' has no phones")
+            pron = tuple(map_phone(p, table, where) for p in phones)
+            prons = entries.setdefault(word, [])
+            if pron not in prons:
+                prons.append(pron)
+        if not entries:
+            raise DataError(f"{path}: no lexicon entries")
+        return cls(entries, table)
+
+    def to_text(self) -> str:
+        return "".join(f"{w} {' '.join(self.table.symbol(p) for p in pron)}\n"
+                       for w in sorted(self.entries) for pron in self.entries[w])
+
+    def write(self, path: str | Path) -> None:
+        from asrdist.utils.io import write_text_atomic
+
+        write_text_atomic(path, self.to_text())
+
+    def restricted_to(self, words: Iterable[str]) -> "Lexicon":
+        """Only the entries of `words` (a corpus keeps what its transcripts use, not all of CMU)."""
+        wanted = {normalize_word(w) for w in words}
+        return Lexicon({w: p for w, p in self.entries.items() if w in wanted}, self.table)
+
+    def missing_words(self, texts: Iterable[str]) -> list[str]:
+        return sorted({normalize_word(w) for t in texts for w in t.split()} - set(self.entries))
+
+    def phone_targets(self, texts: Mapping[str, str]) -> tuple[dict[str, list[int]], list[str], int]:
+        """(utt -> phone ids by each word's first pronunciation, words missing, utterances skipped).
+
+        Silence is not a target (it is the CTC blank); an utterance with a missing word is skipped.
+        """
+        tokens: dict[str, list[int]] = {}
+        missing: set[str] = set()
+        skipped = 0
+        for utt, text in texts.items():
+            words = [normalize_word(w) for w in text.split()]
+            absent = [w for w in words if w not in self.entries]
+            if absent:
+                missing.update(absent)
+                skipped += 1
+                continue
+            tokens[utt] = [p for w in words for p in self.entries[w][0] if p != self.table.silence_id]
+        return tokens, sorted(missing), skipped
+
+
+def _is_probability(field: str) -> bool:
+    try:
+        return 0.0 <= float(field) <= 1.0
+    except ValueError:
+        return False
+
+
+def report_missing(missing: list[str], skipped: int, where: str, shown: int = 20) -> str | None:
+    """The one-line message for words not in the lexicon (printed to stderr), or None."""
+    if not missing:
+        return None
+    listed = " ".join(missing[:shown]) + (f" ... (+{len(missing) - shown} more)" if len(missing) > shown else "")
+    line = (f"asrdist: {where}: {len(missing)} word(s) not in the lexicon: {listed}; "
+            f"skipped {skipped} utterance(s)")
+    print(line, file=sys.stderr)
+    return line
+
+
+def corpus_lexicon(corpus: Path) -> Lexicon | None:
+    """The lexicon stored with a corpus (`CORPUS/lexicon.txt`), or None."""
+    path = Path(corpus) / LEXICON_NAME
+    return Lexicon.read(path) if path.is_file() else None
+
+
+def store_lexicon(lexicon_file: str | Path, corpus: Path, texts: Iterable[str]) -> dict:
+    """Write the entries `texts` use into `corpus/lexicon.txt`; report and count missing words."""
+    texts = list(texts)
+    lexicon = Lexicon.read(lexicon_file)
+    missing = lexicon.missing_words(texts)
+    absent = set(missing)
+    skipped = sum(1 for t in texts if any(normalize_word(w) in absent for w in t.split()))
+    report_missing(missing, skipped, str(lexicon_file))
+    lexicon.restricted_to(w for t in texts for w in t.split()).write(Path(corpus) / LEXICON_NAME)
+    return {"lexicon_words": len(lexicon), "missing_words": missing, "utterances_without_lexicon": skipped}
+
+
+_reported: set[str] = set()
+
+
+def lexicon_phone_tokens(split_dir: Path) -> dict[str, list[int]] | None:
+    """Phone CTC targets of an unaligned split from its corpus' lexicon (None without one); words
+    missing from the lexicon are reported once per split and process, their utterances left out."""
+    from asrdist.corpus.kaldi_dir import read_data_dir
+
+    corpus = Path(split_dir).parent
+    if not (corpus / LEXICON_NAME).is_file():
+        return None
+    table = PhoneTable.read(corpus / "phones.txt") if (corpus / "phones.txt").is_file() else PhoneTable()
+    lexicon = Lexicon.read(corpus / LEXICON_NAME, table)
+    data = read_data_dir(split_dir)
+    tokens, missing, skipped = lexicon.phone_targets({u: data.utterances[u].text for u in data.utt_ids})
+    if str(split_dir) not in _reported:
+        _reported.add(str(split_dir))
+        report_missing(missing, skipped, str(split_dir))
+    if not tokens:
+        raise DataError(f"{split_dir}: no utterance has all its words in {corpus / LEXICON_NAME}")
+    return tokens

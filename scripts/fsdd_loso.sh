@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# FSDD leave-one-speaker-out: for each speaker in turn, build the corpus with that speaker as the
+# test set, train configs/fsdd.yaml (one learner) and evaluate on the held-out speaker; prints one
+# line per speaker and the mean and worst digit error rate (1 - sentence accuracy).
+#   scripts/fsdd_loso.sh [OUT_DIR] [section.key=value ...]
+set -euo pipefail
+OUT=${1:-runs/fsdd-loso}
+shift || true
+ASRDIST=${ASRDIST:-.venv/bin/asrdist}
+PY=${PY:-.venv/bin/python}
+mkdir -p "$OUT"
+SPEAKERS=$($PY -c "from asrdist.corpus.fsdd import find_recordings, resolve_source
+print(' '.join(sorted({r.speaker for r in find_recordings(resolve_source(None))})))")
+for spk in $SPEAKERS; do
+  [ -d "$OUT/corpus-$spk" ] || $ASRDIST corpus fsdd "$OUT/corpus-$spk" --test-speaker "$spk" > /dev/null
+  if [ ! -f "$OUT/run-$spk/summary.json" ]; then
+    rm -rf "$OUT/run-$spk"
+    $ASRDIST train configs/fsdd.yaml --data "$OUT/corpus-$spk" --out "$OUT/run-$spk" --no-progress "$@"
+  fi
+  $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" > /dev/null
+done
+$PY - "$OUT" $SPEAKERS <<'PY'
+import json, sys
+out, speakers = sys.argv[1], sys.argv[2:]
+errors = {}
+for spk in speakers:
+    ev = json.load(open(f"{out}/run-{spk}/eval.json"))
+    summary = json.load(open(f"{out}/run-{spk}/summary.json"))
+    errors[spk] = 1 - ev["sentence_accuracy"]
+    print(f"{spk:10s} digit error {errors[spk]:.4f}  cer {ev['cer']:.4f}  train {summary['wall_seconds']:.0f} s")
+mean = sum(errors.values()) / len(errors)
+worst = max(errors, key=errors.get)
+print(f"mean digit error {mean:.4f}, worst {errors[worst]:.4f} ({worst})")
+json.dump({"digit_error": errors, "mean": mean, "worst": errors[worst], "worst_speaker": worst},
+          open(f"{out}/loso.json", "w"), indent=2)
+PY

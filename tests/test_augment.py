@@ -1,0 +1,108 @@
+"""Augmentation: speed perturbation and noise copies, SpecAugment through the samplers, config ranges."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asrdist.config import load_config
+from asrdist.corpus.audio import num_frames
+from asrdist.data.augment import (AugmentedStore, SpecAugment, add_noise, build_augmented_store, copy_plan,
+                                  speed_perturb, stretch_labels, training_store)
+from asrdist.data.batch import Batch
+from asrdist.errors import ConfigError
+
+
+def test_copy_plan_speed_and_noise():
+    assert copy_plan([0.9, 1.0, 1.1], None) == [("sp0.9", 0.9), ("sp1.1", 1.1)]
+    assert copy_plan([], 20.0) == [("noise", 1.0)]
+    assert copy_plan([1.0], None) == []
+
+
+def test_speed_perturbation_changes_duration_and_pitch():
+    rate = 8000
+    t = np.arange(rate) / rate
+    tone = 1000 * np.sin(2 * np.pi * 500 * t)
+    for factor in (0.9, 1.1):
+        out = speed_perturb(tone, factor)
+        assert len(out) == pytest.approx(rate / factor, abs=2)
+        peak = np.argmax(np.abs(np.fft.rfft(out))) * rate / len(out)
+        assert peak == pytest.approx(500 * factor, rel=0.01)
+
+
+def test_noise_has_the_requested_snr():
+    rng = np.random.default_rng(0)
+    x = 3000 * np.sin(np.arange(16000) * 0.05)
+    noisy = add_noise(x, 10.0, rng)
+    snr = 10 * np.log10(np.mean(x ** 2) / np.mean((noisy - x) ** 2))
+    assert snr == pytest.approx(10.0, abs=1e-6)
+
+
+def test_stretch_labels_keeps_segment_proportions():
+    labels = np.array([0] * 10 + [5] * 20 + [0] * 10)
+    out = stretch_labels(labels, 44)
+    assert len(out) == 44 and (out == 5).sum() == 22 and out[0] == 0 and out[-1] == 0
+
+
+def test_spec_augment_masks_inside_each_utterance_only():
+    aug = SpecAugment(time_masks=2, time_mask_frames=5, freq_masks=2, freq_mask_bins=4, num_bins=10)
+    x = torch.ones(3, 30, 10)
+    lengths = torch.tensor([30, 20, 10])
+    batch = aug(Batch(inputs=x, targets=torch.zeros(3, 2), num_frames=60, input_lengths=lengths),
+                np.random.default_rng(1))
+    masked = batch.inputs == 0
+    assert masked.any()
+    for row, n in enumerate(lengths.tolist()):
+        assert masked[row, :n].float().mean() < 0.6
+        # a time mask covers whole frames, a frequency mask whole bins of the utterance
+        assert all(masked[row, :n, b].all() or not masked[row, :n, b].all(dim=0) for b in range(10))
+    # Spliced frames: the same bins masked in every context frame of a row.
+    frames = torch.ones(4, 3 * 10)
+    aug(Batch(inputs=frames, targets=torch.zeros(4), num_frames=4), np.random.default_rng(2))
+    rows = frames.reshape(4, 3, 10) == 0
+    assert torch.equal(rows[:, 0], rows[:, 1]) and torch.equal(rows[:, 1], rows[:, 2])
+
+
+@pytest.mark.parametrize("override, key", [("data.speed_perturb=[0.9, 3.0]", "data.speed_perturb"),
+                                           ("data.noise_snr=100", "data.noise_snr"),
+                                           ("data.freq_mask_bins=50", "data.freq_mask_bins"),
+                                           ("data.time_masks=-1", "data.time_masks")])
+def test_config_ranges(override: str, key: str):
+    with pytest.raises(ConfigError, match=key):
+        load_config("configs/fsdd.yaml", [override])
+
+
+def test_augmented_store_feeds_the_samplers_with_stretched_labels(tmp_path: Path):
+    from asrdist.cli import main
+    from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
+    from asrdist.data.samplers import FrameSampler, UtteranceBatchSampler
+    from corpus_fixture import make_tone_corpus
+
+    corpus = make_tone_corpus(tmp_path / "c", utterances_per_speaker=3, speakers=4, seed=1)
+    assert main(["features", str(corpus), "--cmvn", "speaker", "--jobs", "1"]) == 0
+    cfg = load_config("configs/fsdd.yaml", ["data.noise_snr=15", "data.cmvn=speaker"])
+    train = corpus / "train"
+    path = build_augmented_store(train, cfg.data, seed=0, progress=False)
+    assert build_augmented_store(train, cfg.data, seed=0, progress=False) == path  # made once, then reused
+    store = training_store(train, cfg.data, seed=0)
+    assert isinstance(store, AugmentedStore)
+    data = read_data_dir(train)
+    originals = data.utt_ids
+    assert len(store) == 4 * len(originals)  # originals + sp0.9 + sp1.1 + noise
+    for utt in originals:
+        samples = len(speed_perturb(np.zeros(int(round(data.utterances[utt].duration * 16000))), 0.9))
+        assert abs(store.num_frames(f"sp0.9-{utt}") - num_frames(samples, 16000)) <= 1
+        # per-speaker CMVN of the copies: each copy speaker's frames have zero mean
+    copies = np.concatenate([store[f"sp1.1-{u}"] for u in originals if data.utterances[u].speaker == "spk2"])
+    np.testing.assert_allclose(copies.mean(axis=0), 0.0, atol=1e-4)
+    labels = store.expand_labels(read_alignments(train))
+    assert all(len(labels[u]) == store.num_frames(u) for u in store.utt_ids)
+    sampler = FrameSampler(store, labels, store.utt_ids, batch_size=32, context=2, seed=0)
+    sampler.batch_transform = SpecAugment.from_config(cfg.data, 40)
+    first = [b.inputs.clone() for b, _ in zip(sampler, range(3))]
+    assert any((b == 0).any() for b in first)
+    torch.testing.assert_close(sampler.batch_at(0, 2).inputs, first[2])  # masks are a function of (seed, epoch, batch)
+    tokens = store.expand_tokens({u: [1, 2] for u in originals})
+    assert len(UtteranceBatchSampler(store, tokens, max_frames=400, seed=0)) > 0
