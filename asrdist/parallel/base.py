@@ -111,6 +111,8 @@ class Strategy:
     config_class: type | None = None
     """The strategy's typed config: `__init__` takes an instance (None = its defaults) and refuses
     anything else."""
+    rising_loss_advice: str | None = None
+    """What to try when the training loss rises over an epoch (the trainer warns with it); None = no warning."""
 
     def __init__(self, config: Any = None):
         if self.config_class is not None:

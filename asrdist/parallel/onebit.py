@@ -177,6 +177,9 @@ class OneBitStrategy(Strategy):
 
     name = "onebit"
     config_class = OneBitConfig
+    rising_loss_advice = ("1-bit quantization error grows with the step size: lower optim.lr (e.g. half), "
+                          "keep strategy.error_feedback and strategy.momentum_correction on, or compare with "
+                          "--strategy sync")
 
     def __init__(self, config: OneBitConfig | None = None, chunks: int | None = None):
         super().__init__(config)

@@ -385,6 +385,7 @@ class Trainer:
                                        group=self.ctx.groups.world if self.ctx.groups else None,
                                        timeout=self.ctx.timeout)
                 record.update(self.hooks.validate_fn(model) if self.ctx.job_rank == 0 else {})
+        self._warn_if_loss_rose(record)
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
         if self.ctx.job_rank == 0:
@@ -392,6 +393,18 @@ class Trainer:
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1
         self.save_checkpoint()
+
+
+    def _warn_if_loss_rose(self, record: dict) -> None:
+        """A strategy with advice for it (onebit) warns when an epoch's training loss is above the last one's."""
+        advice = self.strategy.rising_loss_advice
+        previous = self.state.history[-1]["train_loss"] if self.state.history else None
+        if advice is None or previous is None or not record["train_loss"] > previous:
+            return
+        record["loss_rose"] = True
+        if self.ctx.job_rank == 0:
+            print(f"[asrdist] warning: {self.strategy.name}: train loss rose from {previous:.4f} to "
+                  f"{record['train_loss']:.4f} in epoch {record['epoch']}; {advice}", flush=True)
 
 
 class _RateWindow:
