@@ -21,3 +21,7 @@ class ConfigError(AsrdistError):
 
 class TrainingError(AsrdistError):
     """A run that cannot go on: NaN loss, a dead learner, a collective timeout."""
+
+
+class OutputError(AsrdistError):
+    """Output that cannot be written: a full disk, a read-only file system, no permission."""

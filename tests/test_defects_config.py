@@ -79,24 +79,6 @@ def test_single_strategy_means_one_learner():
     _assert_names(str(err.value), "train.learners", "exactly 1 learner")
 
 
-@pytest.mark.parametrize("argv", [
-    ["train.log_every=0"], ["train.threads=-1"], ["train.straggler.slowdown=0.5"],
-    ["train.straggler.ranks=[3]", "--learners", "2", "--strategy", "sync"],
-    ["--learners", "3", "--strategy", "sync"],  # 256 frames do not split into 3 equal shares
-    ["--learners", "2", "--strategy", "single"],
-])
-def test_cli_refuses_before_making_anything(tmp_path, capsys, argv):
-    out = tmp_path / "run"
-    assert main(["train", RECIPE, *argv, "--data", str(tmp_path / "no-corpus"), "--out", str(out),
-                 "--no-progress"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("asrdist: error: "), err
-    key = err[0].removeprefix("asrdist: error: ").split(":")[0]
-    assert key in {"train.log_every", "train.threads", "train.straggler.slowdown", "train.straggler.ranks",
-                   "data.batch_size", "train.learners"}, err
-    assert not out.exists() and not (tmp_path / "no-corpus").exists()
-
-
 def test_check_field_is_the_one_range_check():
     check_field = config_module.check_field
     assert check_field("a.b", 3, at_least=1) == 3

@@ -12,6 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cmvn", choices=["global", "speaker", "none"], default="global")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
     p.add_argument("--export-kaldi", action="store_true", help="also write feats.scp/feats.ark")
+    p.add_argument("--channel", type=int, default=None, metavar="K",
+                   help="use channel K (0-based) of multi-channel audio, which is an error without it")
     p.add_argument("--skip-bad", action="store_true")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_features)

@@ -64,14 +64,14 @@ def _common_rate(dirs: dict[str, DataDir]) -> int:
     return rates.most_common(1)[0][0]
 
 
-def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int) -> list[tuple]:
-    """One task per audio file: (path, wav.scp path, rate, bins, [(utt_id, start_s, end_s) ...])."""
+def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | None = None) -> list[tuple]:
+    """One task per audio file: (path, wav.scp path, rate, bins, [(utt_id, start_s, end_s) ...], channel)."""
     by_file: dict[Path, list[tuple]] = {}
     for utt_id in d.utt_ids:
         u = d.utterances[utt_id]
         seg = (u.segment.start, u.segment.end) if u.segment else (None, None)
         by_file.setdefault(d.wav_path(u), []).append((utt_id, *seg))
-    return [(str(path), str(d.path / "wav.scp"), rate, num_mel_bins, utts)
+    return [(str(path), str(d.path / "wav.scp"), rate, num_mel_bins, utts, channel)
             for path, utts in by_file.items()]
 
 
@@ -80,13 +80,13 @@ def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, floa
     from asrdist.corpus.audio import frame_shift_samples, read_wav
     from asrdist.features.fbank import compute_fbank, fbank_options
 
-    path, scp, rate, num_mel_bins, utts = task
+    path, scp, rate, num_mel_bins, utts, channel = task
     if len(utts) == 1:
         label = f"{scp}: utterance {utts[0][0]}"
     else:
         label = f"{scp}: recording {Path(path).name} (utterances {utts[0][0]}..{utts[-1][0]})"
     try:
-        samples, _ = read_wav(path, expected_rate=rate, where=label)
+        samples, _ = read_wav(path, expected_rate=rate, where=label, channel=channel)
     except DataError as exc:
         return [(utt_id, None, str(exc), 0.0) for utt_id, _, _ in utts]
     opts = fbank_options(rate, num_mel_bins)
@@ -157,9 +157,10 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
 
 def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
                      export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
-                     progress: bool = True) -> dict:
-    """Extract features for a corpus (all splits) or one split directory; returns the summary."""
-    from asrdist.utils.io import atomic_dir
+                     progress: bool = True, channel: int | None = None) -> dict:
+    """Extract features for a corpus (all splits) or one split directory; returns the summary.
+    `channel` picks one channel of multi-channel audio (an error without it)."""
+    from asrdist.utils.io import atomic_dir, output_errors
 
     if num_mel_bins not in (40, 80):
         raise ConfigError(f"num_mel_bins: {num_mel_bins}, expected 40 or 80")
@@ -167,6 +168,12 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
         raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")
     data = Path(data)
     split_paths = find_splits(data)
+    if channel is not None and (isinstance(channel, bool) or not isinstance(channel, int) or channel < 0):
+        raise ConfigError(f"--channel: expected an integer >= 0, got {channel!r}")
+    for path in split_paths.values():
+        damaged = None if overwrite else feature_store.damaged_store(path)
+        if damaged:
+            raise DataError(f"{damaged}; rebuild it with `asrdist features {data} --overwrite`")
     if cmvn == "global" and len(split_paths) > 1 and CMVN_SOURCE_SPLIT not in split_paths:
         raise DataError(f"{data}: global CMVN needs a '{CMVN_SOURCE_SPLIT}' split for its statistics")
     jobs = jobs or os.cpu_count() or 1
@@ -183,29 +190,31 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
         built = {}
         for name, d in dirs.items():
             stats: dict[str, CmvnStats] = {}
-            tasks = _tasks(name, d, rate, num_mel_bins)
-            writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, jobs, skip_bad,
-                                                      progress, stats, num_mel_bins)
+            tasks = _tasks(name, d, rate, num_mel_bins, channel)
+            with output_errors(split_paths[name] / feature_store.FEATS_DIR):  # names the split, not its temporary
+                writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, jobs, skip_bad,
+                                                          progress, stats, num_mel_bins)
             built[name] = (writer, stats, skipped, seconds)
         source = CMVN_SOURCE_SPLIT if len(dirs) > 1 else next(iter(dirs))
         global_stats = CmvnStats(num_mel_bins)
         for spk_stats in built[source][1].values():
             global_stats.merge(spk_stats)
         for name, (writer, stats, skipped, seconds) in built.items():
-            normalizer = Normalizer(cmvn, {None: global_stats} if cmvn == "global" else stats)
-            speaker_of = {u: dirs[name].utterances[u].speaker for u in dirs[name].utterances}
-            if cmvn != "none":
-                writer.normalize(lambda utt, x, n=normalizer, s=speaker_of: n(x, s[utt]))
-            normalizer.save(tmps[name] / "cmvn.json", source=source if cmvn == "global" else name)
-            meta = writer.close({
-                "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
-                "frame_shift": 0.01, "audio_seconds": round(seconds, 3),
-                "skipped": len(skipped), "skipped_utterances": skipped})
-            if export_kaldi:
-                feature_store.export_kaldi(feature_store.FeatureStore(tmps[name]), tmps[name],
-                                           final_dir=split_paths[name] / feature_store.FEATS_DIR)
-            summary_splits[name] = {"utterances": meta["num_utterances"], "frames": meta["total_frames"],
-                                    "audio_seconds": round(seconds, 3), "skipped": len(skipped)}
+            with output_errors(split_paths[name] / feature_store.FEATS_DIR):
+                normalizer = Normalizer(cmvn, {None: global_stats} if cmvn == "global" else stats)
+                speaker_of = {u: dirs[name].utterances[u].speaker for u in dirs[name].utterances}
+                if cmvn != "none":
+                    writer.normalize(lambda utt, x, n=normalizer, s=speaker_of: n(x, s[utt]))
+                normalizer.save(tmps[name] / "cmvn.json", source=source if cmvn == "global" else name)
+                meta = writer.close({
+                    "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
+                    "frame_shift": 0.01, "audio_seconds": round(seconds, 3), "channel": channel,
+                    "skipped": len(skipped), "skipped_utterances": skipped})
+                if export_kaldi:
+                    feature_store.export_kaldi(feature_store.FeatureStore(tmps[name]), tmps[name],
+                                               final_dir=split_paths[name] / feature_store.FEATS_DIR)
+                summary_splits[name] = {"utterances": meta["num_utterances"], "frames": meta["total_frames"],
+                                        "audio_seconds": round(seconds, 3), "skipped": len(skipped)}
     elapsed = time.perf_counter() - started
     audio = sum(s["audio_seconds"] for s in summary_splits.values())
     return {
@@ -221,6 +230,6 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
 def features_command(args) -> int:
     summary = extract_features(args.data, num_mel_bins=args.num_mel_bins, cmvn=args.cmvn,
                                jobs=args.jobs, export_kaldi=args.export_kaldi,
-                               skip_bad=args.skip_bad, overwrite=args.overwrite)
+                               skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
     print(json.dumps(summary, indent=2))
     return 0

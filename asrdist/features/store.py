@@ -13,6 +13,11 @@ Layout of `SPLIT/feats/` (format version 1):
 - `feats.scp` / `feats.ark`: optional Kaldi copy (`asrdist features --export-kaldi`).
 
 Readers open shards read-only and lazily, so many learner processes share one page cache.
+Opening a store checks it without reading any features: `meta.json` present and consistent with
+the index, every shard a whole number of rows, and the index's rows tiling each shard exactly (no
+row read for two utterances, none for nobody), so a damaged or edited index is an error naming
+the file and the utterance instead of training on the wrong frames. `check_frames` compares the
+frame counts with a corpus' alignments.
 Frame counts follow `asrdist.corpus.audio.num_frames`. An alignment may differ from its
 features by at most one (edge) frame; the store never changes alignments, readers use
 `min(len(features), len(alignment))` frames.
@@ -43,45 +48,98 @@ def has_features(split_dir: str | Path) -> bool:
     return (feats / "meta.json").is_file() and (feats / "index.tsv").is_file()
 
 
+def damaged_store(split_dir: str | Path) -> str | None:
+    """Why `split_dir`'s feature store directory exists but is no complete store, or None."""
+    feats = _feats_dir(split_dir)
+    if not feats.is_dir() or has_features(feats) or not any(feats.iterdir()):
+        return None
+    missing = "meta.json" if not (feats / "meta.json").is_file() else "index.tsv"
+    return f"{feats / missing}: missing, the feature store in {feats} is incomplete"
+
+
 class FeatureStore:
     """Read-only view of a split's features: `store[utt_id]` is a float32 [frames, dim] memmap view."""
 
     def __init__(self, path: str | Path):
         self.path = _feats_dir(path)
         if not has_features(self.path):
+            damaged = damaged_store(path)
+            if damaged:
+                raise DataError(f"{damaged}; rebuild it with `asrdist features ... --overwrite`")
             raise DataError(f"{Path(path)}: no feature store (run `asrdist features` first)")
+        meta_path = self.path / "meta.json"
         try:
-            self.meta: dict = json.loads((self.path / "meta.json").read_text(encoding="utf-8"))
+            self.meta: dict = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise DataError(f"{self.path / 'meta.json'}: unreadable ({exc})") from None
-        if self.meta.get("version") != FORMAT_VERSION:
-            raise DataError(f"{self.path / 'meta.json'}: format version {self.meta.get('version')}, "
-                            f"expected {FORMAT_VERSION}")
-        self.dim: int = int(self.meta["dim"])
+            raise DataError(f"{meta_path}: unreadable ({exc})") from None
+        if not isinstance(self.meta, dict) or self.meta.get("version") != FORMAT_VERSION:
+            version = self.meta.get("version") if isinstance(self.meta, dict) else None
+            raise DataError(f"{meta_path}: format version {version}, expected {FORMAT_VERSION}")
+        dim = self.meta.get("dim")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise DataError(f"{meta_path}: 'dim' is {dim!r}, expected a positive integer")
+        self.dim: int = dim
         self._index: dict[str, tuple[int, int, int]] = {}
         self._read_index()
         self.utt_ids: list[str] = sorted(self._index)
         self.total_frames: int = sum(frames for _, _, frames in self._index.values())
+        for key, have in (("num_utterances", len(self._index)), ("total_frames", self.total_frames)):
+            if key in self.meta and self.meta[key] != have:
+                raise DataError(f"{self.path / 'index.tsv'}: {have} {key.replace('_', ' ').removeprefix('num ')} "
+                                f"indexed, {meta_path.name} says {self.meta[key]} (a damaged or edited index)")
         self._shards: dict[int, np.ndarray] = {}
 
     def _read_index(self) -> None:
         index = self.path / "index.tsv"
-        shard_rows: dict[int, int] = {}
+        rows_of: dict[int, list[tuple[int, int, str]]] = {}
         for lineno, line in enumerate(index.read_text(encoding="utf-8").splitlines(), 1):
             parts = line.split("\t")
             try:
                 utt_id, shard, offset, frames = parts[0], int(parts[1]), int(parts[2]), int(parts[3])
             except (IndexError, ValueError):
                 raise DataError(f"{index}:{lineno}: expected 'utt_id shard offset frames'") from None
-            if shard not in shard_rows:
-                shard_file = self._shard_path(shard)
-                if not shard_file.is_file():
-                    raise DataError(f"{index}: utterance {utt_id}: shard {shard_file.name} missing")
-                shard_rows[shard] = shard_file.stat().st_size // (4 * self.dim)
-            if offset < 0 or frames <= 0 or offset + frames > shard_rows[shard]:
-                raise DataError(f"{index}: utterance {utt_id}: rows {offset}..{offset + frames} outside "
-                                f"shard {shard} ({shard_rows[shard]} rows; truncated store?)")
+            if len(parts) != 4 or not utt_id or any(c.isspace() for c in utt_id):
+                raise DataError(f"{index}:{lineno}: expected 'utt_id shard offset frames' (ids without spaces)")
+            if utt_id in self._index:
+                raise DataError(f"{index}:{lineno}: utterance {utt_id} indexed twice")
+            if shard < 0 or offset < 0 or frames <= 0:
+                raise DataError(f"{index}:{lineno}: utterance {utt_id}: shard {shard}, rows {offset}+{frames}")
+            rows_of.setdefault(shard, []).append((offset, frames, utt_id))
             self._index[utt_id] = (shard, offset, frames)
+        for shard, rows in rows_of.items():
+            self._check_shard(index, shard, sorted(rows))
+
+    def _check_shard(self, index: Path, shard: int, rows: list[tuple[int, int, str]]) -> None:
+        """The index's rows of `shard` must tile the whole shard file, one utterance after the other."""
+        shard_file = self._shard_path(shard)
+        if not shard_file.is_file():
+            raise DataError(f"{index}: utterance {rows[0][2]}: shard {shard_file.name} missing")
+        size, row_bytes = shard_file.stat().st_size, 4 * self.dim
+        if size % row_bytes:
+            raise DataError(f"{shard_file}: {size} bytes is no whole number of {self.dim}-value rows (truncated?)")
+        end, previous = 0, None
+        for offset, frames, utt_id in rows:
+            if offset < end:
+                raise DataError(f"{index}: utterance {utt_id}: rows {offset}..{offset + frames} of "
+                                f"{shard_file.name} overlap utterance {previous}'s (a damaged or edited index)")
+            if offset > end:
+                raise DataError(f"{index}: utterance {utt_id}: rows {end}..{offset} of {shard_file.name} "
+                                f"before it belong to no utterance (a damaged or edited index)")
+            end, previous = offset + frames, utt_id
+        if end != size // row_bytes:
+            what = "past the end of" if end > size // row_bytes else "short of the end of"
+            raise DataError(f"{index}: utterance {previous}: its rows end at {end}, {what} {shard_file.name} "
+                            f"({size // row_bytes} rows; truncated store or edited index?)")
+
+    def check_frames(self, lengths: dict[str, int], source: str | Path, tolerance: int = 1) -> None:
+        """Every utterance of `lengths` (e.g. alignment lengths from `source`) that has features has
+        that many frames, within `tolerance` edge frames; else a DataError naming it."""
+        for utt_id in sorted(lengths):
+            entry = self._index.get(utt_id)
+            if entry is not None and abs(entry[2] - lengths[utt_id]) > tolerance:
+                raise DataError(f"{source}: utterance {utt_id}: {lengths[utt_id]} frames, its features in "
+                                f"{self.path} have {entry[2]} (tolerance {tolerance}): features of other "
+                                f"audio? re-extract with `asrdist features ... --overwrite`")
 
     def _shard_path(self, shard: int) -> Path:
         return self.path / f"shard-{shard:05d}.f32"

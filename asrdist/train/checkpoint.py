@@ -3,13 +3,18 @@
 Layout: RUN_DIR/checkpoints/TAG/rank-R.pt (one file per learner: its model, optimizer, strategy
 state, sampler position and RNG states; TAG is step-00000120 for lock-step strategies, epoch-0003
 for the others) and RUN_DIR/checkpoints/latest, a one-line pointer rewritten atomically by the
-learner that writes the last file of a checkpoint (the job store counts them; no barrier). A crash
-at any moment therefore leaves `latest` pointing at a complete checkpoint.
+learner that writes the last file of a checkpoint (the job store counts them; no barrier). Files
+are fsynced before their rename and before `latest` moves, so a crash (or a full disk) at any moment
+leaves `latest` pointing at a complete checkpoint; the temporary files of an interrupted write are
+removed when the learner next resumes. A checkpoint that cannot be resumed (empty or truncated file,
+empty `latest`, files of another number of learners) is one line saying what to do.
 """
 from __future__ import annotations
 
+import pickle
 import random
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +22,7 @@ import numpy as np
 import torch
 
 from asrdist.errors import TrainingError
-from asrdist.utils.io import atomic_path, write_text_atomic
+from asrdist.utils.io import save_torch_atomic, write_text_atomic
 
 KEEP_LAST = 2
 
@@ -41,10 +46,7 @@ def checkpoint_dir(run_dir: Path, tag: str | int) -> Path:
 
 
 def save_learner(run_dir: Path, tag: str | int, rank: int, state: dict[str, Any]) -> None:
-    d = checkpoint_dir(run_dir, tag)
-    d.mkdir(parents=True, exist_ok=True)
-    with atomic_path(d / f"rank-{rank}.pt") as tmp:
-        torch.save(state, tmp)
+    save_torch_atomic(checkpoint_dir(run_dir, tag) / f"rank-{rank}.pt", state)
 
 
 def publish(run_dir: Path, tag: str | int, world_size: int) -> None:
@@ -62,26 +64,97 @@ def publish(run_dir: Path, tag: str | int, world_size: int) -> None:
 
 
 def latest_step_dir(run_dir: Path) -> Path | None:
+    """The checkpoint `latest` points at; None when the run has none. A `latest` that is empty or
+    names no checkpoint directory is a TrainingError saying what to do."""
     pointer = run_dir / "checkpoints" / "latest"
     if not pointer.is_file():
         return None
-    return run_dir / "checkpoints" / pointer.read_text().strip()
+    name = pointer.read_text(errors="replace").strip()
+    d = run_dir / "checkpoints" / name
+    if not name or "/" in name or not d.is_dir():
+        found = ", ".join(p.name for p in _checkpoint_dirs(run_dir)) or "none"
+        what = "is empty" if not name else f"names {name!r}, which is not a checkpoint directory"
+        raise TrainingError(f"{pointer}: {what} (checkpoints here: {found}); write the name of a complete "
+                            f"checkpoint into it to resume from there, or start a new run with --out")
+    return d
+
+
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    return sorted(p for p in (run_dir / "checkpoints").glob("*-*") if p.is_dir())
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why `path` cannot be a complete checkpoint file, or None. torch.save writes a zip archive
+    whose directory is at its end, so a truncated file is found without reading it all."""
+    if not path.is_file():
+        return "missing"
+    if path.stat().st_size == 0:
+        return "empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return "truncated or corrupt (not a complete torch.save archive)"
+    return None
+
+
+def _learner_files(d: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in d.glob("rank-*.pt") if p.stem.split("-")[1].isdigit())
+
+
+def check_resumable(run_dir: Path, learners: int) -> Path:
+    """The checkpoint `learners` learners would resume from, checked cheaply (pointer, one file per
+    learner and no more, each a complete archive) without loading it; else a TrainingError saying
+    what to do. Writes nothing."""
+    d = latest_step_dir(run_dir)
+    if d is None:
+        raise TrainingError(f"{run_dir}: no checkpoint to resume from; start it again without --resume")
+    ranks = _learner_files(d)
+    if ranks and ranks != list(range(len(ranks))):
+        raise TrainingError(f"{d}: learner files {', '.join(f'rank-{r}.pt' for r in ranks)} are not "
+                            f"rank-0.pt..rank-{len(ranks) - 1}.pt; {_advice(run_dir, d)}")
+    if ranks and len(ranks) != learners:
+        raise TrainingError(f"{d}: checkpoint of {len(ranks)} learner(s), this resume has {learners}; "
+                            f"resume with --learners {len(ranks)}")
+    for rank in range(learners):
+        problem = _file_problem(d / f"rank-{rank}.pt")
+        if problem:
+            raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {_advice(run_dir, d)}")
+    return d
+
+
+def _advice(run_dir: Path, broken: Path) -> str:
+    """What to do about a checkpoint that cannot be loaded: point `latest` at an older complete one."""
+    for d in reversed(_checkpoint_dirs(run_dir)):
+        ranks = _learner_files(d)
+        if d != broken and ranks and all(_file_problem(d / f"rank-{r}.pt") is None for r in ranks):
+            pointer = run_dir / "checkpoints" / "latest"
+            return f"resume from the complete checkpoint before it with `echo {d.name} > {pointer}`"
+    return "no complete checkpoint is left: start a new run with --out"
+
+
+def remove_stale_temporaries(run_dir: Path, rank: int) -> None:
+    """Delete what interrupted writes left behind: this learner's hidden checkpoint temporaries,
+    and for rank 0 those of `latest` and of the run directory's own files."""
+    stale = list((run_dir / "checkpoints").glob(f"*/.rank-{rank}.pt.*.tmp"))
+    if rank == 0:
+        stale += list((run_dir / "checkpoints").glob(".latest.*.tmp")) + list(run_dir.glob(".*.tmp"))
+    for path in stale:
+        if path.is_file():
+            path.unlink(missing_ok=True)
 
 
 def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
-    d = latest_step_dir(run_dir)
-    if d is None:
-        raise TrainingError(f"{run_dir}: no checkpoint to resume from")
+    remove_stale_temporaries(run_dir, rank)
+    d = check_resumable(run_dir, world_size)
     path = d / f"rank-{rank}.pt"
-    if not path.is_file():
-        raise TrainingError(f"{path}: missing (was the run made with {world_size} learners?)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {_advice(run_dir, d)}") from None
 
 
 def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> None:
     """The final (consensus) model plus what decoding needs, written atomically."""
-    with atomic_path(path) as tmp:
-        torch.save({"model": model.state_dict(), **extra}, tmp)
+    save_torch_atomic(path, {"model": model.state_dict(), **extra})
 
 
 def load_model(path: Path, build: Callable[[dict], torch.nn.Module]) -> tuple[torch.nn.Module, dict]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -12,17 +13,51 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+# errno values that mean "this output cannot be written", whatever the file
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
+
+
+@contextlib.contextmanager
+def output_errors(path: str | os.PathLike) -> Iterator[None]:
+    """While writing `path` (a file or an output directory), a full disk, a read-only file system
+    or a missing permission becomes one OutputError line naming the file (or `path`) and the
+    system's reason; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        from asrdist.errors import OutputError
+
+        raise OutputError(f"{exc.filename or path}: cannot write: {exc.strerror or exc}") from None
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file's data, or a directory's entries (a rename), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success rename it onto `path`, else delete it."""
+    """Yield a temporary path beside `path`; on success fsync it, rename it onto `path` and fsync
+    the directory, so after a crash `path` holds the old content or the whole new one; else
+    delete it. Unwritable output (disk full, ...) is one OutputError naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with output_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with output_errors(path):
+            yield tmp
+            fsync_path(tmp)
+            os.replace(tmp, path)
+            fsync_path(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -30,14 +65,25 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp.write_text(text, encoding="utf-8")
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def save_torch_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """`torch.save` through atomic_path. It writes into a Python file object: given a file name,
+    torch reports a full disk as a RuntimeError from its C++ writer, without errno or file."""
+    import torch
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as exc:  # closing its archive after a failed write hides the OSError
+            if isinstance(exc.__context__, OSError):
+                raise exc.__context__ from None
+            raise
 
 
 def _default_in_child() -> None:
@@ -77,20 +123,22 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     """Build a directory under a temporary name and rename it onto `path` only on success.
 
     If anything raises, the temporary directory is removed and `path` is untouched, so a failed
-    command never leaves a half-written output behind; SIGTERM counts as raising.
+    command never leaves a half-written output behind; SIGTERM counts as raising. A full disk or
+    an unwritable directory is one OutputError naming the file (or `path`).
     """
     path = Path(path)
     if path.exists() and not overwrite and any(path.iterdir()):
         from asrdist.errors import AsrdistError
 
         raise AsrdistError(f"{path}: output directory exists and is not empty")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with output_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a corpus should be as readable as any dir
     try:
-        with sigterm_as_exit():  # a `kill` must not leave the hidden temporary directory behind
+        with sigterm_as_exit(), output_errors(path):  # a `kill` must not leave the temporary directory behind
             yield tmp
         if path.exists():
             old = path.with_name(f".{path.name}.old")

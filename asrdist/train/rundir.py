@@ -1,0 +1,103 @@
+"""What `asrdist train` may do to a run directory, and what it undoes.
+
+- A `--resume` is checked against the run's saved config and its latest checkpoint before the
+  run directory is touched: settings that shape the model, the optimizer state, the learners or
+  their samplers must be the ones the checkpoint was made with (`check_resume`).
+- Each resume records its resolved config and the overrides that made it as
+  `config-resume-K.yaml` beside the first start's `config.yaml`, which is never rewritten.
+- A start that fails before any checkpoint is published removes what it added to the run
+  directory (config.yaml, env.json, targets.pt, metrics, tensorboard/, a resume's config record),
+  keeping only the failure reports (`failed-rank-*`, `*.log`). Once a checkpoint exists the run
+  directory stays, to be resumed.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from asrdist.config import RunConfig
+from asrdist.errors import AsrdistError, ConfigError
+from asrdist.train import checkpoint as ckpt
+from asrdist.utils.io import write_text_atomic
+
+# Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
+# output classes), its optimizer state, its learners, and its samplers' saved positions.
+RESUME_FIXED = (
+    "model.name", "model.hidden_layers", "model.hidden_dim", "model.activation", "model.context",
+    "model.chunk", "model.subsample", "data.num_mel_bins", "data.cmvn", "data.targets", "data.tied_states",
+    "optim.name", "optim.natural_gradient", "train.learners", "strategy.name", "data.batch_size",
+    "data.window_utterances", "seed",
+)
+# What a failed start leaves behind on purpose: the reasons it failed.
+REPORT_PATTERNS = ("failed-rank-*", "*.log")
+
+
+def _value(tree: dict, key: str):
+    for part in key.split("."):
+        tree = tree.get(part, {}) if isinstance(tree, dict) else {}
+    return tree
+
+
+def check_resume(cfg: RunConfig, run_dir: Path, saved: RunConfig) -> Path:
+    """The checkpoint `cfg` resumes `run_dir` from, once `cfg` fits it; else one ConfigError or
+    TrainingError line saying what to do. `saved` is the config the run last started with."""
+    now, then = cfg.to_dict(), saved.to_dict()
+    for key in RESUME_FIXED:
+        if _value(now, key) != _value(then, key):
+            hint = (f"resume with --learners {then['train']['learners']}" if key == "train.learners" else
+                    f"resume with --strategy {then['strategy']['name']}" if key == "strategy.name" else
+                    f"drop the override to resume with {key}={_value(then, key)!r}")
+            raise ConfigError(f"{key}: {run_dir} was trained with {_value(then, key)!r}, this resume asks for "
+                              f"{_value(now, key)!r}; a checkpoint resumes only with the settings it was made "
+                              f"with: {hint}, or start a new run with --out")
+    return ckpt.check_resumable(run_dir, cfg.train.learners)
+
+
+def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str], taken: list[int]) -> Path:
+    """Write the next `config-resume-K.yaml` (K > every number in `taken`): the resolved config,
+    headed by a comment with the overrides and flags this resume was given."""
+    path = run_dir / f"config-resume-{max(taken, default=0) + 1}.yaml"
+    header = "# asrdist train --resume: " + (" ".join(overrides) if overrides else "no overrides") + "\n"
+    write_text_atomic(path, header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return path
+
+
+def _is_report(path: Path) -> bool:
+    return any(path.match(pattern) for pattern in REPORT_PATTERNS)
+
+
+def _latest_name(run_dir: Path) -> str | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    return pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+
+
+@contextlib.contextmanager
+def undone_on_failure(run_dir: Path) -> Iterator[None]:
+    """Run a start of `run_dir`; if it raises before a new checkpoint is published, remove every
+    entry it added to the directory (failure reports excepted) and the directory itself if it
+    made it and nothing is left. A failure after a checkpoint says how to resume."""
+    existed = run_dir.is_dir()
+    before = set(run_dir.iterdir()) if existed else set()
+    latest = _latest_name(run_dir)
+    try:
+        yield
+    except BaseException as exc:
+        now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
+        if now_latest == latest or now_latest is None:
+            for path in (set(run_dir.iterdir()) - before) if run_dir.is_dir() else ():
+                if _is_report(path):
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
+                run_dir.rmdir()
+        elif isinstance(exc, AsrdistError):
+            raise type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
+                            f"`asrdist train --resume {run_dir}`)") from None
+        raise

@@ -1,0 +1,398 @@
+"""Bad input, bad resumes and full disks, one table (issue 12): every case must exit non-zero with
+one line on stderr, `asrdist: error: ...`, naming the thing, and leave nothing half-written.
+
+Run the table: `.venv/bin/python -m pytest -q tests/test_bad_input.py`. Almost every case fails
+before a learner starts (in-process `asrdist.cli.main`); three real one-learner runs on a tiny
+corpus give a checkpointed run to resume, a run that diverges and a run whose disk fills up.
+"""
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import os
+import shutil
+import wave
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from asrdist.cli import main
+from asrdist.corpus.audio import read_wav
+from asrdist.corpus.kaldi_dir import read_alignments, write_alignments
+from asrdist.errors import DataError
+from asrdist.features.store import FeatureStore
+from asrdist.train import checkpoint as ckpt
+from tests.corpus_fixture import make_tone_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "configs/default.yaml")
+TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
+        "optim.anneal_after_epoch=null", "train.log_every=1", "train.threads=1", "--epochs", "1", "--no-progress"]
+
+
+# ------------------------------------------------------------------ fixtures and helpers
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A tiny tone corpus with features: 2 training speakers x 6 utterances."""
+    path = make_tone_corpus(tmp_path_factory.mktemp("bad") / "corpus", utterances_per_speaker=6, speakers=4)
+    assert main(["features", str(path), "--jobs", "1"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> Path:
+    """A finished one-learner run with checkpoints at steps 2 and 4 (latest: step 4)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=2", "train.max_steps=4", "--data", str(corpus),
+                 "--out", str(run)]) == 0
+    assert ckpt.latest_step_dir(run).name == "step-00000004"
+    return run
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    """Every file (with its size and modification time) and directory under `path`."""
+    if not path.exists():
+        return {}
+    return {str(p.relative_to(path)): (0, 0) if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in path.rglob("*")}
+
+
+def copy_data(src: Path, dst: Path, ignore=None) -> Path:
+    """Copy a corpus or split; its tables name audio and alignments by absolute path, so they are
+    pointed at the copy (a case that damages the copy's audio must not damage the fixture's)."""
+    shutil.copytree(src, dst, ignore=ignore)
+    for table in list(dst.rglob("wav.scp")) + list(dst.rglob("alignment.scp")):
+        table.write_text(table.read_text().replace(str(src), str(dst)))
+    return dst
+
+
+def error_line(capsys) -> str:
+    """The one line on stderr (a terminal's progress bars, `...%|###|`, aside)."""
+    lines = [line.split("\r")[-1] for line in capsys.readouterr().err.splitlines()]
+    lines = [line for line in lines if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("asrdist: error: "), lines
+    return lines[0]
+
+
+def fill_disk(monkeypatch, under: Path, only: str = "") -> None:
+    """Every file opened for writing below `under` (whose path contains `only`) fails to write with
+    ENOSPC, as on a full disk: the files a command writes, whichever module writes them."""
+    real_open = builtins.open
+
+    class FullFile:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    def full_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") \
+                and str(Path(file).absolute()).startswith(str(under)) and only in str(file):
+            return FullFile(f)
+        return f
+
+    monkeypatch.setattr(builtins, "open", full_open)
+    monkeypatch.setattr(io, "open", full_open)
+
+
+def write_stereo(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:
+    """Make `path` a 2-channel WAV: channel 1 its audio (if any), channel 0 noise."""
+    if path.is_file():
+        samples, rate = read_wav(path)
+    else:
+        samples = np.zeros(int(seconds * rate), dtype=np.int16)
+    noise = np.random.default_rng(0).normal(0, 2000, len(samples)).astype("<i2")
+    samples = np.stack([noise, samples.astype("<i2")], axis=1)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+
+
+def kaldi_dir(tmp: Path, corpus: Path, ids: list[str], wav: Callable[[int], Path]) -> Path:
+    """A plain Kaldi data directory of `ids`, utterance i's audio at `wav(i)`."""
+    src = tmp / "kaldi"
+    src.mkdir()
+    (src / "wav.scp").write_text("".join(f"{u} {wav(i)}\n" for i, u in enumerate(ids)))
+    (src / "text").write_text("".join(f"{u} a b\n" for u in ids))
+    (src / "utt2spk").write_text("".join(f"{u} spk\n" for u in ids))
+    return src
+
+
+# ------------------------------------------------------------------ the table
+
+@dataclass
+class Case:
+    """`setup(tmp, corpus, trained) -> argv`; the error line must contain every string of `names`;
+    `watch(tmp)` is what must be left exactly as it was (default: all of tmp)."""
+
+    setup: Callable[[Path, Path, Path], list[str]]
+    names: tuple[str, ...]
+    watch: Callable[[Path], Path] = lambda tmp: tmp
+
+
+def _copy_run(tmp: Path, trained: Path) -> Path:
+    run = tmp / "run"
+    shutil.copytree(trained, run)
+    return run
+
+
+def _resume(change: Callable[[Path], None], *argv: str):
+    def setup(tmp, corpus, trained):
+        run = _copy_run(tmp, trained)
+        change(run)
+        return ["train", RECIPE, "--resume", str(run), "--no-progress", *argv]
+    return setup
+
+
+def _as_two_learners(run: Path) -> None:
+    """The run as a 2-learner sync run would have left it."""
+    tree = yaml.safe_load((run / "config.yaml").read_text())
+    tree["train"]["learners"], tree["strategy"] = 2, {"name": "sync"}
+    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    for step in ("step-00000002", "step-00000004"):
+        shutil.copy(run / "checkpoints" / step / "rank-0.pt", run / "checkpoints" / step / "rank-1.pt")
+
+
+def _latest_file(run: Path) -> Path:
+    return ckpt.latest_step_dir(run) / "rank-0.pt"
+
+
+def _fresh(*argv: str):
+    """A new run on a corpus that does not exist: config errors must come before anything is read."""
+    def setup(tmp, corpus, trained):
+        return ["train", RECIPE, *argv, "--data", str(tmp / "no-corpus"), "--out", str(tmp / "out"), "--no-progress"]
+    return setup
+
+
+def _damaged(change: Callable[[Path], None], command: str = "train"):
+    """`asrdist train` (or `features`) on a copy of the corpus changed by `change`."""
+    def setup(tmp, corpus, trained):
+        copy = copy_data(corpus, tmp / "corpus")
+        change(copy)
+        if command == "features":
+            return ["features", str(copy), "--jobs", "1"]
+        return ["train", RECIPE, *TINY, "--data", str(copy), "--out", str(tmp / "out")]
+    return setup
+
+
+def _edit_index(change: Callable[[list[list[str]]], None]):
+    def edit(corpus: Path) -> None:
+        index = corpus / "train" / "feats" / "index.tsv"
+        rows = [line.split("\t") for line in index.read_text().splitlines()]
+        change(rows)
+        index.write_text("".join("\t".join(r) + "\n" for r in rows))
+    return edit
+
+
+def _overlap(rows):  # the second utterance of shard 0 starts inside the first one's rows
+    rows[1][2] = str(int(rows[1][2]) - 3)
+
+
+def _other_rows(rows):  # two utterances' offsets swapped: each now reads (part of) the other's rows
+    rows[0][2], rows[1][2] = rows[1][2], rows[0][2]
+
+
+def _longer_alignment(corpus: Path) -> None:
+    split = corpus / "train"
+    alignments = read_alignments(split)
+    first = sorted(alignments)[0]
+    alignments[first] = np.concatenate([alignments[first], np.zeros(7, dtype=np.int32)])
+    write_alignments(split, alignments)
+
+
+def _truncate_shard(corpus: Path) -> None:
+    shard = corpus / "train" / "feats" / "shard-00000.f32"
+    shard.write_bytes(shard.read_bytes()[:-40 * 4 * 5])
+
+
+def _raw_split(change: Callable[[Path], None], *flags: str):
+    """`asrdist features` on a copy of the training split without features, changed by `change`."""
+    def setup(tmp, corpus, trained):
+        split = copy_data(corpus / "train", tmp / "split", ignore=shutil.ignore_patterns("feats"))
+        change(split)
+        return ["features", str(split), "--jobs", "1", *flags]
+    return setup
+
+
+def _first_wav(split: Path) -> Path:
+    return Path(sorted((split / "wav.scp").read_text().split("\n")[0].split()[1:])[0])
+
+
+def _stereo_import(tmp, corpus, trained):
+    write_stereo(tmp / "stereo.wav")
+    src = kaldi_dir(tmp, corpus, ["u1"], lambda i: tmp / "stereo.wav")
+    return ["corpus", "import-kaldi", str(src), str(tmp / "imported")]
+
+
+def _spaced_ids(tmp, corpus, trained):
+    wavs = sorted((corpus / "train" / "wav").glob("*.wav"))
+    src = kaldi_dir(tmp, corpus, ["spk2 000", "spk2-001"], lambda i: wavs[i])
+    return ["corpus", "import-kaldi", str(src), str(tmp / "imported")]
+
+
+CASES: dict[str, Case] = {
+    # --- resume: refused before the run directory is touched
+    "resume: a bad override": Case(_resume(lambda run: None, "train.log_every=0"), ("train.log_every",)),
+    "resume: changed model shape": Case(_resume(lambda run: None, "model.hidden_dim=128"),
+                                        ("model.hidden_dim", "was trained with 16")),
+    "resume: changed sampler batch": Case(_resume(lambda run: None, "data.batch_size=64"), ("data.batch_size",)),
+    "resume: changed strategy": Case(_resume(lambda run: None, "--strategy", "averaging"), ("strategy.name",)),
+    "resume: 1 -> 2 learners": Case(_resume(lambda run: None, "--learners", "2", "--strategy", "sync"),
+                                    ("train.learners", "--learners 1")),
+    "resume: 2 -> 1 learners": Case(_resume(_as_two_learners, "--learners", "1"),
+                                    ("train.learners", "--learners 2")),
+    "resume: truncated checkpoint": Case(
+        _resume(lambda run: _latest_file(run).write_bytes(_latest_file(run).read_bytes()[:3000])),
+        ("step-00000004/rank-0.pt", "truncated", "echo step-00000002 >")),
+    "resume: empty checkpoint": Case(_resume(lambda run: _latest_file(run).write_bytes(b"")),
+                                     ("step-00000004/rank-0.pt", "empty", "echo step-00000002 >")),
+    "resume: empty latest": Case(_resume(lambda run: (run / "checkpoints" / "latest").write_text("")),
+                                 ("checkpoints/latest", "empty", "step-00000002, step-00000004")),
+    "resume: latest names no checkpoint": Case(
+        _resume(lambda run: (run / "checkpoints" / "latest").write_text("step-00000099\n")),
+        ("checkpoints/latest", "step-00000099")),
+    # --- config: refused before anything is read or made
+    "config: train.log_every=0": Case(_fresh("train.log_every=0"), ("train.log_every", ">= 1")),
+    "config: train.validate_every_epochs=0": Case(_fresh("train.validate_every_epochs=0"),
+                                                  ("train.validate_every_epochs", ">= 1")),
+    "config: train.threads=-1": Case(_fresh("train.threads=-1"), ("train.threads", ">= 0")),
+    "config: train.timeout_seconds=-5": Case(_fresh("train.timeout_seconds=-5"), ("train.timeout_seconds", "> 0")),
+    "config: train.max_steps=-3": Case(_fresh("train.max_steps=-3"), ("train.max_steps", ">= 0")),
+    "config: train.checkpoint_every=-1": Case(_fresh("train.checkpoint_every=-1"), ("train.checkpoint_every", ">= 0")),
+    "config: seed=-1": Case(_fresh("seed=-1"), ("seed", ">= 0")),
+    "config: data.num_mel_bins=41": Case(_fresh("data.num_mel_bins=41"), ("data.num_mel_bins", "40 or 80")),
+    "config: batch not divisible by learners": Case(_fresh("data.batch_size=255", "--learners", "2",
+                                                           "--strategy", "sync"), ("data.batch_size", "multiple")),
+    "config: train.straggler.slowdown=0.5": Case(_fresh("train.straggler.slowdown=0.5"),
+                                                 ("train.straggler.slowdown", ">= 1")),
+    "config: straggler rank beyond the learners": Case(_fresh("train.straggler.ranks=[3]", "--learners", "2",
+                                                              "--strategy", "sync"), ("train.straggler.ranks",)),
+    "config: --learners 2 --strategy single": Case(_fresh("--learners", "2", "--strategy", "single"),
+                                                   ("train.learners", "exactly 1 learner")),
+    "config: auto batch size with 3 learners": Case(_fresh("--learners", "3", "--strategy", "onebit",
+                                                           "data.batch_size=192", "strategy.auto_batch_size=true"),
+                                                    ("strategy.auto_batch_size",)),
+    # --- data: the store and the corpus check themselves before a run directory exists
+    "data: index rows overlap": Case(_damaged(_edit_index(_overlap)), ("index.tsv", "overlap")),
+    "data: index offsets point at other rows": Case(_damaged(_edit_index(_other_rows)), ("index.tsv", "utterance")),
+    "data: shard shorter than its index": Case(_damaged(_truncate_shard), ("shard-00000.f32",)),
+    "data: missing meta.json (features)": Case(_damaged(lambda c: (c / "train/feats/meta.json").unlink(), "features"),
+                                               ("train/feats/meta.json: missing", "--overwrite")),
+    "data: frames do not match alignments": Case(_damaged(_longer_alignment), ("alignment.scp", "utterance spk2-000")),
+    "data: stereo WAV (features)": Case(_raw_split(lambda s: write_stereo(_first_wav(s))),
+                                        ("2 channels", "--channel K")),
+    "data: channel out of range": Case(_raw_split(lambda s: write_stereo(_first_wav(s)), "--channel", "2"),
+                                       ("channel 2", "has 2")),
+    "data: stereo WAV (import-kaldi)": Case(_stereo_import, ("utterance u1", "2 channels")),
+    "data: empty WAV": Case(_raw_split(lambda s: _first_wav(s).write_bytes(b"")), ("corrupt WAV", "empty file")),
+    "data: WAV cut inside its header": Case(_raw_split(lambda s: _first_wav(s).write_bytes(b"RIFF\0\0\0\0WAVEfmt ")),
+                                            ("corrupt WAV",)),
+    "data: utterance id with a space": Case(_spaced_ids, ("utterance spk2", "space")),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_writes_nothing(name, corpus, trained, tmp_path, capsys):
+    case = CASES[name]
+    argv = case.setup(tmp_path, corpus, trained)
+    capsys.readouterr()
+    before = snapshot(case.watch(tmp_path))
+    assert main(argv) != 0
+    line = error_line(capsys)
+    for text in case.names:
+        assert text in line, (text, line)
+    assert snapshot(case.watch(tmp_path)) == before
+
+
+# ------------------------------------------------------------------ cases that need a second look
+
+def test_a_store_without_meta_json_says_so(corpus, tmp_path):
+    copy_data(corpus / "train", tmp_path / "train")
+    (tmp_path / "train" / "feats" / "meta.json").unlink()
+    with pytest.raises(DataError, match=r"train/feats/meta.json: missing"):
+        FeatureStore(tmp_path / "train")
+
+
+def test_stereo_audio_is_read_with_channel(corpus, tmp_path, capsys):
+    argv = _raw_split(lambda s: write_stereo(_first_wav(s)), "--channel", "1")(tmp_path, corpus, None)
+    assert main(argv) == 0
+    meta = yaml.safe_load((tmp_path / "split" / "feats" / "meta.json").read_text())
+    assert meta["channel"] == 1 and meta["num_utterances"] == 12
+
+
+def test_a_refused_resume_leaves_the_run_resumable_and_stale_temporaries_go(trained, tmp_path, capsys):
+    run = _copy_run(tmp_path, trained)
+    original = (run / "config.yaml").read_bytes()
+    assert main(["train", RECIPE, "--resume", str(run), "model.hidden_dim=128", "--no-progress"]) != 0
+    stale = [run / "checkpoints" / "step-00000004" / ".rank-0.pt.x1.tmp", run / "checkpoints" / ".latest.x2.tmp",
+             run / ".model.pt.x3.tmp"]
+    for path in stale:
+        path.write_bytes(b"half")
+    assert main(["train", RECIPE, "--resume", str(run), "train.max_steps=6", "--no-progress"]) == 0
+    assert not any(p.exists() for p in stale)
+    assert (run / "config.yaml").read_bytes() == original
+    record = (run / "config-resume-1.yaml").read_text()
+    assert record.startswith("# asrdist train --resume: train.max_steps=6\n")
+    assert yaml.safe_load(record)["train"]["max_steps"] == 6 and not (run / "config-resume-2.yaml").exists()
+    assert ckpt.latest_step_dir(run).name > "step-00000004"  # it trained on from the checkpoint
+
+
+def test_a_fresh_run_that_fails_removes_what_it_made(corpus, tmp_path, capsys):
+    """A run diverging at its first steps leaves no config.yaml, env.json, targets.pt, tensorboard/."""
+    out = tmp_path / "out"
+    assert main(["train", RECIPE, *TINY, "optim.lr=1e30", "--data", str(corpus), "--out", str(out)]) != 0
+    assert "loss is" in error_line(capsys)
+    assert not out.exists()
+
+
+def test_full_disk_at_a_checkpoint_keeps_the_last_one(corpus, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    fill_disk(monkeypatch, run, only="step-00000004")
+    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=2", "train.max_steps=6", "--data", str(corpus),
+                 "--out", str(run)]) != 0
+    line = error_line(capsys)
+    assert "step-00000004/rank-0.pt: cannot write: No space left on device" in line and "--resume" in line
+    monkeypatch.undo()
+    assert ckpt.check_resumable(run, 1).name == "step-00000002"
+    assert torch.load(run / "checkpoints/step-00000002/rank-0.pt", weights_only=False)["loop"]["step"] == 2
+    assert not list(run.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("command", ["features", "train", "synth"])
+def test_full_disk_is_one_line_naming_the_output(command, corpus, tmp_path, monkeypatch, capsys):
+    if command == "features":
+        copy_data(corpus / "train", tmp_path / "split", ignore=shutil.ignore_patterns("feats"))
+        argv, out = ["features", str(tmp_path / "split"), "--jobs", "1"], tmp_path / "split" / "feats"
+    elif command == "train":
+        out = tmp_path / "run"
+        argv = ["train", RECIPE, *TINY, "--data", str(corpus), "--out", str(out)]
+    else:
+        if shutil.which("espeak-ng") is None:
+            pytest.skip("espeak-ng is not installed")
+        out = tmp_path / "synth"
+        argv = ["corpus", "synth", str(out), "--utterances", "3", "--jobs", "1"]
+    fill_disk(monkeypatch, tmp_path)
+    assert main(argv) != 0
+    line = error_line(capsys)
+    assert str(out) in line and "cannot write: No space left on device" in line, line
+    assert not out.exists() and not list(tmp_path.rglob("*.tmp"))
