@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asrdist.utils.io import output_errors
+
 
 class MetricsLog:
     def __init__(self, run_dir: Path, enabled: bool = True, resume_step: int | None = None):
@@ -37,7 +39,7 @@ class MetricsLog:
             return
         seconds = self._seconds_before + time.monotonic() - self._started
         record = {"kind": kind, "step": step, "seconds": round(seconds, 3), **values}
-        with open(self.path, "a", encoding="utf-8") as f:
+        with output_errors(self.path), open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for k, v in values.items():
