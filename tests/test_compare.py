@@ -1,6 +1,6 @@
 """`asrdist compare`: the report and summary.json from finished runs (made up in the real format,
 no training), the simulator's prediction beside the measured frames/s, what is trained or resumed,
-one-line errors with nothing written, and one small real comparison end to end."""
+one-line errors with nothing written. A small real comparison runs end to end in test_demo.py."""
 from __future__ import annotations
 
 import base64
@@ -163,27 +163,3 @@ def test_a_run_made_with_another_recipe_is_refused_before_training(tmp_path, no_
     assert _compare(out, corpus, "onebit,sync", "train.epochs=3") != 0
     assert "cmp/sync: trained with another config (train.epochs: 2 there, 3 asked)" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["sync"]  # no onebit run, no report
-
-
-@pytest.mark.slow
-def test_compare_end_to_end_then_rebuild_without_training(tone_corpus, tmp_path, capsys, monkeypatch):
-    """A tiny real comparison (one learner, then 2 learners under onebit); the bench table reads
-    the same runs; running it again rebuilds the report without training."""
-    out, fewer_steps = tmp_path / "cmp", "data.batch_size=128"
-    assert _compare(out, tone_corpus, "single,onebit", fewer_steps) == 0
-    summary = json.loads((out / "summary.json").read_text())
-    single, onebit = summary["runs"]
-    for r in summary["runs"]:
-        assert 0 < r["frame_accuracy"] <= 1 and r["frames_per_second"] > 0 and r["compute_seconds_per_frame"] > 0
-        assert [p["epoch"] for p in r["curve"]] == [1, 2] and 0 < r["curve"][0]["seconds"] < r["curve"][1]["seconds"]
-        assert "hidden_dim: 32" in (Path(r["path"]) / "config.yaml").read_text()
-    assert (single["learners"], single["mb_sent"]) == (1, 0) and onebit["learners"] == 2 and onebit["mb_sent"] > 0
-    assert main(["bench", "compare", str(out / "single"), str(out / "onebit")]) == 0
-    table = capsys.readouterr().out.splitlines()[-2:]
-    assert [line.split()[:3] for line in table] == [["single", "single", "1"], ["onebit", "onebit", "2"]]
-    first_page = (out / "report.html").read_text()
-    monkeypatch.setattr(launch, "train_command", lambda args: pytest.fail(f"trained {args.out} again"))
-    assert _compare(out, tone_corpus, "single,onebit", fewer_steps) == 0
-    again = json.loads((out / "summary.json").read_text())
-    assert [r["frames_per_second"] for r in again["runs"]] == [r["frames_per_second"] for r in summary["runs"]]
-    assert (out / "report.html").read_text().split("<figure>")[0] == first_page.split("<figure>")[0]

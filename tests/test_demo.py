@@ -1,0 +1,67 @@
+"""`asrdist demo` end to end on the tone corpus with a tiny DNN: the one-learner baseline and its
+PER table, then the comparison (`asrdist compare`, really trained: single and 2-learner onebit),
+its report and summary.json; `bench compare` reads the same runs; a second demo trains nothing."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+import asrdist.train.launch as launch
+from asrdist.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _workdir(tone_corpus: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A demo work directory whose corpora are copies of the tone corpus (no synthesis), and a tiny recipe."""
+    work = tmp_path / "demo"
+    for name in ("corpus", "flite"):
+        shutil.copytree(tone_corpus, work / name)
+        (work / name / "summary.json").write_text("{}\n")  # what tells the demo a corpus is built
+    tree = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    tree["model"].update(hidden_dim=32, hidden_layers=1)
+    tree["data"]["batch_size"] = 128
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    return work, config
+
+
+@pytest.mark.slow
+def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, tmp_path, capsys, monkeypatch):
+    work, config = _workdir(tone_corpus, tmp_path)
+    argv = ["demo", "--workdir", str(work), "--config", str(config), "--epochs", "2", "--learners", "2",
+            "--strategies", "onebit"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    out = work / "compare"
+    baseline = json.loads((work / "demo.json").read_text())
+    assert baseline["run"] == str(out / "single") and len(baseline["rows"]) == 2
+    assert all(0 < r["frame_accuracy"] <= 1 and r["per"] < r["prior_only_per"] for r in baseline["rows"])
+    assert printed.index("prior-only PER") < printed.index("[compare] onebit: training")  # baseline first
+    assert f"report: {(out / 'report.html').resolve()}" in printed
+
+    summary = json.loads((out / "summary.json").read_text())
+    single, onebit = summary["runs"]
+    for r in summary["runs"]:
+        assert 0 < r["frame_accuracy"] <= 1 and r["frames_per_second"] > 0 and r["compute_seconds_per_frame"] > 0
+        assert [p["epoch"] for p in r["curve"]] == [1, 2] and 0 < r["curve"][0]["seconds"] < r["curve"][1]["seconds"]
+        assert "hidden_dim: 32" in (Path(r["path"]) / "config.yaml").read_text()
+    assert (single["learners"], single["mb_sent"]) == (1, 0)
+    assert (onebit["learners"], onebit["threads_per_learner"]) == (2, 1) and onebit["mb_sent"] > 0
+    assert "<table id=\"summary\">" in (out / "report.html").read_text()
+
+    assert main(["bench", "compare", str(out / "single"), str(out / "onebit")]) == 0
+    table = capsys.readouterr().out.splitlines()[-2:]
+    assert [line.split()[:3] for line in table] == [["single", "single", "1"], ["onebit", "onebit", "2"]]
+
+    first_page = (out / "report.html").read_text()
+    monkeypatch.setattr(launch, "train_command", lambda args: pytest.fail(f"trained {args.out} again"))
+    assert main(argv) == 0
+    assert "not trained again" in capsys.readouterr().out
+    again = json.loads((out / "summary.json").read_text())
+    assert [r["frames_per_second"] for r in again["runs"]] == [r["frames_per_second"] for r in summary["runs"]]
+    assert (out / "report.html").read_text().split("<figure>")[0] == first_page.split("<figure>")[0]
