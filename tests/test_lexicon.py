@@ -68,3 +68,30 @@ def test_corpus_lexicon_gives_phone_targets_of_an_unaligned_split(tmp_path: Path
     tokens = lexicon_phone_tokens(corpus / "train")
     assert tokens == {"a-1": list(ids("w", "ah", "n", "t", "uw"))}
     assert "three" in capsys.readouterr().err
+
+
+def test_import_kaldi_stores_the_lexicon_and_refuses_a_bad_one_up_front(tmp_path: Path, capsys):
+    from asrdist.cli import main
+    from asrdist.corpus.kaldi_dir import read_data_dir
+    from corpus_fixture import make_tone_corpus
+
+    src = make_tone_corpus(tmp_path / "src", utterances_per_speaker=2, speakers=4, seed=0)
+    for split in ("train", "valid", "test"):  # an unaligned corpus
+        (src / split / "alignment.scp").unlink()
+        (src / split / "alignment.ark").unlink()
+    bad = tmp_path / "bad.dict"
+    bad.write_text("aa zz\n")
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "nope"), "--lexicon", str(bad)]) != 0
+    assert "bad.dict:1: phone 'zz'" in capsys.readouterr().err and not (tmp_path / "nope").exists()
+    words = sorted({w for s in ("train", "valid", "test") for u in read_data_dir(src / s).utterances.values()
+                    for w in u.text.split()})
+    lexicon = tmp_path / "cmu.dict"
+    lexicon.write_text("".join(f"{w.upper()}  {w.upper()}1\n" for w in words[1:]) + "UNUSED  AA1\n")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--lexicon", str(lexicon)]) == 0
+    assert f"not in the lexicon: {words[0]}" in capsys.readouterr().err
+    assert "unused" not in (out / "lexicon.txt").read_text()
+    tokens = lexicon_phone_tokens(out / "train")
+    texts = {u: d.text for u, d in read_data_dir(out / "train").utterances.items()}
+    assert tokens and set(tokens) == {u for u, t in texts.items() if words[0] not in t.split()}
+    assert all(tokens[u] == [T.id(w) for w in texts[u].split()] for u in tokens)

@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_split_options(k, "subdirectory")
     k.add_argument("--alignments", type=Path, default=None,
                    help="alignment ark/scp/text (int phone ids per frame); default: SRC/alignment.scp if present")
+    k.add_argument("--lexicon", type=Path, default=None,
+                   help="pronunciation dictionary (Kaldi lexicon.txt or CMU dict), stored as OUT/lexicon.txt: "
+                        "phone targets of an unaligned corpus and `asrdist align` come from it")
     k.add_argument("--channel", type=int, default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel audio, which is an error without it "
                         "(give `asrdist features` the same --channel)")

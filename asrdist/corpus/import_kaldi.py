@@ -387,6 +387,9 @@ def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
 
     single, mapping = parse_split_options(args.split or [])
+    from asrdist.corpus.lexicon import Lexicon, store_lexicon
+
+    lexicon = Lexicon.read(args.lexicon) if args.lexicon else None  # a bad lexicon fails before any output
     if (args.src / "wav.scp").is_file() and single is None and not mapping:
         if args.valid_speakers is not None:
             raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
@@ -399,6 +402,8 @@ def import_command(args) -> int:
         summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
                                       valid_speakers=args.valid_speakers, alignments=args.alignments,
                                       skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
+    if lexicon is not None:
+        summary["lexicon"] = store_lexicon(lexicon, args.out)
     print(json.dumps(summary, indent=2))
     return 0
 

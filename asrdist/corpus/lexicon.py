@@ -151,14 +151,22 @@ def corpus_lexicon(corpus: Path) -> Lexicon | None:
     return Lexicon.read(path) if path.is_file() else None
 
 
-def store_lexicon(lexicon_file: str | Path, corpus: Path, texts: Iterable[str]) -> dict:
-    """Write the entries `texts` use into `corpus/lexicon.txt`; report and count missing words."""
+def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable[str] | None = None) -> dict:
+    """Write the entries the corpus' transcripts use (`texts`, default: every split's) into
+    `corpus/lexicon.txt`; report and count words it lacks."""
+    if not isinstance(lexicon, Lexicon):
+        lexicon = Lexicon.read(lexicon)
+    if texts is None:
+        from asrdist.corpus.kaldi_dir import read_data_dir
+
+        splits = [Path(corpus)] if (Path(corpus) / "text").is_file() else \
+            [d for d in sorted(Path(corpus).iterdir()) if (d / "text").is_file()]
+        texts = [u.text for d in splits for u in read_data_dir(d).utterances.values()]
     texts = list(texts)
-    lexicon = Lexicon.read(lexicon_file)
     missing = lexicon.missing_words(texts)
     absent = set(missing)
     skipped = sum(1 for t in texts if any(normalize_word(w) in absent for w in t.split()))
-    report_missing(missing, skipped, str(lexicon_file))
+    report_missing(missing, skipped, str(corpus))
     lexicon.restricted_to(w for t in texts for w in t.split()).write(Path(corpus) / LEXICON_NAME)
     return {"lexicon_words": len(lexicon), "missing_words": missing, "utterances_without_lexicon": skipped}
 
