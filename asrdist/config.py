@@ -113,6 +113,9 @@ class TrainConfig:
     dropped on every learner that shares the step, counted in summary.json)."""
     max_skips_in_a_row: int = 10
     """skip: this many non-finite minibatches in a row stop the run."""
+    max_restarts: int = 0
+    """When a learner fails, torchrun restarts every learner this many times at most; each restart
+    resumes from the last checkpoint (`--max-restarts` of torch.distributed.run)."""
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
@@ -124,6 +127,7 @@ class TrainConfig:
         if self.nonfinite not in ("stop", "skip"):
             raise ConfigError(f"train.nonfinite: expected stop or skip, got {self.nonfinite!r}")
         check_field("train.max_skips_in_a_row", self.max_skips_in_a_row, at_least=1)
+        check_field("train.max_restarts", self.max_restarts, at_least=0, at_most=100)
         if not isinstance(self.straggler, StragglerConfig):
             raise ConfigError(f"train.straggler: expected a mapping, got {self.straggler!r}")
 

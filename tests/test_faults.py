@@ -72,3 +72,36 @@ def test_learners_die_with_a_sigkilled_command(tone_corpus, tmp_path):
     proc.kill()
     proc.wait(DEADLINE_S)
     _until(lambda: not _processes_of(run_dir), "the orphaned agent and learners to stop by themselves")
+
+
+def _learner_pids(run_dir: Path) -> list[int]:
+    def learner(pid: int) -> bool:  # a worker, not the torch.distributed.run agent that names it too
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"asrdist.train.worker" in cmdline and b"torch.distributed.run" not in cmdline
+
+    return [pid for pid in _processes_of(run_dir) if learner(pid)]
+
+
+def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends_as_uninterrupted(
+        tone_corpus, tmp_path):
+    common = ["train", "configs/default.yaml", *TINY, "--data", str(tone_corpus), "--learners", "2",
+              "--strategy", "sync", "--epochs", "3", "--no-progress", "train.checkpoint_every=10"]
+    reference = subprocess.run([sys.executable, "-m", "asrdist.cli", *common, "--out", str(tmp_path / "ref")],
+                               capture_output=True, text=True, timeout=DEADLINE_S * 2)
+    assert reference.returncode == 0, reference.stderr
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", *common, "--out", str(run_dir),
+                             "train.max_restarts=1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _until(lambda: (run_dir / "checkpoints" / "latest").is_file() or proc.poll() is not None, "a checkpoint")
+    victims = _learner_pids(run_dir)
+    assert proc.poll() is None and len(victims) == 2
+    os.kill(victims[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=DEADLINE_S * 2)
+    assert proc.returncode == 0, err
+    assert "[asrdist] restart 1 after a learner failed: resuming from step-" in err
+    import json
+
+    ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    got = json.loads((run_dir / "summary.json").read_text())
+    assert got["steps"] == ref["steps"]
+    assert got["final"]["valid_loss"] == pytest.approx(ref["final"]["valid_loss"], rel=1e-6)

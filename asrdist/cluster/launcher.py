@@ -38,12 +38,15 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
-                    timeout: float | None = None, nodes: int = 1, network: str = "1gbit") -> None:
+                    timeout: float | None = None, nodes: int = 1, network: str = "1gbit",
+                    max_restarts: int = 0) -> None:
     """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
-    emulated hosts joined by `network` links; raise TrainingError on failure."""
+    emulated hosts joined by `network` links; when a learner fails, torch's launcher restarts them
+    all up to `max_restarts` times (the module resumes: TORCHELASTIC_RESTART_COUNT); raise
+    TrainingError on failure."""
     threads = max(1, len(os.sched_getaffinity(0)) // learners)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    common = ["--max-restarts", "0", "--monitor-interval", "0.5"]
+    common = ["--max-restarts", str(max_restarts), "--monitor-interval", "0.5"]
     if nodes == 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", str(learners), *common, "-m", module, *args]
@@ -167,6 +170,8 @@ def _pump(proc: subprocess.Popen, tail: list[str], log) -> None:
         log.flush()
         tail.append(line)
         del tail[:-400]
+        if line.startswith("[asrdist]"):  # a learner's own line again (after a restart)
+            hidden = False
         hidden = hidden or line.startswith("Traceback (most recent call last)") or "ChildFailedError" in line
         if not hidden and not _launcher_noise(line):
             sys.stderr.write(line)

@@ -35,6 +35,8 @@ class JobEnv:
     world_size: int
     local_rank: int
     local_world_size: int
+    restart: int = 0
+    """How many times torch's launcher restarted the job's learners (TORCHELASTIC_RESTART_COUNT)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
@@ -42,7 +44,8 @@ class JobEnv:
         try:
             world = int(env["WORLD_SIZE"])
             return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)))
+                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
+                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 
@@ -104,6 +107,8 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
         raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
     if store is None:
         store, _, _ = next(dist.rendezvous(init_method, env.rank, env.world_size, timeout=timeout))
+        if env.restart:  # the launcher's store outlives a restart: the earlier learners' keys stay behind
+            store = dist.PrefixStore(f"restart-{env.restart}/", store)
     backend = backend or default_backend()
     device = device_for_backend(backend, env.local_rank)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,

@@ -147,7 +147,8 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
     """`cfg.train.learners` workers of the prepared run through the cluster launcher (on `nodes`
     emulated hosts joined by `network` links when nodes > 1); the summary."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
-    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network)
+    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
+                    max_restarts=cfg.train.max_restarts)
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                             group_size=cfg.train.group_size)
         from asrdist.train.learner import run_learner
 
-        run_learner(cfg, args.run_dir, ctx, resume=args.resume, progress=not args.no_progress)
+        run_learner(cfg, args.run_dir, ctx, resume=args.resume or _restarted(args.run_dir, env),
+                    progress=not args.no_progress)
         stop_learner()
         return 0
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
@@ -49,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
         os._exit(1)
+
+
+def _restarted(run_dir: Path, env: JobEnv) -> bool:
+    """Whether torch's launcher restarted this learner (`train.max_restarts`) and a checkpoint
+    exists to resume from; without one the restart trains from the start."""
+    from asrdist.train.checkpoint import latest_step_dir
+
+    if env.restart == 0:
+        return False
+    latest = latest_step_dir(run_dir)
+    if env.rank == 0:
+        where = f"resuming from {latest.name}" if latest is not None else "no checkpoint yet: from the start"
+        print(f"[asrdist] restart {env.restart} after a learner failed: {where}", file=sys.stderr, flush=True)
+    return latest is not None
 
 
 def _die_with_parent() -> None:
