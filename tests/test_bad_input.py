@@ -396,3 +396,26 @@ def test_full_disk_is_one_line_naming_the_output(command, corpus, tmp_path, monk
     line = error_line(capsys)
     assert str(out) in line and "cannot write: No space left on device" in line, line
     assert not out.exists() and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_checkpoint_files_are_fsynced_before_their_rename_and_before_latest_moves(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    ckpt.save_learner(tmp_path, 3, 0, {"x": torch.ones(2)})
+    ckpt.publish(tmp_path, 3, 1)
+    tmp_rank = next(name for kind, name in events if kind == "fsync")
+    tmp_latest = [name for kind, name in events if kind == "fsync" and name.startswith(".latest.")][0]
+    assert events == [("fsync", tmp_rank), ("rename", "rank-0.pt"), ("fsync", "step-00000003"),
+                      ("fsync", tmp_latest), ("rename", "latest"), ("fsync", "checkpoints")]
+    assert tmp_rank.startswith(".rank-0.pt.") and ckpt.latest_step_dir(tmp_path).name == "step-00000003"
