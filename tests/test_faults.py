@@ -105,3 +105,16 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends
     got = json.loads((run_dir / "summary.json").read_text())
     assert got["steps"] == ref["steps"]
     assert got["final"]["valid_loss"] == pytest.approx(ref["final"]["valid_loss"], rel=1e-6)
+
+
+def test_bench_faults_times_the_detection_of_a_killed_learner(tone_corpus, tmp_path):
+    import json
+
+    from asrdist.cli import main
+
+    out = tmp_path / "faults.json"
+    assert main(["bench", "faults", "--data", str(tone_corpus), "--learners", "2", "--only", "sync",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["sync_named_rank"] and "rank 1 died" in result["sync_message"], result
+    assert 0 < result["sync_detect_seconds"] < DEADLINE_S and result["learners"] == 2

@@ -52,3 +52,10 @@ def test_the_launcher_stops_on_sigterm_sigint_and_sighup():
     from asrdist.cluster.launcher import _STOP_SIGNALS
 
     assert set(_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def test_a_killed_learner_whose_peers_lost_the_connection_died(tmp_path):
+    (tmp_path / "failed-rank-2.txt").write_text(
+        "learner rank 2: allreduce (timeout 180 s) failed: Connection closed by peer [127.0.0.1]:36751\n")
+    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
+    assert message == "learner rank 1 died (killed by signal 9); the job was stopped"

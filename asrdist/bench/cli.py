@@ -22,6 +22,7 @@ BENCHMARKS = {
     "straggler": "throughput kept with one learner 3x slower: sync vs adpsgd; delay-by-one speed-up",
     "compare": "strategies side by side (PER, frames/s, bytes): finished runs, or --train one per strategy",
     "simulator": "the scaling simulator against asrdist's own runs (1, 2, 4 learners, every strategy)",
+    "faults": "a real train job losing learners: detection times (sync, hung), adpsgd survival by restarts",
 }
 
 

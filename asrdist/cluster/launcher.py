@@ -185,7 +185,9 @@ def _launcher_noise(line: str) -> bool:
             or "torch.distributed.run" in line and "OMP_NUM_THREADS" in line)
 
 
-_TIMED_OUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_TIMED_OUT = re.compile(r"timed out", re.IGNORECASE)
+"""gloo's words for a peer that stopped answering ("Operation timed out!", "Timed out waiting"),
+not asrdist's "(timeout 20 s)" label, which every failed collective carries."""
 
 
 def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:

@@ -1,0 +1,203 @@
+"""`asrdist bench faults`: what a real `asrdist train` job does when learners die or hang.
+
+Every case runs the `asrdist train` command itself (torch's launcher, the real learners) on a
+corpus (`--data`, default the built-in demo corpus) with a small DNN, and injects the fault from
+outside, as an operator or the kernel would:
+
+- `sync_detect_seconds`: SIGKILL of learner rank 1 of a `--learners` sync job, to the moment the
+  command has exited; `sync_message` is its one line (it must name rank 1).
+- `hang_detect_seconds`: SIGSTOP of learner rank 1 (a hung learner: alive, silent) with
+  `train.timeout_seconds` = `--timeout-seconds`, to the exit; `hang_message` must call it hung.
+  The figure is the timeout, plus torch's launcher's grace before it kills a stopped process.
+- `adpsgd_survived`: a `--learners` adpsgd job with `train.max_restarts=2` loses 1 learner in its
+  second epoch, then 2 learners of the restarted job; it survives when the command still ends
+  with a model (exit 0, summary.json). torch's launcher restarts every learner and each restart
+  resumes from the last checkpoint (adpsgd: the last epoch end), so the updates lost are those of
+  the epoch in progress: `adpsgd_frames_lost` = sum over the kills of (job steps since that
+  checkpoint, from rank 0's step records) x the global minibatch in frames, an estimate from the
+  metrics log. `adpsgd_restarts` counts the restarts the command reported.
+
+All learners share this machine's cores (`cores`, `learners` in the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from asrdist.errors import ConfigError, TrainingError
+
+TINY = ["model.hidden_dim=128", "model.hidden_layers=2", "data.batch_size=256", "train.log_every=5",
+        "optim.warmup_steps=0"]
+CASES = ("sync", "hang", "adpsgd")
+POLL_S = 0.1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", type=Path, default=Path("demo/corpus"), help="corpus (default the demo corpus)")
+    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    parser.add_argument("--learners", type=int, default=4)
+    parser.add_argument("--timeout-seconds", type=float, default=20.0, help="train.timeout_seconds of the hang case")
+    parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
+    parser.add_argument("--deadline", type=float, default=900.0, help="seconds any one case may take")
+
+
+def run(args) -> dict[str, Any]:
+    cases = [c for c in args.only.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        raise ConfigError(f"bench faults --only: unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    if args.learners < 2:
+        raise ConfigError("bench faults --learners: at least 2 (a learner dies, another must notice)")
+    if "adpsgd" in cases and args.learners < 4:
+        raise ConfigError("bench faults --learners: the adpsgd case kills ranks 1, 2 and 3: at least 4 learners")
+    if not (args.data / "train").is_dir():
+        raise ConfigError(f"{args.data}: not a corpus directory (build one with `asrdist corpus synth` or `make demo`)")
+    out: dict[str, Any] = {"learners": args.learners, "cores": len(os.sched_getaffinity(0)),
+                           "corpus": str(args.data), "model": " ".join(TINY)}
+    with tempfile.TemporaryDirectory(prefix="asrdist-faults-") as tmp:
+        job = _Job.factory(args, Path(tmp))
+        if "sync" in cases:
+            out.update(_sync_kill(job("sync", "sync")))
+        if "hang" in cases:
+            out.update(_hang(job("hang", "sync", f"train.timeout_seconds={args.timeout_seconds}"), args.timeout_seconds))
+        if "adpsgd" in cases:
+            out.update(_adpsgd(job("adpsgd", "adpsgd", "train.max_restarts=2", epochs=3), args.learners))
+    return out
+
+
+class _Job:
+    """One `asrdist train` command under observation."""
+
+    @staticmethod
+    def factory(args, tmp: Path):
+        def make(name: str, strategy: str, *extra: str, epochs: int = 1000) -> "_Job":
+            return _Job(args, tmp / name, strategy, list(extra), epochs)
+        return make
+
+    def __init__(self, args, run_dir: Path, strategy: str, extra: list[str], epochs: int):
+        self.run_dir, self.deadline = run_dir, args.deadline
+        cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *TINY, *extra, "--data", str(args.data),
+               "--learners", str(args.learners), "--strategy", strategy, "--epochs", str(epochs),
+               "--out", str(run_dir), "--no-progress"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.err = ""
+
+    def until(self, condition, what: str) -> None:
+        end = time.monotonic() + self.deadline
+        while not condition():
+            if self.proc.poll() is not None:
+                self.finish()
+                raise TrainingError(f"bench faults: the job ended before {what}: {self.last_line()}")
+            if time.monotonic() > end:
+                self.proc.kill()
+                raise TrainingError(f"bench faults: gave up waiting for {what} after {self.deadline:g} s")
+            time.sleep(POLL_S)  # polling an outside process, not synchronisation
+
+    def records(self, kind: str) -> list[dict]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        lines = path.read_text(errors="replace").splitlines()
+        return [r for r in (json.loads(x) for x in lines if x.strip().endswith("}")) if r.get("kind") == kind]
+
+    def learners(self) -> dict[int, int]:
+        """rank -> pid of the live learner processes of this run (not the launcher agent)."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"asrdist.train.worker" in cmdline and str(self.run_dir).encode() in cmdline \
+                    and b"torch.distributed.run" not in cmdline:
+                env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
+                if b"RANK" in env:
+                    found[int(env[b"RANK"])] = int(entry.name)
+        return found
+
+    def finish(self) -> int:
+        _, err = self.proc.communicate(timeout=self.deadline)
+        self.err += err
+        return self.proc.returncode
+
+    def last_line(self) -> str:
+        lines = self.err.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def _training(job: _Job) -> None:
+    job.until(lambda: job.records("train") and len(job.learners()) >= 2, "training to start")
+
+
+def _sync_kill(job: _Job) -> dict[str, Any]:
+    _training(job)
+    os.kill(job.learners()[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = job.finish()
+    seconds = time.monotonic() - t0
+    message = job.last_line()
+    return {"sync_detect_seconds": seconds, "sync_exit_code": rc, "sync_message": message,
+            "sync_named_rank": "rank 1" in message}
+
+
+def _hang(job: _Job, timeout_s: float) -> dict[str, Any]:
+    _training(job)
+    pid = job.learners()[1]
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        rc = job.finish()
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    seconds = time.monotonic() - t0
+    message = job.last_line()
+    return {"hang_detect_seconds": seconds, "hang_timeout_seconds": timeout_s, "hang_exit_code": rc,
+            "hang_message": message, "hang_named_as_hung": "rank 1 hung" in message}
+
+
+def _adpsgd(job: _Job, learners: int) -> dict[str, Any]:
+    batch = int(next(o.split("=")[1] for o in TINY if o.startswith("data.batch_size=")))
+    lost_steps = 0
+    # the first kill in the second epoch (after the first epoch's checkpoint), the second once the
+    # restarted learners train again
+    job.until(lambda: job.records("epoch") and len(job.learners()) == learners, "the first epoch's end")
+    for restart, ranks in enumerate(((1,), (2, 3)), start=1):
+        seen = len(job.records("train"))
+        job.until(lambda: len(job.records("train")) > seen and len(job.learners()) == learners,
+                  f"training before kill {restart}")
+        epochs = job.records("epoch")
+        resumed_from = epochs[-1]["step"] if epochs else 0
+        pids = job.learners()
+        for rank in ranks:
+            os.kill(pids[rank], signal.SIGKILL)
+        lost_steps += max(0, job.records("train")[-1]["step"] - resumed_from)
+        job.until(lambda: f"[asrdist] restart {restart} after" in _launcher_log(job), f"restart {restart}")
+    rc = job.finish()
+    summary_path = job.run_dir / "summary.json"
+    survived = rc == 0 and summary_path.is_file()
+    summary = json.loads(summary_path.read_text()) if survived else {}
+    return {"adpsgd_survived": survived, "adpsgd_frames_lost": lost_steps * batch,
+            "adpsgd_restarts": _launcher_log(job).count("[asrdist] restart "), "adpsgd_exit_code": rc,
+            "adpsgd_message": "" if survived else job.last_line(),
+            "adpsgd_final": summary.get("final", {}), "adpsgd_killed": [[1], [2, 3]]}
+
+
+def _launcher_log(job: _Job) -> str:
+    """Everything the learners and launcher printed so far (the command's own stderr is read once
+    it ends)."""
+    log = job.run_dir / "launcher.log"
+    return log.read_text(errors="replace") if log.is_file() else ""
