@@ -176,7 +176,8 @@ def run_config(run_dir: Path) -> RunConfig:
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
 
 
-def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None) -> tuple[float | None, str]:
+def predict_frames_per_second(run_dir: Path, learners: int,
+                              seconds_per_frame: float | None) -> tuple[float | None, str]:
     """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
     and node shape, from the compute time per frame a lone learner measured (`seconds_per_frame`,
     the comparison's `single` run); (None, why) when it cannot."""
