@@ -14,9 +14,11 @@ COMMAND_MODULES = (
     "asrdist.train.cli",
     "asrdist.train.prepare_cli",
     "asrdist.eval.cli",
+    "asrdist.align.cli",
     "asrdist.bench.cli",
     "asrdist.compare.cli",
     "asrdist.topology_cli",
+    "asrdist.sim.cli",
     "asrdist.demo",
 )
 

@@ -58,16 +58,39 @@ class DataConfig:
     """Global minibatch: frames (DNN), chunks (LSTM) or max frames per batch (CTC); split evenly across learners."""
     window_utterances: int = 64
     """Frame randomization window, in utterances."""
+    speed_perturb: list[float] = field(default_factory=list)
+    """Speed perturbation as in Kaldi recipes, e.g. [0.9, 1.0, 1.1]: a copy of every training utterance
+    at each factor other than 1.0 (asrdist.data.augment); [] = off."""
+    noise_snr: float | None = None
+    """Additive noise at this SNR (dB) on every augmented copy, plus one noisy copy at speed 1.0; null = off."""
+    time_masks: int = 0
+    """SpecAugment: time masks per training utterance or chunk (0 = off)."""
+    time_mask_frames: int = 10
+    """SpecAugment: widest time mask, in frames (and at most a fifth of the utterance)."""
+    freq_masks: int = 0
+    """SpecAugment: frequency masks per training utterance, chunk or spliced frame (0 = off)."""
+    freq_mask_bins: int = 8
+    """SpecAugment: widest frequency mask, in filterbank bins."""
 
     def __post_init__(self):
         if self.cmvn not in ("global", "speaker", "none"):
             raise ConfigError(f"data.cmvn: '{self.cmvn}' is not one of global, speaker, none")
         if self.targets not in ("monophone", "tied", "phones", "chars"):
             raise ConfigError(f"data.targets: '{self.targets}' is not one of monophone, tied, phones, chars")
-        check_field("data.num_mel_bins", self.num_mel_bins, at_least=1)
+        check_field("data.num_mel_bins", self.num_mel_bins)
+        if self.num_mel_bins not in (40, 80):
+            raise ConfigError(f"data.num_mel_bins: expected 40 or 80, got {self.num_mel_bins}")
         check_field("data.tied_states", self.tied_states, at_least=1)
         check_field("data.batch_size", self.batch_size, at_least=1)
         check_field("data.window_utterances", self.window_utterances, at_least=1)
+        for factor in self.speed_perturb:
+            check_field("data.speed_perturb", factor, float, at_least=0.5, at_most=2.0)
+        if self.noise_snr is not None:
+            check_field("data.noise_snr", self.noise_snr, float, at_least=-10, at_most=60)
+        check_field("data.time_masks", self.time_masks, at_least=0)
+        check_field("data.time_mask_frames", self.time_mask_frames, at_least=1)
+        check_field("data.freq_masks", self.freq_masks, at_least=0)
+        check_field("data.freq_mask_bins", self.freq_mask_bins, at_least=1, at_most=self.num_mel_bins)
 
 
 @dataclass
@@ -164,7 +187,7 @@ class RunConfig:
 
     def __post_init__(self):
         """Checks that need more than one section, so a bad combination fails before any run starts."""
-        check_field("seed", self.seed)
+        check_field("seed", self.seed, at_least=0, at_most=2**32 - 1)
         learners = self.train.learners
         if self.strategy_name == "single" and learners != 1:
             raise ConfigError(f"train.learners: strategy 'single' runs exactly 1 learner, got {learners} "
@@ -175,6 +198,12 @@ class RunConfig:
         if self.train.group_size and learners % self.train.group_size:
             raise ConfigError(f"train.group_size: {self.train.group_size} does not divide train.learners = "
                               f"{learners} into equal groups")
+        if getattr(self.strategy, "auto_batch_size", False):
+            from asrdist.optim.batch_search import MULTIPLE
+
+            if self.data.batch_size % MULTIPLE or MULTIPLE % learners:
+                raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
+                                  f"{self.data.batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")
         for rank in self.train.straggler.ranks:
             if rank >= learners:
                 raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "

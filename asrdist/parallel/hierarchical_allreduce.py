@@ -165,7 +165,7 @@ class PipelinedPending:
             pass
 
 
-PIPELINE_CHUNK_BYTES = 4 * 2**20
+PIPELINE_CHUNK_BYTES = 2**20
 """Largest piece of a tensor that goes through the three steps as one (see the module docstring)."""
 
 

@@ -18,8 +18,9 @@ import yaml
 from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.utils.io import write_json_atomic, write_text_atomic
+from asrdist.errors import AsrdistError, ConfigError
+from asrdist.train import rundir
+from asrdist.utils.io import output_errors, write_json_atomic, write_text_atomic
 
 
 CONFIG_NAME = "config.yaml"
@@ -41,17 +42,6 @@ def run_config_path(run_dir: Path) -> Path:
     written once, by the first start, and never rewritten: it records what made the first steps."""
     resumes = _resume_configs(run_dir)
     return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME
-
-
-def _write_resume_config(cfg: RunConfig, run_dir: Path) -> Path:
-    """Record the K-th resume's resolved config as config-resume-K.yaml beside the earlier ones."""
-    from asrdist.train.checkpoint import latest_step_dir
-
-    if latest_step_dir(run_dir) is None:
-        raise TrainingError(f"{run_dir}: no checkpoint to resume from")
-    path = run_dir / f"config-resume-{max(_resume_configs(run_dir), default=0) + 1}.yaml"
-    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    return path
 
 
 def resolve_config(args) -> RunConfig:
@@ -90,15 +80,39 @@ def environment_record(cfg: RunConfig) -> dict:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
+    from asrdist.data.augment import build_augmented_store
     from asrdist.train.prepare import build_targets, ensure_features, save_targets
     from asrdist.train.task import model_kind
 
     corpus = Path(cfg.data.corpus)
     ensure_features(corpus, cfg, progress=progress)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_targets(run_dir, build_targets(corpus, cfg, model_kind(cfg)))
+    build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
+    targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
+    check_frames_against_alignments(corpus)
+    with output_errors(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    save_targets(run_dir, targets)
     write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", environment_record(cfg))
+
+
+def check_frames_against_alignments(corpus: Path) -> None:
+    """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
+    an edited store) would train on misaligned labels: their frame counts must match."""
+    from asrdist.corpus.kaldi_dir import read_alignments
+    from asrdist.features.store import FeatureStore, has_features
+
+    for split in (corpus / "train", corpus / "valid"):
+        if (split / "alignment.scp").is_file() and has_features(split):
+            lengths = {utt: len(a) for utt, a in read_alignments(split).items()}
+            FeatureStore(split).check_frames(lengths, split / "alignment.scp")
+
+
+def _given_overrides(args) -> list[str]:
+    """The flags and overrides of this command line, as a resume records them."""
+    flags = [f"--{name} {getattr(args, name)}" for name in ("data", "epochs", "learners", "strategy")
+             if getattr(args, name) is not None]
+    return flags + list(args.overrides or [])
 
 
 def train_command(args) -> int:
@@ -109,12 +123,23 @@ def train_command(args) -> int:
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     if args.resume is not None:
         run_dir = args.resume
-        _write_resume_config(cfg, run_dir)
+        saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
+        rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         if (run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists():
             raise AsrdistError(f"{run_dir}: run directory already used; pick another --out or --resume it")
-        prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+    with rundir.undone_on_failure(run_dir):
+        if args.resume is not None:
+            rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
+        else:
+            prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+        summary = _start_learners(cfg, run_dir, args, nodes, network)
+    print_summary(run_dir, summary)
+    return 0
+
+
+def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str) -> dict | None:
     progress = not args.no_progress and sys.stderr.isatty()
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
         from asrdist.train.learner import run_learner
@@ -126,8 +151,7 @@ def train_command(args) -> int:
     else:
         summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress,
                               nodes=nodes, network=network)
-    print_summary(run_dir, summary)
-    return 0
+    return summary
 
 
 def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:

@@ -15,7 +15,7 @@ from asrdist.config import RunConfig
 from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
-from asrdist.utils.io import atomic_path
+from asrdist.utils.io import save_torch_atomic
 
 SPLITS = ("train", "valid", "test")
 CTC_TARGETS = ("phones", "chars")
@@ -103,7 +103,13 @@ def ctc_tokens(split_dir: Path, targets: dict[str, Any]) -> dict[str, list[int]]
     """Per-utterance token ids (blank = 0 is never a target)."""
     if targets["kind"] == "phones":
         if not (split_dir / "alignment.scp").is_file():
-            raise DataError(f"{split_dir}: phone CTC targets need alignment.scp; use data.targets=chars")
+            from asrdist.corpus.lexicon import lexicon_phone_tokens
+
+            tokens = lexicon_phone_tokens(split_dir)
+            if tokens is None:
+                raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (CORPUS/lexicon.txt, "
+                                f"`asrdist corpus import-kaldi ... --lexicon FILE`); or use data.targets=chars")
+            return tokens
         return phone_sequences(read_alignments(split_dir), targets["silence_id"])
     data = read_data_dir(split_dir)
     tok = targets["tokenizer"]
@@ -159,8 +165,7 @@ def save_targets(run_dir: Path, targets: dict[str, Any]) -> None:
         blob["tied"] = blob["tied"].to_dict()
     if "tokenizer" in blob:
         blob["tokenizer"] = blob["tokenizer"].to_dict()
-    with atomic_path(run_dir / "targets.pt") as tmp:
-        torch.save(blob, tmp)
+    save_torch_atomic(run_dir / "targets.pt", blob)
 
 
 def load_targets(run_dir: Path) -> dict[str, Any]:
