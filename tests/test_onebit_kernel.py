@@ -192,3 +192,34 @@ def test_measure_quantize_vs_copy_reports_a_ratio():
 def test_unknown_kernel_kind_is_a_config_error():
     with pytest.raises(ConfigError):
         K.get_quantizer("gpu")
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_with_a_one_line_warning(tmp_path):
+    """A machine without a C++ compiler: `auto` warns once, in one line, and uses the reference;
+    `fused` is a one-line ConfigError. A fresh extensions directory, so no cached build can hide it."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings\n"
+        "from asrdist.errors import ConfigError\n"
+        "from asrdist.parallel import onebit_kernel as K\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    q = K.get_quantizer('auto')\n"
+        "print(q.name)\n"
+        "print(len(caught), str(caught[0].message))\n"
+        "try:\n"
+        "    K.get_quantizer('fused')\n"
+        "except ConfigError as e:\n"
+        "    print('ConfigError', e)\n")
+    missing = tmp_path / "no-such-compiler" / "c++"
+    env = {**os.environ, "CXX": str(missing), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    name, warning, error = proc.stdout.splitlines()
+    assert name == "reference"
+    assert warning.startswith("1 ") and str(missing) in warning and "reference quantizer" in warning
+    assert error.startswith("ConfigError onebit.kernel:") and str(missing) in error
+    assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").rglob("*.so"))

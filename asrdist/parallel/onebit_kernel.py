@@ -11,23 +11,16 @@ the last v and its reconstruction means (`Residual`): folding v - recon(v) into 
 quantization is the same arithmetic, and lets the kernel sweep memory once (read g, read and
 write v: 12 bytes per value against a copy's 8) instead of twice.
 
-The fused kernel is plain C built by gcc at first use (no torch headers: it compiles in about a
-second), cached under ~/.cache/asrdist/kernels and called through ctypes, which releases the GIL.
-It walks the row-major matrix four rows at a time, packing bits and keeping per-column partial
-sums in a binary counter. Without gcc, `get_quantizer("auto")` falls back to the reference.
+The fused kernel (asrdist/native/onebit_kernel.cpp) is built at first use by
+torch.utils.cpp_extension through `asrdist.native` (cached under TORCH_EXTENSIONS_DIR) and
+releases the GIL while it runs. It walks the row-major matrix four rows at a time, packing bits
+and keeping per-column partial sums in a binary counter. Without a C++ compiler,
+`get_quantizer("auto")` warns in one line and falls back to the reference.
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
-import threading
 import time
 import warnings
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -189,79 +182,18 @@ class ReferenceQuantizer:
 
 # ------------------------------------------------------------------------------------- fused
 
-_C_SOURCE = (Path(__file__).parent / "onebit_kernel.c").read_text()
-"""The fused kernels' C source (it sits beside this module and is part of the package)."""
-# No -ffast-math and no FMA contraction: the kernel must round exactly like the torch reference.
-# Vector width never changes a result (no value is summed across lanes), so -march=native is safe;
-# it is tried first and the cache key includes the CPU's identity.
-_CFLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math"]
-_ARCH_FLAGS = (["-march=native"], [])
+def _load_kernel():
+    """The compiled kernels (asrdist/native/onebit_kernel.cpp, built by torch.utils.cpp_extension)."""
+    from asrdist.native import NativeBuildError, load
 
-_lib_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_lib_error: str | None = None
-
-
-def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "asrdist" / "kernels"
-
-
-def _cpu_identity() -> str:
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
-    except OSError:
-        return platform.processor()
+        return load("onebit_kernel")
+    except NativeBuildError as e:
+        raise RuntimeError(f"1-bit fused kernel unavailable ({e})") from None
 
 
-def build_kernel(cache_dir: Path | None = None, compiler: str = "gcc") -> Path:
-    """Compile the C kernel once per (source, flags, compiler, CPU); return the .so path."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    errors = []
-    for arch in _ARCH_FLAGS:
-        flags = [*_CFLAGS, *arch]
-        key = hashlib.sha256("\0".join([_C_SOURCE, *flags, version, platform.machine(), _cpu_identity()]).encode())
-        so_path = cache_dir / f"onebit_{key.hexdigest()[:16]}.so"
-        if so_path.exists():
-            return so_path
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-            src, out = Path(tmp) / "onebit.c", Path(tmp) / "onebit.so"
-            src.write_text(_C_SOURCE)
-            proc = subprocess.run([compiler, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
-            if proc.returncode == 0:
-                os.replace(out, so_path)  # atomic: concurrent learners may build the same file
-                return so_path
-            errors.append((proc.stderr.strip().splitlines() or ["?"])[-1])
-    raise RuntimeError(f"{compiler} failed: {errors[-1]}")
-
-
-def _load_library() -> ctypes.CDLL:
-    global _lib, _lib_error
-    with _lib_lock:
-        if _lib is None and _lib_error is None:
-            try:
-                lib = ctypes.CDLL(str(build_kernel()))
-                p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-                lib.onebit_quantize.argtypes = [p, p, p, i64, i64, i32, p, p, p]
-                lib.onebit_quantize.restype = i32
-                lib.onebit_dequantize.argtypes = [p, p, i64, i32, p, p, i64, i32]
-                lib.onebit_dequantize.restype = None
-                lib.onebit_dequantize_mean.argtypes = [p, p, i32, i64, i64, p]
-                lib.onebit_dequantize_mean.restype = None
-                lib.onebit_reduce_quantize.argtypes = [p, p, i32, p, p, i64, i64, p, p]
-                lib.onebit_reduce_quantize.restype = i32
-                _lib = lib
-            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                _lib_error = f"{type(e).__name__}: {e}"
-        if _lib is None:
-            raise RuntimeError(f"1-bit fused kernel unavailable ({_lib_error})")
-        return _lib
-
-
-def _pointers(tensors: Sequence[torch.Tensor]) -> ctypes.Array:
-    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+def _pointers(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    return tuple(t.data_ptr() for t in tensors)
 
 
 def _check_segments(bounds, words, recon, rows: int, what: str) -> None:
@@ -287,7 +219,7 @@ class FusedQuantizer:
     name = "fused"
 
     def __init__(self):
-        self._lib = _load_library()
+        self._lib = _load_kernel()
 
     def quantize(self, grad, residual, bounds, words, recon) -> None:
         _check_matrix(grad, "fused quantizer grad")
@@ -301,10 +233,9 @@ class FusedQuantizer:
         if bounds[0] < 0 or bounds[-1] > cols:
             raise ValueError("fused quantizer: segment bounds outside the matrix")
         _check_segments(bounds, words, recon, rows, "fused quantizer")
-        last, means = (None, None) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
-        status = self._lib.onebit_quantize(
-            grad.data_ptr(), last, means, rows, cols, len(bounds) - 1,
-            (ctypes.c_int64 * len(bounds))(*bounds), _pointers(words), _pointers(recon))
+        last, means = (0, 0) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
+        status = self._lib.quantize(grad.data_ptr(), last, means, rows, cols, tuple(bounds), _pointers(words),
+                                    _pointers(recon))
         if status != 0:
             raise MemoryError("fused quantizer: scratch allocation failed")
 
@@ -313,9 +244,8 @@ class FusedQuantizer:
         if out.shape[0] != rows or bounds[0] < 0 or bounds[-1] > out.shape[1]:
             raise ValueError("fused dequantizer: out does not hold the segments")
         _check_segments(bounds, words, recon, rows, "fused dequantizer")
-        self._lib.onebit_dequantize(_pointers(words), _pointers(recon), rows, len(bounds) - 1,
-                                    (ctypes.c_int64 * len(bounds))(*bounds), out.data_ptr(),
-                                    out.stride(0), int(accumulate))
+        self._lib.dequantize(_pointers(words), _pointers(recon), rows, tuple(bounds), out.data_ptr(), out.stride(0),
+                             bool(accumulate))
 
 
     def dequantize_mean(self, words, recon, rows, out) -> None:
@@ -324,7 +254,7 @@ class FusedQuantizer:
             raise ValueError("fused dequantize_mean: out must be a contiguous [rows, w] matrix")
         width = out.shape[1]
         _check_segments(list(range(0, width * (len(words) + 1), width)), words, recon, rows, "fused dequantize_mean")
-        self._lib.onebit_dequantize_mean(_pointers(words), _pointers(recon), len(words), rows, width, out.data_ptr())
+        self._lib.dequantize_mean(_pointers(words), _pointers(recon), rows, width, out.data_ptr())
 
     def reduce_quantize(self, words, recon, rows, width, residual, out_words, out_recon) -> None:
         _check_segments(list(range(0, width * (len(words) + 2), width)), [*words, out_words],
@@ -333,9 +263,9 @@ class FusedQuantizer:
             for t, shape in ((residual.last, (rows, width)), (residual.means, (2, width))):
                 if tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
                     raise ValueError(f"fused reduce_quantize: residual buffers must be contiguous CPU {shape}")
-        last, means = (None, None) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
-        status = self._lib.onebit_reduce_quantize(_pointers(words), _pointers(recon), len(words), last, means,
-                                                  rows, width, out_words.data_ptr(), out_recon.data_ptr())
+        last, means = (0, 0) if residual is None else (residual.last.data_ptr(), residual.means.data_ptr())
+        status = self._lib.reduce_quantize(_pointers(words), _pointers(recon), last, means, rows, width,
+                                           out_words.data_ptr(), out_recon.data_ptr())
         if status != 0:
             raise MemoryError("fused reduce_quantize: scratch allocation failed")
 

@@ -1,9 +1,16 @@
-/* 1-bit column quantization kernels for asrdist (see onebit_kernel.py for the wire format and
-   the semantics; ReferenceQuantizer there is the specification this code matches bit for bit).
-   Built by gcc at first use and loaded through ctypes. */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+/* 1-bit column quantization kernels for asrdist (see asrdist/parallel/onebit_kernel.py for the
+   wire format and the semantics; ReferenceQuantizer there is the specification this code matches
+   bit for bit). Built by torch.utils.cpp_extension through asrdist.native, bound with the plain
+   Python C API (no torch or pybind11 headers: the build takes seconds); every call releases the
+   GIL while it runs. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#define restrict __restrict__
 
 static int trailing_ones(int64_t i) { int t = 0; while (i & 1) { ++t; i >>= 1; } return t; }
 static int num_levels(int64_t rows) { int l = 0; while (rows) { ++l; rows >>= 1; } return l; }
@@ -173,7 +180,7 @@ static int quantize_impl(const float* g, const uint32_t* const* src_words, const
     return 0;
 }
 
-int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int64_t stride,
+static int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int64_t stride,
                     int nseg, const int64_t* bounds, uint32_t* const* words, float* const* recon) {
     return quantize_impl(g, 0, 0, 0, last, means, rows, stride, nseg, bounds, words, recon);
 }
@@ -182,7 +189,7 @@ int onebit_quantize(const float* g, float* last, float* means, int64_t rows, int
    last/means being rows x width) the mean of nsrc reconstructions of a [rows, width] block,
    without writing the mean to memory. Same arithmetic as onebit_dequantize_mean followed by
    onebit_quantize. */
-int onebit_reduce_quantize(const uint32_t* const* src_words, const float* const* src_recon, int nsrc,
+static int onebit_reduce_quantize(const uint32_t* const* src_words, const float* const* src_recon, int nsrc,
                            float* last, float* means, int64_t rows, int64_t width,
                            uint32_t* words, float* recon) {
     const int64_t bounds[2] = {0, width};
@@ -191,7 +198,7 @@ int onebit_reduce_quantize(const uint32_t* const* src_words, const float* const*
 
 /* Write (or add) the reconstruction of segments s = columns [bounds[s], bounds[s+1]) of out
    (rows x out_stride, row-major) from words[s] / recon[s]. */
-void onebit_dequantize(const uint32_t* const* words, const float* const* recon, int64_t rows,
+static void onebit_dequantize(const uint32_t* const* words, const float* const* recon, int64_t rows,
                        int nseg, const int64_t* bounds, float* out, int64_t out_stride, int accumulate) {
     for (int64_t i = 0; i < rows; ++i) {
         for (int s = 0; s < nseg; ++s) {
@@ -206,7 +213,7 @@ void onebit_dequantize(const uint32_t* const* words, const float* const* recon, 
 
 /* out (rows x width, contiguous) = the mean of nsrc reconstructions of one block, summed in
    source order and divided by nsrc: the stripe owner's reduce, one write per value. */
-void onebit_dequantize_mean(const uint32_t* const* words, const float* const* recon, int nsrc,
+static void onebit_dequantize_mean(const uint32_t* const* words, const float* const* recon, int nsrc,
                             int64_t rows, int64_t width, float* out) {
     const float count = (float)nsrc;
     for (int64_t i = 0; i < rows; ++i) {
@@ -219,3 +226,118 @@ void onebit_dequantize_mean(const uint32_t* const* words, const float* const* re
         for (int64_t j = 0; j < width; ++j) o[j] = o[j] / count;
     }
 }
+
+/* ------------------------------------------------------------------------------- binding */
+/* Pointers arrive as Python ints (tensor.data_ptr(), 0 for none) and tuples of them; the
+   Python side (FusedQuantizer) has checked every shape, dtype and layout. */
+
+namespace {
+
+/* A tuple of ints as a C array (pointers or int64). */
+template <typename T>
+struct IntArray {
+    T* items = nullptr;
+    Py_ssize_t size = 0;
+    ~IntArray() { std::free(items); }
+    bool parse(PyObject* seq) {
+        if (!PyTuple_Check(seq)) { PyErr_SetString(PyExc_TypeError, "expected a tuple of ints"); return false; }
+        size = PyTuple_GET_SIZE(seq);
+        items = static_cast<T*>(std::malloc(sizeof(T) * (size ? size : 1)));
+        if (!items) { PyErr_NoMemory(); return false; }
+        for (Py_ssize_t k = 0; k < size; ++k) {
+            const unsigned long long v = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(seq, k));
+            if (PyErr_Occurred()) return false;
+            items[k] = (T)(uintptr_t)v;
+        }
+        return true;
+    }
+};
+
+void* pointer(unsigned long long p) { return (void*)(uintptr_t)p; }
+
+PyObject* quantize(PyObject*, PyObject* args) {
+    unsigned long long g, last, means;
+    long long rows, stride;
+    PyObject *bounds_t, *words_t, *recon_t;
+    if (!PyArg_ParseTuple(args, "KKKLLO!O!O!", &g, &last, &means, &rows, &stride, &PyTuple_Type, &bounds_t,
+                          &PyTuple_Type, &words_t, &PyTuple_Type, &recon_t)) return nullptr;
+    IntArray<int64_t> bounds;
+    IntArray<uint32_t*> words;
+    IntArray<float*> recon;
+    if (!bounds.parse(bounds_t) || !words.parse(words_t) || !recon.parse(recon_t)) return nullptr;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = onebit_quantize((const float*)pointer(g), (float*)pointer(last), (float*)pointer(means), rows, stride,
+                             (int)(bounds.size - 1), bounds.items, words.items, recon.items);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+PyObject* reduce_quantize(PyObject*, PyObject* args) {
+    PyObject *words_t, *recon_t;
+    unsigned long long last, means, out_words, out_recon;
+    long long rows, width;
+    if (!PyArg_ParseTuple(args, "O!O!KKLLKK", &PyTuple_Type, &words_t, &PyTuple_Type, &recon_t, &last, &means,
+                          &rows, &width, &out_words, &out_recon)) return nullptr;
+    IntArray<const uint32_t*> words;
+    IntArray<const float*> recon;
+    if (!words.parse(words_t) || !recon.parse(recon_t)) return nullptr;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = onebit_reduce_quantize(words.items, recon.items, (int)words.size, (float*)pointer(last),
+                                    (float*)pointer(means), rows, width, (uint32_t*)pointer(out_words),
+                                    (float*)pointer(out_recon));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+PyObject* dequantize(PyObject*, PyObject* args) {
+    PyObject *words_t, *recon_t, *bounds_t;
+    long long rows, out_stride;
+    unsigned long long out;
+    int accumulate;
+    if (!PyArg_ParseTuple(args, "O!O!LO!KLp", &PyTuple_Type, &words_t, &PyTuple_Type, &recon_t, &rows,
+                          &PyTuple_Type, &bounds_t, &out, &out_stride, &accumulate)) return nullptr;
+    IntArray<const uint32_t*> words;
+    IntArray<const float*> recon;
+    IntArray<int64_t> bounds;
+    if (!words.parse(words_t) || !recon.parse(recon_t) || !bounds.parse(bounds_t)) return nullptr;
+    Py_BEGIN_ALLOW_THREADS
+    onebit_dequantize(words.items, recon.items, rows, (int)(bounds.size - 1), bounds.items, (float*)pointer(out),
+                      out_stride, accumulate);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyObject* dequantize_mean(PyObject*, PyObject* args) {
+    PyObject *words_t, *recon_t;
+    long long rows, width;
+    unsigned long long out;
+    if (!PyArg_ParseTuple(args, "O!O!LLK", &PyTuple_Type, &words_t, &PyTuple_Type, &recon_t, &rows, &width, &out))
+        return nullptr;
+    IntArray<const uint32_t*> words;
+    IntArray<const float*> recon;
+    if (!words.parse(words_t) || !recon.parse(recon_t)) return nullptr;
+    Py_BEGIN_ALLOW_THREADS
+    onebit_dequantize_mean(words.items, recon.items, (int)words.size, rows, width, (float*)pointer(out));
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"quantize", quantize, METH_VARARGS,
+     "quantize(g, last, means, rows, stride, bounds, words, recon) -> 0, or -1 when out of memory"},
+    {"reduce_quantize", reduce_quantize, METH_VARARGS,
+     "reduce_quantize(words, recon, last, means, rows, width, out_words, out_recon) -> 0 or -1"},
+    {"dequantize", dequantize, METH_VARARGS, "dequantize(words, recon, rows, bounds, out, out_stride, accumulate)"},
+    {"dequantize_mean", dequantize_mean, METH_VARARGS, "dequantize_mean(words, recon, rows, width, out)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "onebit_kernel", "asrdist's fused 1-bit kernels", -1, methods,
+                      nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+#define ASRDIST_CONCAT2(a, b) a##b
+#define ASRDIST_CONCAT(a, b) ASRDIST_CONCAT2(a, b)
+PyMODINIT_FUNC ASRDIST_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) { return PyModule_Create(&module); }
