@@ -69,7 +69,7 @@ def run(args) -> dict[str, Any]:
         if "hang" in cases:
             out.update(_hang(job("hang", "sync", f"train.timeout_seconds={args.timeout_seconds}"), args.timeout_seconds))
         if "adpsgd" in cases:
-            out.update(_adpsgd(job("adpsgd", "adpsgd", "train.max_restarts=2", epochs=3), args.learners))
+            out.update(_adpsgd(job("adpsgd", "adpsgd", "train.max_restarts=2", epochs=8), args.learners))
     return out
 
 
