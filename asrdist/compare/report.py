@@ -108,6 +108,7 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     comm.set_ylabel("seconds per learner")
     comm.legend(fontsize="small")
     for ax in (speed, sent, comm):
+        ax.set_ylim(bottom=0)
         ax.set_xticks(list(x), names, rotation=20)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
