@@ -65,7 +65,7 @@ class OnlineNaturalGradient:
 
     __slots__ = ("dim", "rank", "num_samples_history", "alpha", "update_period", "seed",
                  "num_updates", "num_reorthogonalizations", "num_floored", "_skipped",
-                 "_W", "_d", "_rho", "_two_minus_e")
+                 "_W", "_d", "_rho", "_e_diag", "_two_minus_e")
 
     def __init__(self, dim: int, rank: int, num_samples_history: float = 2000.0, alpha: float = 4.0,
                  update_period: int = 4, seed: int = 0):
@@ -92,6 +92,7 @@ class OnlineNaturalGradient:
         self._W: torch.Tensor | None = None  # E^{1/2} R, rank x dim
         self._d = np.zeros(0)  # diagonal of D (float64, descending)
         self._rho = 0.0
+        self._e_diag = np.zeros(0)  # diagonal of E for (D, ρ)
         self._two_minus_e = torch.zeros(0)  # 2 − diag(E), for tr(XXᵀ) in _project
 
     # -- public API ------------------------------------------------------------------------------
@@ -210,9 +211,10 @@ class OnlineNaturalGradient:
         tr_x = tr_hat + correction
         return x_hat, (math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0), tr_x
 
-    def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float) -> None:
+    def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float, e: np.ndarray | None = None) -> None:
         self._W, self._d, self._rho = W, d, float(rho)
-        self._two_minus_e = torch.from_numpy(2.0 - self._e(d, rho)).to(dtype=W.dtype, device=W.device)
+        self._e_diag = self._e(d, rho) if e is None else e
+        self._two_minus_e = torch.from_numpy(2.0 - self._e_diag).to(dtype=W.dtype, device=W.device)
 
     def _initial_rows(self) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.seed)
@@ -235,12 +237,10 @@ class OnlineNaturalGradient:
         eta = self.eta(n)
         a, b = eta / n, 1.0 - eta
         d, rho = self._d, self._rho
-        J = H.T @ x  # W XᵀX, rank x dim
-        if scale_sq != 1.0:
-            J.mul_(scale_sq)
-        K, L = _small(J @ J.T), _small(H.T @ H) * scale_sq
+        J = H.T @ x  # W XᵀX / scale_sq, rank x dim: scale_sq is folded into the small factors below
+        K, L = _small(J @ J.T) * (scale_sq * scale_sq), _small(H.T @ H) * scale_sq
 
-        inv_sqrt_e = 1.0 / np.sqrt(self._e(d, rho))
+        inv_sqrt_e = 1.0 / np.sqrt(self._e_diag)
         d_rho = d + rho
         # Z = Y Yᵀ with Y = a E^{-½} J + b (D + ρ) R, written with rank×rank quantities only.
         scale = np.outer(inv_sqrt_e, inv_sqrt_e)
@@ -266,17 +266,19 @@ class OnlineNaturalGradient:
             rho_new, floored = floor, True
         if d_new[-1] < floor:
             d_new, floored = np.maximum(d_new, floor), True
-        sqrt_e_new = np.sqrt(self._e(d_new, rho_new))
+        e_new = self._e(d_new, rho_new)
+        sqrt_e_new = np.sqrt(e_new)
 
-        # W' = E'^{½} R' = A B with A = a E'^{½} C^{-½} Uᵀ E^{-½}, B = J + (b/a)(D + ρ) W.
-        A = (a * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
-        B = J.addcmul_(W, torch.from_numpy((b / a) * d_rho).to(W)[:, None])
+        # W' = E'^{½} R' = A B with A = a E'^{½} C^{-½} Uᵀ E^{-½}, B = scale_sq·J + (b/a)(D + ρ) W
+        # (here J lacks scale_sq: it goes into A and the coefficient of W).
+        A = (a * scale_sq * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
+        B = J.addcmul_(W, torch.from_numpy((b / (a * scale_sq)) * d_rho).to(W)[:, None])
         W_new = torch.from_numpy(A).to(W) @ B
         if reorthogonalize:
             W_new = self._reorthogonalized(W_new, sqrt_e_new)
             self.num_reorthogonalizations += 1
         self.num_floored += int(floored)
-        self._set_state(W_new.to(self._W.dtype), d_new, rho_new)
+        self._set_state(W_new.to(self._W.dtype), d_new, rho_new, e_new)
         self.num_updates += 1
         self._skipped = 0
         return x_hat, gamma
