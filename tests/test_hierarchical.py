@@ -37,12 +37,17 @@ def test_a_nodes_members_claim_together_and_cover_the_epoch_once():
 def test_a_synchronous_phase_hands_every_node_the_same_minibatches_without_the_store():
     order = ListOrder(11)
     samplers = [JobEpochSampler(order, None, 4, group_size=2, rank=r) for r in range(4)]
-    taken = []
+    taken, clocks = [], []
     for s in samplers:
         s.lockstep = True
-        taken.append([next(i for i, b in enumerate(order.batches) if b is batch) for batch in s])
+        taken.append([])
+        clocks.append([])
+        for batch in s:
+            taken[-1].append(next(i for i, b in enumerate(order.batches) if b is batch))
+            clocks[-1].append(s.schedule_step())
     assert [len(t) for t in taken] == [2, 2, 2, 2]  # 5 units of 2 over 2 nodes: 2 each, one left over
     assert sorted(sum(taken, [])) == list(range(8))
+    assert clocks == [[0, 1]] * 4  # one learning-rate clock for learners whose updates are averaged
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,12 @@ class JobEpochSampler:
         return unit * self.group_size + self.member if unit < len(self) // self.group_size else len(self)
 
     def schedule_step(self) -> float:
-        """The job's progress, in configured global minibatches, at the last claim."""
+        """The job's progress, in configured global minibatches, at the last claim. In lock step
+        every learner takes one minibatch per step, so the clock is the step within the epoch: the
+        same on every learner (a learning-rate warmup must not differ between learners whose
+        updates are averaged)."""
+        if self.lockstep:
+            return self._epoch * self.steps_per_epoch + max(self.taken - 1, 0)
         return self._epoch * self.steps_per_epoch + max(self.claimed, 0) / self.learners
 
     def __iter__(self) -> Iterator[Any]:
