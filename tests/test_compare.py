@@ -163,3 +163,24 @@ def test_a_run_made_with_another_recipe_is_refused_before_training(tmp_path, no_
     assert _compare(out, corpus, "onebit,sync", "train.epochs=3") != 0
     assert "cmp/sync: trained with another config (train.epochs: 2 there, 3 asked)" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == ["sync"]  # no onebit run, no report
+
+
+def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_path, monkeypatch, capsys,
+                                                                          fake_simulator):
+    from asrdist.errors import TrainingError
+
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync"])
+
+    def diverge(args):
+        raise TrainingError("learner rank 1: loss is nan at step 165 (epoch 0)")
+    monkeypatch.setattr(launch, "train_command", diverge)
+    assert _compare(out, corpus, "single,onebit,sync") != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "onebit: training failed (onebit: learner rank 1: loss is nan" in err, err
+    single, onebit, sync = json.loads((out / "summary.json").read_text())["runs"]
+    assert onebit["failed"].startswith("learner rank 1: loss is nan") and onebit["learners"] == 2
+    assert onebit["frames_per_second"] is None and sync["failed"] is None and sync["frames_per_second"] == 1500.0
+    page = (out / "report.html").read_text()
+    assert "<li>onebit: training failed: learner rank 1: loss is nan" in page
+    assert "<td>onebit</td><td>2</td><td>-</td>" in page

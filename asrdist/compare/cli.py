@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrdist.errors import ConfigError
+from asrdist.errors import ConfigError, TrainingError
 
 DEFAULT_STRATEGIES = "sync,onebit,averaging,adpsgd"
 DEFAULT_LEARNERS = 4
@@ -36,11 +36,16 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
     configs = resolve_all(config, names, learners, data, overrides)
-    run_dirs = train_missing(config, configs, out, data, overrides)
+    failed: dict[str, str] = {}
+    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides)}
-    summary = build_summary(run_dirs, setup)
+    summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()})
     write_outputs(out, summary)
+    if failed:
+        name, reason = next(iter(failed.items()))
+        raise TrainingError(f"{', '.join(failed)}: training failed ({name}: {reason}); the report shows it "
+                            f"beside the others: {out / 'report.html'}")
     return summary
 
 

@@ -21,13 +21,27 @@ TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error
 """(key in a run's record, column heading, format): the summary table of the page and the JSON."""
 
 
-def build_summary(run_dirs: dict[str, Path], setup: dict) -> dict:
+def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> dict:
+    """A run that did not finish: its row says why; every figure is None."""
+    keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame"]
+    return {**dict.fromkeys(keys), "run": Path(run_dir).name, "path": str(run_dir), "strategy": strategy,
+            "learners": learners, "curve": [], "failed": reason}
+
+
+def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str] | None = None,
+                  learners: dict[str, int] | None = None) -> dict:
     """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
-    prediction beside the measured frames/s, and the summary table."""
-    runs = [run_record(run_dir) for run_dir in run_dirs.values()]
+    prediction beside the measured frames/s, and the summary table. Runs in `failed` (strategy ->
+    reason; `learners` gives their learner count) get a row saying why."""
+    failed, learners = failed or {}, learners or {}
+    runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
+            for n, d in run_dirs.items()]
     lone = next((r for r in runs if r["learners"] == 1 and r["compute_seconds_per_frame"]), None)
     spf = lone["compute_seconds_per_frame"] if lone else None
     for record, run_dir in zip(runs, run_dirs.values()):
+        if record["failed"]:
+            record["prediction"] = "training failed"
+            continue
         predicted, note = predict_frames_per_second(run_dir, record["learners"], spf)
         record["predicted_frames_per_second"] = predicted
         record["prediction"] = note
@@ -36,7 +50,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict) -> dict:
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
     rows = [[r[key] for key, _, _ in TABLE] for r in runs]
-    return {**setup, "metric": metric, "network": NETWORK, "cores": runs[0]["cores"],
+    return {**setup, "metric": metric, "network": NETWORK, "cores": next((r["cores"] for r in runs if r["cores"]), None),
             "one_learner_compute_seconds_per_frame": spf, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
 
@@ -54,7 +68,7 @@ def format_table(summary: dict) -> str:
 
 def setup_line(summary: dict) -> str:
     """How many learners shared how many cores, with how many threads, on which network."""
-    shapes = sorted({(r["learners"], r["threads_per_learner"]) for r in summary["runs"]})
+    shapes = sorted({(r["learners"], r["threads_per_learner"]) for r in summary["runs"] if not r["failed"]})
     runs = ", ".join(f"{n} learner(s) x {t} thread(s)" for n, t in shapes)
     return (f"{runs} on {summary['cores']} CPU core(s), talking over {summary['network']}; recipe "
             f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else ""))
@@ -97,14 +111,14 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     fig, (speed, sent, comm) = plt.subplots(1, 3, figsize=(13, 3.8))
     x = range(len(runs))
     w = 0.4
-    speed.bar([i - w / 2 for i in x], [r["frames_per_second"] for r in runs], w, label="measured")
+    speed.bar([i - w / 2 for i in x], [r["frames_per_second"] or 0 for r in runs], w, label="measured")
     speed.bar([i + w / 2 for i in x], [r["predicted_frames_per_second"] or 0 for r in runs], w, label="simulated")
     speed.set_ylabel("frames/s (whole job)")
     speed.legend(fontsize="small")
-    sent.bar(list(x), [r["mb_sent"] for r in runs], 0.6, color="tab:green")
+    sent.bar(list(x), [r["mb_sent"] or 0 for r in runs], 0.6, color="tab:green")
     sent.set_ylabel("MB sent (all learners)")
-    comm.bar([i - w / 2 for i in x], [r["comm_seconds"] for r in runs], w, label="communicating")
-    comm.bar([i + w / 2 for i in x], [r["wait_seconds"] for r in runs], w, label="waiting for peers")
+    comm.bar([i - w / 2 for i in x], [r["comm_seconds"] or 0 for r in runs], w, label="communicating")
+    comm.bar([i + w / 2 for i in x], [r["wait_seconds"] or 0 for r in runs], w, label="waiting for peers")
     comm.set_ylabel("seconds per learner")
     comm.legend(fontsize="small")
     for ax in (speed, sent, comm):
@@ -125,7 +139,8 @@ def render_html(summary: dict) -> str:
     body = "".join("<tr>" + "".join(f"<td>{'-' if v is None else esc(fmt.format(v))}</td>"
                                     for v, (_, _, fmt) in zip(row, TABLE)) + "</tr>\n"
                    for row in summary["table"]["rows"])
-    notes = "".join(f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
+    notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
+                    f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["predicted_frames_per_second"] is None)
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, DataError
+from asrdist.errors import AsrdistError, ConfigError, DataError, TrainingError
 
 ERROR_METRICS = ("per", "wer", "cer")
 """The first of these a run's final evaluation holds is its error rate (hybrid: PER; CTC: WER/CER)."""
@@ -97,9 +97,11 @@ def check_same_recipe(run_dir: Path, cfg: RunConfig) -> None:
 
 
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
-                  overrides: list[str]) -> dict[str, Path]:
+                  overrides: list[str], failed: dict[str, str] | None = None) -> dict[str, Path]:
     """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
-    checkpoint is resumed); finished runs are kept. Returns strategy -> run directory."""
+    checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
+    `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
+    recorded there (strategy -> reason) and the others still train."""
     from asrdist.train.checkpoint import latest_step_dir
     from asrdist.train.launch import train_command
 
@@ -114,7 +116,13 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
         learners = configs[name].train.learners
         print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
               f"({learners} learner(s))", flush=True)
-        train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume))
+        try:
+            train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume))
+        except TrainingError as exc:
+            if failed is None:
+                raise
+            failed[name] = str(exc)
+            print(f"[compare] {name}: training failed: {exc}", flush=True)
     return runs
 
 
