@@ -10,7 +10,8 @@ from pathlib import Path
 
 from asrdist.errors import ConfigError, TrainingError
 
-DEFAULT_STRATEGIES = "sync,onebit,averaging,adpsgd"
+DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
+"""With `single`, the one-learner baseline whose compute time feeds the simulator."""
 DEFAULT_LEARNERS = 4
 
 
