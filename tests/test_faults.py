@@ -85,7 +85,7 @@ def _learner_pids(run_dir: Path) -> list[int]:
 def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends_as_uninterrupted(
         tone_corpus, tmp_path):
     common = ["train", "configs/default.yaml", *TINY, "--data", str(tone_corpus), "--learners", "2",
-              "--strategy", "sync", "--epochs", "3", "--no-progress", "train.checkpoint_every=10"]
+              "--strategy", "sync", "--epochs", "2", "--no-progress", "train.checkpoint_every=10"]
     reference = subprocess.run([sys.executable, "-m", "asrdist.cli", *common, "--out", str(tmp_path / "ref")],
                                capture_output=True, text=True, timeout=DEADLINE_S * 2)
     assert reference.returncode == 0, reference.stderr
