@@ -96,6 +96,8 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(11, 3.8))
     for r in runs:
         curve = r["curve"]
+        if not curve:  # a run that failed has none: no empty legend entry
+            continue
         by_epoch.plot([p["epoch"] for p in curve], [p[r["metric"]] for p in curve], "o-", label=r["run"])
         timed = [p for p in curve if p["seconds"] is not None]
         by_time.plot([p["seconds"] for p in timed], [p[r["metric"]] for p in timed], "o-", label=r["run"])
