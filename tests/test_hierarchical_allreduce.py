@@ -85,6 +85,7 @@ def test_auto_is_hierarchical_only_across_nodes_on_the_whole_job():
 
     assert use_hierarchical("auto", ctx(2))
     assert not use_hierarchical("auto", ctx(4))  # one node
+    assert not use_hierarchical("auto", ctx(1))  # one learner per node: flat, no copies
     assert not use_hierarchical("auto", ctx(2, world=2))  # a strategy inside a node
     assert not use_hierarchical("false", ctx(2))
     assert use_hierarchical("true", ctx(4))

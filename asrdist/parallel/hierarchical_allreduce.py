@@ -16,7 +16,7 @@ all-gathered inside the node (on the node's group), so the in-node steps hide be
 instead of adding to it. Chunking changes neither the bytes nor the result.
 
 `strategy.hierarchical` (sync, onebit): auto | true | false; auto = hierarchical when the strategy
-works on the whole job and the job spans more than one node.
+works on the whole job and the job spans more than one node of more than one learner.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def use_hierarchical(setting: str, ctx: LearnerContext) -> bool:
             raise ConfigError("strategy.hierarchical: true needs the job's node groups (start_learner) and a "
                               "strategy working on the whole job")
         return False
-    return setting == "true" or ctx.job_world_size // ctx.groups.group_size > 1
+    # one learner per node: nothing to reduce inside a node, the steps would only add copies
+    return setting == "true" or (ctx.groups.group_size > 1 and ctx.job_world_size // ctx.groups.group_size > 1)
 
 
 # ------------------------------------------------------------------------------ groups
