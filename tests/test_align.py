@@ -74,7 +74,7 @@ def hybrid_run(tmp_path_factory):
     run = root / "run"
     assert main(["train", "configs/default.yaml", "--data", str(corpus), "--out", str(run), "--epochs", "2",
                  "--no-progress", "model.hidden_layers=2", "model.hidden_dim=128", "train.log_every=1000",
-                 "data.batch_size=64", "optim.warmup_steps=10"]) == 0
+                 "data.batch_size=64", "optim.warmup_steps=10", "train.threads=1", "train.validate_every_epochs=2"]) == 0
     return corpus, run
 
 
