@@ -21,8 +21,9 @@ system-deps:
 demo: setup
 	$(VENV)/bin/asrdist demo
 
+# two test processes (pytest-xdist), a test file each at a time: most tests wait on learner processes
 test: setup
-	$(PY) -m pytest -q -x tests
+	$(PY) -m pytest -q -x -n 2 --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
