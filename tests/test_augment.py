@@ -82,7 +82,7 @@ def test_augmented_store_feeds_the_samplers_with_stretched_labels(tmp_path: Path
 
     corpus = make_tone_corpus(tmp_path / "c", utterances_per_speaker=3, speakers=4, seed=1)
     assert main(["features", str(corpus), "--cmvn", "speaker", "--jobs", "1"]) == 0
-    cfg = load_config("configs/fsdd.yaml", ["data.noise_snr=15", "data.cmvn=speaker"])
+    cfg = load_config("configs/real_chars.yaml", ["data.noise_snr=15", "data.cmvn=speaker"])
     train = corpus / "train"
     path = build_augmented_store(train, cfg.data, seed=0, progress=False)
     assert build_augmented_store(train, cfg.data, seed=0, progress=False) == path  # made once, then reused
