@@ -57,7 +57,7 @@ def test_a_straggler_leaves_its_peers_more_of_the_epoch(corpus, tmp_path):
 def test_bench_straggler_writes_its_keys(tmp_path):
     out = tmp_path / "straggler.json"
     assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--learners", "2",
-                 "--straggler-rank", "1", "--hidden-dim", "32", "--compute-ms", "20", "--steps", "3",
+                 "--straggler-rank", "1", "--hidden-dim", "32", "--compute-ms", "20", "--steps", "2",
                  "--warmup", "1", "--overlap-compute-ms", "5"]) == 0
     result = json.loads(out.read_text())
     for key in ("sync_kept", "adpsgd_kept", "adpsgd_random_kept", "adpsgd_delay_by_one_speedup",
