@@ -69,11 +69,10 @@ def _restarted(run_dir: Path, env: JobEnv) -> bool:
 def _die_with_parent() -> None:
     """A learner never trains unsupervised: it gets SIGKILL when its launcher agent dies (even
     by SIGKILL), and leaves at once if the agent is already gone."""
-    import ctypes
-    import signal
+    from asrdist.cluster.netem import die_with_parent
 
     parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent()
     if os.getppid() != parent or parent == 1:
         os._exit(1)
 
