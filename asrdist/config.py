@@ -164,6 +164,9 @@ class EvalConfig:
     bigram_smoothing: float = 1.0
     beam: int = 8
     """CTC beam width (0 = greedy only)."""
+    vocabulary: str = "none"
+    """Character CTC only: none | train (hypotheses made of the training transcripts' words) | PATH
+    (a word list or lexicon: the first field of each line), searched by `asrdist.eval.vocabulary`."""
 
     def __post_init__(self):
         check_field("eval.min_duration", self.min_duration, at_least=1)
@@ -171,6 +174,10 @@ class EvalConfig:
         check_field("eval.prior_scale", self.prior_scale, float, at_least=0)
         check_field("eval.bigram_smoothing", self.bigram_smoothing, float, at_least=0)
         check_field("eval.beam", self.beam, at_least=0)
+        if not isinstance(self.vocabulary, str) or not self.vocabulary.strip():
+            raise ConfigError(f"eval.vocabulary: expected none, train or a word-list path, got {self.vocabulary!r}")
+        if self.vocabulary not in ("none", "train") and not Path(self.vocabulary).is_file():
+            raise ConfigError(f"eval.vocabulary: {self.vocabulary}: word list not found (or use none / train)")
 
 
 @dataclass
@@ -204,6 +211,9 @@ class RunConfig:
             if self.data.batch_size % MULTIPLE or MULTIPLE % learners:
                 raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
                                   f"{self.data.batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")
+        if self.eval.vocabulary != "none" and self.data.targets != "chars":
+            raise ConfigError(f"eval.vocabulary: word-constrained decoding is for character CTC models "
+                              f"(data.targets=chars), not data.targets={self.data.targets}")
         for rank in self.train.straggler.ranks:
             if rank >= learners:
                 raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "

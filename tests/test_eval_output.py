@@ -90,3 +90,23 @@ def test_decode_transcribes_audio_files_as_eval_does(resumed_run, capsys):
     assert printed.splitlines() == (run / "hyp.txt").read_text().splitlines()[:3]
     assert main(["decode", str(run), str(run / "missing.wav")]) != 0
     assert "missing.wav: audio file not found" in capsys.readouterr().err
+
+
+def test_vocabulary_constrains_eval_and_decode_to_words(resumed_run, capsys):
+    run, corpus, _, _ = resumed_run
+    train_words = {w for u in read_data_dir(corpus / "train").utterances.values() for w in u.text.split()}
+    out = run / "vocab.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--out", str(out), "--vocabulary", "train"]) == 0
+    assert json.loads(out.read_text())["vocabulary"] == "train"
+    hyps = [line.split()[1:] for line in (run / "vocab.hyp.txt").read_text().splitlines()]
+    assert all(len(h) >= 1 and set(h) <= train_words for h in hyps)
+    words = run / "words.txt"
+    words.write_text("one\ntwo\n")
+    test = read_data_dir(corpus / "test")
+    wavs = [str(test.wav_path(test.utterances[u])) for u in test.utt_ids[:4]]
+    capsys.readouterr()
+    assert main(["decode", str(run), *wavs, "--vocabulary", str(words)]) == 0
+    assert {line.split(maxsplit=1)[1] for line in capsys.readouterr().out.splitlines()} <= {"one", "two", "one two",
+                                                                                          "two one", "one one", "two two"}
+    assert main(["decode", str(run), *wavs, "--vocabulary", str(run / "nowhere.txt")]) != 0
+    assert "nowhere.txt: word list not found" in capsys.readouterr().err

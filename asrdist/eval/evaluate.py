@@ -10,6 +10,16 @@ import torch
 from asrdist.errors import DataError
 
 
+def ctc_hypothesis(log_probs: np.ndarray, cfg, constrained=None) -> list[int]:
+    """Token ids of one utterance: the vocabulary-constrained search when the run has one
+    (`asrdist.eval.vocabulary`), else prefix beam search (`eval.beam` > 1) or greedy."""
+    from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode
+
+    if constrained is not None:
+        return constrained.search(log_probs)
+    return ctc_beam_decode(log_probs, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(log_probs)
+
+
 def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> torch.Tensor:
     from asrdist.data.samplers import splice
 
@@ -82,12 +92,13 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
-    from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode
     from asrdist.eval.scoring import error_rate
+    from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.models.objectives import ctc_objective
     from asrdist.train.prepare import ctc_tokens
 
     tokens = ctc_tokens(split_dir, targets)
+    constrained = vocabulary_search(cfg, targets)
     utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
     loss_sum, frames, exact = 0.0, 0, 0
     refs, hyps = [], []
@@ -101,7 +112,7 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         loss_sum += float(loss) * int(out_lengths[0])  # ctc_objective normalizes by output frames
         frames += int(out_lengths[0])
         lp = log_probs[0, : int(out_lengths[0])].double().numpy()
-        hyp = ctc_beam_decode(lp, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(lp)
+        hyp = ctc_hypothesis(lp, cfg, constrained)
         refs.append(list(ref))
         hyps.append(list(hyp))
         exact += int(list(ref) == list(hyp))

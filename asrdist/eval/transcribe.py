@@ -63,15 +63,16 @@ def features_of(path: Path, front: dict) -> np.ndarray:
 
 
 @torch.no_grad()
-def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg) -> str:
-    """The model's text for one utterance's features: characters, or phone symbols."""
-    from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode, viterbi_decode
-    from asrdist.eval.evaluate import _frame_logits
+def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg, constrained=None) -> str:
+    """The model's text for one utterance's features: characters, or phone symbols; `constrained`
+    is the run's vocabulary search (`asrdist.eval.vocabulary`), if any."""
+    from asrdist.eval.decode import viterbi_decode
+    from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
 
     if model.kind == "ctc":
         log_probs, lengths = model(torch.from_numpy(feats)[None], torch.tensor([len(feats)]))
         lp = log_probs[0, : int(lengths[0])].double().numpy()
-        tokens = ctc_beam_decode(lp, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(lp)
+        tokens = ctc_hypothesis(lp, cfg, constrained)
         if targets["kind"] == "chars":
             return " ".join(targets["tokenizer"].decode(tokens).split())
         return " ".join(targets["phones"][t] for t in tokens)
@@ -85,25 +86,30 @@ def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any]
     return " ".join(targets["phones"][p] for p in phones)
 
 
-def transcribe(run_dir: Path, wavs: list[Path]) -> list[tuple[str, str]]:
-    """[(utt, text)] for every file, in the order given; every file is checked before decoding."""
+def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None) -> list[tuple[str, str]]:
+    """[(utt, text)] for every file, in the order given; every file is checked before decoding.
+    `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH)."""
     from asrdist.eval.run import load_run_model
+    from asrdist.eval.vocabulary import vocabulary_search
 
     names = [Path(w).name[:-4] if Path(w).name.lower().endswith(".wav") else Path(w).name for w in wavs]
     for wav in wavs:
         if not Path(wav).is_file():
             raise DataError(f"{wav}: audio file not found")
-    model, cfg, targets, input_dim = load_run_model(run_dir)
+    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary)
     front = _front_end(run_dir, cfg, targets)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
-    return [(name, recognize(model, features_of(Path(wav), front), targets, cfg)) for name, wav in zip(names, wavs)]
+    constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None
+    return [(name, recognize(model, features_of(Path(wav), front), targets, cfg, constrained))
+            for name, wav in zip(names, wavs)]
 
 
 def decode_command(args) -> int:
     from asrdist.utils.io import write_text_atomic
 
-    lines = "".join(f"{utt} {text}".rstrip() + "\n" for utt, text in transcribe(args.run_dir, args.wavs))
+    results = transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary)
+    lines = "".join(f"{utt} {text}".rstrip() + "\n" for utt, text in results)
     if args.out is not None:
         write_text_atomic(args.out, lines)
     print(lines, end="")

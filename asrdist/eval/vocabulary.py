@@ -1,0 +1,183 @@
+"""Word-constrained CTC decoding: hypotheses made only of vocabulary words (`eval.vocabulary`).
+
+The vocabulary is the training transcripts' words (`train`), a word list or lexicon file (first
+field of each line), or off (`none`). The search is CTC prefix beam search (as `ctc_beam_decode`)
+whose prefixes walk a trie of the words' token sequences:
+1. A prefix is a token sequence and its trie node(s); it may be extended only by a child of a
+   node, or, when a node ends a word, by the word separator (the space of a character model),
+   which returns to the root (without a separator: by a child of the root). Each prefix keeps
+   log P(its paths end in blank) and log P(end in its last token).
+2. Per frame every prefix stays (blank, or its last token repeated) or extends; equal prefixes merge
+   by log-sum; the `beam` most probable survive, plus the best prefix ending on a whole word
+   when none of them does (so a narrow beam still ends on words).
+3. At the end the most probable token sequence among the prefixes that end on a whole word wins;
+   none surviving gives [].
+With a beam covering every prefix this is the exact most probable word sequence (tested against
+brute force), the grammar decoding of Kaldi's digit recipes, scored by the CTC model alone.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from asrdist.errors import DataError
+
+NEG_INF = -math.inf
+OFF, TRAIN = "none", "train"
+
+
+class WordTrie:
+    """Token sequences of the vocabulary words; node 0 is the root."""
+
+    def __init__(self, words: Sequence[Sequence[int]]):
+        self.children: list[dict[int, int]] = [{}]
+        self.word_end: list[bool] = [False]
+        for word in words:
+            if not word:
+                continue
+            node = 0
+            for token in word:
+                nxt = self.children[node].get(int(token))
+                if nxt is None:
+                    nxt = len(self.children)
+                    self.children[node][int(token)] = nxt
+                    self.children.append({})
+                    self.word_end.append(False)
+                node = nxt
+            self.word_end[node] = True
+        if len(self.children) == 1:
+            raise DataError("vocabulary: no words to decode with")
+
+
+def _logadd(a: float, b: float) -> float:
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    return max(a, b) + math.log1p(math.exp(-abs(a - b)))
+
+
+def ctc_vocabulary_decode(log_probs: np.ndarray, trie: WordTrie, separator: int | None,
+                          beam: int = 8, blank: int = 0, one_word: bool = False) -> list[int]:
+    """The most probable token sequence made of trie words joined by `separator` (None: words
+    simply follow each other, as phones do; `one_word`: exactly one word) among the `beam`
+    prefixes kept per frame."""
+    log_probs = np.asarray(log_probs, dtype=np.float64)
+    if log_probs.ndim != 2:
+        raise DataError(f"ctc decode: expected [time, vocab] log-probs, got shape {log_probs.shape}")
+    if beam < 1:
+        raise DataError(f"ctc decode: beam must be >= 1, got {beam}")
+    # tokens -> [log P(ends in blank), log P(ends in last token), trie nodes]. Without a separator
+    # one token sequence may split into words in several ways: its nodes are a set (one paths' sum).
+    beams: dict[tuple[int, ...], list] = {(): [0.0, NEG_INF, frozenset([0])]}
+    for frame in log_probs.tolist():
+        new: dict[tuple[int, ...], list] = {}
+
+        def add(tokens, blank_part: float, token_part: float, nodes: frozenset) -> None:
+            slot = new.setdefault(tokens, [NEG_INF, NEG_INF, nodes])
+            slot[0] = _logadd(slot[0], blank_part)
+            slot[1] = _logadd(slot[1], token_part)
+
+        for tokens, (p_blank, p_token, nodes) in beams.items():
+            total = _logadd(p_blank, p_token)
+            last = tokens[-1] if tokens else None
+            add(tokens, total + frame[blank], p_token + frame[last] if last is not None else NEG_INF, nodes)
+            moves: dict[int, set[int]] = {}
+            for node in nodes:
+                for token, child in trie.children[node].items():
+                    moves.setdefault(token, set()).add(child)
+                if trie.word_end[node] and not one_word:
+                    for token, child in ({separator: 0} if separator is not None else trie.children[0]).items():
+                        moves.setdefault(token, set()).add(child)
+            for token, children in moves.items():
+                # The last token again is a new occurrence only after a blank.
+                source = p_blank if token == last else total
+                add(tokens + (token,), NEG_INF, source + frame[token], frozenset(children))
+        ranked = sorted(new.items(), key=lambda kv: (-_logadd(kv[1][0], kv[1][1]), kv[0]))
+        kept = ranked[:beam]
+        if not any(_ends_word(trie, v[2]) for _, v in kept):
+            # The best whole-word prefix stays too, so a narrow beam still ends on words.
+            kept += [kv for kv in ranked[beam:] if _ends_word(trie, kv[1][2])][:1]
+        beams = {tokens: v for tokens, v in kept if _logadd(v[0], v[1]) > NEG_INF}
+        if not beams:
+            return []
+    finished = [(_logadd(v[0], v[1]), tokens) for tokens, v in beams.items() if _ends_word(trie, v[2])]
+    return list(max(finished)[1]) if finished else []
+
+
+def _ends_word(trie: WordTrie, nodes: frozenset) -> bool:
+    return any(trie.word_end[n] for n in nodes)
+
+
+def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
+    """The words of `spec`: `train` = the words of `train_dir`'s transcripts, else a file whose
+    lines start with a word (a word list, or a Kaldi / CMU lexicon: `word(2)` counts as `word`)."""
+    if spec == TRAIN:
+        from asrdist.corpus.kaldi_dir import read_data_dir
+
+        if train_dir is None or not (Path(train_dir) / "text").is_file():
+            raise DataError(f"eval.vocabulary=train: the run's training transcripts ({train_dir}/text) are gone; "
+                            "give a word list instead (eval.vocabulary=PATH or --vocabulary PATH)")
+        data = read_data_dir(Path(train_dir))
+        return sorted({w for u in data.utterances.values() for w in (u.text or "").split()})
+    path = Path(spec)
+    if not path.is_file():
+        raise DataError(f"eval.vocabulary: {path}: word list not found (or use train / none)")
+    words = set()
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        fields = line.split()
+        if fields and not fields[0].startswith((";;;", "#")):
+            word = fields[0]
+            if word.endswith(")") and "(" in word[1:]:  # CMU's alternative pronunciations: WORD(2)
+                word = word[:word.index("(", 1)]
+            words.add(word)
+    if not words:
+        raise DataError(f"eval.vocabulary: {path}: no words in the file")
+    return sorted(words)
+
+
+class VocabularySearch:
+    """Constrained search for one run: `search(log_probs)` -> token ids (character models)."""
+
+    def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary"):
+        encoded, unusable = set(), 0
+        for word in words:
+            text = tokenizer.normalize(word)
+            try:
+                ids = tokenizer.encode(text)
+            except DataError:
+                unusable += 1
+                continue
+            if ids and " " not in text:
+                encoded.add(tuple(ids))
+        if not encoded:
+            raise DataError(f"{where}: none of its {len(words)} words can be spelled with the model's characters")
+        if unusable:
+            print(f"asrdist: note: {where}: {unusable} of {len(words)} words use characters the model never "
+                  f"saw; left out", file=sys.stderr)
+        self.num_words = len(encoded)
+        self.trie = WordTrie(sorted(encoded))
+        # A model that never saw a space (isolated-word training) says one word per utterance.
+        self.separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
+        self.beam = max(1, beam)
+
+    def search(self, log_probs: np.ndarray) -> list[int]:
+        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam,
+                                     one_word=self.separator is None)
+
+
+def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
+    """The run's constrained search per `cfg.eval.vocabulary`, or None (unconstrained)."""
+    spec = cfg.eval.vocabulary
+    if spec == OFF:
+        return None
+    if targets.get("kind") != "chars":
+        raise DataError(f"eval.vocabulary={spec}: word-constrained decoding needs a character CTC model "
+                        f"(this run has data.targets={targets.get('kind')}); use eval.vocabulary=none")
+    words = targets.get("words") if spec == TRAIN else None  # kept with the run's targets, when they are
+    words = words or vocabulary_words(spec, Path(cfg.data.corpus) / "train")
+    return VocabularySearch(words, targets["tokenizer"], cfg.eval.beam, where=f"eval.vocabulary={spec}")
