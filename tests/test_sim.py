@@ -95,3 +95,39 @@ def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(mo
     # one learner: 50 ms emulated compute + the median 20 ms of the rest of a step, 64 frames
     assert sync["1"]["predicted"] == pytest.approx(64 / 0.070, rel=0.02)
     assert out["max_relative_error"] == max(abs(c["relative_error"]) for c in sync.values())
+
+
+def test_learners_of_a_node_share_its_card_in_pairwise_exchanges():
+    """The same 1 Gbit/s link inside and between nodes, fixed ring: 4 nodes of one learner and 2
+    nodes of two differ only in that every other round the two exchanges of 2 x 2 cross between
+    the same two nodes and queue on their cards."""
+    def fps(nodes: int, per_node: int) -> float:
+        cluster = Cluster(nodes, per_node, LINKS["1gbit"], LINKS["1gbit"])
+        return simulate(_spec("adpsgd", {"pattern": "fixed"}, cluster)).frames_per_second
+
+    assert fps(2, 2) < 0.9 * fps(4, 1)
+
+
+def test_a_recurrent_model_pays_a_fixed_cost_per_minibatch_on_a_gpu():
+    from asrdist.sim.cluster import DEVICES, MODELS, step_overhead
+
+    v100 = DEVICES["v100"]
+    assert step_overhead(v100, MODELS["ibm-lstm"]) == v100.recurrent_step_cost > 0
+    assert step_overhead(v100, MODELS["swbd"]) == 0.0
+    one = Cluster(1, 1, LINKS["nvlink"], LINKS["nvlink"])
+    result = simulate(SimSpec("single", None, SHAPES, one, 1000, 1e-5, step_overhead=0.05, steps=4))
+    assert result.frames_per_second == pytest.approx(1000 / (0.05 + 1000 * 1e-5))
+
+
+def test_validation_predicts_every_reported_figure_within_the_target():
+    from asrdist.sim.validate import CASES, format_table, validate
+
+    result = validate()
+    assert len(result["rows"]) == len(CASES)
+    predicted = [r for r in result["rows"] if not r["calibrated"]]
+    assert len(predicted) >= 5
+    for row in result["rows"]:
+        limit = 0.01 if row["calibrated"] and "follows" not in row["calibrated"] else result["target"]
+        assert abs(row["relative_error"]) <= limit, row
+    assert result["max_relative_error_predicted"] == max(abs(r["relative_error"]) for r in predicted)
+    assert "Largest error of the predicted rows" in format_table(result)

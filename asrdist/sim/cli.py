@@ -53,7 +53,8 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import DEVICES, MODELS, Cluster, link_named, model_shapes, seconds_per_frame
+    from asrdist.sim.cluster import (DEVICES, MODELS, Cluster, link_named, model_shapes, seconds_per_frame,
+                                     step_overhead)
     from asrdist.sim.scenario import Job, strategy_config
 
     nodes, per_node = _cluster(args.cluster)
@@ -69,7 +70,7 @@ def build_job(args):
         if args.device not in DEVICES:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
         device = DEVICES[args.device]
-        spf, overhead = seconds_per_frame(device, sum(math.prod(s) for s in shapes)), device.step_overhead
+        spf, overhead = seconds_per_frame(device, sum(math.prod(s) for s in shapes)), step_overhead(device, m)
     cluster = Cluster(nodes, per_node, link_named(args.inside), link_named(args.network))
     batch = args.global_batch or 256 * cluster.learners
     if batch < cluster.learners:

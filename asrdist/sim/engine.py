@@ -362,10 +362,18 @@ class _Simulation:
         with self.answerers[partner_unit].request() as turn:
             yield turn
             ex, ans = self.exchange["exchange"], self.exchange["answer"]
-            crosses = partner_rank // self.cluster.per_node != leader.rank // self.cluster.per_node
-            duration = transfer_seconds(ex, self.cluster, crosses, ex.bytes_sent + ans.bytes_sent)
+            nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
+            crosses = len(nodes) == 2
+            # both sides send at once (full duplex): the longer of the two messages
+            duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
             duration += 2 * s.copy_cost * s.values
+            # an exchange across nodes holds both nodes' cards: the learners of a node share it
+            cards = [self.cards[node].request() for node in nodes] if crosses else []
+            for card in cards:  # in node order: no two exchanges wait on each other
+                yield card
             yield self.env.timeout(duration)
+            for node, card in zip(nodes, cards):
+                self.cards[node].release(card)
         leader.bytes += ex.bytes_sent
         self.learners[partner_rank].bytes += ans.bytes_sent
         for m in members:
@@ -409,6 +417,7 @@ class _Simulation:
             self.unit_size = per_unit
             units = self.n // per_unit
             self.answerers = [simpy.Resource(env, capacity=1) for _ in range(units)]
+            self.cards = [simpy.Resource(env, capacity=1) for _ in range(c.nodes)]
             self.exchange = exchange_traffic(s.values)
             node_traffic, broadcast = [], None
             if per_unit > 1:
