@@ -106,3 +106,20 @@ def test_a_nan_on_one_learner_is_dropped_by_every_learner_of_the_step(tmp_path):
         assert all(r[name]["finite"] for r in results), name
         for a, b in zip(results[0][name]["params"], results[1][name]["params"]):
             assert torch.equal(a, b) and bool(torch.isfinite(a).all()), name
+
+
+@pytest.mark.parametrize("poison, finite", [(None, True), (math.nan, False), (math.inf, False), (-math.inf, False),
+                                            (3.0e38, True)])
+def test_gradient_check_is_exact(poison, finite):
+    """The trainer's gradient check: a finite sum per tensor on the fast path; a non-finite or
+    overflowing sum (3e38 + 3e38 in float32) is looked at element by element."""
+    from asrdist.train.trainer import Trainer
+
+    model = _model()
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    if poison is not None:
+        model[0].weight.grad[1, 2] = poison
+        model[0].weight.grad[3, 1] = poison if math.isnan(poison) else abs(poison)
+    holder = type("Holder", (), {"model": model})()
+    assert Trainer._gradients_finite(holder) is finite

@@ -172,7 +172,10 @@ class Trainer:
     def _gradients_finite(self) -> bool:
         """Whether every gradient the update would use is finite (after the strategy's exchange)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        # A sum is finite when every term is (NaN and inf propagate): one cheap reduction per
+        # tensor on the common path; only a non-finite sum (or an overflowing one) looks closer.
+        return (not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
+                or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()))
 
     def _skip_step(self, loss_value: float) -> None:
         where = f"at step {self.state.step} (epoch {self.state.epoch})"
