@@ -115,6 +115,26 @@ def test_deterministic_initialization_and_state_round_trip():
     assert torch.equal(fresh.precondition(xs[0], update=False), xs[0])  # identity until initialized
 
 
+def test_implicit_ones_column_matches_materialized_rows():
+    """precondition_with_ones(x) is precondition_unscaled([x, 1]) — through initialization, plain
+    steps and statistics updates — without building the ones column."""
+    implicit, explicit = OnlineNaturalGradient(10, 4, num_samples_history=200), OnlineNaturalGradient(10, 4, num_samples_history=200)
+    for s in range(NUM_INITIAL_UPDATES + 6):
+        x = _correlated(24, 9, seed=s)
+        main, ones_column, gamma = implicit.precondition_with_ones(x)
+        reference, reference_gamma = explicit.precondition_unscaled(torch.cat([x, torch.ones(24, 1, dtype=F64)], 1))
+        assert_close(main, reference[:, :9], rtol=1e-10, atol=1e-12)
+        assert_close(ones_column, reference[:, 9], rtol=1e-10, atol=1e-12)
+        assert gamma == pytest.approx(reference_gamma, rel=1e-10)
+    assert implicit.num_updates == explicit.num_updates
+    assert_close(implicit.fisher(), explicit.fisher(), rtol=1e-9, atol=1e-12)
+    with pytest.raises(DataError, match=r"\(N, 9\) \(plus its ones column\)"):
+        implicit.precondition_with_ones(torch.zeros(3, 10))
+    fresh = OnlineNaturalGradient(10, 4)
+    main, ones_column, _ = fresh.precondition_with_ones(torch.ones(2, 9), update=False)  # identity before any update
+    assert torch.equal(main, torch.ones(2, 9)) and torch.equal(ones_column, torch.ones(2))
+
+
 def test_degenerate_inputs_and_bad_arguments():
     assert torch.equal(OnlineNaturalGradient(1, 0).precondition(torch.ones(3, 1)), torch.ones(3, 1))
     p = OnlineNaturalGradient(6, 2)

@@ -142,14 +142,18 @@ def phase_breakdown(captured, extra_ms: float, repeats: int = 5) -> dict:
     products = block = eigh = 0.0
     for layer, inputs, derivatives in captured:
         rows = inputs.shape[0]
-        for preconditioner, x, scale in ((layer.preconditioner_in, layer.input_rows(inputs), 1.0),
-                                         (layer.preconditioner_out, derivatives, float(rows))):
+        with_ones = layer.bias is not None
+        for preconditioner, x, scale, ones in ((layer.preconditioner_in, inputs, 1.0, with_ones),
+                                               (layer.preconditioner_out, derivatives, float(rows), False)):
             if preconditioner.rank == 0:
                 continue
-            plain = _median_cpu_seconds(lambda: preconditioner.precondition_unscaled(x, False, scale), repeats)
+
+            def run(p, update, x=x, scale=scale, ones=ones):
+                return p.precondition_with_ones(x, update) if ones else p.precondition_unscaled(x, update, scale)
+            plain = _median_cpu_seconds(lambda: run(preconditioner, False), repeats)
             updating = copy.deepcopy(preconditioner)
-            block += _median_cpu_seconds(lambda: [updating.precondition_unscaled(x, True, scale)
-                                              for _ in range(UPDATE_PERIOD)], repeats) - UPDATE_PERIOD * plain
+            block += _median_cpu_seconds(lambda: [run(updating, True) for _ in range(UPDATE_PERIOD)],
+                                         repeats) - UPDATE_PERIOD * plain
             products += plain
             y = torch.randn(preconditioner.rank, preconditioner.rank + 1, dtype=torch.float64)
             z = (y @ y.T).numpy()

@@ -10,7 +10,8 @@ every strategy (which only touch `p.grad` after backward) see it like any other 
 
 X̂_in is computed in the forward pass (it needs only the activations, and they are still in cache
 then), so the input preconditioner's statistics advance at forward time, the output one's at
-backward time.
+backward time. The column of ones is never built: the preconditioner takes it analytically
+(`OnlineNaturalGradient.precondition_with_ones`) and returns X̂_in's bias column apart.
 
 `apply_natural_gradient(model)` swaps every `nn.Linear` in place, keeping the same Parameter
 objects (an optimizer built before the swap stays valid). `nn.LSTM`'s fused kernel hides its
@@ -46,19 +47,20 @@ class _NaturalGradientAffine(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layer):
         # X̂_in depends on the forward activations only: precondition them now, while x is hot in
         # cache, and keep X̂_in (not x) for backward.
-        x_in_hat, ctx.s_in = layer.preconditioner_in.precondition_unscaled(layer.input_rows(x), layer.training)
-        ctx.save_for_backward(x_in_hat, weight)
+        x_in_hat, bias_column, ctx.s_in = layer.precondition_inputs(x, layer.training)
+        ctx.save_for_backward(x_in_hat, bias_column, weight)
         ctx.layer, ctx.update, ctx.has_bias = layer, layer.training, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
-        x_in_hat, weight = ctx.saved_tensors
+        x_in_hat, bias_column, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = grad_out @ weight
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, ctx.s_in, grad_out, ctx.update)
+            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, bias_column, ctx.s_in, grad_out,
+                                                                       ctx.update)
             if not ctx.needs_input_grad[1]:
                 grad_weight = None
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
@@ -104,17 +106,20 @@ class NaturalGradientLinear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         return _NaturalGradientAffine.apply(x, self.weight, self.bias, self)
 
-    def input_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """X_in: x as rows (N, D_in), with a column of ones appended when the layer has a bias."""
+    def precondition_inputs(self, x: torch.Tensor, update: bool = True
+                            ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """(X̂_in's first D_in columns, its bias column or None, s_in): X_in is x as rows (N, D_in)
+        with a column of ones appended when the layer has a bias (never materialized)."""
         rows = x.reshape(-1, self.in_features)
         if self.bias is None:
-            return rows
-        return torch.cat([rows, rows.new_ones(rows.shape[0], 1)], dim=1)
+            x_hat, s_in = self.preconditioner_in.precondition_unscaled(rows, update)
+            return x_hat, None, s_in
+        return self.preconditioner_in.precondition_with_ones(rows, update)
 
-    def preconditioned_gradient(self, x_in_hat: torch.Tensor, s_in: float, grad_out: torch.Tensor,
-                                update: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in, split at the bias column, given
-        (X̂_in, s_in) from `preconditioner_in.precondition_unscaled(input_rows(x))`."""
+    def preconditioned_gradient(self, x_in_hat: torch.Tensor, bias_column: torch.Tensor | None, s_in: float,
+                                grad_out: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight grad, bias grad) = s_in·s_out·X̂_outᵀ X̂_in, X̂_in split at its bias column, given
+        (X̂_in, its bias column, s_in) from `precondition_inputs(x)`."""
         # Kaldi's derivatives are those of the objective summed over the minibatch; a mean-reduced
         # loss divides them by the row count, which would push tiny derivatives under the
         # preconditioner's absolute floor (1e-10). Precondition the summed-objective derivatives.
@@ -122,13 +127,11 @@ class NaturalGradientLinear(nn.Linear):
         x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
             grad_out.reshape(-1, self.out_features), update, scale=float(rows))
         alpha = s_in * s_out / rows
-        # Weight and bias separately, so the weight gradient is contiguous (autograd would copy a
-        # strided slice of one [D_out, D_in+1] product); BLAS reads the strided X̂_in view as is.
         weight = x_in_hat.new_empty(self.out_features, self.in_features)
-        torch.addmm(weight, x_out_hat.T, x_in_hat[:, :self.in_features], beta=0.0, alpha=alpha, out=weight)
-        if self.bias is None:
+        torch.addmm(weight, x_out_hat.T, x_in_hat, beta=0.0, alpha=alpha, out=weight)
+        if bias_column is None:
             return weight, None
-        return weight, torch.mv(x_out_hat.T, x_in_hat[:, -1]).mul_(alpha)
+        return weight, torch.mv(x_out_hat.T, bias_column).mul_(alpha)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, rank_in={self.preconditioner_in.rank}, "

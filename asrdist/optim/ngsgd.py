@@ -17,7 +17,9 @@ minibatch X (N×dim) by the inverse of F smoothed with the identity. Per minibat
 5. X̂ = X − (X Wᵀ) W, rescaled by γ = sqrt(tr(XXᵀ)/tr(X̂X̂ᵀ)) so its norm equals the raw one.
 6. Steps 2–3 (the statistics update) run on the first 10 minibatches, then every `update_period`.
 
-X is always preconditioned with the current F (before the update), as in Kaldi. Like Kaldi we
+X is always preconditioned with the current F (before the update), as in Kaldi. A layer's inputs
+with their bias column, [x, 1], are preconditioned without materializing the column of ones
+(`precondition_with_ones`): it enters H = X Wᵀ as a broadcast row, Hᵀ X as the column sums of H. Like Kaldi we
 store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
 one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
 
@@ -58,6 +60,34 @@ def symmetric_eigh(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(c, U) of a symmetric float64 matrix z = U diag(c) Uᵀ, c descending."""
     c, U = torch.linalg.eigh(torch.from_numpy(z))  # ascending
     return c.numpy()[::-1], U.numpy()[:, ::-1]
+
+
+class _Rows:
+    """The minibatch X a preconditioner sees: the rows of `x`, with a column of ones appended when
+    `ones` (a layer's inputs and its bias). The ones column is never materialized: it enters each
+    product analytically, which spares a copy of x and keeps every product contiguous."""
+
+    __slots__ = ("x", "ones")
+
+    def __init__(self, x: torch.Tensor, ones: bool):
+        self.x, self.ones = x, ones
+
+    def times_transposed(self, W: torch.Tensor) -> torch.Tensor:
+        """H = X Wᵀ."""
+        if self.ones:
+            return torch.addmm(W[:, -1], self.x, W[:, :-1].T)
+        return self.x @ W.T
+
+    def residual(self, H: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """X − H W as (its columns from x, its ones column or None)."""
+        if self.ones:
+            return torch.addmm(self.x, H, W[:, :-1], alpha=-1.0), torch.mv(H, W[:, -1]).neg_().add_(1.0)
+        return torch.addmm(self.x, H, W, alpha=-1.0), None
+
+    def transposed_times(self, H: torch.Tensor) -> torch.Tensor:
+        """J = Hᵀ X."""
+        J = H.T @ self.x
+        return torch.cat([J, H.sum(0)[:, None]], dim=1) if self.ones else J
 
 
 class OnlineNaturalGradient:
@@ -115,23 +145,32 @@ class OnlineNaturalGradient:
                               scale: float = 1.0) -> tuple[torch.Tensor, float]:
         """(P, g) with P·g = `precondition(scale·x)`, for callers that fold g into a later product
         (the natural-gradient layers do); `scale` spares them a pass over x."""
-        if x.dim() != 2 or x.shape[1] != self.dim:
-            raise DataError(f"OnlineNaturalGradient: expected input of shape (N, {self.dim}), got {tuple(x.shape)}")
-        if self.rank == 0 or x.shape[0] == 0:
-            return x.clone(), scale
+        x_hat, _, gamma = self._precondition(_Rows(x, False), update, scale)
+        return x_hat, gamma
+
+    def precondition_with_ones(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """`precondition_unscaled` of the rows [x, 1] (x: N × (dim−1)) without building them:
+        (P[:, :-1], P[:, -1], g)."""
+        return self._precondition(_Rows(x, True), update, 1.0)
+
+    def _precondition(self, rows: _Rows, update: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        x = rows.x
+        if x.dim() != 2 or x.shape[1] + int(rows.ones) != self.dim:
+            shape = f"(N, {self.dim - 1}) (plus its ones column)" if rows.ones else f"(N, {self.dim})"
+            raise DataError(f"OnlineNaturalGradient: expected input of shape {shape}, got {tuple(x.shape)}")
+        if self.rank == 0 or x.shape[0] == 0 or (self._W is None and not update):
+            return x.clone(), (x.new_ones(x.shape[0]) if rows.ones else None), scale
         if self._W is None:
-            if not update:
-                return x.clone(), scale
-            self._initialize(x, scale * scale)
+            self._initialize(rows, scale * scale)
         W = self._weights_for(x)
-        H = x @ W.T
+        H = rows.times_transposed(W)
         if update and (self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1):
-            x_hat, gamma = self._update(x, H, W, scale * scale)
+            x_hat, last, gamma = self._update(rows, H, W, scale * scale)
         else:
             if update:
                 self._skipped += 1
-            x_hat, gamma, _ = self._project(x, H, W)
-        return x_hat, gamma * scale
+            x_hat, last, gamma, _ = self._project(rows, H, W)
+        return x_hat, last, gamma * scale
 
     @property
     def rho(self) -> float:
@@ -199,17 +238,23 @@ class OnlineNaturalGradient:
         beta = rho * (1.0 + self.alpha) + self.alpha * d.sum() / self.dim
         return 1.0 / (beta / d + 1.0)
 
-    def _project(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor) -> tuple[torch.Tensor, float, float]:
-        """(X̂ = X − H W, γ, tr(XXᵀ)). As in Kaldi, tr(XXᵀ) comes from the fresh X̂ and H, since
-        W Wᵀ = E: tr(XXᵀ) = tr(X̂X̂ᵀ) + Σ_i (2 − e_i)·|H_:i|², sparing a pass over X."""
-        x_hat = torch.addmm(x, H, W, alpha=-1.0)
+    def _project(self, rows: _Rows, H: torch.Tensor,
+                 W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, float, float]:
+        """(X̂ = X − H W as (columns from x, ones column or None), γ, tr(XXᵀ)). As in Kaldi,
+        tr(XXᵀ) comes from the fresh X̂ and H, since W Wᵀ = E: tr(XXᵀ) = tr(X̂X̂ᵀ) + Σ_i (2 − e_i)·|H_:i|²,
+        sparing a pass over X."""
+        x_hat, last = rows.residual(H, W)
         flat = x_hat.reshape(-1)
         two_minus_e = self._two_minus_e
-        if two_minus_e.dtype != x.dtype or two_minus_e.device != x.device:
-            two_minus_e = two_minus_e.to(dtype=x.dtype, device=x.device)
-        tr_hat, correction = torch.stack([torch.dot(flat, flat), torch.dot(H.square().sum(0), two_minus_e)]).tolist()
-        tr_x = tr_hat + correction
-        return x_hat, (math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0), tr_x
+        if two_minus_e.dtype != H.dtype or two_minus_e.device != H.device:
+            two_minus_e = two_minus_e.to(dtype=H.dtype, device=H.device)
+        terms = [torch.dot(flat, flat), torch.dot(H.square().sum(0), two_minus_e)]
+        if last is not None:
+            terms.append(torch.dot(last, last))
+        values = torch.stack(terms).tolist()
+        tr_hat = values[0] + (values[2] if last is not None else 0.0)
+        tr_x = tr_hat + values[1]
+        return x_hat, last, (math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0), tr_x
 
     def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float, e: np.ndarray | None = None) -> None:
         self._W, self._d, self._rho = W, d, float(rho)
@@ -221,23 +266,24 @@ class OnlineNaturalGradient:
         q, _ = torch.linalg.qr(torch.randn(self.dim, self.rank, generator=gen, dtype=torch.float64))
         return q.T.contiguous()
 
-    def _initialize(self, x: torch.Tensor, scale_sq: float) -> None:
+    def _initialize(self, rows: _Rows, scale_sq: float) -> None:
+        x = rows.x
         d = np.full(self.rank, EPSILON)
         sqrt_e = torch.from_numpy(np.sqrt(self._e(d, EPSILON)))
         self._set_state((sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device), d, EPSILON)
         for _ in range(NUM_INIT_ITERS):
-            self._update(x, x @ self._W.T, self._W, scale_sq)
+            self._update(rows, rows.times_transposed(self._W), self._W, scale_sq)
         self.num_updates, self._skipped = 0, 0
 
-    def _update(self, x: torch.Tensor, H: torch.Tensor, W: torch.Tensor,
-                scale_sq: float = 1.0) -> tuple[torch.Tensor, float]:
-        """Precondition x with the current F, then move F towards the scatter of X = scale·x
-        (steps 1–5; H = x Wᵀ)."""
-        n, dim, rank = x.shape[0], self.dim, self.rank
+    def _update(self, rows: _Rows, H: torch.Tensor, W: torch.Tensor,
+                scale_sq: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Precondition the rows with the current F, then move F towards the scatter of
+        X = scale·rows (steps 1–5; H = rows Wᵀ)."""
+        n, dim, rank = rows.x.shape[0], self.dim, self.rank
         eta = self.eta(n)
         a, b = eta / n, 1.0 - eta
         d, rho = self._d, self._rho
-        J = H.T @ x  # W XᵀX / scale_sq, rank x dim: scale_sq is folded into the small factors below
+        J = rows.transposed_times(H)  # W XᵀX / scale_sq, rank x dim: scale_sq is folded into the small factors below
         K, L = _small(J @ J.T) * (scale_sq * scale_sq), _small(H.T @ H) * scale_sq
 
         inv_sqrt_e = 1.0 / np.sqrt(self._e_diag)
@@ -255,7 +301,7 @@ class OnlineNaturalGradient:
             reorthogonalize = True
             c = np.maximum(c, c_floor)
 
-        x_hat, gamma, tr_x = self._project(x, H, W)
+        x_hat, last, gamma, tr_x = self._project(rows, H, W)
         tr_x *= scale_sq
 
         sqrt_c = np.sqrt(c)
@@ -281,7 +327,7 @@ class OnlineNaturalGradient:
         self._set_state(W_new.to(self._W.dtype), d_new, rho_new, e_new)
         self.num_updates += 1
         self._skipped = 0
-        return x_hat, gamma
+        return x_hat, last, gamma
 
     def _reorthogonalized(self, W: torch.Tensor, sqrt_e: np.ndarray) -> torch.Tensor:
         """W = E^{½} R with R Rᵀ = O = Lc Lcᵀ (Cholesky) -> E^{½} Lc⁻¹ R, whose rows are orthonormal.
