@@ -71,6 +71,9 @@ class DataConfig:
     """SpecAugment: frequency masks per training utterance, chunk or spliced frame (0 = off)."""
     freq_mask_bins: int = 8
     """SpecAugment: widest frequency mask, in filterbank bins."""
+    edge_crop: float = 0.0
+    """CTC only: probability that a training utterance loses a random part of its leading and trailing
+    quiet frames (tighter end-pointing, asrdist.data.augment step 4); 0 = off."""
 
     def __post_init__(self):
         if self.cmvn not in ("global", "speaker", "none"):
@@ -91,6 +94,7 @@ class DataConfig:
         check_field("data.time_mask_frames", self.time_mask_frames, at_least=1)
         check_field("data.freq_masks", self.freq_masks, at_least=0)
         check_field("data.freq_mask_bins", self.freq_mask_bins, at_least=1, at_most=self.num_mel_bins)
+        check_field("data.edge_crop", self.edge_crop, float, at_least=0, at_most=1)
 
 
 @dataclass

@@ -65,7 +65,39 @@ def test_spec_augment_masks_inside_each_utterance_only():
     assert torch.equal(rows[:, 0], rows[:, 1]) and torch.equal(rows[:, 1], rows[:, 2])
 
 
-@pytest.mark.parametrize("override, key", [("data.speed_perturb=[0.9, 3.0]", "data.speed_perturb"),
+def test_edge_crop_cuts_only_quiet_edges_and_keeps_ctc_feasible():
+    # Utterance rows: quiet (-1) edges around a loud (+1) middle; padding beyond each length.
+    x = torch.zeros(3, 40, 4)
+    spans = [(10, 25, 40), (5, 15, 20), (2, 4, 6)]  # (speech start, speech end, length)
+    for row, (start, end, length) in enumerate(spans):
+        x[row, :length] = -1.0
+        x[row, start:end] = 1.0
+    lengths = torch.tensor([s[2] for s in spans])
+    targets = torch.tensor([[1, 2], [1, 2], [1, 2]])
+    aug = SpecAugment(num_bins=4, edge_crop=1.0)
+    cropped_any = False
+    for seed in range(20):
+        xb, lb = x.clone(), lengths.clone()
+        batch = aug(Batch(inputs=xb, targets=targets, num_frames=66, input_lengths=lb,
+                          target_lengths=torch.tensor([2, 2, 2])), np.random.default_rng(seed))
+        assert batch.num_frames == int(lb.sum())
+        for row, (start, end, length) in enumerate(spans):
+            n = int(lb[row])
+            loud = (xb[row, :n, 0] == 1.0).nonzero().flatten()
+            # the loud part is whole and contiguous, only quiet frames went, padding is zero
+            assert len(loud) == end - start and int(loud[-1] - loud[0]) == end - start - 1
+            assert n >= min(length, 8) and (xb[row, n:] == 0).all()
+            cropped_any |= n < length
+        assert int(lb[2]) == 6  # 6 frames, 2 tokens: cropping would leave < 4 frames per token
+    assert cropped_any
+    # chunks (no target lengths) are never cropped
+    chunk = Batch(inputs=x.clone(), targets=torch.zeros(3, 40), num_frames=66, input_lengths=lengths.clone())
+    aug(chunk, np.random.default_rng(0))
+    assert torch.equal(chunk.input_lengths, lengths)
+
+
+@pytest.mark.parametrize("override, key", [("data.edge_crop=1.5", "data.edge_crop"),
+                                           ("data.speed_perturb=[0.9, 3.0]", "data.speed_perturb"),
                                            ("data.noise_snr=100", "data.noise_snr"),
                                            ("data.freq_mask_bins=50", "data.freq_mask_bins"),
                                            ("data.time_masks=-1", "data.time_masks")])

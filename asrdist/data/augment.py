@@ -10,6 +10,11 @@
    mean) bands of filterbank bins and runs of frames, drawn per training batch from the sampler's
    (seed, epoch, rank, batch) stream, so a resumed run sees the same masks. Spliced DNN frames get
    frequency masks only.
+4. Edge cropping (`data.edge_crop` = p, CTC utterances only): with probability p an utterance loses
+   a random part of its leading and of its trailing quiet frames (those before the first / after
+   the last frame louder than halfway between its quietest and loudest, mean over bins), as if
+   recorded with tighter end-pointing; drawn from the same stream. Models trained on recordings
+   with long silences otherwise fail on tightly cut ones (FSDD's speaker nicolas).
 
 Copies of steps 1-2 are made once, from the audio, with the corpus' own filterbank and CMVN settings
 (per-copy-speaker statistics under speaker CMVN, the training split's under global), into
@@ -217,13 +222,14 @@ class SpecAugment:
     freq_masks: int = 0
     freq_mask_bins: int = 8
     num_bins: int = 40
+    edge_crop: float = 0.0
 
     @classmethod
     def from_config(cls, data_cfg, num_bins: int) -> "SpecAugment | None":
-        if not data_cfg.time_masks and not data_cfg.freq_masks:
+        if not data_cfg.time_masks and not data_cfg.freq_masks and not data_cfg.edge_crop:
             return None
         return cls(data_cfg.time_masks, data_cfg.time_mask_frames, data_cfg.freq_masks,
-                   min(data_cfg.freq_mask_bins, num_bins), num_bins)
+                   min(data_cfg.freq_mask_bins, num_bins), num_bins, data_cfg.edge_crop)
 
     def _freq(self, x: np.ndarray, rng: np.random.Generator) -> None:
         """x [..., num_bins]: the same bands masked in every frame of x."""
@@ -239,6 +245,20 @@ class SpecAugment:
             start = int(rng.integers(0, length - width + 1))
             x[start:start + width] = 0.0
 
+    def _crop(self, row: np.ndarray, length: int, min_length: int, rng: np.random.Generator) -> int:
+        """Step 4 on one padded utterance, in place; returns its new length."""
+        if rng.random() >= self.edge_crop or length < 3:
+            return length
+        energy = row[:length].mean(axis=1)
+        loud = np.flatnonzero(energy > (energy.min() + energy.max()) / 2)
+        lead = int(rng.integers(0, loud[0] + 1))
+        trail = int(rng.integers(0, length - loud[-1]))
+        if length - lead - trail < min_length:
+            return length
+        row[:length - lead - trail] = row[lead:length - trail].copy()
+        row[length - lead - trail:] = 0.0
+        return length - lead - trail
+
     def __call__(self, batch: Batch, rng: np.random.Generator) -> Batch:
         x = batch.inputs.numpy()
         if x.ndim == 2:  # spliced frames [B, (2C+1) * bins]
@@ -247,7 +267,15 @@ class SpecAugment:
                 self._freq(row, rng)
             return batch
         lengths = batch.input_lengths.numpy() if batch.input_lengths is not None else [x.shape[1]] * len(x)
-        for row, length in zip(x, lengths):
-            self._freq(row[:int(length)], rng)
-            self._time(row, int(length), rng)
+        # Only utterances (CTC: lengths and target lengths) are cropped; chunks keep frame labels.
+        crop = self.edge_crop > 0 and batch.input_lengths is not None and batch.target_lengths is not None
+        for index, row in enumerate(x):
+            length = int(lengths[index])
+            if crop:  # at least 4 frames per target token, so CTC stays feasible after subsampling
+                length = self._crop(row, length, 4 * int(batch.target_lengths[index]), rng)
+                lengths[index] = length
+            self._freq(row[:length], rng)
+            self._time(row, length, rng)
+        if crop:
+            batch.num_frames = int(lengths.sum())
         return batch
