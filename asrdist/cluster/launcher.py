@@ -16,6 +16,17 @@ Supervision:
 - SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
   becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
   so do learners with their agent (`asrdist.train.worker` sets it for itself).
+- A stopped (hung) learner is killed by its agent after TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which is
+  set to `SHUTDOWN_GRACE_S` (torch's default, 30 s, made a hang take its timeout + 30 s to report).
+
+A job that survives lost learners (`survive_lost`: adpsgd on one machine) cannot run under
+torch's agent: an agent stops all its learners when one fails, an agent per learner waits 300 s
+in its exit barrier for a failed peer's agent (not settable from torchrun's command line), and the
+learners' c10d store lives in agent 0 (torch 2.13). Here the launcher is the agent: it hosts the
+job's TCPStore, starts each learner as its own process with the environment torchrun gives it
+(every learner a client of that store: TORCHELASTIC_USE_AGENT_STORE), and supervises them itself
+(`_Survival`): a learner that fails or that its peers declared lost (hung) is reported in one line
+and recorded in the store; the job succeeds when at least one learner finishes.
 """
 from __future__ import annotations
 
@@ -34,18 +45,24 @@ from asrdist.errors import TrainingError
 LOG_NAME = "launcher.log"
 STOP_GRACE_S = 30.0
 """How long stopped agents get to stop their learners before they are killed."""
+SHUTDOWN_GRACE_S = 3
+"""How long an agent waits for a learner it stopped (SIGTERM) before it kills it (SIGKILL)."""
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
                     timeout: float | None = None, nodes: int = 1, network: str = "1gbit",
-                    max_restarts: int = 0) -> None:
+                    max_restarts: int = 0, survive_lost: bool = False) -> None:
     """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
     emulated hosts joined by `network` links; when a learner fails, torch's launcher restarts them
     all up to `max_restarts` times (the module resumes: TORCHELASTIC_RESTART_COUNT); raise
-    TrainingError on failure."""
+    TrainingError on failure. `survive_lost` (nodes 1): the job goes on without failed learners
+    and fails only when none finishes."""
     threads = max(1, len(os.sched_getaffinity(0)) // learners)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S))
+    if survive_lost and nodes == 1:
+        _launch_survivable(module, args, learners, report_dir, timeout, env)
+        return
     common = ["--max-restarts", str(max_restarts), "--monitor-interval", "0.5"]
     if nodes == 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
@@ -70,6 +87,90 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
 
 
+def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,
+                       env: dict) -> None:
+    """One process per learner, the job's store hosted here (see the module docstring)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from asrdist.cluster.process_group import STORE_PREFIX, SURVIVE_ENV
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
+               WORLD_SIZE=str(learners), LOCAL_WORLD_SIZE=str(learners), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
+               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", **{SURVIVE_ENV: "1"})
+    cmd = [sys.executable, "-m", module, *args]
+
+    def learner(rank: int) -> Callable[[], subprocess.Popen]:
+        return lambda: _popen(cmd, dict(env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank)))
+
+    run_agents([learner(r) for r in range(learners)], report_dir, timeout,
+               survival=_Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))
+
+
+_DYING_S = 1.0
+"""How long a learner its peers reported lost may take to exit by itself before it is killed as hung."""
+
+
+class _Survival:
+    """Supervision of a job that goes on without lost learners; process k is learner rank k."""
+
+    def __init__(self, store, report_dir: Path):
+        self.store, self.report_dir = store, report_dir
+        self.lost: dict[int, str] = {}
+        """rank -> the one line that says why it was lost."""
+        self._declared: dict[int, float] = {}  # rank -> when its peers' report was seen, it still running
+        self._stopped: set[int] = set()
+
+    def wait(self, procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
+        """Until every learner has exited (their codes), a stop signal came, or the deadline passed."""
+        from asrdist.parallel.membership import lost_key
+
+        while not stop.is_set():
+            codes = [p.poll() for p in procs]
+            for rank, code in enumerate(codes):
+                if code is None and self.store.check([lost_key(rank)]):  # its peers gave up on it
+                    seen = self._declared.setdefault(rank, time.monotonic())
+                    if time.monotonic() - seen > _DYING_S:  # not a process on its way out: hung
+                        self._stopped.add(rank)
+                        procs[rank].kill()
+                        codes[rank] = procs[rank].wait()
+                if codes[rank] not in (None, 0) and rank not in self.lost:
+                    self._lose(rank, codes[rank], len(procs))
+            if all(c is not None for c in codes):
+                return codes
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            stop.wait(0.2)
+        return [p.poll() or 0 for p in procs]
+
+    def _lose(self, rank: int, code: int, learners: int) -> None:
+        from asrdist.parallel.membership import report_lost
+
+        report = _first_line(self.report_dir / f"failed-rank-{rank}.txt").removeprefix(f"learner rank {rank}: ")
+        how = report or (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+        record = report_lost(self.store, rank, how, by="launcher")
+        if rank in self._stopped:  # alive, but its peers gave up on it
+            how = f"{record['reason']}; stopped by the launcher"
+        self.lost[rank] = how
+        left = learners - len(self.lost)
+        at = f" at step {record['step']}" if record.get("step") is not None else " before its first step"
+        goes_on = f"the job goes on with {left} learner{'s' * (left != 1)}" if left else "no learner is left"
+        line = f"[asrdist] learner rank {rank} lost{at} ({how}); {goes_on}\n"
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        with open(self.report_dir / LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(line)
+
+    def outcome(self, codes: list[int]) -> None:
+        """Nothing when a learner finished; else one line naming the learner lost first."""
+        if any(c == 0 for c in codes):
+            return
+        rank, how = next(iter(self.lost.items()))
+        raise TrainingError(f"learner rank {rank}: {how}; no learner finished")
+
+
 def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
     from asrdist.cluster.netem import die_with_parent
 
@@ -77,9 +178,11 @@ def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=die_with_parent)
 
 
-def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: Path, timeout: float | None) -> None:
+def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: Path, timeout: float | None,
+               survival: _Survival | None = None) -> None:
     """Start the launcher agents, echo their learners' output, log all of it, and turn a failure
-    (or a stop signal) into one line naming the rank."""
+    (or a stop signal) into one line naming the rank. With `survival` the processes are the
+    learners themselves and the job goes on without lost ones."""
     report_dir = Path(report_dir)
     for f in report_dir.glob("failed-rank-*.txt"):
         f.unlink()
@@ -105,7 +208,7 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
                 outputs.append([])
                 pumps.append(threading.Thread(target=_pump, args=(proc, outputs[-1], log), daemon=True))
                 pumps[-1].start()
-            codes = _wait(procs, stop, deadline)
+            codes = (survival.wait if survival is not None else _wait)(procs, stop, deadline)
         finally:
             if any(p.poll() is None for p in procs):
                 _stop(procs)
@@ -118,6 +221,9 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
     if codes is None:
         raise TrainingError(f"the job did not finish within {timeout:g} s; every learner was stopped "
                             f"(log: {report_dir / LOG_NAME})")
+    if survival is not None:
+        survival.outcome(codes)
+        return
     failed = [c for c in codes if c != 0]
     if failed:
         raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))

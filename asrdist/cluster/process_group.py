@@ -25,6 +25,7 @@ from asrdist.parallel.base import LearnerContext
 
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
+SURVIVE_ENV = "ASRDIST_SURVIVE_LOST"
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class JobEnv:
     local_world_size: int
     restart: int = 0
     """How many times torch's launcher restarted the job's learners (TORCHELASTIC_RESTART_COUNT)."""
+    survive_lost: bool = False
+    """asrdist's launcher goes on without lost learners (SURVIVE_ENV, set by `launch_learners`)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
@@ -45,7 +48,8 @@ class JobEnv:
             world = int(env["WORLD_SIZE"])
             return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
                        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
-                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                       survive_lost=env.get(SURVIVE_ENV) == "1")
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 
@@ -109,6 +113,7 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
         store, _, _ = next(dist.rendezvous(init_method, env.rank, env.world_size, timeout=timeout))
         if env.restart:  # the launcher's store outlives a restart: the earlier learners' keys stay behind
             store = dist.PrefixStore(f"restart-{env.restart}/", store)
+    _wait_for_everyone(store, env, max(timeout, JOIN_TIMEOUT))
     backend = backend or default_backend()
     device = device_for_backend(backend, env.local_rank)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
@@ -116,11 +121,27 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     groups = build_groups(env.rank, env.world_size, group_size, timeout)
     return LearnerContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
                           local_world_size=env.local_world_size, device=device, timeout=timeout, seed=seed,
-                          store=dist.PrefixStore(STORE_PREFIX, store), groups=groups, group_size=group_size)
+                          store=dist.PrefixStore(STORE_PREFIX, store), groups=groups, group_size=group_size,
+                          survive_lost=env.survive_lost)
 
 
-def stop_learner() -> None:
-    """Leave the job: nobody tears the group down while a peer is still inside a collective."""
+JOIN_TIMEOUT = timedelta(seconds=120)
+"""How long learners wait for each other to start: set-up on a loaded machine may take longer than
+`train.timeout_seconds`, which is for a peer that stops answering once training runs."""
+
+
+def _wait_for_everyone(store: dist.Store, env: JobEnv, timeout: timedelta) -> None:
+    joined = dist.PrefixStore(f"{STORE_PREFIX}joined/", store)
+    joined.set(str(env.rank), "1")
+    joined.wait([str(r) for r in range(env.world_size)], timeout)
+
+
+def stop_learner(group=None, destroy: bool = True) -> None:
+    """Leave the job: nobody tears the group down while a peer is still inside a collective.
+    `group`: the learners still there (a decentralized job that lost some); `destroy=False` leaves
+    the groups as they are (a communication thread may still wait on a lost peer: the process
+    then ends with os._exit)."""
     if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier(group=group)
+        if destroy:
+            dist.destroy_process_group()

@@ -23,6 +23,16 @@ the exchange then changes nothing on either side. At the end every active says g
 passive; when a passive has heard all of them its thread ends, and `finalize` leaves the average
 of all learners (one allreduce) in the model. Transport: torch.distributed point-to-point on one
 gloo group of the strategy's learners (CPU staging on GPUs: NCCL cannot receive from any source).
+
+Lost learners (`asrdist.parallel.membership`; DESIGN.md §8). A gloo pair whose peer died fails at
+once ("Connection closed by peer") and only that pair: the group goes on for everyone else. But a
+gloo operation that times out closes every pair of its group ("Application timeout caused pair
+closure"; both measured on torch 2.13), so in a job that survives losses (`ctx.survive_lost`: the
+launcher supervises every learner) the group waits without a timeout of its own and a watchdog
+reports a partner that misses the deadline as hung; the launcher then stops it, which ends the
+wait. An exchange that fails or gets no answer within the timeout marks the partner lost: an active then takes the next live passive on the ring instead, a passive
+stops expecting the lost active's goodbye. Epoch-end metrics and the final average run over the
+survivors the learners agree on. A strategy nested in another (hierarchical) keeps failing fast.
 """
 from __future__ import annotations
 
@@ -41,6 +51,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.membership import Membership
 
 _HEADER, _PAYLOAD, _REPLY = 1, 2, 3  # message tags
 _EXCHANGE, _GOODBYE = 1, 2  # header kinds
@@ -90,10 +101,45 @@ def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return flat
 
 
+class _Watchdog:
+    """Deadlines of the point-to-point waits in flight (the exchange group has no timeout, see the
+    module docstring). A wait past its deadline gets its peer reported lost as hung; the launcher
+    then stops that process, which closes its connections and ends the wait with an error."""
+
+    def __init__(self, membership: Membership, timeout: timedelta):
+        self._membership, self._timeout = membership, timeout
+        self._due: dict[object, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="adpsgd-watchdog", daemon=True).start()
+
+    @contextmanager
+    def watching(self, rank: int) -> Iterator[None]:
+        token = object()
+        with self._lock:
+            self._due[token] = (rank, time.monotonic() + self._timeout.total_seconds())
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._due[token]
+
+    def _run(self) -> None:
+        reason = f"hung: no answer to an exchange within {self._timeout.total_seconds():g} s"
+        while True:
+            time.sleep(min(0.5, self._timeout.total_seconds() / 4))  # a clock, not synchronisation
+            now = time.monotonic()
+            with self._lock:
+                overdue = {rank for rank, due in self._due.values() if now > due}
+            for rank in overdue:
+                self._membership.report(rank, reason)
+
+
 class AdpsgdStrategy(Strategy):
     name = "adpsgd"
     config_class = AdpsgdConfig
     lockstep = False
+    survives_lost_learners = True
+    """Go on without a learner that died or hung (False: fail fast, as when nested in hierarchical)."""
 
     def __init__(self, config: AdpsgdConfig | None = None):
         super().__init__(config)
@@ -107,6 +153,10 @@ class AdpsgdStrategy(Strategy):
         self._answerer: threading.Thread | None = None
         self._answer_error: BaseException | None = None
         self._said_goodbye = False
+        self._goodbyes: set[int] = set()
+        self._heard = threading.Condition()
+        self.membership: Membership | None = None
+        self._watchdog: _Watchdog | None = None
         self.p2p_group = None
         """The group exchanges travel on (default: made at setup over the strategy's learners);
         a hierarchical strategy makes it on every rank, leaders only take part."""
@@ -124,6 +174,9 @@ class AdpsgdStrategy(Strategy):
         self._group = self.p2p_group or exchange_group(
             None if ctx.group is None else dist.get_process_group_ranks(ctx.group))
         self.active = topology.is_active(ctx.rank, ctx.world_size)
+        if self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
+            self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
+            self._watchdog = _Watchdog(self.membership, ctx.timeout)
         if self.active and self.config.delay_by_one:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="adpsgd-exchange")
         if not self.active:
@@ -143,9 +196,10 @@ class AdpsgdStrategy(Strategy):
         self._raise_answer_error()
         if not self.ctx.distributed or not self.active:
             return
-        partner = topology.partner(self.ctx.rank, self.ctx.world_size, self._round, self.config.pattern,
-                                   self.config.seed)
+        partner = self._partner()
         self._round += 1
+        if partner is None:  # every passive is lost: train alone
+            return
         if self._executor is None:
             self._exchange(partner, self._snapshot(), stalled=True)
             return
@@ -164,9 +218,17 @@ class AdpsgdStrategy(Strategy):
                 self._paused = False
 
     def epoch_end_metrics(self) -> dict:
-        distance = consensus_distance(self.model, world_size=self.ctx.world_size, group=self.ctx.group,
-                                      timeout=self.ctx.timeout)
+        group, members = self._agree()
+        distance = consensus_distance(self.model, world_size=len(members), group=group, timeout=self.ctx.timeout)
         return {"consensus_distance": distance}
+
+    def survivors(self) -> tuple[object, list[int]]:
+        if self.membership is None:
+            return super().survivors()
+        return self.membership.group or self.ctx.group, list(self.membership.members)
+
+    def lost_learners(self) -> list[dict]:
+        return self.membership.lost_learners() if self.membership is not None else []
 
     def close(self, error: BaseException | None = None) -> None:
         if error is not None:  # stop at once: the passive thread is a daemon, pending work is dropped
@@ -184,16 +246,23 @@ class AdpsgdStrategy(Strategy):
             return
         self._wait_pending()
         self._say_goodbye()
+        group, members = self._agree()  # every live active has finished its last exchange
         if self._answerer is not None:
-            self._answerer.join(self.ctx.timeout.total_seconds())
-            if self._answerer.is_alive():
+            live_actives = set(topology.active_ranks(self.ctx.world_size)) & set(members)
+            with self._heard:
+                heard = self._heard.wait_for(lambda: live_actives <= self._goodbyes or self._answer_error is not None,
+                                             self.ctx.timeout.total_seconds())
+            self._raise_answer_error()
+            if not heard:
                 raise TrainingError(f"rank {self.ctx.rank}: adpsgd: not every active learner said goodbye "
                                     f"within {self.ctx.timeout.total_seconds():g} s")
-        self._raise_answer_error()
+            if not self.lost_learners():
+                self._answerer.join(self.ctx.timeout.total_seconds())
+            # else the thread may still wait for a lost active's goodbye: a daemon, it is left behind
         if self._executor is not None:
             self._executor.shutdown(wait=True)
         with torch.no_grad():
-            average_into(self.model, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
+            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "round": self._round}
@@ -201,6 +270,39 @@ class AdpsgdStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._round = int(state.get("round", 0))
+
+    # -- lost learners -----------------------------------------------------------------------
+    def _agree(self) -> tuple[object, list[int]]:
+        """The survivors' group and ranks at a sync point (every learner without losses)."""
+        if self.membership is not None:
+            self.membership.agree()
+        return self.survivors()
+
+    def _partner(self) -> int | None:
+        """This round's passive, or the next live passive on the ring when it is lost (None: all are)."""
+        n = self.ctx.world_size
+        scheduled = topology.partner(self.ctx.rank, n, self._round, self.config.pattern, self.config.seed)
+        if self.membership is None or not self.membership.is_lost(scheduled):
+            return scheduled
+        passives = topology.passive_ranks(n)
+        at = passives.index(scheduled)
+        return next((p for p in passives[at + 1:] + passives[:at] if not self.membership.is_lost(p)), None)
+
+    def _lose(self, rank: int, exc: BaseException, what: str) -> None:
+        """A failed exchange with `rank`: mark it lost, or fail when this strategy does not survive losses."""
+        if self.membership is None:
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TrainingError(f"rank {self.ctx.rank}: {what} failed: {first_line}") from exc
+        self.membership.report(rank, "died: its connection closed during an exchange")
+
+    def _wait(self, work, peer: int) -> None:
+        """Wait for a point-to-point operation with `peer`: with gloo's timeout when a failure ends
+        the job, under the watchdog's deadline when the job goes on without a lost learner."""
+        if self._watchdog is None:
+            work.wait(self.ctx.timeout)
+            return
+        with self._watchdog.watching(peer):
+            work.wait()
 
     # -- the exchange ------------------------------------------------------------------------
     def _snapshot(self) -> torch.Tensor:
@@ -210,14 +312,18 @@ class AdpsgdStrategy(Strategy):
     def _exchange(self, partner: int, mine_pre: torch.Tensor, stalled: bool) -> None:
         """Active side: send x_pre, get the partner's x_pre back, move halfway towards it."""
         t0 = time.perf_counter()
-        what = f"adpsgd exchange with rank {partner}"
+        what = f"adpsgd exchange with rank {partner} (timeout {self.ctx.timeout.total_seconds():g} s)"
         header = torch.tensor([_EXCHANGE, self._round], dtype=torch.int64)
-        comm._guard(what, lambda: dist.send(header, group=self._group, group_dst=partner, tag=_HEADER))
-        comm._guard(what, lambda: dist.send(mine_pre, group=self._group, group_dst=partner, tag=_PAYLOAD))
         theirs = torch.empty_like(mine_pre)
-        work = comm._guard(what, lambda: dist.irecv(theirs, group=self._group, group_src=partner, tag=_REPLY))
-        comm._guard(f"{what} (timeout {self.ctx.timeout.total_seconds():g} s)",
-                    lambda: work.wait(self.ctx.timeout))
+        try:
+            sends = [dist.isend(header, group=self._group, group_dst=partner, tag=_HEADER),
+                     dist.isend(mine_pre, group=self._group, group_dst=partner, tag=_PAYLOAD)]
+            self._wait(dist.irecv(theirs, group=self._group, group_src=partner, tag=_REPLY), partner)
+            for work in sends:  # done: the partner answered
+                self._wait(work, partner)
+        except RuntimeError as exc:
+            self._lose(partner, exc, what)
+            return
         delta = theirs.sub_(mine_pre).mul_(0.5).to(self._flat.device)
         with self._lock:
             self._flat.add_(delta)
@@ -241,37 +347,54 @@ class AdpsgdStrategy(Strategy):
         self._said_goodbye = True
         header = torch.tensor([_GOODBYE, self._round], dtype=torch.int64)
         for passive in topology.passive_ranks(self.ctx.world_size):
-            comm._guard(f"adpsgd goodbye to rank {passive}",
-                        lambda: dist.send(header, group=self._group, group_dst=passive, tag=_HEADER))
+            if self.membership is not None and self.membership.is_lost(passive):
+                continue
+            try:
+                self._wait(dist.isend(header, group=self._group, group_dst=passive, tag=_HEADER), passive)
+            except RuntimeError as exc:
+                self._lose(passive, exc, f"adpsgd goodbye to rank {passive}")
 
     def _answer_loop(self) -> None:
-        """Passive side: answer whoever asks, in arrival order, until every active said goodbye."""
+        """Passive side: answer whoever asks, in arrival order, until every active said goodbye
+        (or is lost)."""
         try:
-            actives = len(topology.active_ranks(self.ctx.world_size))
-            goodbyes = 0
+            actives = set(topology.active_ranks(self.ctx.world_size))
             header = torch.empty(2, dtype=torch.int64)
             theirs = torch.empty(self._flat.numel(), dtype=self._flat.dtype)
-            while goodbyes < actives:
+            while not actives <= self._goodbyes | (self.membership.lost_ranks() if self.membership else set()):
                 source = dist.get_group_rank(self._group, dist.recv(header, group=self._group, tag=_HEADER))
                 if int(header[0]) == _GOODBYE:
-                    goodbyes += 1
+                    with self._heard:
+                        self._goodbyes.add(source)
+                        self._heard.notify_all()
                     continue
-                dist.recv(theirs, group=self._group, group_src=source, tag=_PAYLOAD)
                 t0 = time.perf_counter()
-                with self._lock:
-                    if self._paused:
-                        reply = theirs  # an echo: the exchange changes nothing on either side
-                    else:
-                        mine = self._flat.detach().to("cpu", copy=True)
-                        self._flat.add_(theirs.sub(mine).mul_(0.5).to(self._flat.device))
-                        reply = mine
-                dist.send(reply, group=self._group, group_dst=source, tag=_REPLY)
+                try:
+                    self._answer(source, theirs)
+                except RuntimeError as exc:  # the active died (or hung and was stopped) mid-exchange
+                    self._lose(source, exc, f"adpsgd answer to rank {source}")
+                    theirs = torch.empty_like(theirs)  # the lost exchange may still hold the old buffer
+                    continue
                 self.counters.answer_seconds += time.perf_counter() - t0
                 self.counters.comm_seconds += time.perf_counter() - t0
-                self.counters.bytes_sent += exchange_traffic(reply.numel(), reply.element_size())["answer"].bytes_sent
+                self.counters.bytes_sent += exchange_traffic(theirs.numel(), theirs.element_size())["answer"].bytes_sent
                 self.counters.exchanges += 1
         except BaseException as exc:  # reported to the training thread at its next step
-            self._answer_error = exc
+            with self._heard:
+                self._answer_error = exc
+                self._heard.notify_all()
+
+    def _answer(self, source: int, theirs: torch.Tensor) -> None:
+        """One exchange, passive side: take the active's x_pre, move halfway, return our x_pre."""
+        self._wait(dist.irecv(theirs, group=self._group, group_src=source, tag=_PAYLOAD), source)
+        with self._lock:
+            if self._paused:
+                reply = theirs  # an echo: the exchange changes nothing on either side
+            else:
+                mine = self._flat.detach().to("cpu", copy=True)
+                self._flat.add_(theirs.sub(mine).mul_(0.5).to(self._flat.device))
+                reply = mine
+        self._wait(dist.isend(reply, group=self._group, group_dst=source, tag=_REPLY), source)
 
     def _raise_answer_error(self) -> None:
         if self._answer_error is not None:

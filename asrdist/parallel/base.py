@@ -78,6 +78,9 @@ class LearnerContext:
     samples_per_step: int = 0
     """This learner's nominal samples per minibatch (the same on every learner; 0 = unknown): lets a
     strategy count progress identically on every learner when actual minibatches differ (CTC)."""
+    survive_lost: bool = False
+    """The launcher supervises every learner on its own and the job goes on without lost ones
+    (adpsgd): a strategy that can may then skip a peer that died or hung instead of failing."""
     job_rank: int = -1
     """This learner's rank in the whole job (= rank unless `on_group` narrowed the context)."""
     job_world_size: int = -1
@@ -184,6 +187,17 @@ class Strategy:
         """Called on every learner at every epoch end, inside `paused()`; may use collectives.
         Its values go into the epoch's record in metrics.jsonl (e.g. adpsgd's consensus distance)."""
         return {}
+
+    def survivors(self) -> tuple[Any, list[int]]:
+        """(process group, job ranks) of the learners the consensus model is taken over, as
+        agreed at the last epoch end or `finalize`: every learner, unless the strategy goes on
+        without lost learners (adpsgd)."""
+        world = self.ctx.groups.world if self.ctx.groups is not None else None
+        return world, list(range(self.ctx.job_world_size))
+
+    def lost_learners(self) -> list[dict[str, Any]]:
+        """[{"rank", "step", "reason"}] of the learners training went on without."""
+        return []
 
     def wants_batch_search(self) -> bool:
         """Run CNTK's automatic minibatch-size search at epoch starts (onebit's auto_batch_size)."""

@@ -93,6 +93,7 @@ class HierarchicalStrategy(Strategy):
                                                          delay_by_one=self.config.delay_by_one,
                                                          seed=self.config.seed))
                 self.outer.p2p_group = group
+                self.outer.survives_lost_learners = False  # a lost node member breaks its node's allreduce
                 self.outer.setup(model, optimizer, ctx.on_group(groups.leaders))
                 self.outer.counters = self.counters
                 self._flat = self.outer._flat

@@ -18,7 +18,7 @@ import yaml
 from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError
+from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import rundir
 from asrdist.utils.io import output_errors, write_json_atomic, write_text_atomic
 
@@ -121,6 +121,9 @@ def train_command(args) -> int:
     if nodes != 1:
         check_emulated_cluster(cfg.train.learners, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
+    if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
+        raise ConfigError("train.max_restarts: adpsgd goes on without a lost learner instead of restarting; "
+                          "set it to 0")
     if args.resume is not None:
         run_dir = args.resume
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
@@ -172,8 +175,17 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
     emulated hosts joined by `network` links when nodes > 1); the summary."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
     launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
-                    max_restarts=cfg.train.max_restarts)
-    return json.loads((run_dir / "summary.json").read_text())
+                    max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes))
+    summary = run_dir / "summary.json"
+    if not summary.is_file():  # the learners that finished did not include the one that writes it
+        raise TrainingError(f"{summary}: not written (see {run_dir / 'launcher.log'})")
+    return json.loads(summary.read_text())
+
+
+def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
+    """adpsgd on one machine goes on without a learner that dies or hangs (one process per learner
+    under asrdist's own supervision); every other strategy fails fast naming it."""
+    return cfg.strategy_name == "adpsgd" and nodes == 1
 
 
 def print_summary(run_dir: Path, summary: dict | None) -> None:

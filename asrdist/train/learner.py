@@ -162,6 +162,9 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
 
 def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
                 progress: bool = True) -> dict | None:
+    """Train, finalize, leave the job's process group; the summary on the learner that writes it
+    (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere."""
+    from asrdist.cluster.process_group import stop_learner
     from asrdist.train.prepare import load_targets
     from asrdist.train.task import SpeechTask
 
@@ -176,13 +179,16 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
                    "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
                    "skipped_nonfinite": learner.trainer.skipped,
                    **learner.strategy.counters.as_dict()}
+    group, members = learner.strategy.survivors()  # every learner, or those adpsgd went on with
+    lost = learner.strategy.lost_learners()
     if ctx.job_world_size > 1:
-        gathered: list = [None] * ctx.job_world_size
-        dist.all_gather_object(gathered, per_learner)
+        gathered: list = [None] * len(members)
+        dist.all_gather_object(gathered, per_learner, group=group)
     else:
         gathered = [per_learner]
-    if ctx.job_rank != 0:
+    stop_learner(group, destroy=not lost)
+    if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None
     from asrdist.train.summary import finish_run
 
-    return finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads)
+    return finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)

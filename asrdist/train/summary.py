@@ -18,7 +18,8 @@ from asrdist.utils.io import write_json_atomic
 
 
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
-               state, per_learner: list[dict], wall_seconds: float, threads: int) -> dict:
+               state, per_learner: list[dict], wall_seconds: float, threads: int,
+               lost_learners: list[dict] | None = None) -> dict:
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.models.registry import count_parameters
 
@@ -31,10 +32,12 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     frames = sum(p["frames"] for p in per_learner)
     train_seconds = max(p["train_seconds"] for p in per_learner)
-    n = len(per_learner)
+    n = len(per_learner)  # the learners that finished
+    lost = lost_learners or []
     summary = {
         "strategy": cfg.strategy_name,
-        "learners": n,
+        "learners": n + len(lost),
+        "lost_learners": lost,
         "cores": os.cpu_count(),
         "threads_per_learner": threads,
         "model": cfg.model.name,

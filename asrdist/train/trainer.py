@@ -29,6 +29,7 @@ from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import consensus_copy
+from asrdist.parallel.membership import progress_key
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import MetricsLog
 
@@ -348,6 +349,8 @@ class Trainer:
             self.state.step += 1
             if not self.job_epochs:
                 self.state.schedule_step += self._size_ratio()
+            elif self.ctx.store is not None and self.ctx.job_world_size > 1:  # who was lost when
+                self.ctx.store.set(progress_key(self.ctx.job_rank), str(self.state.step))
             self.state.frames += frames
             losses.append(loss)
             self.state.epoch_loss_sum += loss * frames
@@ -382,16 +385,20 @@ class Trainer:
         last = self.state.epoch == self.epochs - 1 or self._done()
         with self.strategy.paused():
             record.update(self.strategy.epoch_end_metrics())
+        group, members = self.strategy.survivors()
+        leads = self.ctx.job_rank == members[0]  # rank 0, or the first survivor once it is lost
+        if leads and not self.metrics.enabled:
+            self.metrics = MetricsLog(self.run_dir, resume_step=self.state.step)
+        if lost := self.strategy.lost_learners():
+            record["lost_learners"] = [x["rank"] for x in lost]
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
-                model = consensus_copy(self.model, world_size=self.ctx.job_world_size,
-                                       group=self.ctx.groups.world if self.ctx.groups else None,
-                                       timeout=self.ctx.timeout)
-                record.update(self.hooks.validate_fn(model) if self.ctx.job_rank == 0 else {})
+                model = consensus_copy(self.model, world_size=len(members), group=group, timeout=self.ctx.timeout)
+                record.update(self.hooks.validate_fn(model) if leads else {})
         self._warn_if_loss_rose(record)
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
-        if self.ctx.job_rank == 0:
+        if leads:
             shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1

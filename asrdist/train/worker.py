@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from asrdist.cluster.process_group import JobEnv, start_learner, stop_learner
+from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import config_from_tree
 from asrdist.train.launch import run_config_path
 
@@ -36,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
         run_learner(cfg, args.run_dir, ctx, resume=args.resume or _restarted(args.run_dir, env),
                     progress=not args.no_progress)
-        stop_learner()
-        return 0
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # leave at once: after a lost learner, a communication thread may still wait on it in gloo
+        os._exit(0)
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         detail = detail.removeprefix(f"rank {rank}: ")

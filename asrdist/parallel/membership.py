@@ -1,0 +1,128 @@
+"""Which learners of a decentralized job are still alive, as every survivor agrees (DESIGN.md §8).
+
+A learner is *lost* when it died (the launcher saw its process end with an error) or when a peer
+could not finish an exchange with it (connection closed, or no answer within the timeout: hung).
+Whoever notices first writes `lost/<rank>` into the job's c10d store, which lives in the launcher,
+not in any learner, so it outlives every loss. Nothing is negotiated per step: a survivor only
+skips the lost learners it knows of.
+
+Collectives (epoch-end metrics, the final consensus) need every member to agree on the set:
+`agree(tag)` is a store barrier that waits until every learner has either arrived at `tag` or
+been reported lost (a learner that does neither within the timeout is declared lost as hung);
+the first survivor to decide fixes the member list with the store's compare-and-set, and every
+survivor builds the same gloo group over it (only its members take part). A learner its peers
+declared lost (it was only slow) learns it there and stops.
+
+Store keys (under the job's `asrdist/` prefix): `progress/<rank>` the last step a learner finished
+(the trainer writes it), `lost/<rank>` a JSON record {rank, step, reason, by}, `sync/<tag>/...`.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from asrdist.errors import TrainingError
+
+POLL_S = 0.02
+"""How often a learner waiting in `agree` looks at the store (polling a store, not a peer)."""
+
+
+def progress_key(rank: int) -> str:
+    return f"progress/{rank}"
+
+
+def lost_key(rank: int) -> str:
+    return f"lost/{rank}"
+
+
+def last_step(store, rank: int) -> int | None:
+    """The last step `rank` reported finishing (None: it never finished one)."""
+    key = progress_key(rank)
+    return int(store.get(key)) if store.check([key]) else None
+
+
+def report_lost(store, rank: int, reason: str, by: str, step: int | None = None) -> dict:
+    """Record `rank` as lost, unless someone did already; the record that stands."""
+    record = {"rank": rank, "step": last_step(store, rank) if step is None else step, "reason": reason, "by": by}
+    return json.loads(store.compare_set(lost_key(rank), "", json.dumps(record)))
+
+
+class Membership:
+    """One learner's view of who is lost, and the agreed survivors at the job's sync points."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta):
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.lost: dict[int, dict] = {}
+        """rank -> its lost record, as this learner knows it."""
+        self.members: list[int] = list(range(world_size))
+        """The survivors agreed at the last sync point (every learner before the first)."""
+        self._group: Any = None
+        self._syncs = 0
+        self._lock = threading.Lock()  # a communication thread reports losses too
+
+    def report(self, rank: int, reason: str) -> None:
+        """This learner found `rank` gone (a failed or timed-out exchange)."""
+        if rank not in self.lost:
+            record = report_lost(self.store, rank, reason, by=f"rank {self.rank}")
+            with self._lock:
+                self.lost.setdefault(rank, record)
+
+    def is_lost(self, rank: int) -> bool:
+        return rank in self.lost
+
+    def lost_ranks(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self.lost)
+
+    def refresh(self) -> None:
+        """Learn of every loss reported so far (by the launcher or by any peer)."""
+        for r in range(self.world_size):
+            if r not in self.lost and self.store.check([lost_key(r)]):
+                record = json.loads(self.store.get(lost_key(r)))
+                with self._lock:
+                    self.lost.setdefault(r, record)
+
+    def agree(self) -> list[int]:
+        """Wait until every learner reached this sync point or is lost; the agreed survivors."""
+        self._syncs += 1
+        prefix = f"sync/{self._syncs}/"
+        self.store.set(f"{prefix}{self.rank}", "1")
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            self.refresh()
+            waiting = [r for r in range(self.world_size) if r not in self.lost and not self.store.check([f"{prefix}{r}"])]
+            if not waiting:
+                break
+            if time.monotonic() > deadline:
+                for r in waiting:
+                    self.report(r, f"hung: no progress within {self.timeout.total_seconds():g} s")
+                break
+            time.sleep(POLL_S)
+        candidate = [r for r in range(self.world_size) if r not in self.lost]
+        members = json.loads(self.store.compare_set(f"{prefix}members", "", json.dumps(candidate)))
+        if self.rank not in members:
+            raise TrainingError(f"rank {self.rank}: its peers went on without it (declared lost: "
+                                f"{self.lost.get(self.rank, {}).get('reason', 'late')})")
+        self.refresh()
+        for r in set(range(self.world_size)) - set(members):  # another survivor decided without waiting for it
+            with self._lock:
+                self.lost.setdefault(r, {"rank": r, "step": last_step(self.store, r), "reason": "lost", "by": "peers"})
+        if members != self.members:
+            self.members = members
+            self._group = dist.new_group(members, timeout=self.timeout, use_local_synchronization=True)
+        return members
+
+    @property
+    def group(self) -> Any:
+        """The process group of the agreed survivors (None = the whole world)."""
+        return self._group
+
+    def lost_learners(self) -> list[dict]:
+        """[{"rank", "step", "reason"}, ...] of every lost learner, by rank."""
+        with self._lock:
+            return [{k: self.lost[r][k] for k in ("rank", "step", "reason")} for r in sorted(self.lost)]

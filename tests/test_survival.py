@@ -1,0 +1,132 @@
+"""adpsgd goes on without lost learners (issue 12 item 5): the membership agreement through the
+store, the partner an active takes instead of a lost passive, and a real 4-learner `asrdist train`
+job that loses one learner to SIGKILL and another to SIGSTOP and still ends with a model."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from asrdist.errors import TrainingError
+from asrdist.parallel import membership as membership_module
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.membership import Membership, report_lost
+
+DEADLINE_S = 180.0
+
+
+def _store():
+    return dist.HashStore()
+
+
+def test_the_first_report_of_a_loss_stands_and_records_the_last_step(tmp_path):
+    store = _store()
+    store.set("progress/2", "137")
+    first = report_lost(store, 2, "killed by signal 9", by="launcher")
+    again = report_lost(store, 2, "died: its connection closed during an exchange", by="rank 0")
+    assert first == again == {"rank": 2, "step": 137, "reason": "killed by signal 9", "by": "launcher"}
+    assert report_lost(store, 3, "hung", by="rank 1")["step"] is None  # it never finished a step
+
+
+def test_survivors_agree_on_one_member_list_and_build_one_group(monkeypatch):
+    store = _store()
+    made = []
+    monkeypatch.setattr(membership_module.dist, "new_group",
+                        lambda ranks, **kw: made.append((ranks, kw["use_local_synchronization"])) or "group")
+    views = [Membership(store, r, 4, timedelta(seconds=30)) for r in range(4)]
+    for r in (0, 1, 3):  # rank 2 never arrives: the launcher reports it
+        store.set(f"sync/1/{r}", "1")
+    report_lost(store, 2, "killed by signal 9", by="launcher")
+    assert views[0].agree() == [0, 1, 3] and views[3].agree() == [0, 1, 3]
+    assert views[0].group == "group" and made == [([0, 1, 3], True), ([0, 1, 3], True)]
+    assert views[0].lost_learners() == [{"rank": 2, "step": None, "reason": "killed by signal 9"}]
+    # a second sync point with the same survivors builds no new group
+    for r in (0, 1, 3):
+        store.set(f"sync/2/{r}", "1")
+    assert views[0].agree() == [0, 1, 3] and len(made) == 2
+
+
+def test_a_learner_that_arrives_nowhere_within_the_timeout_is_declared_hung_and_one_declared_lost_stops():
+    store = _store()
+    fast = Membership(store, 0, 2, timedelta(seconds=0.2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(membership_module.dist, "new_group", lambda ranks, **kw: "group")
+        assert fast.agree() == [0]
+    assert fast.lost[1]["reason"].startswith("hung: no progress within 0.2 s")
+    late = Membership(store, 1, 2, timedelta(seconds=0.2))
+    with pytest.raises(TrainingError, match="rank 1: its peers went on without it"):
+        late.agree()
+
+
+def test_an_active_takes_the_next_live_passive_on_the_ring():
+    strategy = AdpsgdStrategy(AdpsgdConfig(pattern="fixed"))
+    strategy.ctx = LearnerContext(rank=0, world_size=6)
+    strategy.membership = Membership(_store(), 0, 6, timedelta(seconds=1))
+    assert strategy._partner() == 1  # round 0: the right neighbour
+    strategy.membership.report(1, "killed")
+    assert strategy._partner() == 3
+    strategy.membership.report(3, "killed")
+    strategy.membership.report(5, "killed")
+    assert strategy._partner() is None  # every passive lost: train alone
+
+
+def _worker_pids(run_dir: Path) -> dict[int, int]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = dict(e.split(b"=", 1) for e in (entry / "environ").read_bytes().split(b"\0") if b"=" in e)
+            except OSError:
+                continue
+            if b"asrdist.train.worker" in cmdline and str(run_dir).encode() in cmdline and b"RANK" in environ:
+                found[int(environ[b"RANK"])] = int(entry.name)
+    return found
+
+
+def _train_records(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"kind": "train"') if path.is_file() else 0
+
+
+@pytest.mark.slow
+def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=64",
+         "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
+         "optim.anneal_after_epoch=null", "train.timeout_seconds=4", "--data", str(tone_corpus), "--learners", "4",
+         "--strategy", "adpsgd", "--epochs", "3", "--out", str(run_dir), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + DEADLINE_S
+    while _train_records(run_dir) < 8 or len(_worker_pids(run_dir)) < 4:
+        assert proc.poll() is None and time.monotonic() < end, "training did not start"
+        time.sleep(0.1)  # polling an outside process, not synchronisation
+    pids = _worker_pids(run_dir)
+    os.kill(pids[2], signal.SIGKILL)  # an active learner dies
+    os.kill(pids[1], signal.SIGSTOP)  # a passive one hangs
+    try:
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if pids[1] in _worker_pids(run_dir).values():
+            os.kill(pids[1], signal.SIGKILL)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lost = {x["rank"]: x for x in summary["lost_learners"]}
+    assert sorted(lost) == [1, 2] and summary["learners"] == 4, summary["lost_learners"]
+    assert lost[2]["reason"] in ("killed by signal 9", "died: its connection closed during an exchange")
+    assert lost[1]["reason"].startswith("hung:") and all(isinstance(x["step"], int) for x in lost.values())
+    assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == [0, 3]
+    assert summary["final"]["frame_accuracy"] > 0.9 and (run_dir / "model.pt").is_file()
+    lines = [line for line in err.splitlines() if " lost at step " in line]
+    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 2 lost at step") for line in lines), err
+    assert "Traceback" not in err and "asrdist: error" not in err, err
