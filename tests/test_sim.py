@@ -95,6 +95,9 @@ def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(mo
     # one learner: 50 ms emulated compute + the median 20 ms of the rest of a step, 64 frames
     assert sync["1"]["predicted"] == pytest.approx(64 / 0.070, rel=0.02)
     assert out["max_relative_error"] == max(abs(c["relative_error"]) for c in sync.values())
+    figures = out["machine_figures"]  # measured in the run, on one learner's work
+    assert figures["thread_speedup"] >= 1.0 and figures["quantize_seconds_per_value"] > 0
+    assert len(out["load_average"]["before"]) == len(out["load_average"]["after"]) == 3
 
 
 def test_learners_of_a_node_share_its_card_in_pairwise_exchanges():
@@ -131,3 +134,19 @@ def test_validation_predicts_every_reported_figure_within_the_target():
         assert abs(row["relative_error"]) <= limit, row
     assert result["max_relative_error_predicted"] == max(abs(r["relative_error"]) for r in predicted)
     assert "Largest error of the predicted rows" in format_table(result)
+
+
+def test_cpu_learners_queue_for_the_cores_and_memory_bound_work_gains_little_from_threads():
+    """A lone learner: 0.1 s of CPU work on both cores' threads, then a 0.2 s sleep (emulated
+    compute). Learners hold one core each for their CPU work and queue when there are more
+    learners than cores; a sleeping learner leaves its core to the others."""
+    def step(n: int, thread_speedup: float) -> float:
+        cluster = Cluster(1, n, LINKS["loopback"], LINKS["loopback"], shared_cores=2, one_machine=True,
+                          thread_speedup=thread_speedup)
+        return simulate(SimSpec("single", None, SHAPES, cluster, 100, 1e-3, step_overhead=0.2,
+                                steps=12)).seconds_per_step
+
+    assert step(1, 1.0) == pytest.approx(0.3)
+    assert step(2, 1.0) == pytest.approx(0.3)  # memory-bound: one thread each is as fast as two
+    assert step(2, 0.0) == pytest.approx(0.4)  # linear in threads: one thread takes twice as long
+    assert 0.3 <= step(4, 1.0) < 0.4  # 4 x 0.1 s of work per 0.3 s fits 2 cores once staggered

@@ -1,13 +1,22 @@
 """`asrdist bench simulator`: the simulator against asrdist's own runs on this machine.
 
-1. Runs `bench scaling`'s sweep (the real strategies through `Trainer.train_step`, compute
+1. Measures this machine's figures in one process, on one learner's work (never on the runs
+   being predicted), before and after the sweeps, each the median of max(5, `--repeats`)
+   timings, and keeps the smaller of the two (other jobs only slow a timing): the step's CPU work
+   besides the emulated compute (gradient copy and optimizer update of the bench model) on one
+   thread and on all cores (how well memory-bound work uses threads), and per value on one
+   thread: onebit's quantizer and dequantizer, a parameter average and sync's gradient mean
+   (`machine_figures`).
+2. Runs `bench scaling`'s sweep (the real strategies through `Trainer.train_step`, compute
    emulation, swbd shapes, one learner per emulated host on the emulated network) at 1, 2 and 4
-   learners, `--repeats` times, and keeps each figure's median.
-2. Takes this machine's figures from the one-learner runs: the emulated compute (a sleep, not
-   shared) and the rest of a step (synthetic gradient, optimizer update: CPU work that learners
-   share); the link is the emulated network's (rate and delay as `tc` sets them) or loopback.
-3. Simulates every strategy and learner count with these figures and reports measured,
-   predicted and the relative error per case (`predictions`) and the largest (`max_relative_error`).
+   learners, `--repeats` times, and keeps each figure's median. The one-learner runs (no
+   communication) give the CPU seconds of a lone learner's step: the median over strategies and
+   repeats.
+3. Simulates every strategy and learner count with these figures: learners hold their threads'
+   cores for their CPU work and queue for them when there are more learners than cores; the
+   emulated compute (a sleep) is not shared; the link is the emulated network's rate (or
+   loopback). Reports measured, predicted and the relative error per case (`predictions`) and
+   the largest (`max_relative_error`), with the load average before and after (`load_average`).
 """
 from __future__ import annotations
 
@@ -15,7 +24,10 @@ import argparse
 import math
 import os
 import statistics
+import time
 from typing import Any
+
+import torch
 
 from asrdist.errors import ConfigError
 
@@ -31,16 +43,103 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="sweeps; each figure is the median")
 
 
-def _predict(strategy: str, n: int, args, shapes, cpu_seconds: float, link) -> float:
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm up: first touch, allocations
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _with_threads(threads: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5) -> dict[str, float]:
+    """One learner's CPU figures on this machine (see the module docstring), medians of
+    `repeats` timings: `update_seconds_one_thread`, `update_seconds_all_cores`,
+    `thread_speedup` (their ratio), `quantize_seconds_per_value`, `average_seconds_per_value`."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.zeros(s, requires_grad=True) for s in shapes]
+    synthetic = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
+    grads = [torch.empty(s) for s in shapes]
+    optimizer = torch.optim.SGD(params, lr=1e-3)
+
+    def update():  # what the trainer does under compute emulation, besides the sleep
+        for p, g, buf in zip(params, synthetic, grads):
+            buf.copy_(g)
+            p.grad = buf
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    one, full = [], []
+    for _ in range(repeats):  # alternating, so machine noise hits both alike
+        one.append(_with_threads(1, lambda: _median_time(update, 1)))
+        full.append(_with_threads(cores, lambda: _median_time(update, 1)))
+    values = sum(math.prod(s) for s in shapes)
+    flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
+
+    def mean():  # sync's arithmetic around the allreduce: into the bucket, divide, back
+        bucket.copy_(other)
+        bucket.div_(2)
+        flat.copy_(bucket)
+
+    average = _with_threads(1, lambda: _median_time(lambda: flat.add_(other).mul_(0.5), repeats))
+    mean_s = _with_threads(1, lambda: _median_time(mean, repeats))
+    del params, synthetic, grads, optimizer, flat, other, bucket
+    quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
+    one_s, full_s = statistics.median(one), statistics.median(full)
+    return {"update_seconds_one_thread": one_s, "update_seconds_all_cores": full_s,
+            "thread_speedup": max(one_s / full_s, 1.0), "quantize_seconds_per_value": quantize / values,
+            "dequantize_seconds_per_value": dequantize / values, "average_seconds_per_value": average / values,
+            "mean_seconds_per_value": mean_s / values, "repeats": repeats, "threads_all_cores": cores}
+
+
+def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
+    """Median seconds of 1-bit quantization (with error feedback and packing) and of
+    dequantization of gradients of `shapes`, with onebit's own quantizer."""
+    from asrdist.parallel.onebit_kernel import Residual, as_columns, get_quantizer, packed_words
+
+    quantizer = get_quantizer("auto")
+    gen = torch.Generator().manual_seed(0)
+    quantize, dequantize = [], []
+    for shape in shapes:
+        grad = as_columns(torch.randn(tuple(shape), generator=gen))
+        rows, cols = grad.shape
+        residual = Residual(rows, cols)
+        words = [torch.empty(packed_words(rows) * cols, dtype=torch.int32)]
+        recon = [torch.empty(2 * cols)]
+        out = torch.empty_like(grad)
+        quantize.append(_median_time(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats))
+        dequantize.append(_median_time(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), repeats))
+    return sum(quantize), sum(dequantize)
+
+
+def predict(strategy: str, n: int, args, shapes, lone_cpu_seconds: float, link, figures: dict,
+            cores: int) -> float:
+    """Frames/s the simulator predicts for `strategy` on `n` learners of this machine, as `bench
+    scaling` runs them: the emulated compute hands over every gradient at its end (nothing to
+    overlap with), and each learner trains its own warmup + steps minibatches."""
     from asrdist.sim.cluster import LINKS, Cluster
     from asrdist.sim.engine import SimSpec, simulate
-    from asrdist.sim.scenario import CPU_COPY_COST, CPU_QUANTIZE_COST, strategy_config
+    from asrdist.sim.scenario import strategy_config
 
-    cores = len(os.sched_getaffinity(0))
-    cluster = Cluster(n, 1, LINKS["loopback"], link, shared_cores=cores, one_machine=True)
-    spec = SimSpec(strategy if n > 1 else "single", strategy_config(strategy) if n > 1 else None, shapes, cluster,
-                   args.local_batch, cpu_seconds / args.local_batch, step_overhead=args.compute_ms / 1000,
-                   quantize_cost=CPU_QUANTIZE_COST, copy_cost=CPU_COPY_COST, steps=max(args.steps, 4))
+    cluster = Cluster(n, 1, LINKS["loopback"], link, shared_cores=cores, one_machine=True,
+                      thread_speedup=figures["thread_speedup"])
+    alone = n == 1 and strategy != "onebit"  # a lone onebit learner still codes its gradient
+    spec = SimSpec("single" if alone else strategy, None if alone else strategy_config(strategy), shapes, cluster,
+                   args.local_batch, lone_cpu_seconds / args.local_batch, step_overhead=args.compute_ms / 1000,
+                   quantize_cost=figures["quantize_seconds_per_value"],
+                   dequantize_cost=figures["dequantize_seconds_per_value"],
+                   copy_cost=figures["average_seconds_per_value"], mean_cost=figures["mean_seconds_per_value"],
+                   steps=args.warmup + args.steps, backward_share=0.0, own_steps=True)
     return simulate(spec).frames_per_second
 
 
@@ -53,29 +152,42 @@ def run(args) -> dict[str, Any]:
         raise ConfigError(f"bench simulator: --repeats must be >= 1, got {args.repeats}")
     if args.nodes is not None or args.per_node is not None:
         raise ConfigError("bench simulator: --nodes/--per-node are not supported (one learner per emulated host)")
+    model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
+    shapes = model_shapes({k: v for k, v in model.items() if v is not None}, args.feature_dim, args.num_classes)
+    cores = len(os.sched_getaffinity(0))
+    load_before = os.getloadavg()
+    before = measure_machine(shapes, cores, repeats=max(5, args.repeats))
     sweeps = [scaling.run(args) for _ in range(args.repeats)]
+    load_after = os.getloadavg()
+    after = measure_machine(shapes, cores, repeats=max(5, args.repeats))
+    # other jobs only ever slow a timing down: the less disturbed of the two medians
+    figures = {k: min(v, after[k]) if k.endswith("per_value") or k.startswith("update_") else v
+               for k, v in before.items()}
+    figures["thread_speedup"] = max(figures["update_seconds_one_thread"] / figures["update_seconds_all_cores"], 1.0)
     network = sweeps[0]["network"]
     strategies = list(sweeps[0]["results"])
     # tc's rate; its 0.1 ms delay only where the kernel has netem (the label says "nodelay" otherwise)
     delay = 20e-6 if "nodelay" in network else 0.1e-3
     link = LINKS["loopback"] if network == "loopback" else Link(parse_rate(args.network) / 8, delay, network)
-    model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
-    shapes = model_shapes({k: v for k, v in model.items() if v is not None}, args.feature_dim, args.num_classes)
 
     def median(strategy: str, n: int, key: str) -> float:
         if key == "frames_per_second":
             return statistics.median(s["results"][strategy][str(n)] for s in sweeps)
         return statistics.median(s["details"][strategy][str(n)][key] for s in sweeps)
 
-    one_step = statistics.median(median(s, 1, "seconds_per_step") for s in strategies)
-    cpu_seconds = max(one_step - args.compute_ms / 1000, 1e-6)
+    # a lone learner's step besides the emulated compute: the same work in every one-learner run
+    # but onebit's, which still codes its gradient (the simulator adds that)
+    lone_steps = [s["details"][name]["1"]["seconds_per_step"] for s in sweeps for name in strategies
+                  if name != "onebit"] or [s["details"][name]["1"]["seconds_per_step"] for s in sweeps
+                                           for name in strategies]
+    lone_cpu = max(statistics.median(lone_steps) - args.compute_ms / 1000, 1e-6)
     predictions: dict[str, dict[str, dict[str, float]]] = {}
     worst = 0.0
     for strategy in strategies:
         predictions[strategy] = {}
         for n in sorted(int(k) for k in sweeps[0]["results"][strategy]):
             measured = median(strategy, n, "frames_per_second")
-            predicted = _predict(strategy, n, args, shapes, cpu_seconds, link)
+            predicted = predict(strategy, n, args, shapes, lone_cpu, link, figures, cores)
             error = (predicted - measured) / measured
             worst = max(worst, abs(error))
             predictions[strategy][str(n)] = {"measured": measured, "predicted": predicted, "relative_error": error}
@@ -84,11 +196,17 @@ def run(args) -> dict[str, Any]:
         "max_relative_error": worst,
         "target": TARGET,
         "network": network,
-        "machine_figures": {"compute_ms": args.compute_ms, "cpu_seconds_per_step_one_learner": cpu_seconds,
-                            "link_bytes_per_second": link.bandwidth, "link_latency_seconds": link.latency},
+        "machine_figures": {**figures, "measured_before_sweeps": before, "measured_after_sweeps": after,
+                            "compute_ms": args.compute_ms, "cpu_seconds_per_step_one_learner": lone_cpu,
+                            "one_learner_step_seconds": lone_steps, "link_bytes_per_second": link.bandwidth,
+                            "link_latency_seconds": link.latency},
+        "load_average": {"before": list(load_before), "after": list(load_after),
+                         "note": "1, 5 and 15 minute load averages of this machine when the bench started and "
+                                 "after its sweeps; above the core count, other jobs shared the cores"},
         "repeats": args.repeats,
-        "cores": len(os.sched_getaffinity(0)),
-        "learners_share_cores": "all learners run on this machine's cores (threads per learner = max(1, cores // n))",
+        "cores": cores,
+        "learners_share_cores": f"all learners run on this machine's {cores} cores (threads per learner = "
+                                f"max(1, {cores} // learners))",
         "parameters": sum(math.prod(s) for s in shapes),
         "sweeps": sweeps,
     }

@@ -58,7 +58,7 @@ LINKS: dict[str, Link] = {
                                  "(`asrdist bench simulator` measures it)"),
 }
 
-V100_SHARE, V100_RECURRENT_STEP_COST, K20X_SHARE = 0.740, 0.0948, 0.491
+V100_SHARE, V100_RECURRENT_STEP_COST, K20X_SHARE = 0.686, 0.0801, 0.491
 """Sustained share of fp32 peak and fixed cost per LSTM minibatch, as `simulate --validate`
 calibrates them (`validate.calibrate`); the K20X's share follows from the V100's one-GPU job."""
 
@@ -117,27 +117,39 @@ class Cluster:
     between: Link = field(default_factory=lambda: LINKS["loopback"])
     shared_cores: int = 0
     """CPU learners: the cores one node's learners share (threads per learner = max(1, cores //
-    learners)); 0 = every learner has its own device."""
+    learners)); their CPU work queues for these cores. 0 = every learner has its own device."""
     one_machine: bool = False
     """The nodes are emulated on one machine: all learners share `shared_cores`."""
+    thread_speedup: float = 0.0
+    """CPU learners: how much faster one learner's CPU work runs on all `shared_cores` threads
+    than on one (measured; memory-bound work gains little). 0 = linear in threads."""
 
     def __post_init__(self):
         if self.nodes < 1 or self.per_node < 1:
             raise ConfigError(f"cluster: need nodes >= 1 and learners per node >= 1, got {self.nodes} x {self.per_node}")
+        if self.thread_speedup < 0:
+            raise ConfigError(f"cluster: thread_speedup must be >= 0, got {self.thread_speedup}")
 
     @property
     def learners(self) -> int:
         return self.nodes * self.per_node
 
-    def compute_factor(self) -> float:
-        """How much slower one learner computes than a lone learner with all cores: with t =
-        max(1, cores // L) threads each and L learners, max(cores / t, L) (threads scale linearly,
-        oversubscription shares the cores)."""
+    def threads(self) -> int:
+        """Threads (cores held) per CPU learner: max(1, cores // learners sharing them)."""
+        sharing = self.learners if self.one_machine else self.per_node
+        return max(1, self.shared_cores // sharing)
+
+    def cpu_slowdown(self) -> float:
+        """How much longer a learner's CPU work takes on its `threads()` threads than a lone
+        learner's on all cores, before any queueing for cores (the engine queues)."""
         if not self.shared_cores:
             return 1.0
-        sharing = self.learners if self.one_machine else self.per_node
-        threads = max(1, self.shared_cores // sharing)
-        return max(self.shared_cores / threads, float(sharing))
+
+        def speedup(t: int) -> float:  # interpolated between 1 thread and all cores
+            full = self.thread_speedup or float(self.shared_cores)
+            return 1.0 + (full - 1.0) * (t - 1) / max(self.shared_cores - 1, 1)
+
+        return speedup(self.shared_cores) / speedup(min(self.threads(), self.shared_cores))
 
 
 def parse_cluster(text: str) -> tuple[int, int]:

@@ -3,14 +3,17 @@ or per node where a node moves in lock step).
 
 What a step costs, per strategy (the traffic always comes from the strategy module's own
 `*_traffic` function, i.e. the layout and byte accounting of the real run):
-- compute: local minibatch x seconds per frame (x the cluster's CPU sharing factor, x a
-  straggler's slowdown or a random jitter) + a fixed cost per minibatch; the last
-  `backward_share` of it is backward.
+- compute: a fixed cost per minibatch, then local minibatch x seconds per frame (x a straggler's
+  slowdown or a random jitter, the excess slept); the last `backward_share` of it is backward.
+  CPU learners (`Cluster.shared_cores`) hold their threads' cores for their CPU work (compute,
+  1-bit coding, averaging arithmetic): more learners than cores queue, and one learner's work
+  overlaps another's sleep or communication. Fewer threads cost `Cluster.cpu_slowdown`.
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
   one after another on the learner's communication stream, and every collective waits for all
-  members of its group (lock step): the slowest learner sets the pace.
-- onebit: quantize, owner reduce and dequantize cost `quantize_cost` per value and pass; the
-  chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double buffering moves the
+  members of its group (lock step): the slowest learner sets the pace; then the mean's
+  arithmetic (`mean_cost`).
+- onebit: quantize, owner reduce and dequantize cost `quantize_cost` (`dequantize_cost`) per
+  value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double buffering moves the
   exchange of step t behind the compute of step t + 1.
 - averaging: the flat allreduce every `steps_between_averages` minibatches.
 - adpsgd: learners claim minibatches from one job-wide pool; an active learner exchanges with its
@@ -56,8 +59,14 @@ class SimSpec:
     step_overhead: float = 0.0
     quantize_cost: float = 1e-9
     """Seconds per value and pass of 1-bit quantization (quantize, owner reduce, dequantize)."""
+    dequantize_cost: float | None = None
+    """Seconds per value of 1-bit dequantization (None: `quantize_cost`); the owner's reduce
+    dequantizes the n contributions to its stripe and re-quantizes the stripe."""
     copy_cost: float = 0.0
     """Seconds per value of parameter arithmetic in an average or exchange (host or device)."""
+    mean_cost: float = 0.0
+    """Seconds per value of the sync gradient mean's arithmetic besides the wire (CPU learners:
+    copy into the buckets, divide, copy back; 0 where it is negligible)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""
@@ -65,6 +74,10 @@ class SimSpec:
     """Every learner's compute x (1 + uniform(0, jitter)) per step."""
     steps: int = 24
     """Minibatches per learner simulated (a job-wide pool of steps x learners for adpsgd)."""
+    own_steps: bool = False
+    """Each learner trains exactly `steps` minibatches and the job ends with the slowest, as
+    `bench scaling`'s learners do. False: asynchronous learners draw minibatches from one job-wide
+    pool of steps x learners (the trainer's job epochs), and averaging runs whole periods."""
     synchronous: bool = False
     """hybrid: simulate its synchronous phase (else the ADPSGD phase)."""
     seed: int = 0
@@ -174,15 +187,37 @@ class _Simulation:
         self.rng = random.Random(spec.seed)
         self.steps = spec.steps
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
+        c = spec.cluster
+        if c.shared_cores:
+            self.cores = [simpy.Container(self.env, capacity=c.shared_cores, init=c.shared_cores)
+                          for _ in range(1 if c.one_machine else c.nodes)]
 
     # -- pieces -------------------------------------------------------------------------
-    def compute_seconds(self, rank: int) -> float:
+    def draw_compute(self, rank: int) -> tuple[float, float]:
+        """One minibatch of learner `rank`: (seconds of work on its device or CPU cores, seconds
+        of waiting: the fixed cost per minibatch and a straggler's extra sleep)."""
         s = self.spec
-        t = s.local_batch * s.seconds_per_frame * self.cluster.compute_factor()
-        t *= s.slowdown.get(rank, 1.0)
-        if s.jitter:
-            t *= 1.0 + self.rng.uniform(0.0, s.jitter)
-        return t + s.step_overhead
+        work = s.local_batch * s.seconds_per_frame * self.cluster.cpu_slowdown()
+        factor = s.slowdown.get(rank, 1.0) * (1.0 + (self.rng.uniform(0.0, s.jitter) if s.jitter else 0.0))
+        return work, work * (factor - 1.0) + s.step_overhead
+
+    def compute(self, me: _Learner, work: float, sleep: float):
+        t0 = self.env.now
+        yield self.env.timeout(sleep)
+        yield from self.cpu(me, work)
+        me.compute += self.env.now - t0
+
+    def cpu(self, me: _Learner, seconds: float):
+        """`seconds` of work; CPU learners hold their threads' cores of the machine meanwhile, so
+        more learners than cores queue, and work overlaps other learners' waiting."""
+        if not self.cluster.shared_cores:
+            yield self.env.timeout(seconds)
+            return
+        cores = self.cores[0 if self.cluster.one_machine else me.rank // self.cluster.per_node]
+        threads = self.cluster.threads()
+        yield cores.get(threads)
+        yield self.env.timeout(seconds)
+        yield cores.put(threads)
 
     def group_key(self, t: Transfer, rank: int) -> Any:
         per_node = self.cluster.per_node
@@ -203,14 +238,16 @@ class _Simulation:
         s = self.spec
         total = sum(b[0].values for b in buckets) or 1
         for step in range(self.steps):
-            compute = self.compute_seconds(me.rank)
-            me.compute += compute
+            work, sleep = self.draw_compute(me.rank)
+            compute = work + sleep
             backward_start = self.env.now + compute * (1 - s.backward_share)
             stream = self.env.process(self._bucket_stream(me, buckets, step, overlap, backward_start,
                                                           compute * s.backward_share, total))
-            yield self.env.timeout(compute)
+            yield from self.compute(me, work, sleep)
             t0 = self.env.now
             yield stream
+            if buckets and s.mean_cost:
+                yield from self.cpu(me, s.mean_cost * s.values)
             me.wait += self.env.now - t0
             yield from self._after_step(me, step)
             me.steps += 1
@@ -234,9 +271,10 @@ class _Simulation:
         if s.strategy == "averaging" and (step + 1) % self.average_every == 0:
             for i, t in enumerate(self.average):
                 yield from self.collective(me, t, step, 1000 + i)
-            yield self.env.timeout(s.copy_cost * s.values)
-            me.comm += s.copy_cost * s.values
-            me.wait += s.copy_cost * s.values
+            t0 = self.env.now
+            yield from self.cpu(me, s.copy_cost * s.values)
+            me.comm += self.env.now - t0
+            me.wait += self.env.now - t0
 
     def onebit_learner(self, me: _Learner, transfers: list[Transfer], double_buffering: bool, chunks: int):
         s = self.spec
@@ -245,26 +283,25 @@ class _Simulation:
         share = self.cluster.per_node if inside else 1
         values = s.values / share  # what this learner quantizes across nodes
         n_across = across[0].size if across else 1
+        decode = s.quantize_cost if s.dequantize_cost is None else s.dequantize_cost
         quantize = s.quantize_cost * values
-        reduce = s.quantize_cost * values * (1 + 1 / n_across)
-        dequantize = s.quantize_cost * values
+        reduce = (decode + s.quantize_cost / n_across) * values
+        dequantize = decode * values
         pending = None
         for step in range(s.steps):
-            compute = self.compute_seconds(me.rank)
-            me.compute += compute
-            yield self.env.timeout(compute)
+            yield from self.compute(me, *self.draw_compute(me.rank))
             t0 = self.env.now
             if inside:
                 yield from self.collective(me, inside[0], step, 0)
             if not double_buffering:
                 yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True)
             else:
-                yield self.env.timeout(quantize)
+                yield from self.cpu(me, quantize)
                 if pending is not None:
                     t1 = self.env.now
                     yield pending
                     me.wait += self.env.now - t1
-                yield self.env.timeout(dequantize)
+                yield from self.cpu(me, dequantize)
                 pending = self.env.process(self._onebit_wire(me, across, step, reduce, chunks, False))
             if inside:
                 yield from self.collective(me, inside[1], step, 10_000)
@@ -283,10 +320,11 @@ class _Simulation:
             yield from self.collective(me, t, step, 1 + i, stalled=stalled)
         wire = self.env.now - t0
         extra = max(cpu - wire, 0.0) + min(cpu, wire) / chunks
-        yield self.env.timeout(extra)
-        me.comm += extra
+        t1 = self.env.now
+        yield from self.cpu(me, extra)
+        me.comm += self.env.now - t1
         if stalled:
-            me.wait += extra
+            me.wait += self.env.now - t1
 
     # -- asynchronous strategies --------------------------------------------------------
     def claim(self) -> bool:
@@ -307,24 +345,22 @@ class _Simulation:
         total = sum(b[0].values for b in node_traffic) or 1
         step = 0
         while True:
-            if not all(self.claim() for _ in members):
+            if not (step < self.steps if self.spec.own_steps else all(self.claim() for _ in members)):
                 break
-            computes = [self.compute_seconds(m.rank) for m in members]
-            compute = max(computes)
-            for m, c in zip(members, computes):
-                m.compute += c
+            drawn = [self.draw_compute(m.rank) for m in members]
+            computes = [self.env.process(self.compute(m, *d)) for m, d in zip(members, drawn)]
             if node_traffic:
                 streams = [self.env.process(self._bucket_stream(m, node_traffic, step, overlap,
-                                                                self.env.now + c * (1 - s.backward_share),
-                                                                c * s.backward_share, total))
-                           for m, c in zip(members, computes)]
-                yield self.env.timeout(compute)
+                                                                self.env.now + sum(d) * (1 - s.backward_share),
+                                                                sum(d) * s.backward_share, total))
+                           for m, d in zip(members, drawn)]
+                yield self.env.all_of(computes)
                 t0 = self.env.now
                 yield self.env.all_of(streams)
                 for m in members:
                     m.wait += self.env.now - t0
             else:
-                yield self.env.timeout(compute)
+                yield self.env.all_of(computes)
             if active:
                 partner = topology.partner(unit, units, rnd, cfg.pattern, cfg.seed)
                 rnd += 1
@@ -364,8 +400,8 @@ class _Simulation:
             ex, ans = self.exchange["exchange"], self.exchange["answer"]
             nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
             crosses = len(nodes) == 2
-            # both sides send at once (full duplex): the longer of the two messages
-            duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
+            # the passive replies once the active's parameters are in: two messages in turn
+            duration = transfer_seconds(ex, self.cluster, crosses, ex.bytes_sent + ans.bytes_sent)
             duration += 2 * s.copy_cost * s.values
             # an exchange across nodes holds both nodes' cards: the learners of a node share it
             cards = [self.cards[node].request() for node in nodes] if crosses else []
@@ -391,7 +427,7 @@ class _Simulation:
         name = s.strategy
         if name == "hybrid" and s.synchronous:
             name = "sync_everyone"
-        if self.n == 1 or name == "single":
+        if name == "single" or (self.n == 1 and name != "onebit"):  # a lone onebit still codes its gradient
             for me in self.learners:
                 env.process(self.lockstep_learner(me, [], False))
         elif name in ("sync", "sync_everyone", "averaging"):
@@ -400,7 +436,8 @@ class _Simulation:
                 self.average = averaging.average_traffic(s.values, self.n, cfg)
                 self.average_every = averaging.steps_between_averages(cfg, s.local_batch)
                 # whole averaging periods (two), at most MAX_AVERAGING_STEPS minibatches
-                self.steps = max(s.steps, min(2 * self.average_every, MAX_AVERAGING_STEPS))
+                if not s.own_steps:
+                    self.steps = max(s.steps, min(2 * self.average_every, MAX_AVERAGING_STEPS))
                 overlap = False
             else:
                 sync_cfg = cfg if name == "sync" else sync.SyncConfig(overlap=False)
