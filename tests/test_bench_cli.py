@@ -28,6 +28,10 @@ def test_bench_ngsgd_writes_its_contract(tmp_path):
     assert result["flop_ratio_by_width"]["64"] > result["flop_ratio_by_width"]["512"]
     # Averaging every 64 samples with 32 per learner per step averages every other step: one
     # parameter-sized allreduce per 2 steps against one gradient allreduce per step.
+    # every width with a target has its verdict beside it: 512 -> 1.25, swbd (2048 wide) -> 1.10, 64 none
+    assert result["step_time_ratio_targets"] == {"512": 1.25, "swbd": 1.10}
+    assert result["targets_met"] == {"512": result["step_time_ratio"] <= 1.25,
+                                     "swbd": result["step_time_ratio_swbd"] <= 1.10}
     assert result["bytes"]["averages"] == 2
     assert 0.4 < result["bytes_per_sample_ratio"] < 0.6
 
