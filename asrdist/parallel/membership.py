@@ -32,6 +32,10 @@ POLL_S = 0.02
 """How often a learner waiting in `agree` looks at the store (polling a store, not a peer)."""
 
 
+AGREE_MARGIN_S = 5.0
+"""Beyond twice the timeout, how long `agree` waits for a learner that neither arrives nor is lost."""
+
+
 def progress_key(rank: int) -> str:
     return f"progress/{rank}"
 
@@ -92,7 +96,9 @@ class Membership:
         self._syncs += 1
         prefix = f"sync/{self._syncs}/"
         self.store.set(f"{prefix}{self.rank}", "1")
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        # a learner still blocked on a hung partner is freed after the timeout, the watchdog and the
+        # launcher's kill: give it that before declaring it hung itself
+        deadline = time.monotonic() + 2 * self.timeout.total_seconds() + AGREE_MARGIN_S
         while True:
             self.refresh()
             waiting = [r for r in range(self.world_size) if r not in self.lost and not self.store.check([f"{prefix}{r}"])]
@@ -100,7 +106,7 @@ class Membership:
                 break
             if time.monotonic() > deadline:
                 for r in waiting:
-                    self.report(r, f"hung: no progress within {self.timeout.total_seconds():g} s")
+                    self.report(r, f"hung: reached no sync point within {2 * self.timeout.total_seconds() + AGREE_MARGIN_S:g} s")
                 break
             time.sleep(POLL_S)
         candidate = [r for r in range(self.world_size) if r not in self.lost]
