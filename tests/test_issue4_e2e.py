@@ -1,11 +1,10 @@
 """Multi-learner training end to end: `asrdist train --learners 2`, 1-bit SGD against sync on the
-tone corpus, a killed learner, and the cluster recipe (two torchrun "nodes") on loopback and on
-emulated hosts."""
+tone corpus, a killed learner. The cluster recipe (two torchrun "nodes") is tested by the README's
+SLURM line (tests/test_prepare_cli.py) and by `asrdist train --nodes` (tests/test_hierarchical.py)."""
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -18,12 +17,11 @@ import torch
 
 from asrdist.cli import main
 from asrdist.config import load_config
-from asrdist.cluster import netem
 from asrdist.train.launch import prepare_run_dir
 from tests.corpus_fixture import make_tone_corpus
 from tests.dist_utils import run_distributed
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")]
+pytestmark = pytest.mark.slow
 
 FAST = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.log_every=5",
@@ -168,71 +166,6 @@ def test_killed_learner_stops_the_job_naming_a_rank(corpus, tmp_path):
     assert proc.returncode != 0
     message = [line for line in err.splitlines() if line.startswith("asrdist: error:")]
     assert message and "learner rank 1" in message[-1], err[-3000:]
-
-
-# ------------------------------------------------------- (d) the cluster recipe: two "nodes"
-
-def _torchrun_node(node: int, endpoint: str, run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-            "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *extra,
-            "--max-restarts", "0", "--monitor-interval", "0.5", "-m", "asrdist.train.worker", str(run_dir),
-            "--no-progress"]
-
-
-def _check_two_node_run(agents: list[subprocess.Popen], run_dir: Path) -> None:
-    logs = []
-    try:
-        logs = [agent.communicate(timeout=150)[0] for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-2000:] for log in logs)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["learners"] == 2
-    assert [p["rank"] for p in summary["comm"]["per_learner"]] == [0, 1]
-    assert all(p["bytes_sent"] > 0 for p in summary["comm"]["per_learner"])
-
-
-TWO_NODES = FAST + ["strategy.name=onebit", "train.learners=2", "train.epochs=1"]
-
-
-def test_two_node_torchrun_on_loopback(corpus, tmp_path):
-    """The rendezvous store is hosted here, on a port the kernel picks and this process holds
-    open, and both agents join it as clients (is_host=0): no port number is freed and reused.
-    Node 0's agent then serves the learners' store on a port of its own choosing (port 0)."""
-    from torch.distributed import TCPStore
-
-    run = _prepared_run(corpus, tmp_path / "run", TWO_NODES)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=150))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    agents = [subprocess.Popen(_torchrun_node(node, f"127.0.0.1:{store.port}", run, "--rdzv-conf", "is_host=0"),
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for node in range(2)]
-    _check_two_node_run(agents, run)  # `store` lives until here: the agents' rendezvous
-
-
-EMULATION_OK, EMULATION_WHY = netem.available()
-
-
-@pytest.mark.skipif(not EMULATION_OK, reason=f"emulated network unavailable: {EMULATION_WHY}")
-def test_two_node_torchrun_on_emulated_hosts(corpus, tmp_path):
-    run = _prepared_run(corpus, tmp_path / "run", TWO_NODES)
-    port = 20000 + secrets.randbelow(10000)  # a fresh namespace: nothing else listens there
-    with netem.EmulatedNetwork(2, rate="1gbit") as net:
-        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=net.interface)
-        endpoint = f"{net.node_address(0)}:{port}"
-        # Every namespace shares the machine's hostname, which resolves to no emulated NIC: say
-        # which agent hosts the rendezvous store and each node's own address (as on a cluster
-        # whose hostnames do not resolve to the training network).
-        agents = [net.popen(node, _torchrun_node(node, endpoint, run, "--rdzv-conf", f"is_host={int(node == 0)}",
-                                                 "--local-addr", net.node_address(node)),
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                  for node in range(2)]
-        _check_two_node_run(agents, run)
-        uplink = net.qdisc_stats(1)["uplink"]
-    assert uplink["bytes"] > 0  # node 1's learner really talked through its shaped link
 
 
 # ------------------------------------------------------------ the benchmarks' own plumbing
