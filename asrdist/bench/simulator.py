@@ -11,7 +11,9 @@
    emulation, swbd shapes, one learner per emulated host on the emulated network) at 1, 2 and 4
    learners, `--repeats` times, and keeps each figure's median. The one-learner runs (no
    communication) give the CPU seconds of a lone learner's step: the median over strategies and
-   repeats.
+   repeats, onebit's left out; a lone onebit learner still codes its gradient, and the excess of
+   its step scales the microbenchmark's 1-bit costs to what the strategy itself spends
+   (`onebit_coding_scale`).
 3. Simulates every strategy and learner count with these figures: learners hold their threads'
    cores for their CPU work and queue for them when there are more learners than cores; the
    emulated compute (a sleep) is not shared; the link is the emulated network's rate (or
@@ -122,6 +124,17 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
     return sum(quantize), sum(dequantize)
 
 
+def _onebit_scale(sweeps: list[dict], strategies: list[str], lone_step: float, figures: dict, values: int) -> float:
+    """How the 1-bit coding costs of the microbenchmark compare with the lone onebit learner's
+    (it quantizes, reduces and dequantizes its own gradient: 2 quantize and 2 dequantize passes
+    more than the other lone learners' steps); 1 without a lone onebit run or a positive excess."""
+    if "onebit" not in strategies:
+        return 1.0
+    excess = statistics.median(s["details"]["onebit"]["1"]["seconds_per_step"] for s in sweeps) - lone_step
+    modeled = 2 * (figures["quantize_seconds_per_value"] + figures["dequantize_seconds_per_value"]) * values
+    return excess / modeled if excess > 0 else 1.0
+
+
 def predict(strategy: str, n: int, args, shapes, lone_cpu_seconds: float, link, figures: dict,
             cores: int) -> float:
     """Frames/s the simulator predicts for `strategy` on `n` learners of this machine, as `bench
@@ -181,6 +194,10 @@ def run(args) -> dict[str, Any]:
                   if name != "onebit"] or [s["details"][name]["1"]["seconds_per_step"] for s in sweeps
                                            for name in strategies]
     lone_cpu = max(statistics.median(lone_steps) - args.compute_ms / 1000, 1e-6)
+    figures["onebit_coding_scale"] = _onebit_scale(sweeps, strategies, statistics.median(lone_steps), figures,
+                                                   sum(math.prod(s) for s in shapes))
+    for key in ("quantize_seconds_per_value", "dequantize_seconds_per_value"):
+        figures[key] *= figures["onebit_coding_scale"]
     predictions: dict[str, dict[str, dict[str, float]]] = {}
     worst = 0.0
     for strategy in strategies:
