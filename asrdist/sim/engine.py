@@ -13,13 +13,15 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   members of its group (lock step): the slowest learner sets the pace; then the mean's
   arithmetic (`mean_cost`).
 - onebit: quantize, owner reduce and dequantize cost `quantize_cost` (`dequantize_cost`) per
-  value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double buffering moves the
-  exchange of step t behind the compute of step t + 1.
+  value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double
+  buffering moves the exchange of step t behind the compute of step t + 1.
 - averaging: the flat allreduce every `steps_between_averages` minibatches.
-- adpsgd: learners claim minibatches from one job-wide pool; an active learner exchanges with its
-  partner (`topology.partner`) after each step; a passive answers one partner at a time (a
-  SimPy resource: contention), without stopping its compute; delay-by-one overlaps the exchange
-  with the next step.
+- adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps);
+  an active learner exchanges with its partner (`topology.partner`) after each step: two
+  messages in turn, the passive replying once the active's parameters are in; a passive answers
+  one partner at a time (a SimPy resource: contention), without stopping its compute; an
+  exchange across nodes holds both nodes' cards (their learners share them); delay-by-one
+  overlaps the exchange with the next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
   leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
 A collective's time: the bytes this learner sends over the slowest link it crosses (a node's
