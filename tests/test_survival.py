@@ -80,6 +80,21 @@ def test_an_active_takes_the_next_live_passive_on_the_ring():
     assert strategy._partner() is None  # every passive lost: train alone
 
 
+def test_a_passive_goes_on_listening_after_a_broken_receive_only_once_a_loss_is_named():
+    strategy = AdpsgdStrategy(AdpsgdConfig())
+    strategy.ctx = LearnerContext(rank=1, world_size=4, timeout=timedelta(seconds=0.3))
+    strategy.membership = Membership(_store(), 1, 4, strategy.ctx.timeout)
+    reset = RuntimeError("Read error [127.0.0.1]:51876: Connection reset by peer")
+    with pytest.raises(RuntimeError, match="reset by peer"):  # nobody named as lost: not explained
+        strategy._after_broken_header(reset)
+    report_lost(strategy.membership.store, 2, "killed by signal 9", by="launcher")
+    strategy._after_broken_header(reset)  # the launcher named rank 2: listen on
+    assert strategy.membership.is_lost(2)
+    strategy.membership = None  # a job that fails fast
+    with pytest.raises(RuntimeError, match="reset by peer"):
+        strategy._after_broken_header(reset)
+
+
 def _worker_pids(run_dir: Path) -> dict[int, int]:
     found = {}
     for entry in Path("/proc").iterdir():
@@ -103,10 +118,10 @@ def _train_records(run_dir: Path) -> int:
 def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=64",
+        [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",
          "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
          "optim.anneal_after_epoch=null", "train.timeout_seconds=4", "--data", str(tone_corpus), "--learners", "4",
-         "--strategy", "adpsgd", "--epochs", "3", "--out", str(run_dir), "--no-progress"],
+         "--strategy", "adpsgd", "--epochs", "2", "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + DEADLINE_S
     while _train_records(run_dir) < 8 or len(_worker_pids(run_dir)) < 4:

@@ -51,6 +51,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.membership import POLL_S as STORE_POLL_S
 from asrdist.parallel.membership import Membership
 
 _HEADER, _PAYLOAD, _REPLY = 1, 2, 3  # message tags
@@ -362,7 +363,11 @@ class AdpsgdStrategy(Strategy):
             header = torch.empty(2, dtype=torch.int64)
             theirs = torch.empty(self._flat.numel(), dtype=self._flat.dtype)
             while not actives <= self._goodbyes | (self.membership.lost_ranks() if self.membership else set()):
-                source = dist.get_group_rank(self._group, dist.recv(header, group=self._group, tag=_HEADER))
+                try:
+                    source = dist.get_group_rank(self._group, dist.recv(header, group=self._group, tag=_HEADER))
+                except RuntimeError as exc:
+                    self._after_broken_header(exc)
+                    continue
                 if int(header[0]) == _GOODBYE:
                     with self._heard:
                         self._goodbyes.add(source)
@@ -383,6 +388,22 @@ class AdpsgdStrategy(Strategy):
             with self._heard:
                 self._answer_error = exc
                 self._heard.notify_all()
+
+    def _after_broken_header(self, exc: RuntimeError) -> None:
+        """The wait for anyone's header failed: gloo hands a pair's reset (an active killed with
+        unread data, e.g. the end of a reply, in its socket) to the receive from any source,
+        without saying whose. Go on listening once the store names a newly lost learner (the
+        launcher records a dead one within a second); fail when none is named within the timeout
+        or when not surviving losses."""
+        if self.membership is None:
+            raise exc
+        known = self.membership.lost_ranks()
+        end = time.monotonic() + self.ctx.timeout.total_seconds()
+        while self.membership.lost_ranks() == known:
+            if time.monotonic() > end:
+                raise exc
+            time.sleep(STORE_POLL_S)  # polling the store for the launcher's record
+            self.membership.refresh()
 
     def _answer(self, source: int, theirs: torch.Tensor) -> None:
         """One exchange, passive side: take the active's x_pre, move halfway, return our x_pre."""
