@@ -224,8 +224,8 @@ class AdpsgdStrategy(Strategy):
         return {"consensus_distance": distance}
 
     def survivors(self) -> tuple[object, list[int]]:
-        if self.membership is None:
-            return super().survivors()
+        if self.membership is None:  # every learner of this strategy's group (hierarchical: the leaders')
+            return self.ctx.group, list(range(self.ctx.world_size))
         return self.membership.group or self.ctx.group, list(self.membership.members)
 
     def lost_learners(self) -> list[dict]:
