@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from asrdist.bench.faults import learner_pids
+
 pytestmark = pytest.mark.slow
 
 TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1",
@@ -42,9 +44,10 @@ def _until(condition, what: str) -> None:
         time.sleep(0.2)  # polling interval, not synchronisation
 
 
-def _start(corpus: Path, run_dir: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY,
-                             "--data", str(corpus), "--learners", "2", "--strategy", "sync", "--epochs", "500",
+def _start(corpus: Path, run_dir: Path, strategy: str = "sync", *extra: str) -> subprocess.Popen:
+    """A 2-learner `asrdist train` job, once its first minibatch is logged."""
+    proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, *extra,
+                             "--data", str(corpus), "--learners", "2", "--strategy", strategy, "--epochs", "500",
                              "--out", str(run_dir), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
@@ -74,14 +77,6 @@ def test_learners_die_with_a_sigkilled_command(tone_corpus, tmp_path):
     _until(lambda: not _processes_of(run_dir), "the orphaned agent and learners to stop by themselves")
 
 
-def _learner_pids(run_dir: Path) -> list[int]:
-    def learner(pid: int) -> bool:  # a worker, not the torch.distributed.run agent that names it too
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"asrdist.train.worker" in cmdline and b"torch.distributed.run" not in cmdline
-
-    return [pid for pid in _processes_of(run_dir) if learner(pid)]
-
-
 def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends_as_uninterrupted(
         tone_corpus, tmp_path):
     common = ["train", "configs/default.yaml", *TINY, "--data", str(tone_corpus), "--learners", "2",
@@ -93,7 +88,7 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends
     proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", *common, "--out", str(run_dir),
                              "train.max_restarts=1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _until(lambda: (run_dir / "checkpoints" / "latest").is_file() or proc.poll() is not None, "a checkpoint")
-    victims = _learner_pids(run_dir)
+    victims = learner_pids(run_dir)
     assert proc.poll() is None and len(victims) == 2
     os.kill(victims[1], signal.SIGKILL)
     _, err = proc.communicate(timeout=DEADLINE_S * 2)

@@ -59,3 +59,43 @@ def test_a_killed_learner_whose_peers_lost_the_connection_died(tmp_path):
         "learner rank 2: allreduce (timeout 180 s) failed: Connection closed by peer [127.0.0.1]:36751\n")
     message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
     assert message == "learner rank 1 died (killed by signal 9); the job was stopped"
+
+
+
+def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, monkeypatch):
+    """torch's agent would wait 30 s for a SIGSTOPped learner to obey its SIGTERM; the launcher
+    kills it itself, and leaves running learners to the agent."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from asrdist.cluster import launcher
+
+    agent = subprocess.Popen([sys.executable, "-c", "import subprocess; "
+                              "kids = [subprocess.Popen(['sleep', '120']) for _ in range(2)]; "
+                              "print(kids[0].pid, kids[1].pid, flush=True); kids[0].wait()"],
+                             stdout=subprocess.PIPE, text=True)
+    stopped, running = (int(x) for x in agent.stdout.readline().split())
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        end = time.monotonic() + 60
+        while launcher._state(stopped) != "T" and time.monotonic() < end:
+            time.sleep(0.01)  # polling /proc until the kernel has stopped it
+        monkeypatch.setattr(launcher, "SHUTDOWN_GRACE_S", 0)
+        watch = launcher._StoppedLearners([agent], tmp_path)
+        watch.check()  # no failure reported yet: nothing happens
+        assert launcher._state(stopped) == "T"
+        (tmp_path / "failed-rank-0.txt").write_text("learner rank 0: allreduce (timeout 3 s) failed: timed out\n")
+        watch.check()  # the failure is seen
+        watch.check()  # the grace (0 s) is over: the stopped learner is killed, the agent's wait ends
+        assert agent.wait(60) == 0
+        assert launcher._state(running) not in ("", "Z", "T")
+    finally:
+        for pid in (stopped, running):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        agent.kill()

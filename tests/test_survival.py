@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from asrdist.bench.faults import learner_pids
 from asrdist.errors import TrainingError
 from asrdist.parallel import membership as membership_module
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
@@ -95,20 +96,6 @@ def test_a_passive_goes_on_listening_after_a_broken_receive_only_once_a_loss_is_
         strategy._after_broken_header(reset)
 
 
-def _worker_pids(run_dir: Path) -> dict[int, int]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                environ = dict(e.split(b"=", 1) for e in (entry / "environ").read_bytes().split(b"\0") if b"=" in e)
-            except OSError:
-                continue
-            if b"asrdist.train.worker" in cmdline and str(run_dir).encode() in cmdline and b"RANK" in environ:
-                found[int(environ[b"RANK"])] = int(entry.name)
-    return found
-
-
 def _train_records(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     return path.read_text().count('"kind": "train"') if path.is_file() else 0
@@ -124,16 +111,16 @@ def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_pat
          "--strategy", "adpsgd", "--epochs", "2", "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + DEADLINE_S
-    while _train_records(run_dir) < 8 or len(_worker_pids(run_dir)) < 4:
+    while _train_records(run_dir) < 8 or len(learner_pids(run_dir)) < 4:
         assert proc.poll() is None and time.monotonic() < end, "training did not start"
         time.sleep(0.1)  # polling an outside process, not synchronisation
-    pids = _worker_pids(run_dir)
+    pids = learner_pids(run_dir)
     os.kill(pids[2], signal.SIGKILL)  # an active learner dies
     os.kill(pids[1], signal.SIGSTOP)  # a passive one hangs
     try:
         _, err = proc.communicate(timeout=DEADLINE_S)
     finally:
-        if pids[1] in _worker_pids(run_dir).values():
+        if pids[1] in learner_pids(run_dir).values():
             os.kill(pids[1], signal.SIGKILL)
     assert proc.returncode == 0, err
     summary = json.loads((run_dir / "summary.json").read_text())

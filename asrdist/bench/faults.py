@@ -110,22 +110,7 @@ class _Job:
         return [r for r in (json.loads(x) for x in lines if x.strip().endswith("}")) if r.get("kind") == kind]
 
     def learners(self) -> dict[int, int]:
-        """rank -> pid of the live learner processes of this run (not the launcher agent)."""
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"asrdist.train.worker" in cmdline and str(self.run_dir).encode() in cmdline \
-                    and b"torch.distributed.run" not in cmdline:
-                env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
-                if b"RANK" in env:
-                    found[int(env[b"RANK"])] = int(entry.name)
-        return found
+        return learner_pids(self.run_dir)
 
     def finish(self) -> int:
         _, err = self.proc.communicate(timeout=self.deadline)
@@ -135,6 +120,27 @@ class _Job:
     def last_line(self) -> str:
         lines = self.err.strip().splitlines()
         return lines[-1] if lines else ""
+
+
+def learner_pids(run_dir: Path) -> dict[int, int]:
+    """rank -> pid of the live learner processes of the `asrdist train` job writing `run_dir`
+    (not torch's launcher agent, which names the worker module too; not zombies)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(") ", 1)[-1][:1]
+        except OSError:
+            continue
+        if b"asrdist.train.worker" in cmdline and str(run_dir).encode() in cmdline \
+                and b"torch.distributed.run" not in cmdline and state != "Z":
+            env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
+            if b"RANK" in env:
+                found[int(env[b"RANK"])] = int(entry.name)
+    return found
 
 
 def _training(job: _Job) -> None:

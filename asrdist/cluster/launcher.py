@@ -16,8 +16,11 @@ Supervision:
 - SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
   becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
   so do learners with their agent (`asrdist.train.worker` sets it for itself).
-- A stopped (hung) learner is killed by its agent after TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which is
-  set to `SHUTDOWN_GRACE_S` (torch's default, 30 s, made a hang take its timeout + 30 s to report).
+- A stopped learner (SIGSTOP: alive, silent, deaf to the agent's SIGTERM) is killed by this
+  launcher `SHUTDOWN_GRACE_S` after a peer reported its failure (`_StoppedLearners`): torch 2.13's
+  agent stops a failed group with a fixed 30 s grace (`_stop_workers` ignores
+  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which only its other shutdowns honour), so a hang took its
+  timeout + 30 s to report.
 
 A job that survives lost learners (`survive_lost`: adpsgd on one machine) cannot run under
 torch's agent: an agent stops all its learners when one fails, an agent per learner waits 300 s
@@ -208,7 +211,8 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
                 outputs.append([])
                 pumps.append(threading.Thread(target=_pump, args=(proc, outputs[-1], log), daemon=True))
                 pumps[-1].start()
-            codes = (survival.wait if survival is not None else _wait)(procs, stop, deadline)
+            codes = (survival.wait(procs, stop, deadline) if survival is not None
+                     else _wait(procs, stop, deadline, report_dir))
         finally:
             if any(p.poll() is None for p in procs):
                 _stop(procs)
@@ -229,11 +233,14 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
         raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))
 
 
-def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
+def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None,
+          report_dir: Path) -> list[int] | None:
     """Wait until every agent has exited (their codes), one has failed and the others have had a
     grace period to fail too, a stop signal came, or the deadline passed (None)."""
     failed_at = None
+    stopped = _StoppedLearners(procs, report_dir)
     while not stop.is_set():
+        stopped.check()
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return codes
@@ -247,6 +254,57 @@ def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float 
             return None
         stop.wait(0.2)
     return [p.poll() or 0 for p in procs]
+
+
+class _StoppedLearners:
+    """Kills the learners that cannot stop by themselves once the job is failing: SHUTDOWN_GRACE_S
+    after the first learner's failure report, every stopped (state T) descendant of the agents."""
+
+    def __init__(self, agents: list[subprocess.Popen], report_dir: Path):
+        self.agents, self.report_dir = agents, report_dir
+        self._failed_at: float | None = None
+
+    def check(self) -> None:
+        if self._failed_at is None:
+            if any(_first_line(p) for p in self.report_dir.glob("failed-rank-*.txt")):
+                self._failed_at = time.monotonic()
+            return
+        if time.monotonic() - self._failed_at < SHUTDOWN_GRACE_S:
+            return
+        for pid in _descendants([a.pid for a in self.agents if a.poll() is None]):
+            if _state(pid) == "T":
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name (state, ppid, ...); [] when gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _state(pid: int) -> str:
+    fields = _proc_stat(pid)
+    return fields[0] if fields else ""
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], list(roots)
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
