@@ -56,13 +56,15 @@ class _NaturalGradientAffine(torch.autograd.Function):
     def backward(ctx, grad_out):
         x_in_hat, bias_column, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_out @ weight
+        # Precondition the output derivatives first, while they are still in cache from the layer
+        # above; the input gradient's product streams the whole weight matrix through it.
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
             grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, bias_column, ctx.s_in, grad_out,
                                                                        ctx.update)
             if not ctx.needs_input_grad[1]:
                 grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad_out @ weight
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
 
 
