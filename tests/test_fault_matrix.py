@@ -19,7 +19,7 @@ from asrdist.bench.faults import learner_pids
 from asrdist.cluster import netem
 from asrdist.cluster.launcher import SHUTDOWN_GRACE_S
 from asrdist.train.checkpoint import check_resumable
-from test_faults import DEADLINE_S, TINY, _start, _until
+from test_faults import DEADLINE_S, TINY, _launch, _started, _until
 
 pytestmark = pytest.mark.slow
 
@@ -44,58 +44,60 @@ def _nothing_half_written(run_dir: Path) -> None:
         check_resumable(run_dir, 2)
 
 
-def _signal_rank_1(tone_corpus: Path, run_dir: Path, strategy: str, sig: signal.Signals, *extra: str):
-    """Start a job and send `sig` to its learner rank 1: (the job, that learner's pid, when)."""
-    proc = _start(tone_corpus, run_dir, strategy, *SMALL, *extra)
-    pid = learner_pids(run_dir)[1]
-    os.kill(pid, sig)
-    return proc, pid, time.monotonic()
-
-
-def _end(proc: subprocess.Popen, pid: int, run_dir: Path) -> str:
-    """The failed job's one error line, once it has ended (the signalled learner is gone by then)."""
-    try:
-        _, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if pid in learner_pids(run_dir).values():
-            os.kill(pid, signal.SIGKILL)
-    assert proc.returncode != 0, err
-    return _one_error_line(err)
-
-
-@pytest.mark.parametrize("strategy", ["sync", "onebit", "averaging"])
-def test_a_killed_learner_stops_the_job_naming_its_rank(tone_corpus, tmp_path, strategy):
-    run_dir = tmp_path / "run"
-    line = _end(*_signal_rank_1(tone_corpus, run_dir, strategy, signal.SIGKILL)[:2], run_dir)
-    assert line == "asrdist: error: learner rank 1 died (killed by signal 9); the job was stopped", line
-    _nothing_half_written(run_dir)
-
-
-def test_a_stopped_learner_is_named_as_hung_within_its_timeout(tone_corpus, tmp_path):
-    """sync and averaging side by side (their timeouts overlap)."""
-    hang = [f"train.timeout_seconds={TIMEOUT_S}"]
-    jobs = {strategy: (tmp_path / strategy, *_signal_rank_1(tone_corpus, tmp_path / strategy, strategy,
-                                                           signal.SIGSTOP, *hang, *extra))
-            for strategy, extra in (("sync", []), ("averaging", AVERAGE_OFTEN))}
+def _side_by_side(tone_corpus: Path, tmp_path: Path, sig: signal.Signals, jobs: dict[str, list[str]],
+                  *extra: str) -> dict[str, tuple[str, float, Path]]:
+    """Run one job per strategy at once (their start-ups and timeouts overlap), send `sig` to each
+    one's learner rank 1 once it trains, wait for every job's end: per strategy its one error
+    line, the seconds from the signal to its exit, its run directory."""
+    run_dirs = {strategy: tmp_path / strategy for strategy in jobs}
+    procs = {strategy: _launch(tone_corpus, run_dirs[strategy], strategy, *SMALL, *extra, *more)
+             for strategy, more in jobs.items()}
+    victims: dict[str, tuple[int, float]] = {}
     seconds: dict[str, float] = {}
 
     def ended() -> bool:
-        for strategy, (_, proc, _, t0) in jobs.items():
+        for strategy, proc in procs.items():
             if strategy not in seconds and proc.poll() is not None:
-                seconds[strategy] = time.monotonic() - t0
-        return len(seconds) == len(jobs)
+                seconds[strategy] = time.monotonic() - victims[strategy][1]
+        return len(seconds) == len(procs)
 
     try:
-        _until(ended, "both jobs to end")
+        for strategy, proc in procs.items():
+            _started(proc, run_dirs[strategy])
+            pid = learner_pids(run_dirs[strategy])[1]
+            os.kill(pid, sig)
+            victims[strategy] = pid, time.monotonic()
+        _until(ended, "every job to end")
     finally:
-        for run_dir, _, pid, _ in jobs.values():
-            if pid in learner_pids(run_dir).values():
-                os.kill(pid, signal.SIGKILL)
-    for strategy, (run_dir, proc, pid, _) in jobs.items():
-        line = _end(proc, pid, run_dir)
+        for strategy, proc in procs.items():
+            if proc.poll() is None:
+                proc.kill()  # its learners die with it
+            if strategy in victims and victims[strategy][0] in learner_pids(run_dirs[strategy]).values():
+                os.kill(victims[strategy][0], signal.SIGKILL)
+    out = {}
+    for strategy, proc in procs.items():
+        _, err = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode != 0, (strategy, err)
+        out[strategy] = _one_error_line(err), seconds[strategy], run_dirs[strategy]
+    return out
+
+
+def test_a_killed_learner_stops_the_job_naming_its_rank(tone_corpus, tmp_path):
+    jobs = _side_by_side(tone_corpus, tmp_path, signal.SIGKILL, {"sync": [], "onebit": [], "averaging": []})
+    for strategy, (line, _, run_dir) in jobs.items():
+        # (then, when a checkpoint was published, how to resume from it)
+        assert line.startswith("asrdist: error: learner rank 1 died (killed by signal 9); the job was stopped"), \
+            (strategy, line)
+        _nothing_half_written(run_dir)
+
+
+def test_a_stopped_learner_is_named_as_hung_within_its_timeout(tone_corpus, tmp_path):
+    jobs = _side_by_side(tone_corpus, tmp_path, signal.SIGSTOP, {"sync": [], "averaging": AVERAGE_OFTEN},
+                         f"train.timeout_seconds={TIMEOUT_S}")
+    for strategy, (line, seconds, run_dir) in jobs.items():
         assert line.startswith("asrdist: error: learner rank 1 hung (no progress until its peers' timeout ran out"), \
             (strategy, line)
-        assert seconds[strategy] < TIMEOUT_S + SHUTDOWN_GRACE_S + HANG_SLACK_S, (strategy, seconds, line)
+        assert seconds < TIMEOUT_S + SHUTDOWN_GRACE_S + HANG_SLACK_S, (strategy, seconds, line)
         _nothing_half_written(run_dir)
 
 

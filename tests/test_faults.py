@@ -46,10 +46,17 @@ def _until(condition, what: str) -> None:
 
 def _start(corpus: Path, run_dir: Path, strategy: str = "sync", *extra: str) -> subprocess.Popen:
     """A 2-learner `asrdist train` job, once its first minibatch is logged."""
-    proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, *extra,
+    return _started(_launch(corpus, run_dir, strategy, *extra), run_dir)
+
+
+def _launch(corpus: Path, run_dir: Path, strategy: str = "sync", *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, *extra,
                              "--data", str(corpus), "--learners", "2", "--strategy", strategy, "--epochs", "500",
                              "--out", str(run_dir), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _started(proc: subprocess.Popen, run_dir: Path) -> subprocess.Popen:
     metrics = run_dir / "metrics.jsonl"
     _until(lambda: metrics.is_file() and metrics.stat().st_size > 0 or proc.poll() is not None, "training to start")
     assert proc.poll() is None, proc.stderr.read()
