@@ -149,25 +149,27 @@ def test_degenerate_inputs_and_bad_arguments():
         OnlineNaturalGradient(4, 2, update_period=0)
 
 
-def test_ten_thousand_updates_on_ill_conditioned_inputs():
+def test_four_thousand_updates_on_ill_conditioned_inputs():
+    """Every minibatch updates the statistics (65 forgetting time constants), through a stretch of
+    all-zero minibatches and one of huge ones."""
     dim, rank, n = 16, 6, 8
     gen = torch.Generator().manual_seed(0)
     basis, _ = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=F64))
     scales = torch.logspace(2, -4, dim, dtype=F64)  # covariance condition number 1e12
     mix = (scales[:, None] * basis.T).float()
     p = OnlineNaturalGradient(dim, rank, num_samples_history=500, update_period=1)
-    noise = torch.randn(10_000, n, dim, generator=gen)
-    for t in range(10_000):
+    noise = torch.randn(4_000, n, dim, generator=gen)
+    for t in range(4_000):
         x = noise[t] @ mix
-        if 3000 <= t < 3200:
+        if 1200 <= t < 1400:
             x = x * 0  # a stretch of all-zero minibatches must not break it
-        elif 6000 <= t < 6200:
+        elif 2400 <= t < 2600:
             x = x * 1e3
         y = p.precondition(x)
         if t % 997 == 0:
             assert torch.isfinite(y).all()
             assert float(y.norm()) == pytest.approx(float(x.norm()), rel=1e-3, abs=1e-6)
-    assert p.num_updates == 10_000
+    assert p.num_updates == 4_000
     R = p.R
     assert torch.isfinite(R).all() and torch.isfinite(p.d).all() and p.rho > 0
     assert_close(R @ R.T, torch.eye(rank, dtype=F64), rtol=0, atol=1e-4)

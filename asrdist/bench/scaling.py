@@ -17,7 +17,7 @@ share.
 `--nodes A --per-node B` (either one turns it on; defaults 2 x 2): A emulated hosts of B learners
 each, `--network` links between hosts (default 1 Gbit/s) and loopback inside one (`run_learners`'
 `nodes`; the learners of a node are its process group, torchrun's LOCAL_WORLD_SIZE). The JSON
-section `nodes` holds the frames/s of `NODE_CONFIGS` at A x B learners: sync flat and
+section `nodes` holds the frames/s of `NODE_CONFIGS` (or the `--configs` among them) at A x B learners: sync flat and
 hierarchical, onebit hierarchical, adpsgd, hierarchical (ADPSGD between nodes, sync inside) and
 hybrid with `sync_epochs: 0` (the worker calls `start_epoch(0)`, so the timed phase is hybrid's
 asynchronous one, recorded in `details.hybrid.phase`). Lock-step configurations report the job's
@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "adpsgd, hierarchical, hybrid")
     parser.add_argument("--per-node", type=int, default=None,
                         help=f"learners per emulated host (default {DEFAULT_PER_NODE} when --nodes is given)")
+    parser.add_argument("--configs", default=",".join(NODE_CONFIGS),
+                        help="--nodes: the configurations to time (comma list of "
+                             f"{', '.join(NODE_CONFIGS)}; {EXCHANGE_JOB} always runs: it times the allreduces)")
     parser.add_argument("--exchange-repeats", type=int, default=5,
                         help="--nodes: timed flat and hierarchical allreduces of the model's gradient")
     parser.add_argument("--compute-ms", type=float, default=200.0, help="emulated forward/backward per minibatch")
@@ -116,6 +119,7 @@ def run(args) -> dict:
     if nodes_mode:
         nodes = DEFAULT_NODES if args.nodes is None else args.nodes
         per_node = DEFAULT_PER_NODE if args.per_node is None else args.per_node
+        node_configs(args.configs)  # unknown names fail before anything starts
         if nodes < 2 or per_node < 1 or args.exchange_repeats < 1:
             raise ConfigError(f"bench scaling: need --nodes >= 2 (hierarchical differs from flat only across "
                               f"nodes), --per-node >= 1, --exchange-repeats >= 1; got {nodes}, {per_node}, "
@@ -214,6 +218,15 @@ def predict_hierarchical_allreduce(gradient_bytes: float, nodes: int, per_node: 
             "flat_link_bytes": flat_link_bytes, "hierarchical_link_bytes": hier_link_bytes}
 
 
+def node_configs(text: str) -> list[str]:
+    """The `--configs` names in NODE_CONFIGS order, EXCHANGE_JOB always among them."""
+    asked = {c.strip() for c in text.split(",") if c.strip()}
+    unknown = sorted(asked - set(NODE_CONFIGS))
+    if unknown:
+        raise ConfigError(f"bench scaling --configs: unknown {', '.join(unknown)} (choose from {', '.join(NODE_CONFIGS)})")
+    return [c for c in NODE_CONFIGS if c in asked or c == EXCHANGE_JOB]
+
+
 def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, label: str, args) -> dict[str, Any]:
     """`--nodes` mode: NODE_CONFIGS at nodes x per_node learners, and the allreduce speed-up."""
     import statistics
@@ -226,7 +239,8 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
     details: dict[str, Any] = {}
     runs: dict[str, list[dict]] = {}
     ex: dict[str, Any] = {}  # the exchange timing, from EXCHANGE_JOB's learners
-    for config, (strategy, strategy_config) in NODE_CONFIGS.items():
+    for config in node_configs(args.configs):
+        strategy, strategy_config = NODE_CONFIGS[config]
         extra = {"exchange_repeats": args.exchange_repeats} if config == EXCHANGE_JOB else {}
         rs = run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
                           {**job, "strategy": strategy, "strategy_config": strategy_config, **extra},
@@ -244,8 +258,10 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
             "per_learner": [{k: r[k] for k in ("rank", "seconds_per_step", "comm_seconds_per_step",
                                                "wait_seconds_per_step", "bytes_sent_per_step")} for r in rs],
         }
-    details["hybrid"]["phase"] = ("synchronous (allreduce over all learners)" if details["hybrid"]["lockstep"] else
-                                  "asynchronous (sync_epochs 0, start_epoch(0): ADPSGD between nodes, sync inside)")
+    if "hybrid" in details:
+        details["hybrid"]["phase"] = ("synchronous (allreduce over all learners)" if details["hybrid"]["lockstep"]
+                                      else "asynchronous (sync_epochs 0, start_epoch(0): ADPSGD between nodes, "
+                                           "sync inside)")
     flat_median = statistics.median(ex["flat_seconds"])
     hier_median = statistics.median(ex["hierarchical_seconds"])
     parameters = runs[EXCHANGE_JOB][0]["parameters"]
@@ -256,7 +272,8 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
     def comm(config: str) -> float:  # mean over learners
         return statistics.fmean(r["comm_seconds_per_step"] for r in runs[config])
 
-    in_training = comm("sync_flat") / comm("sync_hierarchical") if comm("sync_hierarchical") > 0 else None
+    in_training = (comm("sync_flat") / comm("sync_hierarchical")
+                   if "sync_hierarchical" in runs and comm("sync_hierarchical") > 0 else None)
     details["exchange"] = {
         "flat_seconds": ex["flat_seconds"], "hierarchical_seconds": ex["hierarchical_seconds"],
         "flat_seconds_median": flat_median, "hierarchical_seconds_median": hier_median,
