@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from asrdist.bench.machine import median_seconds
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
 from asrdist.optim.ng_layers import NaturalGradientLinear
@@ -120,13 +121,7 @@ def flop_ratio(model: torch.nn.Module, batch: int) -> float:
 
 
 def _median_cpu_seconds(fn, repeats: int) -> float:
-    fn()  # warm: first touch of fresh buffers
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
+    return median_seconds(fn, repeats, clock=time.process_time)
 
 
 def capture_layer_inputs(model: torch.nn.Module, step) -> list[tuple[NaturalGradientLinear, torch.Tensor, torch.Tensor]]:

@@ -26,11 +26,11 @@ import argparse
 import math
 import os
 import statistics
-import time
 from typing import Any
 
 import torch
 
+from asrdist.bench.machine import median_seconds
 from asrdist.errors import ConfigError
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
@@ -43,16 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scaling.add_arguments(parser)
     parser.set_defaults(strategies=STRATEGIES, learners=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=1, help="sweeps; each figure is the median")
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm up: first touch, allocations
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _with_threads(threads: int, fn):
@@ -83,8 +73,8 @@ def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5)
 
     one, full = [], []
     for _ in range(repeats):  # alternating, so machine noise hits both alike
-        one.append(_with_threads(1, lambda: _median_time(update, 1)))
-        full.append(_with_threads(cores, lambda: _median_time(update, 1)))
+        one.append(_with_threads(1, lambda: median_seconds(update, 1)))
+        full.append(_with_threads(cores, lambda: median_seconds(update, 1)))
     values = sum(math.prod(s) for s in shapes)
     flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
 
@@ -93,8 +83,8 @@ def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5)
         bucket.div_(2)
         flat.copy_(bucket)
 
-    average = _with_threads(1, lambda: _median_time(lambda: flat.add_(other).mul_(0.5), repeats))
-    mean_s = _with_threads(1, lambda: _median_time(mean, repeats))
+    average = _with_threads(1, lambda: median_seconds(lambda: flat.add_(other).mul_(0.5), repeats))
+    mean_s = _with_threads(1, lambda: median_seconds(mean, repeats))
     del params, synthetic, grads, optimizer, flat, other, bucket
     quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
     one_s, full_s = statistics.median(one), statistics.median(full)
@@ -107,20 +97,17 @@ def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5)
 def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
     """Median seconds of 1-bit quantization (with error feedback and packing) and of
     dequantization of gradients of `shapes`, with onebit's own quantizer."""
-    from asrdist.parallel.onebit_kernel import Residual, as_columns, get_quantizer, packed_words
+    from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
 
     quantizer = get_quantizer("auto")
     gen = torch.Generator().manual_seed(0)
     quantize, dequantize = [], []
     for shape in shapes:
-        grad = as_columns(torch.randn(tuple(shape), generator=gen))
+        grad, residual, words, recon = quantization_buffers(shape, gen)
         rows, cols = grad.shape
-        residual = Residual(rows, cols)
-        words = [torch.empty(packed_words(rows) * cols, dtype=torch.int32)]
-        recon = [torch.empty(2 * cols)]
         out = torch.empty_like(grad)
-        quantize.append(_median_time(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats))
-        dequantize.append(_median_time(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), repeats))
+        quantize.append(median_seconds(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats))
+        dequantize.append(median_seconds(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), repeats))
     return sum(quantize), sum(dequantize)
 
 

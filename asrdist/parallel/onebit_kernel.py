@@ -288,6 +288,15 @@ def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):
         return ReferenceQuantizer()
 
 
+def quantization_buffers(shape: Sequence[int], gen: torch.Generator) -> tuple[torch.Tensor, Residual, list, list]:
+    """A random gradient of `shape` as columns, a zero residual and one segment's wire buffers
+    (packed words, reconstruction means) covering all its columns: what a benchmark quantizes."""
+    grad = as_columns(torch.randn(tuple(shape), generator=gen))
+    rows, cols = grad.shape
+    return (grad, Residual(rows, cols), [torch.empty(packed_words(rows) * cols, dtype=torch.int32)],
+            [torch.empty(2 * cols)])
+
+
 def measure_quantize_vs_copy(shapes: Sequence[Sequence[int]] = SWBD_SHAPES, repeats: int = 5,
                              kind: str = "auto") -> dict:
     """Throughput of quantize + error feedback + pack relative to copying the same fp32 tensors
@@ -300,11 +309,8 @@ def measure_quantize_vs_copy(shapes: Sequence[Sequence[int]] = SWBD_SHAPES, repe
         copy_s = quant_s = 0.0
         elements = 0
         for shape in shapes:
-            grad = as_columns(torch.randn(tuple(shape), generator=gen))
-            rows, cols = grad.shape
-            residual = Residual(rows, cols)
-            words = [torch.empty(packed_words(rows) * cols, dtype=torch.int32)]
-            recon = [torch.empty(2 * cols)]
+            grad, residual, words, recon = quantization_buffers(shape, gen)
+            cols = grad.shape[1]
             dst = torch.empty_like(grad)
             copy_s += _best_time(lambda: dst.copy_(grad), repeats)
             quant_s += _best_time(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats)
