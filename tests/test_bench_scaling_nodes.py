@@ -74,6 +74,8 @@ def test_unknown_node_config_is_refused_before_anything_runs(tmp_path, capsys):
     assert main(["bench", "scaling", "--json", str(tmp_path / "x.json"), "--nodes", "2",
                  "--configs", "sync_flat,ring"]) != 0
     assert "unknown ring" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    assert main(["bench", "scaling", "--json", str(tmp_path / "x.json"), "--configs", "hybrid"]) != 0  # no --nodes
+    assert "give --nodes too" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
 def test_nodes_mode_falls_back_to_loopback_and_says_so(tmp_path, monkeypatch):

@@ -86,9 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "adpsgd, hierarchical, hybrid")
     parser.add_argument("--per-node", type=int, default=None,
                         help=f"learners per emulated host (default {DEFAULT_PER_NODE} when --nodes is given)")
-    parser.add_argument("--configs", default=",".join(NODE_CONFIGS),
+    parser.add_argument("--configs", default=None,
                         help="--nodes: the configurations to time (comma list of "
-                             f"{', '.join(NODE_CONFIGS)}; {EXCHANGE_JOB} always runs: it times the allreduces)")
+                             f"{', '.join(NODE_CONFIGS)}; default all; {EXCHANGE_JOB} always runs: it times the "
+                             "allreduces)")
     parser.add_argument("--exchange-repeats", type=int, default=5,
                         help="--nodes: timed flat and hierarchical allreduces of the model's gradient")
     parser.add_argument("--compute-ms", type=float, default=200.0, help="emulated forward/backward per minibatch")
@@ -120,6 +121,8 @@ def run(args) -> dict:
         nodes = DEFAULT_NODES if args.nodes is None else args.nodes
         per_node = DEFAULT_PER_NODE if args.per_node is None else args.per_node
         node_configs(args.configs)  # unknown names fail before anything starts
+    elif args.configs is not None:
+        raise ConfigError("bench scaling: --configs chooses among the --nodes configurations; give --nodes too")
         if nodes < 2 or per_node < 1 or args.exchange_repeats < 1:
             raise ConfigError(f"bench scaling: need --nodes >= 2 (hierarchical differs from flat only across "
                               f"nodes), --per-node >= 1, --exchange-repeats >= 1; got {nodes}, {per_node}, "
@@ -218,8 +221,10 @@ def predict_hierarchical_allreduce(gradient_bytes: float, nodes: int, per_node: 
             "flat_link_bytes": flat_link_bytes, "hierarchical_link_bytes": hier_link_bytes}
 
 
-def node_configs(text: str) -> list[str]:
-    """The `--configs` names in NODE_CONFIGS order, EXCHANGE_JOB always among them."""
+def node_configs(text: str | None) -> list[str]:
+    """The `--configs` names (None: all) in NODE_CONFIGS order, EXCHANGE_JOB always among them."""
+    if text is None:
+        return list(NODE_CONFIGS)
     asked = {c.strip() for c in text.split(",") if c.strip()}
     unknown = sorted(asked - set(NODE_CONFIGS))
     if unknown:

@@ -150,8 +150,9 @@ def run(args) -> dict[str, Any]:
 
     if args.repeats < 1:
         raise ConfigError(f"bench simulator: --repeats must be >= 1, got {args.repeats}")
-    if args.nodes is not None or args.per_node is not None:
-        raise ConfigError("bench simulator: --nodes/--per-node are not supported (one learner per emulated host)")
+    if args.nodes is not None or args.per_node is not None or args.configs is not None:
+        raise ConfigError("bench simulator: --nodes/--per-node/--configs are not supported (one learner per "
+                          "emulated host)")
     model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
     shapes = model_shapes({k: v for k, v in model.items() if v is not None}, args.feature_dim, args.num_classes)
     cores = len(os.sched_getaffinity(0))

@@ -19,8 +19,8 @@ minibatch X (N×dim) by the inverse of F smoothed with the identity. Per minibat
 
 X is always preconditioned with the current F (before the update), as in Kaldi. A layer's inputs
 with their bias column, [x, 1], are preconditioned without materializing the column of ones
-(`precondition_with_ones`): it enters H = X Wᵀ as a broadcast row, Hᵀ X as the column sums of H. Like Kaldi we
-store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
+(`precondition_with_ones`): it enters H = X Wᵀ as a broadcast row, Hᵀ X as the column sums of H.
+Like Kaldi we store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
 one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
 
 Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
