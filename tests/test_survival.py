@@ -103,11 +103,14 @@ def _train_records(run_dir: Path) -> int:
 
 @pytest.mark.slow
 def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_path):
+    # A survivor may train alone for long stretches (a passive never waits), at its local minibatch
+    # of 32 frames: lr 0.1 with Nesterov and no warm-up diverges there on one learner (2 of 3 seeds;
+    # it failed CI that way), so this recipe takes 0.05, which converged for every seed tried.
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",
          "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
-         "optim.anneal_after_epoch=null", "train.timeout_seconds=4", "--data", str(tone_corpus), "--learners", "4",
+         "optim.anneal_after_epoch=null", "optim.lr=0.05", "train.timeout_seconds=4", "--data", str(tone_corpus), "--learners", "4",
          "--strategy", "adpsgd", "--epochs", "2", "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + DEADLINE_S
