@@ -7,7 +7,6 @@ section's keys depend on `strategy.name`: each strategy module defines its own c
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,31 +15,10 @@ from typing import Any
 
 import yaml
 
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig
 from asrdist.optim.build import OptimConfig
-
-_KIND_NAMES = {int: "an integer", float: "a number", bool: "true/false"}
-
-
-def check_field(key: str, value: Any, kind: type = int, *, at_least: float | None = None,
-                above: float | None = None, at_most: float | None = None) -> Any:
-    """The one check of a typed config field: `value` is a `kind` (a bool is never a number; an int
-    is a float) within the bounds, or a one-line ConfigError naming `key` and the allowed range."""
-    bounds = [f"{op} {b:g}" for op, b in ((">=", at_least), (">", above), ("<=", at_most)) if b is not None]
-    expected = " ".join([_KIND_NAMES[kind], " and ".join(bounds)]).strip()
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
-        ok = False
-    else:
-        ok = (math.isfinite(value)
-              and (at_least is None or value >= at_least) and (above is None or value > above)
-              and (at_most is None or value <= at_most))
-    if not ok:
-        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
-    return value
-
 
 @dataclass
 class DataConfig:
@@ -324,6 +302,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     return config_from_tree(tree)
 
 
+def config_sections() -> dict[str, type]:
+    """The recipe's sections besides `strategy` (whose dataclass depends on its name)."""
+    return {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "train": TrainConfig,
+            "eval": EvalConfig}
+
+
 def config_from_tree(tree: dict) -> RunConfig:
     from asrdist.parallel import strategy_config_class
 
@@ -341,7 +325,6 @@ def config_from_tree(tree: dict) -> RunConfig:
     else:
         strategy = from_dict(cls, strategy_tree, "strategy")
     sections = {}
-    for key, cls_ in (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig),
-                      ("train", TrainConfig), ("eval", EvalConfig)):
+    for key, cls_ in config_sections().items():
         sections[key] = from_dict(cls_, tree.get(key) or {}, key)
     return RunConfig(seed=tree.get("seed", 0), strategy=strategy, strategy_name=name, **sections)

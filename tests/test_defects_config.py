@@ -7,8 +7,11 @@ rewrote RUN/config.yaml, losing the record of what produced the first steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from asrdist.cli import main
 from asrdist import config as config_module
 from asrdist.config import config_from_tree, load_config
 from asrdist.errors import ConfigError
+from asrdist.parallel import STRATEGIES, strategy_config_class
 from asrdist.train import launch
 from tests.corpus_fixture import make_tone_corpus
 
@@ -174,3 +178,52 @@ def test_resume_without_a_checkpoint_writes_nothing(corpus, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no checkpoint to resume from" in err[0], err
     assert _snapshot(run) == before
+
+
+# ------------------------------------------------------------------ every numeric field of every section
+
+def _numeric_fields(cls, prefix: str):
+    """(key, is_list) of every int/float field of a config dataclass, nested sections included."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        if dataclasses.is_dataclass(tp):
+            yield from _numeric_fields(tp, f"{prefix}{f.name}.")
+        elif tp in (int, float):
+            yield f"{prefix}{f.name}", False
+        elif typing.get_origin(tp) is list and typing.get_args(tp)[0] in (int, float):
+            yield f"{prefix}{f.name}", True
+
+
+def _every_numeric_field() -> list[tuple[str, bool, list[str]]]:
+    fields = [(key, is_list, []) for section, cls in config_module.config_sections().items()
+              for key, is_list in _numeric_fields(cls, f"{section}.")]
+    for name in STRATEGIES:
+        cls = strategy_config_class(name)
+        if cls is not None:
+            fields += [(key, is_list, [f"strategy.name={name}", "train.learners=2"])
+                       for key, is_list in _numeric_fields(cls, "strategy.")]
+    return fields
+
+
+NUMERIC_FIELDS = _every_numeric_field()
+
+
+def test_the_walk_finds_every_section_and_strategy():
+    keys = {key for key, _, _ in NUMERIC_FIELDS}
+    assert {"optim.lr", "model.dropout", "train.straggler.slowdown", "data.batch_size", "eval.beam",
+            "strategy.bucket_cap_mb", "strategy.exclude_threshold", "strategy.sync_epochs"} <= keys
+    assert len(NUMERIC_FIELDS) >= 50
+
+
+@pytest.mark.parametrize("key,is_list,context", NUMERIC_FIELDS, ids=[f"{k}({c[0][14:] if c else ''})" for k, _, c in NUMERIC_FIELDS])
+def test_every_numeric_field_has_a_checked_range(key, is_list, context):
+    """Issue 12 item 1: far out of range, not finite, or not a number: one line naming the key."""
+    for bad in ("-1000000000", ".nan", ".inf", "-.inf", "abc"):
+        override = f"{key}=[{bad}]" if is_list else f"{key}={bad}"
+        with pytest.raises(ConfigError) as err:
+            load_config(RECIPE, [*context, override])
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(key), (override, message)

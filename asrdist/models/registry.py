@@ -11,6 +11,7 @@ from typing import Callable
 
 from torch import nn
 
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.models.ctc import CTCModel
 from asrdist.models.dnn import SplicedDNN
@@ -29,13 +30,6 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "ctc": {"hidden_layers": 2, "hidden_dim": 192},
 }
 ACTIVATIONS = ("relu", "sigmoid")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"model.{name}: expected an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"model.{name}: must be >= {minimum}, got {value}")
 
 
 @dataclass
@@ -66,15 +60,11 @@ class ModelConfig:
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        _check_int("hidden_layers", self.hidden_layers, 1)
-        _check_int("hidden_dim", self.hidden_dim, 1)
-        _check_int("context", self.context, 0)
-        _check_int("chunk", self.chunk, 1)
-        _check_int("subsample", self.subsample, 1)
+        for key, minimum in (("hidden_layers", 1), ("hidden_dim", 1), ("context", 0), ("chunk", 1), ("subsample", 1)):
+            check_field(f"model.{key}", getattr(self, key), at_least=minimum)
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation: '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ConfigError(f"model.dropout: must be a number in [0, 1), got {self.dropout!r}")
+        check_field("model.dropout", self.dropout, float, at_least=0, below=1)
         if self.subsample != 1 and self.name != "ctc":
             raise ConfigError(f"model.subsample: only the ctc model subsamples, not '{self.name}'")
 

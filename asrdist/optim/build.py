@@ -7,24 +7,13 @@ from typing import Iterable
 
 import torch
 
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.optim.adagrad import CntkAdaGrad
 
 OPTIMIZERS = ("sgd", "adagrad")
 LR_SCALINGS = ("none", "linear", "sqrt")
 DECAYS = ("none", "geometric")
-
-
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"optim.{name}: expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _integer(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"optim.{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
 
 
 @dataclass
@@ -65,30 +54,26 @@ class OptimConfig:
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ConfigError(f"optim.name: '{self.name}' is not one of {', '.join(OPTIMIZERS)}")
-        if _number("lr", self.lr) <= 0:
-            raise ConfigError(f"optim.lr: must be > 0, got {self.lr}")
-        if not 0 <= _number("momentum", self.momentum) < 1:
-            raise ConfigError(f"optim.momentum: must be in [0, 1), got {self.momentum}")
+        check_field("optim.lr", self.lr, float, above=0)
+        check_field("optim.momentum", self.momentum, float, at_least=0, below=1)
         for key in ("nesterov", "adagrad_skip_unseen"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"optim.{key}: expected true/false, got {getattr(self, key)!r}")
+            check_field(f"optim.{key}", getattr(self, key), bool)
         if self.nesterov and self.momentum == 0:
             raise ConfigError("optim.nesterov: needs optim.momentum > 0")
-        if _number("weight_decay", self.weight_decay) < 0:
-            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
-        _integer("warmup_steps", self.warmup_steps, 0)
+        check_field("optim.weight_decay", self.weight_decay, float, at_least=0)
+        check_field("optim.warmup_steps", self.warmup_steps, at_least=0)
         if self.lr_scaling not in LR_SCALINGS:
             raise ConfigError(f"optim.lr_scaling: '{self.lr_scaling}' is not one of {', '.join(LR_SCALINGS)}")
-        _integer("reference_batch", self.reference_batch, 1)
+        check_field("optim.reference_batch", self.reference_batch, at_least=1)
         if self.anneal_after_epoch is not None:
-            _integer("anneal_after_epoch", self.anneal_after_epoch, 0)
-        if not 0 < _number("anneal_factor", self.anneal_factor) <= 1:
-            raise ConfigError(f"optim.anneal_factor: must be in (0, 1], got {self.anneal_factor}")
+            check_field("optim.anneal_after_epoch", self.anneal_after_epoch, at_least=0)
+        check_field("optim.anneal_factor", self.anneal_factor, float, above=0, at_most=1)
         if self.decay not in DECAYS:
             raise ConfigError(f"optim.decay: '{self.decay}' is not one of {', '.join(DECAYS)}")
         if self.decay == "geometric":
-            if self.final_lr is None or _number("final_lr", self.final_lr) <= 0:
-                raise ConfigError(f"optim.final_lr: decay=geometric needs a final_lr > 0, got {self.final_lr!r}")
+            if self.final_lr is None:
+                raise ConfigError("optim.final_lr: decay=geometric needs a final_lr > 0")
+            check_field("optim.final_lr", self.final_lr, float, above=0)
         elif self.final_lr is not None:
             raise ConfigError("optim.final_lr: only used with optim.decay=geometric")
 

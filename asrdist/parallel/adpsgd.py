@@ -47,6 +47,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.base import LearnerContext, Strategy
@@ -72,10 +73,8 @@ class AdpsgdConfig:
     def __post_init__(self):
         if self.pattern not in topology.PATTERNS:
             raise ConfigError(f"strategy.pattern: expected one of {', '.join(topology.PATTERNS)}, got {self.pattern!r}")
-        if not isinstance(self.delay_by_one, bool):
-            raise ConfigError(f"strategy.delay_by_one: expected true or false, got {self.delay_by_one!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"strategy.seed: expected an integer >= 0, got {self.seed!r}")
+        check_field("strategy.delay_by_one", self.delay_by_one, bool)
+        check_field("strategy.seed", self.seed, at_least=0)
 
 
 def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transfer]:

@@ -43,7 +43,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.checks import check_field
+from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy
 
@@ -75,19 +76,12 @@ class AveragingConfig:
     """Also average the optimizer's per-parameter state tensors (e.g. momentum buffers)."""
 
     def __post_init__(self):
-        if isinstance(self.average_every, bool) or not isinstance(self.average_every, int) or self.average_every < 1:
-            raise ConfigError(f"strategy.average_every: must be an integer >= 1, got {self.average_every!r}")
-        if (isinstance(self.samples_per_step, bool) or not isinstance(self.samples_per_step, int)
-                or self.samples_per_step < 0):
-            raise ConfigError(f"strategy.samples_per_step: must be an integer >= 0, got {self.samples_per_step!r}")
-        if self.exclude_threshold is not None and not (
-                isinstance(self.exclude_threshold, (int, float)) and not isinstance(self.exclude_threshold, bool)
-                and self.exclude_threshold >= 0):
-            raise ConfigError(f"strategy.exclude_threshold: must be a number >= 0 or null, "
-                              f"got {self.exclude_threshold!r}")
+        check_field("strategy.average_every", self.average_every, at_least=1)
+        check_field("strategy.samples_per_step", self.samples_per_step, at_least=0)
+        if self.exclude_threshold is not None:
+            check_field("strategy.exclude_threshold", self.exclude_threshold, float, at_least=0)
         for name in ("scale_lr", "average_momentum"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"strategy.{name}: expected true/false, got {getattr(self, name)!r}")
+            check_field(f"strategy.{name}", getattr(self, name), bool)
 
 
 def steps_between_averages(config: AveragingConfig, samples_per_step: int) -> int:

@@ -27,7 +27,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.checks import check_field
+from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_group, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
@@ -172,8 +173,7 @@ class HybridConfig(HierarchicalConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.sync_epochs, bool) or not isinstance(self.sync_epochs, int) or self.sync_epochs < 0:
-            raise ConfigError(f"strategy.sync_epochs: expected an integer >= 0, got {self.sync_epochs!r}")
+        check_field("strategy.sync_epochs", self.sync_epochs, at_least=0)
 
 
 class HybridStrategy(HierarchicalStrategy):

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
@@ -85,13 +86,10 @@ class OneBitConfig:
     def __post_init__(self):
         self.hierarchical = check_hierarchical(self.hierarchical)
         for key in ("error_feedback", "double_buffering", "auto_batch_size", "momentum_correction"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"strategy.onebit.{key}: expected true or false, got {getattr(self, key)!r}")
+            check_field(f"strategy.{key}", getattr(self, key), bool)
         if self.kernel not in KERNEL_KINDS:
-            raise ConfigError(f"strategy.onebit.kernel: unknown kernel {self.kernel!r} (known: {', '.join(KERNEL_KINDS)})")
-        m = self.batch_search_minibatches
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ConfigError(f"strategy.onebit.batch_search_minibatches: expected an integer >= 1, got {m!r}")
+            raise ConfigError(f"strategy.kernel: unknown kernel {self.kernel!r} (known: {', '.join(KERNEL_KINDS)})")
+        check_field("strategy.batch_search_minibatches", self.batch_search_minibatches, at_least=1)
 
 
 _default_quantizer = None

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.checks import check_field
+from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.hierarchical_allreduce import (
@@ -48,11 +49,8 @@ class SyncConfig:
 
     def __post_init__(self):
         self.hierarchical = check_hierarchical(self.hierarchical)
-        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
-                or not self.bucket_cap_mb > 0:
-            raise ConfigError(f"strategy.sync.bucket_cap_mb: expected a positive number, got {self.bucket_cap_mb!r}")
-        if not isinstance(self.overlap, bool):
-            raise ConfigError(f"strategy.sync.overlap: expected true or false, got {self.overlap!r}")
+        check_field("strategy.bucket_cap_mb", self.bucket_cap_mb, float, above=0)
+        check_field("strategy.overlap", self.overlap, bool)
 
 
 class _Bucket:
