@@ -90,9 +90,22 @@ def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta
         g = dist.new_group(list(range(first, first + group_size)), timeout=timeout)
         if first <= rank < first + group_size:
             node = g
-    leaders = dist.new_group(list(range(0, world_size, group_size)), timeout=timeout)
-    return ProcessGroups(world=world, node=node, leaders=leaders if rank % group_size == 0 else None,
+    return ProcessGroups(world=world, node=node, leaders=across_nodes(rank, world_size, group_size, timeout),
                          group_size=group_size)
+
+
+def across_nodes(rank: int, world_size: int, group_size: int, timeout: timedelta, **kwargs) -> Any:
+    """The leaders' group (the first learner of every node) on a leader, None elsewhere. Every
+    learner joins the group of its own place in the node (the k-th learners of all nodes), so that
+    every learner is a member of as many groups as any other: torch names a group made with
+    `use_local_synchronization` (the survivors' group of `asrdist.parallel.membership`) after the
+    number of groups its maker belongs to, and the survivors must agree on that name."""
+    mine = None
+    for k in range(group_size):
+        g = dist.new_group(list(range(k, world_size, group_size)), timeout=timeout, **kwargs)
+        if rank % group_size == k:
+            mine = g
+    return mine if rank % group_size == 0 else None
 
 
 def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,

@@ -84,8 +84,14 @@ def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transf
             "answer": comm.Transfer("answer", "pair", 2, numel * element_size, numel)}
 
 
-def exchange_group(ranks: list[int] | None):
-    """The gloo group pairwise exchanges travel on (every rank of the job must call this)."""
+def exchange_group(ranks: list[int] | None, across: tuple[int, int, int] | None = None):
+    """The gloo group pairwise exchanges travel on (every rank of the job must call this): over
+    `ranks`, or with `across` = (rank, world size, group size) between the leaders of the nodes
+    (`asrdist.cluster.process_group.across_nodes`; None on the other learners)."""
+    if across is not None:
+        from asrdist.cluster.process_group import across_nodes
+
+        return across_nodes(*across, timeout=_PASSIVE_WAIT, backend="gloo")
     return dist.new_group(ranks, timeout=_PASSIVE_WAIT, backend="gloo")
 
 
@@ -156,6 +162,8 @@ class AdpsgdStrategy(Strategy):
         self._goodbyes: set[int] = set()
         self._heard = threading.Condition()
         self.membership: Membership | None = None
+        """Who is lost (made at setup when the job survives losses; hierarchical gives its leaders a
+        `NodeMembership` instead)."""
         self._watchdog: _Watchdog | None = None
         self.p2p_group = None
         """The group exchanges travel on (default: made at setup over the strategy's learners);
@@ -174,8 +182,9 @@ class AdpsgdStrategy(Strategy):
         self._group = self.p2p_group or exchange_group(
             None if ctx.group is None else dist.get_process_group_ranks(ctx.group))
         self.active = topology.is_active(ctx.rank, ctx.world_size)
-        if self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
+        if self.membership is None and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
             self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
+        if self.membership is not None:
             self._watchdog = _Watchdog(self.membership, ctx.timeout)
         if self.active and self.config.delay_by_one:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="adpsgd-exchange")
@@ -244,9 +253,20 @@ class AdpsgdStrategy(Strategy):
     def finalize(self) -> None:
         if not self.ctx.distributed:
             return
+        self.end_exchanges()
+        group, members = self._agree()  # every live active has finished its last exchange
+        self.await_goodbyes(members)
+        with torch.no_grad():
+            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
+
+    def end_exchanges(self) -> None:
+        """The first half of `finalize`: finish the last exchange, say goodbye to every live passive."""
         self._wait_pending()
         self._say_goodbye()
-        group, members = self._agree()  # every live active has finished its last exchange
+
+    def await_goodbyes(self, members: list[int]) -> None:
+        """The second half, once every survivor finished its first: a passive waits for the goodbye
+        of every active among the agreed survivors `members` (ranks of this strategy's group)."""
         if self._answerer is not None:
             live_actives = set(topology.active_ranks(self.ctx.world_size)) & set(members)
             with self._heard:
@@ -256,13 +276,11 @@ class AdpsgdStrategy(Strategy):
             if not heard:
                 raise TrainingError(f"rank {self.ctx.rank}: adpsgd: not every active learner said goodbye "
                                     f"within {self.ctx.timeout.total_seconds():g} s")
-            if not self.lost_learners():
+            if self.membership is None or not self.membership.lost_ranks():
                 self._answerer.join(self.ctx.timeout.total_seconds())
             # else the thread may still wait for a lost active's goodbye: a daemon, it is left behind
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        with torch.no_grad():
-            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "round": self._round}

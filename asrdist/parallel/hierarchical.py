@@ -15,6 +15,12 @@ minibatch per member at a time: `moves_by_node`). One node: plain `sync`; one le
 plain `adpsgd`. `finalize` averages the leaders and broadcasts the result: every learner ends
 with the consensus model.
 
+Lost nodes (`ctx.survive_lost`: the launcher supervises every learner, one machine): a learner
+that dies or hangs takes its node with it (its node's allreduce fails, and the learners left
+there stop), and the other nodes go on: their leaders skip the lost node's leader as adpsgd skips
+a lost learner (`NodeMembership`), and epoch-end metrics and the final average run over the
+learners of the nodes that lost nobody, as all of them agree (`Membership` with the node size).
+
 `hybrid` (IBM ICASSP 2019): the same groups, but the first `sync_epochs` epochs allreduce the
 gradient over all learners (synchronous start, for stability; hierarchical allreduce across
 nodes), then ADPSGD between nodes (asynchronous, for speed).
@@ -32,7 +38,8 @@ from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_group, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
-from asrdist.parallel.consensus import consensus_distance
+from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.membership import Membership, NodeMembership
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
 
@@ -71,12 +78,15 @@ class HierarchicalStrategy(Strategy):
     lockstep = False
     moves_by_node = True
     overlap_inner = True
+    survives_lost_learners = True
+    """Go on without a lost node when the launcher supervises every learner (see the module docstring)."""
 
     def __init__(self, config: HierarchicalConfig | None = None):
         super().__init__(config)
         self.inner = SyncStrategy(SyncConfig(overlap=self.overlap_inner))
         self.outer: AdpsgdStrategy | None = None
         self._flat: torch.Tensor | None = None
+        self.membership: Membership | None = None
 
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         super().setup(model, optimizer, ctx)
@@ -87,14 +97,18 @@ class HierarchicalStrategy(Strategy):
         self.counters = self.inner.counters  # one set of counters for the learner
         nodes = ctx.world_size // ctx.group_size if ctx.distributed else 1
         self.leader = ctx.rank % ctx.group_size == 0
+        if nodes > 1 and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
+            self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout, group_size=ctx.group_size)
         if nodes > 1:  # every rank creates the exchange group; leaders alone use it
-            group = exchange_group(list(range(0, ctx.world_size, ctx.group_size)))
+            group = exchange_group(None, across=(ctx.rank, ctx.world_size, ctx.group_size))
             if self.leader:
                 self.outer = AdpsgdStrategy(AdpsgdConfig(pattern=self.config.pattern,
                                                          delay_by_one=self.config.delay_by_one,
                                                          seed=self.config.seed))
                 self.outer.p2p_group = group
-                self.outer.survives_lost_learners = False  # a lost node member breaks its node's allreduce
+                self.outer.survives_lost_learners = False  # the node's membership, if any, decides
+                if self.membership is not None:
+                    self.outer.membership = NodeMembership(self.membership)
                 self.outer.setup(model, optimizer, ctx.on_group(groups.leaders))
                 self.outer.counters = self.counters
                 self._flat = self.outer._flat
@@ -131,18 +145,45 @@ class HierarchicalStrategy(Strategy):
             yield
 
     def epoch_end_metrics(self) -> dict:
-        world = self.ctx.groups.world if self.ctx.groups is not None else None
-        return {"consensus_distance": consensus_distance(self.model, world_size=self.ctx.world_size, group=world,
+        group, members = self._agree()
+        return {"consensus_distance": consensus_distance(self.model, world_size=len(members), group=group,
                                                          timeout=self.ctx.timeout)}
+
+    def survivors(self) -> tuple[object, list[int]]:
+        if self.membership is None:
+            return super().survivors()
+        return self.membership.group or self.ctx.groups.world, list(self.membership.members)
+
+    def lost_learners(self) -> list[dict]:
+        return self.membership.lost_learners() if self.membership is not None else []
+
+    def _agree(self) -> tuple[object, list[int]]:
+        """The survivors' group and job ranks at a sync point (every learner without losses)."""
+        if self.membership is not None:
+            self.membership.agree()
+        return self.survivors()
 
     def close(self, error: BaseException | None = None) -> None:
         if self.outer is not None:
             self.outer.close(error)
 
     def finalize(self) -> None:
+        if self.membership is None:
+            if self.outer is not None:
+                self.outer.finalize()
+            self._share_leaders_parameters()
+            return
+        # going on without lost nodes: the leaders end their exchanges, every survivor agrees, the
+        # passive leaders hear the live actives' goodbyes, each node takes its leader's parameters
+        # and the survivors average (a node's learners are equal: the mean of the leaders)
         if self.outer is not None:
-            self.outer.finalize()
+            self.outer.end_exchanges()
+        group, members = self._agree()
+        if self.outer is not None:
+            self.outer.await_goodbyes(sorted({r // self.ctx.group_size for r in members}))
         self._share_leaders_parameters()
+        with torch.no_grad():
+            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
 
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -179,6 +220,7 @@ class HybridConfig(HierarchicalConfig):
 class HybridStrategy(HierarchicalStrategy):
     name = "hybrid"
     config_class = HybridConfig
+    survives_lost_learners = False  # its synchronous epochs allreduce over every learner
     overlap_inner = False  # two syncs share the parameters: neither registers gradient hooks
 
     def __init__(self, config: HybridConfig | None = None):

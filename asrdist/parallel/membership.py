@@ -57,10 +57,14 @@ def report_lost(store, rank: int, reason: str, by: str, step: int | None = None)
 
 
 class Membership:
-    """One learner's view of who is lost, and the agreed survivors at the job's sync points."""
+    """One learner's view of who is lost, and the agreed survivors at the job's sync points.
 
-    def __init__(self, store, rank: int, world_size: int, timeout: timedelta):
+    With `group_size` g > 1 (hierarchical: the g learners of a node allreduce every step, so a node
+    lives or dies whole) the survivors are the learners of the nodes that lost nobody."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta, group_size: int = 1):
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.group_size = group_size
         self.lost: dict[int, dict] = {}
         """rank -> its lost record, as this learner knows it."""
         self.members: list[int] = list(range(world_size))
@@ -83,6 +87,11 @@ class Membership:
         with self._lock:
             return frozenset(self.lost)
 
+    def node_lost(self, rank: int) -> bool:
+        """Whether `rank`'s node lost any learner (the rank itself for groups of one)."""
+        first = rank - rank % self.group_size
+        return any(r in self.lost for r in range(first, first + self.group_size))
+
     def refresh(self) -> None:
         """Learn of every loss reported so far (by the launcher or by any peer)."""
         for r in range(self.world_size):
@@ -101,7 +110,8 @@ class Membership:
         deadline = time.monotonic() + 2 * self.timeout.total_seconds() + AGREE_MARGIN_S
         while True:
             self.refresh()
-            waiting = [r for r in range(self.world_size) if r not in self.lost and not self.store.check([f"{prefix}{r}"])]
+            waiting = [r for r in range(self.world_size)
+                       if not self.node_lost(r) and not self.store.check([f"{prefix}{r}"])]
             if not waiting:
                 break
             if time.monotonic() > deadline:
@@ -109,15 +119,21 @@ class Membership:
                     self.report(r, f"hung: reached no sync point within {2 * self.timeout.total_seconds() + AGREE_MARGIN_S:g} s")
                 break
             time.sleep(POLL_S)
-        candidate = [r for r in range(self.world_size) if r not in self.lost]
+        candidate = [r for r in range(self.world_size) if not self.node_lost(r)]
         members = json.loads(self.store.compare_set(f"{prefix}members", "", json.dumps(candidate)))
         if self.rank not in members:
-            raise TrainingError(f"rank {self.rank}: its peers went on without it (declared lost: "
-                                f"{self.lost.get(self.rank, {}).get('reason', 'late')})")
+            first = self.rank - self.rank % self.group_size
+            gone = [r for r in range(first, first + self.group_size) if r in self.lost and r != self.rank]
+            why = f"its node lost rank {gone[0]}" if gone else self.lost.get(self.rank, {}).get("reason", "late")
+            raise TrainingError(f"rank {self.rank}: its peers went on without it (declared lost: {why})")
         self.refresh()
-        for r in set(range(self.world_size)) - set(members):  # another survivor decided without waiting for it
+        for r in sorted(set(range(self.world_size)) - set(members)):
+            # its node lost another learner, or another survivor decided without waiting for it
+            first = r - r % self.group_size
+            gone = [m for m in range(first, first + self.group_size) if m != r and m in self.lost]
+            reason = f"its node lost rank {gone[0]}" if gone else "lost"
             with self._lock:
-                self.lost.setdefault(r, {"rank": r, "step": last_step(self.store, r), "reason": "lost", "by": "peers"})
+                self.lost.setdefault(r, {"rank": r, "step": last_step(self.store, r), "reason": reason, "by": "peers"})
         if members != self.members:
             self.members = members
             self._group = dist.new_group(members, timeout=self.timeout, use_local_synchronization=True)
@@ -132,3 +148,24 @@ class Membership:
         """[{"rank", "step", "reason"}, ...] of every lost learner, by rank."""
         with self._lock:
             return [{k: self.lost[r][k] for k in ("rank", "step", "reason")} for r in sorted(self.lost)]
+
+
+class NodeMembership:
+    """The node leaders' view of a job's `Membership` (hierarchical's ADPSGD between nodes): rank k
+    here is node k, whose leader is job rank k x group_size; a node is lost when any of its
+    learners is. Agreement and groups stay with the job's membership (every learner takes part)."""
+
+    def __init__(self, job: Membership):
+        self.job = job
+
+    def report(self, node: int, reason: str) -> None:
+        self.job.report(node * self.job.group_size, reason)
+
+    def is_lost(self, node: int) -> bool:
+        return self.job.node_lost(node * self.job.group_size)
+
+    def lost_ranks(self) -> frozenset[int]:
+        return frozenset(r // self.job.group_size for r in self.job.lost_ranks())
+
+    def refresh(self) -> None:
+        self.job.refresh()

@@ -122,8 +122,8 @@ def train_command(args) -> int:
         check_emulated_cluster(cfg.train.learners, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
-        raise ConfigError("train.max_restarts: adpsgd goes on without a lost learner instead of restarting; "
-                          "set it to 0")
+        raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
+                          "restarting; set it to 0")
     if args.resume is not None:
         run_dir = args.resume
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
@@ -183,9 +183,14 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
 
 
 def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
-    """adpsgd on one machine goes on without a learner that dies or hangs (one process per learner
-    under asrdist's own supervision); every other strategy fails fast naming it."""
-    return cfg.strategy_name == "adpsgd" and nodes == 1
+    """On one machine adpsgd goes on without a learner that dies or hangs, and hierarchical (with
+    several nodes of `train.group_size`) without its node (one process per learner under asrdist's
+    own supervision); every other strategy fails fast naming it."""
+    if nodes != 1:
+        return False
+    if cfg.strategy_name == "hierarchical":
+        return 0 < cfg.train.group_size < cfg.train.learners
+    return cfg.strategy_name == "adpsgd"
 
 
 def print_summary(run_dir: Path, summary: dict | None) -> None:
