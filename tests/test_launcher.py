@@ -99,3 +99,14 @@ def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, mo
             except ProcessLookupError:
                 pass
         agent.kill()
+
+
+def test_a_transport_error_reaches_the_user_without_gloo_source_and_advice():
+    from asrdist.parallel.comm import transport_error
+
+    closed = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+                          "by peer [127.0.0.1]:41660. This is typically caused by a remote worker crashing. Check "
+                          "the logs of the remote worker before reporting an error.\nmore")
+    assert transport_error(closed) == "Connection closed by peer [127.0.0.1]:41660"
+    assert transport_error(RuntimeError("Operation timed out!")) == "Operation timed out!"
+    assert transport_error(RuntimeError("")) == "RuntimeError"

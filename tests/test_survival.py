@@ -20,7 +20,7 @@ from asrdist.errors import TrainingError
 from asrdist.parallel import membership as membership_module
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import LearnerContext
-from asrdist.parallel.membership import Membership, report_lost
+from asrdist.parallel.membership import Membership, NodeMembership, report_lost
 
 DEADLINE_S = 180.0
 
@@ -81,6 +81,28 @@ def test_an_active_takes_the_next_live_passive_on_the_ring():
     assert strategy._partner() is None  # every passive lost: train alone
 
 
+def test_a_node_lives_or_dies_whole_and_its_leaders_see_nodes():
+    """hierarchical: rank 3 of nodes {0,1} {2,3} {4,5} is lost, so its node-mate 2 is no survivor
+    (recorded in the store, so the launcher stops it if it still runs); the leaders' view maps
+    node k to leader rank 2k."""
+    store = _store()
+    views = {r: Membership(store, r, 6, timedelta(seconds=30), group_size=2) for r in (0, 1, 4, 5)}
+    for r in (0, 1, 4, 5):
+        store.set(f"sync/1/{r}", "1")
+    report_lost(store, 3, "killed by signal 9", by="launcher")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(membership_module.dist, "new_group", lambda ranks, **kw: ("group", tuple(ranks)))
+        assert all(view.agree() == [0, 1, 4, 5] for view in views.values())  # rank 2 was never waited for
+    assert views[0].group == ("group", (0, 1, 4, 5))
+    assert json.loads(store.get("lost/2"))["reason"] == "its node lost rank 3"
+    assert [x["rank"] for x in views[5].lost_learners()] == [2, 3]
+    nodes = NodeMembership(views[0])
+    assert nodes.is_lost(1) and not nodes.is_lost(0) and not nodes.is_lost(2)
+    assert nodes.lost_ranks() == frozenset({1})
+    nodes.report(2, "hung: no answer to an exchange within 30 s")  # node 2 = its leader, rank 4
+    assert json.loads(store.get("lost/4"))["reason"].startswith("hung") and nodes.is_lost(2)
+
+
 def test_a_passive_goes_on_listening_after_a_broken_receive_only_once_a_loss_is_named():
     strategy = AdpsgdStrategy(AdpsgdConfig())
     strategy.ctx = LearnerContext(rank=1, world_size=4, timeout=timedelta(seconds=0.3))
@@ -136,3 +158,33 @@ def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_pat
     lines = [line for line in err.splitlines() if " lost at step " in line]
     assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 2 lost at step") for line in lines), err
     assert "Traceback" not in err and "asrdist: error" not in err, err
+
+
+@pytest.mark.slow
+def test_hierarchical_goes_on_without_a_node_that_lost_a_learner(tone_corpus, tmp_path):
+    """Two nodes of two learners; rank 3 (not a leader) is killed: its node's allreduce fails, its
+    leader stops, and node 0 trains on alone, ending with the survivors' model."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",
+         "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
+         "optim.anneal_after_epoch=null", "optim.lr=0.05", "train.timeout_seconds=4", "train.group_size=2",
+         "--data", str(tone_corpus), "--learners", "4", "--strategy", "hierarchical", "--epochs", "2",
+         "--out", str(run_dir), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + DEADLINE_S
+    while _train_records(run_dir) < 8 or len(learner_pids(run_dir)) < 4:
+        assert proc.poll() is None and time.monotonic() < end, "training did not start"
+        time.sleep(0.1)  # polling an outside process, not synchronisation
+    os.kill(learner_pids(run_dir)[3], signal.SIGKILL)
+    _, err = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lost = {x["rank"]: x for x in summary["lost_learners"]}
+    assert sorted(lost) == [2, 3] and summary["learners"] == 4, summary["lost_learners"]
+    assert lost[3]["reason"] == "killed by signal 9", lost
+    assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == [0, 1]
+    assert summary["final"]["frame_accuracy"] > 0.9 and (run_dir / "model.pt").is_file()
+    lines = [line for line in err.splitlines() if " lost at step " in line]
+    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 3 lost at step") for line in lines), err
+    assert "Traceback" not in err and "asrdist: error" not in err and "pair.cc" not in err, err

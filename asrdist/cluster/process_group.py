@@ -60,6 +60,8 @@ class ProcessGroups:
     node: Any
     leaders: Any
     group_size: int
+    node_timeout: timedelta | None = None
+    """The node group's timeout, when not the job's (see `build_groups`)."""
 
 
 def default_backend() -> str:
@@ -79,19 +81,22 @@ def check_group_size(group_size: int, world_size: int) -> None:
         raise ConfigError(f"train.group_size: {group_size} does not divide {world_size} learners into equal groups")
 
 
-def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta) -> ProcessGroups:
-    """Every rank calls this in the same order (torch requires it for every new group)."""
+def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta,
+                 node_timeout: timedelta | None = None) -> ProcessGroups:
+    """Every rank calls this in the same order (torch requires it for every new group).
+    `node_timeout`: a longer timeout inside the nodes, for a job that goes on without lost nodes
+    (a node's learners wait for their leader while it waits out a hung peer of another node)."""
     check_group_size(group_size, world_size)
     world = dist.group.WORLD
     if group_size == world_size:
         return ProcessGroups(world=world, node=world, leaders=None, group_size=group_size)
     node = None
     for first in range(0, world_size, group_size):
-        g = dist.new_group(list(range(first, first + group_size)), timeout=timeout)
+        g = dist.new_group(list(range(first, first + group_size)), timeout=node_timeout or timeout)
         if first <= rank < first + group_size:
             node = g
     return ProcessGroups(world=world, node=node, leaders=across_nodes(rank, world_size, group_size, timeout),
-                         group_size=group_size)
+                         group_size=group_size, node_timeout=node_timeout)
 
 
 def across_nodes(rank: int, world_size: int, group_size: int, timeout: timedelta, **kwargs) -> Any:
@@ -131,7 +136,10 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     device = device_for_backend(backend, env.local_rank)
     dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
                             device_id=device if backend == "nccl" else None)
-    groups = build_groups(env.rank, env.world_size, group_size, timeout)
+    from asrdist.parallel.membership import survival_wait
+
+    groups = build_groups(env.rank, env.world_size, group_size, timeout,
+                          node_timeout=survival_wait(timeout) if env.survive_lost else None)
     return LearnerContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,
                           local_world_size=env.local_world_size, device=device, timeout=timeout, seed=seed,
                           store=dist.PrefixStore(STORE_PREFIX, store), groups=groups, group_size=group_size,

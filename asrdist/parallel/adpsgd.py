@@ -309,8 +309,7 @@ class AdpsgdStrategy(Strategy):
     def _lose(self, rank: int, exc: BaseException, what: str) -> None:
         """A failed exchange with `rank`: mark it lost, or fail when this strategy does not survive losses."""
         if self.membership is None:
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise TrainingError(f"rank {self.ctx.rank}: {what} failed: {first_line}") from exc
+            raise TrainingError(f"rank {self.ctx.rank}: {what} failed: {comm.transport_error(exc)}") from exc
         self.membership.report(rank, "died: its connection closed during an exchange")
 
     def _wait(self, work, peer: int) -> None:
@@ -437,5 +436,5 @@ class AdpsgdStrategy(Strategy):
     def _raise_answer_error(self) -> None:
         if self._answer_error is not None:
             exc = self._answer_error
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise TrainingError(f"rank {self.ctx.rank}: adpsgd answering thread failed: {first}") from exc
+            raise TrainingError(f"rank {self.ctx.rank}: adpsgd answering thread failed: "
+                                f"{comm.transport_error(exc)}") from exc

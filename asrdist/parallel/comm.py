@@ -13,6 +13,7 @@ collective to finish, i.e. communication that was not hidden behind computation.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,12 +96,22 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
+
+
+def transport_error(exc: BaseException) -> str:
+    """A transport error in one line for a user: the first line, without gloo's source location
+    and advice ("[.../pair.cc:553] Connection closed by peer [127.0.0.1]:41660. This is typically
+    caused by ..." -> "Connection closed by peer [127.0.0.1]:41660")."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return _GLOO_SOURCE.sub("", line).split(". This is typically caused by")[0].strip() or type(exc).__name__
+
+
 def _guard(what: str, fn):
     try:
         return fn()
     except RuntimeError as e:  # DistBackendError and gloo timeouts are RuntimeErrors
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise TrainingError(f"rank {_rank()}: {what} failed: {first_line}") from e
+        raise TrainingError(f"rank {_rank()}: {what} failed: {transport_error(e)}") from e
 
 
 def _launch(what: str, counters: CommCounters, nbytes: int, timeout: timedelta | None,

@@ -28,7 +28,7 @@ nodes), then ADPSGD between nodes (asynchronous, for speed).
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
@@ -93,7 +93,10 @@ class HierarchicalStrategy(Strategy):
         groups = ctx.groups
         if ctx.distributed and groups is None:
             raise TrainingError(f"hierarchical: rank {ctx.rank} has no process groups (start_learner builds them)")
-        self.inner.setup(model, optimizer, ctx.on_group(groups.node) if ctx.distributed else ctx)
+        inner = ctx.on_group(groups.node) if ctx.distributed else ctx
+        if ctx.distributed and groups.node_timeout is not None:  # the node waits for its leader's exchanges
+            inner = replace(inner, timeout=groups.node_timeout)
+        self.inner.setup(model, optimizer, inner)
         self.counters = self.inner.counters  # one set of counters for the learner
         nodes = ctx.world_size // ctx.group_size if ctx.distributed else 1
         self.leader = ctx.rank % ctx.group_size == 0
@@ -204,7 +207,8 @@ class HierarchicalStrategy(Strategy):
             return
         # on the leader, the answering thread must not write while the node reads
         with self.outer._lock if self.outer is not None else nullcontext():
-            comm.broadcast(self._flat, 0, self.counters, group=self.ctx.groups.node, timeout=self.ctx.timeout)
+            comm.broadcast(self._flat, 0, self.counters, group=self.ctx.groups.node,
+                           timeout=self.ctx.groups.node_timeout or self.ctx.timeout)
 
 
 @dataclass

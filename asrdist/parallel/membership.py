@@ -36,6 +36,12 @@ AGREE_MARGIN_S = 5.0
 """Beyond twice the timeout, how long `agree` waits for a learner that neither arrives nor is lost."""
 
 
+def survival_wait(timeout: timedelta) -> timedelta:
+    """How long a survivor may wait for a peer that itself waits out a hung learner: the timeout,
+    the watchdog's report and the launcher's kill, with margin (`agree` waits as long)."""
+    return 2 * timeout + timedelta(seconds=AGREE_MARGIN_S)
+
+
 def progress_key(rank: int) -> str:
     return f"progress/{rank}"
 
@@ -107,7 +113,8 @@ class Membership:
         self.store.set(f"{prefix}{self.rank}", "1")
         # a learner still blocked on a hung partner is freed after the timeout, the watchdog and the
         # launcher's kill: give it that before declaring it hung itself
-        deadline = time.monotonic() + 2 * self.timeout.total_seconds() + AGREE_MARGIN_S
+        wait = survival_wait(self.timeout).total_seconds()
+        deadline = time.monotonic() + wait
         while True:
             self.refresh()
             waiting = [r for r in range(self.world_size)
@@ -116,7 +123,7 @@ class Membership:
                 break
             if time.monotonic() > deadline:
                 for r in waiting:
-                    self.report(r, f"hung: reached no sync point within {2 * self.timeout.total_seconds() + AGREE_MARGIN_S:g} s")
+                    self.report(r, f"hung: reached no sync point within {wait:g} s")
                 break
             time.sleep(POLL_S)
         candidate = [r for r in range(self.world_size) if not self.node_lost(r)]
@@ -131,9 +138,8 @@ class Membership:
             # its node lost another learner, or another survivor decided without waiting for it
             first = r - r % self.group_size
             gone = [m for m in range(first, first + self.group_size) if m != r and m in self.lost]
-            reason = f"its node lost rank {gone[0]}" if gone else "lost"
-            with self._lock:
-                self.lost.setdefault(r, {"rank": r, "step": last_step(self.store, r), "reason": reason, "by": "peers"})
+            # recorded in the store, so that the launcher stops it should it still run (e.g. hung)
+            self.report(r, f"its node lost rank {gone[0]}" if gone else "lost: reached no sync point in time")
         if members != self.members:
             self.members = members
             self._group = dist.new_group(members, timeout=self.timeout, use_local_synchronization=True)
