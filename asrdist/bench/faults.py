@@ -17,6 +17,10 @@ outside, as an operator or the kernel would:
   each killed learner had claimed and not yet applied (the one in flight: every other update of
   an active learner was already averaged into its partner; a passive's since its last answer are
   lost too, not counted: a lower bound).
+- `hierarchical_survived`: a `--learners` hierarchical job in nodes of 2 (`train.group_size=2`)
+  loses learner rank 3 (SIGKILL, not a leader) in its second epoch: its node goes (rank 2 stops
+  when its allreduce fails) and the other nodes train on; it survives when the command ends with
+  a model and its summary names ranks 2 and 3 (`hierarchical_lost_learners`).
 
 All learners share this machine's cores (`cores`, `learners` in the JSON).
 """
@@ -37,7 +41,7 @@ from asrdist.errors import ConfigError, TrainingError
 
 TINY = ["model.hidden_dim=128", "model.hidden_layers=2", "data.batch_size=256", "train.log_every=5",
         "optim.warmup_steps=0"]
-CASES = ("sync", "hang", "adpsgd")
+CASES = ("sync", "hang", "adpsgd", "hierarchical")
 POLL_S = 0.1
 
 
@@ -59,6 +63,9 @@ def run(args) -> dict[str, Any]:
         raise ConfigError("bench faults --learners: at least 2 (a learner dies, another must notice)")
     if "adpsgd" in cases and args.learners < 4:
         raise ConfigError("bench faults --learners: the adpsgd case kills ranks 1, 2 and 3: at least 4 learners")
+    if "hierarchical" in cases and (args.learners < 4 or args.learners % 2):
+        raise ConfigError("bench faults --learners: the hierarchical case needs nodes of 2 and a node left when "
+                          "one is lost: an even number, at least 4")
     if not (args.data / "train").is_dir():
         raise ConfigError(f"{args.data}: not a corpus directory (build one with `asrdist corpus synth` or `make demo`)")
     out: dict[str, Any] = {"learners": args.learners, "cores": len(os.sched_getaffinity(0)),
@@ -71,6 +78,8 @@ def run(args) -> dict[str, Any]:
             out.update(_hang(job("hang", "sync", f"train.timeout_seconds={args.timeout_seconds}"), args.timeout_seconds))
         if "adpsgd" in cases:
             out.update(_adpsgd(job("adpsgd", "adpsgd", epochs=8), args.learners))
+        if "hierarchical" in cases:
+            out.update(_hierarchical(job("hierarchical", "hierarchical", "train.group_size=2", epochs=4)))
     return out
 
 
@@ -195,6 +204,20 @@ def _adpsgd(job: _Job, learners: int) -> dict[str, Any]:
             "adpsgd_restarts": _launcher_log(job).count("[asrdist] restart "), "adpsgd_exit_code": rc,
             "adpsgd_lost_learners": lost, "adpsgd_message": "" if survived else job.last_line(),
             "adpsgd_final": summary.get("final", {}), "adpsgd_killed": killed}
+
+
+def _hierarchical(job: _Job) -> dict[str, Any]:
+    job.until(lambda: job.records("epoch") and len(job.learners()) >= 4, "the first epoch's end")
+    seen = len(job.records("train"))
+    job.until(lambda: len(job.records("train")) > seen + 5, "training before killing rank 3")
+    os.kill(job.learners()[3], signal.SIGKILL)
+    rc = job.finish()
+    summary_path = job.run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if rc == 0 and summary_path.is_file() else {}
+    lost = summary.get("lost_learners", [])
+    survived = bool(summary) and sorted(x["rank"] for x in lost) == [2, 3]
+    return {"hierarchical_survived": survived, "hierarchical_exit_code": rc, "hierarchical_lost_learners": lost,
+            "hierarchical_message": "" if survived else job.last_line(), "hierarchical_final": summary.get("final", {})}
 
 
 def _launcher_log(job: _Job) -> str:
