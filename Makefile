@@ -23,7 +23,7 @@ demo: setup
 
 # two test processes (pytest-xdist), a test file each at a time: most tests wait on learner processes
 test: setup
-	$(PY) -m pytest -q -x -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -x -n 2 --dist loadfile --durations=30 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

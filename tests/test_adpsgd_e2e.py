@@ -1,4 +1,4 @@
-"""adpsgd end to end through `asrdist train`: fixed, random and delay-by-one rings train the tone
+"""adpsgd end to end through `asrdist train`: a fixed ring, and a random one with delay-by-one, train the tone
 corpus as well as sync (PER within 3% relative), with 3 learners (an odd ring);
 a straggler's fast peers take more of the job's minibatches; `bench straggler` writes its keys."""
 from __future__ import annotations
@@ -31,8 +31,9 @@ def sync_run(corpus, tmp_path_factory):
     return _train(corpus, tmp_path_factory.mktemp("sync") / "run", "--strategy", "sync")
 
 
-@pytest.mark.parametrize("variant", [["strategy.pattern=fixed"], ["strategy.pattern=random"],
-                                     ["strategy.pattern=fixed", "strategy.delay_by_one=true"]])
+# (the random ring and delay-by-one share a run: each run costs ~20 s of the suite's budget)
+@pytest.mark.parametrize("variant", [["strategy.pattern=fixed"],
+                                     ["strategy.pattern=random", "strategy.delay_by_one=true"]])
 def test_adpsgd_trains_as_well_as_sync(corpus, sync_run, tmp_path, variant):
     run = _train(corpus, tmp_path / "run", "--strategy", "adpsgd", *variant)
     assert run["final"]["per"] <= 1.03 * sync_run["final"]["per"] + 0.01, (run["final"], sync_run["final"])
