@@ -289,6 +289,11 @@ CASES: dict[str, Case] = {
                                                               "--strategy", "sync"), ("train.straggler.ranks",)),
     "config: --learners 2 --strategy single": Case(_fresh("--learners", "2", "--strategy", "single"),
                                                    ("train.learners", "exactly 1 learner")),
+    "config: restarts for adpsgd": Case(_fresh("train.max_restarts=1", "--learners", "2", "--strategy", "adpsgd"),
+                                        ("train.max_restarts", "adpsgd goes on without a lost learner")),
+    "config: restarts for hierarchical nodes": Case(
+        _fresh("train.max_restarts=1", "train.group_size=2", "--learners", "4", "--strategy", "hierarchical"),
+        ("train.max_restarts", "hierarchical goes on without a lost learner")),
     "config: auto batch size with 3 learners": Case(_fresh("--learners", "3", "--strategy", "onebit",
                                                            "data.batch_size=192", "strategy.auto_batch_size=true"),
                                                     ("strategy.auto_batch_size",)),
