@@ -152,11 +152,13 @@ def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_pat
     lost = {x["rank"]: x for x in summary["lost_learners"]}
     assert sorted(lost) == [1, 2] and summary["learners"] == 4, summary["lost_learners"]
     assert lost[2]["reason"] in ("killed by signal 9", "died: its connection closed during an exchange")
-    assert lost[1]["reason"].startswith("hung:") and all(isinstance(x["step"], int) for x in lost.values())
+    assert lost[1]["reason"].startswith("hung:")
+    # the last step each finished; None when it was lost before its first (a slow start under load)
+    assert all(x["step"] is None or isinstance(x["step"], int) and x["step"] >= 0 for x in lost.values()), lost
     assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == [0, 3]
     assert summary["final"]["frame_accuracy"] > 0.9 and (run_dir / "model.pt").is_file()
-    lines = [line for line in err.splitlines() if " lost at step " in line]
-    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 2 lost at step") for line in lines), err
+    lines = [line for line in err.splitlines() if line.startswith("[asrdist] learner rank ") and " lost " in line]
+    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 2 lost ") for line in lines), err
     assert "Traceback" not in err and "asrdist: error" not in err, err
 
 
@@ -185,6 +187,6 @@ def test_hierarchical_goes_on_without_a_node_that_lost_a_learner(tone_corpus, tm
     assert lost[3]["reason"] == "killed by signal 9", lost
     assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == [0, 1]
     assert summary["final"]["frame_accuracy"] > 0.9 and (run_dir / "model.pt").is_file()
-    lines = [line for line in err.splitlines() if " lost at step " in line]
-    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 3 lost at step") for line in lines), err
+    lines = [line for line in err.splitlines() if line.startswith("[asrdist] learner rank ") and " lost " in line]
+    assert len(lines) == 2 and any(line.startswith("[asrdist] learner rank 3 lost ") for line in lines), err
     assert "Traceback" not in err and "asrdist: error" not in err and "pair.cc" not in err, err
