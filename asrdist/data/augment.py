@@ -12,8 +12,8 @@
    frequency masks only.
 4. Edge cropping (`data.edge_crop` = p, CTC utterances only): with probability p an utterance loses
    a random part of its leading and of its trailing quiet frames (those before the first / after
-   the last frame louder than its quietest by `SPEECH_FLOOR` of its energy range, mean over bins),
-   as if recorded with tighter end-pointing; drawn from the same stream. Models trained on recordings
+   the last frame louder than halfway between its quietest and loudest, mean over bins), as if
+   recorded with tighter end-pointing; drawn from the same stream. Models trained on recordings
    with long silences otherwise fail on tightly cut ones (FSDD's speaker nicolas).
 
 Copies of steps 1-2 are made once, from the audio, with the corpus' own filterbank and CMVN settings
@@ -36,10 +36,6 @@ from asrdist.errors import DataError
 
 AUGMENTED_DIR = "augmented"
 NOISE_PREFIX = "noise"
-SPEECH_FLOOR = 0.2
-"""Edge cropping: a frame is speech once its energy (mean over bins) is above the utterance's
-quietest by this share of its range. Weak onset and final consonants (f, s, th, the burst of t)
-stay below halfway to the vowel's peak, and cropping them kept their letters in the transcript."""
 
 
 def copy_plan(speed_perturb: Sequence[float], noise_snr: float | None) -> list[tuple[str, float]]:
@@ -254,7 +250,7 @@ class SpecAugment:
         if rng.random() >= self.edge_crop or length < 3:
             return length
         energy = row[:length].mean(axis=1)
-        loud = np.flatnonzero(energy > energy.min() + SPEECH_FLOOR * (energy.max() - energy.min()))
+        loud = np.flatnonzero(energy > (energy.min() + energy.max()) / 2)
         lead = int(rng.integers(0, loud[0] + 1))
         trail = int(rng.integers(0, length - loud[-1]))
         if length - lead - trail < min_length:
