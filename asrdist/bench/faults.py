@@ -195,11 +195,7 @@ def _adpsgd(job: _Job, learners: int) -> dict[str, Any]:
         os.kill(job.learners()[rank], signal.SIGKILL)
         killed.append(rank)
         job.until(lambda: f"learner rank {rank} lost" in _launcher_log(job), f"rank {rank} to be reported lost")
-    rc = job.finish()
-    summary_path = job.run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if rc == 0 and summary_path.is_file() else {}
-    lost = summary.get("lost_learners", [])
-    survived = bool(summary) and sorted(x["rank"] for x in lost) == killed
+    rc, summary, lost, survived = _went_on_without(job, killed)
     return {"adpsgd_survived": survived, "adpsgd_frames_lost": len(lost) * batch // learners,
             "adpsgd_restarts": _launcher_log(job).count("[asrdist] restart "), "adpsgd_exit_code": rc,
             "adpsgd_lost_learners": lost, "adpsgd_message": "" if survived else job.last_line(),
@@ -211,13 +207,19 @@ def _hierarchical(job: _Job) -> dict[str, Any]:
     seen = len(job.records("train"))
     job.until(lambda: len(job.records("train")) > seen + 5, "training before killing rank 3")
     os.kill(job.learners()[3], signal.SIGKILL)
-    rc = job.finish()
-    summary_path = job.run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if rc == 0 and summary_path.is_file() else {}
-    lost = summary.get("lost_learners", [])
-    survived = bool(summary) and sorted(x["rank"] for x in lost) == [2, 3]
+    rc, summary, lost, survived = _went_on_without(job, [2, 3])
     return {"hierarchical_survived": survived, "hierarchical_exit_code": rc, "hierarchical_lost_learners": lost,
             "hierarchical_message": "" if survived else job.last_line(), "hierarchical_final": summary.get("final", {})}
+
+
+def _went_on_without(job: _Job, lost_ranks: list[int]) -> tuple[int, dict, list[dict], bool]:
+    """Wait for the job's end: its exit code, summary ({} without one), lost learners, and whether
+    it survived (exit 0, a summary, and exactly `lost_ranks` lost)."""
+    rc = job.finish()
+    path = job.run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if rc == 0 and path.is_file() else {}
+    lost = summary.get("lost_learners", [])
+    return rc, summary, lost, bool(summary) and sorted(x["rank"] for x in lost) == lost_ranks
 
 
 def _launcher_log(job: _Job) -> str:

@@ -93,10 +93,18 @@ class Membership:
         with self._lock:
             return frozenset(self.lost)
 
+    def _node(self, rank: int) -> range:
+        first = rank - rank % self.group_size
+        return range(first, first + self.group_size)
+
     def node_lost(self, rank: int) -> bool:
         """Whether `rank`'s node lost any learner (the rank itself for groups of one)."""
-        first = rank - rank % self.group_size
-        return any(r in self.lost for r in range(first, first + self.group_size))
+        return any(r in self.lost for r in self._node(rank))
+
+    def _node_loss(self, rank: int) -> str | None:
+        """Why `rank` is no survivor though not lost itself: another learner of its node is."""
+        gone = [r for r in self._node(rank) if r != rank and r in self.lost]
+        return f"its node lost rank {gone[0]}" if gone else None
 
     def refresh(self) -> None:
         """Learn of every loss reported so far (by the launcher or by any peer)."""
@@ -129,17 +137,13 @@ class Membership:
         candidate = [r for r in range(self.world_size) if not self.node_lost(r)]
         members = json.loads(self.store.compare_set(f"{prefix}members", "", json.dumps(candidate)))
         if self.rank not in members:
-            first = self.rank - self.rank % self.group_size
-            gone = [r for r in range(first, first + self.group_size) if r in self.lost and r != self.rank]
-            why = f"its node lost rank {gone[0]}" if gone else self.lost.get(self.rank, {}).get("reason", "late")
+            why = self._node_loss(self.rank) or self.lost.get(self.rank, {}).get("reason", "late")
             raise TrainingError(f"rank {self.rank}: its peers went on without it (declared lost: {why})")
         self.refresh()
         for r in sorted(set(range(self.world_size)) - set(members)):
-            # its node lost another learner, or another survivor decided without waiting for it
-            first = r - r % self.group_size
-            gone = [m for m in range(first, first + self.group_size) if m != r and m in self.lost]
+            # its node lost another learner, or another survivor decided without waiting for it;
             # recorded in the store, so that the launcher stops it should it still run (e.g. hung)
-            self.report(r, f"its node lost rank {gone[0]}" if gone else "lost: reached no sync point in time")
+            self.report(r, self._node_loss(r) or "lost: reached no sync point in time")
         if members != self.members:
             self.members = members
             self._group = dist.new_group(members, timeout=self.timeout, use_local_synchronization=True)
