@@ -65,6 +65,8 @@ def _learn(rank: int, world: int) -> dict[str, int]:
         strategy.setup(model, optimizer, ctx)
         strategy.start_epoch(0)
         before = strategy.counters.bytes_sent  # set-up's broadcast is not a step's
+        # a passive answers on its own thread: no active may step before every passive read `before`
+        torch.distributed.barrier()
         train_steps(make_trainer(model, optimizer, strategy, lr=0.1), batches)
         strategy.close(None)
         strategy.finalize()
