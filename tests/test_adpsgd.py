@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
@@ -53,7 +52,9 @@ def _spread(rank, world_size, pattern, rounds):
     if strategy.active:
         for _ in range(rounds):
             strategy.after_step()
-    dist.barrier()  # test only: every exchange is done (actives exchange synchronously)
+    # every exchange is done on both sides: the actives say goodbye, the passives hear them all
+    strategy.end_exchanges()
+    strategy.await_goodbyes(list(range(world_size)))
     total1 = _sum(flat)
     d1 = strategy.epoch_end_metrics()["consensus_distance"]
     strategy.close(None)
@@ -93,6 +94,9 @@ def _busy(rank, world_size, rounds, delay_by_one):
         time.sleep(rng.uniform(0, 0.002))
         strategy.apply_update(step)  # a local step that a passive's exchange may interleave with
         strategy.after_step()
+        if rng.random() < 0.3:  # a pause (validation, checkpoint) may begin mid-answer: echoed or deferred
+            with strategy.paused():
+                time.sleep(rng.uniform(0, 0.002))
     strategy.close(None)
     strategy._wait_pending()
     strategy._say_goodbye()

@@ -8,18 +8,20 @@ anybody but the partner of the exchange in progress: no barrier or collective in
 
 One exchange between active i and passive j (both sides apply x ← x + (x_other_pre − x_pre)/2):
 1. i takes x_i_pre (its parameters after its last local step) and sends it to j;
-2. j, under its parameter lock, copies x_j_pre and adds (x_i_pre − x_j_pre)/2, then returns
-   x_j_pre; 3. i adds (x_j_pre − x_i_pre)/2 under its lock. Both end at the average of the
-   pre-exchange values plus whatever local step ran meanwhile, so averaging and the local step
-   x ← x − η·g (taken under the same lock, `apply_update`) never lose an update, and the sum of
-   all parameters is preserved exactly by the averaging.
+2. on i's request j copies x_j_pre under its parameter lock and sends it back while x_i_pre
+   arrives (the link's two directions at once: an exchange takes one message's time, not two);
+3. each side, once it has the other's, adds (x_other_pre − x_pre)/2 under its lock. Both end at
+   the average of the pre-exchange values plus whatever local step ran meanwhile, so averaging
+   and the local step x ← x − η·g (taken under the same lock, `apply_update`) never lose an
+   update, and the sum of all parameters is preserved exactly by the averaging.
 Partners: `fixed` alternates each active between its two ring neighbours; `random` draws every
 round's partners from a permutation seeded by (strategy.seed, round), so nothing is negotiated.
 `delay_by_one`: the exchange of step k runs on the active's communication thread while step k+1's
 gradient is computed (x_{k+1} = W_k x_k − η g(x_{k−1})).
 
 While a passive is paused (its trainer checkpoints or validates) it answers by echoing x_i_pre:
-the exchange then changes nothing on either side. At the end every active says goodbye to every
+the exchange then changes nothing on either side; an exchange that completes after its pause
+began adds its half when the pause ends. At the end every active says goodbye to every
 passive; when a passive has heard all of them its thread ends, and `finalize` leaves the average
 of all learners (one allreduce) in the model. Transport: torch.distributed point-to-point on one
 gloo group of the strategy's learners (CPU staging on GPUs: NCCL cannot receive from any source).
@@ -160,6 +162,12 @@ class AdpsgdStrategy(Strategy):
         self._answer_error: BaseException | None = None
         self._said_goodbye = False
         self._goodbyes: set[int] = set()
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        """An active's x_pre and its partner's reply (reused by every exchange)."""
+        self._reply: torch.Tensor | None = None
+        """A passive's x_pre as sent in its reply (one buffer, reused by every answer)."""
+        self._deferred: torch.Tensor | None = None
+        """A passive's half of exchanges that completed while paused, added when the pause ends."""
         self._heard = threading.Condition()
         self.membership: Membership | None = None
         """Who is lost (made at setup when the job survives losses; hierarchical gives its leaders a
@@ -225,6 +233,9 @@ class AdpsgdStrategy(Strategy):
         finally:
             with self._lock:
                 self._paused = False
+                if self._deferred is not None:
+                    self._flat.add_(self._deferred)
+                    self._deferred = None
 
     def epoch_end_metrics(self) -> dict:
         group, members = self._agree()
@@ -323,15 +334,19 @@ class AdpsgdStrategy(Strategy):
 
     # -- the exchange ------------------------------------------------------------------------
     def _snapshot(self) -> torch.Tensor:
+        """An active's x_pre, in the buffer its exchanges reuse (the previous exchange is over)."""
+        if self._buffers is None:
+            self._buffers = (torch.empty(self._flat.numel(), dtype=self._flat.dtype),
+                             torch.empty(self._flat.numel(), dtype=self._flat.dtype))
         with self._lock:
-            return self._flat.detach().to("cpu", copy=True)
+            return self._buffers[0].copy_(self._flat.detach())
 
     def _exchange(self, partner: int, mine_pre: torch.Tensor, stalled: bool) -> None:
-        """Active side: send x_pre, get the partner's x_pre back, move halfway towards it."""
+        """Active side: send x_pre while the partner's x_pre comes back, move halfway towards it."""
         t0 = time.perf_counter()
         what = f"adpsgd exchange with rank {partner} (timeout {self.ctx.timeout.total_seconds():g} s)"
         header = torch.tensor([_EXCHANGE, self._round], dtype=torch.int64)
-        theirs = torch.empty_like(mine_pre)
+        theirs = self._buffers[1]
         try:
             sends = [dist.isend(header, group=self._group, group_dst=partner, tag=_HEADER),
                      dist.isend(mine_pre, group=self._group, group_dst=partner, tag=_PAYLOAD)]
@@ -339,6 +354,7 @@ class AdpsgdStrategy(Strategy):
             for work in sends:  # done: the partner answered
                 self._wait(work, partner)
         except RuntimeError as exc:
+            self._buffers = None  # the failed exchange may still hold them
             self._lose(partner, exc, what)
             return
         delta = theirs.sub_(mine_pre).mul_(0.5).to(self._flat.device)
@@ -394,7 +410,8 @@ class AdpsgdStrategy(Strategy):
                     self._answer(source, theirs)
                 except RuntimeError as exc:  # the active died (or hung and was stopped) mid-exchange
                     self._lose(source, exc, f"adpsgd answer to rank {source}")
-                    theirs = torch.empty_like(theirs)  # the lost exchange may still hold the old buffer
+                    theirs = torch.empty_like(theirs)  # the lost exchange may still hold the old buffers
+                    self._reply = None
                     continue
                 self.counters.answer_seconds += time.perf_counter() - t0
                 self.counters.comm_seconds += time.perf_counter() - t0
@@ -422,16 +439,31 @@ class AdpsgdStrategy(Strategy):
             self.membership.refresh()
 
     def _answer(self, source: int, theirs: torch.Tensor) -> None:
-        """One exchange, passive side: take the active's x_pre, move halfway, return our x_pre."""
-        self._wait(dist.irecv(theirs, group=self._group, group_src=source, tag=_PAYLOAD), source)
+        """One exchange, passive side: our x_pre travels while the active's arrives (the link's two
+        directions at once), then we move halfway towards theirs. Paused, we echo theirs instead:
+        the exchange then changes nothing on either side."""
         with self._lock:
-            if self._paused:
-                reply = theirs  # an echo: the exchange changes nothing on either side
+            paused = self._paused
+            if not paused:
+                if self._reply is None:
+                    self._reply = torch.empty(self._flat.numel(), dtype=self._flat.dtype)
+                mine = self._reply.copy_(self._flat.detach())
+        if paused:
+            self._wait(dist.irecv(theirs, group=self._group, group_src=source, tag=_PAYLOAD), source)
+            self._wait(dist.isend(theirs, group=self._group, group_dst=source, tag=_REPLY), source)
+            return
+        receive = dist.irecv(theirs, group=self._group, group_src=source, tag=_PAYLOAD)
+        send = dist.isend(mine, group=self._group, group_dst=source, tag=_REPLY)
+        self._wait(receive, source)
+        self._wait(send, source)
+        delta = theirs.sub_(mine).mul_(0.5).to(self._flat.device)
+        with self._lock:
+            if not self._paused:
+                self._flat.add_(delta)
+            elif self._deferred is None:  # a pause began meanwhile: the parameters stay put until it ends
+                self._deferred = delta.clone()
             else:
-                mine = self._flat.detach().to("cpu", copy=True)
-                self._flat.add_(theirs.sub(mine).mul_(0.5).to(self._flat.device))
-                reply = mine
-        self._wait(dist.isend(reply, group=self._group, group_dst=source, tag=_REPLY), source)
+                self._deferred.add_(delta)
 
     def _raise_answer_error(self) -> None:
         if self._answer_error is not None:

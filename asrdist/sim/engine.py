@@ -18,7 +18,7 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
 - averaging: the flat allreduce every `steps_between_averages` minibatches.
 - adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps);
   an active learner exchanges with its partner (`topology.partner`) after each step: two
-  messages in turn, the passive replying once the active's parameters are in; a passive answers
+  messages at once, one each way (the passive replies as soon as it is asked); a passive answers
   one partner at a time (a SimPy resource: contention), without stopping its compute; an
   exchange across nodes holds both nodes' cards (their learners share them); delay-by-one
   overlaps the exchange with the next step.
@@ -143,7 +143,7 @@ _LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n
 def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None = None,
                      payload_bytes: int | None = None) -> float:
     """Time of one collective from one learner's bytes (see the module docstring). `crosses_nodes`
-    and `payload_bytes` (both directions' bytes) for a pairwise exchange."""
+    and `payload_bytes` (the larger direction's bytes) for a pairwise exchange."""
     per_node, nodes, n = cluster.per_node, cluster.nodes, cluster.learners
     inside, between = cluster.inside, cluster.between
     latency_steps = _LATENCY_STEPS[t.kind](t.size)
@@ -402,8 +402,8 @@ class _Simulation:
             ex, ans = self.exchange["exchange"], self.exchange["answer"]
             nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
             crosses = len(nodes) == 2
-            # the passive replies once the active's parameters are in: two messages in turn
-            duration = transfer_seconds(ex, self.cluster, crosses, ex.bytes_sent + ans.bytes_sent)
+            # the passive replies as soon as it is asked: one message each way, at once
+            duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
             duration += 2 * s.copy_cost * s.values
             # an exchange across nodes holds both nodes' cards: the learners of a node share it
             cards = [self.cards[node].request() for node in nodes] if crosses else []
