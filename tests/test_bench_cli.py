@@ -57,4 +57,5 @@ def test_bench_scaling_writes_its_contract(tmp_path):
         assert result["speedup"][strategy]["1"] == 1.0
         two = result["details"][strategy]["2"]
         assert two["steps"] == 2 and two["bytes_sent_per_step"] > 0  # two learners do communicate
+        assert 0 < two["cpu_seconds_per_step"] < 60  # the process's CPU over the timed steps
     assert result["threads_per_learner"]["2"] >= 1

@@ -94,7 +94,8 @@ def test_nodes_mode_falls_back_to_loopback_and_says_so(tmp_path, monkeypatch):
             r = {"rank": rank, "network": network, "threads": 1, "parameters": 1000, "strategy": args["strategy"],
                  "lockstep": lockstep, "frames_per_second": 100.0, "sum_of_learner_rates": 90.0, "seconds": 1.0,
                  "frames": 100.0, "steps": 2, "seconds_per_step": 0.5, "compute_seconds_per_step": 0.1,
-                 "comm_seconds_per_step": 0.2, "wait_seconds_per_step": 0.1, "bytes_sent_per_step": 10.0}
+                 "comm_seconds_per_step": 0.2, "wait_seconds_per_step": 0.1, "cpu_seconds_per_step": 0.3,
+                 "bytes_sent_per_step": 10.0}
             if args.get("exchange_repeats"):
                 r["exchange"] = {"flat_seconds": [3.0, 3.0, 2.0], "hierarchical_seconds": [2.0, 1.0, 2.0],
                                  "flat_bytes": 1, "hierarchical_bytes": 1, "max_abs_difference": 0.0}

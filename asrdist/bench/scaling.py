@@ -261,7 +261,8 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
             "aggregate": "frames / slowest learner's seconds" if lockstep else "sum_of_learner_rates",
             **{k: v for k, v in r0.items() if k not in ("rank", "parameters", "strategy", "lockstep")},
             "per_learner": [{k: r[k] for k in ("rank", "seconds_per_step", "comm_seconds_per_step",
-                                               "wait_seconds_per_step", "bytes_sent_per_step")} for r in rs],
+                                               "wait_seconds_per_step", "cpu_seconds_per_step",
+                                               "bytes_sent_per_step")} for r in rs],
         }
     if "hybrid" in details:
         details["hybrid"]["phase"] = ("synchronous (allreduce over all learners)" if details["hybrid"]["lockstep"]

@@ -78,13 +78,14 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
             if i == warmup:  # the timed window starts together on every learner
                 if distributed:
                     dist.barrier()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 counters0, compute0 = dict(strategy.counters.as_dict()), trainer.compute_seconds
             _, n = trainer.train_step(batch)
             trainer.state.step += 1
             if i >= warmup:
                 frames += n
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
     # the timed window's counters, before finalize's goodbyes and consensus average (which wait
     # for the slowest learner and are not a step's cost)
     counters = {k: v - counters0[k] for k, v in strategy.counters.as_dict().items()}
@@ -120,6 +121,9 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "steps": steps,
         "seconds_per_step": elapsed / steps,
         "compute_seconds_per_step": (trainer.compute_seconds - compute0) / steps,
+        # this learner process's CPU (every thread, user and system, the kernel's work on its sends
+        # and receives included): more than its cores' share means it queued for them
+        "cpu_seconds_per_step": cpu / steps,
         "comm_seconds_per_step": counters["comm_seconds"] / steps,
         "wait_seconds_per_step": counters["wait_seconds"] / steps,
         "bytes_sent_per_step": counters["bytes_sent"] / steps,
