@@ -164,8 +164,6 @@ class AdpsgdStrategy(Strategy):
         self._goodbyes: set[int] = set()
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         """An active's x_pre and its partner's reply (reused by every exchange)."""
-        self._reply: torch.Tensor | None = None
-        """A passive's x_pre as sent in its reply (one buffer, reused by every answer)."""
         self._deferred: torch.Tensor | None = None
         """A passive's half of exchanges that completed while paused, added when the pause ends."""
         self._heard = threading.Condition()
@@ -336,8 +334,7 @@ class AdpsgdStrategy(Strategy):
     def _snapshot(self) -> torch.Tensor:
         """An active's x_pre, in the buffer its exchanges reuse (the previous exchange is over)."""
         if self._buffers is None:
-            self._buffers = (torch.empty(self._flat.numel(), dtype=self._flat.dtype),
-                             torch.empty(self._flat.numel(), dtype=self._flat.dtype))
+            self._buffers = (self._staging(), self._staging())
         with self._lock:
             return self._buffers[0].copy_(self._flat.detach())
 
@@ -393,7 +390,7 @@ class AdpsgdStrategy(Strategy):
         try:
             actives = set(topology.active_ranks(self.ctx.world_size))
             header = torch.empty(2, dtype=torch.int64)
-            theirs = torch.empty(self._flat.numel(), dtype=self._flat.dtype)
+            theirs, mine = self._staging(), self._staging()  # reused by every answer
             while not actives <= self._goodbyes | (self.membership.lost_ranks() if self.membership else set()):
                 try:
                     source = dist.get_group_rank(self._group, dist.recv(header, group=self._group, tag=_HEADER))
@@ -407,11 +404,10 @@ class AdpsgdStrategy(Strategy):
                     continue
                 t0 = time.perf_counter()
                 try:
-                    self._answer(source, theirs)
+                    self._answer(source, theirs, mine)
                 except RuntimeError as exc:  # the active died (or hung and was stopped) mid-exchange
                     self._lose(source, exc, f"adpsgd answer to rank {source}")
-                    theirs = torch.empty_like(theirs)  # the lost exchange may still hold the old buffers
-                    self._reply = None
+                    theirs, mine = self._staging(), self._staging()  # the lost exchange may still hold the old ones
                     continue
                 self.counters.answer_seconds += time.perf_counter() - t0
                 self.counters.comm_seconds += time.perf_counter() - t0
@@ -438,16 +434,14 @@ class AdpsgdStrategy(Strategy):
             time.sleep(STORE_POLL_S)  # polling the store for the launcher's record
             self.membership.refresh()
 
-    def _answer(self, source: int, theirs: torch.Tensor) -> None:
-        """One exchange, passive side: our x_pre travels while the active's arrives (the link's two
-        directions at once), then we move halfway towards theirs. Paused, we echo theirs instead:
-        the exchange then changes nothing on either side."""
+    def _answer(self, source: int, theirs: torch.Tensor, mine: torch.Tensor) -> None:
+        """One exchange, passive side: our x_pre (copied into `mine`) travels while the active's
+        arrives in `theirs` (the link's two directions at once), then we move halfway towards it.
+        Paused, we echo theirs instead: the exchange then changes nothing on either side."""
         with self._lock:
             paused = self._paused
             if not paused:
-                if self._reply is None:
-                    self._reply = torch.empty(self._flat.numel(), dtype=self._flat.dtype)
-                mine = self._reply.copy_(self._flat.detach())
+                mine.copy_(self._flat.detach())
         if paused:
             self._wait(dist.irecv(theirs, group=self._group, group_src=source, tag=_PAYLOAD), source)
             self._wait(dist.isend(theirs, group=self._group, group_dst=source, tag=_REPLY), source)
@@ -464,6 +458,10 @@ class AdpsgdStrategy(Strategy):
                 self._deferred = delta.clone()
             else:
                 self._deferred.add_(delta)
+
+    def _staging(self) -> torch.Tensor:
+        """A CPU buffer the size of the parameters: exchanges travel through the CPU (gloo)."""
+        return torch.empty(self._flat.numel(), dtype=self._flat.dtype)
 
     def _raise_answer_error(self) -> None:
         if self._answer_error is not None:
