@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from asrdist.cluster.process_group import JobEnv
 
 _POLL_S = 0.05
-# Rendezvous ports in a fresh namespace: below Linux's ephemeral range (32768-60999), where gloo's
-# own listening sockets land, so nothing else can hold them.
+# Rendezvous ports (in a fresh namespace, and on loopback): below Linux's ephemeral range
+# (32768-60999), where gloo's own sockets and every connection's local port land.
 _NAMESPACE_PORT_RANGE = (20000, 29999)
 
 
@@ -97,9 +97,19 @@ class LearnerSpec:
 
 
 def _free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, from below the ephemeral range: once the check's socket
+    closes, no connection's local port can take it before rank 0 binds it (an OS-assigned port
+    could be; CI once failed with EADDRINUSE that way)."""
+    for _ in range(100):
+        port = _namespace_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    low, high = _NAMESPACE_PORT_RANGE
+    raise TrainingError(f"learners: no free port on 127.0.0.1 in {low}-{high} after 100 tries")
 
 
 def _namespace_port() -> int:
