@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import math
+
 import pytest
 
 from asrdist.cli import main
@@ -98,6 +100,32 @@ def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(mo
     figures = out["machine_figures"]  # measured in the run, on one learner's work
     assert figures["thread_speedup"] >= 1.0 and figures["quantize_seconds_per_value"] > 0
     assert len(out["load_average"]["before"]) == len(out["load_average"]["after"]) == 3
+    # the link between two learners, measured on the same network as the sweeps
+    assert figures["link_bytes_per_second"] > 0 and 0 < figures["link_duplex"] <= 1
+    assert figures["network_cpu_seconds_per_byte"] > 0
+    for key in ("link_measured_before_sweeps", "link_measured_after_sweeps"):
+        assert figures[key]["one_way_seconds"] > 0 and figures[key]["exchange_seconds"] > 0
+
+
+def test_an_exchange_pays_for_a_half_duplex_link_and_cpu_learners_for_their_bytes():
+    """A pairwise exchange over a link that keeps half its rate each way while both directions
+    carry a message takes twice the wire time; CPU learners that spend CPU on every byte they
+    move take cores from each other's work."""
+    from asrdist.sim.cluster import Link
+
+    def step(duplex: float, network_cost: float = 0.0, n: int = 2) -> float:
+        link = Link(1e8, 0.0, duplex=duplex)
+        cluster = Cluster(n, 1, link, link, shared_cores=2 if network_cost else 0, one_machine=True,
+                          thread_speedup=1.0)
+        spec = _spec("adpsgd", {"pattern": "fixed"}, cluster)
+        spec.network_cost, spec.own_steps = network_cost, True
+        return simulate(spec).seconds_per_step
+
+    wire = 4 * sum(math.prod(s) for s in SHAPES) / 1e8
+    # the mean step of the active learner (which waits for the exchange) and the passive (which
+    # answers on its own thread)
+    assert step(0.5) - step(1.0) == pytest.approx(wire / 2, rel=0.05)
+    assert step(1.0, network_cost=1e-7, n=4) > step(1.0, network_cost=1e-12, n=4) * 1.05
 
 
 def test_learners_of_a_node_share_its_card_in_pairwise_exchanges():
@@ -136,10 +164,10 @@ def test_validation_predicts_every_reported_figure_within_the_target():
     assert "Largest error of the predicted rows" in format_table(result)
 
 
-def test_cpu_learners_queue_for_the_cores_and_memory_bound_work_gains_little_from_threads():
+def test_cpu_learners_share_the_cores_and_memory_bound_work_gains_little_from_threads():
     """A lone learner: 0.1 s of CPU work on both cores' threads, then a 0.2 s sleep (emulated
-    compute). Learners hold one core each for their CPU work and queue when there are more
-    learners than cores; a sleeping learner leaves its core to the others."""
+    compute). Learners use one core each for their CPU work and share the cores when there are
+    more learners than cores; a sleeping learner leaves its core to the others."""
     def step(n: int, thread_speedup: float) -> float:
         cluster = Cluster(1, n, LINKS["loopback"], LINKS["loopback"], shared_cores=2, one_machine=True,
                           thread_speedup=thread_speedup)
@@ -149,4 +177,32 @@ def test_cpu_learners_queue_for_the_cores_and_memory_bound_work_gains_little_fro
     assert step(1, 1.0) == pytest.approx(0.3)
     assert step(2, 1.0) == pytest.approx(0.3)  # memory-bound: one thread each is as fast as two
     assert step(2, 0.0) == pytest.approx(0.4)  # linear in threads: one thread takes twice as long
-    assert 0.3 <= step(4, 1.0) < 0.4  # 4 x 0.1 s of work per 0.3 s fits 2 cores once staggered
+    assert step(4, 1.0) == pytest.approx(0.4)  # four start together: each runs at half speed
+
+
+def test_cores_are_shared_by_all_work_in_progress_as_the_scheduler_does():
+    """Processor sharing: 1 s and 2 s of one-thread work on one core, both from t=0, end at 2 s
+    and 3 s (not 1 s and 3 s, as queueing would have it); a job arriving at 0.5 s on two cores
+    beside one running job runs at full speed."""
+    import simpy
+
+    from asrdist.sim.engine import _SharedCores
+
+    def ends(cores: int, jobs: list[tuple[float, float, int]]) -> list[float]:
+        env, done = simpy.Environment(), {}
+        shared = _SharedCores(env, cores)
+
+        def job(name, start, seconds, threads):
+            yield env.timeout(start)
+            yield shared.run(seconds, threads)
+            done[name] = env.now
+
+        for i, (start, seconds, threads) in enumerate(jobs):
+            env.process(job(i, start, seconds, threads))
+        env.run()
+        return [done[i] for i in range(len(jobs))]
+
+    assert ends(1, [(0, 1.0, 1), (0, 2.0, 1)]) == pytest.approx([2.0, 3.0])
+    assert ends(2, [(0, 1.0, 1), (0.5, 1.0, 1)]) == pytest.approx([1.0, 1.5])
+    # a two-thread job and a one-thread job on two cores: 3 threads wanted, each at 2/3 speed
+    assert ends(2, [(0, 1.0, 2), (0, 2.0, 1)]) == pytest.approx([1.5, 2.5])

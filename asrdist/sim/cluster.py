@@ -22,10 +22,14 @@ class Link:
     bandwidth: float
     latency: float
     source: str = "assumption"
+    duplex: float = 1.0
+    """The share of `bandwidth` each direction keeps while a pairwise exchange sends a message
+    each way at once: 1 on a full-duplex link (the presets); measured on an emulated one."""
 
     def __post_init__(self):
-        if not self.bandwidth > 0 or self.latency < 0:
-            raise ConfigError(f"link: need bandwidth > 0 and latency >= 0, got {self.bandwidth}, {self.latency}")
+        if not self.bandwidth > 0 or self.latency < 0 or not 0 < self.duplex <= 1:
+            raise ConfigError(f"link: need bandwidth > 0, latency >= 0 and 0 < duplex <= 1, got {self.bandwidth}, "
+                              f"{self.latency}, {self.duplex}")
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
 `*_traffic` function, i.e. the layout and byte accounting of the real run):
 - compute: a fixed cost per minibatch, then local minibatch x seconds per frame (x a straggler's
   slowdown or a random jitter, the excess slept); the last `backward_share` of it is backward.
-  CPU learners (`Cluster.shared_cores`) hold their threads' cores for their CPU work (compute,
-  1-bit coding, averaging arithmetic): more learners than cores queue, and one learner's work
-  overlaps another's sleep or communication. Fewer threads cost `Cluster.cpu_slowdown`.
+  CPU learners (`Cluster.shared_cores`) run their CPU work (compute, 1-bit coding, averaging
+  arithmetic, and `network_cost` per byte moved) on their threads' cores, shared as the
+  scheduler shares them (`_SharedCores`): more learners than cores slow each other down, and one
+  learner's work overlaps another's sleep or communication. Fewer threads cost
+  `Cluster.cpu_slowdown`.
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
   one after another on the learner's communication stream, and every collective waits for all
   members of its group (lock step): the slowest learner sets the pace; then the mean's
@@ -18,8 +20,9 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
 - averaging: the flat allreduce every `steps_between_averages` minibatches.
 - adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps);
   an active learner exchanges with its partner (`topology.partner`) after each step: two
-  messages at once, one each way (the passive replies as soon as it is asked); a passive answers
-  one partner at a time (a SimPy resource: contention), without stopping its compute; an
+  messages at once, one each way (the passive replies as soon as it is asked; a link keeps
+  `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
+  SimPy resource: contention), without stopping its compute; an
   exchange across nodes holds both nodes' cards (their learners share them); delay-by-one
   overlaps the exchange with the next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
@@ -69,6 +72,10 @@ class SimSpec:
     mean_cost: float = 0.0
     """Seconds per value of the sync gradient mean's arithmetic besides the wire (CPU learners:
     copy into the buckets, divide, copy back; 0 where it is negligible)."""
+    network_cost: float = 0.0
+    """CPU learners: CPU seconds per byte a learner sends or receives (gloo's and the kernel's
+    copies), spent on its machine's cores while the bytes are on the wire (0: devices with their
+    own network engines, or negligible)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""
@@ -134,6 +141,54 @@ class _Meet:
             event.succeed()
 
 
+class _SharedCores:
+    """A machine's cores as Linux's scheduler shares them among runnable threads: every job in
+    progress advances at once, at min(1, cores / threads wanted by all jobs) of its full speed
+    (processor sharing), rather than jobs queueing to run one after another. A job of `seconds`
+    is work that takes `seconds` on its own `threads` cores."""
+
+    def __init__(self, env: simpy.Environment, cores: int):
+        self.env, self.cores = env, cores
+        self._jobs: dict[simpy.Event, list[float]] = {}  # done event -> [seconds left, threads]
+        self._since = 0.0
+        self._version = 0
+
+    def run(self, seconds: float, threads: int) -> simpy.Event:
+        """An event that fires when `seconds` of work on `threads` threads is done."""
+        done = self.env.event()
+        self._advance()
+        self._jobs[done] = [seconds, float(threads)]
+        self._schedule()
+        return done
+
+    def _speed(self) -> float:
+        wanted = sum(threads for _, threads in self._jobs.values())
+        return min(1.0, self.cores / wanted) if wanted else 1.0
+
+    def _advance(self) -> None:
+        elapsed, self._since = self.env.now - self._since, self.env.now
+        if elapsed > 0 and self._jobs:
+            progress = elapsed * self._speed()
+            for job in self._jobs.values():
+                job[0] -= progress
+
+    def _schedule(self) -> None:
+        self._version += 1
+        if self._jobs:
+            first = max(min(left for left, _ in self._jobs.values()), 0.0)
+            self.env.process(self._finish(first / self._speed(), self._version))
+
+    def _finish(self, delay: float, version: int):
+        yield self.env.timeout(delay)
+        if version != self._version:  # a job came or went since: a later timer holds
+            return
+        self._advance()
+        for done in [d for d, (left, _) in self._jobs.items() if left <= 1e-12]:
+            del self._jobs[done]
+            done.succeed()
+        self._schedule()
+
+
 _LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
                   "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1,
                   "broadcast": lambda n: math.ceil(math.log2(max(n, 2))), "exchange": lambda n: 2,
@@ -148,12 +203,14 @@ def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None =
     inside, between = cluster.inside, cluster.between
     latency_steps = _LATENCY_STEPS[t.kind](t.size)
     b = float(t.bytes_sent if payload_bytes is None else payload_bytes)
-    if t.group == "node" or (t.group == "world" and nodes == 1) or (t.group == "pair" and not crosses_nodes):
+    if t.group == "pair" and not crosses_nodes:
+        return b / (inside.bandwidth * inside.duplex) + latency_steps * inside.latency
+    if t.group == "node" or (t.group == "world" and nodes == 1):
         return b / inside.bandwidth + latency_steps * inside.latency
     if t.group == "rail":  # every local rank's rail crosses the node's card at once
         return per_node * b / between.bandwidth + latency_steps * between.latency
     if t.group == "pair":
-        return b / between.bandwidth + latency_steps * between.latency
+        return b / (between.bandwidth * between.duplex) + latency_steps * between.latency
     # the whole world over several nodes
     if t.kind == "all_to_all":
         out_of_node = per_node * b * (n - per_node) / (n - 1)
@@ -191,8 +248,7 @@ class _Simulation:
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
         c = spec.cluster
         if c.shared_cores:
-            self.cores = [simpy.Container(self.env, capacity=c.shared_cores, init=c.shared_cores)
-                          for _ in range(1 if c.one_machine else c.nodes)]
+            self.cores = [_SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
 
     # -- pieces -------------------------------------------------------------------------
     def draw_compute(self, rank: int) -> tuple[float, float]:
@@ -210,16 +266,19 @@ class _Simulation:
         me.compute += self.env.now - t0
 
     def cpu(self, me: _Learner, seconds: float):
-        """`seconds` of work; CPU learners hold their threads' cores of the machine meanwhile, so
-        more learners than cores queue, and work overlaps other learners' waiting."""
+        """`seconds` of work; CPU learners share their machine's cores with every other learner's
+        work in progress (`_SharedCores`), so more learners than cores slow each other down, and
+        work overlaps other learners' waiting."""
         if not self.cluster.shared_cores:
             yield self.env.timeout(seconds)
             return
         cores = self.cores[0 if self.cluster.one_machine else me.rank // self.cluster.per_node]
-        threads = self.cluster.threads()
-        yield cores.get(threads)
-        yield self.env.timeout(seconds)
-        yield cores.put(threads)
+        yield cores.run(seconds, self.cluster.threads())
+
+    def network_cpu(self, me: _Learner, moved: float):
+        """The CPU a learner spends on `moved` bytes sent and received (`SimSpec.network_cost`)."""
+        if self.spec.network_cost and moved:
+            yield from self.cpu(me, self.spec.network_cost * moved)
 
     def group_key(self, t: Transfer, rank: int) -> Any:
         per_node = self.cluster.per_node
@@ -229,7 +288,9 @@ class _Simulation:
         """A lock-step collective: wait for the group, then its time."""
         t0 = self.env.now
         duration = transfer_seconds(t, self.cluster)
-        yield self.meet.join((self.group_key(t, me.rank), step, index), t.size, duration)
+        meet = self.meet.join((self.group_key(t, me.rank), step, index), t.size, duration)
+        # a collective receives about as many bytes as it sends
+        yield self.env.all_of([meet, self.env.process(self.network_cpu(me, 2 * t.bytes_sent))])
         me.bytes += t.bytes_sent
         me.comm += self.env.now - t0
         if stalled:
@@ -396,28 +457,39 @@ class _Simulation:
     def _exchange(self, leader: _Learner, partner_unit: int, stalled: bool, members: list[_Learner]):
         s = self.spec
         partner_rank = partner_unit * self.unit_size
+        passive = self.learners[partner_rank]
         t0 = self.env.now
-        with self.answerers[partner_unit].request() as turn:
-            yield turn
-            ex, ans = self.exchange["exchange"], self.exchange["answer"]
-            nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
-            crosses = len(nodes) == 2
-            # the passive replies as soon as it is asked: one message each way, at once
-            duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
-            duration += 2 * s.copy_cost * s.values
-            # an exchange across nodes holds both nodes' cards: the learners of a node share it
-            cards = [self.cards[node].request() for node in nodes] if crosses else []
-            for card in cards:  # in node order: no two exchanges wait on each other
-                yield card
-            yield self.env.timeout(duration)
-            for node, card in zip(nodes, cards):
-                self.cards[node].release(card)
+        yield from self.cpu(leader, s.copy_cost * s.values / 2)  # x_pre into the message
+        turn = self.answerers[partner_unit].request()
+        yield turn
+        ex, ans = self.exchange["exchange"], self.exchange["answer"]
+        nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
+        crosses = len(nodes) == 2
+        # the passive replies as soon as it is asked: one message each way, at once
+        duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
+        # an exchange across nodes holds both nodes' cards: the learners of a node share it
+        cards = [self.cards[node].request() for node in nodes] if crosses else []
+        for card in cards:  # in node order: no two exchanges wait on each other
+            yield card
+        moved = ex.bytes_sent + ans.bytes_sent
+        yield self.env.all_of([self.env.timeout(duration), self.env.process(self.network_cpu(leader, moved)),
+                               self.env.process(self.cpu(passive, s.copy_cost * s.values / 2)),
+                               self.env.process(self.network_cpu(passive, moved))])
+        for node, card in zip(nodes, cards):
+            self.cards[node].release(card)
+        # both move halfway: the active before it goes on, the passive before it answers again
+        self.env.process(self._passive_average(passive, partner_unit, turn))
+        yield from self.cpu(leader, s.copy_cost * s.values * 1.5)
         leader.bytes += ex.bytes_sent
         self.learners[partner_rank].bytes += ans.bytes_sent
         for m in members:
             m.comm += self.env.now - t0
             if stalled:
                 m.wait += self.env.now - t0
+
+    def _passive_average(self, passive: _Learner, unit: int, turn):
+        yield from self.cpu(passive, self.spec.copy_cost * self.spec.values * 1.5)
+        self.answerers[unit].release(turn)
 
     # -- running ------------------------------------------------------------------------
     def run(self) -> SimResult:
