@@ -52,6 +52,9 @@ class DataConfig:
     edge_crop: float = 0.0
     """CTC only: probability that a training utterance loses a random part of its leading and trailing
     quiet frames (tighter end-pointing, asrdist.data.augment step 4); 0 = off."""
+    freq_warp: float = 0.0
+    """Vocal tract length perturbation: each training utterance's filterbank is warped in frequency by
+    a factor drawn uniformly from [1 - freq_warp, 1 + freq_warp] (asrdist.data.augment step 5); 0 = off."""
 
     def __post_init__(self):
         if self.cmvn not in ("global", "speaker", "none"):
@@ -73,6 +76,7 @@ class DataConfig:
         check_field("data.freq_masks", self.freq_masks, at_least=0)
         check_field("data.freq_mask_bins", self.freq_mask_bins, at_least=1, at_most=self.num_mel_bins)
         check_field("data.edge_crop", self.edge_crop, float, at_least=0, at_most=1)
+        check_field("data.freq_warp", self.freq_warp, float, at_least=0, at_most=0.3)
 
 
 @dataclass

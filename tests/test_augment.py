@@ -10,7 +10,7 @@ import torch
 from asrdist.config import load_config
 from asrdist.corpus.audio import num_frames
 from asrdist.data.augment import (AugmentedStore, SpecAugment, add_noise, build_augmented_store, copy_plan,
-                                  speed_perturb, stretch_labels, training_store)
+                                  speed_perturb, stretch_labels, training_store, warp_bins, warp_positions)
 from asrdist.data.batch import Batch
 from asrdist.errors import ConfigError
 
@@ -96,7 +96,34 @@ def test_edge_crop_cuts_only_quiet_edges_and_keeps_ctc_feasible():
     assert torch.equal(chunk.input_lengths, lengths)
 
 
-@pytest.mark.parametrize("override, key", [("data.edge_crop=1.5", "data.edge_crop"),
+def test_frequency_warp_moves_formants_as_a_longer_or_shorter_vocal_tract_would():
+    """A 1 kHz peak in a 40-bin, 8 kHz filterbank moves to the bin of 1.1 kHz at factor 1.1 and of
+    0.9 kHz at 0.9; factor 1 changes nothing; only the bins of each utterance are warped."""
+    from asrdist.features.fbank import LOW_FREQ_HZ
+
+    mel = lambda hz: 1127.0 * np.log1p(hz / 700.0)  # noqa: E731
+    lo, hi = mel(LOW_FREQ_HZ), mel(4000.0)  # bin centres as the filterbank places them
+    centres = 700.0 * np.expm1((lo + (hi - lo) / 41 * np.arange(1, 41)) / 1127.0)
+    peak = int(np.argmin(abs(centres - 1000.0)))
+    x = np.zeros((5, 40), dtype=np.float32)
+    x[:, peak] = 1.0
+    assert np.allclose(warp_bins(x, warp_positions(40, 8000, 1.0)), x)
+    for factor in (0.9, 1.1):
+        moved = warp_bins(x, warp_positions(40, 8000, factor))
+        assert abs(centres[int(np.argmax(moved[0]))] - 1000.0 * factor) < 60.0  # a bin is ~60-100 Hz here
+        assert np.allclose(moved, moved[0])  # the same warp in every frame
+    aug = SpecAugment(num_bins=40, freq_warp=0.2, sample_rate=8000)
+    inputs = torch.zeros(2, 6, 40)
+    inputs[0, :, peak] = inputs[1, :3, peak] = 1.0
+    batch = aug(Batch(inputs=inputs, targets=torch.tensor([[1], [1]]), num_frames=9,
+                      input_lengths=torch.tensor([6, 3]), target_lengths=torch.tensor([1, 1])),
+                np.random.default_rng(3))
+    assert (batch.inputs[1, 3:] == 0).all() and batch.inputs[1, :3].abs().sum() > 0  # padding stays zero
+    assert not torch.equal(batch.inputs[0, 0], batch.inputs[1, 0])  # a factor per utterance
+
+
+@pytest.mark.parametrize("override, key", [("data.freq_warp=0.5", "data.freq_warp"),
+                                           ("data.edge_crop=1.5", "data.edge_crop"),
                                            ("data.speed_perturb=[0.9, 3.0]", "data.speed_perturb"),
                                            ("data.noise_snr=100", "data.noise_snr"),
                                            ("data.freq_mask_bins=50", "data.freq_mask_bins"),

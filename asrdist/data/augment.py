@@ -15,6 +15,11 @@
    the last frame louder than halfway between its quietest and loudest, mean over bins), as if
    recorded with tighter end-pointing; drawn from the same stream. Models trained on recordings
    with long silences otherwise fail on tightly cut ones (FSDD's speaker nicolas).
+5. Vocal tract length perturbation (Jaitly & Hinton 2013; `data.freq_warp` = w): each training
+   utterance (chunk, spliced frame) is read from its filterbank as if every frequency f had been
+   f / a, a drawn uniformly from [1 - w, 1 + w] (linear interpolation between the bins, the edge
+   bins repeated beyond the band): a longer or shorter vocal tract than any training speaker's, at
+   any factor, where speed perturbation gives three. Same stream.
 
 Copies of steps 1-2 are made once, from the audio, with the corpus' own filterbank and CMVN settings
 (per-copy-speaker statistics under speaker CMVN, the training split's under global), into
@@ -213,9 +218,31 @@ def training_store(train_dir: Path, data_cfg, seed: int):
     return AugmentedStore(base, FeatureStore(path), sources)
 
 
+def warp_positions(num_bins: int, sample_rate: float, factor: float) -> np.ndarray:
+    """Step 5: for each mel bin of a filterbank (centres as `asrdist.features.fbank` places them,
+    from its low frequency to Nyquist), the fractional bin holding frequency centre / factor."""
+    from asrdist.features.fbank import LOW_FREQ_HZ
+
+    def mel(hz):
+        return 1127.0 * np.log1p(np.asarray(hz) / 700.0)
+
+    low, high = mel(LOW_FREQ_HZ), mel(sample_rate / 2.0)
+    step = (high - low) / (num_bins + 1)
+    centres = 700.0 * np.expm1((low + step * np.arange(1, num_bins + 1)) / 1127.0)
+    source = np.clip(centres / factor, LOW_FREQ_HZ, sample_rate / 2.0)
+    return np.clip((mel(source) - low) / step - 1.0, 0.0, num_bins - 1.0)
+
+
+def warp_bins(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """x [..., num_bins] read at fractional bins `positions` (linear interpolation)."""
+    below = np.minimum(np.floor(positions).astype(np.int64), x.shape[-1] - 2)
+    frac = (positions - below).astype(x.dtype)
+    return x[..., below] * (1 - frac) + x[..., below + 1] * frac
+
+
 @dataclass
 class SpecAugment:
-    """Batch transform of step 3; `__call__(batch, rng)` masks the batch's inputs in place."""
+    """Batch transform of steps 3-5; `__call__(batch, rng)` changes the batch's inputs in place."""
 
     time_masks: int = 0
     time_mask_frames: int = 10
@@ -223,13 +250,22 @@ class SpecAugment:
     freq_mask_bins: int = 8
     num_bins: int = 40
     edge_crop: float = 0.0
+    freq_warp: float = 0.0
+    sample_rate: float = 16000.0
 
     @classmethod
-    def from_config(cls, data_cfg, num_bins: int) -> "SpecAugment | None":
-        if not data_cfg.time_masks and not data_cfg.freq_masks and not data_cfg.edge_crop:
+    def from_config(cls, data_cfg, num_bins: int, sample_rate: float = 16000.0) -> "SpecAugment | None":
+        if not (data_cfg.time_masks or data_cfg.freq_masks or data_cfg.edge_crop or data_cfg.freq_warp):
             return None
         return cls(data_cfg.time_masks, data_cfg.time_mask_frames, data_cfg.freq_masks,
-                   min(data_cfg.freq_mask_bins, num_bins), num_bins, data_cfg.edge_crop)
+                   min(data_cfg.freq_mask_bins, num_bins), num_bins, data_cfg.edge_crop, data_cfg.freq_warp,
+                   float(sample_rate))
+
+    def _warp(self, x: np.ndarray, rng: np.random.Generator) -> None:
+        """Step 5 on x [..., num_bins], in place: one factor for all of x."""
+        if self.freq_warp:
+            factor = float(rng.uniform(1.0 - self.freq_warp, 1.0 + self.freq_warp))
+            x[...] = warp_bins(x, warp_positions(self.num_bins, self.sample_rate, factor))
 
     def _freq(self, x: np.ndarray, rng: np.random.Generator) -> None:
         """x [..., num_bins]: the same bands masked in every frame of x."""
@@ -264,6 +300,7 @@ class SpecAugment:
         if x.ndim == 2:  # spliced frames [B, (2C+1) * bins]
             rows = x.reshape(x.shape[0], -1, self.num_bins)
             for row in rows:
+                self._warp(row, rng)
                 self._freq(row, rng)
             return batch
         lengths = batch.input_lengths.numpy() if batch.input_lengths is not None else [x.shape[1]] * len(x)
@@ -274,6 +311,7 @@ class SpecAugment:
             if crop:  # at least 4 frames per target token, so CTC stays feasible after subsampling
                 length = self._crop(row, length, 4 * int(batch.target_lengths[index]), rng)
                 lengths[index] = length
+            self._warp(row[:length], rng)
             self._freq(row[:length], rng)
             self._time(row, length, rng)
         if crop:

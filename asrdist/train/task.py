@@ -33,7 +33,9 @@ class SpeechTask:
         corpus = Path(cfg.data.corpus)
         self.train_dir, self.valid_dir = corpus / "train", corpus / "valid"
         self.store = training_store(self.train_dir, cfg.data, cfg.seed)
-        self.spec_augment = SpecAugment.from_config(cfg.data, cfg.data.num_mel_bins)
+        meta = getattr(self.store, "base", self.store).meta
+        self.spec_augment = SpecAugment.from_config(cfg.data, cfg.data.num_mel_bins,
+                                                    meta.get("sample_rate", 16000))
         self.model = build_model_for(cfg, self.store.dim, targets)
         self.kind = self.model.kind
         if cfg.data.batch_size % world_size:
