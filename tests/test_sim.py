@@ -162,6 +162,13 @@ def test_validation_predicts_every_reported_figure_within_the_target():
         assert abs(row["relative_error"]) <= limit, row
     assert result["max_relative_error_predicted"] == max(abs(r["relative_error"]) for r in predicted)
     assert "Largest error of the predicted rows" in format_table(result)
+    # the device presets (what `asrdist simulate --device` and the advisor use) are these values
+    from asrdist.sim.cluster import K20X_SHARE, V100_RECURRENT_STEP_COST, V100_SHARE
+
+    c = result["calibration"]
+    assert V100_SHARE == pytest.approx(c["v100_sustained_share_of_peak"], rel=0.005)
+    assert V100_RECURRENT_STEP_COST == pytest.approx(c["v100_fixed_seconds_per_lstm_minibatch"], rel=0.005)
+    assert K20X_SHARE == pytest.approx(c["k20x_sustained_share_of_peak"], rel=0.005)
 
 
 def test_cpu_learners_share_the_cores_and_memory_bound_work_gains_little_from_threads():
