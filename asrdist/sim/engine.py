@@ -183,7 +183,10 @@ class _SharedCores:
         if version != self._version:  # a job came or went since: a later timer holds
             return
         self._advance()
-        for done in [d for d, (left, _) in self._jobs.items() if left <= 1e-12]:
+        # the job this timer was set for ends now, whatever rounding left of it (at a large
+        # simulated time a tiny remainder could never be advanced), and any that end with it
+        first = min(left for left, _ in self._jobs.values())
+        for done in [d for d, (left, _) in self._jobs.items() if left <= max(first, 0.0) + 1e-12]:
             del self._jobs[done]
             done.succeed()
         self._schedule()
