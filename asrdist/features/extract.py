@@ -116,7 +116,9 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
     bar = tqdm(total=total, desc=desc, unit="utt", disable=None if progress else True, file=sys.stderr)
     with contextlib.ExitStack() as stack:
         if jobs > 1 and len(tasks) > 1:
-            pool = stack.enter_context(get_context("fork").Pool(min(jobs, len(tasks))))
+            # spawned, not forked: a fork copies this process's locks but not the threads that hold
+            # them (tqdm's monitor, torch's pools), and a worker stuck on one hung the pool's shutdown
+            pool = stack.enter_context(get_context("spawn").Pool(min(jobs, len(tasks))))
             results = pool.imap(_compute, tasks, chunksize=max(1, min(16, len(tasks) // (4 * jobs))))
         else:
             results = map(_compute, tasks)
