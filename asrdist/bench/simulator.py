@@ -19,8 +19,9 @@
 3. Simulates every strategy and learner count with these figures: learners run their CPU work
    (the copies of every byte they move included) on their threads' cores, shared as the
    scheduler shares them when there are more learners than cores; the emulated compute (a
-   sleep) is not shared; the link is the measured one. Reports measured, predicted and the relative error per case (`predictions`) and
-   the largest (`max_relative_error`), with the load average before and after (`load_average`).
+   sleep) is not shared; the link is the measured one. Reports measured, predicted and the
+   relative error per case (`predictions`) and the largest (`max_relative_error`), with the load
+   average before and after (`load_average`).
 """
 from __future__ import annotations
 
@@ -219,7 +220,7 @@ def predict(strategy: str, n: int, args, shapes, lone_cpu_seconds: float, link, 
                    quantize_cost=figures["quantize_seconds_per_value"],
                    dequantize_cost=figures["dequantize_seconds_per_value"],
                    copy_cost=figures["average_seconds_per_value"], mean_cost=figures["mean_seconds_per_value"],
-                   network_cost=figures.get("network_cpu_seconds_per_byte", 0.0),
+                   network_cost=figures["network_cpu_seconds_per_byte"],
                    steps=args.warmup + args.steps, backward_share=0.0, own_steps=True)
     return simulate(spec).frames_per_second
 

@@ -278,11 +278,6 @@ class _Simulation:
         cores = self.cores[0 if self.cluster.one_machine else me.rank // self.cluster.per_node]
         yield cores.run(seconds, self.cluster.threads())
 
-    def network_cpu(self, me: _Learner, moved: float):
-        """The CPU a learner spends on `moved` bytes sent and received (`SimSpec.network_cost`)."""
-        if self.spec.network_cost and moved:
-            yield from self.cpu(me, self.spec.network_cost * moved)
-
     def group_key(self, t: Transfer, rank: int) -> Any:
         per_node = self.cluster.per_node
         return {"world": "world", "node": ("node", rank // per_node), "rail": ("rail", rank % per_node)}[t.group]
@@ -292,8 +287,9 @@ class _Simulation:
         t0 = self.env.now
         duration = transfer_seconds(t, self.cluster)
         meet = self.meet.join((self.group_key(t, me.rank), step, index), t.size, duration)
-        # a collective receives about as many bytes as it sends
-        yield self.env.all_of([meet, self.env.process(self.network_cpu(me, 2 * t.bytes_sent))])
+        if self.spec.network_cost:  # the CPU of the bytes it sends and (about as many) receives
+            meet = self.env.all_of([meet, self.env.process(self.cpu(me, self.spec.network_cost * 2 * t.bytes_sent))])
+        yield meet
         me.bytes += t.bytes_sent
         me.comm += self.env.now - t0
         if stalled:
@@ -474,17 +470,18 @@ class _Simulation:
         cards = [self.cards[node].request() for node in nodes] if crosses else []
         for card in cards:  # in node order: no two exchanges wait on each other
             yield card
-        moved = ex.bytes_sent + ans.bytes_sent
-        yield self.env.all_of([self.env.timeout(duration), self.env.process(self.network_cpu(leader, moved)),
-                               self.env.process(self.cpu(passive, s.copy_cost * s.values / 2)),
-                               self.env.process(self.network_cpu(passive, moved))])
+        work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]
+        if s.network_cost:  # each side sends one message and receives the other
+            moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent)
+            work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
+        yield self.env.all_of(work)
         for node, card in zip(nodes, cards):
             self.cards[node].release(card)
         # both move halfway: the active before it goes on, the passive before it answers again
         self.env.process(self._passive_average(passive, partner_unit, turn))
         yield from self.cpu(leader, s.copy_cost * s.values * 1.5)
         leader.bytes += ex.bytes_sent
-        self.learners[partner_rank].bytes += ans.bytes_sent
+        passive.bytes += ans.bytes_sent
         for m in members:
             m.comm += self.env.now - t0
             if stalled:
