@@ -19,15 +19,18 @@ system-deps:
 	@bash scripts/system_deps.sh
 
 demo: setup
+	$(PY) -m asrdist.native
 	$(VENV)/bin/asrdist demo
 
 # three test processes (pytest-xdist), a test file each at a time: most tests start learner
 # processes and wait on them (timeouts, emulated links), so a third fills the 2 cores' idle gaps
 # (measured one evening: 11 min 22 s with two for 719 tests; 10 min 20 s with three, after two trims)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
-# environments) would otherwise make each of the suite's hundreds of learner processes compile it
+# environments) would otherwise make each of the suite's hundreds of learner processes compile it;
+# the native kernels are built (or found in the cache) once, before the tests that use them start
 test: setup
 	$(PY) -m compileall -q asrdist
+	$(PY) -m asrdist.native
 	$(PY) -m pytest -q -x -n 3 --dist loadfile --durations=30 tests
 
 clean:

@@ -34,6 +34,7 @@ def test_bench_ngsgd_writes_its_contract(tmp_path):
                                      "swbd": result["step_time_ratio_swbd"] <= 1.10}
     assert result["bytes"]["averages"] == 2
     assert 0.4 < result["bytes_per_sample_ratio"] < 0.6
+    assert result["kernel"] == "native"  # `auto` where the compiler is: the compiled preconditioner
 
 
 def test_bench_trainer_writes_its_contract(tmp_path):

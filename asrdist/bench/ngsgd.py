@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
     parser.add_argument("--widths", default="1024,2048",
                         help="also time the default DNN with these hidden widths (comma list; '' for none)")
+    parser.add_argument("--kernel", choices=("auto", "native", "python"), default="auto",
+                        help="natural gradient's preconditioner: compiled, Python, or compiled where it builds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadiest figure)")
     parser.add_argument("--learners", type=int, default=4, help="learners for the bytes-per-sample run")
     parser.add_argument("--global-batch", type=int, default=256, help="global batch split across learners")
@@ -78,7 +80,8 @@ def step_time_target(hidden_dim: int | None) -> float | None:
     return 1.25 if hidden_dim < 1024 else 1.10
 
 
-def build_learners(config: ModelConfig, features: int, num_classes: int, batch: int, run_dir: Path) -> dict:
+def build_learners(config: ModelConfig, features: int, num_classes: int, batch: int, run_dir: Path,
+                   kernel: str = "auto") -> dict:
     """{"sgd": plain learner, "ngsgd": natural-gradient learner}, both from `build_learner` with the
     same optimizer (plain SGD, lr 0.01) and the same fixed synthetic batch of `batch` frames. Each
     model is built right after `torch.manual_seed(0)`, so both start from identical weights."""
@@ -90,7 +93,8 @@ def build_learners(config: ModelConfig, features: int, num_classes: int, batch: 
     learners = {}
     for name, natural_gradient in (("sgd", False), ("ngsgd", True)):
         cfg = RunConfig(model=config, data=DataConfig(batch_size=batch),
-                        optim=OptimConfig(lr=0.01, natural_gradient=natural_gradient),
+                        optim=OptimConfig(lr=0.01, natural_gradient=natural_gradient,
+                                          natural_gradient_kernel=kernel),
                         train=TrainConfig(epochs=1, threads=torch.get_num_threads()))
         torch.manual_seed(0)  # build_learner reseeds on its way out: reseed for each model
         task = SyntheticTask(build_model(config, features, num_classes), batch, steps=1)
@@ -172,12 +176,12 @@ def phase_breakdown(captured, extra_ms: float, repeats: int = 5) -> dict:
 
 
 def compare_step_times(model_name: str, features: int, num_classes: int, batch: int, blocks: int,
-                       hidden_dim: int | None = None) -> dict:
+                       hidden_dim: int | None = None, kernel: str = "auto") -> dict:
     """Median block times of plain SGD and NG-SGD steps on `model_name`, interleaved."""
     config = ModelConfig(name=model_name, hidden_dim=hidden_dim)
     times: dict[str, list[tuple[float, float]]] = {"sgd": [], "ngsgd": []}
     with tempfile.TemporaryDirectory(prefix="asrdist-bench-ngsgd-") as run_dir:
-        learners = build_learners(config, features, num_classes, batch, Path(run_dir))
+        learners = build_learners(config, features, num_classes, batch, Path(run_dir), kernel)
         steps = {name: (lambda tr=learner.trainer, b=learner.task.batch: tr.train_step(b))
                  for name, learner in learners.items()}
         steps["sgd"]()
@@ -259,7 +263,10 @@ def bytes_per_sample(learners: int, global_batch: int, average_every: int, featu
 
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
-    dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks)
+    from asrdist.optim.ngsgd import resolve_kernel
+
+    kernel = "native" if resolve_kernel(args.kernel) else "python"
+    dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks, kernel=kernel)
     result = {"step_time_ratio": dnn["step_time_ratio"], "flop_ratio": dnn["flop_ratio"],
               "step_time_ratio_target": 1.10, "dnn": dnn}
     widths = [int(w) for w in args.widths.split(",") if w.strip()]
@@ -269,7 +276,7 @@ def run(args) -> dict:
         by_width = {str(dnn["hidden_dim"]): dnn}
         for width in widths:
             by_width[str(width)] = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch,
-                                                      args.blocks, hidden_dim=width)
+                                                      args.blocks, hidden_dim=width, kernel=kernel)
         result["step_time_ratio_by_width"] = {w: r["step_time_ratio"] for w, r in by_width.items()}
         result["flop_ratio_by_width"] = {w: r["flop_ratio"] for w, r in by_width.items()}
         result["phases_ms_by_width"] = {w: r["phases_ms"] for w, r in by_width.items()}
@@ -277,7 +284,8 @@ def run(args) -> dict:
         by_width = {str(dnn["hidden_dim"]): dnn}
     measured = {w: r["step_time_ratio"] for w, r in by_width.items()}
     if not args.skip_swbd:
-        swbd = compare_step_times("swbd", SWBD_FEATURES, SWBD_CLASSES, args.swbd_batch, args.swbd_blocks)
+        swbd = compare_step_times("swbd", SWBD_FEATURES, SWBD_CLASSES, args.swbd_batch, args.swbd_blocks,
+                                  kernel=kernel)
         result["step_time_ratio_swbd"] = swbd["step_time_ratio"]
         result["flop_ratio_swbd"] = swbd["flop_ratio"]
         result["swbd"] = swbd
@@ -289,6 +297,7 @@ def run(args) -> dict:
     result["bytes_per_sample_ratio"] = comm["bytes_per_sample_ratio"]
     result["bytes"] = comm
     result["threads"] = torch.get_num_threads()
+    result["kernel"] = kernel
     result["timing"] = ("median of interleaved blocks of 4 steps (one statistics update each), "
                         "Trainer.train_step, wall clock; *_cpu: process CPU time")
     return result

@@ -1,8 +1,10 @@
 """asrdist's native code, built one way: `torch.utils.cpp_extension.load` (its compiler checks,
 ninja build, lock against concurrent builds, and cache), from the C++ sources in this package.
 
-The sources use only the Python C API (no torch or pybind11 headers), so a first build takes
-seconds. Builds are cached under `TORCH_EXTENSIONS_DIR` (default `~/.cache/torch_extensions`, a
+`onebit_kernel.cpp` uses only the Python C API (no torch or pybind11 headers): its first build
+takes seconds. `ngsgd_kernel.cpp` calls ATen (torch's tensor library) through pybind11: about 30 s
+on 2 cores, once per machine (`python -m asrdist.native` builds both; `make test` runs it first).
+Builds are cached under `TORCH_EXTENSIONS_DIR` (default `~/.cache/torch_extensions`, a
 user directory that exists on a fresh machine and in CI), one directory per (source, Python,
 torch, CPU, flags). `-march=native` is tried first and the plain flags after: vector width never
 changes a result in these kernels. Without a C++ compiler (`CXX`, default `c++`) or ninja,

@@ -14,6 +14,7 @@ from asrdist.optim.adagrad import CntkAdaGrad
 OPTIMIZERS = ("sgd", "adagrad")
 LR_SCALINGS = ("none", "linear", "sqrt")
 DECAYS = ("none", "geometric")
+NG_KERNELS = ("auto", "native", "python")
 
 
 @dataclass
@@ -44,6 +45,10 @@ class OptimConfig:
     """The learning rate of the last step with decay=geometric (scaled like `lr`)."""
     natural_gradient: bool = False
     """Precondition every affine layer's gradient with online natural gradient (Povey et al. 2015)."""
+    natural_gradient_kernel: str = "auto"
+    """auto | native | python: natural gradient's preconditioner compiled (asrdist/native/ngsgd_kernel.cpp)
+    or in Python; both compute the same values bit for bit. auto: compiled where it builds, else
+    Python after one warning; native: an error where it cannot be built."""
     max_change: bool = False
     """Kaldi's max-change: cap the per-minibatch parameter change per layer (0.75 hidden, 1.5 output) and in total (2.0)."""
     adagrad_skip_unseen: bool = False
@@ -68,6 +73,9 @@ class OptimConfig:
         if self.anneal_after_epoch is not None:
             check_field("optim.anneal_after_epoch", self.anneal_after_epoch, at_least=0)
         check_field("optim.anneal_factor", self.anneal_factor, float, above=0, at_most=1)
+        if self.natural_gradient_kernel not in NG_KERNELS:
+            raise ConfigError(f"optim.natural_gradient_kernel: '{self.natural_gradient_kernel}' is not one of "
+                              f"{', '.join(NG_KERNELS)}")
         if self.decay not in DECAYS:
             raise ConfigError(f"optim.decay: '{self.decay}' is not one of {', '.join(DECAYS)}")
         if self.decay == "geometric":

@@ -73,13 +73,15 @@ class NaturalGradientLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, rank_in: int | None = None,
                  rank_out: int | None = None, num_samples_history: float = 2000.0, alpha: float = 4.0,
-                 update_period: int = 4, seed: int = 0, device=None, dtype=None):
+                 update_period: int = 4, seed: int = 0, kernel: str = "auto", device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._make_preconditioners(rank_in, rank_out, num_samples_history, alpha, update_period, seed)
+        self._make_preconditioners(rank_in, rank_out, num_samples_history, alpha, update_period, seed, kernel)
 
-    def _make_preconditioners(self, rank_in, rank_out, num_samples_history, alpha, update_period, seed) -> None:
+    def _make_preconditioners(self, rank_in, rank_out, num_samples_history, alpha, update_period, seed,
+                              kernel) -> None:
         default_in, default_out = default_ranks(self.in_features, self.out_features, self.bias is not None)
-        options = dict(num_samples_history=num_samples_history, alpha=alpha, update_period=update_period)
+        options = dict(num_samples_history=num_samples_history, alpha=alpha, update_period=update_period,
+                       kernel=kernel)
         self.preconditioner_in = OnlineNaturalGradient(
             self.in_features + int(self.bias is not None), default_in if rank_in is None else rank_in,
             seed=seed, **options)
@@ -97,7 +99,8 @@ class NaturalGradientLinear(nn.Linear):
         layer.training = linear.training
         layer._make_preconditioners(options.pop("rank_in", None), options.pop("rank_out", None),
                                     options.pop("num_samples_history", 2000.0), options.pop("alpha", 4.0),
-                                    options.pop("update_period", 4), options.pop("seed", 0))
+                                    options.pop("update_period", 4), options.pop("seed", 0),
+                                    options.pop("kernel", "auto"))
         if options:
             raise TypeError(f"NaturalGradientLinear: unknown options {sorted(options)}")
         return layer
@@ -218,7 +221,7 @@ def _replace_children(module: nn.Module, options: dict[str, Any], convert_lstm: 
 def apply_natural_gradient(model: nn.Module, *, convert_lstm: bool = False, **options: Any) -> nn.Module:
     """Swap every `nn.Linear` in `model` (in place) for a `NaturalGradientLinear` sharing its
     parameters; `options` go to every layer (rank_in, rank_out, num_samples_history, alpha,
-    update_period, seed). With `convert_lstm`, `nn.LSTM`s become `AffineLSTM`s first (new
+    update_period, seed, kernel). With `convert_lstm`, `nn.LSTM`s become `AffineLSTM`s first (new
     Parameter objects: build the optimizer after this call). Returns `model`."""
     if isinstance(model, nn.Linear):
         raise ValueError("apply_natural_gradient: wrap the nn.Linear in a module (it is replaced in its parent)")

@@ -23,6 +23,12 @@ with their bias column, [x, 1], are preconditioned without materializing the col
 Like Kaldi we store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
 one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
 
+Two implementations compute these same values, bit for bit: this module's Python, and the
+compiled kernel asrdist/native/ngsgd_kernel.cpp (the same ATen operations in one call, the small
+float64 algebra in numpy's order), which spares the interpreter's round trips — at width 512 they
+cost as much as the arithmetic. `kernel="auto"` (the default) takes the compiled one where it
+builds and falls back to Python with one warning; "native" insists, "python" never builds it.
+
 Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
 (dim×rank) matrix drawn from `torch.Generator().manual_seed(seed)`, D and ρ at 1e-10; then, as in
 Kaldi, three statistics updates on the first minibatch (a few power-method steps towards its top
@@ -32,6 +38,7 @@ rank 0 (dim 1) is the identity.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -47,6 +54,40 @@ MAX_ETA = 0.9
 CONDITION_THRESHOLD = 1.0e6
 NUM_INITIAL_UPDATES = 10
 NUM_INIT_ITERS = 3
+KERNEL_KINDS = ("auto", "native", "python")
+
+_native = None
+
+
+def native_kernel():
+    """The compiled preconditioner (asrdist/native/ngsgd_kernel.cpp), built on first use; raises
+    asrdist.native.NativeBuildError with a one-line reason where it cannot be built."""
+    global _native
+    if _native is None:
+        from asrdist.native import load
+
+        _native = load("ngsgd_kernel")
+    return _native
+
+
+def resolve_kernel(kind: str) -> bool:
+    """Whether preconditioners of `kind` run compiled: "native" (a ConfigError where it cannot be
+    built), "python", or "auto" (compiled where it builds, else one warning and Python)."""
+    if kind not in KERNEL_KINDS:
+        raise ConfigError(f"optim.natural_gradient_kernel: unknown kernel '{kind}' (known: {', '.join(KERNEL_KINDS)})")
+    if kind == "python":
+        return False
+    from asrdist.native import NativeBuildError
+
+    try:
+        native_kernel()
+        return True
+    except NativeBuildError as e:
+        if kind == "native":
+            raise ConfigError(f"optim.natural_gradient_kernel: the compiled kernel is unavailable ({e})") from None
+        warnings.warn(f"natural-gradient kernel unavailable ({e}); using the Python preconditioner",
+                      RuntimeWarning, stacklevel=2)
+        return False
 
 
 def _small(t: torch.Tensor) -> np.ndarray:
@@ -93,12 +134,12 @@ class _Rows:
 class OnlineNaturalGradient:
     """Preconditioner for minibatches of `dim`-dimensional row vectors; see the module docstring."""
 
-    __slots__ = ("dim", "rank", "num_samples_history", "alpha", "update_period", "seed",
+    __slots__ = ("dim", "rank", "num_samples_history", "alpha", "update_period", "seed", "kernel", "_native",
                  "num_updates", "num_reorthogonalizations", "num_floored", "_skipped",
                  "_W", "_d", "_rho", "_e_diag", "_two_minus_e")
 
     def __init__(self, dim: int, rank: int, num_samples_history: float = 2000.0, alpha: float = 4.0,
-                 update_period: int = 4, seed: int = 0):
+                 update_period: int = 4, seed: int = 0, kernel: str = "auto"):
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ConfigError(f"OnlineNaturalGradient: dim must be a positive integer, got {dim!r}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < dim:
@@ -113,6 +154,10 @@ class OnlineNaturalGradient:
         self.dim, self.rank = dim, rank
         self.num_samples_history, self.alpha = float(num_samples_history), float(alpha)
         self.update_period, self.seed = update_period, seed
+        if kernel not in KERNEL_KINDS:
+            raise ConfigError(f"OnlineNaturalGradient: kernel must be one of {', '.join(KERNEL_KINDS)}, got {kernel!r}")
+        self.kernel = kernel
+        self._native: bool | None = None  # resolved at the first minibatch: building is not free
         self.num_updates = 0
         """Statistics updates done since initialization (Kaldi's t)."""
         self.num_reorthogonalizations = 0
@@ -160,16 +205,20 @@ class OnlineNaturalGradient:
             raise DataError(f"OnlineNaturalGradient: expected input of shape {shape}, got {tuple(x.shape)}")
         if self.rank == 0 or x.shape[0] == 0 or (self._W is None and not update):
             return x.clone(), (x.new_ones(x.shape[0]) if rows.ones else None), scale
+        if self._native is None:
+            self._native = resolve_kernel(self.kernel)
         if self._W is None:
             self._initialize(rows, scale * scale)
         W = self._weights_for(x)
-        H = rows.times_transposed(W)
         if update and (self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1):
-            x_hat, last, gamma = self._update(rows, H, W, scale * scale)
+            x_hat, last, gamma = self._update(rows, W, scale * scale)
         else:
             if update:
                 self._skipped += 1
-            x_hat, last, gamma, _ = self._project(rows, H, W)
+            if self._native:
+                x_hat, last, gamma = native_kernel().precondition(x, W, self._two_minus_e_for(W), rows.ones)
+            else:
+                x_hat, last, gamma, _ = self._project(rows, rows.times_transposed(W), W)
         return x_hat, last, gamma * scale
 
     @property
@@ -245,10 +294,7 @@ class OnlineNaturalGradient:
         sparing a pass over X."""
         x_hat, last = rows.residual(H, W)
         flat = x_hat.reshape(-1)
-        two_minus_e = self._two_minus_e
-        if two_minus_e.dtype != H.dtype or two_minus_e.device != H.device:
-            two_minus_e = two_minus_e.to(dtype=H.dtype, device=H.device)
-        terms = [torch.dot(flat, flat), torch.dot(H.square().sum(0), two_minus_e)]
+        terms = [torch.dot(flat, flat), torch.dot(H.square().sum(0), self._two_minus_e_for(H))]
         if last is not None:
             terms.append(torch.dot(last, last))
         values = torch.stack(terms).tolist()
@@ -256,10 +302,19 @@ class OnlineNaturalGradient:
         tr_x = tr_hat + values[1]
         return x_hat, last, (math.sqrt(tr_x / tr_hat) if tr_hat > 0.0 else 1.0), tr_x
 
-    def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float, e: np.ndarray | None = None) -> None:
+    def _two_minus_e_for(self, like: torch.Tensor) -> torch.Tensor:
+        two_minus_e = self._two_minus_e
+        if two_minus_e.dtype != like.dtype or two_minus_e.device != like.device:
+            two_minus_e = two_minus_e.to(dtype=like.dtype, device=like.device)
+        return two_minus_e
+
+    def _set_state(self, W: torch.Tensor, d: np.ndarray, rho: float, e: np.ndarray | None = None,
+                   two_minus_e: torch.Tensor | None = None) -> None:
         self._W, self._d, self._rho = W, d, float(rho)
         self._e_diag = self._e(d, rho) if e is None else e
-        self._two_minus_e = torch.from_numpy(2.0 - self._e_diag).to(dtype=W.dtype, device=W.device)
+        if two_minus_e is None or two_minus_e.dtype != W.dtype or two_minus_e.device != W.device:
+            two_minus_e = torch.from_numpy(2.0 - self._e_diag).to(dtype=W.dtype, device=W.device)
+        self._two_minus_e = two_minus_e
 
     def _initial_rows(self) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.seed)
@@ -272,17 +327,25 @@ class OnlineNaturalGradient:
         sqrt_e = torch.from_numpy(np.sqrt(self._e(d, EPSILON)))
         self._set_state((sqrt_e[:, None] * self._initial_rows()).to(dtype=x.dtype, device=x.device), d, EPSILON)
         for _ in range(NUM_INIT_ITERS):
-            self._update(rows, rows.times_transposed(self._W), self._W, scale_sq)
+            self._update(rows, self._W, scale_sq)
         self.num_updates, self._skipped = 0, 0
 
-    def _update(self, rows: _Rows, H: torch.Tensor, W: torch.Tensor,
-                scale_sq: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    def _update(self, rows: _Rows, W: torch.Tensor, scale_sq: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """Precondition the rows with the current F, then move F towards the scatter of
-        X = scale·rows (steps 1–5; H = rows Wᵀ)."""
+        X = scale·rows (steps 1–5)."""
         n, dim, rank = rows.x.shape[0], self.dim, self.rank
         eta = self.eta(n)
         a, b = eta / n, 1.0 - eta
         d, rho = self._d, self._rho
+        if self._native:
+            (x_hat, last, gamma, W_new, d_new, rho_new, e_new, two_minus_e, floored,
+             reorthogonalize) = native_kernel().update(rows.x, W, self._two_minus_e_for(W), rows.ones,
+                                                       torch.from_numpy(d), rho, torch.from_numpy(self._e_diag),
+                                                       self.alpha, a, b, scale_sq)
+            d_new, e_new = d_new.numpy(), e_new.numpy()
+            return self._updated(x_hat, last, gamma, W_new, d_new, rho_new, e_new, floored, reorthogonalize,
+                                 two_minus_e)
+        H = rows.times_transposed(W)
         J = rows.transposed_times(H)  # W XᵀX / scale_sq, rank x dim: scale_sq is folded into the small factors below
         K, L = _small(J @ J.T) * (scale_sq * scale_sq), _small(H.T @ H) * scale_sq
 
@@ -320,11 +383,17 @@ class OnlineNaturalGradient:
         A = (a * scale_sq * sqrt_e_new / sqrt_c)[:, None] * U.T * inv_sqrt_e[None, :]
         B = J.addcmul_(W, torch.from_numpy((b / (a * scale_sq)) * d_rho).to(W)[:, None])
         W_new = torch.from_numpy(A).to(W) @ B
+        return self._updated(x_hat, last, gamma, W_new, d_new, rho_new, e_new, floored, reorthogonalize)
+
+    def _updated(self, x_hat, last, gamma, W_new, d_new, rho_new, e_new, floored, reorthogonalize,
+                 two_minus_e=None) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Step 3's bookkeeping, shared by both kernels: re-orthogonalize if asked, keep the new state."""
         if reorthogonalize:
-            W_new = self._reorthogonalized(W_new, sqrt_e_new)
+            W_new = self._reorthogonalized(W_new, np.sqrt(e_new))
             self.num_reorthogonalizations += 1
+            two_minus_e = None
         self.num_floored += int(floored)
-        self._set_state(W_new.to(self._W.dtype), d_new, rho_new, e_new)
+        self._set_state(W_new.to(self._W.dtype), d_new, rho_new, e_new, two_minus_e)
         self.num_updates += 1
         self._skipped = 0
         return x_hat, last, gamma

@@ -124,7 +124,8 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
         from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
                                              natural_gradient_state)
 
-        apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed)
+        apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed,
+                               kernel=cfg.optim.natural_gradient_kernel)
         hooks.extra_state = lambda: {"natural_gradient": natural_gradient_state(model)}
         hooks.load_extra_state = lambda s: load_natural_gradient_state(model, s["natural_gradient"])
     model.to(ctx.device)
