@@ -7,16 +7,26 @@
    at width 512 is as much time as the arithmetic. Here the same ATen operations run in one call.
    The small float64 algebra is written as loops in the order numpy evaluates it (numpy's pairwise
    sums included), the eigendecomposition is torch's `linalg_eigh`, and the re-orthogonalization
-   (rare) stays in Python. Built by torch.utils.cpp_extension through asrdist.native. */
+   (rare) stays in Python. Other dtypes and devices take ATen's operations and match Python bit for
+   bit; float32 CPU tensors take the fast path below and match it to float32 rounding. Built by torch.utils.cpp_extension through asrdist.native. */
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <tuple>
 #include <vector>
 
 using at::Tensor;
+
+// MKL's sgemm, which torch links and exports (Fortran interface, column-major)
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+// LAPACK's symmetric eigensolver, the one torch.linalg.eigh calls
+extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
+                        double* work, const int* lwork, int* iwork, const int* liwork, int* info);
 
 namespace {
 
@@ -65,6 +75,22 @@ std::vector<double> e_diag(const std::vector<double>& d, double rho, double alph
     return e;
 }
 
+/* (c ascending, U column-major: U[i + k n] is entry i of the k-th eigenvector) of a symmetric n × n
+   float64 matrix, by LAPACK's dsyevd with its optimal workspace, as torch.linalg.eigh computes it. */
+std::pair<std::vector<double>, std::vector<double>> symmetric_eigh(std::vector<double> z, int n) {
+    std::vector<double> c(n);
+    int lwork = -1, liwork = -1, info = 0, iwork_size = 0;
+    double work_size = 0.0;
+    dsyevd_("V", "L", &n, z.data(), &n, c.data(), &work_size, &lwork, &iwork_size, &liwork, &info);
+    lwork = static_cast<int>(work_size);
+    liwork = iwork_size;
+    std::vector<double> work(std::max(lwork, 1));
+    std::vector<int> iwork(std::max(liwork, 1));
+    dsyevd_("V", "L", &n, z.data(), &n, c.data(), work.data(), &lwork, iwork.data(), &liwork, &info);
+    TORCH_CHECK(info == 0, "ngsgd kernel: the eigendecomposition of Z failed (LAPACK info ", info, ")");
+    return {c, z};
+}
+
 /* The minibatch X: rows of x, with a column of ones appended when `ones` (never materialized). */
 struct Rows {
     const Tensor& x;
@@ -92,6 +118,141 @@ struct Rows {
     }
 };
 
+// ---- float32 CPU fast path: the same products through BLAS directly, the norms as loops -----------
+// Every ATen call costs microseconds of dispatch and allocation before any arithmetic; a layer's
+// per-step preconditioning is a dozen of them, more than its arithmetic at width 512. For float32
+// CPU tensors the two products go straight to the sgemm that torch itself links (MKL's, through its
+// Fortran interface) and the bias column and the three norms are single loops (double
+// accumulators); the values agree with the ATen path to float32 rounding, not bit for bit.
+
+bool fast_path(const Tensor& x, const Tensor& W) {
+    return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && W.is_contiguous() &&
+           x.size(0) > 0 && x.size(0) < (1 << 30) && W.size(1) < (1 << 30);
+}
+
+/* Σ v², with 8 double accumulators (vectorizable without reassociating a single sum). */
+double sum_squares(const float* v, int64_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(v[i + j]) * static_cast<double>(v[i + j]);
+    double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) total += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+    return total;
+}
+
+/* v += u, returning Σ v² (one pass: the residual's copy of X and its norm together). */
+double add_and_sum_squares(float* v, const float* u, int64_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; ++j) {
+            v[i + j] += u[i + j];
+            acc[j] += static_cast<double>(v[i + j]) * static_cast<double>(v[i + j]);
+        }
+    double total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) {
+        v[i] += u[i];
+        total += static_cast<double>(v[i]) * static_cast<double>(v[i]);
+    }
+    return total;
+}
+
+/* J = Hᵀ X (rank × dim) with the ones column's entries (H's column sums) last when `ones`. */
+Tensor fast_transposed_times(const Tensor& x, const Tensor& H, int64_t dim_, bool ones) {
+    const int n = static_cast<int>(x.size(0)), cols = static_cast<int>(x.size(1));
+    const int rank = static_cast<int>(H.size(1)), dim = static_cast<int>(dim_);
+    Tensor J = at::empty({rank, dim}, x.options());
+    float* j = J.data_ptr<float>();
+    const float* h = H.data_ptr<float>();
+    const float one = 1.0f, zero = 0.0f;
+    // column-major: Jᵀ[:cols] (cols × rank, ld dim) = Xᵀ (cols × n) · H (n × rank)
+    sgemm_("N", "T", &cols, &rank, &n, &one, x.data_ptr<float>(), &cols, h, &rank, &zero, j, &dim);
+    if (ones)
+        for (int i = 0; i < rank; ++i) {
+            double sum = 0.0;
+            for (int r = 0; r < n; ++r) sum += h[r * rank + i];
+            j[i * dim + dim - 1] = static_cast<float>(sum);
+        }
+    return J;
+}
+
+/* M Mᵀ (rows × rows, float64) of a row-major float32 matrix M (rows × cols), through sgemm. */
+std::vector<double> fast_gram(const float* m, int rows, int cols) {
+    std::vector<float> g(static_cast<size_t>(rows) * rows);
+    const float one = 1.0f, zero = 0.0f;
+    // column-major: M is Mᵀ (cols × rows, ld cols); G = (Mᵀ)ᵀ Mᵀ
+    sgemm_("T", "N", &rows, &rows, &cols, &one, m, &cols, m, &cols, &zero, g.data(), &rows);
+    std::vector<double> out(g.size());
+    for (int i = 0; i < rows; ++i)
+        for (int k = 0; k < rows; ++k) out[i * rows + k] = g[i + k * rows];
+    return out;
+}
+
+/* Mᵀ M (cols × cols, float64) of a row-major float32 matrix M (rows × cols), through sgemm. */
+std::vector<double> fast_gram_transposed(const float* m, int rows, int cols) {
+    std::vector<float> g(static_cast<size_t>(cols) * cols);
+    const float one = 1.0f, zero = 0.0f;
+    // column-major: M is Mᵀ (cols × rows, ld cols); G = Mᵀ (Mᵀ)ᵀ
+    sgemm_("N", "T", &cols, &cols, &rows, &one, m, &cols, m, &cols, &zero, g.data(), &cols);
+    std::vector<double> out(g.size());
+    for (int i = 0; i < cols; ++i)
+        for (int k = 0; k < cols; ++k) out[i * cols + k] = g[i + k * cols];
+    return out;
+}
+
+struct Preconditioned {
+    Tensor H, x_hat, last;  // H = X Wᵀ (N × rank); X̂ = X − H W as columns from x; its ones column or undefined
+    double gamma, tr_x;
+};
+
+/* H = X Wᵀ, X̂ = X − H W and the norms for γ, for row-major x (N × cols) and W (rank × dim: its first
+   `cols` columns, and the last one, when `ones`, standing for the column of ones): two sgemm calls
+   and one pass that adds X to −H W while summing the squares. (Sweeping row blocks to keep X in
+   cache between the two products was slower: MKL loses more on the small products than the cache
+   saves.) */
+Preconditioned fast_precondition_rows(const Tensor& x, const Tensor& W, const Tensor& two_minus_e, bool ones) {
+    const int n = static_cast<int>(x.size(0)), cols = static_cast<int>(x.size(1));
+    const int rank = static_cast<int>(W.size(0)), dim = static_cast<int>(W.size(1));
+    Preconditioned out;
+    out.H = at::empty({n, rank}, x.options());
+    out.x_hat = at::empty({n, cols}, x.options());
+    float* h = out.H.data_ptr<float>();
+    float* x_hat = out.x_hat.data_ptr<float>();
+    const float* xs = x.data_ptr<float>();
+    const float* w = W.data_ptr<float>();
+    const float one = 1.0f, minus_one = -1.0f, zero = 0.0f;
+    if (ones)
+        for (int r = 0; r < n; ++r)
+            for (int i = 0; i < rank; ++i) h[r * rank + i] = w[i * dim + dim - 1];
+    const float beta = ones ? 1.0f : 0.0f;
+    // column-major: Hᵀ (rank × n) = W[:, :cols] (rank × cols) · Xᵀ (cols × n) [+ the ones column's weights]
+    sgemm_("T", "N", &rank, &n, &cols, &one, w, &dim, xs, &cols, &beta, h, &rank);
+    // column-major: X̂ᵀ (cols × n) = −W[:, :cols]ᵀ (cols × rank) · Hᵀ (rank × n), then + Xᵀ with the norm
+    sgemm_("N", "N", &cols, &n, &rank, &minus_one, w, &dim, h, &rank, &zero, x_hat, &cols);
+    double tr_hat = add_and_sum_squares(x_hat, xs, static_cast<int64_t>(n) * cols);
+    if (ones) {
+        out.last = at::empty({n}, x.options());
+        float* last = out.last.data_ptr<float>();
+        for (int r = 0; r < n; ++r) {
+            float dot = 0.0f;
+            for (int i = 0; i < rank; ++i) dot += h[r * rank + i] * w[i * dim + dim - 1];
+            last[r] = 1.0f - dot;
+        }
+        tr_hat += sum_squares(last, n);
+    }
+    const Tensor tme = two_minus_e.contiguous();  // float32, as x (check_inputs)
+    const float* t = tme.data_ptr<float>();
+    std::vector<double> columns(rank, 0.0);
+    for (int r = 0; r < n; ++r)
+        for (int i = 0; i < rank; ++i) columns[i] += static_cast<double>(h[r * rank + i]) * static_cast<double>(h[r * rank + i]);
+    double captured = 0.0;
+    for (int i = 0; i < rank; ++i) captured += static_cast<double>(t[i]) * columns[i];
+    out.tr_x = tr_hat + captured;
+    out.gamma = tr_hat > 0.0 ? std::sqrt(out.tr_x / tr_hat) : 1.0;
+    return out;
+}
+
 /* (X̂ columns from x, its ones column or undefined, γ, tr(XXᵀ)): OnlineNaturalGradient._project. */
 std::tuple<Tensor, Tensor, double, double> project(const Rows& rows, const Tensor& H, const Tensor& W,
                                                    const Tensor& two_minus_e) {
@@ -118,6 +279,10 @@ void check_inputs(const Tensor& x, const Tensor& W, const Tensor& two_minus_e) {
 std::tuple<Tensor, Tensor, double> precondition(const Tensor& x, const Tensor& W, const Tensor& two_minus_e,
                                                 bool ones) {
     check_inputs(x, W, two_minus_e);
+    if (fast_path(x, W)) {
+        const Preconditioned p = fast_precondition_rows(x, W, two_minus_e, ones);
+        return {p.x_hat, p.last, p.gamma};
+    }
     const Rows rows{x, ones};
     auto [x_hat, last, gamma, tr_x] = project(rows, rows.times_transposed(W), W, two_minus_e);
     (void)tr_x;
@@ -138,9 +303,22 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
     TORCH_CHECK(static_cast<int64_t>(d.size()) == rank && static_cast<int64_t>(e.size()) == rank,
                 "ngsgd kernel: d and e must have one entry per row of W");
 
-    const Tensor H = rows.times_transposed(W);
-    Tensor J = rows.transposed_times(H);
-    std::vector<double> K = as_vector(at::mm(J, J.t())), L = as_vector(at::mm(H.t(), H));
+    const bool fast = fast_path(x, W);
+    Tensor H, J;
+    std::vector<double> K, L;
+    Preconditioned projected;  // the fast path computes X̂ with H (step 5 needs only the current state)
+    if (fast) {
+        projected = fast_precondition_rows(x, W, two_minus_e, ones);
+        H = projected.H;
+        J = fast_transposed_times(x, H, dim, ones);
+        K = fast_gram(J.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(dim));
+        L = fast_gram_transposed(H.data_ptr<float>(), static_cast<int>(H.size(0)), static_cast<int>(rank));
+    } else {
+        H = rows.times_transposed(W);
+        J = rows.transposed_times(H);
+        K = as_vector(at::mm(J, J.t()));
+        L = as_vector(at::mm(H.t(), H));
+    }
     const double k_scale = scale_sq * scale_sq;
     for (double& v : K) v *= k_scale;
     for (double& v : L) v *= scale_sq;
@@ -152,8 +330,7 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
     }
     // Z = Y Yᵀ with Y = a E^{-½} J + b (D + ρ) R, from rank×rank quantities only
     const double aa = a * a * 0.5, ab = a * b;
-    Tensor Z = at::empty({rank, rank}, at::TensorOptions().dtype(at::kDouble));
-    double* z = Z.data_ptr<double>();
+    std::vector<double> z(rank * rank);
     for (int64_t i = 0; i < rank; ++i) {
         for (int64_t j = 0; j < rank; ++j) {
             const double scale = inv_sqrt_e[i] * inv_sqrt_e[j];
@@ -163,11 +340,9 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
             z[i * rank + j] = v + diag;
         }
     }
-    auto [c_asc, U_asc] = at::linalg_eigh(Z);
-    const std::vector<double> c_up = as_vector(c_asc);
-    const Tensor U = U_asc.contiguous();
-    const double* u = U.data_ptr<double>();
-    std::vector<double> c(c_up.rbegin(), c_up.rend());  // descending; column k of U is column rank-1-k
+    const auto [c_up, U] = symmetric_eigh(std::move(z), static_cast<int>(rank));
+    const double* u = U.data();  // column-major
+    std::vector<double> c(c_up.rbegin(), c_up.rend());  // descending; eigenvector k is column rank-1-k
     bool reorthogonalize = !(c[0] <= kConditionThreshold * c[rank - 1]);
     const double c_floor = (rho * b) * (rho * b);
     bool floored = c[rank - 1] < c_floor;
@@ -176,7 +351,8 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
         for (double& v : c) v = std::max(v, c_floor);
     }
 
-    auto [x_hat, last, gamma, tr_x] = project(rows, H, W, two_minus_e);
+    auto [x_hat, last, gamma, tr_x] = fast ? std::make_tuple(projected.x_hat, projected.last, projected.gamma, projected.tr_x)
+                                           : project(rows, H, W, two_minus_e);
     tr_x *= scale_sq;
 
     std::vector<double> sqrt_c(rank);
@@ -197,18 +373,33 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
     const std::vector<double> e_new = e_diag(d_new, rho_new, alpha, dim);
 
     // W' = E'^{½} R' = A B, A = a E'^{½} C^{-½} Uᵀ E^{-½}, B = scale_sq·J + (b/a)(D + ρ) W (J lacks scale_sq)
-    Tensor A = at::empty({rank, rank}, at::TensorOptions().dtype(at::kDouble));
-    double* pa = A.data_ptr<double>();
+    std::vector<double> A(rank * rank);
     const double a_scale = a * scale_sq;
     for (int64_t i = 0; i < rank; ++i) {
         const double row = a_scale * std::sqrt(e_new[i]) / sqrt_c[i];
-        for (int64_t j = 0; j < rank; ++j) pa[i * rank + j] = row * u[j * rank + (rank - 1 - i)] * inv_sqrt_e[j];
+        for (int64_t j = 0; j < rank; ++j) A[i * rank + j] = row * u[j + (rank - 1 - i) * rank] * inv_sqrt_e[j];
     }
     std::vector<double> coefficient(rank);
     const double ratio = b / (a * scale_sq);
     for (int64_t i = 0; i < rank; ++i) coefficient[i] = ratio * d_rho[i];
-    Tensor B = J.addcmul_(W, as_tensor(coefficient).to(W.options()).unsqueeze(1));
-    Tensor W_new = at::mm(A.to(W.options()), B);
+    Tensor W_new;
+    if (fast) {  // B = J + diag(coefficient) W in place, W' = A B
+        float* j = J.data_ptr<float>();
+        const float* w = W.data_ptr<float>();
+        for (int64_t i = 0; i < rank; ++i) {
+            const float coef = static_cast<float>(coefficient[i]);
+            for (int64_t k = 0; k < dim; ++k) j[i * dim + k] += w[i * dim + k] * coef;
+        }
+        std::vector<float> a32(A.begin(), A.end());
+        W_new = at::empty({rank, dim}, W.options());
+        const int m = static_cast<int>(dim), r = static_cast<int>(rank);
+        const float one = 1.0f, zero = 0.0f;
+        // column-major: W'ᵀ (dim × rank) = Bᵀ (dim × rank) · Aᵀ (rank × rank)
+        sgemm_("N", "N", &m, &r, &r, &one, j, &m, a32.data(), &r, &zero, W_new.data_ptr<float>(), &m);
+    } else {
+        Tensor B = J.addcmul_(W, as_tensor(coefficient).to(W.options()).unsqueeze(1));
+        W_new = at::mm(as_tensor(A).view({rank, rank}).to(W.options()), B);
+    }
 
     std::vector<double> two_minus(rank);
     for (int64_t i = 0; i < rank; ++i) two_minus[i] = 2.0 - e_new[i];
@@ -216,8 +407,46 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
             as_tensor(two_minus).to(W.options()), floored, reorthogonalize};
 }
 
+/* A natural-gradient layer's (weight, bias) gradient α·X̂_outᵀ X̂_in, X̂_in split at its bias column
+   (undefined: no bias): NaturalGradientLinear.preconditioned_gradient's last step, in one call. */
+std::tuple<Tensor, Tensor> weight_gradient(const Tensor& x_out_hat, const Tensor& x_in_hat,
+                                          const std::optional<Tensor>& bias, double alpha) {
+    const Tensor bias_column = bias.has_value() ? *bias : Tensor();
+    TORCH_CHECK(x_out_hat.dim() == 2 && x_in_hat.dim() == 2 && x_out_hat.size(0) == x_in_hat.size(0),
+                "ngsgd kernel: X̂_out and X̂_in must be matrices with the same rows");
+    const bool has_bias = bias_column.defined();
+    if (!(fast_path(x_out_hat, x_in_hat) && x_in_hat.scalar_type() == at::kFloat && x_in_hat.is_contiguous() &&
+          (!has_bias || (bias_column.scalar_type() == at::kFloat && bias_column.is_contiguous())))) {
+        Tensor weight = at::empty({x_out_hat.size(1), x_in_hat.size(1)}, x_in_hat.options());
+        at::addmm_out(weight, weight, x_out_hat.t(), x_in_hat, 0.0, alpha);  // as the Python layer does
+        return {weight, has_bias ? at::mv(x_out_hat.t(), bias_column).mul_(alpha) : Tensor()};
+    }
+    const int n = static_cast<int>(x_in_hat.size(0)), d_in = static_cast<int>(x_in_hat.size(1));
+    const int d_out = static_cast<int>(x_out_hat.size(1));
+    Tensor weight = at::empty({d_out, d_in}, x_in_hat.options());
+    const float scale = static_cast<float>(alpha), zero = 0.0f;
+    const float* xo = x_out_hat.data_ptr<float>();
+    // column-major: weightᵀ (d_in × d_out) = α X̂_inᵀ (d_in × n) · X̂_out (n × d_out)
+    sgemm_("N", "T", &d_in, &d_out, &n, &scale, x_in_hat.data_ptr<float>(), &d_in, xo, &d_out, &zero,
+           weight.data_ptr<float>(), &d_in);
+    Tensor bias_grad;
+    if (has_bias) {
+        std::vector<double> acc(d_out, 0.0);
+        const float* last = bias_column.data_ptr<float>();
+        for (int r = 0; r < n; ++r) {
+            const double l = last[r];
+            for (int o = 0; o < d_out; ++o) acc[o] += static_cast<double>(xo[r * d_out + o]) * l;
+        }
+        bias_grad = at::empty({d_out}, x_in_hat.options());
+        float* pb = bias_grad.data_ptr<float>();
+        for (int o = 0; o < d_out; ++o) pb[o] = static_cast<float>(alpha * acc[o]);
+    }
+    return {weight, bias_grad};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "asrdist's online natural-gradient preconditioner (asrdist/optim/ngsgd.py), compiled";
     m.def("precondition", &precondition, "X̂ with the current statistics: (x_hat, ones column or None, gamma)");
+    m.def("weight_gradient", &weight_gradient, "(weight, bias) gradient alpha X_out_hatᵀ X_in_hat of a layer");
     m.def("update", &update, "X̂ and the statistics update, as OnlineNaturalGradient._update");
 }

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asrdist.optim.ngsgd import OnlineNaturalGradient
+from asrdist.optim.ngsgd import OnlineNaturalGradient, native_kernel
 
 
 def default_ranks(in_features: int, out_features: int, bias: bool = True,
@@ -115,7 +115,7 @@ class NaturalGradientLinear(nn.Linear):
                             ) -> tuple[torch.Tensor, torch.Tensor | None, float]:
         """(X̂_in's first D_in columns, its bias column or None, s_in): X_in is x as rows (N, D_in)
         with a column of ones appended when the layer has a bias (never materialized)."""
-        rows = x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.bias is None:
             x_hat, s_in = self.preconditioner_in.precondition_unscaled(rows, update)
             return x_hat, None, s_in
@@ -129,9 +129,12 @@ class NaturalGradientLinear(nn.Linear):
         # loss divides them by the row count, which would push tiny derivatives under the
         # preconditioner's absolute floor (1e-10). Precondition the summed-objective derivatives.
         rows = x_in_hat.shape[0]
-        x_out_hat, s_out = self.preconditioner_out.precondition_unscaled(
-            grad_out.reshape(-1, self.out_features), update, scale=float(rows))
+        preconditioner = self.preconditioner_out
+        x_out_hat, s_out = preconditioner.precondition_unscaled(
+            grad_out if grad_out.dim() == 2 else grad_out.reshape(-1, self.out_features), update, scale=float(rows))
         alpha = s_in * s_out / rows
+        if preconditioner.native:
+            return native_kernel().weight_gradient(x_out_hat, x_in_hat, bias_column, alpha)
         weight = x_in_hat.new_empty(self.out_features, self.in_features)
         torch.addmm(weight, x_out_hat.T, x_in_hat, beta=0.0, alpha=alpha, out=weight)
         if bias_column is None:

@@ -222,6 +222,11 @@ class OnlineNaturalGradient:
         return x_hat, last, gamma * scale
 
     @property
+    def native(self) -> bool:
+        """Whether this preconditioner runs compiled (resolved at its first minibatch)."""
+        return bool(self._native)
+
+    @property
     def rho(self) -> float:
         return self._rho
 
