@@ -11,6 +11,9 @@
   `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
   `--learners` processes splitting the global batch (no training: only the communication calls).
 
+`kernel`: the natural-gradient preconditioner that ran (`--kernel`: `native`, the compiled one of
+asrdist/native/ngsgd_kernel.cpp, by default where it builds; `python` for the reference).
+
 Timing: after a warm-up past the preconditioners' first 10 statistics updates, steps are timed in
 blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
 update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
