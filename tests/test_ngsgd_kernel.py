@@ -6,12 +6,10 @@ choice (config, fallback without a compiler)."""
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from native_fixture import run_without_compiler
 from torch.testing import assert_close
 
 from asrdist.errors import ConfigError
@@ -120,11 +118,7 @@ def test_without_a_compiler_auto_falls_back_to_python_with_a_one_line_warning(tm
         "    OnlineNaturalGradient(6, 2, kernel='native').precondition(torch.randn(5, 6))\n"
         "except ConfigError as e:\n"
         "    print('ConfigError', e)\n")
-    missing = tmp_path / "no-such-compiler" / "c++"
-    env = {**os.environ, "CXX": str(missing), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    native, warning, error = proc.stdout.splitlines()
+    missing, (native, warning, error) = run_without_compiler(tmp_path, script)
     assert native == "False (5, 6)"
     assert warning.startswith("1 ") and str(missing) in warning and "Python preconditioner" in warning
     assert error.startswith("ConfigError optim.natural_gradient_kernel:") and str(missing) in error

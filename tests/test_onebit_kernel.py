@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from native_fixture import run_without_compiler
 
 from asrdist.errors import ConfigError
 from asrdist.parallel import onebit_kernel as K
@@ -197,10 +198,6 @@ def test_unknown_kernel_kind_is_a_config_error():
 def test_without_a_compiler_auto_falls_back_to_torch_with_a_one_line_warning(tmp_path):
     """A machine without a C++ compiler: `auto` warns once, in one line, and uses the reference;
     `fused` is a one-line ConfigError. A fresh extensions directory, so no cached build can hide it."""
-    import os
-    import subprocess
-    import sys
-
     script = (
         "import warnings\n"
         "from asrdist.errors import ConfigError\n"
@@ -214,12 +211,7 @@ def test_without_a_compiler_auto_falls_back_to_torch_with_a_one_line_warning(tmp
         "    K.get_quantizer('fused')\n"
         "except ConfigError as e:\n"
         "    print('ConfigError', e)\n")
-    missing = tmp_path / "no-such-compiler" / "c++"
-    env = {**os.environ, "CXX": str(missing), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    name, warning, error = proc.stdout.splitlines()
+    missing, (name, warning, error) = run_without_compiler(tmp_path, script)
     assert name == "reference"
     assert warning.startswith("1 ") and str(missing) in warning and "reference quantizer" in warning
     assert error.startswith("ConfigError onebit.kernel:") and str(missing) in error
-    assert not (tmp_path / "ext").exists() or not any((tmp_path / "ext").rglob("*.so"))

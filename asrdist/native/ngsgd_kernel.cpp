@@ -177,27 +177,18 @@ Tensor fast_transposed_times(const Tensor& x, const Tensor& H, int64_t dim_, boo
     return J;
 }
 
-/* M Mᵀ (rows × rows, float64) of a row-major float32 matrix M (rows × cols), through sgemm. */
-std::vector<double> fast_gram(const float* m, int rows, int cols) {
-    std::vector<float> g(static_cast<size_t>(rows) * rows);
+/* The Gram matrix of a row-major float32 matrix M (rows × cols), through sgemm, as float64 row-major:
+   M Mᵀ (rows × rows), or Mᵀ M (cols × cols) with `of_columns`. */
+std::vector<double> fast_gram(const float* m, int rows, int cols, bool of_columns) {
+    const int size = of_columns ? cols : rows, inner = of_columns ? rows : cols;
+    std::vector<float> g(static_cast<size_t>(size) * size);
     const float one = 1.0f, zero = 0.0f;
-    // column-major: M is Mᵀ (cols × rows, ld cols); G = (Mᵀ)ᵀ Mᵀ
-    sgemm_("T", "N", &rows, &rows, &cols, &one, m, &cols, m, &cols, &zero, g.data(), &rows);
+    // column-major, M is Mᵀ (cols × rows, ld cols): M Mᵀ = (Mᵀ)ᵀ Mᵀ, Mᵀ M = Mᵀ (Mᵀ)ᵀ
+    sgemm_(of_columns ? "N" : "T", of_columns ? "T" : "N", &size, &size, &inner, &one, m, &cols, m, &cols, &zero,
+           g.data(), &size);
     std::vector<double> out(g.size());
-    for (int i = 0; i < rows; ++i)
-        for (int k = 0; k < rows; ++k) out[i * rows + k] = g[i + k * rows];
-    return out;
-}
-
-/* Mᵀ M (cols × cols, float64) of a row-major float32 matrix M (rows × cols), through sgemm. */
-std::vector<double> fast_gram_transposed(const float* m, int rows, int cols) {
-    std::vector<float> g(static_cast<size_t>(cols) * cols);
-    const float one = 1.0f, zero = 0.0f;
-    // column-major: M is Mᵀ (cols × rows, ld cols); G = Mᵀ (Mᵀ)ᵀ
-    sgemm_("N", "T", &cols, &cols, &rows, &one, m, &cols, m, &cols, &zero, g.data(), &cols);
-    std::vector<double> out(g.size());
-    for (int i = 0; i < cols; ++i)
-        for (int k = 0; k < cols; ++k) out[i * cols + k] = g[i + k * cols];
+    for (int i = 0; i < size; ++i)
+        for (int k = 0; k < size; ++k) out[i * size + k] = g[i + k * size];
     return out;
 }
 
@@ -311,8 +302,8 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
         projected = fast_precondition_rows(x, W, two_minus_e, ones);
         H = projected.H;
         J = fast_transposed_times(x, H, dim, ones);
-        K = fast_gram(J.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(dim));
-        L = fast_gram_transposed(H.data_ptr<float>(), static_cast<int>(H.size(0)), static_cast<int>(rank));
+        K = fast_gram(J.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(dim), false);
+        L = fast_gram(H.data_ptr<float>(), static_cast<int>(H.size(0)), static_cast<int>(rank), true);
     } else {
         H = rows.times_transposed(W);
         J = rows.transposed_times(H);
