@@ -24,6 +24,8 @@ using at::Tensor;
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
+extern "C" void sgemv_(const char* trans, const int* m, const int* n, const float* alpha, const float* a,
+                       const int* lda, const float* x, const int* incx, const float* beta, float* y, const int* incy);
 // LAPACK's symmetric eigensolver, the one torch.linalg.eigh calls
 extern "C" void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w,
                         double* work, const int* lwork, int* iwork, const int* liwork, int* info);
@@ -422,15 +424,11 @@ std::tuple<Tensor, Tensor> weight_gradient(const Tensor& x_out_hat, const Tensor
            weight.data_ptr<float>(), &d_in);
     Tensor bias_grad;
     if (has_bias) {
-        std::vector<double> acc(d_out, 0.0);
-        const float* last = bias_column.data_ptr<float>();
-        for (int r = 0; r < n; ++r) {
-            const double l = last[r];
-            for (int o = 0; o < d_out; ++o) acc[o] += static_cast<double>(xo[r * d_out + o]) * l;
-        }
         bias_grad = at::empty({d_out}, x_in_hat.options());
-        float* pb = bias_grad.data_ptr<float>();
-        for (int o = 0; o < d_out; ++o) pb[o] = static_cast<float>(alpha * acc[o]);
+        const int inc = 1;
+        // column-major: bias (d_out) = α X̂_outᵀ (d_out × n, ld d_out) · X̂_in's ones column (n)
+        sgemv_("N", &d_out, &n, &scale, xo, &d_out, bias_column.data_ptr<float>(), &inc, &zero,
+               bias_grad.data_ptr<float>(), &inc);
     }
     return {weight, bias_grad};
 }
