@@ -1,20 +1,24 @@
-/* Online natural-gradient preconditioner, compiled (see asrdist/optim/ngsgd.py, whose Python
-   `OnlineNaturalGradient` is the specification: this file computes the same values bit for bit,
-   step for step, and the tests hold it to that).
+/* Online natural-gradient preconditioner, compiled. asrdist/optim/ngsgd.py's Python
+   `OnlineNaturalGradient` is the specification; the tests hold this file to it.
 
-   Why it exists: a layer's preconditioning is a dozen small tensor operations and, every fourth
-   minibatch, some sixty rank x rank ones; from Python each costs an interpreter round trip, which
-   at width 512 is as much time as the arithmetic. Here the same ATen operations run in one call.
-   The small float64 algebra is written as loops in the order numpy evaluates it (numpy's pairwise
-   sums included), the eigendecomposition is torch's `linalg_eigh`, and the re-orthogonalization
-   (rare) stays in Python. Other dtypes and devices take ATen's operations and match Python bit for
-   bit; float32 CPU tensors take the fast path below and match it to float32 rounding. Built by torch.utils.cpp_extension through asrdist.native. */
+   Why it exists: a layer's preconditioning is a dozen small tensor operations per minibatch and,
+   every fourth one, some sixty more; each costs microseconds of dispatch before any arithmetic,
+   which at width 512 was as much time as the arithmetic. Two paths:
+   - float32 CPU tensors (training's case): the products go straight to the sgemm/sgemv that torch
+     links (MKL's, Fortran interface), and the bias column, the norms for γ, the Gram matrices and
+     B are loops; the values agree with Python to float32 rounding.
+   - anything else (float64, other devices): the same ATen operations as the Python code, in its
+     order; the values are Python's bit for bit.
+   On both, the rank×rank float64 algebra is written as loops in the order numpy evaluates it
+   (numpy's pairwise sums included) and the eigendecomposition calls LAPACK's dsyevd as
+   torch.linalg.eigh does; the re-orthogonalization (rare) stays in Python. Built by
+   torch.utils.cpp_extension through asrdist.native. */
 #include <ATen/ATen.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
-#include <optional>
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -120,12 +124,7 @@ struct Rows {
     }
 };
 
-// ---- float32 CPU fast path: the same products through BLAS directly, the norms as loops -----------
-// Every ATen call costs microseconds of dispatch and allocation before any arithmetic; a layer's
-// per-step preconditioning is a dozen of them, more than its arithmetic at width 512. For float32
-// CPU tensors the two products go straight to the sgemm that torch itself links (MKL's, through its
-// Fortran interface) and the bias column and the three norms are single loops (double
-// accumulators); the values agree with the ATen path to float32 rounding, not bit for bit.
+// ---- float32 CPU fast path: the products through BLAS directly, the rest as loops -----------------
 
 bool fast_path(const Tensor& x, const Tensor& W) {
     return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && W.is_contiguous() &&

@@ -47,8 +47,9 @@ class OptimConfig:
     """Precondition every affine layer's gradient with online natural gradient (Povey et al. 2015)."""
     natural_gradient_kernel: str = "auto"
     """auto | native | python: natural gradient's preconditioner compiled (asrdist/native/ngsgd_kernel.cpp)
-    or in Python; both compute the same values bit for bit. auto: compiled where it builds, else
-    Python after one warning; native: an error where it cannot be built."""
+    or in Python; the same values (bit for bit in float64, to float32 rounding in float32).
+    auto: compiled where it builds, else Python after one warning; native: an error where it
+    cannot be built."""
     max_change: bool = False
     """Kaldi's max-change: cap the per-minibatch parameter change per layer (0.75 hidden, 1.5 output) and in total (2.0)."""
     adagrad_skip_unseen: bool = False

@@ -23,10 +23,10 @@ with their bias column, [x, 1], are preconditioned without materializing the col
 Like Kaldi we store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
 one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
 
-Two implementations compute these same values, bit for bit: this module's Python, and the
-compiled kernel asrdist/native/ngsgd_kernel.cpp (the same ATen operations in one call, the small
-float64 algebra in numpy's order), which spares the interpreter's round trips — at width 512 they
-cost as much as the arithmetic. `kernel="auto"` (the default) takes the compiled one where it
+Two implementations compute these values: this module's Python, the specification, and the
+compiled kernel asrdist/native/ngsgd_kernel.cpp, which spares the per-operation dispatch (at width
+512 it cost as much as the arithmetic). The kernel matches Python bit for bit in float64 and to
+float32 rounding on float32 CPU tensors, where it calls BLAS directly. `kernel="auto"` (the default) takes the compiled one where it
 builds and falls back to Python with one warning; "native" insists, "python" never builds it.
 
 Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
