@@ -122,3 +122,27 @@ def test_without_a_compiler_auto_falls_back_to_python_with_a_one_line_warning(tm
     assert native == "False (5, 6)"
     assert warning.startswith("1 ") and str(missing) in warning and "Python preconditioner" in warning
     assert error.startswith("ConfigError optim.natural_gradient_kernel:") and str(missing) in error
+
+
+def test_a_multi_learner_run_builds_the_kernel_once_before_its_learners_start(monkeypatch):
+    """`asrdist train` with NG-SGD and several learners resolves (builds) the kernel in the launching
+    process before it starts them; plain SGD and `natural_gradient_kernel=python` never build it."""
+    from types import SimpleNamespace
+
+    import asrdist.optim.ngsgd as ngsgd
+    import asrdist.train.launch as launch
+    from asrdist.config import RunConfig, TrainConfig
+
+    events = []
+    monkeypatch.setattr(ngsgd, "resolve_kernel", lambda kind: events.append(("resolve", kind)) or True)
+    monkeypatch.setattr(launch, "run_workers", lambda *a, **k: events.append(("workers",)) or {})
+    args = SimpleNamespace(no_progress=True, resume=None)
+    for optim, expected in ((OptimConfig(natural_gradient=True), [("resolve", "auto"), ("workers",)]),
+                            (OptimConfig(natural_gradient=True, natural_gradient_kernel="native"),
+                             [("resolve", "native"), ("workers",)]),
+                            (OptimConfig(natural_gradient=True, natural_gradient_kernel="python"), [("workers",)]),
+                            (OptimConfig(), [("workers",)])):
+        events.clear()
+        cfg = RunConfig(optim=optim, train=TrainConfig(learners=2), strategy_name="sync")
+        launch._start_learners(cfg, None, args, nodes=1, network="1gbit")
+        assert events == expected

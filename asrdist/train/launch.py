@@ -152,9 +152,21 @@ def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: st
         summary = run_learner(cfg, run_dir, ctx, resume=args.resume is not None,
                               progress=progress)
     else:
+        prebuild_native_kernels(cfg)
         summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress,
                               nodes=nodes, network=network)
     return summary
+
+
+def prebuild_native_kernels(cfg: RunConfig) -> None:
+    """Build (or find in the cache) the compiled NG-SGD preconditioner here, once, before the
+    learners start: its first build takes half a minute, which the learners would otherwise spend
+    at their first minibatch, one building and the others waiting on its lock. Without a compiler
+    `native` stops the run here with its one-line error; `auto` warns here."""
+    if cfg.optim.natural_gradient and cfg.optim.natural_gradient_kernel != "python":
+        from asrdist.optim.ngsgd import resolve_kernel
+
+        resolve_kernel(cfg.optim.natural_gradient_kernel)
 
 
 def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:
