@@ -48,7 +48,7 @@ from asrdist.bench.machine import median_seconds
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
 from asrdist.optim.ng_layers import NaturalGradientLinear
-from asrdist.optim.ngsgd import NUM_INITIAL_UPDATES, symmetric_eigh
+from asrdist.optim.ngsgd import KERNEL_KINDS, NUM_INITIAL_UPDATES, symmetric_eigh
 from asrdist.parallel.averaging import AveragingConfig
 
 UPDATE_PERIOD = 4
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
     parser.add_argument("--widths", default="1024,2048",
                         help="also time the default DNN with these hidden widths (comma list; '' for none)")
-    parser.add_argument("--kernel", choices=("auto", "native", "python"), default="auto",
+    parser.add_argument("--kernel", choices=KERNEL_KINDS, default="auto",
                         help="natural gradient's preconditioner: compiled, Python, or compiled where it builds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadiest figure)")
     parser.add_argument("--learners", type=int, default=4, help="learners for the bytes-per-sample run")

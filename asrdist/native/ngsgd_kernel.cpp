@@ -407,7 +407,7 @@ std::tuple<Tensor, Tensor> weight_gradient(const Tensor& x_out_hat, const Tensor
     TORCH_CHECK(x_out_hat.dim() == 2 && x_in_hat.dim() == 2 && x_out_hat.size(0) == x_in_hat.size(0),
                 "ngsgd kernel: X̂_out and X̂_in must be matrices with the same rows");
     const bool has_bias = bias_column.defined();
-    if (!(fast_path(x_out_hat, x_in_hat) && x_in_hat.scalar_type() == at::kFloat && x_in_hat.is_contiguous() &&
+    if (!(fast_path(x_out_hat, x_in_hat) && x_in_hat.scalar_type() == at::kFloat &&
           (!has_bias || (bias_column.scalar_type() == at::kFloat && bias_column.is_contiguous())))) {
         Tensor weight = at::empty({x_out_hat.size(1), x_in_hat.size(1)}, x_in_hat.options());
         at::addmm_out(weight, weight, x_out_hat.t(), x_in_hat, 0.0, alpha);  // as the Python layer does

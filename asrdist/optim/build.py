@@ -10,11 +10,11 @@ import torch
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.optim.adagrad import CntkAdaGrad
+from asrdist.optim.ngsgd import KERNEL_KINDS
 
 OPTIMIZERS = ("sgd", "adagrad")
 LR_SCALINGS = ("none", "linear", "sqrt")
 DECAYS = ("none", "geometric")
-NG_KERNELS = ("auto", "native", "python")
 
 
 @dataclass
@@ -74,9 +74,9 @@ class OptimConfig:
         if self.anneal_after_epoch is not None:
             check_field("optim.anneal_after_epoch", self.anneal_after_epoch, at_least=0)
         check_field("optim.anneal_factor", self.anneal_factor, float, above=0, at_most=1)
-        if self.natural_gradient_kernel not in NG_KERNELS:
+        if self.natural_gradient_kernel not in KERNEL_KINDS:
             raise ConfigError(f"optim.natural_gradient_kernel: '{self.natural_gradient_kernel}' is not one of "
-                              f"{', '.join(NG_KERNELS)}")
+                              f"{', '.join(KERNEL_KINDS)}")
         if self.decay not in DECAYS:
             raise ConfigError(f"optim.decay: '{self.decay}' is not one of {', '.join(DECAYS)}")
         if self.decay == "geometric":

@@ -26,8 +26,9 @@ one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ a
 Two implementations compute these values: this module's Python, the specification, and the
 compiled kernel asrdist/native/ngsgd_kernel.cpp, which spares the per-operation dispatch (at width
 512 it cost as much as the arithmetic). The kernel matches Python bit for bit in float64 and to
-float32 rounding on float32 CPU tensors, where it calls BLAS directly. `kernel="auto"` (the default) takes the compiled one where it
-builds and falls back to Python with one warning; "native" insists, "python" never builds it.
+float32 rounding on float32 CPU tensors, where it calls BLAS directly. `kernel="auto"` (the
+default) takes the compiled one where it builds and falls back to Python with one warning;
+"native" insists, "python" never builds it.
 
 Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
 (dim×rank) matrix drawn from `torch.Generator().manual_seed(seed)`, D and ρ at 1e-10; then, as in
@@ -56,18 +57,18 @@ NUM_INITIAL_UPDATES = 10
 NUM_INIT_ITERS = 3
 KERNEL_KINDS = ("auto", "native", "python")
 
-_native = None
+_kernel_module = None  # kept here too: asrdist.native.load takes a lock, and this is every layer's hot path
 
 
 def native_kernel():
     """The compiled preconditioner (asrdist/native/ngsgd_kernel.cpp), built on first use; raises
     asrdist.native.NativeBuildError with a one-line reason where it cannot be built."""
-    global _native
-    if _native is None:
+    global _kernel_module
+    if _kernel_module is None:
         from asrdist.native import load
 
-        _native = load("ngsgd_kernel")
-    return _native
+        _kernel_module = load("ngsgd_kernel")
+    return _kernel_module
 
 
 def resolve_kernel(kind: str) -> bool:
