@@ -30,6 +30,15 @@ def test_a_killed_learner_whose_peers_timed_out_had_hung(tmp_path):
     assert message.startswith("learner rank 0 hung (no progress") and "Timed out" in message
 
 
+def test_a_timeout_that_closed_the_connection_is_a_timeout_too(tmp_path):
+    """gloo words a timed-out all-to-all this way when the timeout closed the pair first (seen on a
+    loaded machine): the killed learner had still hung."""
+    (tmp_path / "failed-rank-0.txt").write_text(
+        "learner rank 0: all_to_all (timeout 15 s) failed: Application timeout caused pair closure\n")
+    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
+    assert message.startswith("learner rank 1 hung (no progress") and "pair closure" in message
+
+
 def test_empty_reports_from_a_full_disk_are_skipped(tmp_path):
     (tmp_path / "failed-rank-0.txt").write_text("")
     (tmp_path / "failed-rank-1.txt").write_text("learner rank 1: checkpoint: No space left on device\n")

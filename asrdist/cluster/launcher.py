@@ -349,9 +349,10 @@ def _launcher_noise(line: str) -> bool:
             or "torch.distributed.run" in line and "OMP_NUM_THREADS" in line)
 
 
-_TIMED_OUT = re.compile(r"timed out", re.IGNORECASE)
-"""gloo's words for a peer that stopped answering ("Operation timed out!", "Timed out waiting"),
-not asrdist's "(timeout 20 s)" label, which every failed collective carries."""
+_TIMED_OUT = re.compile(r"timed out|timeout caused", re.IGNORECASE)
+"""gloo's words for a peer that stopped answering ("Operation timed out!", "Timed out waiting",
+"Application timeout caused pair closure" when the timeout closed the connection first), not
+asrdist's "(timeout 20 s)" label, which every failed collective carries."""
 
 
 def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
