@@ -17,6 +17,7 @@ import yaml
 
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError
+from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
 from asrdist.optim.build import OptimConfig
 
@@ -25,7 +26,8 @@ class DataConfig:
     corpus: str = "demo/corpus"
     """Corpus directory as built by `asrdist corpus ...` (train/, valid/, test/ inside)."""
     num_mel_bins: int = 40
-    """Filterbank size used when the corpus has no features yet."""
+    """Filterbank size (10 to 128; Kaldi's default is 23) used when the corpus has no features yet or
+    other ones (training re-extracts them)."""
     cmvn: str = "global"
     """global | speaker | none."""
     targets: str = "monophone"
@@ -61,9 +63,7 @@ class DataConfig:
             raise ConfigError(f"data.cmvn: '{self.cmvn}' is not one of global, speaker, none")
         if self.targets not in ("monophone", "tied", "phones", "chars"):
             raise ConfigError(f"data.targets: '{self.targets}' is not one of monophone, tied, phones, chars")
-        check_field("data.num_mel_bins", self.num_mel_bins)
-        if self.num_mel_bins not in (40, 80):
-            raise ConfigError(f"data.num_mel_bins: expected 40 or 80, got {self.num_mel_bins}")
+        check_field("data.num_mel_bins", self.num_mel_bins, at_least=MIN_MEL_BINS, at_most=MAX_MEL_BINS)
         check_field("data.tied_states", self.tied_states, at_least=1)
         check_field("data.batch_size", self.batch_size, at_least=1)
         check_field("data.window_utterances", self.window_utterances, at_least=1)

@@ -14,8 +14,8 @@ import pytest
 from asrdist.cli import main
 from asrdist.corpus.audio import num_frames, write_wav
 from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
-from asrdist.errors import DataError
-from asrdist.features.fbank import compute_fbank
+from asrdist.errors import ConfigError, DataError
+from asrdist.features.fbank import check_mel_bins, compute_fbank
 from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
 
 RATE = 16000
@@ -82,7 +82,7 @@ def corpus(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("rate,bins", [(8000, 40), (8000, 80), (16000, 40), (16000, 80)])
+@pytest.mark.parametrize("rate,bins", [(8000, 23), (8000, 40), (8000, 80), (16000, 23), (16000, 40), (16000, 80)])
 def test_fbank_matches_reference(rate: int, bins: int):
     samples = _audio(3, 0.3, rate)[:-17]  # an odd length exercises the edge mirroring
     feats = compute_fbank(samples, rate, bins)
@@ -95,6 +95,33 @@ def test_fbank_is_deterministic_and_rejects_too_short_audio():
     np.testing.assert_array_equal(compute_fbank(samples, RATE), compute_fbank(samples, RATE))
     with pytest.raises(DataError, match="too short"):
         compute_fbank(samples[:50], RATE)
+
+
+@pytest.mark.parametrize("rate,bins,empty", [(8000, 95, 0), (8000, 96, 1), (8000, 128, 4), (16000, 126, 0),
+                                             (16000, 128, 1)])
+def test_too_many_mel_filters_for_the_rate_are_refused(rate: int, bins: int, empty: int):
+    """A filter narrower than the FFT's bin spacing covers no bin: the reference filterbank's
+    empty rows are the ones check_mel_bins refuses, and it names the largest size that fits."""
+    silent = reference_fbank(_audio(2, 0.05, rate), rate, bins).max(axis=0) <= np.log(np.finfo(np.float32).eps)
+    assert int(silent.sum()) == empty
+    if empty:
+        with pytest.raises(ConfigError, match=f"leave {empty} of them empty at {rate} Hz.*use at most"):
+            check_mel_bins(bins, rate)
+    else:
+        check_mel_bins(bins, rate)
+    for outside in (9, 129):
+        with pytest.raises(ConfigError, match=">= 10 and <= 128"):
+            check_mel_bins(outside, rate)
+
+
+def test_features_take_any_filterbank_size_the_rate_allows(corpus: Path, capsys):
+    assert main(["features", str(corpus), "--jobs", "1", "--num-mel-bins", "128"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asrdist: error: --num-mel-bins: 128 mel filters leave 1"), err
+    assert not any(has_features(corpus / split) for split in ("train", "valid", "test"))  # nothing half-written
+    assert main(["features", str(corpus), "--jobs", "1", "--num-mel-bins", "23"]) == 0
+    store = FeatureStore(corpus / "train")
+    assert store.meta["num_mel_bins"] == 23 and store[store.utt_ids[0]].shape[1] == 23
 
 
 def test_store_roundtrip_across_shards(tmp_path: Path):

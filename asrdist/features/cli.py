@@ -8,7 +8,8 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("features", help="extract fbank features into the feature store")
     p.add_argument("data", type=Path, help="a corpus directory (all its splits) or one split directory")
-    p.add_argument("--num-mel-bins", type=int, choices=[40, 80], default=40)
+    p.add_argument("--num-mel-bins", type=int, default=40,
+                   help="filterbank size, 10 to 128 (Kaldi's default is 23; default: %(default)s)")
     p.add_argument("--cmvn", choices=["global", "speaker", "none"], default="global")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
     p.add_argument("--export-kaldi", action="store_true", help="also write feats.scp/feats.ark")

@@ -26,6 +26,7 @@ from asrdist.corpus.kaldi_dir import DataDir, read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
 from asrdist.features.cmvn import MODES, CmvnStats, Normalizer
+from asrdist.features.fbank import check_mel_bins
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
 CMVN_SOURCE_SPLIT = "train"
@@ -159,13 +160,12 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
 
 def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
                      export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
-                     progress: bool = True, channel: int | None = None) -> dict:
+                     progress: bool = True, channel: int | None = None, mel_bins_key: str = "num_mel_bins") -> dict:
     """Extract features for a corpus (all splits) or one split directory; returns the summary.
-    `channel` picks one channel of multi-channel audio (an error without it)."""
+    `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
+    an error names `num_mel_bins` (the flag or the config key that set it)."""
     from asrdist.utils.io import atomic_dir, output_errors
 
-    if num_mel_bins not in (40, 80):
-        raise ConfigError(f"num_mel_bins: {num_mel_bins}, expected 40 or 80")
     if cmvn not in MODES:
         raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")
     data = Path(data)
@@ -185,6 +185,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
         if not d.utterances:
             raise DataError(f"{d.path}: no utterances")
     rate = _common_rate(dirs)
+    check_mel_bins(num_mel_bins, rate, mel_bins_key)
     summary_splits: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
         tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
@@ -231,7 +232,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
 
 def features_command(args) -> int:
     summary = extract_features(args.data, num_mel_bins=args.num_mel_bins, cmvn=args.cmvn,
-                               jobs=args.jobs, export_kaldi=args.export_kaldi,
-                               skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
+                               jobs=args.jobs, export_kaldi=args.export_kaldi, skip_bad=args.skip_bad,
+                               overwrite=args.overwrite, channel=args.channel, mel_bins_key="--num-mel-bins")
     print(json.dumps(summary, indent=2))
     return 0

@@ -14,12 +14,17 @@ from pathlib import Path
 import kaldi_native_fbank as knf
 import numpy as np
 
+from asrdist.checks import check_field
+
 from asrdist.corpus.audio import num_frames, read_wav, resample
-from asrdist.errors import DataError
+from asrdist.errors import ConfigError, DataError
 
 FRAME_LENGTH_MS = 25.0
 FRAME_SHIFT_MS = 10.0
 LOW_FREQ_HZ = 20.0
+MIN_MEL_BINS, MAX_MEL_BINS = 10, 128
+"""The filterbank sizes asrdist accepts (Kaldi's default is 23; 40 and 80 are common for neural
+models); the audio's rate may allow fewer (check_mel_bins)."""
 
 
 def fbank_options(sample_rate: int, num_mel_bins: int = 40) -> knf.FbankOptions:
@@ -33,6 +38,23 @@ def fbank_options(sample_rate: int, num_mel_bins: int = 40) -> knf.FbankOptions:
     opts.mel_opts.low_freq = LOW_FREQ_HZ
     opts.mel_opts.high_freq = 0.0  # 0 = the Nyquist frequency of `sample_rate`
     return opts
+
+
+def check_mel_bins(num_mel_bins: int, sample_rate: int, key: str = "num_mel_bins") -> None:
+    """A one-line ConfigError when `num_mel_bins` is out of range, or so many that some mel filters
+    of `sample_rate` audio cover no FFT bin (they would give constant features)."""
+    check_field(key, num_mel_bins, at_least=MIN_MEL_BINS, at_most=MAX_MEL_BINS)
+    empty = _empty_filters(num_mel_bins, sample_rate)
+    if empty:
+        fits = next(n for n in range(num_mel_bins - 1, 0, -1) if not _empty_filters(n, sample_rate))
+        raise ConfigError(f"{key}: {num_mel_bins} mel filters leave {empty} of them empty at {sample_rate} Hz "
+                          f"(each needs at least one FFT bin); use at most {fits}")
+
+
+def _empty_filters(num_mel_bins: int, sample_rate: int) -> int:
+    opts = fbank_options(sample_rate, num_mel_bins)
+    weights = np.asarray(knf.MelBanks(opts.mel_opts, opts.frame_opts).get_matrix())
+    return int((weights.sum(axis=1) == 0).sum())
 
 
 def compute_fbank(samples: np.ndarray, sample_rate: int, num_mel_bins: int = 40,

@@ -72,7 +72,7 @@ def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bo
     print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
           f"cmvn={cfg.data.cmvn} ({said})", flush=True)
     extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
-                     progress=progress)
+                     progress=progress, mel_bins_key="data.num_mel_bins")
 
 
 def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:
