@@ -127,7 +127,7 @@ def _straggler(rank, world_size, run_dir, pattern):
     sampler = JobEpochSampler(ListOrder(60), ctx.store, world_size)
     hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=1, progress=False,
-                 emulate_compute_ms=15.0, straggler_ranks=[1], straggler_slowdown=3.0)
+                 emulate_compute_ms=50.0, straggler_ranks=[1], straggler_slowdown=3.0)
     state = tr.fit()
     return {"taken": state.history[0]["minibatches"], "distance": state.history[0]["consensus_distance"],
             "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()])}
@@ -136,7 +136,10 @@ def _straggler(rank, world_size, run_dir, pattern):
 def test_the_fast_learner_of_two_takes_about_three_times_the_minibatches(tmp_path):
     fast, slow = run_distributed(_straggler, 2, tmp_path, str(tmp_path / "run"), "fixed")
     assert fast["taken"] + slow["taken"] == 60
-    assert 1.8 <= fast["taken"] / max(slow["taken"], 1) <= 5.0, (fast["taken"], slow["taken"])
+    # steps of 50 ms + o against 150 ms + o, o = a step's own cost: 3x on an idle machine, still above
+    # 1.5 while a loaded one adds up to 150 ms per step (at 15 ms a loaded suite once gave 37 / 23);
+    # lock-step sync would give 1.0
+    assert 1.5 <= fast["taken"] / max(slow["taken"], 1) <= 5.0, (fast["taken"], slow["taken"])
     torch.testing.assert_close(fast["params"], slow["params"])  # the final consensus
     assert fast["distance"] >= 0
 

@@ -212,7 +212,7 @@ def _straggler_learner(rank: int, world_size: int, run_dir: str) -> dict:
     sampler = JobEpochSampler(ListOrder(48), ctx.store, world_size)
     hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=2, progress=False,
-                 emulate_compute_ms=15.0, straggler_ranks=[1], straggler_slowdown=3.0)
+                 emulate_compute_ms=50.0, straggler_ranks=[1], straggler_slowdown=3.0)
     state = tr.fit()
     return {"per_epoch": [h["minibatches"] for h in state.history], "steps": state.step}
 
@@ -223,7 +223,9 @@ def test_a_fast_learner_takes_proportionally_more_minibatches_of_the_jobs_epoch(
     for epoch in range(2):
         assert fast["per_epoch"][epoch] + slow["per_epoch"][epoch] == 48  # the job's epoch, used up once
         ratio = fast["per_epoch"][epoch] / max(slow["per_epoch"][epoch], 1)
-        assert 1.8 <= ratio <= 5.0, (fast, slow)  # 3x by design; lock-step learners would take 1x
+        # 3x by design (50 ms + o against 150 ms + o per step), above 1.5 while a loaded machine adds
+        # up to o = 150 ms of a step's own cost; lock-step learners would take 1x
+        assert 1.5 <= ratio <= 5.0, (fast, slow)
     assert ckpt.latest_step_dir(tmp_path / "run").name == "epoch-0002"  # published by the last writer
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "epoch-0002").iterdir())
     assert files == ["rank-0.pt", "rank-1.pt"]
