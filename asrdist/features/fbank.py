@@ -15,7 +15,6 @@ import kaldi_native_fbank as knf
 import numpy as np
 
 from asrdist.checks import check_field
-
 from asrdist.corpus.audio import num_frames, read_wav, resample
 from asrdist.errors import ConfigError, DataError
 
