@@ -42,6 +42,8 @@ def test_defaults_are_resolved_per_name():
     ({"context": -1}, "model.context"),
     ({"dropout": 1.0}, "model.dropout"),
     ({"subsample": 2}, "model.subsample"),
+    ({"conv_channels": 8}, "model.conv_channels"),
+    ({"name": "ctc", "conv_channels": -1}, "model.conv_channels"),
     ({"name": "lstm", "chunk": 0}, "model.chunk"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
@@ -125,6 +127,27 @@ def test_ctc_subsampling_stacks_frames():
     assert log_probs.shape == (2, 4, 6) and lengths.tolist() == [4, 2]
     with pytest.raises(ValueError, match="lengths"):
         model(torch.randn(2, 10, 4), torch.tensor([11, 5]))
+
+
+def test_ctc_conv_front_end_ignores_padding_and_pools_bins():
+    torch.manual_seed(0)
+    model = build_model(_small("ctc", conv_channels=3, subsample=2), 10, 5).eval()
+    assert model.frontend.output_dim == 3 * 2 and model.lstm.input_size == 2 * 3 * 2  # 10 bins -> 5 -> 2
+    a, b = torch.randn(9, 10), torch.randn(5, 10)
+    batch = torch.randn(2, 9, 10) * 10  # padding holds garbage that must not leak in
+    batch[0], batch[1, :5] = a, b
+    log_probs, lengths = model(batch, torch.tensor([9, 5]))
+    assert log_probs.shape == (2, 5, 5) and lengths.tolist() == [5, 3]
+    alone, _ = model(b[None], torch.tensor([5]))
+    torch.testing.assert_close(log_probs[1, :3], alone[0], atol=1e-5, rtol=1e-5)
+    # a frame's outputs see its neighbours through the 3 x 3 kernels: two layers reach 2 frames away
+    frames = model.frontend(a[None], torch.tensor([9]))
+    moved = a.clone()
+    moved[8] += 1.0
+    changed = (model.frontend(moved[None], torch.tensor([9])) - frames).abs().sum(-1)[0]
+    assert changed[:6].eq(0).all() and changed[6:].gt(0).all()
+    with pytest.raises(ConfigError, match="^model.conv_channels: .* at least 4 features"):
+        build_model(_small("ctc", conv_channels=3), 3, 5)
 
 
 # -- objectives ---------------------------------------------------------------------------

@@ -50,6 +50,9 @@ class ModelConfig:
     """Dropout after each hidden layer (dnn, swbd) or between LSTM layers; 0 disables it."""
     subsample: int = 1
     """ctc only: stack this many consecutive frames into one before the BLSTM (output is T/subsample)."""
+    conv_channels: int = 0
+    """ctc only: channels of a two-layer convolutional front end over time and filterbank bins
+    (each layer pools pairs of bins); 0 = none, the BLSTM reads the features directly."""
 
     def __post_init__(self):
         if self.name not in MODEL_KINDS:
@@ -60,13 +63,16 @@ class ModelConfig:
         for key, value in defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        for key, minimum in (("hidden_layers", 1), ("hidden_dim", 1), ("context", 0), ("chunk", 1), ("subsample", 1)):
+        for key, minimum in (("hidden_layers", 1), ("hidden_dim", 1), ("context", 0), ("chunk", 1), ("subsample", 1),
+                             ("conv_channels", 0)):
             check_field(f"model.{key}", getattr(self, key), at_least=minimum)
         if self.activation is not None and self.activation not in ACTIVATIONS:
             raise ConfigError(f"model.activation: '{self.activation}' is not one of {', '.join(ACTIVATIONS)}")
         check_field("model.dropout", self.dropout, float, at_least=0, below=1)
         if self.subsample != 1 and self.name != "ctc":
             raise ConfigError(f"model.subsample: only the ctc model subsamples, not '{self.name}'")
+        if self.conv_channels != 0 and self.name != "ctc":
+            raise ConfigError(f"model.conv_channels: only the ctc model has a convolutional front end, not '{self.name}'")
 
     @property
     def kind(self) -> str:
@@ -89,8 +95,12 @@ def _build_chunk_lstm(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.
 
 
 def _build_ctc(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
+    if cfg.conv_channels and input_dim < 4:
+        raise ConfigError(f"model.conv_channels: the front end pools bins twice and needs at least 4 features "
+                          f"per frame, the data has {input_dim}")
     return CTCModel(input_dim, num_classes, hidden_layers=cfg.hidden_layers, hidden_dim=cfg.hidden_dim,
-                    dropout=cfg.dropout, subsample=cfg.subsample)
+                    dropout=cfg.dropout, subsample=cfg.subsample,
+                    conv_channels=cfg.conv_channels)
 
 
 _BUILDERS: dict[str, Callable[[ModelConfig, int, int], nn.Module]] = {

@@ -28,7 +28,7 @@ from asrdist.utils.io import write_text_atomic
 # output classes), its optimizer state, its learners, and its samplers' saved positions.
 RESUME_FIXED = (
     "model.name", "model.hidden_layers", "model.hidden_dim", "model.activation", "model.context",
-    "model.chunk", "model.subsample", "data.num_mel_bins", "data.cmvn", "data.targets", "data.tied_states",
+    "model.chunk", "model.subsample", "model.conv_channels", "data.num_mel_bins", "data.cmvn", "data.targets", "data.tied_states",
     "optim.name", "optim.natural_gradient", "train.learners", "strategy.name", "data.batch_size",
     "data.window_utterances", "seed",
 )
