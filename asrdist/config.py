@@ -153,6 +153,15 @@ class EvalConfig:
     vocabulary: str = "none"
     """Character CTC only: none | train (hypotheses made of the training transcripts' words) | PATH
     (a word list or lexicon: the first field of each line), searched by `asrdist.eval.vocabulary`."""
+    adapt_rounds: int = 0
+    """CTC only, `asrdist eval`: rounds of unsupervised speaker adaptation (`asrdist.eval.adapt`: a
+    per-speaker affine feature map fitted to the model's own hypotheses, then decode again); 0 = off."""
+    adapt_steps: int = 30
+    """Adam steps per adaptation round, each over all of a speaker's utterances."""
+    adapt_lr: float = 0.01
+    """Adam's step size for the feature map."""
+    adapt_l2: float = 0.03
+    """Weight of |A - I|^2 + |b|^2, which keeps the map near the identity."""
 
     def __post_init__(self):
         check_field("eval.min_duration", self.min_duration, at_least=1)
@@ -160,6 +169,10 @@ class EvalConfig:
         check_field("eval.prior_scale", self.prior_scale, float, at_least=0)
         check_field("eval.bigram_smoothing", self.bigram_smoothing, float, at_least=0)
         check_field("eval.beam", self.beam, at_least=0)
+        check_field("eval.adapt_rounds", self.adapt_rounds, at_least=0)
+        check_field("eval.adapt_steps", self.adapt_steps, at_least=1)
+        check_field("eval.adapt_lr", self.adapt_lr, float, above=0)
+        check_field("eval.adapt_l2", self.adapt_l2, float, at_least=0)
         if not isinstance(self.vocabulary, str) or not self.vocabulary.strip():
             raise ConfigError(f"eval.vocabulary: expected none, train or a word-list path, got {self.vocabulary!r}")
         if self.vocabulary not in ("none", "train") and not Path(self.vocabulary).is_file():
@@ -200,6 +213,9 @@ class RunConfig:
         if self.eval.vocabulary != "none" and self.data.targets != "chars":
             raise ConfigError(f"eval.vocabulary: word-constrained decoding is for character CTC models "
                               f"(data.targets=chars), not data.targets={self.data.targets}")
+        if self.eval.adapt_rounds and self.model.kind != "ctc":
+            raise ConfigError(f"eval.adapt_rounds: speaker adaptation is for CTC models, not model.name="
+                              f"{self.model.name}")
         for rank in self.train.straggler.ranks:
             if rank >= learners:
                 raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "

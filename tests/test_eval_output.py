@@ -76,6 +76,23 @@ def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):
     assert (run / "other.hyp.txt").read_text() == (run / "hyp.txt").read_text()
 
 
+def test_eval_adapts_to_each_test_speaker_on_request(resumed_run, capsys):
+    run, corpus, _, _ = resumed_run
+    out = run / "adapted.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--adapt-rounds", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    test = read_data_dir(corpus / "test")
+    adaptation = result["adaptation"]
+    assert adaptation["speakers"] == len(test.speakers) and adaptation["rounds"] == 1
+    assert adaptation["mean_distance"] > 0  # a map was fitted
+    lines = (run / "adapted.hyp.txt").read_text().splitlines()
+    assert [line.split(maxsplit=1)[0] for line in lines] == test.utt_ids
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data", str(corpus), "--adapt-rounds", "-1", "--out", str(run / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "eval.adapt_rounds" in err[0] and not (run / "bad.json").exists()
+
+
 def test_decode_transcribes_audio_files_as_eval_does(resumed_run, capsys):
     run, corpus, _, _ = resumed_run
     if not (run / "hyp.txt").is_file():

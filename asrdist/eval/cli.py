@@ -12,6 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output JSON (default RUN_DIR/eval.json); hypotheses go to hyp.txt beside it")
     _vocabulary_option(p)
+    p.add_argument("--adapt-rounds", type=int, default=None, metavar="N",
+                   help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
+                        "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
     p.set_defaults(func=_eval)
 
     d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)")

@@ -30,9 +30,10 @@ def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> to
 
 @torch.no_grad()
 def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, Any], cfg,
-                   max_utterances: int | None = None, details: bool = False) -> dict:
+                   max_utterances: int | None = None, details: bool = False, adapt: bool = False) -> dict:
     """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
-    and errors of every utterance, `asrdist.eval.details`)."""
+    and errors of every utterance, `asrdist.eval.details`); with `adapt` (CTC models) each speaker's
+    features first pass through the map `asrdist.eval.adapt` fits to them (`eval.adapt_*`)."""
     from asrdist.features.store import FeatureStore
 
     was_training = model.training
@@ -41,7 +42,7 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, A
         store = FeatureStore(split_dir)
         utt_ids = store.utt_ids[:max_utterances] if max_utterances else store.utt_ids
         if model.kind == "ctc":
-            return _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details)
+            return _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details, adapt)
         return _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details)
     finally:
         model.train(was_training)
@@ -91,7 +92,33 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     return result
 
 
-def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
+def _speaker_maps(model, store, utt_ids, split_dir, cfg, search) -> tuple[dict, dict]:
+    """({utt: its speaker's feature map}, the adaptation's summary for eval.json)."""
+    from tqdm import tqdm
+
+    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.eval.adapt import adapt_speaker
+
+    data = read_data_dir(split_dir, require_text=False)
+    by_speaker: dict[str, list[str]] = {}
+    for utt in utt_ids:
+        by_speaker.setdefault(data.utterances[utt].speaker, []).append(utt)
+    maps, changed, distances = {}, 0, []
+    e = cfg.eval
+    # disable=None: a bar on a terminal only
+    for _, utts in tqdm(sorted(by_speaker.items()), desc="adapting", unit="speaker", disable=None):
+        feats = [torch.from_numpy(np.array(store[u])) for u in utts]
+        transform, info = adapt_speaker(model, feats, search, rounds=e.adapt_rounds, steps=e.adapt_steps,
+                                        lr=e.adapt_lr, l2=e.adapt_l2)
+        maps.update({u: transform for u in utts})
+        changed += info["changed"]
+        distances.append(info["distance"])
+    summary = {"speakers": len(by_speaker), "rounds": e.adapt_rounds, "steps": e.adapt_steps,
+               "hypotheses_changed": changed, "mean_distance": round(float(np.mean(distances)), 4) if distances else 0.0}
+    return maps, summary
+
+
+def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:
     from asrdist.eval.scoring import error_rate
     from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.models.objectives import ctc_objective
@@ -100,10 +127,16 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
     tokens = ctc_tokens(split_dir, targets)
     constrained = vocabulary_search(cfg, targets)
     utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
+    maps, adaptation = {}, None
+    if adapt and utt_ids:
+        maps, adaptation = _speaker_maps(model, store, utt_ids, split_dir, cfg,
+                                         lambda lp: ctc_hypothesis(lp, cfg, constrained))
     loss_sum, frames, exact = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
         feats = torch.from_numpy(np.array(store[utt]))[None]
+        if utt in maps:
+            feats = maps[utt](feats)
         lengths = torch.tensor([feats.shape[1]])
         log_probs, out_lengths = model(feats, lengths)
         ref = tokens[utt]
@@ -118,6 +151,8 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         exact += int(list(ref) == list(hyp))
     result: dict = {"loss": loss_sum / max(frames, 1), "utterances": len(utt_ids), "frames": frames,
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
+    if adaptation is not None:
+        result["adaptation"] = adaptation
     if targets["kind"] == "phones":
         result["per"] = error_rate(refs, hyps)["rate"]
         if details:

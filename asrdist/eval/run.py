@@ -55,9 +55,9 @@ def load_state_strictly(model: torch.nn.Module, state: dict, path: Path) -> None
     model.load_state_dict(state, strict=True)
 
 
-def load_run_model(run_dir: Path, vocabulary: str | None = None):
+def load_run_model(run_dir: Path, vocabulary: str | None = None, adapt_rounds: int | None = None):
     """(model, config, targets, input_dim) of a finished run; `vocabulary` (none | train | PATH)
-    replaces the recipe's `eval.vocabulary`."""
+    and `adapt_rounds` replace the recipe's `eval.vocabulary` and `eval.adapt_rounds`."""
     from asrdist.config import config_from_tree
     from asrdist.train.prepare import load_targets
     from asrdist.train.task import build_model_for
@@ -67,8 +67,9 @@ def load_run_model(run_dir: Path, vocabulary: str | None = None):
         raise DataError(f"{path}: missing; has the run in {run_dir} finished?")
     blob = _read_model_file(path)
     tree = blob["config"]
-    if vocabulary is not None:
-        tree = {**tree, "eval": {**(tree.get("eval") or {}), "vocabulary": vocabulary}}
+    overrides = {k: v for k, v in (("vocabulary", vocabulary), ("adapt_rounds", adapt_rounds)) if v is not None}
+    if overrides:
+        tree = {**tree, "eval": {**(tree.get("eval") or {}), **overrides}}
     cfg = config_from_tree(tree)  # the config the model was trained with
     targets = load_targets(run_dir)
     model = trained_architecture(cfg, build_model_for(cfg, blob["input_dim"], targets))
@@ -86,15 +87,16 @@ def resolve_split(data: Path) -> Path:
 
 
 def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool = False,
-                 vocabulary: str | None = None) -> dict:
+                 vocabulary: str | None = None, adapt_rounds: int | None = None) -> dict:
     """Score the run's model on `data`, whose features are (re-)extracted with the run's recipe
     settings when they are missing or other ones (its whole corpus, for global CMVN statistics);
-    `vocabulary` replaces the recipe's `eval.vocabulary`."""
+    `vocabulary` and `adapt_rounds` replace the recipe's `eval.vocabulary` and `eval.adapt_rounds`
+    (speaker adaptation, `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
     from asrdist.train.prepare import feature_mismatch, ensure_features
 
-    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary)
+    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
     split = resolve_split(data)
     if feature_mismatch(split, cfg):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
@@ -102,7 +104,7 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     dim = FeatureStore(split).dim
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
-    result = evaluate_split(model, split, targets, cfg, details=details)
+    result = evaluate_split(model, split, targets, cfg, details=details, adapt=cfg.eval.adapt_rounds > 0)
     result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **result}
     return result
 
@@ -112,7 +114,8 @@ def eval_command(args) -> int:
     from asrdist.eval.details import hyp_lines, hyp_path, worst_utterances
     from asrdist.utils.io import write_text_atomic
 
-    result = evaluate_run(args.run_dir, args.data, details=True, vocabulary=args.vocabulary)
+    result = evaluate_run(args.run_dir, args.data, details=True, vocabulary=args.vocabulary,
+                          adapt_rounds=args.adapt_rounds)
     records = result.pop("per_utterance")
     result["worst_utterances"] = worst_utterances(records)
     out = args.out or args.run_dir / "eval.json"
