@@ -53,24 +53,27 @@ def _chunks(feats: Sequence[torch.Tensor]) -> list[list[int]]:
     return chunks + ([current] if current else [])
 
 
-def _hypothesis_loss(model, transform: SpeakerTransform, feats: Sequence[torch.Tensor],
-                     hyps: Sequence[Sequence[int]]) -> torch.Tensor:
-    """Summed CTC loss of `hyps` over their utterances (backward is called chunk by chunk)."""
-    total = torch.zeros(())
+def _batch(transform: SpeakerTransform, feats: Sequence[torch.Tensor], chunk: list[int]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mapped utterances `chunk` of `feats`, padded into [B, T, D], and their lengths."""
+    x = torch.nn.utils.rnn.pad_sequence([transform(feats[i]) for i in chunk], batch_first=True)
+    return x, torch.tensor([feats[i].shape[0] for i in chunk])
+
+
+def _backward_hypothesis_loss(model, transform: SpeakerTransform, feats: Sequence[torch.Tensor],
+                              hyps: Sequence[Sequence[int]], scale: float) -> None:
+    """Accumulate into the map's gradients those of `scale` x the summed CTC loss of `hyps`,
+    chunk by chunk (utterances with an empty hypothesis left out)."""
     for chunk in _chunks(feats):
         chunk = [i for i in chunk if hyps[i]]
         if not chunk:
             continue
-        x = torch.nn.utils.rnn.pad_sequence([transform(feats[i]) for i in chunk], batch_first=True)
-        lengths = torch.tensor([feats[i].shape[0] for i in chunk])
-        log_probs, out_lengths = model(x, lengths)
+        log_probs, out_lengths = model(*_batch(transform, feats, chunk))
         targets = torch.cat([torch.tensor(hyps[i], dtype=torch.long) for i in chunk])
         target_lengths = torch.tensor([len(hyps[i]) for i in chunk])
         loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths, blank=model.blank,
                           reduction="sum", zero_infinity=True)
-        loss.backward()
-        total = total + loss.detach()
-    return total
+        (scale * loss).backward()
 
 
 def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.ndarray], list[int]], *,
@@ -96,14 +99,10 @@ def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.nda
 
 
 def _fit(model, transform: SpeakerTransform, optimizer, feats, hyps, steps: int, l2: float) -> None:
-    frames = float(sum(f.shape[0] for f in feats))
+    per_frame = 1.0 / sum(f.shape[0] for f in feats)
     for _ in range(steps):
         optimizer.zero_grad()
-        # d(loss / frames)/dθ: scale the summed loss's gradients once they are accumulated
-        _hypothesis_loss(model, transform, feats, hyps)
-        for p in (transform.A, transform.b):
-            if p.grad is not None:  # None when no hypothesis took part
-                p.grad.div_(frames)
+        _backward_hypothesis_loss(model, transform, feats, hyps, per_frame)
         (l2 * transform.penalty()).backward()
         optimizer.step()
 
@@ -113,8 +112,7 @@ def _decode_all(model, transform: SpeakerTransform, feats: Sequence[torch.Tensor
                 decode: Callable[[np.ndarray], list[int]]) -> list[list[int]]:
     hyps: list[list[int]] = [[] for _ in feats]
     for chunk in _chunks(feats):
-        x = torch.nn.utils.rnn.pad_sequence([transform(feats[i]) for i in chunk], batch_first=True)
-        log_probs, out_lengths = model(x, torch.tensor([feats[i].shape[0] for i in chunk]))
+        log_probs, out_lengths = model(*_batch(transform, feats, chunk))
         for row, i in enumerate(chunk):
             hyps[i] = list(decode(log_probs[row, : int(out_lengths[row])].double().numpy()))
     return hyps
