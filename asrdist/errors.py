@@ -23,5 +23,9 @@ class TrainingError(AsrdistError):
     """A run that cannot go on: NaN loss, a dead learner, a collective timeout."""
 
 
+class CommError(TrainingError):
+    """A collective or exchange that failed: a peer died, hung past the timeout, or closed the link."""
+
+
 class OutputError(AsrdistError):
     """Output that cannot be written: a full disk, a read-only file system, no permission."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
@@ -47,27 +48,39 @@ def _spread(rank, world_size, pattern, rounds):
     flat = strategy._flat
     with torch.no_grad():  # every learner starts somewhere else
         flat.add_(torch.randn(flat.shape, generator=torch.Generator().manual_seed(rank)))
+    start = flat.clone()
     total0 = _sum(flat)
     d0 = strategy.epoch_end_metrics()["consensus_distance"]
-    if strategy.active:
-        for _ in range(rounds):
+    for _ in range(rounds):
+        if strategy.active:
             strategy.after_step()
+        # rounds in order (this test's own barrier): a passive answers in arrival order, so an
+        # active a round ahead would otherwise mix in another order than the mixing matrices'
+        # (the randomized pattern's spread then varies from run to run)
+        dist.barrier(group=ctx.group)
     # every exchange is done on both sides: the actives say goodbye, the passives hear them all
     strategy.end_exchanges()
     strategy.await_goodbyes(list(range(world_size)))
+    mixed = flat.clone()
     total1 = _sum(flat)
     d1 = strategy.epoch_end_metrics()["consensus_distance"]
     strategy.close(None)
     strategy.finalize()
-    return {"total0": total0, "total1": total1, "d0": d0, "d1": d1, "final": flat.clone()}
+    return {"total0": total0, "total1": total1, "d0": d0, "d1": d1, "start": start, "mixed": mixed,
+            "final": flat.clone()}
 
 
-@pytest.mark.parametrize("n,pattern", [(2, "fixed"), (4, "fixed"), (4, "random"), (3, "fixed")])
-def test_averaging_keeps_the_mean_and_shrinks_the_spread_as_the_spectral_gap_predicts(tmp_path, n, pattern):
+@pytest.mark.parametrize("n,pattern", [(2, "fixed"), (4, "fixed"), (4, "random"), (3, "fixed"), (6, "random")])
+def test_averaging_is_the_mixing_matrices_and_shrinks_the_spread_as_the_spectral_gap_predicts(tmp_path, n, pattern):
     rounds = 8
     results = run_distributed(_spread, n, tmp_path, pattern, rounds)
     r = results[0]
     torch.testing.assert_close(r["total1"], r["total0"], rtol=0, atol=1e-4)
+    # learner i ends at row i of W_{k-1} ... W_0 applied to the starting points (seed 3, as _strategy)
+    x = torch.stack([res["start"] for res in results]).double()
+    for k in range(rounds):
+        x = torch.from_numpy(topology.mixing_matrix(n, k, pattern, seed=3)) @ x
+    torch.testing.assert_close(torch.stack([res["mixed"] for res in results]).double(), x, rtol=0, atol=1e-5)
     gap = topology.pattern_gap(n, pattern)
     # E||x_k - mean||^2 <= (1 - gap)^k ||x_0 - mean||^2; a factor 2 of slack for the finite sample
     assert r["d1"] <= 2.0 * (1 - gap) ** (rounds / 2) * r["d0"] + 1e-6, (r["d0"], r["d1"], gap)

@@ -13,14 +13,17 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from asrdist.bench.faults import learner_pids
-from asrdist.errors import TrainingError
+from asrdist.errors import CommError, TrainingError
+from asrdist.parallel import comm
 from asrdist.parallel import membership as membership_module
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
-from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.base import CommCounters, LearnerContext
 from asrdist.parallel.membership import Membership, NodeMembership, report_lost
+from dist_utils import learner_context, run_distributed
 
 DEADLINE_S = 180.0
 
@@ -67,6 +70,59 @@ def test_a_learner_that_arrives_nowhere_within_the_timeout_is_declared_hung_and_
     late = Membership(store, 1, 2, timedelta(seconds=0.2))
     with pytest.MonkeyPatch.context() as mp, pytest.raises(TrainingError, match="rank 1: its peers went on without it"):
         late.agree()
+
+
+def _hang_inside_the_collective(rank, world_size):
+    """Rank 2 arrives at the sync point, then hangs (waits for the others to finish) instead of
+    taking part in the survivors' allreduce."""
+    ctx = learner_context()
+    membership_module.AGREE_MARGIN_S = 0.5
+    membership = Membership(ctx.store, rank, world_size, timedelta(seconds=2))
+    if rank == 2:
+        membership.agree()
+        ctx.store.wait(["test/done"], timedelta(seconds=120))
+        return {}
+    attempts = []
+
+    def total(group, members):
+        attempts.append(list(members))
+        t = torch.ones(1)
+        comm.allreduce(t, CommCounters(), group=group, timeout=membership.timeout)
+        return float(t)
+
+    result = membership.collective(total, ctx.group)
+    if rank == 0:
+        ctx.store.set("test/done", "1")
+    return {"total": result, "attempts": attempts, "lost": membership.lost_learners()}
+
+
+@pytest.mark.slow
+def test_a_learner_that_hangs_inside_the_survivors_collective_is_left_out_and_the_collective_run_again(tmp_path):
+    results = run_distributed(_hang_inside_the_collective, 3, tmp_path)
+    for r in results[:2]:
+        assert r["attempts"] == [[0, 1, 2], [0, 1]]  # the first one timed out waiting for rank 2
+        assert r["total"] == 2.0
+        assert [(x["rank"], x["reason"].split(":")[0]) for x in r["lost"]] == [(2, "hung")]
+
+
+def test_a_collective_failing_with_nobody_else_to_blame_is_not_retried(monkeypatch):
+    monkeypatch.setattr(membership_module.dist, "new_group", lambda ranks, **kw: "group")
+    membership = Membership(_store(), 0, 1, timedelta(seconds=1))
+    calls = []
+
+    def failing(group, members):
+        calls.append(members)
+        raise CommError("rank 0: allreduce failed: Connection closed by peer")
+
+    with pytest.raises(CommError):
+        membership.collective(failing)
+    assert calls == [[0]]
+    store = _store()
+    store.set("sync/1/1", "1")  # rank 1 is there too: rank 0 is not alone, but the error is not a transport failure
+    pair = Membership(store, 0, 2, timedelta(seconds=1))
+    with pytest.raises(ValueError, match="a bug"):
+        pair.collective(lambda group, members: calls.append(members) or int("a bug"))
+    assert calls == [[0], [0, 1]]
 
 
 def test_an_active_takes_the_next_live_passive_on_the_ring():

@@ -236,14 +236,19 @@ class AdpsgdStrategy(Strategy):
                     self._deferred = None
 
     def epoch_end_metrics(self) -> dict:
-        group, members = self._agree()
-        distance = consensus_distance(self.model, world_size=len(members), group=group, timeout=self.ctx.timeout)
+        distance = self.among_survivors(lambda group, members: consensus_distance(
+            self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
         return {"consensus_distance": distance}
 
     def survivors(self) -> tuple[object, list[int]]:
         if self.membership is None:  # every learner of this strategy's group (hierarchical: the leaders')
             return self.ctx.group, list(range(self.ctx.world_size))
         return self.membership.group or self.ctx.group, list(self.membership.members)
+
+    def among_survivors(self, fn):
+        if self.membership is None:
+            return fn(*self.survivors())
+        return self.membership.collective(fn, self.ctx.group)
 
     def lost_learners(self) -> list[dict]:
         return self.membership.lost_learners() if self.membership is not None else []
@@ -263,10 +268,12 @@ class AdpsgdStrategy(Strategy):
         if not self.ctx.distributed:
             return
         self.end_exchanges()
-        group, members = self._agree()  # every live active has finished its last exchange
-        self.await_goodbyes(members)
-        with torch.no_grad():
-            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
+
+        def average(group, members):  # every live active has finished its last exchange
+            self.await_goodbyes(members)
+            with torch.no_grad():
+                average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
+        self.among_survivors(average)
 
     def end_exchanges(self) -> None:
         """The first half of `finalize`: finish the last exchange, say goodbye to every live passive."""
@@ -299,12 +306,6 @@ class AdpsgdStrategy(Strategy):
         self._round = int(state.get("round", 0))
 
     # -- lost learners -----------------------------------------------------------------------
-    def _agree(self) -> tuple[object, list[int]]:
-        """The survivors' group and ranks at a sync point (every learner without losses)."""
-        if self.membership is not None:
-            self.membership.agree()
-        return self.survivors()
-
     def _partner(self) -> int | None:
         """This round's passive, or the next live passive on the ring when it is lost (None: all are)."""
         n = self.ctx.world_size

@@ -27,9 +27,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -194,6 +196,12 @@ class Strategy:
         without lost learners (adpsgd)."""
         world = self.ctx.groups.world if self.ctx.groups is not None else None
         return world, list(range(self.ctx.job_world_size))
+
+    def among_survivors(self, fn: Callable[[Any, list[int]], T]) -> T:
+        """`fn(group, job ranks)`: a collective over the survivors (`survivors()`). A strategy that
+        goes on without lost learners agrees on them first, and should one die or hang inside
+        `fn`, agrees again without it and runs `fn` once more (`Membership.collective`)."""
+        return fn(*self.survivors())
 
     def lost_learners(self) -> list[dict[str, Any]]:
         """[{"rank", "step", "reason"}] of the learners training went on without."""

@@ -2,7 +2,7 @@
 
 - Timed collectives (`allreduce`, `all_to_all`, `broadcast`, `reduce_scatter`, `all_gather`) that
   account payload bytes and seconds in a `CommCounters` and always wait with a timeout; a
-  failure becomes a one-line `TrainingError` naming the rank. Launch with `async_op=True` to
+  failure becomes a one-line `CommError` (a `TrainingError`) naming the rank. Launch with `async_op=True` to
   overlap, then `Pending.wait()`.
 - Byte accounting: what this learner puts on the wire (ring allreduce 2·S·(n−1)/n).
 - Flat packing of tensor lists and size-capped bucketing.
@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from asrdist.errors import TrainingError
+from asrdist.errors import CommError
 from asrdist.parallel.base import CommCounters
 
 DEFAULT_TIMEOUT = timedelta(seconds=120)
@@ -82,7 +82,7 @@ class Pending:
             return
         t0 = time.perf_counter()
         try:
-            _guard(f"{self._what} (timeout {self._timeout.total_seconds():g} s)",
+            guarded(f"{self._what} (timeout {self._timeout.total_seconds():g} s)",
                    lambda: self._work.wait(self._timeout))
         finally:
             dt = time.perf_counter() - t0
@@ -107,17 +107,18 @@ def transport_error(exc: BaseException) -> str:
     return _GLOO_SOURCE.sub("", line).split(". This is typically caused by")[0].strip() or type(exc).__name__
 
 
-def _guard(what: str, fn):
+def guarded(what: str, fn):
+    """`fn()`, a torch.distributed call; its transport failure becomes a one-line `CommError`."""
     try:
         return fn()
     except RuntimeError as e:  # DistBackendError and gloo timeouts are RuntimeErrors
-        raise TrainingError(f"rank {_rank()}: {what} failed: {transport_error(e)}") from e
+        raise CommError(f"rank {_rank()}: {what} failed: {transport_error(e)}") from e
 
 
 def _launch(what: str, counters: CommCounters, nbytes: int, timeout: timedelta | None,
             async_op: bool, stalled: bool, start) -> Pending | None:
     t0 = time.perf_counter()
-    work = _guard(what, start)
+    work = guarded(what, start)
     counters.comm_seconds += time.perf_counter() - t0
     counters.bytes_sent += nbytes
     pending = Pending(work, counters, what, timeout or DEFAULT_TIMEOUT)

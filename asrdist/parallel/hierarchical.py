@@ -148,9 +148,8 @@ class HierarchicalStrategy(Strategy):
             yield
 
     def epoch_end_metrics(self) -> dict:
-        group, members = self._agree()
-        return {"consensus_distance": consensus_distance(self.model, world_size=len(members), group=group,
-                                                         timeout=self.ctx.timeout)}
+        return {"consensus_distance": self.among_survivors(lambda group, members: consensus_distance(
+            self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))}
 
     def survivors(self) -> tuple[object, list[int]]:
         if self.membership is None:
@@ -160,11 +159,10 @@ class HierarchicalStrategy(Strategy):
     def lost_learners(self) -> list[dict]:
         return self.membership.lost_learners() if self.membership is not None else []
 
-    def _agree(self) -> tuple[object, list[int]]:
-        """The survivors' group and job ranks at a sync point (every learner without losses)."""
-        if self.membership is not None:
-            self.membership.agree()
-        return self.survivors()
+    def among_survivors(self, fn):
+        if self.membership is None:
+            return fn(*self.survivors())
+        return self.membership.collective(fn, self.ctx.groups.world)
 
     def close(self, error: BaseException | None = None) -> None:
         if self.outer is not None:
@@ -181,12 +179,14 @@ class HierarchicalStrategy(Strategy):
         # and the survivors average (a node's learners are equal: the mean of the leaders)
         if self.outer is not None:
             self.outer.end_exchanges()
-        group, members = self._agree()
-        if self.outer is not None:
-            self.outer.await_goodbyes(sorted({r // self.ctx.group_size for r in members}))
-        self._share_leaders_parameters()
-        with torch.no_grad():
-            average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
+
+        def average(group, members):
+            if self.outer is not None:
+                self.outer.await_goodbyes(sorted({r // self.ctx.group_size for r in members}))
+            self._share_leaders_parameters()
+            with torch.no_grad():
+                average_into(self.model, self.counters, group=group, timeout=self.ctx.timeout)
+        self.among_survivors(average)
 
     def state_dict(self) -> dict:
         state = super().state_dict()

@@ -13,6 +13,14 @@ the first survivor to decide fixes the member list with the store's compare-and-
 survivor builds the same gloo group over it (only its members take part). A learner its peers
 declared lost (it was only slow) learns it there and stops.
 
+A member may still die or hang after the agreement, inside the collective itself (e.g. stopped
+between arriving and averaging): the collective then fails on every survivor (a closed link, or
+gloo's timeout, which closes the whole group). `collective(fn)` runs the survivors' collective
+`fn(group, members)` and, when it fails that way, agrees again on a new sync point, which the
+failed member cannot reach (it is declared lost as any other), and runs `fn` once more over a
+fresh group of those who did; `fn` must leave nothing half-done (the consensus helpers work on
+copies).
+
 Store keys (under the job's `asrdist/` prefix): `progress/<rank>` the last step a learner finished
 (the trainer writes it), `lost/<rank>` a JSON record {rank, step, reason, by}, `sync/<tag>/...`.
 """
@@ -22,11 +30,14 @@ import json
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch.distributed as dist
 
-from asrdist.errors import TrainingError
+from asrdist.errors import CommError, TrainingError
+from asrdist.parallel.comm import guarded
+
+T = TypeVar("T")
 
 POLL_S = 0.02
 """How often a learner waiting in `agree` looks at the store (polling a store, not a peer)."""
@@ -76,6 +87,8 @@ class Membership:
         self.members: list[int] = list(range(world_size))
         """The survivors agreed at the last sync point (every learner before the first)."""
         self._group: Any = None
+        self._group_failed = False
+        """The last collective failed on the agreed group: its links are closed, the next agreement builds another."""
         self._syncs = 0
         self._lock = threading.Lock()  # a communication thread reports losses too
 
@@ -144,10 +157,25 @@ class Membership:
             # its node lost another learner, or another survivor decided without waiting for it;
             # recorded in the store, so that the launcher stops it should it still run (e.g. hung)
             self.report(r, self._node_loss(r) or "lost: reached no sync point in time")
-        if members != self.members:
-            self.members = members
-            self._group = dist.new_group(members, timeout=self.timeout, use_local_synchronization=True)
+        if members != self.members or self._group_failed:
+            self.members, self._group_failed = members, True  # until it is built
+            self._group = guarded(f"building the group of the survivors {members}", lambda: dist.new_group(
+                members, timeout=self.timeout, use_local_synchronization=True))
+            self._group_failed = False
         return members
+
+    def collective(self, fn: Callable[[Any, list[int]], T], whole: Any = None) -> T:
+        """`fn(group, members)` over the survivors agreed here (`whole`, the group of every learner,
+        while nobody is lost); agreed again and run again, over a fresh group, when it fails."""
+        for attempt in range(1, self.world_size + 1):
+            try:
+                members = self.agree()
+                return fn(self._group or whole, members)
+            except CommError:
+                self._group_failed = True
+                if attempt == self.world_size or self.members == [self.rank]:  # nobody else to blame
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def group(self) -> Any:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from asrdist.config import RunConfig
 from asrdist.errors import ConfigError
-from asrdist.parallel import build_strategy
+from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train.trainer import Trainer, TrainerHooks
 
@@ -180,13 +180,16 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
                    "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
                    "skipped_nonfinite": learner.trainer.skipped,
                    **learner.strategy.counters.as_dict()}
-    group, members = learner.strategy.survivors()  # every learner, or those adpsgd went on with
-    lost = learner.strategy.lost_learners()
+    gathered = [per_learner]
     if ctx.job_world_size > 1:
-        gathered: list = [None] * len(members)
-        dist.all_gather_object(gathered, per_learner, group=group)
-    else:
-        gathered = [per_learner]
+        def gather(group, members: list[int]) -> list:  # every learner, or those adpsgd went on with
+            everyone: list = [None] * len(members)
+            comm.guarded("gathering the learners' figures", lambda: dist.all_gather_object(everyone, per_learner,
+                                                                                             group=group))
+            return everyone
+        gathered = learner.strategy.among_survivors(gather)
+    group, members = learner.strategy.survivors()
+    lost = learner.strategy.lost_learners()
     stop_learner(group, destroy=not lost)
     if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None

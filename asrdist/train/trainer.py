@@ -385,16 +385,16 @@ class Trainer:
         last = self.state.epoch == self.epochs - 1 or self._done()
         with self.strategy.paused():
             record.update(self.strategy.epoch_end_metrics())
-        group, members = self.strategy.survivors()
-        leads = self.ctx.job_rank == members[0]  # rank 0, or the first survivor once it is lost
+        if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
+            with self.strategy.paused():
+                model = self.strategy.among_survivors(lambda group, members: consensus_copy(
+                    self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
+                record.update(self.hooks.validate_fn(model) if self._leads() else {})
+        leads = self._leads()
         if leads and not self.metrics.enabled:
             self.metrics = MetricsLog(self.run_dir, resume_step=self.state.step)
         if lost := self.strategy.lost_learners():
             record["lost_learners"] = [x["rank"] for x in lost]
-        if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
-            with self.strategy.paused():
-                model = consensus_copy(self.model, world_size=len(members), group=group, timeout=self.ctx.timeout)
-                record.update(self.hooks.validate_fn(model) if leads else {})
         self._warn_if_loss_rose(record)
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
@@ -404,6 +404,9 @@ class Trainer:
         self.state.epoch += 1
         self.save_checkpoint()
 
+    def _leads(self) -> bool:
+        """Whether this learner speaks for the job: rank 0, or the first survivor once it is lost."""
+        return self.ctx.job_rank == self.strategy.survivors()[1][0]
 
     def _warn_if_loss_rose(self, record: dict) -> None:
         """A strategy with advice for it (onebit) warns when an epoch's training loss is above the last one's."""
