@@ -70,6 +70,33 @@ def test_forked_children_still_die_of_sigterm():
     assert child.exitcode == -signal.SIGTERM
 
 
+def _sleep_forever():
+    import time
+    while True:
+        time.sleep(60)
+
+
+def test_a_child_terminated_right_after_the_fork_dies_of_it():
+    """A SIGTERM that reaches a child before it put the default action back (Pool.terminate() on a
+    worker still starting) waits until it has, instead of meeting the inherited handler, which the
+    child then dropped: a CI run's pool shutdown hung on such a worker."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with sigterm_as_exit():
+        codes = []
+        for _ in range(100):  # the window is microseconds: before the fix, many of these hung
+            child = ctx.Process(target=_sleep_forever)
+            child.start()
+            child.terminate()
+            child.join(timeout=30)
+            codes.append(child.exitcode)
+            if child.exitcode is None:
+                child.kill()
+                child.join()
+    assert codes == [-signal.SIGTERM] * 100
+
+
 def test_a_worker_pool_inside_atomic_dir_shuts_down(tmp_path):
     import multiprocessing
 

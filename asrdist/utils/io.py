@@ -86,12 +86,32 @@ def save_torch_atomic(path: str | os.PathLike, obj: Any) -> None:
             raise
 
 
+_fork_mask: list[set] = []  # the forking thread's signal mask while `sigterm_as_exit`'s handler is on
+
+
+def _block_before_fork() -> None:
+    """SIGTERM waits while a fork is under way: in the child, a SIGTERM arriving before
+    `_default_in_child` ran would meet the inherited Python handler, which the child then drops
+    (a pool worker that missed `Pool.terminate()`'s SIGTERM hangs the pool's shutdown)."""
+    if getattr(signal.getsignal(signal.SIGTERM), "asrdist_sigterm", False):
+        _fork_mask.append(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+
+
+def _unblock_in_parent() -> None:
+    if _fork_mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
+
+
 def _default_in_child() -> None:
+    """The default SIGTERM action in a child, then any SIGTERM that came meanwhile: it dies of it."""
     if getattr(signal.getsignal(signal.SIGTERM), "asrdist_sigterm", False):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if _fork_mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
 
 
-os.register_at_fork(after_in_child=_default_in_child)
+os.register_at_fork(before=_block_before_fork, after_in_parent=_unblock_in_parent,
+                    after_in_child=_default_in_child)
 
 
 @contextlib.contextmanager
