@@ -70,6 +70,9 @@ def test_simulate_cli_writes_json_and_refuses_bad_input(tmp_path, capsys):
     assert not bad.exists()
     with pytest.raises(SystemExit):
         main(["simulate", "--straggler"])
+    assert main(["simulate", "--cluster", "4x4", "--global-batch", "10", "--json", str(bad)]) != 0
+    assert "--global-batch: must be at least 16 (one frame per learner), got 10" in capsys.readouterr().err
+    assert not bad.exists()
 
 
 def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(monkeypatch):

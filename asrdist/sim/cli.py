@@ -74,7 +74,7 @@ def build_job(args):
     cluster = Cluster(nodes, per_node, link_named(args.inside), link_named(args.network))
     batch = args.global_batch or 256 * cluster.learners
     if batch < cluster.learners:
-        raise ConfigError(f"--global-batch: {batch} frames for {cluster.learners} learners")
+        raise ConfigError(f"--global-batch: must be at least {cluster.learners} (one frame per learner), got {batch}")
     slowdown = {}
     if args.straggler:
         try:
