@@ -51,6 +51,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the output is as readable as any file
     tmp = Path(tmp)
     try:
         with output_errors(path):
@@ -138,25 +139,48 @@ def sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
+                     inputs: tuple[str | os.PathLike, ...] = ()) -> None:
+    """One AsrdistError line when `path` cannot be a command's new output directory: it is a file,
+    it is a non-empty directory and `overwrite` is off, or replacing it would delete one of the
+    command's `inputs` (it is one of them or holds one)."""
+    from asrdist.errors import AsrdistError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise AsrdistError(f"{path}: output directory is an existing file")
+    out = path.resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if source == out or out in source.parents:
+            raise AsrdistError(f"{path}: output directory {'is' if source == out else 'holds'} the input "
+                               f"{source}, which writing it would delete; choose another output directory")
+    if path.exists() and not overwrite and any(path.iterdir()):
+        raise AsrdistError(f"{path}: output directory exists and is not empty")
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
+               inputs: tuple[str | os.PathLike, ...] = ()) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it onto `path` only on success.
 
     If anything raises, the temporary directory is removed and `path` is untouched, so a failed
     command never leaves a half-written output behind; SIGTERM counts as raising. A full disk or
-    an unwritable directory is one OutputError naming the file (or `path`).
+    an unwritable directory is one OutputError naming the file (or `path`). `path` is checked
+    first (`check_output_dir`): it never replaces a file or a directory holding one of `inputs`.
     """
     path = Path(path)
-    if path.exists() and not overwrite and any(path.iterdir()):
-        from asrdist.errors import AsrdistError
-
-        raise AsrdistError(f"{path}: output directory exists and is not empty")
+    check_output_dir(path, overwrite, inputs)
     with output_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a corpus should be as readable as any dir
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a corpus should be as readable as any dir
     try:
         with sigterm_as_exit(), output_errors(path):  # a `kill` must not leave the temporary directory behind
             yield tmp
