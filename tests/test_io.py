@@ -105,3 +105,44 @@ def test_a_worker_pool_inside_atomic_dir_shuts_down(tmp_path):
             assert pool.map(abs, range(-50, 0)) == list(range(50, 0, -1))
         (tmp / "done").write_text("1")
     assert (tmp_path / "out" / "done").is_file()
+
+
+def test_atomic_files_and_dirs_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    from asrdist.utils.io import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "summary.json", "{}\n")
+        with atomic_dir(tmp_path / "corpus") as tmp:
+            (tmp / "x").write_text("1")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "corpus").stat().st_mode) == 0o755
+
+
+def test_an_output_directory_never_replaces_a_file_or_its_own_input(tmp_path):
+    import pytest
+
+    from asrdist.errors import AsrdistError
+
+    source = tmp_path / "data" / "train"
+    source.mkdir(parents=True)
+    (source / "wav.scp").write_text("u1 u1.wav\n")
+    for out, words in ((source, "is the input"), (tmp_path / "data", "holds the input")):
+        with pytest.raises(AsrdistError, match=words):
+            with atomic_dir(out, overwrite=True, inputs=(source,)):
+                raise AssertionError("must not start")
+    assert (source / "wav.scp").read_text() == "u1 u1.wav\n"
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    with pytest.raises(AsrdistError, match="is an existing file"):
+        with atomic_dir(afile, overwrite=True):
+            raise AssertionError("must not start")
+    assert afile.read_text() == "keep"
+    with atomic_dir(tmp_path / "elsewhere", inputs=(source,)) as tmp:  # beside the input: fine
+        (tmp / "ok").write_text("1")
+    assert (tmp_path / "elsewhere" / "ok").exists()
