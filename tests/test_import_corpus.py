@@ -140,3 +140,37 @@ def test_training_checks_its_splits_up_front(tmp_path: Path, capsys):
     assert main(["train", str(recipe), "--data", str(no_valid), "--out", str(tmp_path / "run")]) != 0
     err = _one_error(capsys)
     assert "no valid/ split" in err and "--valid-speakers" in err and not (tmp_path / "run").exists()
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_never_deletes_the_source(tmp_path: Path, capsys):
+    """`import-kaldi par/train par --split train --overwrite` and the like: one error, source intact."""
+    src = make_kaldi_tree(tmp_path)
+    fsdd = tmp_path / "fsdd"
+    (fsdd / "recordings").mkdir(parents=True)
+    for digit in (0, 1):
+        for spk in ("george", "jackson"):
+            for take in range(6):
+                shutil.copy(FSDD / f"{digit}_{spk}_{take}.wav", fsdd / "recordings")
+    before = _tree(tmp_path)
+    for args in (["import-kaldi", src / "train", src, "--split", "train"],
+                 ["import-kaldi", src / "train", src / "train", "--split", "train"],
+                 ["import-kaldi", src, src], ["import-kaldi", src, tmp_path],
+                 ["fsdd", fsdd, "--source", fsdd], ["fsdd", tmp_path, "--source", fsdd],
+                 ["fsdd", fsdd / "recordings", "--source", fsdd]):
+        assert main(["corpus", *map(str, args), "--overwrite"]) != 0
+        assert "output directory" in _one_error(capsys), args
+        assert _tree(tmp_path) == before, args
+
+
+def test_empty_transcripts_are_counted_in_the_corpus_summary(tmp_path: Path):
+    src = make_kaldi_tree(tmp_path)
+    text = src / "train" / "text"
+    text.write_text(text.read_text().replace("george-1-0 one", "george-1-0"))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["empty_transcripts"] == 1 and summary["utterances"] == 24

@@ -65,3 +65,97 @@ def test_a_supervision_without_speaker_is_named_or_skipped(tmp_path: Path, capsy
     assert main(["corpus", "import-lhotse", str(src), str(out), "--skip-bad"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["skipped"] == 1 and summary["utterances"] == 11
+
+
+def _rewrite(path: Path, change) -> None:
+    """Edit a manifest's entries as JSON (lhotse itself refuses to build some of the bad ones)."""
+    import gzip
+
+    entries = [json.loads(line) for line in gzip.open(path, "rt")]
+    change(entries)
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(e) + "\n" for e in entries)
+
+
+def _errors(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("duration", [float("nan"), float("inf"), -0.5])
+def test_a_supervision_with_bad_times_is_named_or_skipped(tmp_path: Path, capsys, duration: float):
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[0].update(duration=duration))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0
+    err = _errors(capsys)
+    assert len(err) == 1 and "fsdd_supervisions_train.jsonl.gz: utterance george-0-0-sup: bad times" in err[0], err
+    assert not out.exists()
+    assert main(["corpus", "import-lhotse", str(src), str(out), "--skip-bad"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["skipped"] == 1 and summary["utterances"] == 11 and "bad times" in summary["skipped_reasons"][0]
+
+
+def test_swapped_or_empty_manifests_are_named(tmp_path: Path, capsys):
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    rec = (src / "fsdd_recordings_train.jsonl.gz").read_bytes()
+    sup = (src / "fsdd_supervisions_train.jsonl.gz").read_bytes()
+    cases = [({"recordings_train.jsonl.gz": rec, "supervisions_train.jsonl.gz": rec},
+              "fsdd_supervisions_train.jsonl.gz: not a supervisions manifest: it holds Recording entries"),
+             ({"recordings_train.jsonl.gz": sup, "supervisions_train.jsonl.gz": sup},
+              "fsdd_recordings_train.jsonl.gz: not a recordings manifest: it holds SupervisionSegment entries"),
+             ({"recordings_train.jsonl": b"", "supervisions_train.jsonl.gz": sup},
+              "fsdd_recordings_train.jsonl: holds no recordings"),
+             ({"recordings_train.jsonl.gz": rec, "supervisions_train.jsonl": b""},
+              "fsdd_supervisions_train.jsonl: holds no supervisions")]
+    out = tmp_path / "corpus"
+    for files, message in cases:
+        for old in src.glob("fsdd_*"):
+            old.unlink()
+        for name, data in files.items():
+            (src / f"fsdd_{name}").write_bytes(data)
+        assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0
+        err = _errors(capsys)
+        assert len(err) == 1 and message in err[0], (message, err)
+        assert not out.exists()
+
+
+def test_recording_ids_that_are_no_file_names_are_refused(tmp_path: Path, capsys):
+    """A decoded recording is stored as OUT/audio/ID.wav: '../x' would land outside OUT."""
+    for bad_id in ("../../escaped", "sub/dir/g0"):
+        root = tmp_path / bad_id.replace("/", "_").strip("._")
+        src = root / "manifests"
+        _manifests(src, "train", ("george", "jackson"), flac=True)  # FLAC: decoded into the corpus
+        _rewrite(src / "fsdd_recordings_train.jsonl.gz", lambda entries: entries[0].update(id=bad_id))
+        _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[0].update(recording_id=bad_id))
+        out = root / "corpus"
+        assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0
+        err = _errors(capsys)
+        assert len(err) == 1 and f"recording id '{bad_id}' cannot be a file name" in err[0], err
+        assert "fsdd_recordings_train.jsonl.gz" in err[0] and not out.exists()
+        assert main(["corpus", "import-lhotse", str(src), str(out), "--skip-bad"]) == 0
+        assert "Exception ignored" not in capsys.readouterr().err
+        assert json.loads((out / "summary.json").read_text())["skipped"] == 1
+    assert not list(tmp_path.rglob("escaped.wav")) and not list(tmp_path.parent.glob("escaped.wav"))
+
+
+def test_an_output_that_is_or_holds_the_manifests_is_refused(tmp_path: Path, capsys):
+    src = tmp_path / "data" / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for out in (src, src.parent):
+        assert main(["corpus", "import-lhotse", str(src), str(out), "--overwrite"]) != 0
+        err = _errors(capsys)
+        assert len(err) == 1 and "the input" in err[0] and "output directory" in err[0], err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[0].update(text=""))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["utterances"] == 12 and summary["empty_transcripts"] == 1

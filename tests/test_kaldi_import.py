@@ -167,6 +167,12 @@ def _break(src: Path, how: str) -> str:
     elif how == "pipe":
         (src / "wav.scp").write_text((src / "wav.scp").read_text().replace(
             "spkA-002 ../audio/spkA-002.wav", "spkA-002 sox in.flac -t wav - |"))
+    elif how in ("nan", "inf"):  # each utterance its whole recording, but one with non-finite times
+        times = {"nan": "nan nan", "inf": "0 inf"}[how]
+        (src / "segments").write_text("".join(f"{u} {u} {times if u == 'spkA-002' else '0 -1'}\n"
+                                              for u in sorted(UTTS)))
+    elif how == "speaker":  # an id alone on its line
+        (src / "utt2spk").write_text((src / "utt2spk").read_text().replace("spkA-002 spkA", "spkA-002"))
     return "spkA-002"
 
 
@@ -174,7 +180,8 @@ def _break(src: Path, how: str) -> str:
     ("corrupt", "corrupt WAV"), ("empty", "empty audio"), ("truncated", "truncated WAV"),
     ("rate", "sample rate 8000 Hz, expected 16000 Hz"), ("transcript", "missing transcript"),
     ("long", "alignment has"), ("short", "alignment has"), ("phone", "unknown phone id 40"),
-    ("utf8", "not valid UTF-8"), ("pipe", "command pipe")])
+    ("utf8", "not valid UTF-8"), ("pipe", "command pipe"), ("nan", "segments: utterance spkA-002: bad times"),
+    ("inf", "segments: utterance spkA-002: bad times"), ("speaker", "utt2spk:2: utterance spkA-002: no speaker")])
 def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str, reason: str):
     src = make_kaldi_dir(tmp_path, "text")
     bad_utt = _break(src, how)
@@ -207,3 +214,69 @@ def test_features_of_a_segmented_import(tmp_path: Path):
     cut = int(0.12 * RATE)
     np.testing.assert_array_equal(store["seg-1"], compute_fbank(samples[:cut], RATE))
     np.testing.assert_array_equal(store["seg-2"], compute_fbank(samples[cut:], RATE))
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_output_that_is_or_holds_the_source_is_refused_before_anything_is_deleted(tmp_path: Path, capsys):
+    src = make_kaldi_dir(tmp_path, "text")
+    before = _tree(tmp_path)
+    for command, out, extra in (("import-kaldi", src, []), ("import-kaldi", tmp_path, ["--split", "train"]),
+                                ("import-kaldi", src, ["--split", "train"]), ("export-kaldi", src, []),
+                                ("export-kaldi", tmp_path, [])):
+        assert main(["corpus", command, str(src), str(out), "--overwrite", *extra]) != 0
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "output directory" in err[0] and "the input" in err[0], (command, out, err)
+        assert _tree(tmp_path) == before, (command, out)
+    # an alignment file (or lexicon) is an input too: OUT holding it would delete it
+    elsewhere = tmp_path / "ali_dir"
+    elsewhere.mkdir()
+    (elsewhere / "ali.txt").write_bytes((src / "ali.txt").read_bytes())
+    assert main(["corpus", "import-kaldi", str(src), str(elsewhere), "--overwrite",
+                 "--alignments", str(elsewhere / "ali.txt")]) != 0
+    assert "holds the input" in capsys.readouterr().err and (elsewhere / "ali.txt").is_file()
+
+
+def test_an_output_that_is_a_file_or_lies_under_one_is_one_error(tmp_path: Path, capsys):
+    src = make_kaldi_dir(tmp_path, None)
+    afile = tmp_path / "afile"
+    afile.write_text("keep\n")
+    for out, message in ((afile, "is an existing file"), (afile / "sub", "afile is a file")):
+        for extra in ([], ["--split", "train"]):
+            assert main(["corpus", "import-kaldi", str(src), str(out), "--overwrite", *extra]) != 0
+            err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+            assert len(err) == 1 and err[0].startswith("asrdist: error:") and message in err[0], err
+    assert afile.read_text() == "keep\n"
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_utterance_id(tmp_path: Path):
+    src = make_kaldi_dir(tmp_path, None)
+    for name in ("text", "utt2spk", "wav.scp"):
+        (src / name).write_bytes(b"\xef\xbb\xbf" + (src / name).read_bytes())
+    import_kaldi(src, tmp_path / "out", progress=False)
+    data = read_data_dir(tmp_path / "out")
+    assert data.utt_ids == sorted(UTTS) and data.utterances["spkA-001"].text == "hello world"
+    (tmp_path / "out" / "text").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "out" / "text").read_bytes())
+    assert read_data_dir(tmp_path / "out").utterances["spkA-001"].text == "hello world"
+
+
+def test_a_split_directory_with_a_speakerless_utt2spk_line_is_refused(tmp_path: Path):
+    from asrdist.errors import DataError
+
+    src = make_kaldi_dir(tmp_path, None)
+    import_kaldi(src, tmp_path / "out", progress=False)
+    utt2spk = tmp_path / "out" / "utt2spk"
+    utt2spk.write_text(utt2spk.read_text().replace("spkB-001 spkB", "spkB-001"))
+    with pytest.raises(DataError, match="utt2spk: utterance spkB-001: no speaker"):
+        read_data_dir(tmp_path / "out")
+
+
+def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
+    src = make_kaldi_dir(tmp_path, None)
+    (src / "text").write_text((src / "text").read_text().replace("spkB-001 yes", "spkB-001"))
+    summary = import_kaldi(src, tmp_path / "out", progress=False)
+    assert summary["utterances"] == 3 and summary["empty_transcripts"] == 1
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["empty_transcripts"] == 1
+    assert read_data_dir(tmp_path / "out").utterances["spkB-001"].text == ""

@@ -95,3 +95,48 @@ def test_import_kaldi_stores_the_lexicon_and_refuses_a_bad_one_up_front(tmp_path
     texts = {u: d.text for u, d in read_data_dir(out / "train").utterances.items()}
     assert tokens and set(tokens) == {u for u, t in texts.items() if words[0] not in t.split()}
     assert all(tokens[u] == [T.id(w) for w in texts[u].split()] for u in tokens)
+
+
+def _unaligned_tone_corpus(root: Path) -> Path:
+    from corpus_fixture import make_tone_corpus
+
+    src = make_tone_corpus(root, utterances_per_speaker=2, speakers=4, seed=0)
+    for split in ("train", "valid", "test"):
+        (src / split / "alignment.scp").unlink()
+        (src / split / "alignment.ark").unlink()
+    return src
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_a_lexicon_with_none_of_the_transcript_words_fails_the_import(tmp_path: Path, capsys, single: bool):
+    from asrdist.cli import main
+
+    src = _unaligned_tone_corpus(tmp_path / "src")
+    src = src / "train" if single else src
+    wrong = tmp_path / "other.dict"
+    wrong.write_text("HELLO  HH AH0 L OW1\nWORLD  W ER1 L D\n")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--lexicon", str(wrong)]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("asrdist: error")]
+    assert len(err) == 1 and "other.dict: no transcript word" in err[0] and "e.g. " in err[0], err
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".corpus")]
+    with pytest.raises(DataError, match="no transcript word of .* is in this lexicon"):
+        store_lexicon(wrong, tmp_path / "c", ["aa ae", "ah"])
+
+
+def test_a_directory_or_a_binary_file_is_no_lexicon(tmp_path: Path):
+    with pytest.raises(DataError, match="is a directory, not a lexicon file"):
+        Lexicon.read(tmp_path)
+    path = tmp_path / "lex.bin"
+    for data, where in ((b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe", "byte 0, line 1"),
+                        (b"ok ow k ey\nyes y eh s\n\x00\x01\xff\x1b[2J", "byte 22, line 3"),
+                        ("n\u00e9e n ey\nx\x00\n".encode("utf-8"), "byte 11, line 2")):  # valid UTF-8, but NUL
+        path.write_bytes(data)
+        with pytest.raises(DataError) as info:
+            Lexicon.read(path)
+        message = str(info.value)
+        assert f"lex.bin: not a UTF-8 text file ({where})" in message and message.isprintable(), message
+    path.write_bytes("caf\u00e9 k ae f ey\n".encode("latin-1"))  # older CMU releases: Latin-1 text still reads
+    assert Lexicon.read(path).pronunciations("caf\u00e9") == [ids("k", "ae", "f", "ey")]
+    path.write_bytes(b"\xef\xbb\xbfok ow k ey\n")  # a byte order mark is not part of the first word
+    assert "ok" in Lexicon.read(path)

@@ -110,12 +110,36 @@ def require_train(found: dict, where: Path, names: list[str]) -> None:
                         f"training needs one named train* or chosen with --split train=NAME")
 
 
+def check_output(out: str | Path, overwrite: bool, inputs: tuple = ()) -> None:
+    """`check_output_dir` for an import's OUT, called before any long work (reading audio) so a
+    wrong OUT fails at once: OUT must not be a file, nor be or hold one of the command's `inputs`
+    (the source given, which --overwrite would delete), nor lie under a file."""
+    from asrdist.errors import OutputError
+    from asrdist.utils.io import check_output_dir
+
+    out = Path(out)
+    check_output_dir(out, overwrite, tuple(Path(p) for p in inputs if p is not None))
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise OutputError(f"{out}: cannot be an output directory: {above} is a file")
+
+
+def empty_transcripts(utts: list[Utterance]) -> int:
+    """Utterances whose transcript is empty: legitimate (silence recordings), but counted in the
+    summary so a corpus whose transcripts went missing does not pass unseen."""
+    return sum(1 for u in utts if not u.text.strip())
+
+
 def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | None, overwrite: bool,
-                 kind: str, extra_dirs: dict[str, Path] | None = None) -> dict:
+                 kind: str, extra_dirs: dict[str, Path] | None = None, inputs: tuple = (),
+                 lexicon=None) -> dict:
     """Write imported splits (`ImportedSplit` by asrdist split name, `train` required) as a corpus:
     OUT/{train,valid,test}, OUT/phones.txt, OUT/summary.json. Carves valid off train when absent.
-    `extra_dirs` (name -> directory) are moved into OUT under their names (decoded audio)."""
+    `extra_dirs` (name -> directory) are moved into OUT under their names (decoded audio). A
+    `lexicon` (`Lexicon`) is stored as OUT/lexicon.txt in the same step, so one that covers no
+    transcript word fails the import with nothing written. OUT never replaces one of `inputs`."""
     from asrdist.corpus.import_kaldi import write_split
+    from asrdist.corpus.lexicon import store_lexicon
     from asrdist.utils.io import atomic_dir, write_json_atomic
 
     train = splits["train"]
@@ -131,7 +155,7 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
     if "valid" not in splits:
         utts["train"], utts["valid"], carved = carve_valid(train.utterances, valid_speakers, source)
     out = Path(out)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, inputs=tuple(p for p in inputs if p is not None)) as tmp:
         stats = {}
         for name in SPLITS:
             if name in utts:
@@ -150,9 +174,11 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
             "utterances": len(everything), "speakers": len({u.speaker for u in everything}),
             "hours": round(sum(u.duration for u in everything) / 3600.0, 6),
             "alignments": {name: splits.get(name, train).alignments for name in stats},
-            "features": bool(train.features), "skipped": len(skipped), "skipped_reasons": skipped,
-            "splits": stats,
+            "features": bool(train.features), "empty_transcripts": empty_transcripts(everything),
+            "skipped": len(skipped), "skipped_reasons": skipped, "splits": stats,
         }
+        if lexicon is not None:
+            summary["lexicon"] = store_lexicon(lexicon, tmp, [u.text for u in everything], where=out)
         write_json_atomic(tmp / "summary.json", summary)
     if "test" not in stats:
         print(f"asrdist: note: {out} has no test split; `asrdist eval` then needs --data on another corpus "
@@ -163,15 +189,21 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
 def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | None = None,
                         split_dirs: dict[str, str] | None = None, valid_speakers: int | None = None,
                         alignments: str | Path | None = None, skip_bad: bool = False,
-                        overwrite: bool = False, progress: bool = True, channel: int | None = None) -> dict:
+                        overwrite: bool = False, progress: bool = True, channel: int | None = None,
+                        lexicon: str | Path | None = None) -> dict:
     """A corpus from Kaldi data directories: SRC is one of them (with `single_split`) or holds
     several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
-    `alignments` (a file for any utterances) must cover the training split."""
+    `alignments` (a file for any utterances) must cover the training split. `lexicon` (a file) is
+    read before the audio and stored as OUT/lexicon.txt."""
     from asrdist.corpus.import_kaldi import import_split
+    from asrdist.corpus.lexicon import Lexicon
 
     src = Path(src)
+    inputs = (src, alignments, lexicon)
+    check_output(out, overwrite, inputs)
     if not src.is_dir():
         raise DataError(f"{src}: directory not found")
+    lexicon = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
     single = (src / "wav.scp").is_file()
     if single:
         if split_dirs:
@@ -194,4 +226,5 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
         path = src if name is None else src / name
         splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
                                      channel=channel)
-    return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi")
+    return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi", inputs=inputs,
+                        lexicon=lexicon)

@@ -13,7 +13,9 @@ Audio is referenced by absolute path, not copied. Imported features go into the 
 """
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -33,14 +35,20 @@ KALDI_SNIP_EDGES_DEFICIT = 2
 _UNMATCHED = "\0unmatched"
 
 
-def _read_table(path: Path, bad: dict[str, str], required: bool = True) -> dict[str, str]:
-    """`key value` lines; a line that is not UTF-8 marks its utterance bad instead of failing."""
+def _read_table(path: Path, bad: dict[str, str], required: bool = True,
+                value: str | None = None) -> dict[str, str]:
+    """`key value` lines; a line that is not UTF-8 marks its utterance bad instead of failing, and
+    so does a key without the `value` the table must give (e.g. utt2spk's speaker), naming the
+    line. A leading UTF-8 byte order mark (editors on Windows write one) is not part of the key."""
     if not path.is_file():
         if required:
             raise DataError(f"{path}: missing")
         return {}
     table: dict[str, str] = {}
-    for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    for lineno, raw in enumerate(data.splitlines(), 1):
         if not raw.strip():
             continue
         try:
@@ -56,6 +64,9 @@ def _read_table(path: Path, bad: dict[str, str], required: bool = True) -> dict[
         parts = line.strip().split(maxsplit=1)
         if parts[0] in table:
             raise DataError(f"{path}:{lineno}: duplicate key '{parts[0]}'")
+        if value is not None and len(parts) < 2:
+            bad.setdefault(parts[0], f"{path}:{lineno}: utterance {parts[0]}: no {value}")
+            continue
         table[parts[0]] = parts[1] if len(parts) > 1 else ""
     return table
 
@@ -147,7 +158,7 @@ class _Importer:
             tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
                       "segments": _read_table(src / "segments", self.bad, required=False),
                       "text": _read_table(src / "text", self.bad),
-                      "utt2spk": _read_table(src / "utt2spk", self.bad)}
+                      "utt2spk": _read_table(src / "utt2spk", self.bad, value="speaker")}
         self.wav_scp, self.segments = tables["wav.scp"], tables.get("segments", {})
         self.text, self.utt2spk = tables["text"], tables["utt2spk"]
         self.phones = PhoneTable.read(src / "phones.txt") if (src / "phones.txt").is_file() else PhoneTable()
@@ -224,6 +235,9 @@ class _Importer:
                 start, end = round(float(start), 3), round(float(end), 3)
             except ValueError:
                 raise DataError(f"{self.where('segments')}: utterance {utt_id}: bad times") from None
+            if not (math.isfinite(start) and math.isfinite(end)):  # nan / inf parse as floats
+                raise DataError(f"{self.where('segments')}: utterance {utt_id}: bad times "
+                                f"({start} {end}: not finite)")
             end = round(total / rate, 3) if end < 0 else end
             first, last = int(round(start * rate)), int(round(end * rate))
             if start < 0 or last <= first or last > total + rate // 100:
@@ -320,22 +334,31 @@ def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utteran
 
 def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None = None,
                  skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
-                 channel: int | None = None) -> dict:
+                 channel: int | None = None, lexicon: str | Path | None = None) -> dict:
     """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary.
+    OUT is checked before any audio is read; `lexicon` (a file) is stored as OUT/lexicon.txt.
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
+    from asrdist.corpus.assemble import check_output, empty_transcripts
+    from asrdist.corpus.lexicon import Lexicon, store_lexicon
     from asrdist.utils.io import atomic_dir, write_json_atomic
 
     src = Path(src)
+    inputs = tuple(Path(p) for p in (src, alignments, lexicon) if p is not None)
+    check_output(out, overwrite, inputs)
+    lex = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
     split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel)
     utts = split.utterances
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         stats = write_split(tmp, Path(out), split, utts)
         split.phones.write(tmp / "phones.txt")
         summary = {
             "source": str(src.resolve()), "sample_rate": split.sample_rate, **stats,
             "alignments": split.alignments, "features": bool(split.features),
+            "empty_transcripts": empty_transcripts(utts),
             "skipped": len(split.skipped), "skipped_reasons": split.skipped,
         }
+        if lex is not None:
+            summary["lexicon"] = store_lexicon(lex, tmp, [u.text for u in utts], where=out)
         write_json_atomic(tmp / "summary.json", summary)
     return summary
 
@@ -370,13 +393,15 @@ def _export_split(data: DataDir, out: Path, final: Path) -> None:
 
 def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
+    from asrdist.corpus.assemble import check_output
     from asrdist.features.extract import find_splits
     from asrdist.utils.io import atomic_dir
 
     src, out = Path(src), Path(out)
+    check_output(out, overwrite, (src,))
     splits = find_splits(src)
     single = (src / "wav.scp").is_file()
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, inputs=(src,)) as tmp:
         for name, path in splits.items():
             data = read_data_dir(path)
             _export_split(data, tmp if single else tmp / name, out if single else out / name)
@@ -387,23 +412,19 @@ def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
 
     single, mapping = parse_split_options(args.split or [])
-    from asrdist.corpus.lexicon import Lexicon, store_lexicon
-
-    lexicon = Lexicon.read(args.lexicon) if args.lexicon else None  # a bad lexicon fails before any output
     if (args.src / "wav.scp").is_file() and single is None and not mapping:
         if args.valid_speakers is not None:
             raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
-        summary = import_kaldi(args.src, args.out, alignments=args.alignments,
-                               skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
+        summary = import_kaldi(args.src, args.out, alignments=args.alignments, skip_bad=args.skip_bad,
+                               overwrite=args.overwrite, channel=args.channel, lexicon=args.lexicon)
         print(f"asrdist: note: {args.src} is one Kaldi data directory, so {args.out} is one split directory "
               f"(for `asrdist eval --data` or `asrdist features`); to train, import with --split train, or give "
               f"a directory holding train / dev / test", file=sys.stderr)
     else:
         summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
                                       valid_speakers=args.valid_speakers, alignments=args.alignments,
-                                      skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel)
-    if lexicon is not None:
-        summary["lexicon"] = store_lexicon(lexicon, args.out)
+                                      skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel,
+                                      lexicon=args.lexicon)
     print(json.dumps(summary, indent=2))
     return 0
 

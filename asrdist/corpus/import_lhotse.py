@@ -11,6 +11,7 @@ other (FLAC, several channels, a command, a URL, in memory) is decoded by lhotse
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -75,17 +76,52 @@ def _channel(sup, recording, where: str) -> int | None:
     return None if recording.num_channels == 1 else int(channel)
 
 
+def _load_manifest(path: Path, kind: str) -> list:
+    """The entries of one manifest, `kind` "recordings" or "supervisions". lhotse reads a file by
+    what each line holds, not by the set asked for, so a swapped pair of files (or a cuts
+    manifest) is caught here by the entries' type; an empty file reads as None."""
+    from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    manifest_set, entry = {"recordings": (RecordingSet, Recording),
+                           "supervisions": (SupervisionSet, SupervisionSegment)}[kind]
+    try:
+        manifest = manifest_set.from_file(path)
+        entries = list(manifest) if manifest is not None else []
+    except Exception as exc:  # lhotse raises many types for a malformed manifest
+        raise DataError(f"{path}: cannot read lhotse {kind} manifest ({exc})") from None
+    if not entries:
+        raise DataError(f"{path}: holds no {kind}")
+    wrong = next((e for e in entries if not isinstance(e, entry)), None)
+    if wrong is not None:
+        raise DataError(f"{path}: not a {kind} manifest: it holds {type(wrong).__name__} entries "
+                        f"(recordings and supervisions files swapped?)")
+    return entries
+
+
+def _check_times(sup, where: str) -> None:
+    """A supervision's segment must be a finite, non-negative start and a positive duration (a
+    negative end would read as Kaldi's 'to the end of the recording')."""
+    if not (math.isfinite(sup.start) and math.isfinite(sup.duration)) or sup.start < 0 or sup.duration <= 0:
+        raise DataError(f"{where}: bad times (start {sup.start}, duration {sup.duration})")
+
+
+def _decoded_path(audio_dir: Path, key: str, where: str) -> Path:
+    """Where a decoded recording goes: `audio_dir/KEY.wav`, so its id must be one plain file name;
+    an id with '/' (`../x`, `a/b`) would write outside the corpus or fail half way."""
+    name = f"{key}.wav"
+    bad = next((c for c in ("/", "\\", "\0") if c in key), None)
+    if bad is not None or len(name.encode("utf-8")) > 255:
+        reason = f"it holds {bad!r}" if bad is not None else "it is too long"
+        raise DataError(f"{where}: recording id '{key}' cannot be a file name ({reason}); "
+                        f"its audio must be decoded and is stored as ID.wav")
+    return audio_dir / name
+
+
 def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, skip_bad: bool):
     """One split's Kaldi-style tables from its two manifests (lhotse reads them), decoding the
     audio asrdist cannot read in place into `audio_dir`; returns (tables, files, bad)."""
-    from lhotse import RecordingSet, SupervisionSet
-
-    try:
-        recordings = {r.id: r for r in RecordingSet.from_file(recordings_path)}
-        supervisions = list(SupervisionSet.from_file(supervisions_path))
-    except Exception as exc:  # lhotse raises many types for a malformed manifest
-        raise DataError(f"{recordings_path.parent}: cannot read lhotse manifests "
-                        f"{recordings_path.name} / {supervisions_path.name} ({exc})") from None
+    recordings = {r.id: r for r in _load_manifest(recordings_path, "recordings")}
+    supervisions = _load_manifest(supervisions_path, "supervisions")
     wav_scp, segments, text, utt2spk, bad = {}, {}, {}, {}, {}
     for sup in supervisions:
         where = f"{supervisions_path}: utterance {sup.id}"
@@ -94,6 +130,7 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
         if sup.id in segments:
             raise DataError(f"{where}: duplicate supervision id")
         try:
+            _check_times(sup, where)
             if sup.recording_id not in recordings:
                 raise DataError(f"{recordings_path}: utterance {sup.id}: recording '{sup.recording_id}' "
                                 f"not in the recordings manifest")
@@ -103,7 +140,7 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
             if key not in wav_scp:
                 path = _wav_file(recording, recordings_path.parent)
                 if path is None:
-                    path = audio_dir / f"{key}.wav"
+                    path = _decoded_path(audio_dir, key, f"{recordings_path}: utterance {sup.id}")
                     try:
                         _decode(recording, channel, path)
                     except Exception as exc:  # any decoder failure is this recording's problem
@@ -131,10 +168,12 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          split_parts: dict[str, str] | None = None, valid_speakers: int | None = None,
                          skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
-    from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
+    from asrdist.corpus.assemble import (check_output, check_valid_speakers, match_splits, require_train,
+                                         write_corpus)
     from asrdist.corpus.import_kaldi import import_split
 
     src, out = Path(src), Path(out)
+    check_output(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
     if not src.is_dir():
         raise DataError(f"{src}: directory not found")
     parts = find_manifests(src)
@@ -168,7 +207,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                 if Path(u.wav).parent == decoded:
                     u.wav = str(final_audio / Path(u.wav).name)
         extra = {"audio": decoded} if any(decoded.iterdir()) else {}
-        return write_corpus(out, splits, src, valid_speakers, overwrite, "lhotse", extra_dirs=extra)
+        return write_corpus(out, splits, src, valid_speakers, overwrite, "lhotse", extra_dirs=extra, inputs=(src,))
     finally:
         shutil.rmtree(decoded, ignore_errors=True)
 

@@ -133,7 +133,7 @@ def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
     path = Path(path)
     scp = path / "alignment.scp"
     out: dict[str, np.ndarray] = {}
-    for lineno, line in enumerate(scp.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(scp.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split(maxsplit=1)
@@ -157,7 +157,7 @@ def _read_table(path: Path, required: bool = True) -> dict[str, str]:
         return {}
     table: dict[str, str] = {}
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte order mark (Windows editors) is no key
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -197,7 +197,7 @@ def read_data_dir(path: str | Path, require_text: bool = True) -> DataDir:
             wav = wav_scp[rec]
         else:
             wav = wav_scp[utt_id]
-        if utt_id not in utt2spk:
+        if not utt2spk.get(utt_id):  # absent, or a line with the id alone
             raise DataError(f"{path / 'utt2spk'}: utterance {utt_id}: no speaker")
         if require_text and utt_id not in text:
             raise DataError(f"{path / 'text'}: utterance {utt_id}: missing transcript")

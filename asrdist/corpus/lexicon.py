@@ -27,6 +27,9 @@ PHONE_ALIASES = {
 }
 """Non-ARPAbet symbols -> asrdist phones (TIMIT's reduced vowels and flaps, Kaldi's silence/noise)."""
 _VARIANT = re.compile(r"^(.+)\(\d+\)$")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Characters no text lexicon holds (all but tab and line ends): their presence means a binary file."""
+SHOWN_MISSING = 5
 
 
 def normalize_word(word: str) -> str:
@@ -42,8 +45,28 @@ def map_phone(symbol: str, table: PhoneTable, where: str) -> int:
     return table.id(s)
 
 
+def _read_text(path: Path) -> str:
+    """A lexicon file's text: UTF-8 (a leading byte order mark dropped), or Latin-1 where it is not
+    UTF-8 but still plain text (the CMU dictionary's older releases). A binary file is one error
+    naming the byte and line where it stops being text; its bytes are never echoed."""
+    data = path.read_bytes()
+    try:
+        text, encoding = data.decode("utf-8-sig"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = data.decode("latin-1"), "latin-1"
+    control = _CONTROL.search(text)
+    if control is not None:
+        offset = len(data) - len(text[control.start():].encode(encoding))
+        line = text.count("\n", 0, control.start()) + 1
+        raise DataError(f"{path}: not a UTF-8 text file (byte {offset}, line {line})")
+    return text
+
+
 class Lexicon:
     """word -> pronunciations (tuples of asrdist phone ids), in file order."""
+
+    source: Path | None = None
+    """The file it was read from (messages name it), None when built in memory."""
 
     def __init__(self, entries: Mapping[str, list[tuple[int, ...]]], table: PhoneTable | None = None):
         self.table = table or PhoneTable()
@@ -62,12 +85,11 @@ class Lexicon:
     def read(cls, path: str | Path, table: PhoneTable | None = None) -> "Lexicon":
         path = Path(path)
         table = table or PhoneTable()
+        if path.is_dir():
+            raise DataError(f"{path}: is a directory, not a lexicon file")
         if not path.is_file():
             raise DataError(f"{path}: lexicon not found")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            text = path.read_text(encoding="latin-1")  # the CMU dictionary's older releases
+        text = _read_text(path)
         entries: dict[str, list[tuple[int, ...]]] = {}
         for lineno, line in enumerate(text.splitlines(), 1):
             fields = line.split()
@@ -89,7 +111,9 @@ class Lexicon:
                 prons.append(pron)
         if not entries:
             raise DataError(f"{path}: no lexicon entries")
-        return cls(entries, table)
+        lexicon = cls(entries, table)
+        lexicon.source = path
+        return lexicon
 
     def to_text(self) -> str:
         return "".join(f"{w} {' '.join(self.table.symbol(p) for p in pron)}\n"
@@ -151,11 +175,23 @@ def corpus_lexicon(corpus: Path) -> Lexicon | None:
     return Lexicon.read(path) if path.is_file() else None
 
 
-def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable[str] | None = None) -> dict:
+def check_coverage(lexicon: Lexicon, words: set[str], where: str | Path) -> None:
+    """A lexicon that holds none of the transcripts' words is the wrong file (another language,
+    another corpus): one error now, not an empty `lexicon.txt` and a training run that fails later."""
+    if words and not words & set(lexicon.entries):
+        shown = " ".join(sorted(words)[:SHOWN_MISSING]) + (" ..." if len(words) > SHOWN_MISSING else "")
+        raise DataError(f"{lexicon.source or 'the lexicon'}: no transcript word of {where} is in this lexicon "
+                        f"({len(words)} words missing, e.g. {shown})")
+
+
+def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable[str] | None = None,
+                  where: str | Path | None = None) -> dict:
     """Write the entries the corpus' transcripts use (`texts`, default: every split's) into
-    `corpus/lexicon.txt`; report and count words it lacks."""
+    `corpus/lexicon.txt`; report and count words it lacks; DataError when it has none of them.
+    Messages name `where` (default: `corpus`; an import writes into a temporary directory)."""
     if not isinstance(lexicon, Lexicon):
         lexicon = Lexicon.read(lexicon)
+    where = str(where if where is not None else corpus)
     if texts is None:
         from asrdist.corpus.kaldi_dir import read_data_dir
 
@@ -163,10 +199,11 @@ def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable
             [d for d in sorted(Path(corpus).iterdir()) if (d / "text").is_file()]
         texts = [u.text for d in splits for u in read_data_dir(d).utterances.values()]
     texts = list(texts)
+    check_coverage(lexicon, {normalize_word(w) for t in texts for w in t.split()}, where)
     missing = lexicon.missing_words(texts)
     absent = set(missing)
     skipped = sum(1 for t in texts if any(normalize_word(w) in absent for w in t.split()))
-    report_missing(missing, skipped, str(corpus))
+    report_missing(missing, skipped, where)
     lexicon.restricted_to(w for t in texts for w in t.split()).write(Path(corpus) / LEXICON_NAME)
     return {"lexicon_words": len(lexicon), "missing_words": missing, "utterances_without_lexicon": skipped}
 
