@@ -250,6 +250,26 @@ def _spaced_ids(tmp, corpus, trained):
     return ["corpus", "import-kaldi", str(src), str(tmp / "imported")]
 
 
+def _out_is_a_directory(command: str):
+    """`asrdist decode` / `eval` with --out an existing directory: refused before the model loads."""
+    def setup(tmp, corpus, trained):
+        (tmp / "d1").mkdir()
+        wav = sorted((corpus / "test" / "wav").glob("*.wav"))[0]
+        if command == "decode":
+            return ["decode", str(trained), str(wav), "--out", str(tmp / "d1")]
+        return ["eval", str(trained), "--data", str(corpus), "--out", str(tmp / "d1")]
+    return setup
+
+
+def _rate_zero_decode(tmp, corpus, trained):
+    """A good file and one whose header says 0 Hz: the good one is decoded, the bad one named."""
+    good = sorted((corpus / "test" / "wav").glob("*.wav"))[0]
+    blob = bytearray(good.read_bytes())
+    blob[24:28] = bytes(4)  # the fmt chunk's sample rate
+    (tmp / "rate0.wav").write_bytes(bytes(blob))
+    return ["decode", str(trained), str(good), str(tmp / "rate0.wav")]
+
+
 CASES: dict[str, Case] = {
     # --- resume: refused before the run directory is touched
     "resume: a bad override": Case(_resume(lambda run: None, "train.log_every=0"), ("train.log_every",)),
@@ -313,6 +333,11 @@ CASES: dict[str, Case] = {
     "data: WAV cut inside its header": Case(_raw_split(lambda s: _first_wav(s).write_bytes(b"RIFF\0\0\0\0WAVEfmt ")),
                                             ("corrupt WAV",)),
     "data: utterance id with a space": Case(_spaced_ids, ("utterance spk2", "space")),
+    "decode: WAV header says 0 Hz": Case(_rate_zero_decode, ("rate0.wav", "implausible sample rate 0 Hz",
+                                                             "1 of 2 files not decoded")),
+    # --- output paths: checked before the work, nothing (no NAME.hyp.txt) left behind
+    "decode: --out is a directory": Case(_out_is_a_directory("decode"), ("d1: output file is an existing directory",)),
+    "eval: --out is a directory": Case(_out_is_a_directory("eval"), ("d1: output file is an existing directory",)),
 }
 
 

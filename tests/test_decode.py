@@ -1,8 +1,9 @@
-"""Phone bigram, phone-loop Viterbi (vs brute force), CTC decoding, error rates."""
+"""Phone bigram, phone-loop Viterbi (vs brute force), CTC decoding, error rates, `asrdist decode` ids."""
 from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -234,3 +235,18 @@ def test_frame_accuracy():
     assert frame_accuracy([], []) == 0.0
     with pytest.raises(DataError):
         frame_accuracy([1, 2], [1])
+
+
+# -- `asrdist decode`'s utterance ids -----------------------------------------------------
+def test_decode_ids_are_unique_and_free_of_whitespace(tmp_path):
+    from asrdist.eval.transcribe import utterance_ids
+
+    assert utterance_ids([Path("a/one.wav"), Path("b/two.WAV"), Path("three")]) == ["one", "two", "three"]
+    # colliding names: every id is the path below the common directory, without .wav
+    assert utterance_ids([tmp_path / "d1" / "x.wav", tmp_path / "d2" / "x.wav", tmp_path / "y.wav"]) == \
+        ["d1/x", "d2/x", "y"]
+    assert utterance_ids([Path("w 1.wav"), Path("tab\there.wav")]) == ["w_1", "tab_here"]
+    # still equal after all that (the same file twice, or 'w 1' next to 'w_1'): numbered
+    assert utterance_ids([Path("x.wav"), Path("x.wav"), Path("w 1.wav"), Path("w_1.wav")]) == \
+        ["x", "x-2", "w_1", "w_1-2"]
+    assert utterance_ids([Path(".wav")]) == [".wav"]

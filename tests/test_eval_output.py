@@ -1,17 +1,23 @@
 """Seeing the output: hyp.txt and the worst utterances of `asrdist eval`, `asrdist decode` on audio
 files, and summary.json after --resume accounting the whole run. A character CTC model trained a
-few steps on real FSDD digits imported from Kaldi dirs, with no phones.txt in the corpus."""
+few steps on real FSDD digits imported from Kaldi dirs, with no phones.txt in the corpus. And what
+decode and eval do with bad paths and bad audio: one line naming the file, nothing left behind."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from asrdist.cli import main
+from asrdist.corpus.audio import read_wav, write_wav
 from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.eval import run as eval_run
 from fsdd_kaldi import FSDD, make_kaldi_tree
+from test_audio_reader import PCM_GUID, fmt_chunk, wav_bytes
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 
@@ -127,3 +133,92 @@ def test_vocabulary_constrains_eval_and_decode_to_words(resumed_run, capsys):
                                                                                           "two one", "one one", "two two"}
     assert main(["decode", str(run), *wavs, "--vocabulary", str(run / "nowhere.txt")]) != 0
     assert "nowhere.txt: word list not found" in capsys.readouterr().err
+
+
+def _test_wavs(corpus: Path, count: int) -> list[Path]:
+    test = read_data_dir(corpus / "test")
+    return [test.wav_path(test.utterances[u]) for u in test.utt_ids[:count]]
+
+
+def test_decode_reads_extensible_and_float_wavs_as_their_pcm(resumed_run, tmp_path, capsys):
+    run, corpus, _, _ = resumed_run
+    wav = _test_wavs(corpus, 1)[0]
+    samples, rate = read_wav(wav)
+    (tmp_path / "ext.wav").write_bytes(wav_bytes(samples.tobytes(), fmt_chunk(rate=rate, guid=PCM_GUID)))
+    floats = (samples / 32768.0).astype("<f4")
+    (tmp_path / "flt.wav").write_bytes(wav_bytes(floats.tobytes(), fmt_chunk(3, rate=rate, bits=32)))
+    capsys.readouterr()
+    assert main(["decode", str(run), str(wav), str(tmp_path / "ext.wav"), str(tmp_path / "flt.wav")]) == 0
+    texts = [line.split(maxsplit=1)[1:] for line in capsys.readouterr().out.splitlines()]
+    assert len(texts) == 3 and texts[0] == texts[1] == texts[2]
+
+
+def test_decode_prints_the_good_files_then_names_the_bad_one(resumed_run, tmp_path, capsys):
+    run, corpus, _, _ = resumed_run
+    good, other = _test_wavs(corpus, 2)
+    short = tmp_path / "short.wav"
+    write_wav(short, read_wav(good)[0][:10], 8000)
+    rate0 = tmp_path / "rate0.wav"
+    rate0.write_bytes(wav_bytes(read_wav(good)[0].tobytes(), fmt_chunk(rate=0)))
+    out = tmp_path / "lines.txt"
+    capsys.readouterr()
+    assert main(["decode", str(run), str(good), str(short), str(other), str(rate0), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()] == [good.stem, other.stem]
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and f"{short}: audio too short for one frame" in err[0], err
+    assert "2 of 4 files not decoded" in err[0] and "rate0.wav" in err[0]
+    assert not out.exists()  # no output file for a run that failed
+
+
+def test_decode_ids_stay_unique(resumed_run, tmp_path, capsys):
+    run, corpus, _, _ = resumed_run
+    wav = _test_wavs(corpus, 1)[0]
+    for name in ("d1/x.wav", "d2/x.wav", "w 1.wav"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(wav, tmp_path / name)
+    capsys.readouterr()
+    assert main(["decode", str(run), str(tmp_path / "d1/x.wav"), str(tmp_path / "d2/x.wav")]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["d1/x", "d2/x"]
+    assert main(["decode", str(run), str(tmp_path / "w 1.wav")]) == 0
+    assert capsys.readouterr().out.split()[0] == "w_1"
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("the output path was not checked before the work")
+
+
+@pytest.mark.parametrize("command", ["decode", "eval"])
+def test_output_paths_are_checked_before_the_work(resumed_run, tmp_path, monkeypatch, capsys, command):
+    run, corpus, _, _ = resumed_run
+    wav = _test_wavs(corpus, 1)[0]
+    monkeypatch.setattr(eval_run, "load_run_model", _no_work)
+    monkeypatch.setattr(eval_run, "evaluate_run", _no_work)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "file").write_text("x")
+    argv = ["decode", str(run), str(wav)] if command == "decode" else ["eval", str(run), "--data", str(corpus)]
+    for out, reason in ((tmp_path / "d1", "d1: output file is an existing directory"),
+                        (Path("/proc/x.json"), "/proc/x.json: cannot write in /proc"),
+                        (Path("/dev/null"), "/dev/null: output file exists and is a character device"),
+                        (tmp_path / "file" / "x.json", "cannot write: " + str(tmp_path / "file") + " is a file"),
+                        (run / "model.pt", "model.pt: output file is the input")):
+        before = sorted(tmp_path.rglob("*")), sorted(run.rglob("*"))
+        capsys.readouterr()
+        assert main(argv + ["--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and reason in err[0], (reason, err)
+        assert (sorted(tmp_path.rglob("*")), sorted(run.rglob("*"))) == before  # no d1.hyp.txt, no probe
+    if command == "decode":
+        assert main(argv + ["--out", str(wav)]) == 2
+        assert "output file is the input" in capsys.readouterr().err
+
+
+def test_decode_refuses_fifos_and_devices_as_audio(resumed_run, tmp_path, capsys):
+    run, _, _, _ = resumed_run
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/null"), "a character device")):
+        capsys.readouterr()
+        assert main(["decode", str(run), str(path)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{path}: not a regular file ({kind}" in err[0], err

@@ -6,8 +6,10 @@ shift = sr // 100. Alignments are written with exactly this length.
 """
 from __future__ import annotations
 
+import stat
 import struct
 import wave
+from dataclasses import dataclass
 from math import gcd
 from pathlib import Path
 
@@ -25,55 +27,235 @@ def num_frames(num_samples: int, sample_rate: int) -> int:
     return (num_samples + shift // 2) // shift
 
 
+# Format tags of the WAVE `fmt ` chunk (mmreg.h); EXTENSIBLE carries the real one in a sub-format GUID.
+WAVE_FORMAT_PCM = 0x0001
+WAVE_FORMAT_IEEE_FLOAT = 0x0003
+WAVE_FORMAT_ALAW = 0x0006
+WAVE_FORMAT_MULAW = 0x0007
+WAVE_FORMAT_EXTENSIBLE = 0xFFFE
+_GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_* after its 2-byte tag
+_ENCODING_NAMES = {WAVE_FORMAT_ALAW: "A-law", WAVE_FORMAT_MULAW: "mu-law", 0x0002: "MS ADPCM",
+                   0x0011: "IMA ADPCM", 0x0055: "MP3"}
+# Files that are not RIFF WAVE, by their first bytes: named, so the user knows what to convert.
+_OTHER_CONTAINERS = {b"fLaC": "FLAC", b"OggS": "Ogg", b"FORM": "AIFF", b"ID3": "MP3", b".snd": "Sun/NeXT AU",
+                     b"caff": "Core Audio"}
+_RIFF_IDS = (b"RIFF", b"RF64", b"BW64")  # RF64/BW64: RIFF whose 32-bit sizes are in a `ds64` chunk
+# Sample rates a header may plausibly hold: below 1 kHz no speech band is left and 384 kHz is the
+# highest rate audio interfaces record; anything else is a damaged or mis-written header, which
+# resampling would turn into minutes of nonsense (or a crash, for 0 Hz).
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 384000
+# The data size a writer that cannot seek back (sox or ffmpeg into a pipe) leaves in the header.
+_STREAMED = 0xFFFFFFFF
+_CONVERT = "convert it to 16-bit PCM WAV (e.g. `sox IN -e signed-integer -b 16 OUT.wav`)"
+
+
+@dataclass(frozen=True)
+class WavFormat:
+    """What a `fmt ` chunk says, EXTENSIBLE resolved: `encoding` is PCM or IEEE float."""
+
+    encoding: int
+    channels: int
+    rate: int
+    bits: int
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.channels * self.bits // 8
+
+
+def check_audio_path(path: str | Path, label: str = "") -> Path:
+    """`path` as a Path when it is an existing regular file; else one DataError naming it: a FIFO,
+    a device or a directory would block, read nothing or fail later with a less clear reason."""
+    path = Path(path)
+    where = _named(label, str(path)) if label else str(path)
+    if not path.exists():
+        if any(c.isspace() for c in str(path)):
+            raise DataError(f"{label or path}: audio file not found: '{path}' has a space; in Kaldi tables the "
+                            f"first space ends the utterance id, so neither ids nor audio paths may contain spaces")
+        raise DataError(f"{where}: audio file not found")
+    if not path.is_file():
+        raise DataError(f"{where}: not a regular file ({file_kind(path)}); give a WAV file")
+    return path
+
+
+def file_kind(path: Path) -> str:
+    """'a directory', 'a FIFO (named pipe)', ...: what a path that is no regular file is."""
+    mode = path.stat().st_mode
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
 def read_wav(path: str | Path, expected_rate: int | None = None, where: str = "",
              channel: int | None = None) -> tuple[np.ndarray, int]:
-    """Read a 16-bit PCM WAV as int16 samples. Multi-channel audio needs `channel` (0-based; mono
-    audio is read as it is): asrdist never mixes or drops channels unasked. Raises DataError naming
-    `where` (or the file) and why."""
-    path = Path(path)
+    """Read a WAV as int16 samples: 16-bit PCM or IEEE float (scaled by 32768 to the int16 range
+    every stage expects, clipped), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
+    pipe leaves them (the samples present are read). Multi-channel audio needs `channel` (0-based;
+    mono audio is read as it is): asrdist never mixes or drops channels unasked. Raises DataError
+    naming `where` (or the file) and why."""
+    path = check_audio_path(path, where)
     label = where or str(path)
-    if not path.is_file():
-        if any(c.isspace() for c in str(path)):
-            raise DataError(f"{label}: audio file not found: '{path}' has a space; in Kaldi tables the first "
-                            f"space ends the utterance id, so neither ids nor audio paths may contain spaces")
-        raise DataError(f"{label}: audio file not found: {path}")
     try:
-        with wave.open(str(path), "rb") as w:
-            channels, width, rate, count = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
-            raw = w.readframes(count)
-    except (wave.Error, EOFError, OSError, RuntimeError, ValueError, struct.error) as exc:
-        raise DataError(f"{label}: corrupt WAV file {path.name} ({_corrupt_reason(path, exc)})") from None
-    if width != 2:
-        raise DataError(f"{label}: {8 * width}-bit audio, expected 16-bit PCM")
-    if len(raw) < count * channels * width:
-        raise DataError(f"{label}: truncated WAV file {path.name} "
-                        f"(header says {count} samples, found {len(raw) // (channels * width)})")
-    samples = np.frombuffer(raw, dtype="<i2")
-    if channels > 1:
-        if channel is not None and not 0 <= channel < channels:
-            raise DataError(f"{label}: channel {channel} asked for, {path.name} has {channels} "
-                            f"(channels 0..{channels - 1})")
+        blob = memoryview(path.read_bytes())
+    except OSError as exc:
+        raise DataError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
+    fmt, data = _parse_wav(blob, label, path.name)
+    samples = _decode_samples(fmt, data, label, path.name)
+    if fmt.channels > 1:
+        if channel is not None and not 0 <= channel < fmt.channels:
+            raise DataError(f"{label}: channel {channel} asked for, {path.name} has {fmt.channels} "
+                            f"(channels 0..{fmt.channels - 1})")
         if channel is None:
-            raise DataError(f"{label}: {path.name} has {channels} channels; pick one with --channel K "
-                            f"(0..{channels - 1})")
-        samples = samples.reshape(-1, channels)[:, channel]
+            raise DataError(f"{label}: {path.name} has {fmt.channels} channels; pick one with --channel K "
+                            f"(0..{fmt.channels - 1})")
+    samples = samples[:, channel if fmt.channels > 1 else 0]
     if samples.size == 0:
         raise DataError(f"{label}: empty audio in {path.name}")
-    if expected_rate is not None and rate != expected_rate:
-        raise DataError(f"{label}: sample rate {rate} Hz, expected {expected_rate} Hz")
-    return np.ascontiguousarray(samples, dtype=np.int16), rate
+    if expected_rate is not None and fmt.rate != expected_rate:
+        raise DataError(f"{label}: sample rate {fmt.rate} Hz, expected {expected_rate} Hz")
+    return np.ascontiguousarray(samples, dtype=np.int16), fmt.rate
 
 
-def _corrupt_reason(path: Path, exc: BaseException) -> str:
-    """The wave module's reason, or a real one where it gives none (EOFError() for a short file)."""
-    if str(exc):
-        return str(exc)
-    size = path.stat().st_size
-    if size == 0:
-        return "empty file, 0 bytes"
-    if isinstance(exc, EOFError):
-        return f"the file ends inside its header, after {size} bytes"
-    return f"{type(exc).__name__} after {size} bytes"
+def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
+    """The format of a WAV file from its first 1 MiB (where the `fmt ` chunk is), checked as
+    `read_wav` checks it, without reading the samples: a corpus' sample rate, say."""
+    path = check_audio_path(path, where)
+    try:
+        with open(path, "rb") as f:
+            head = memoryview(f.read(1 << 20))
+    except OSError as exc:
+        raise DataError(f"{where or path}: cannot read {path}: {exc.strerror or exc}") from None
+    return _parse_wav(head, where or str(path), path.name, need_data=False)[0]
+
+
+def _named(label: str, name: str) -> str:
+    """`label`, followed by the file's name where it does not already hold it (an utterance's label)."""
+    return label if name in label else f"{label}: {name}"
+
+
+def _corrupt(label: str, name: str, reason: str) -> DataError:
+    return DataError(f"{label}: corrupt WAV file {name} ({reason})")
+
+
+def _parse_wav(blob: memoryview, label: str, name: str,
+               need_data: bool = True) -> tuple[WavFormat, memoryview | None]:
+    """(format, the data chunk's whole sample frames) of a RIFF/RF64 WAVE file's bytes; with
+    `need_data` off, (format, None) as soon as the format is known."""
+    _check_container(blob, label, name)
+    fmt, ds64_data_size = None, None
+    for chunk_id, start, size in _chunks(blob, label, name):
+        if chunk_id == b"ds64" and bytes(blob[:4]) != b"RIFF" and size >= 16 and start + 16 <= len(blob):
+            ds64_data_size = struct.unpack_from("<Q", blob, start + 8)[0]
+        elif chunk_id == b"fmt ":
+            if start + size > len(blob):
+                raise _corrupt(label, name, f"the fmt chunk runs past the end of the file ({len(blob)} bytes)")
+            fmt = _parse_fmt(blob[start:start + size], label, name)
+            if not need_data:
+                return fmt, None
+        elif chunk_id == b"data":
+            if fmt is None:
+                raise _corrupt(label, name, "the data chunk comes before the fmt chunk")
+            if size == _STREAMED and ds64_data_size is not None:
+                size = ds64_data_size
+            return fmt, _data_frames(blob, start, size, fmt, label, name)
+    raise _corrupt(label, name, "no fmt chunk" if fmt is None else "no data chunk")
+
+
+def _data_frames(blob: memoryview, start: int, size: int, fmt: WavFormat, label: str, name: str) -> memoryview:
+    """The whole sample frames of the data chunk at `start` whose header says `size`: all bytes
+    to the end of the file for a streamed header, else `size` bytes, which must be there."""
+    if _streamed(blob, start, size):
+        size = len(blob) - start
+    if start + size > len(blob):
+        raise DataError(f"{label}: truncated WAV file {name} (header says {size // fmt.frame_bytes} "
+                        f"samples, found {(len(blob) - start) // fmt.frame_bytes})")
+    size -= size % fmt.frame_bytes  # a streamed file may stop inside a frame
+    return blob[start:start + size]
+
+
+def _streamed(blob: memoryview, data_start: int, size: int) -> bool:
+    """Whether the data size is a placeholder a writer that could not seek back left: 0xFFFFFFFF
+    (sox, ffmpeg), or 0 with a RIFF size that is a placeholder too or ends before the samples
+    (Python's wave module) -- a real empty data chunk has a RIFF size that covers the file."""
+    if size == _STREAMED:
+        return True
+    riff_size = struct.unpack_from("<I", blob, 4)[0]
+    return size == 0 and (riff_size in (0, _STREAMED) or 8 + riff_size <= data_start)
+
+
+def _check_container(blob: memoryview, label: str, name: str) -> None:
+    """Refuse what is not RIFF/RF64 WAVE, naming the format where the first bytes tell it."""
+    if len(blob) == 0:
+        raise _corrupt(label, name, "empty file, 0 bytes")
+    head = bytes(blob[:12])
+    other = next((kind for magic, kind in _OTHER_CONTAINERS.items() if head.startswith(magic)), None)
+    if other is not None:
+        raise DataError(f"{_named(label, name)}: not a RIFF WAV file ({other}); {_CONVERT}")
+    if head[:4] not in _RIFF_IDS:
+        raise _corrupt(label, name, "file does not start with RIFF id")
+    if len(head) < 12:
+        raise _corrupt(label, name, f"the file ends inside its header, after {len(blob)} bytes")
+    if head[8:12] != b"WAVE":
+        raise DataError(f"{_named(label, name)}: not a WAV file (a RIFF {head[8:12]!r} file); {_CONVERT}")
+
+
+def _chunks(blob: memoryview, label: str, name: str):
+    """(id, start of its body, size from its header) of each chunk after `WAVE`, in file order."""
+    offset = 12
+    while offset < len(blob):
+        if offset + 8 > len(blob):
+            raise _corrupt(label, name, f"the file ends inside its header, after {len(blob)} bytes")
+        chunk_id = bytes(blob[offset:offset + 4])
+        size = struct.unpack_from("<I", blob, offset + 4)[0]
+        yield chunk_id, offset + 8, size
+        offset += 8 + size + (size & 1)  # chunks are padded to even sizes
+
+
+def _parse_fmt(body: memoryview, label: str, name: str) -> WavFormat:
+    """The `fmt ` chunk, checked: an encoding asrdist reads and a plausible sample rate."""
+    if len(body) < 16:
+        raise _corrupt(label, name, f"fmt chunk of {len(body)} bytes, expected at least 16")
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", body)
+    if tag == WAVE_FORMAT_EXTENSIBLE:
+        if len(body) < 40:
+            raise _corrupt(label, name, f"WAVE_FORMAT_EXTENSIBLE fmt chunk of {len(body)} bytes, expected 40")
+        guid = bytes(body[24:40])
+        if guid[2:] != _GUID_TAIL:
+            raise DataError(f"{_named(label, name)}: unsupported encoding (sub-format GUID {guid.hex()}); {_CONVERT}")
+        tag = struct.unpack_from("<H", guid)[0]
+    if channels == 0:
+        raise _corrupt(label, name, "0 channels")
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise DataError(f"{_named(label, name)}: implausible sample rate {rate} Hz in the header (expected "
+                        f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz); the header is damaged or mis-written")
+    _check_encoding(tag, bits, label, name)
+    return WavFormat(tag, channels, rate, bits)
+
+
+def _check_encoding(tag: int, bits: int, label: str, name: str) -> None:
+    if tag == WAVE_FORMAT_PCM and bits != 16:
+        raise DataError(f"{_named(label, name)}: {bits}-bit audio, expected 16-bit PCM; {_CONVERT}")
+    if tag == WAVE_FORMAT_IEEE_FLOAT and bits not in (32, 64):
+        raise DataError(f"{_named(label, name)}: unsupported encoding ({bits}-bit IEEE float); {_CONVERT}")
+    if tag not in (WAVE_FORMAT_PCM, WAVE_FORMAT_IEEE_FLOAT):
+        encoding = _ENCODING_NAMES.get(tag, f"format tag {tag}")
+        raise DataError(f"{_named(label, name)}: unsupported encoding ({encoding}); {_CONVERT}")
+
+
+def _decode_samples(fmt: WavFormat, data: memoryview, label: str, name: str) -> np.ndarray:
+    """[frames, channels] int16. Float audio (full scale +-1.0) is scaled by 32768 and clipped, as
+    Kaldi-style front ends scale it: the features then match those of the same audio in 16 bits."""
+    if fmt.encoding == WAVE_FORMAT_PCM:
+        return np.frombuffer(data, dtype="<i2").reshape(-1, fmt.channels)
+    values = np.frombuffer(data, dtype="<f4" if fmt.bits == 32 else "<f8")
+    if not np.isfinite(values).all():
+        index = int(np.flatnonzero(~np.isfinite(values))[0]) // fmt.channels
+        raise DataError(f"{_named(label, name)}: non-finite sample (NaN or inf) at sample {index}")
+    scaled = np.clip(np.round(values.astype(np.float64) * 32768.0), -32768, 32767)
+    return scaled.astype(np.int16).reshape(-1, fmt.channels)
 
 
 def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:

@@ -2,7 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
+
+from asrdist.errors import OutputError
+
+DECODE_EPILOG = """\
+utterance ids: the file's name without .wav, whitespace replaced by '_' (in
+`utt text` lines the first space ends the id). When two files share a name,
+every id is the file's path relative to the files' common directory, without
+.wav (d1/x, d2/x); a file given twice gets -2, -3, ...
+
+A file that cannot be decoded (unreadable audio, shorter than one frame) does
+not stop the others: they are decoded and printed, then the command exits
+non-zero with one line naming the bad file, and --out is not written. A path
+that is missing or not a regular file stops it before anything is decoded."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,10 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
     p.set_defaults(func=_eval)
 
-    d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)")
+    d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)",
+                       epilog=DECODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("run_dir", type=Path)
     d.add_argument("wavs", type=Path, nargs="+", metavar="WAV")
-    d.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
+    d.add_argument("--out", type=Path, default=None,
+                   help="also write the lines to this file (only when every file decodes)")
     _vocabulary_option(d)
     d.set_defaults(func=_decode)
 
@@ -31,11 +48,53 @@ def _vocabulary_option(p: argparse.ArgumentParser) -> None:
                         "word list / lexicon file's); default: the recipe's eval.vocabulary")
 
 
+def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
+    """One OutputError line when `path` cannot become the command's output file, said before the
+    (long) work rather than as a traceback after it. Outputs are replaced atomically (a new file
+    renamed onto `path`), so `path` must be a regular file or nothing: renaming onto /dev/null
+    would replace the device. `inputs` are files the command reads, which it must not replace."""
+    if path.is_dir():
+        raise OutputError(f"{path}: output file is an existing directory; give a file name")
+    if path.exists() and not path.is_file():
+        from asrdist.corpus.audio import file_kind
+
+        raise OutputError(f"{path}: output file exists and is {file_kind(path)}, not a regular file; give a file name")
+    for source in inputs:
+        if Path(source).resolve() == path.resolve():
+            raise OutputError(f"{path}: output file is the input {source}, which writing it would destroy")
+    _probe_directory(path)
+
+
+def _probe_directory(path: Path) -> None:
+    """Create and delete a file where `path` will be made (its nearest existing directory): the
+    only sure test of writability (a read-only or virtual file system such as /proc, permissions)."""
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"{path}: cannot write: {parent} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _eval(args):
+    from asrdist.eval.details import hyp_path
     from asrdist.eval.run import eval_command
+
+    out = args.out or args.run_dir / "eval.json"
+    run_files = tuple(args.run_dir / name for name in ("model.pt", "targets.pt", "config.yaml"))
+    for path in (out, hyp_path(out)):
+        check_output_file(path, inputs=run_files)
     return eval_command(args)
 
 
 def _decode(args):
     from asrdist.eval.transcribe import decode_command
+
+    if args.out is not None:
+        check_output_file(args.out, inputs=(*args.wavs, args.run_dir / "model.pt"))
     return decode_command(args)

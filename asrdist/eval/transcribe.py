@@ -4,13 +4,15 @@ The audio goes through the run's own front end: resampled to the training corpus
 with the recipe's bins, and the recipe's CMVN (global: the training split's statistics, which
 `targets.pt` keeps; speaker: the file's own statistics, one file being one unknown speaker). Then
 CTC models are searched greedily or by prefix beam (`eval.beam`), hybrid models by the phone-loop
-Viterbi of `asrdist eval`. Output is Kaldi's `utt text` (utt = the file's name without .wav).
+Viterbi of `asrdist eval`. Output is Kaldi's `utt text`; `utterance_ids` says how files are named.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -51,8 +53,11 @@ def features_of(path: Path, front: dict) -> np.ndarray:
     from asrdist.features.fbank import compute_fbank
 
     samples, rate = read_wav(path)
-    samples = resample(samples, rate, front["sample_rate"])
-    feats = compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
+    try:  # the front end's reasons (audio too short for a frame) name no file
+        samples = resample(samples, rate, front["sample_rate"])
+        feats = compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
     if front["cmvn"] == "global":
         return ((feats - np.asarray(front["mean"])) / np.asarray(front["std"])).astype(np.float32)
     if front["cmvn"] == "speaker":
@@ -86,31 +91,86 @@ def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any]
     return " ".join(targets["phones"][p] for p in phones)
 
 
-def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None) -> list[tuple[str, str]]:
-    """[(utt, text)] for every file, in the order given; every file is checked before decoding.
+def utterance_ids(wavs: Sequence[Path]) -> list[str]:
+    """One id per file, unique, without whitespace (in `utt text` the first space ends the id):
+    the file's name without .wav; when two names collide, every id is the file's path relative to
+    the files' common directory, without .wav (d1/x, d2/x), so ids stay readable and stable; any
+    id still taken (one file given twice, names equal once whitespace became '_') gets -2, -3, ..."""
+    stems = [_stem(Path(w).name) for w in wavs]
+    if len(set(stems)) < len(stems):
+        paths = [Path(os.path.abspath(w)) for w in wavs]
+        root = Path(os.path.commonpath([p.parent for p in paths]))
+        stems = [_stem(p.relative_to(root).as_posix()) for p in paths]
+    return _numbered([re.sub(r"\s", "_", stem) for stem in stems])
+
+
+def _stem(name: str) -> str:
+    return name[:-4] if name.lower().endswith(".wav") and len(name) > 4 else name
+
+
+def _numbered(ids: list[str]) -> list[str]:
+    """`ids` with each repeat of an id made unique by a -2, -3, ... suffix."""
+    out: list[str] = []
+    used: set[str] = set()
+    for uid in ids:
+        new, n = uid, 1
+        while new in used:
+            n += 1
+            new = f"{uid}-{n}"
+        used.add(new)
+        out.append(new)
+    return out
+
+
+def transcribe(run_dir: Path, wavs: list[Path],
+               vocabulary: str | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+    """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
+    audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
+    cost the others. Every path is checked (exists, a regular file) before the model loads.
     `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH)."""
+    from asrdist.corpus.audio import check_audio_path
     from asrdist.eval.run import load_run_model
     from asrdist.eval.vocabulary import vocabulary_search
 
-    names = [Path(w).name[:-4] if Path(w).name.lower().endswith(".wav") else Path(w).name for w in wavs]
     for wav in wavs:
-        if not Path(wav).is_file():
-            raise DataError(f"{wav}: audio file not found")
+        check_audio_path(wav)
     model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary)
     front = _front_end(run_dir, cfg, targets)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None
-    return [(name, recognize(model, features_of(Path(wav), front), targets, cfg, constrained))
-            for name, wav in zip(names, wavs)]
+    for utt, wav in zip(utterance_ids(wavs), wavs):
+        try:
+            feats = features_of(Path(wav), front)
+        except DataError as exc:
+            yield utt, Path(wav), None, exc
+            continue
+        yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
 
 
 def decode_command(args) -> int:
+    """Print each file's line as it is decoded; --out gets them all, written only when every file
+    decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
     from asrdist.utils.io import write_text_atomic
 
-    results = transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary)
-    lines = "".join(f"{utt} {text}".rstrip() + "\n" for utt, text in results)
+    lines, failed = [], []
+    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary):
+        if error is not None:
+            failed.append((wav, error))
+            continue
+        lines.append(f"{utt} {text}".rstrip() + "\n")
+        print(lines[-1], end="", flush=True)
+    if failed:
+        raise DataError(_failure_line(failed, len(args.wavs), args.out))
     if args.out is not None:
-        write_text_atomic(args.out, lines)
-    print(lines, end="")
+        write_text_atomic(args.out, "".join(lines))
     return 0
+
+
+def _failure_line(failed: list[tuple[Path, DataError]], total: int, out: Path | None) -> str:
+    """The first bad file's reason, then how many failed and which others (a few names)."""
+    others = [str(wav) for wav, _ in failed[1:]]
+    also = f" (also {', '.join(others[:3])}{' ...' if len(others) > 3 else ''})" if others else ""
+    unwritten = f"; {out} not written" if out is not None else ""
+    count = f"; {len(failed)} of {total} files not decoded" if total > 1 else ""
+    return f"{failed[0][1]}{count}{also}{unwritten}"

@@ -1,0 +1,195 @@
+"""The WAV reader on the WAVs real tools write: WAVE_FORMAT_EXTENSIBLE, IEEE float, streamed
+headers (sizes a pipe leaves), RF64; and its one-line refusals of what it does not read (mu-law,
+FLAC, implausible sample rates, FIFOs and devices) instead of calling a valid file "corrupt"."""
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asrdist.corpus.audio import read_wav, read_wav_format, write_wav
+from asrdist.errors import DataError
+
+RATE = 8000
+PCM_GUID = struct.pack("<IHH", 1, 0, 0x10) + bytes.fromhex("800000aa00389b71")
+FLOAT_GUID = struct.pack("<IHH", 3, 0, 0x10) + bytes.fromhex("800000aa00389b71")
+
+
+def fmt_chunk(tag: int = 1, channels: int = 1, rate: int = RATE, bits: int = 16, guid: bytes | None = None) -> bytes:
+    """A `fmt ` chunk's body; with `guid`, WAVE_FORMAT_EXTENSIBLE carrying it."""
+    block = channels * bits // 8
+    body = struct.pack("<HHIIHH", 0xFFFE if guid else tag, channels, rate, (rate * block) & 0xFFFFFFFF, block, bits)
+    if guid:
+        body += struct.pack("<HHI", 22, bits, 4 if channels == 1 else 3) + guid
+    return body
+
+
+def wav_bytes(data: bytes, fmt: bytes | None = None, data_size: int | None = None, riff_size: int | None = None,
+              magic: bytes = b"RIFF", before_data: bytes = b"", after_data: bytes = b"") -> bytes:
+    """A WAVE file: `fmt` (16-bit PCM mono at RATE by default), chunks `before_data`, the data chunk
+    (its header saying `data_size`, default the true size) and `after_data`."""
+    fmt = fmt_chunk() if fmt is None else fmt
+    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + before_data + b"data"
+            + struct.pack("<I", len(data) if data_size is None else data_size) + data + after_data)
+    return magic + struct.pack("<I", len(body) if riff_size is None else riff_size) + body
+
+
+def tone(n: int = 800) -> np.ndarray:
+    return (8000 * np.sin(np.arange(n) * 0.07)).astype(np.int16)
+
+
+def write(tmp_path: Path, name: str, blob: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(blob)
+    return path
+
+
+# -- formats that are valid and read -----------------------------------------------------------
+
+def test_extensible_pcm_reads_as_plain_pcm(tmp_path):
+    x = tone()
+    path = write(tmp_path, "ext.wav", wav_bytes(x.tobytes(), fmt_chunk(guid=PCM_GUID)))
+    samples, rate = read_wav(path)
+    assert rate == RATE and samples.dtype == np.int16
+    np.testing.assert_array_equal(samples, x)
+    assert read_wav_format(path).rate == RATE
+
+
+@pytest.mark.parametrize("bits,guid", [(32, None), (64, None), (32, FLOAT_GUID)])
+def test_ieee_float_is_scaled_to_the_int16_range(tmp_path, bits, guid):
+    x = tone()
+    values = np.concatenate([x / 32768.0, [1.5, -1.5]]).astype("<f4" if bits == 32 else "<f8")
+    path = write(tmp_path, "float.wav", wav_bytes(values.tobytes(), fmt_chunk(3, bits=bits, guid=guid)))
+    samples, _ = read_wav(path)
+    np.testing.assert_array_equal(samples[:-2], x)  # exactly the 16-bit audio it came from
+    assert list(samples[-2:]) == [32767, -32768]  # beyond full scale: clipped
+
+
+def test_float_with_nan_is_refused(tmp_path):
+    values = np.array([0.1, np.nan, 0.2], dtype="<f4")
+    path = write(tmp_path, "nan.wav", wav_bytes(values.tobytes(), fmt_chunk(3, bits=32)))
+    with pytest.raises(DataError, match=r"nan.wav: non-finite sample .* at sample 1"):
+        read_wav(path)
+
+
+@pytest.mark.parametrize("data_size,riff_size", [(0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 100), (0, 0), (0, 36)])
+def test_a_streamed_header_reads_the_samples_present(tmp_path, data_size, riff_size):
+    """sox/ffmpeg into a pipe leave 0xFFFFFFFF; Python's wave module leaves 0 (and RIFF size 36)."""
+    x = tone(501)
+    path = write(tmp_path, "stream.wav", wav_bytes(x.tobytes() + b"\x01", data_size=data_size, riff_size=riff_size))
+    samples, _ = read_wav(path)
+    np.testing.assert_array_equal(samples, x)  # the half sample at the end is dropped
+
+
+def test_an_empty_data_chunk_with_chunks_after_it_is_empty_not_streamed(tmp_path):
+    path = write(tmp_path, "empty.wav", wav_bytes(b"", after_data=b"LIST" + struct.pack("<I", 4) + b"INFO"))
+    with pytest.raises(DataError, match="empty audio in empty.wav"):
+        read_wav(path)
+
+
+def test_a_short_data_chunk_is_still_truncated(tmp_path):
+    path = write(tmp_path, "cut.wav", wav_bytes(tone(500).tobytes(), data_size=2000))
+    with pytest.raises(DataError, match=r"truncated WAV file cut.wav \(header says 1000 samples, found 500\)"):
+        read_wav(path)
+
+
+def test_chunks_before_data_and_odd_sizes_are_skipped(tmp_path):
+    x = tone()
+    junk = b"LIST" + struct.pack("<I", 3) + b"abc\0" + b"fact" + struct.pack("<I", 4) + struct.pack("<I", len(x))
+    samples, _ = read_wav(write(tmp_path, "chunks.wav", wav_bytes(x.tobytes(), before_data=junk)))
+    np.testing.assert_array_equal(samples, x)
+
+
+def test_rf64_reads_its_data_size_from_ds64(tmp_path):
+    x = tone()
+    ds64 = b"ds64" + struct.pack("<I", 28) + struct.pack("<QQQI", 0, x.nbytes, x.size, 0)
+    blob = wav_bytes(x.tobytes() + b"tail", magic=b"RF64", riff_size=0xFFFFFFFF, data_size=0xFFFFFFFF)
+    blob = blob[:12] + ds64 + blob[12:]  # ds64 comes first, right after WAVE
+    samples, _ = read_wav(write(tmp_path, "big.wav", blob))
+    np.testing.assert_array_equal(samples, x)
+
+
+def test_plain_pcm_and_a_mono_channel_request_read_as_before(tmp_path):
+    x = tone()
+    write_wav(tmp_path / "plain.wav", x, RATE)
+    samples, rate = read_wav(tmp_path / "plain.wav", expected_rate=RATE, channel=3)  # mono: read as it is
+    np.testing.assert_array_equal(samples, x)
+    stereo = np.stack([x, -x], axis=1)
+    path = write(tmp_path, "st.wav", wav_bytes(stereo.astype("<i2").tobytes(), fmt_chunk(channels=2)))
+    np.testing.assert_array_equal(read_wav(path, channel=1)[0], -x)
+
+
+# -- refused, in one line naming the file ------------------------------------------------------
+
+@pytest.mark.parametrize("tag,name", [(7, "mu-law"), (6, "A-law"), (2, "MS ADPCM"), (0x1234, "format tag 4660")])
+def test_other_encodings_are_unsupported_not_corrupt(tmp_path, tag, name):
+    path = write(tmp_path, "law.wav", wav_bytes(bytes(100), fmt_chunk(tag, bits=8)))
+    with pytest.raises(DataError) as info:
+        read_wav(path)
+    message = str(info.value)
+    assert f"law.wav: unsupported encoding ({name}); convert it to 16-bit PCM" in message
+    assert "corrupt" not in message and "\n" not in message
+
+
+def test_24_bit_pcm_names_its_width(tmp_path):
+    path = write(tmp_path, "deep.wav", wav_bytes(bytes(300), fmt_chunk(bits=24)))
+    with pytest.raises(DataError, match="deep.wav: 24-bit audio, expected 16-bit PCM"):
+        read_wav(path)
+
+
+@pytest.mark.parametrize("head,kind", [(b"fLaC\0\0\0\x22", "FLAC"), (b"OggS\0\2", "Ogg"), (b"ID3\4\0", "MP3")])
+def test_other_containers_are_named(tmp_path, head, kind):
+    path = write(tmp_path, "a.flac", head + bytes(64))
+    with pytest.raises(DataError, match=rf"a.flac: not a RIFF WAV file \({kind}\)"):
+        read_wav(path)
+
+
+@pytest.mark.parametrize("rate", [0, 1, 999, 384001, 4_000_000_000])
+def test_implausible_sample_rates_are_refused_naming_the_file(tmp_path, rate):
+    path = write(tmp_path, "odd rate.wav", wav_bytes(tone().tobytes(), fmt_chunk(rate=rate)))
+    with pytest.raises(DataError, match=rf"odd rate.wav: implausible sample rate {rate} Hz in the header"):
+        read_wav(path)
+    with pytest.raises(DataError, match="implausible sample rate"):
+        read_wav_format(path)
+
+
+@pytest.mark.parametrize("rate", [1000, 384000])
+def test_the_plausible_range_is_inclusive(tmp_path, rate):
+    path = write(tmp_path, "edge.wav", wav_bytes(tone().tobytes(), fmt_chunk(rate=rate)))
+    assert read_wav(path)[1] == rate
+
+
+def test_fifos_devices_and_directories_are_not_regular_files(tmp_path):
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/null"), "a character device"), (tmp_path, "a directory")):
+        with pytest.raises(DataError, match=rf"{path}: not a regular file \({kind}"):
+            read_wav(path)
+    with pytest.raises(DataError, match=r"utt u1: .*pipe.wav: not a regular file"):
+        read_wav(fifo, where="utt u1")
+    with pytest.raises(DataError, match="nothing.wav: audio file not found"):
+        read_wav(tmp_path / "nothing.wav")
+
+
+@pytest.mark.parametrize("blob,reason", [
+    (b"", "empty file, 0 bytes"),
+    (b"RIFF\0\0\0\0WAVEfmt ", "the file ends inside its header"),
+    (b"RIFF\x10\0\0\0WAVEjunk", "the file ends inside its header"),
+    (b"JUNKJUNKJUNK", "file does not start with RIFF id"),
+    (wav_bytes(b"")[:36] + b"LIST\4\0\0\0abcd", "no data chunk"),
+])
+def test_damaged_files_are_corrupt(tmp_path, blob, reason):
+    path = write(tmp_path, "bad.wav", blob)
+    with pytest.raises(DataError, match=rf"corrupt WAV file bad.wav \({reason}"):
+        read_wav(path)
+
+
+def test_rf64_shorter_than_its_ds64_size_is_truncated(tmp_path):
+    x = tone()
+    ds64 = b"ds64" + struct.pack("<I", 28) + struct.pack("<QQQI", 0, 4 * x.nbytes, x.size, 0)
+    blob = wav_bytes(x.tobytes(), magic=b"RF64", riff_size=0xFFFFFFFF, data_size=0xFFFFFFFF)
+    with pytest.raises(DataError, match=r"truncated WAV file big.wav \(header says 3200 samples, found 800\)"):
+        read_wav(write(tmp_path, "big.wav", blob[:12] + ds64 + blob[12:]))
