@@ -124,7 +124,7 @@ def _replace_alignments(split: Path, alignments: dict) -> None:
 
 
 def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True) -> dict:
-    from asrdist.eval.run import load_run_model
+    from asrdist.eval.run import load_run_model, trained_sample_rate
     from asrdist.features.extract import find_splits
     from asrdist.features.store import FeatureStore
     from asrdist.train.prepare import ensure_features
@@ -137,7 +137,8 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
         raise ConfigError(f"{data}: no {LEXICON_NAME} in the corpus; pass --lexicon FILE")
     lexicon = Lexicon.read(lexicon_path or corpus_lexicon)
     splits = find_splits(data)
-    ensure_features(data, cfg, progress=progress, check=False)  # the model's filterbank and CMVN
+    # the model's filterbank, CMVN and sample rate, from the split as it is now
+    ensure_features(data, cfg, progress=progress, check=False, sample_rate=trained_sample_rate(cfg, targets))
     started = time.perf_counter()
     results, summary = {}, {"run": str(run_dir), "data": str(data), "model": cfg.model.name,
                             "targets": targets["kind"], "splits": {}}

@@ -115,6 +115,7 @@ def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool =
     plan = copy_plan(data_cfg.speed_perturb, data_cfg.noise_snr)
     base = FeatureStore(train_dir)
     rate, cmvn = int(base.meta["sample_rate"]), base.meta.get("cmvn", data_cfg.cmvn)
+    channel = base.meta.get("channel")  # multi-channel audio: the one its features were made of
     data = read_data_dir(train_dir, require_text=False)
     opts = fbank_options(rate, data_cfg.num_mel_bins)
     sources: dict[str, list] = {}
@@ -128,7 +129,8 @@ def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool =
             u = data.utterances[utt]
             path = data.wav_path(u)
             if audio_cache is None or audio_cache[0] != path:
-                audio_cache = (path, read_wav(path, expected_rate=rate, where=f"{train_dir}: utterance {utt}")[0])
+                audio_cache = (path, read_wav(path, expected_rate=rate, where=f"{train_dir}: utterance {utt}",
+                                                channel=channel)[0])
             samples = audio_cache[1]
             if u.segment is not None:
                 samples = samples[int(round(u.segment.start * rate)):int(round(u.segment.end * rate))]

@@ -86,21 +86,39 @@ def resolve_split(data: Path) -> Path:
     raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus with test/")
 
 
+def trained_sample_rate(cfg: RunConfig, targets: dict) -> int | None:
+    """The sample rate the run's features were computed at: `targets.pt` keeps it (the front end
+    `asrdist decode` rebuilds); a run from before it did reads its corpus' training store. None
+    for imported features (not asrdist's front end) or a corpus that is gone."""
+    from asrdist.features.store import FeatureStore, has_features
+
+    if "features" in targets:
+        record = targets["features"]
+        return int(record["sample_rate"]) if record else None
+    train = Path(cfg.data.corpus) / "train"
+    if not has_features(train):
+        return None
+    meta = FeatureStore(train).meta
+    return int(meta["sample_rate"]) if meta.get("num_mel_bins") is not None and meta.get("sample_rate") else None
+
+
 def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool = False,
                  vocabulary: str | None = None, adapt_rounds: int | None = None) -> dict:
     """Score the run's model on `data`, whose features are (re-)extracted with the run's recipe
-    settings when they are missing or other ones (its whole corpus, for global CMVN statistics);
-    `vocabulary` and `adapt_rounds` replace the recipe's `eval.vocabulary` and `eval.adapt_rounds`
-    (speaker adaptation, `asrdist.eval.adapt`)."""
+    settings at the rate the model was trained at (other audio is resampled, as `asrdist decode`
+    does) when they are missing, other ones, or stale (its whole corpus, for global CMVN
+    statistics); `vocabulary` and `adapt_rounds` replace the recipe's `eval.vocabulary` and
+    `eval.adapt_rounds` (speaker adaptation, `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
     from asrdist.train.prepare import feature_mismatch, ensure_features
 
     model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
     split = resolve_split(data)
-    if feature_mismatch(split, cfg):
+    rate = trained_sample_rate(cfg, targets)
+    if feature_mismatch(split, cfg, rate):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
-        ensure_features(target, cfg, progress=progress, check=False)
+        ensure_features(target, cfg, progress=progress, check=False, sample_rate=rate)
     dim = FeatureStore(split).dim
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")

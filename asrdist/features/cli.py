@@ -11,10 +11,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-mel-bins", type=int, default=40,
                    help="filterbank size, 10 to 128 (Kaldi's default is 23; default: %(default)s)")
     p.add_argument("--cmvn", choices=["global", "speaker", "none"], default="global")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
+    p.add_argument("--jobs", type=int, default=0, help="worker processes, >= 0 (default 0: all cores)")
     p.add_argument("--export-kaldi", action="store_true", help="also write feats.scp/feats.ark")
     p.add_argument("--channel", type=int, default=None, metavar="K",
-                   help="use channel K (0-based) of multi-channel audio, which is an error without it")
+                   help="use channel K (0-based) of multi-channel audio, which is an error without it; "
+                        "the store records it, and train / eval / align re-extract with it")
     p.add_argument("--skip-bad", action="store_true")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_features)

@@ -1,12 +1,15 @@
 """`asrdist features DATA`: fbank + CMVN for every split of a corpus (or one split) into its store.
 
 Steps: (1) read every split and pick the corpus' sample rate (the rate most recordings have;
-others are errors naming the utterance); (2) compute raw fbank in `jobs` processes, in sorted
-order, straight into each split's new store (`SPLIT/feats` built under a temporary name); check
-each utterance against its alignment (at most one edge frame apart, see `asrdist.features.store`);
-(3) accumulate CMVN statistics (global: the train split, or the single split given; speaker: each
-speaker's own), then normalize the shards in place; (4) rename every split's store into place
-together, so a failure anywhere leaves no new store behind.
+others are errors naming the utterance), resampling to another rate when asked (a model's, for
+`asrdist eval`); (2) compute raw fbank in `jobs` processes, in sorted order, straight into each
+split's new store (`SPLIT/feats` built under a temporary name); check each utterance against its
+alignment (at most one edge frame apart, see `asrdist.features.store`); (3) accumulate CMVN
+statistics (global: the train split, or the single split given; speaker: each speaker's own),
+then normalize the shards in place; (4) rename every split's store into place together, so a
+failure anywhere leaves no new store behind. Each store's `meta.json` records the channel read
+and what the features came from (`asrdist.features.store.source_record`), so later runs
+re-extract the same way, and notice a split that changed since.
 """
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ import json
 import os
 import sys
 import time
-import wave
 from collections import Counter
 from multiprocessing import get_context
 from pathlib import Path
@@ -45,51 +47,80 @@ def find_splits(data: Path) -> dict[str, Path]:
     return {d.name: d for d in subdirs}
 
 
-def _header_rate(path: Path) -> int | None:
+def _header(path: Path) -> tuple[int, int] | None:
+    """(sample rate, channels) of a WAV file's header, None for what is no readable WAV."""
+    from asrdist.corpus.audio import read_wav_format
+
     try:
-        with wave.open(str(path), "rb") as w:
-            return w.getframerate()
-    except Exception:  # the wave module raises several types for garbage; read_wav reports it later
+        fmt = read_wav_format(path)
+    except DataError:  # read_wav reports it, naming the utterance, when the file is read
         return None
+    return fmt.rate, fmt.channels
 
 
-def _common_rate(dirs: dict[str, DataDir]) -> int:
-    rates = Counter()
+def _headers(dirs: dict[str, DataDir]) -> dict[Path, tuple[str, str, tuple[int, int] | None]]:
+    """{audio file: (split's wav.scp, first utterance, header)}, each file once."""
+    out: dict[Path, tuple[str, str, tuple[int, int] | None]] = {}
     for d in dirs.values():
-        for path in {d.wav_path(u) for u in d.utterances.values()}:
-            rate = _header_rate(path)
-            if rate:
-                rates[rate] += 1
+        for utt_id in d.utt_ids:
+            path = d.wav_path(d.utterances[utt_id])
+            if path not in out:
+                out[path] = (str(d.path / "wav.scp"), utt_id, _header(path))
+    return out
+
+
+def _common_rate(dirs: dict[str, DataDir], headers: dict) -> int:
+    rates = Counter(h[0] for _, _, h in headers.values() if h and h[0])
     if not rates:
         raise DataError(f"{next(iter(dirs.values())).path}: no readable audio")
     return rates.most_common(1)[0][0]
 
 
-def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | None = None) -> list[tuple]:
-    """One task per audio file: (path, wav.scp path, rate, bins, [(utt_id, start_s, end_s) ...], channel)."""
+def _check_channels(headers: dict, data: Path) -> None:
+    """Multi-channel audio with no channel chosen fails before any work, with the command that
+    picks one: `asrdist features DATA --channel K` records it in the store, where `asrdist train`,
+    `eval` and `align` (which have no --channel) find it when they re-extract."""
+    for path, (scp, utt_id, header) in headers.items():
+        if header and header[1] > 1:
+            raise DataError(f"{scp}: utterance {utt_id}: {path.name} has {header[1]} channels; pick one with "
+                            f"`asrdist features {data} --channel K --overwrite` (K in 0..{header[1] - 1}), "
+                            f"which later runs reuse")
+
+
+def _check_jobs(jobs) -> None:
+    """--jobs counts worker processes: 0 means all cores, a negative count means nothing."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+        raise ConfigError(f"--jobs: expected an integer >= 0 (0: all cores), got {jobs!r}")
+
+
+def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | None = None,
+           feature_rate: int | None = None) -> list[tuple]:
+    """One task per audio file: (path, wav.scp path, rate, bins, [(utt_id, start_s, end_s) ...], channel,
+    feature rate): the audio is read at `rate` and resampled to `feature_rate` (default: `rate`)."""
     by_file: dict[Path, list[tuple]] = {}
     for utt_id in d.utt_ids:
         u = d.utterances[utt_id]
         seg = (u.segment.start, u.segment.end) if u.segment else (None, None)
         by_file.setdefault(d.wav_path(u), []).append((utt_id, *seg))
-    return [(str(path), str(d.path / "wav.scp"), rate, num_mel_bins, utts, channel)
+    return [(str(path), str(d.path / "wav.scp"), rate, num_mel_bins, utts, channel, feature_rate or rate)
             for path, utts in by_file.items()]
 
 
 def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, float]]:
     """Worker: [(utt_id, feats or None, error or None, audio_seconds)] for one audio file."""
-    from asrdist.corpus.audio import frame_shift_samples, read_wav
+    from asrdist.corpus.audio import frame_shift_samples, read_wav, resample
     from asrdist.features.fbank import compute_fbank, fbank_options
 
-    path, scp, rate, num_mel_bins, utts, channel = task
+    path, scp, audio_rate, num_mel_bins, utts, channel, rate = task
     if len(utts) == 1:
         label = f"{scp}: utterance {utts[0][0]}"
     else:
         label = f"{scp}: recording {Path(path).name} (utterances {utts[0][0]}..{utts[-1][0]})"
     try:
-        samples, _ = read_wav(path, expected_rate=rate, where=label, channel=channel)
+        samples, _ = read_wav(path, expected_rate=audio_rate, where=label, channel=channel)
     except DataError as exc:
         return [(utt_id, None, str(exc), 0.0) for utt_id, _, _ in utts]
+    samples = resample(samples, audio_rate, rate)  # the model's rate, as `asrdist decode` does
     opts = fbank_options(rate, num_mel_bins)
     out = []
     for utt_id, start, end in utts:
@@ -160,14 +191,17 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
 
 def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
                      export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
-                     progress: bool = True, channel: int | None = None, mel_bins_key: str = "num_mel_bins") -> dict:
+                     progress: bool = True, channel: int | None = None, mel_bins_key: str = "num_mel_bins",
+                     sample_rate: int | None = None) -> dict:
     """Extract features for a corpus (all splits) or one split directory; returns the summary.
     `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
-    an error names `num_mel_bins` (the flag or the config key that set it)."""
+    an error names `num_mel_bins` (the flag or the config key that set it); `sample_rate` is the
+    rate the features are computed at (default: the corpus' own; other audio is resampled)."""
     from asrdist.utils.io import atomic_dir, output_errors
 
     if cmvn not in MODES:
         raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")
+    _check_jobs(jobs)
     data = Path(data)
     split_paths = find_splits(data)
     if channel is not None and (isinstance(channel, bool) or not isinstance(channel, int) or channel < 0):
@@ -184,8 +218,13 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     for name, d in dirs.items():
         if not d.utterances:
             raise DataError(f"{d.path}: no utterances")
-    rate = _common_rate(dirs)
+    headers = _headers(dirs)
+    audio_rate = _common_rate(dirs, headers)
+    if channel is None and not skip_bad:
+        _check_channels(headers, data)
+    rate = sample_rate or audio_rate
     check_mel_bins(num_mel_bins, rate, mel_bins_key)
+    sources = {name: feature_store.source_record(path) for name, path in split_paths.items()}
     summary_splits: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
         tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
@@ -193,7 +232,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
         built = {}
         for name, d in dirs.items():
             stats: dict[str, CmvnStats] = {}
-            tasks = _tasks(name, d, rate, num_mel_bins, channel)
+            tasks = _tasks(name, d, audio_rate, num_mel_bins, channel, rate)
             with output_errors(split_paths[name] / feature_store.FEATS_DIR):  # names the split, not its temporary
                 writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, jobs, skip_bad,
                                                           progress, stats, num_mel_bins)
@@ -211,7 +250,8 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
                 normalizer.save(tmps[name] / "cmvn.json", source=source if cmvn == "global" else name)
                 meta = writer.close({
                     "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
-                    "frame_shift": 0.01, "audio_seconds": round(seconds, 3), "channel": channel,
+                    "audio_sample_rate": audio_rate, "frame_shift": 0.01,
+                    "audio_seconds": round(seconds, 3), "channel": channel, "source": sources[name],
                     "skipped": len(skipped), "skipped_utterances": skipped})
                 if export_kaldi:
                     feature_store.export_kaldi(feature_store.FeatureStore(tmps[name]), tmps[name],
@@ -222,7 +262,8 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     audio = sum(s["audio_seconds"] for s in summary_splits.values())
     return {
         "data": str(data), "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
-        "jobs": jobs, "utterances": sum(s["utterances"] for s in summary_splits.values()),
+        "audio_sample_rate": audio_rate, "jobs": jobs,
+        "utterances": sum(s["utterances"] for s in summary_splits.values()),
         "frames": sum(s["frames"] for s in summary_splits.values()),
         "audio_seconds": round(audio, 3), "skipped": sum(s["skipped"] for s in summary_splits.values()),
         "seconds": round(elapsed, 3), "x_realtime": round(audio / elapsed, 1) if elapsed else None,

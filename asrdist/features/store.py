@@ -5,7 +5,8 @@ Layout of `SPLIT/feats/` (format version 1):
 - `meta.json`: `{"version": 1, "dim", "num_mel_bins", "cmvn", "sample_rate", "frame_shift"
   (seconds), "num_utterances", "total_frames", "num_shards", "skipped", ...}`.
 - `index.tsv`: one line per utterance, sorted by id: `utt_id<TAB>shard<TAB>offset<TAB>frames`;
-  `offset` and `frames` count rows of the shard.
+  `offset` and `frames` count rows of the shard. `meta.json`'s `source` (see `source_record`) is
+  what the features were computed from; a split that no longer matches it has a stale store.
 - `shard-00000.f32`, ...: raw little-endian float32 rows of `dim` values, utterances back to back,
   no header (`np.memmap(path, "<f4", "r").reshape(-1, dim)`). A shard closes once it passes
   `SHARD_BYTES`, so one utterance never spans two shards.
@@ -16,14 +17,16 @@ Readers open shards read-only and lazily, so many learner processes share one pa
 Opening a store checks it without reading any features: `meta.json` present and consistent with
 the index, every shard a whole number of rows, and the index's rows tiling each shard exactly (no
 row read for two utterances, none for nobody), so a damaged or edited index is an error naming
-the file and the utterance instead of training on the wrong frames. `check_frames` compares the
-frame counts with a corpus' alignments.
+the file and the utterance instead of training on the wrong frames. Reading an utterance checks
+its values once (NaN or infinity from a damaged shard is an error naming shard and utterance).
+`check_frames` compares the frame counts with a corpus' alignments.
 Frame counts follow `asrdist.corpus.audio.num_frames`. An alignment may differ from its
 features by at most one (edge) frame; the store never changes alignments, readers use
 `min(len(features), len(alignment))` frames.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -88,6 +91,7 @@ class FeatureStore:
                 raise DataError(f"{self.path / 'index.tsv'}: {have} {key.replace('_', ' ').removeprefix('num ')} "
                                 f"indexed, {meta_path.name} says {self.meta[key]} (a damaged or edited index)")
         self._shards: dict[int, np.ndarray] = {}
+        self._finite: set[str] = set()
 
     def _read_index(self) -> None:
         index = self.path / "index.tsv"
@@ -156,7 +160,21 @@ class FeatureStore:
             shard, offset, frames = self._index[utt_id]
         except KeyError:
             raise KeyError(f"{self.path}: no features for utterance {utt_id}") from None
-        return self._shard(shard)[offset:offset + frames]
+        feats = self._shard(shard)[offset:offset + frames]
+        if utt_id not in self._finite:
+            self._check_finite(utt_id, shard, offset, feats)
+        return feats
+
+    def _check_finite(self, utt_id: str, shard: int, offset: int, feats: np.ndarray) -> None:
+        """A shard overwritten or damaged on disk passes the structural checks of opening; its
+        NaN or infinite values would be scored or trained on silently. Checked once per utterance."""
+        bad = ~np.isfinite(feats)
+        if bad.any():
+            frame = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise DataError(f"{self._shard_path(shard)}: utterance {utt_id}: non-finite feature values "
+                            f"(NaN or infinity) from frame {frame} (row {offset + frame}); a damaged store: "
+                            f"re-extract with `asrdist features ... --overwrite`")
+        self._finite.add(utt_id)
 
     def num_frames(self, utt_id: str) -> int:
         return self._index[utt_id][2]
@@ -172,6 +190,85 @@ class FeatureStore:
         state = self.__dict__.copy()
         state["_shards"] = {}
         return state
+
+
+def _table(path: Path) -> dict[str, str]:
+    """`key value` lines of a Kaldi table, read leniently: reading the split itself reports its errors."""
+    if not path.is_file():
+        return {}
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    pairs = (line.strip().split(maxsplit=1) for line in lines)
+    return {p[0]: (p[1] if len(p) > 1 else "") for p in pairs if p}
+
+
+def _digest(parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else str(part).encode("utf-8", "replace"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def listed_utterances(split_dir: str | Path) -> list[str]:
+    """The utterance ids the split lists now (of `segments` if it has one, else of `wav.scp`)."""
+    split = Path(split_dir)
+    return sorted(_table(split / "segments") or _table(split / "wav.scp"))
+
+
+def source_record(split_dir: str | Path) -> dict:
+    """What a split's features are computed from, kept in `meta.json` as `source` at extraction:
+    the utterance ids, the tables that pick audio and speakers (wav.scp, segments, utt2spk: speaker
+    CMVN depends on them), and each audio file's size and modification time. Cheap (no audio is
+    read), so every train / eval / align can tell a store that no longer fits its split."""
+    split = Path(split_dir)
+    ids = listed_utterances(split)
+    tables = [(split / name).read_bytes() if (split / name).is_file() else b"-"
+              for name in ("wav.scp", "segments", "utt2spk")]
+    stats = []
+    for wav in sorted(set(_table(split / "wav.scp").values())):
+        path = Path(wav) if Path(wav).is_absolute() else split / wav
+        try:
+            st = path.stat()
+            stats.append(f"{wav}\t{st.st_size}\t{st.st_mtime_ns}")
+        except OSError:
+            stats.append(f"{wav}\tmissing")
+    return {"utterances": len(ids), "utterance_ids": _digest(ids), "tables": _digest(tables),
+            "audio": _digest(stats)}
+
+
+def source_change(split_dir: str | Path, store: FeatureStore) -> str | None:
+    """Why `store` no longer fits split `split_dir` (utterances added or removed, audio or tables
+    edited since extraction), or None. A store without a recorded `source` (written before it
+    was kept) is compared by utterance ids only, its skipped utterances allowed for."""
+    split = Path(split_dir)
+    recorded = store.meta.get("source")
+    listed = listed_utterances(split)
+    if not isinstance(recorded, dict):
+        return _ids_change(listed, store, allowed_missing=int(store.meta.get("skipped") or 0))
+    now = source_record(split)
+    if now["utterance_ids"] != recorded.get("utterance_ids"):
+        have = set(store.utt_ids)
+        new = next((u for u in listed if u not in have), None)
+        return (f"it lists {now['utterances']} utterances, {recorded.get('utterances')} when its features "
+                f"were extracted" + (f" ({new} has none)" if new else ""))
+    if now["tables"] != recorded.get("tables"):
+        return "wav.scp, segments or utt2spk changed since its features were extracted"
+    if now["audio"] != recorded.get("audio"):
+        return "audio files changed (size or modification time) since its features were extracted"
+    return None
+
+
+def _ids_change(listed: list[str], store: FeatureStore, allowed_missing: int) -> str | None:
+    """Features of utterances no longer listed, or more than `allowed_missing` listed utterances
+    without features: the store is of another utterance set."""
+    have = set(store.utt_ids)
+    gone = sorted(have.difference(listed))
+    if gone:
+        return f"its features include {len(gone)} utterance(s) wav.scp no longer lists (e.g. {gone[0]})"
+    new = [u for u in listed if u not in have]
+    if len(new) > allowed_missing:
+        return f"{len(new)} utterance(s) of wav.scp have no features (e.g. {new[0]})"
+    return None
 
 
 class FeatureStoreWriter:

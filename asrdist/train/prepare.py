@@ -40,39 +40,106 @@ def check_corpus(corpus: Path) -> None:
                         f"data directory")
 
 
-def feature_mismatch(split: Path, cfg: RunConfig) -> str | None:
-    """Why the features in `split` are not the recipe's (None when they are). Imported Kaldi
-    features (no `num_mel_bins` recorded) are taken as they are."""
-    from asrdist.features.store import FeatureStore, has_features
+def feature_mismatch(split: Path, cfg: RunConfig, sample_rate: int | None = None) -> str | None:
+    """Why the features in `split` are not the recipe's (None when they are): missing, other
+    settings, another sample rate than `sample_rate` (a model's; default: the audio's own), or
+    stale (the split's utterances or audio changed since extraction). Imported Kaldi features (no
+    `num_mel_bins` recorded) are taken as they are, as long as they still cover the split."""
+    from asrdist.features.store import FeatureStore, has_features, source_change
 
     if not has_features(split):
         return "it has none"
-    meta = FeatureStore(split).meta
+    store = FeatureStore(split)
+    meta = store.meta
     if meta.get("num_mel_bins") is None:
+        _check_imported(split, store)
         return None
     have = (meta["num_mel_bins"], meta.get("cmvn"))
     if have != (cfg.data.num_mel_bins, cfg.data.cmvn):
         return f"its features have num_mel_bins={have[0]}, cmvn={have[1]}"
+    return _rate_mismatch(meta, sample_rate) or source_change(split, store)
+
+
+def _rate_mismatch(meta: dict, sample_rate: int | None) -> str | None:
+    """Features at another rate than the model's (or, for training, than the audio's own) are
+    other features: filterbanks of 8 and 16 kHz audio span other frequencies."""
+    rate = meta.get("sample_rate")
+    audio_rate = meta.get("audio_sample_rate", rate)
+    want = sample_rate or audio_rate
+    if rate == want:
+        return None
+    if audio_rate != rate:
+        return f"its features are of {audio_rate} Hz audio resampled to {rate} Hz, not {want} Hz"
+    return f"its features are of {rate} Hz audio, not {want} Hz"
+
+
+def _check_imported(split: Path, store) -> None:
+    """Imported features cannot be re-extracted the way they were made: a split that changed
+    since its import is an error rather than training or scoring only the old utterances."""
+    from asrdist.features.store import source_change
+
+    why = source_change(split, store)
+    if why:
+        corpus = split.parent if (split.parent / "train" / "wav.scp").is_file() else split
+        raise DataError(f"{split}: its imported features no longer fit the split ({why}); import the corpus "
+                        f"again, or extract features with `asrdist features {corpus} --overwrite`")
+
+
+def recorded_channel(data: Path) -> int | None:
+    """The channel the corpus' features were extracted from (`asrdist features DATA --channel K`,
+    kept in each split's meta.json), so re-extracting with a recipe's settings reads the same
+    channel of multi-channel audio; None when no store records one."""
+    from asrdist.features.extract import find_splits
+    from asrdist.features.store import FeatureStore, has_features
+
+    for split in find_splits(data).values():
+        if has_features(split):
+            channel = FeatureStore(split).meta.get("channel")
+            if isinstance(channel, int) and not isinstance(channel, bool):
+                return channel
     return None
 
 
-def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bool = True) -> None:
+def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bool = True,
+                    sample_rate: int | None = None) -> None:
     """Features with the recipe's settings in every split of corpus `data` (or in split `data`):
-    extracted when missing, re-extracted (and said so) when made with other settings. Training or
-    decoding on another CMVN or filterbank size would otherwise quietly mean something else."""
+    extracted when missing, re-extracted (and said so) when made with other settings, at another
+    rate than `sample_rate` (a model's; audio is then resampled, as `asrdist decode` does), or
+    from a split that changed since. Training or decoding on another CMVN, filterbank size or
+    rate, or on yesterday's utterance list, would otherwise quietly mean something else. The
+    channel the corpus' stores recorded is read again."""
     from asrdist.features.extract import extract_features, find_splits
 
     if check:
         check_corpus(data)
-    why = {name: feature_mismatch(path, cfg) for name, path in find_splits(data).items()}
+    splits = find_splits(data)
+    why = {name: feature_mismatch(path, cfg, sample_rate) for name, path in splits.items()}
     stale = {name: reason for name, reason in why.items() if reason}
     if not stale:
         return
+    channel = recorded_channel(data)
     said = "; ".join(f"{name}: {reason}" for name, reason in stale.items())
+    rate = f", sample_rate={sample_rate}" if sample_rate else ""
+    picked = f", channel {channel}" if channel is not None else ""
     print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
-          f"cmvn={cfg.data.cmvn} ({said})", flush=True)
+          f"cmvn={cfg.data.cmvn}{rate}{picked} ({said})", flush=True)
     extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
-                     progress=progress, mel_bins_key="data.num_mel_bins")
+                     progress=progress, mel_bins_key="data.num_mel_bins", channel=channel,
+                     sample_rate=sample_rate)
+    _drop_augmented(splits.values())
+
+
+def _drop_augmented(splits) -> None:
+    """Augmented copies (`asrdist.data.augment`) are made from a split's audio and normalized with
+    its features' statistics, and are reused while they exist: after a re-extraction they are of
+    the old utterances and statistics, so they go, to be made again from the new features."""
+    import shutil
+
+    from asrdist.data.augment import AUGMENTED_DIR
+
+    for split in splits:
+        if (split / AUGMENTED_DIR).is_dir():
+            shutil.rmtree(split / AUGMENTED_DIR)
 
 
 def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:
@@ -113,7 +180,7 @@ def ctc_tokens(split_dir: Path, targets: dict[str, Any]) -> dict[str, list[int]]
         return phone_sequences(read_alignments(split_dir), targets["silence_id"])
     data = read_data_dir(split_dir)
     tok = targets["tokenizer"]
-    return {u: tok.encode(data.utterances[u].text) for u in data.utt_ids}
+    return {u: tok.encode(data.utterances[u].text, where=f"{split_dir / 'text'}: utterance {u}") for u in data.utt_ids}
 
 
 def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, Any]:
