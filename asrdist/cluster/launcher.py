@@ -33,6 +33,7 @@ and recorded in the store; the job succeeds when at least one learner finishes.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -149,13 +150,18 @@ class _Survival:
         return [p.poll() or 0 for p in procs]
 
     def _lose(self, rank: int, code: int, learners: int) -> None:
-        from asrdist.parallel.membership import report_lost
+        from asrdist.parallel.membership import lost_key, report_lost
 
         report = _first_line(self.report_dir / f"failed-rank-{rank}.txt").removeprefix(f"learner rank {rank}: ")
         how = report or (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
         record = report_lost(self.store, rank, how, by="launcher")
         if rank in self._stopped:  # alive, but its peers gave up on it
             how = f"{record['reason']}; stopped by the launcher"
+        elif record["by"] != "launcher":
+            # a peer got there first with what it inferred (a closed connection, a node that lost
+            # someone); how the process ended is the fact, and the run's summary should say it
+            record = {**record, "reason": how, "by": "launcher"}
+            self.store.set(lost_key(rank), json.dumps(record))
         self.lost[rank] = how
         left = learners - len(self.lost)
         at = f" at step {record['step']}" if record.get("step") is not None else " before its first step"

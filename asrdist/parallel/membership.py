@@ -183,9 +183,17 @@ class Membership:
         return self._group
 
     def lost_learners(self) -> list[dict]:
-        """[{"rank", "step", "reason"}, ...] of every lost learner, by rank."""
+        """[{"rank", "step", "reason"}, ...] of every lost learner, by rank, as the store has them
+        now: the launcher replaces a peer's inference by how the process ended once it sees it."""
         with self._lock:
-            return [{k: self.lost[r][k] for k in ("rank", "step", "reason")} for r in sorted(self.lost)]
+            lost = sorted(self.lost)
+        records = {}
+        for r in lost:
+            try:
+                records[r] = json.loads(self.store.get(lost_key(r)))
+            except Exception:  # the store is gone (a job ending): what this learner knew
+                records[r] = self.lost[r]
+        return [{k: records[r][k] for k in ("rank", "step", "reason")} for r in lost]
 
 
 class NodeMembership:
