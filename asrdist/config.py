@@ -7,6 +7,7 @@ section's keys depend on `strategy.name`: each strategy module defines its own c
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -301,18 +302,65 @@ def apply_override(tree: dict, override: str) -> None:
     node[parts[-1]] = value
 
 
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML for recipes: `1e-3` is a number (YAML 1.1 wants `1.0e-3`), and a key given twice or a
+    key that is not a name is an error (PyYAML would keep the last value, or sort keys of mixed
+    types into a TypeError)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if not isinstance(key, str):
+                raise ConfigError(f"{self.name}:{line}: key {key!r} is not a name")
+            if key in seen:
+                raise ConfigError(f"{self.name}:{line}: key '{key}' given twice (the first would be lost)")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def check_sections(tree: dict, where: str) -> dict:
+    """Each section a mapping (`strategy: NAME` is read as `strategy: {name: NAME}`)."""
+    if isinstance(tree.get("strategy"), str):
+        tree["strategy"] = {"name": tree["strategy"]}
+    for key in ("data", "model", "optim", "train", "eval", "strategy"):
+        value = tree.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{where}{key}: expected a section of `key: value` lines, got {type(value).__name__} "
+                              f"{value!r}")
+    return tree
+
+
 def read_config_tree(path: str | Path) -> dict:
     """The raw mapping of a YAML recipe; a missing or malformed file is a one-line ConfigError."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a config file")
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start})") from None
+    try:
+        loader = _RecipeLoader(text)
+        loader.name = str(path)
+        try:
+            tree = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return tree
+    return check_sections(tree, f"{path}: ")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
@@ -332,7 +380,8 @@ def config_from_tree(tree: dict) -> RunConfig:
     from asrdist.parallel import strategy_config_class
 
     known = {"seed", "data", "model", "optim", "train", "strategy", "eval"}
-    unknown = sorted(set(tree) - known)
+    check_sections(tree, "")
+    unknown = sorted(map(str, set(tree) - known))
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown config section (known: {', '.join(sorted(known))})")
     strategy_tree = dict(tree.get("strategy") or {})

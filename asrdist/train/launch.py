@@ -108,6 +108,25 @@ def check_frames_against_alignments(corpus: Path) -> None:
             FeatureStore(split).check_frames(lengths, split / "alignment.scp")
 
 
+def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it") -> None:
+    """One line when `run_dir` cannot take a new run: a file, a directory already holding anything
+    (a run, a prepared run, a user's files, which the run's files would replace), or a place inside
+    the corpus (a run's files would become part of a split)."""
+    run_dir, corpus = Path(run_dir), Path(corpus).resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise AsrdistError(f"{run_dir}: run directory is an existing file; pick another --out")
+    above = next((p for p in run_dir.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise AsrdistError(f"{run_dir}: cannot be a run directory: {above} is a file; pick another --out")
+    where = run_dir.resolve()
+    if where == corpus or corpus in where.parents:
+        raise AsrdistError(f"{run_dir}: run directory inside the corpus {corpus}; pick another --out")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        used = any((run_dir / name).exists() for name in ("summary.json", "checkpoints", "config.yaml"))
+        what = "run directory already used" if used else "run directory exists and is not empty"
+        raise AsrdistError(f"{run_dir}: {what}; {hint}")
+
+
 def _given_overrides(args) -> list[str]:
     """The flags and overrides of this command line, as a resume records them."""
     flags = [f"--{name} {getattr(args, name)}" for name in ("data", "epochs", "learners", "strategy")
@@ -126,12 +145,15 @@ def train_command(args) -> int:
                           "restarting; set it to 0")
     if args.resume is not None:
         run_dir = args.resume
+        if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
+            raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
+        print(f"[asrdist] note: --resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not "
+              f"read; overrides on this command line apply)", file=sys.stderr)
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (run_dir / "summary.json").exists() or (run_dir / "checkpoints").exists():
-            raise AsrdistError(f"{run_dir}: run directory already used; pick another --out or --resume it")
+        check_new_run_dir(run_dir, Path(cfg.data.corpus))
     with rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))

@@ -32,14 +32,12 @@ def worker_command(run_dir: Path, learners: int) -> str:
 
 
 def prepare_command(args) -> int:
-    from asrdist.errors import AsrdistError
-    from asrdist.train.launch import prepare_run_dir, resolve_config
+    from asrdist.train.launch import check_new_run_dir, prepare_run_dir, resolve_config
 
     cfg = resolve_config(args)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     run_dir = args.out.resolve()
-    if (run_dir / "config.yaml").exists() or (run_dir / "checkpoints").exists():
-        raise AsrdistError(f"{args.out}: run directory already used; pick another --out")
+    check_new_run_dir(args.out, Path(cfg.data.corpus), hint="pick another --out")
     prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
     print(json.dumps({"run_dir": str(run_dir), "corpus": cfg.data.corpus, "learners": cfg.train.learners,
                       "strategy": cfg.strategy_name, "global_batch": cfg.data.batch_size}, indent=2))

@@ -14,7 +14,8 @@ from typing import Any, Iterator
 
 
 # errno values that mean "this output cannot be written", whatever the file
-_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM,
+                  errno.ENOTDIR, errno.EISDIR, errno.EEXIST}  # the last three: a file where a directory goes, or back
 
 
 @contextlib.contextmanager
@@ -47,6 +48,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     the directory, so after a crash `path` holds the old content or the whole new one; else
     delete it. Unwritable output (disk full, ...) is one OutputError naming `path`."""
     path = Path(path)
+    if path.is_dir():
+        from asrdist.errors import OutputError
+
+        raise OutputError(f"{path}: output file is an existing directory; give a file name")
     with output_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
