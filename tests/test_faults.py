@@ -120,3 +120,24 @@ def test_bench_faults_times_the_detection_of_a_killed_learner(tone_corpus, tmp_p
     result = json.loads(out.read_text())
     assert result["sync_named_rank"] and "rank 1 died" in result["sync_message"], result
     assert 0 < result["sync_detect_seconds"] < DEADLINE_S and result["learners"] == 2
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_stops_a_single_learner_with_one_line_and_cleans_up(tone_corpus, tmp_path, sig):
+    """One learner trains in the command's own process: a `kill` or a closed terminal ends it as
+    with several learners (one line, non-zero exit), and a run without a checkpoint leaves nothing."""
+    run_dir = tmp_path / "run"
+    proc = _started(subprocess.Popen(
+        [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, "--data", str(tone_corpus),
+         "--epochs", "500", "train.checkpoint_every=0", "--out", str(run_dir), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), run_dir)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 2, err
+    assert err.strip().splitlines()[-1].startswith(f"asrdist: error: stopped by {sig.name}"), err
+    assert "Traceback" not in err
+    if (run_dir / "checkpoints").is_dir():  # a slow machine may reach the end of the first epoch
+        assert f"asrdist train --resume {run_dir}" in err, err
+    else:
+        assert not run_dir.exists() or not any(p.name != "launcher.log" for p in run_dir.iterdir()), \
+            list(run_dir.iterdir())

@@ -5,10 +5,13 @@ cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import re
+import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -154,7 +157,7 @@ def train_command(args) -> int:
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir, Path(cfg.data.corpus))
-    with rundir.undone_on_failure(run_dir):
+    with _stop_signals_raise(), rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
         else:
@@ -162,6 +165,30 @@ def train_command(args) -> int:
         summary = _start_learners(cfg, run_dir, args, nodes, network)
     print_summary(run_dir, summary)
     return 0
+
+
+@contextlib.contextmanager
+def _stop_signals_raise():
+    """While a run starts, SIGTERM and SIGHUP (a `kill`, a closed terminal) raise a TrainingError in
+    the main thread, as Ctrl-C raises KeyboardInterrupt: the run directory is cleaned up (or the
+    resume command given) and the command ends with one line, as with several learners, where the
+    launcher's own handler takes over while they run. Forked workers get the default action back
+    (`asrdist.utils.io`'s fork hooks honour the `asrdist_sigterm` mark)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _stop(signum, _frame):
+        raise TrainingError(f"stopped by {signal.Signals(signum).name}")
+
+    _stop.asrdist_sigterm = True  # type: ignore[attr-defined]
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)
+                if signal.getsignal(s) is signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str) -> dict | None:
