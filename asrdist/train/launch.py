@@ -5,13 +5,11 @@ cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as t
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
 import re
 import signal
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +21,7 @@ from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import rundir
-from asrdist.utils.io import output_errors, write_json_atomic, write_text_atomic
+from asrdist.utils.io import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
 
 CONFIG_NAME = "config.yaml"
@@ -118,8 +116,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
     run_dir, corpus = Path(run_dir), Path(corpus).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise AsrdistError(f"{run_dir}: run directory is an existing file; pick another --out")
-    above = next((p for p in run_dir.absolute().parents if p.exists()), None)
-    if above is not None and not above.is_dir():
+    above = file_above(run_dir)
+    if above is not None:
         raise AsrdistError(f"{run_dir}: cannot be a run directory: {above} is a file; pick another --out")
     where = run_dir.resolve()
     if where == corpus or corpus in where.parents:
@@ -157,7 +155,11 @@ def train_command(args) -> int:
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir, Path(cfg.data.corpus))
-    with _stop_signals_raise(), rundir.undone_on_failure(run_dir):
+    # a `kill` or a closed terminal ends one learner (in this process) as Ctrl-C does: cleaned up,
+    # one line; with several, the launcher's own handler takes over while they run
+    stop = signals_raise(lambda signum: TrainingError(f"stopped by {signal.Signals(signum).name}"),
+                         (signal.SIGTERM, signal.SIGHUP))
+    with stop, rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
         else:
@@ -165,30 +167,6 @@ def train_command(args) -> int:
         summary = _start_learners(cfg, run_dir, args, nodes, network)
     print_summary(run_dir, summary)
     return 0
-
-
-@contextlib.contextmanager
-def _stop_signals_raise():
-    """While a run starts, SIGTERM and SIGHUP (a `kill`, a closed terminal) raise a TrainingError in
-    the main thread, as Ctrl-C raises KeyboardInterrupt: the run directory is cleaned up (or the
-    resume command given) and the command ends with one line, as with several learners, where the
-    launcher's own handler takes over while they run. Forked workers get the default action back
-    (`asrdist.utils.io`'s fork hooks honour the `asrdist_sigterm` mark)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _stop(signum, _frame):
-        raise TrainingError(f"stopped by {signal.Signals(signum).name}")
-
-    _stop.asrdist_sigterm = True  # type: ignore[attr-defined]
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)
-                if signal.getsignal(s) is signal.SIG_DFL}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str) -> dict | None:

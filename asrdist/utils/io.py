@@ -10,7 +10,7 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 # errno values that mean "this output cannot be written", whatever the file
@@ -92,15 +92,23 @@ def save_torch_atomic(path: str | os.PathLike, obj: Any) -> None:
             raise
 
 
-_fork_mask: list[set] = []  # the forking thread's signal mask while `sigterm_as_exit`'s handler is on
+_fork_mask: list[set] = []  # the forking thread's signal mask while a `signals_raise` handler is on
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals `signals_raise` may take over; a child gets their default action back."""
+
+
+def _marked() -> set[int]:
+    """The stop signals whose handler is one of `signals_raise`'s."""
+    return {s for s in _STOP_SIGNALS if getattr(signal.getsignal(s), "asrdist_sigterm", False)}
 
 
 def _block_before_fork() -> None:
-    """SIGTERM waits while a fork is under way: in the child, a SIGTERM arriving before
+    """Those signals wait while a fork is under way: in the child, one arriving before
     `_default_in_child` ran would meet the inherited Python handler, which the child then drops
     (a pool worker that missed `Pool.terminate()`'s SIGTERM hangs the pool's shutdown)."""
-    if getattr(signal.getsignal(signal.SIGTERM), "asrdist_sigterm", False):
-        _fork_mask.append(signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}))
+    marked = _marked()
+    if marked:
+        _fork_mask.append(signal.pthread_sigmask(signal.SIG_BLOCK, marked))
 
 
 def _unblock_in_parent() -> None:
@@ -109,9 +117,9 @@ def _unblock_in_parent() -> None:
 
 
 def _default_in_child() -> None:
-    """The default SIGTERM action in a child, then any SIGTERM that came meanwhile: it dies of it."""
-    if getattr(signal.getsignal(signal.SIGTERM), "asrdist_sigterm", False):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """The default action in a child, then any such signal that came meanwhile: it dies of it."""
+    for s in _marked():
+        signal.signal(s, signal.SIG_DFL)
     if _fork_mask:
         signal.pthread_sigmask(signal.SIG_SETMASK, _fork_mask.pop())
 
@@ -121,27 +129,34 @@ os.register_at_fork(before=_block_before_fork, after_in_parent=_unblock_in_paren
 
 
 @contextlib.contextmanager
-def sigterm_as_exit() -> Iterator[None]:
-    """While inside, SIGTERM raises SystemExit(143) in the main thread (when nobody else handles
-    it), so `finally` blocks and context managers clean up as they do on Ctrl-C; Python's default
-    would end the process without running them. Processes forked meanwhile (worker pools) get the
-    default back right after the fork: `Pool.terminate()` ends its workers with SIGTERM, and a
-    worker raising SystemExit mid-task instead could hang the pool's shutdown."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+def signals_raise(make_error: Callable[[int], BaseException],
+                  signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """While inside, each of `signals` (SIGTERM, SIGHUP) that nobody else handles raises
+    `make_error(signum)` in the main thread, so `finally` blocks and context managers clean up as
+    they do on Ctrl-C; Python's default would end the process without running them. Processes
+    forked meanwhile (worker pools) get the default back right after the fork: `Pool.terminate()`
+    ends its workers with SIGTERM, and a worker raising mid-task instead could hang the pool's
+    shutdown."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
+    def _raise(signum, frame):
+        raise make_error(signum)
 
-    _exit.asrdist_sigterm = True  # type: ignore[attr-defined]  (marks it for _default_in_child)
+    _raise.asrdist_sigterm = True  # type: ignore[attr-defined]  (marks it for _default_in_child)
 
-    signal.signal(signal.SIGTERM, _exit)
+    previous = {s: signal.signal(s, _raise) for s in signals if signal.getsignal(s) is signal.SIG_DFL}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def sigterm_as_exit() -> contextlib.AbstractContextManager:
+    """`signals_raise` for SIGTERM as SystemExit(143), the exit status its default would give."""
+    return signals_raise(lambda signum: SystemExit(128 + signum))
 
 
 def _umask() -> int:
@@ -150,18 +165,30 @@ def _umask() -> int:
     return umask
 
 
+def file_above(path: str | os.PathLike) -> Path | None:
+    """The nearest existing ancestor of `path` when it is a file (so `path` can never be made)."""
+    above = next((p for p in Path(path).absolute().parents if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None
+
+
 def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
-                     inputs: tuple[str | os.PathLike, ...] = ()) -> None:
-    """One AsrdistError line when `path` cannot be a command's new output directory: it is a file,
-    it is a non-empty directory and `overwrite` is off, or replacing it would delete one of the
-    command's `inputs` (it is one of them or holds one)."""
-    from asrdist.errors import AsrdistError
+                     inputs: tuple[str | os.PathLike | None, ...] = ()) -> None:
+    """One AsrdistError line when `path` cannot be a command's new output directory: it is a file
+    or lies under one, it is a non-empty directory and `overwrite` is off, or replacing it would
+    delete one of the command's `inputs` (it is one of them or holds one; None entries: inputs not
+    given). Commands call it before any long work, so a wrong output fails at once."""
+    from asrdist.errors import AsrdistError, OutputError
 
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise AsrdistError(f"{path}: output directory is an existing file")
+    above = file_above(path)
+    if above is not None:
+        raise OutputError(f"{path}: cannot be an output directory: {above} is a file")
     out = path.resolve()
     for source in inputs:
+        if source is None:
+            continue
         source = Path(source).resolve()
         if source == out or out in source.parents:
             raise AsrdistError(f"{path}: output directory {'is' if source == out else 'holds'} the input "
@@ -172,7 +199,7 @@ def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
-               inputs: tuple[str | os.PathLike, ...] = ()) -> Iterator[Path]:
+               inputs: tuple[str | os.PathLike | None, ...] = ()) -> Iterator[Path]:
     """Build a directory under a temporary name and rename it onto `path` only on success.
 
     If anything raises, the temporary directory is removed and `path` is untouched, so a failed
