@@ -110,20 +110,6 @@ def require_train(found: dict, where: Path, names: list[str]) -> None:
                         f"training needs one named train* or chosen with --split train=NAME")
 
 
-def check_output(out: str | Path, overwrite: bool, inputs: tuple = ()) -> None:
-    """`check_output_dir` for an import's OUT, called before any long work (reading audio) so a
-    wrong OUT fails at once: OUT must not be a file, nor be or hold one of the command's `inputs`
-    (the source given, which --overwrite would delete), nor lie under a file."""
-    from asrdist.errors import OutputError
-    from asrdist.utils.io import check_output_dir
-
-    out = Path(out)
-    check_output_dir(out, overwrite, tuple(Path(p) for p in inputs if p is not None))
-    above = next((p for p in out.absolute().parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise OutputError(f"{out}: cannot be an output directory: {above} is a file")
-
-
 def empty_transcripts(utts: list[Utterance]) -> int:
     """Utterances whose transcript is empty: legitimate (silence recordings), but counted in the
     summary so a corpus whose transcripts went missing does not pass unseen."""
@@ -155,7 +141,7 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
     if "valid" not in splits:
         utts["train"], utts["valid"], carved = carve_valid(train.utterances, valid_speakers, source)
     out = Path(out)
-    with atomic_dir(out, overwrite=overwrite, inputs=tuple(p for p in inputs if p is not None)) as tmp:
+    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
         stats = {}
         for name in SPLITS:
             if name in utts:
@@ -197,10 +183,11 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     read before the audio and stored as OUT/lexicon.txt."""
     from asrdist.corpus.import_kaldi import import_split
     from asrdist.corpus.lexicon import Lexicon
+    from asrdist.utils.io import check_output_dir
 
     src = Path(src)
     inputs = (src, alignments, lexicon)
-    check_output(out, overwrite, inputs)
+    check_output_dir(out, overwrite, inputs)  # before any audio is read
     if not src.is_dir():
         raise DataError(f"{src}: directory not found")
     lexicon = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output

@@ -110,14 +110,13 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
     """Build the FSDD corpus in `out` (atomically) and return its summary."""
     from tqdm import tqdm
 
-    from asrdist.corpus.assemble import check_output
-    from asrdist.utils.io import atomic_dir, write_json_atomic
+    from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
 
     if sample_rate not in (8000, 16000):
         raise ConfigError(f"--sample-rate: {sample_rate} Hz, expected 8000 or 16000")
     recordings_dir = resolve_source(source)
     inputs = (recordings_dir,) if source is None else (Path(source), recordings_dir)
-    check_output(out, overwrite, inputs)  # before reading any audio; --overwrite must not delete the source
+    check_output_dir(out, overwrite, inputs)  # before reading any audio; --overwrite must not delete the source
     recordings = find_recordings(recordings_dir)
     if not recordings:
         raise DataError(f"{recordings_dir}: no FSDD recordings ({{digit}}_{{speaker}}_{{take}}.wav)")

@@ -338,13 +338,13 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary.
     OUT is checked before any audio is read; `lexicon` (a file) is stored as OUT/lexicon.txt.
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
-    from asrdist.corpus.assemble import check_output, empty_transcripts
+    from asrdist.corpus.assemble import empty_transcripts
     from asrdist.corpus.lexicon import Lexicon, store_lexicon
-    from asrdist.utils.io import atomic_dir, write_json_atomic
+    from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
 
     src = Path(src)
-    inputs = tuple(Path(p) for p in (src, alignments, lexicon) if p is not None)
-    check_output(out, overwrite, inputs)
+    inputs = (src, alignments, lexicon)
+    check_output_dir(out, overwrite, inputs)
     lex = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
     split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel)
     utts = split.utterances
@@ -393,12 +393,11 @@ def _export_split(data: DataDir, out: Path, final: Path) -> None:
 
 def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
-    from asrdist.corpus.assemble import check_output
     from asrdist.features.extract import find_splits
-    from asrdist.utils.io import atomic_dir
+    from asrdist.utils.io import atomic_dir, check_output_dir
 
     src, out = Path(src), Path(out)
-    check_output(out, overwrite, (src,))
+    check_output_dir(out, overwrite, (src,))
     splits = find_splits(src)
     single = (src / "wav.scp").is_file()
     with atomic_dir(out, overwrite=overwrite, inputs=(src,)) as tmp:

@@ -168,12 +168,12 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          split_parts: dict[str, str] | None = None, valid_speakers: int | None = None,
                          skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
-    from asrdist.corpus.assemble import (check_output, check_valid_speakers, match_splits, require_train,
-                                         write_corpus)
+    from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
+    from asrdist.utils.io import check_output_dir
     from asrdist.corpus.import_kaldi import import_split
 
     src, out = Path(src), Path(out)
-    check_output(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
+    check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
     if not src.is_dir():
         raise DataError(f"{src}: directory not found")
     parts = find_manifests(src)

@@ -68,11 +68,12 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
 def _probe_directory(path: Path) -> None:
     """Create and delete a file where `path` will be made (its nearest existing directory): the
     only sure test of writability (a read-only or virtual file system such as /proc, permissions)."""
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"{path}: cannot write: {parent} is a file, not a directory")
+    from asrdist.utils.io import file_above
+
+    above = file_above(path)
+    if above is not None:
+        raise OutputError(f"{path}: cannot write: {above} is a file, not a directory")
+    parent = next(p for p in path.absolute().parents if p.exists())
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
     except OSError as exc:
