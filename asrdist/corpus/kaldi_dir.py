@@ -150,7 +150,8 @@ def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _read_table(path: Path, required: bool = True) -> dict[str, str]:
+def read_table(path: Path, required: bool = True) -> dict[str, str]:
+    """`key value` lines of a Kaldi table (a missing file: an error, or {} when not `required`)."""
     if not path.is_file():
         if required:
             raise DataError(f"{path}: missing")
@@ -176,11 +177,11 @@ def read_data_dir(path: str | Path, require_text: bool = True) -> DataDir:
     path = Path(path)
     if not path.is_dir():
         raise DataError(f"{path}: data directory not found")
-    wav_scp = _read_table(path / "wav.scp")
-    segments = _read_table(path / "segments", required=False)
-    utt2spk = _read_table(path / "utt2spk")
-    text = _read_table(path / "text", required=require_text)
-    utt2dur = _read_table(path / "utt2dur", required=False)
+    wav_scp = read_table(path / "wav.scp")
+    segments = read_table(path / "segments", required=False)
+    utt2spk = read_table(path / "utt2spk")
+    text = read_table(path / "text", required=require_text)
+    utt2dur = read_table(path / "utt2dur", required=False)
     alignments = read_alignments(path) if (path / "alignment.scp").is_file() else {}
     data = DataDir(path)
     utt_ids = sorted(segments) if segments else sorted(wav_scp)

@@ -192,15 +192,6 @@ class FeatureStore:
         return state
 
 
-def _table(path: Path) -> dict[str, str]:
-    """`key value` lines of a Kaldi table, read leniently: reading the split itself reports its errors."""
-    if not path.is_file():
-        return {}
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    pairs = (line.strip().split(maxsplit=1) for line in lines)
-    return {p[0]: (p[1] if len(p) > 1 else "") for p in pairs if p}
-
-
 def _digest(parts) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -209,10 +200,26 @@ def _digest(parts) -> str:
     return h.hexdigest()[:16]
 
 
-def listed_utterances(split_dir: str | Path) -> list[str]:
-    """The utterance ids the split lists now (of `segments` if it has one, else of `wav.scp`)."""
-    split = Path(split_dir)
-    return sorted(_table(split / "segments") or _table(split / "wav.scp"))
+def _source(split: Path) -> tuple[dict, list[str]]:
+    """(`source_record`, the utterance ids it lists: of `segments` if any, else of `wav.scp`),
+    each table read once."""
+    from asrdist.corpus.kaldi_dir import read_table
+
+    wav_scp, segments = read_table(split / "wav.scp", required=False), read_table(split / "segments", required=False)
+    ids = sorted(segments or wav_scp)
+    tables = [(split / name).read_bytes() if (split / name).is_file() else b"-"
+              for name in ("wav.scp", "segments", "utt2spk")]
+    stats = []
+    for wav in sorted(set(wav_scp.values())):
+        path = Path(wav) if Path(wav).is_absolute() else split / wav
+        try:
+            st = path.stat()
+            stats.append(f"{wav}\t{st.st_size}\t{st.st_mtime_ns}")
+        except OSError:
+            stats.append(f"{wav}\tmissing")
+    record = {"utterances": len(ids), "utterance_ids": _digest(ids), "tables": _digest(tables),
+              "audio": _digest(stats)}
+    return record, ids
 
 
 def source_record(split_dir: str | Path) -> dict:
@@ -220,32 +227,17 @@ def source_record(split_dir: str | Path) -> dict:
     the utterance ids, the tables that pick audio and speakers (wav.scp, segments, utt2spk: speaker
     CMVN depends on them), and each audio file's size and modification time. Cheap (no audio is
     read), so every train / eval / align can tell a store that no longer fits its split."""
-    split = Path(split_dir)
-    ids = listed_utterances(split)
-    tables = [(split / name).read_bytes() if (split / name).is_file() else b"-"
-              for name in ("wav.scp", "segments", "utt2spk")]
-    stats = []
-    for wav in sorted(set(_table(split / "wav.scp").values())):
-        path = Path(wav) if Path(wav).is_absolute() else split / wav
-        try:
-            st = path.stat()
-            stats.append(f"{wav}\t{st.st_size}\t{st.st_mtime_ns}")
-        except OSError:
-            stats.append(f"{wav}\tmissing")
-    return {"utterances": len(ids), "utterance_ids": _digest(ids), "tables": _digest(tables),
-            "audio": _digest(stats)}
+    return _source(Path(split_dir))[0]
 
 
 def source_change(split_dir: str | Path, store: FeatureStore) -> str | None:
     """Why `store` no longer fits split `split_dir` (utterances added or removed, audio or tables
     edited since extraction), or None. A store without a recorded `source` (written before it
     was kept) is compared by utterance ids only, its skipped utterances allowed for."""
-    split = Path(split_dir)
     recorded = store.meta.get("source")
-    listed = listed_utterances(split)
+    now, listed = _source(Path(split_dir))
     if not isinstance(recorded, dict):
         return _ids_change(listed, store, allowed_missing=int(store.meta.get("skipped") or 0))
-    now = source_record(split)
     if now["utterance_ids"] != recorded.get("utterance_ids"):
         have = set(store.utt_ids)
         new = next((u for u in listed if u not in have), None)
