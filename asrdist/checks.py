@@ -1,30 +1,81 @@
 """The one check of a typed config field, for every section's dataclass (run, model, optimizer,
-strategy): the value's kind and its allowed range, or a one-line ConfigError naming the key."""
+strategy): the value's kind and its allowed range, or a one-line ConfigError naming the key; and
+the same rules as argparse types for the commands' numeric options (`cli_number`, `cli_list`)."""
 from __future__ import annotations
 
+import argparse
 import math
-from typing import Any
+from typing import Any, Callable
 
 from asrdist.errors import ConfigError
 
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true/false"}
+_PLURAL_NAMES = {int: "integers", float: "numbers", bool: "true/false values"}
 
 
 def check_field(key: str, value: Any, kind: type = int, *, at_least: float | None = None,
                 above: float | None = None, at_most: float | None = None, below: float | None = None) -> Any:
     """`value` is a `kind` (a bool is never a number; an int is a float; numbers are finite) within
     the bounds, or a one-line ConfigError naming `key` and the allowed range."""
-    bounds = [f"{op} {b:g}" for op, b in ((">=", at_least), (">", above), ("<=", at_most), ("<", below))
-              if b is not None]
-    expected = " ".join([_KIND_NAMES[kind], " and ".join(bounds)]).strip()
-    if kind is bool:
-        ok = isinstance(value, bool)
-    elif isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
-        ok = False
-    else:
-        ok = (math.isfinite(value)
-              and (at_least is None or value >= at_least) and (above is None or value > above)
-              and (at_most is None or value <= at_most) and (below is None or value < below))
-    if not ok:
-        raise ConfigError(f"{key}: expected {expected}, got {value!r}")
+    bounds = dict(at_least=at_least, above=above, at_most=at_most, below=below)
+    if not _within(value, kind, bounds):
+        raise ConfigError(f"{key}: expected {_expected(kind, bounds)}, got {value!r}")
     return value
+
+
+def cli_number(kind: type = int, **bounds: float) -> Callable[[str], Any]:
+    """An argparse `type=` for a numeric option: its text as a `kind` within `bounds` (check_field's
+    keywords and rules), else argparse's usage error naming the option and the allowed range."""
+    def parse(text: str) -> Any:
+        return _parse(text, kind, bounds)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message for a ValueError
+    return parse
+
+
+def cli_list(kind: type = int, *, empty: bool = False, **bounds: float) -> Callable[[str], list]:
+    """An argparse `type=` for a comma-separated list of numbers, each a `kind` within `bounds`
+    (empty items skipped); the empty list only with `empty`."""
+    def parse(text: str) -> list:
+        try:
+            values = [_parse(item.strip(), kind, bounds) for item in text.split(",") if item.strip()]
+        except argparse.ArgumentTypeError:
+            values = None
+        if values is None or not (values or empty):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {_expected(kind, bounds, plural=True)}, got {text!r}")
+        return values
+
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
+def _parse(text: str, kind: type, bounds: dict) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = text
+    if not _within(value, kind, bounds):
+        raise argparse.ArgumentTypeError(f"expected {_expected(kind, bounds)}, got {text!r}")
+    return value
+
+
+def _within(value: Any, kind: type, bounds: dict) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        return False
+    at_least, above, at_most, below = (bounds.get(k) for k in ("at_least", "above", "at_most", "below"))
+    return (math.isfinite(value)
+            and (at_least is None or value >= at_least) and (above is None or value > above)
+            and (at_most is None or value <= at_most) and (below is None or value < below))
+
+
+def _expected(kind: type, bounds: dict, plural: bool = False) -> str:
+    ops = {"at_least": ">=", "above": ">", "at_most": "<=", "below": "<"}
+    unknown = set(bounds) - set(ops)
+    if unknown:
+        raise TypeError(f"unknown bounds {sorted(unknown)}")
+    limits = [f"{ops[k]} {b:g}" for k, b in bounds.items() if b is not None]
+    name = (_PLURAL_NAMES if plural else _KIND_NAMES)[kind]
+    return " ".join([name, " and ".join(limits)]).strip()

@@ -28,6 +28,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from asrdist.checks import cli_number
+
 DEFAULT_NETWORK = "1gbit"
 TINY_SHAPES = ((64, 429), (64,), (64, 64), (64,), (93, 64), (93,))
 """A swbd-like net 32x smaller per layer: for quick checks of the benchmark itself."""
@@ -36,15 +38,15 @@ TINY_SHAPES = ((64, 429), (64,), (64, 64), (64,), (93, 64), (93,))
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default=DEFAULT_NETWORK,
                         help="1gbit | 10gbit | loopback | any tc rate (default: 1gbit, emulated)")
-    parser.add_argument("--learners", type=int, default=4)
-    parser.add_argument("--nodes", type=int, default=None, help="emulated hosts (default: one per learner)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed exchanges per strategy")
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
+    parser.add_argument("--nodes", type=cli_number(int, at_least=1), default=None, help="emulated hosts (default: one per learner)")
+    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=5, help="timed exchanges per strategy")
     parser.add_argument("--kernel", default="auto", help="onebit quantizer: auto | fused | reference")
     parser.add_argument("--shapes", choices=("swbd", "tiny"), default="swbd",
                         help="gradient shapes: the 46M-parameter swbd DNN, or a tiny one for smoke tests")
-    parser.add_argument("--chunks", type=int, default=None,
+    parser.add_argument("--chunks", type=cli_number(int, at_least=1), default=None,
                         help="onebit pipeline chunks (default: the strategy's; 1 = no pipelining)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole learner job")
+    parser.add_argument("--timeout", type=cli_number(float, above=0), default=900.0, help="seconds for the whole learner job")
 
 
 def run(args) -> dict:
@@ -53,10 +55,6 @@ def run(args) -> dict:
     from asrdist.cluster.netem_launch import run_learners
     from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
 
-    if args.learners < 2:
-        raise ConfigError(f"bench comm: --learners must be >= 2, got {args.learners}")
-    if args.repeats < 1:
-        raise ConfigError(f"bench comm: --repeats must be >= 1, got {args.repeats}")
     shapes = SWBD_SHAPES if args.shapes == "swbd" else TINY_SHAPES
     network, _ = resolve_network(args.network)
     quant = measure_quantize_vs_copy(shapes, kind=args.kernel)

@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from asrdist.checks import cli_number
 from asrdist.compare import runs as compare_runs
 from asrdist.errors import ConfigError
 
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="finished run directories (with --train: section.key=value overrides)")
     parser.add_argument("--train", metavar="CONFIG", help="train one run per strategy first")
     parser.add_argument("--strategies", default=None, help=f"with --train (default: {DEFAULT_STRATEGIES})")
-    parser.add_argument("--learners", type=int, default=None, help=f"with --train (default: {DEFAULT_LEARNERS})")
+    parser.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help=f"with --train (default: {DEFAULT_LEARNERS})")
     parser.add_argument("--out", type=Path, default=None, help=f"with --train: parent of the runs (default: {DEFAULT_OUT})")
     parser.add_argument("--data", type=Path, default=None, help="with --train: corpus directory (default: the recipe's)")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.checks import cli_number
 from asrdist.errors import DataError
 
 DIM = 40
@@ -25,9 +26,9 @@ DIM = 40
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=None,
                         help="corpus or split directory whose audio to time (default: FSDD recordings)")
-    parser.add_argument("--utterances", type=int, default=2000,
+    parser.add_argument("--utterances", type=cli_number(int, at_least=1), default=2000,
                         help="utterances (100-500 frames each) in the sampler's temporary store")
-    parser.add_argument("--epochs", type=int, default=3, help="sampler epochs timed")
+    parser.add_argument("--epochs", type=cli_number(int, at_least=1), default=3, help="sampler epochs timed")
 
 
 def run(args) -> dict:

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asrdist.checks import cli_number
 from asrdist.errors import ConfigError, TrainingError
 
 TINY = ["model.hidden_dim=128", "model.hidden_layers=2", "data.batch_size=256", "train.log_every=5",
@@ -48,10 +49,10 @@ POLL_S = 0.1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("demo/corpus"), help="corpus (default the demo corpus)")
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
-    parser.add_argument("--learners", type=int, default=4)
-    parser.add_argument("--timeout-seconds", type=float, default=20.0, help="train.timeout_seconds of the hang case")
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
+    parser.add_argument("--timeout-seconds", type=cli_number(float, above=0), default=20.0, help="train.timeout_seconds of the hang case")
     parser.add_argument("--only", default=",".join(CASES), help=f"comma-separated cases of {', '.join(CASES)}")
-    parser.add_argument("--deadline", type=float, default=900.0, help="seconds any one case may take")
+    parser.add_argument("--deadline", type=cli_number(float, above=0), default=900.0, help="seconds any one case may take")
 
 
 def run(args) -> dict[str, Any]:
@@ -59,8 +60,6 @@ def run(args) -> dict[str, Any]:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ConfigError(f"bench faults --only: unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
-    if args.learners < 2:
-        raise ConfigError("bench faults --learners: at least 2 (a learner dies, another must notice)")
     if "adpsgd" in cases and args.learners < 4:
         raise ConfigError("bench faults --learners: the adpsgd case kills ranks 1, 2 and 3: at least 4 learners")
     if "hierarchical" in cases and (args.learners < 4 or args.learners % 2):

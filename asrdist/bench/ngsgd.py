@@ -44,6 +44,8 @@ from pathlib import Path
 
 import torch
 
+from asrdist.checks import cli_list, cli_number
+from asrdist.errors import ConfigError
 from asrdist.bench.machine import median_seconds
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
@@ -57,21 +59,21 @@ SWBD_FEATURES, SWBD_CLASSES = 39, 9304
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, default=256, help="frames per step (default DNN)")
-    parser.add_argument("--blocks", type=int, default=12, help="timed blocks of 4 steps per variant (default DNN)")
-    parser.add_argument("--num-classes", type=int, default=DNN_CLASSES, help="outputs of the default DNN")
-    parser.add_argument("--swbd-batch", type=int, default=256, help="frames per step on the swbd shapes")
-    parser.add_argument("--swbd-blocks", type=int, default=4,
+    parser.add_argument("--batch", type=cli_number(int, at_least=1), default=256, help="frames per step (default DNN)")
+    parser.add_argument("--blocks", type=cli_number(int, at_least=1), default=12, help="timed blocks of 4 steps per variant (default DNN)")
+    parser.add_argument("--num-classes", type=cli_number(int, at_least=2), default=DNN_CLASSES, help="outputs of the default DNN")
+    parser.add_argument("--swbd-batch", type=cli_number(int, at_least=1), default=256, help="frames per step on the swbd shapes")
+    parser.add_argument("--swbd-blocks", type=cli_number(int, at_least=1), default=4,
                         help="timed blocks of 4 steps per variant (swbd; with 2 the ratio moved by 0.2 between runs)")
     parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
-    parser.add_argument("--widths", default="1024,2048",
+    parser.add_argument("--widths", type=cli_list(int, empty=True, at_least=1), default="1024,2048",
                         help="also time the default DNN with these hidden widths (comma list; '' for none)")
     parser.add_argument("--kernel", choices=KERNEL_KINDS, default="auto",
                         help="natural gradient's preconditioner: compiled, Python, or compiled where it builds")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadiest figure)")
-    parser.add_argument("--learners", type=int, default=4, help="learners for the bytes-per-sample run")
-    parser.add_argument("--global-batch", type=int, default=256, help="global batch split across learners")
-    parser.add_argument("--average-every", type=int, default=AveragingConfig().average_every,
+    parser.add_argument("--threads", type=cli_number(int, at_least=1), default=1, help="torch threads (default 1: steadiest figure)")
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4, help="learners for the bytes-per-sample run")
+    parser.add_argument("--global-batch", type=cli_number(int, at_least=1), default=256, help="global batch split across learners")
+    parser.add_argument("--average-every", type=cli_number(int, at_least=1), default=AveragingConfig().average_every,
                         help="samples per learner between averages")
 
 
@@ -266,6 +268,9 @@ def bytes_per_sample(learners: int, global_batch: int, average_every: int, featu
 
 
 def run(args) -> dict:
+    if args.global_batch < args.learners:
+        raise ConfigError(f"bench ngsgd: --global-batch ({args.global_batch}) must give each of the "
+                          f"{args.learners} learners at least one sample")
     torch.set_num_threads(args.threads)
     from asrdist.optim.ngsgd import resolve_kernel
 
@@ -273,7 +278,7 @@ def run(args) -> dict:
     dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks, kernel=kernel)
     result = {"step_time_ratio": dnn["step_time_ratio"], "flop_ratio": dnn["flop_ratio"],
               "step_time_ratio_target": 1.10, "dnn": dnn}
-    widths = [int(w) for w in args.widths.split(",") if w.strip()]
+    widths = args.widths
     if widths:
         # The extra work per layer is ~2·N·(D_in·rank_in + D_out·rank_out) against ~3·N·D_in·D_out:
         # with Kaldi's fixed ranks the relative cost falls as layers widen.

@@ -43,6 +43,7 @@ import argparse
 import os
 from typing import Any
 
+from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
 
 SWBD = {"name": "swbd"}
@@ -65,44 +66,34 @@ EXCHANGE_JOB = "sync_flat"
 hierarchical allreduce of the model's gradient (`scaling_worker.time_exchanges`)."""
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default="1gbit", help="1gbit | 10gbit | loopback | any tc rate")
     parser.add_argument("--strategies", default="sync,onebit", help="comma-separated strategy names")
-    parser.add_argument("--learners", type=_int_list, default=None,
+    parser.add_argument("--learners", type=cli_list(int, at_least=1), default=None,
                         help="learner counts, e.g. 1,2,4 (default 1,2,4; with --nodes: none unless given)")
-    parser.add_argument("--nodes", type=int, default=None,
+    parser.add_argument("--nodes", type=cli_number(int, at_least=2),  # hierarchical differs from flat only across nodes default=None,
                         help=f"emulated hosts of --per-node learners each (default {DEFAULT_NODES} when "
                              "--per-node is given): time sync flat/hierarchical, onebit hierarchical, "
                              "adpsgd, hierarchical, hybrid")
-    parser.add_argument("--per-node", type=int, default=None,
+    parser.add_argument("--per-node", type=cli_number(int, at_least=1), default=None,
                         help=f"learners per emulated host (default {DEFAULT_PER_NODE} when --nodes is given)")
     parser.add_argument("--configs", default=None,
                         help="--nodes: the configurations to time (comma list of "
                              f"{', '.join(NODE_CONFIGS)}; default all; {EXCHANGE_JOB} always runs: it times the "
                              "allreduces)")
-    parser.add_argument("--exchange-repeats", type=int, default=5,
+    parser.add_argument("--exchange-repeats", type=cli_number(int, at_least=1), default=5,
                         help="--nodes: timed flat and hierarchical allreduces of the model's gradient")
-    parser.add_argument("--compute-ms", type=float, default=200.0, help="emulated forward/backward per minibatch")
-    parser.add_argument("--local-batch", type=int, default=1024, help="frames per learner per minibatch")
+    parser.add_argument("--compute-ms", type=cli_number(float, above=0), default=200.0, help="emulated forward/backward per minibatch")
+    parser.add_argument("--local-batch", type=cli_number(int, at_least=1), default=1024, help="frames per learner per minibatch")
     parser.add_argument("--model", default="swbd", help="model name (swbd: 429 -> 7 x 2048 -> 9304)")
-    parser.add_argument("--hidden-layers", type=int, default=None)
-    parser.add_argument("--hidden-dim", type=int, default=None)
-    parser.add_argument("--feature-dim", type=int, default=39, help="features per frame (x 11 spliced)")
-    parser.add_argument("--num-classes", type=int, default=9304)
-    parser.add_argument("--steps", type=int, default=8, help="timed minibatches per run")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed minibatches first")
-    parser.add_argument("--lr", type=float, default=1e-3, help="plain SGD learning rate")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per learner job")
+    parser.add_argument("--hidden-layers", type=cli_number(int, at_least=1), default=None)
+    parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=None)
+    parser.add_argument("--feature-dim", type=cli_number(int, at_least=1), default=39, help="features per frame (x 11 spliced)")
+    parser.add_argument("--num-classes", type=cli_number(int, at_least=2), default=9304)
+    parser.add_argument("--steps", type=cli_number(int, at_least=1), default=8, help="timed minibatches per run")
+    parser.add_argument("--warmup", type=cli_number(int, at_least=0), default=2, help="untimed minibatches first")
+    parser.add_argument("--lr", type=cli_number(float, above=0), default=1e-3, help="plain SGD learning rate")
+    parser.add_argument("--timeout", type=cli_number(float, above=0), default=900.0, help="seconds per learner job")
 
 
 def run(args) -> dict:
@@ -115,18 +106,12 @@ def run(args) -> dict:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for name in strategies:
         strategy_config_class(name)  # unknown names fail before anything starts
-    if args.compute_ms <= 0 or args.steps < 1 or args.warmup < 0 or args.local_batch < 1:
-        raise ConfigError("bench scaling: need --compute-ms > 0, --steps >= 1, --warmup >= 0, --local-batch >= 1")
     if nodes_mode:
         nodes = DEFAULT_NODES if args.nodes is None else args.nodes
         per_node = DEFAULT_PER_NODE if args.per_node is None else args.per_node
         node_configs(args.configs)  # unknown names fail before anything starts
     elif args.configs is not None:
         raise ConfigError("bench scaling: --configs chooses among the --nodes configurations; give --nodes too")
-        if nodes < 2 or per_node < 1 or args.exchange_repeats < 1:
-            raise ConfigError(f"bench scaling: need --nodes >= 2 (hierarchical differs from flat only across "
-                              f"nodes), --per-node >= 1, --exchange-repeats >= 1; got {nodes}, {per_node}, "
-                              f"{args.exchange_repeats}")
     model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
     ModelConfig(**model)  # validate now
     network, label = resolve_network(args.network)

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from asrdist.checks import cli_number
 from asrdist.bench.machine import median_seconds
 from asrdist.errors import ConfigError
 
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     scaling.add_arguments(parser)
     parser.set_defaults(strategies=STRATEGIES, learners=[1, 2, 4])
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=3,
                         help="sweeps (default 3); each figure is the median: one disturbed run moves none")
 
 
@@ -229,8 +230,6 @@ def run(args) -> dict[str, Any]:
     from asrdist.bench import scaling
     from asrdist.sim.cluster import LINKS, Link, model_shapes
 
-    if args.repeats < 1:
-        raise ConfigError(f"bench simulator: --repeats must be >= 1, got {args.repeats}")
     if args.nodes is not None or args.per_node is not None or args.configs is not None:
         raise ConfigError("bench simulator: --nodes/--per-node/--configs are not supported (one learner per "
                           "emulated host)")

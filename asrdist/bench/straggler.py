@@ -22,22 +22,23 @@ import argparse
 import os
 from typing import Any
 
+from asrdist.checks import cli_number
 from asrdist.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default="1gbit", help="1gbit | 10gbit | loopback | any tc rate")
-    parser.add_argument("--learners", type=int, default=4)
-    parser.add_argument("--straggler-rank", type=int, default=3)
-    parser.add_argument("--slowdown", type=float, default=3.0)
-    parser.add_argument("--hidden-dim", type=int, default=512, help="default DNN width (4 hidden layers)")
-    parser.add_argument("--compute-ms", type=float, default=400.0, help="regime 1: emulated compute per step")
-    parser.add_argument("--overlap-compute-ms", type=float, default=0.0,
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
+    parser.add_argument("--straggler-rank", type=cli_number(int, at_least=0), default=3)
+    parser.add_argument("--slowdown", type=cli_number(float, at_least=1), default=3.0)
+    parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=512, help="default DNN width (4 hidden layers)")
+    parser.add_argument("--compute-ms", type=cli_number(float, above=0), default=400.0, help="regime 1: emulated compute per step")
+    parser.add_argument("--overlap-compute-ms", type=cli_number(float, at_least=0), default=0.0,
                         help="regime 2: compute per step ~ one exchange (0: measured from regime 1's adpsgd run)")
-    parser.add_argument("--local-batch", type=int, default=256, help="frames per learner per minibatch")
-    parser.add_argument("--steps", type=int, default=12, help="timed minibatches per learner")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per learner job")
+    parser.add_argument("--local-batch", type=cli_number(int, at_least=1), default=256, help="frames per learner per minibatch")
+    parser.add_argument("--steps", type=cli_number(int, at_least=1), default=12, help="timed minibatches per learner")
+    parser.add_argument("--warmup", type=cli_number(int, at_least=0), default=2)
+    parser.add_argument("--timeout", type=cli_number(float, above=0), default=600.0, help="seconds per learner job")
 
 
 def _run(job: dict, strategy: str, config: dict, n: int, network: str, timeout: float,
@@ -59,9 +60,8 @@ def run(args) -> dict:
     from asrdist.cluster.netem import resolve_network
 
     n = args.learners
-    if n < 2 or not 0 <= args.straggler_rank < n or args.slowdown < 1 or args.compute_ms <= 0 or args.steps < 1:
-        raise ConfigError("bench straggler: need --learners >= 2, 0 <= --straggler-rank < learners, "
-                          "--slowdown >= 1, --compute-ms > 0, --steps >= 1")
+    if args.straggler_rank >= n:
+        raise ConfigError(f"bench straggler: --straggler-rank must be below --learners ({n}), got {args.straggler_rank}")
     network, label = resolve_network(args.network)
     model = {"name": "dnn", "hidden_dim": args.hidden_dim, "hidden_layers": 4}
     job: dict[str, Any] = {"model": model, "feature_dim": 40, "num_classes": 40,

@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.checks import cli_number
+
 DIM, CLASSES = 40, 40
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--utterances", type=int, default=300, help="utterances (100-500 frames) in the store")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = all cores)")
+    parser.add_argument("--utterances", type=cli_number(int, at_least=1), default=300, help="utterances (100-500 frames) in the store")
+    parser.add_argument("--rounds", type=cli_number(int, at_least=1), default=5)
+    parser.add_argument("--threads", type=cli_number(int, at_least=0), default=1, help="torch threads (0 = all cores)")
 
 
 def _store(tmp: Path, n: int):

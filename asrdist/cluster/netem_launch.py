@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from asrdist.checks import cli_number
 from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.utils.io import write_json_atomic
@@ -295,12 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--args", default="{}", help="under torchrun: the function's args as JSON")
     p.add_argument("--result-dir", help="under torchrun: write result<rank>.json here (else print)")
     p.add_argument("--label", default="cluster", help="under torchrun: the `network` the spec reports")
-    p.add_argument("--learners", type=int, default=4)
-    p.add_argument("--nodes", type=int, default=None, help="emulated hosts (default: one per learner)")
+    p.add_argument("--learners", type=cli_number(int, at_least=1), default=4)
+    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=None, help="emulated hosts (default: one per learner)")
     p.add_argument("--network", default="1gbit", help="loopback | 1gbit | 10gbit | any tc rate")
-    p.add_argument("--floats", type=int, default=46_000_000)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--floats", type=cli_number(int, at_least=1), default=46_000_000)
+    p.add_argument("--repeats", type=cli_number(int, at_least=1), default=3)
+    p.add_argument("--timeout", type=cli_number(float, above=0), default=600.0)
     a = p.parse_args(argv)
     if a.worker:
         _worker(a.worker)

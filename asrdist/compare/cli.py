@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrdist.checks import cli_number
 from asrdist.errors import ConfigError, TrainingError
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, applied to every run")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES})")
-    p.add_argument("--learners", type=int, default=DEFAULT_LEARNERS,
+    p.add_argument("--learners", type=cli_number(int, at_least=1), default=DEFAULT_LEARNERS,
                    help=f"learners of every run but single's (default: {DEFAULT_LEARNERS})")
     p.add_argument("--out", type=Path, required=True, help="directory of the runs and the report")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")

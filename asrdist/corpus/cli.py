@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrdist.checks import cli_number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("corpus", help="build or import a speech corpus")
@@ -11,11 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = csub.add_parser("synth", help="synthetic multi-speaker English corpus with exact phone alignments")
     s.add_argument("out", type=Path)
-    s.add_argument("--utterances", type=int, default=1000)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--utterances", type=cli_number(int, at_least=3), default=1000)
+    s.add_argument("--seed", type=cli_number(int), default=0)
     s.add_argument("--synthesizer", choices=["espeak", "flite"], default="espeak")
-    s.add_argument("--jobs", type=int, default=0, help="worker processes (default: all cores)")
-    s.add_argument("--noise-snr", type=float, default=None, help="add white noise at this SNR in dB")
+    s.add_argument("--jobs", type=cli_number(int, at_least=0), default=0, help="worker processes (default: all cores)")
+    s.add_argument("--noise-snr", type=cli_number(float), default=None, help="add white noise at this SNR in dB")
     s.add_argument("--skip-bad", action="store_true", help="skip and count bad utterances")
     s.add_argument("--overwrite", action="store_true")
     s.set_defaults(func=_synth)
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--lexicon", type=Path, default=None,
                    help="pronunciation dictionary (Kaldi lexicon.txt or CMU dict), stored as OUT/lexicon.txt: "
                         "phone targets of an unaligned corpus and `asrdist align` come from it")
-    k.add_argument("--channel", type=int, default=None, metavar="K",
+    k.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel audio, which is an error without it "
                         "(give `asrdist features` the same --channel)")
     k.add_argument("--skip-bad", action="store_true")
@@ -67,7 +69,7 @@ def _add_split_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--split", action="append", default=None, metavar="SPLIT[=NAME]",
                    help=f"SPLIT (train) when SRC is a single source; SPLIT=NAME picks the {what} for a "
                         f"split (train, valid, test) where the names do not say it")
-    p.add_argument("--valid-speakers", type=int, default=None, metavar="N",
+    p.add_argument("--valid-speakers", type=cli_number(int, at_least=1), default=None, metavar="N",
                    help="carve a valid set of N whole training speakers when the source has none "
                         "(default: 10%% of them, at least 1)")
 

@@ -144,8 +144,9 @@ class ShardedSampler:
         self._rng_rank = 0 if shared_stream else rank
         empty = [r for r, s in enumerate(self.shards) if not s]
         if empty:
-            raise ConfigError(f"sampler: {len(self.lengths)} utterances cannot fill {world_size} shards "
-                              f"(rank {empty[0]} gets none)")
+            n = len(self.lengths)
+            raise ConfigError(f"sampler: {n} utterance{'s' if n != 1 else ''} cannot fill {world_size} learners' "
+                              f"shards (rank {empty[0]} gets none): use fewer learners or more training data")
         self.shard = self.shards[rank]
         self._epoch, self._position = 0, 0
         self._len: int | None = None

@@ -6,6 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from asrdist.checks import cli_number
 from asrdist.errors import OutputError
 
 DECODE_EPILOG = """\
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="output JSON (default RUN_DIR/eval.json); hypotheses go to hyp.txt beside it")
     _vocabulary_option(p)
-    p.add_argument("--adapt-rounds", type=int, default=None, metavar="N",
+    p.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
                         "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
     p.set_defaults(func=_eval)

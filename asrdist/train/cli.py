@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrdist.checks import cli_number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train an acoustic model with N learners")
@@ -11,11 +13,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value overrides")
     p.add_argument("--out", type=Path, default=None, help="run directory")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--learners", type=int, default=None, help="number of local learners")
+    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
+    p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="number of local learners")
     p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
     p.add_argument("--resume", type=Path, default=None, help="resume RUN_DIR from its last checkpoint")
-    p.add_argument("--nodes", type=int, default=1,
+    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=1,
                    help="run the learners on this many emulated hosts (network namespaces joined by shaped "
                         "links, one torchrun agent each; needs root): a cluster on one machine")
     p.add_argument("--network", default="1gbit", help="link rate between emulated hosts, e.g. 1gbit, 10gbit")

@@ -11,6 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
+from asrdist.checks import cli_number
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="prepare a run directory for torchrun / SLURM (starts no learner)")
@@ -18,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="section.key=value overrides")
     p.add_argument("--out", type=Path, required=True, help="run directory (on storage every host sees)")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--learners", type=int, default=None, help="learners in the whole job (nodes x per node)")
+    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
+    p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="learners in the whole job (nodes x per node)")
     p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=prepare_command, resume=None)
