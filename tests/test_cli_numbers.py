@@ -21,7 +21,6 @@ def _numeric_actions(parser: argparse.ArgumentParser, path: str):
             yield path, action
 
 
-@pytest.mark.skip(reason="asrdist simulate is converted next")
 def test_no_command_takes_an_unchecked_number():
     unchecked = [f"{path} {'/'.join(a.option_strings) or a.dest}"
                  for path, a in _numeric_actions(build_parser(), "asrdist")

@@ -51,8 +51,8 @@ def test_hierarchical_allreduce_beats_flat_across_slow_nodes():
 
 def test_advisor_ranks_every_strategy_fastest_first_and_names_the_winner():
     job = Job("sync", None, SHAPES, Cluster(2, 2, LINKS["loopback"], LINKS["1gbit"]), 1024, 2e-5, steps=6)
-    ranked, why = advise(job)
-    assert sorted(p.name for p in ranked) == sorted(ADVISED)
+    ranked, why, left_out = advise(job)
+    assert sorted(p.name for p in ranked) == sorted(ADVISED) and left_out == {}
     assert [p.epoch_seconds for p in ranked] == sorted(p.epoch_seconds for p in ranked)
     assert why.startswith(f"{ranked[0].name} wins")
 

@@ -7,11 +7,12 @@ import argparse
 import math
 from pathlib import Path
 
+from asrdist.checks import cli_number
 from asrdist.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from asrdist.sim.cluster import DEVICES, LINKS, MODELS
+    from asrdist.sim.cluster import DEVICES, LINKS, MAX_LEARNER_STEPS, MAX_LEARNERS, MAX_ONEBIT_SPAN, MODELS
 
     p = sub.add_parser("simulate", help="scaling simulator and strategy advisor (--validate: the papers' figures)")
     p.add_argument("--validate", action="store_true", help="print the source documents' figures vs the simulator's")
@@ -19,20 +20,28 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sync | onebit | averaging | adpsgd | hierarchical | hybrid (default: rank them all)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy setting, e.g. --set double_buffering=true --set pattern=random")
-    p.add_argument("--cluster", default="1x8", help="NODESxLEARNERS_PER_NODE (default 1x8)")
+    p.add_argument("--cluster", default="1x8",
+                   help=f"NODESxLEARNERS_PER_NODE (default 1x8), at most {MAX_LEARNERS} learners. Learners that move "
+                        f"alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
+                        f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
+                        f"steps; onebit: at most {MAX_ONEBIT_SPAN} nodes and {MAX_ONEBIT_SPAN} per node "
+                        f"({MAX_ONEBIT_SPAN} learners if flat)")
     p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}")
-    p.add_argument("--seconds-per-frame", type=float, default=None,
+    p.add_argument("--seconds-per-frame", type=cli_number(float, above=0), default=None,
                    help="measured compute per frame and learner (instead of --device)")
     p.add_argument("--model", default="swbd", help=f"model preset: {', '.join(MODELS)}")
     p.add_argument("--inside", default="nvlink", help=f"link inside a node: {', '.join(LINKS)} or a rate (25gbit)")
     p.add_argument("--network", default="100gbit", help="link between nodes (same names)")
-    p.add_argument("--global-batch", type=int, default=None, help="frames per minibatch over all learners "
-                                                                  "(default: 256 per learner)")
-    p.add_argument("--quantize-ns", type=float, default=0.6, help="1-bit cost per value and pass, ns")
-    p.add_argument("--frames-per-epoch", type=float, default=SWB300, help="default: 309 h at 100 frames/s")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--straggler", default=None, metavar="RANK:SLOWDOWN", help="e.g. 3:3.0")
-    p.add_argument("--jitter", type=float, default=0.0, help="every step's compute x (1 + uniform(0, J))")
+    p.add_argument("--global-batch", type=cli_number(int, at_least=1), default=None,
+                   help="frames per minibatch over all learners (default: 256 per learner)")
+    p.add_argument("--quantize-ns", type=cli_number(float, at_least=0), default=0.6,
+                   help="1-bit cost per value and pass, ns")
+    p.add_argument("--frames-per-epoch", type=cli_number(float, above=0), default=SWB300,
+                   help="default: 309 h at 100 frames/s")
+    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=1)
+    p.add_argument("--straggler", default=None, metavar="RANK:SLOWDOWN", help="e.g. 3:3.0 (slowdown >= 1)")
+    p.add_argument("--jitter", type=cli_number(float, at_least=0), default=0.0,
+                   help="every step's compute x (1 + uniform(0, J))")
     p.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     p.set_defaults(func=run)
 
@@ -53,46 +62,39 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import (DEVICES, MODELS, Cluster, link_named, model_shapes, seconds_per_frame,
-                                     step_overhead)
-    from asrdist.sim.scenario import Job, strategy_config
+    from asrdist.sim.cluster import DEVICES, MODELS, Cluster, model_shapes, seconds_per_frame, step_overhead
+    from asrdist.sim.engine import STRATEGY_NAMES
+    from asrdist.sim.scenario import Job
 
     nodes, per_node = _cluster(args.cluster)
+    if args.strategy is not None and args.strategy not in STRATEGY_NAMES:
+        raise ConfigError(f"--strategy: unknown strategy {args.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
+    if args.strategy is None and nodes * per_node < 2:
+        raise ConfigError(f"--cluster: ranking the strategies needs at least 2 learners (or name one with --strategy), "
+                          f"got {args.cluster!r}")
     if args.model not in MODELS:
         raise ConfigError(f"--model: unknown model preset {args.model!r} (known: {', '.join(MODELS)})")
     m = MODELS[args.model]
     shapes = model_shapes(m["model"], m["feature_dim"], m["num_classes"])
     if args.seconds_per_frame is not None:
-        if not args.seconds_per_frame > 0:
-            raise ConfigError(f"--seconds-per-frame: must be > 0, got {args.seconds_per_frame}")
         spf, overhead = args.seconds_per_frame, 0.0
     else:
         if args.device not in DEVICES:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
         device = DEVICES[args.device]
         spf, overhead = seconds_per_frame(device, sum(math.prod(s) for s in shapes)), step_overhead(device, m)
-    cluster = Cluster(nodes, per_node, link_named(args.inside), link_named(args.network))
-    batch = args.global_batch or 256 * cluster.learners
+    cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
+    batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
         raise ConfigError(f"--global-batch: must be at least {cluster.learners} (one frame per learner), got {batch}")
-    slowdown = {}
-    if args.straggler:
-        try:
-            rank, factor = args.straggler.split(":")
-            slowdown = {int(rank): float(factor)}
-        except ValueError:
-            raise ConfigError(f"--straggler: expected RANK:SLOWDOWN like 3:3.0, got {args.straggler!r}") from None
-        if not 0 <= int(rank) < cluster.learners or float(factor) < 1:
-            raise ConfigError(f"--straggler: rank must be in [0, {cluster.learners - 1}] and slowdown >= 1")
-    if args.quantize_ns < 0 or args.jitter < 0 or args.epochs < 1 or not args.frames_per_epoch > 0:
-        raise ConfigError("simulate: --quantize-ns, --jitter must be >= 0, --epochs >= 1, --frames-per-epoch > 0")
+    if batch > args.frames_per_epoch:
+        raise ConfigError(f"--global-batch: a minibatch of {batch} frames is more than --frames-per-epoch "
+                          f"({args.frames_per_epoch:g})")
+    slowdown = _straggler(args.straggler, cluster.learners) if args.straggler is not None else {}
     settings = dict(_setting(s) for s in args.settings)
     cfg = None
     if args.strategy is not None:
-        try:
-            cfg = strategy_config(args.strategy, settings)
-        except TypeError as e:
-            raise ConfigError(f"--set: {e}") from None
+        cfg = _strategy_config(args.strategy, settings)
     elif settings:
         raise ConfigError("--set needs --strategy")
     return Job(args.strategy or "sync", cfg, shapes, cluster, batch, spf, step_overhead=overhead,
@@ -104,6 +106,44 @@ def _cluster(text: str):
     from asrdist.sim.cluster import parse_cluster
 
     return parse_cluster(text)
+
+
+def _link(option: str, text: str):
+    from asrdist.sim.cluster import LINKS, link_named
+
+    try:
+        return link_named(text)
+    except ConfigError:
+        raise ConfigError(f"{option}: expected {', '.join(LINKS)} or a positive rate like 25gbit, "
+                          f"got {text!r}") from None
+
+
+def _straggler(text: str, learners: int) -> dict[int, float]:
+    rank, colon, factor = text.partition(":")
+    try:
+        rank, factor = int(rank), float(factor)
+    except ValueError:
+        colon = ""
+    if not colon or not 0 <= rank < learners or not 1 <= factor < math.inf:
+        raise ConfigError(f"--straggler: expected RANK:SLOWDOWN with 0 <= RANK < {learners} and a finite SLOWDOWN "
+                          f">= 1, like 3:3.0, got {text!r}")
+    return {rank: factor}
+
+
+def _strategy_config(name: str, settings: dict):
+    import dataclasses
+
+    from asrdist.parallel import strategy_config_class
+    from asrdist.sim.scenario import strategy_config
+
+    known = [f.name for f in dataclasses.fields(strategy_config_class(name))]
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ConfigError(f"--set: {name} has no setting {unknown[0]!r} (known: {', '.join(known)})")
+    try:
+        return strategy_config(name, settings)
+    except ConfigError as e:
+        raise ConfigError(f"--set: {e}") from None
 
 
 def _setting(text: str):
@@ -138,11 +178,12 @@ def run(args) -> int:
                 f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
                 f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
         if args.strategy is None:
-            ranked, why = advise(job)
+            ranked, why, left_out = advise(job)
             print(head)
             print(table(ranked))
             print(why)
-            result = {"setting": head, "ranking": [p.as_dict() for p in ranked], "why": why}
+            result = {"setting": head, "ranking": [p.as_dict() for p in ranked], "why": why,
+                      "not_simulated": left_out}
         else:
             p = run_job(job)
             print(head)

@@ -156,6 +156,17 @@ class Cluster:
         return speedup(self.shared_cores) / speedup(min(self.threads(), self.shared_cores))
 
 
+MAX_LEARNERS = 65536
+"""The largest cluster `asrdist simulate` takes (its summary lists every learner)."""
+MAX_LEARNER_STEPS = 4096 * 24
+"""Minibatches simulated learner by learner (alike learners once) in one strategy: 4096 learners
+of 24 steps, about 10 s of adpsgd (512x8) and 40 s of hybrid (2048x8) on a 2-core VM
+(`scenario.check_size`)."""
+MAX_ONEBIT_SPAN = 128
+"""Nodes and learners per node (learners, when flat) of a onebit exchange: every learner's 1-bit
+plan grows with them (onebit.exchange_traffic; 15 s for 128 x 16 learners on a 2-core VM)."""
+
+
 def parse_cluster(text: str) -> tuple[int, int]:
     """'8x4' -> (8 nodes, 4 learners per node); '16' -> (1, 16)."""
     try:
@@ -166,6 +177,8 @@ def parse_cluster(text: str) -> tuple[int, int]:
         parts = [1, parts[0]]
     if len(parts) != 2 or min(parts) < 1:
         raise ConfigError(f"--cluster: expected NODESxPER_NODE like 8x4 (or a learner count), got {text!r}")
+    if parts[0] * parts[1] > MAX_LEARNERS:
+        raise ConfigError(f"--cluster: at most {MAX_LEARNERS} learners, got {text!r}")
     return parts[0], parts[1]
 
 

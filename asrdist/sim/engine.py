@@ -1,5 +1,6 @@
 """The discrete-event simulation of one strategy on one cluster (SimPy processes, one per learner,
-or per node where a node moves in lock step).
+or per node where a node moves in lock step). Learners that move alike are simulated once
+(`asrdist.sim.alike`).
 
 What a step costs, per strategy (the traffic always comes from the strategy module's own
 `*_traffic` function, i.e. the layout and byte accounting of the real run):
@@ -43,6 +44,7 @@ import simpy
 
 from asrdist.errors import ConfigError
 from asrdist.parallel.comm import Transfer
+from asrdist.sim.alike import alike_learners, stand_ins
 from asrdist.sim.cluster import Cluster
 
 STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
@@ -96,6 +98,8 @@ class SimSpec:
             raise ConfigError(f"simulate: unknown strategy {self.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
         if self.local_batch < 1 or not self.seconds_per_frame > 0 or self.steps < 2:
             raise ConfigError("simulate: need a local batch >= 1 frame, seconds per frame > 0 and >= 2 steps")
+        if not all(1 <= f < math.inf for f in self.slowdown.values()):
+            raise ConfigError(f"simulate: a straggler's slowdown must be finite and >= 1, got {self.slowdown}")
 
     @property
     def values(self) -> int:
@@ -234,6 +238,17 @@ class _Learner:
         self.comm = self.wait = self.compute = self.done_at = 0.0
 
 
+def simulated_steps(spec: SimSpec) -> int:
+    """Minibatches per learner simulated: `steps`, or averaging's whole periods (two), at most
+    MAX_AVERAGING_STEPS."""
+    if spec.strategy != "averaging" or spec.own_steps or spec.cluster.learners < 2:
+        return spec.steps
+    from asrdist.parallel.averaging import steps_between_averages
+
+    every = steps_between_averages(spec.strategy_config, spec.local_batch)
+    return max(spec.steps, min(2 * every, MAX_AVERAGING_STEPS))
+
+
 def simulate(spec: SimSpec) -> SimResult:
     """Run the simulation of `spec` and summarize it."""
     return _Simulation(spec).run()
@@ -245,7 +260,9 @@ class _Simulation:
         self.env = simpy.Environment()
         self.meet = _Meet(self.env)
         self.n = spec.cluster.learners
-        self.learners = [_Learner(r) for r in range(self.n)]
+        self.learners = {r: _Learner(r) for r in alike_learners(spec) or range(self.n)}  # rank -> simulated
+        nodes = len({r // spec.cluster.per_node for r in self.learners})  # members simulated per group:
+        self.group_sizes = {"world": len(self.learners), "node": len(self.learners) // nodes, "rail": nodes}
         self.rng = random.Random(spec.seed)
         self.steps = spec.steps
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
@@ -286,7 +303,7 @@ class _Simulation:
         """A lock-step collective: wait for the group, then its time."""
         t0 = self.env.now
         duration = transfer_seconds(t, self.cluster)
-        meet = self.meet.join((self.group_key(t, me.rank), step, index), t.size, duration)
+        meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         if self.spec.network_cost:  # the CPU of the bytes it sends and (about as many) receives
             meet = self.env.all_of([meet, self.env.process(self.cpu(me, self.spec.network_cost * 2 * t.bytes_sent))])
         yield meet
@@ -407,7 +424,7 @@ class _Simulation:
         total = sum(b[0].values for b in node_traffic) or 1
         step = 0
         while True:
-            if not (step < self.steps if self.spec.own_steps else all(self.claim() for _ in members)):
+            if not (step < self.steps if self.spec.own_steps else all(self.claim() for _ in range(self.unit_size))):
                 break
             drawn = [self.draw_compute(m.rank) for m in members]
             computes = [self.env.process(self.compute(m, *d)) for m, d in zip(members, drawn)]
@@ -502,25 +519,23 @@ class _Simulation:
         if name == "hybrid" and s.synchronous:
             name = "sync_everyone"
         if name == "single" or (self.n == 1 and name != "onebit"):  # a lone onebit still codes its gradient
-            for me in self.learners:
+            for me in self.learners.values():
                 env.process(self.lockstep_learner(me, [], False))
         elif name in ("sync", "sync_everyone", "averaging"):
             if name == "averaging":
                 buckets = []
                 self.average = averaging.average_traffic(s.values, self.n, cfg)
                 self.average_every = averaging.steps_between_averages(cfg, s.local_batch)
-                # whole averaging periods (two), at most MAX_AVERAGING_STEPS minibatches
-                if not s.own_steps:
-                    self.steps = max(s.steps, min(2 * self.average_every, MAX_AVERAGING_STEPS))
+                self.steps = simulated_steps(s)
                 overlap = False
             else:
                 sync_cfg = cfg if name == "sync" else sync.SyncConfig(overlap=False)
                 buckets = sync.exchange_traffic(s.shapes, self.n, c.per_node, sync_cfg)
                 overlap = sync_cfg.overlap
-            for me in self.learners:
+            for me in self.learners.values():
                 env.process(self.lockstep_learner(me, buckets, overlap))
         elif name == "onebit":
-            for me in self.learners:
+            for me in self.learners.values():
                 transfers = onebit.exchange_traffic(s.shapes, self.n, c.per_node, me.rank, cfg)
                 env.process(self.onebit_learner(me, transfers, cfg.double_buffering, onebit.PIPELINE_CHUNKS))
         else:  # adpsgd, hierarchical, hybrid's asynchronous phase
@@ -537,14 +552,14 @@ class _Simulation:
                 broadcast = next(t for t in hierarchical.step_traffic(s.shapes, self.n, per_unit, 0)
                                  if t.kind == "broadcast")
             for u in range(units):
-                members = self.learners[u * per_unit:(u + 1) * per_unit]
+                members = [self.learners[r] for r in range(u * per_unit, (u + 1) * per_unit) if r in self.learners]
                 env.process(self.adpsgd_unit(members, u * per_unit, u, units, node_traffic, broadcast,
                                              name == "hierarchical"))
         env.run()
         return self._summary()
 
     def _summary(self) -> SimResult:
-        ls = self.learners
+        ls = [self.learners[r] for r in stand_ins(self.spec)]
         end = max(l.done_at for l in ls) or 1e-12
         frames = sum(l.frames for l in ls)
         return SimResult(

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asrdist.errors import ConfigError
-from asrdist.sim.cluster import Cluster
-from asrdist.sim.engine import SimResult, SimSpec, simulate
+from asrdist.sim.alike import simulated_learners
+from asrdist.sim.cluster import MAX_LEARNER_STEPS, MAX_ONEBIT_SPAN, Cluster
+from asrdist.sim.engine import SimResult, SimSpec, simulate, simulated_steps
 
 ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
     "sync": ("sync", {}),
@@ -81,8 +82,32 @@ class Prediction:
         return d
 
 
+def check_size(job: Job, ranked: bool = False) -> None:
+    """A one-line ConfigError up front if simulating `job` would take minutes (see the limits)."""
+    from asrdist.parallel.sync import hierarchical_in_use
+
+    c = job.cluster
+    where = f"--cluster {c.nodes}x{c.per_node}: {job.strategy}{' (ranked without --strategy)' if ranked else ''}"
+    for spec in [job.spec()] + ([job.spec(synchronous=True)] if job.strategy == "hybrid" else []):
+        learners, steps = simulated_learners(spec), simulated_steps(spec)
+        if learners * steps > MAX_LEARNER_STEPS:
+            raise ConfigError(f"{where} would simulate {learners} learners one by one, {steps} steps each; the limit "
+                              f"is {MAX_LEARNER_STEPS} learner-steps (sync and averaging without --jitter simulate "
+                              f"alike learners once)")
+    if job.strategy == "onebit":
+        if hierarchical_in_use(job.strategy_config.hierarchical, c.learners, c.per_node):
+            spans = {"nodes": c.nodes, "learners per node": c.per_node}
+        else:
+            spans = {"learners (flat)": c.learners}
+        for what, size in spans.items():
+            if size > MAX_ONEBIT_SPAN:
+                raise ConfigError(f"{where} would span {size} {what} in one exchange; the limit is {MAX_ONEBIT_SPAN} "
+                                  f"(every learner's 1-bit plan grows with them)")
+
+
 def run_job(job: Job, name: str | None = None) -> Prediction:
     """Simulate `job` and one learner alone (with the whole global batch: the speed-up's base)."""
+    check_size(job)
     if job.strategy == "hybrid":
         sync_phase = simulate(job.spec(synchronous=True))
         async_phase = simulate(job.spec())
@@ -102,17 +127,29 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
                       max(result.bytes_per_step), result)
 
 
-def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None) -> tuple[list[Prediction], str]:
-    """Every strategy variant of `ADVISED` on `job`'s cluster, fastest epoch first, and why the
-    winner wins."""
-    ranked = []
-    for name, (strategy, settings) in (variants or ADVISED).items():
-        if job.cluster.learners < 2:
-            raise ConfigError("simulate: the advisor needs at least 2 learners")
-        cfg = strategy_config(strategy, settings)
-        ranked.append(run_job(dataclasses.replace(job, strategy=strategy, strategy_config=cfg), name))
+def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None
+           ) -> tuple[list[Prediction], str, dict[str, str]]:
+    """Every strategy variant of `ADVISED` on `job`'s cluster that is small enough to simulate
+    (`check_size`), fastest epoch first; why the winner wins; and {variant: why not simulated}
+    for the others (a ConfigError when none is left)."""
+    if job.cluster.learners < 2:
+        raise ConfigError("simulate: the advisor needs at least 2 learners")
+    jobs = {name: dataclasses.replace(job, strategy=strategy, strategy_config=strategy_config(strategy, settings))
+            for name, (strategy, settings) in (variants or ADVISED).items()}
+    left_out = {}
+    for name, each in jobs.items():  # sized up before any runs
+        try:
+            check_size(each, ranked=True)
+        except ConfigError as e:
+            left_out[name] = str(e)
+    if len(left_out) == len(jobs):
+        raise ConfigError(next(iter(left_out.values())))
+    ranked = [run_job(each, name) for name, each in jobs.items() if name not in left_out]
     ranked.sort(key=lambda p: p.epoch_seconds)
-    return ranked, explain(ranked)
+    why = explain(ranked)
+    if left_out:
+        why += f"; not simulated at this size: {', '.join(left_out)}"
+    return ranked, why, left_out
 
 
 def explain(ranked: list[Prediction]) -> str:
