@@ -129,3 +129,13 @@ def test_the_advisor_ranks_what_it_can_simulate_and_names_the_rest(tmp_path, mon
     monkeypatch.setattr(scenario, "MAX_LEARNER_STEPS", 0)  # nothing left: one line
     assert main(["simulate", "--cluster", "2x4"]) == 2
     assert capsys.readouterr().err.startswith("asrdist: error: --cluster 2x4: ")
+
+
+def test_the_speedup_is_over_a_healthy_learner_whichever_rank_straggles(tmp_path):
+    speedups = []
+    for straggler in ("0:3", "1:3"):
+        out = tmp_path / f"{straggler[0]}.json"
+        assert main(["simulate", "--cluster", "1x4", "--strategy", "sync", "--straggler", straggler,
+                     "--json", str(out)]) == 0
+        speedups.append(json.loads(out.read_text())["prediction"]["speedup"])
+    assert speedups[0] == pytest.approx(speedups[1], rel=1e-9) and speedups[0] < 4 / 3 * 1.01
