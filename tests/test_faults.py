@@ -130,7 +130,10 @@ def test_a_stop_signal_stops_a_single_learner_with_one_line_and_cleans_up(tone_c
     proc = _started(subprocess.Popen(
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, "--data", str(tone_corpus),
          "--epochs", "500", "train.checkpoint_every=0", "--out", str(run_dir), "--no-progress"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), run_dir)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # a command started under nohup ignores SIGHUP by design (and would never stop here): give
+        # the learner the default a terminal's shell gives it, whatever this test runs under
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL)), run_dir)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 2, err
