@@ -178,7 +178,7 @@ def run(args) -> int:
                 f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
                 f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
         if args.strategy is None:
-            ranked, why, left_out = advise(job)
+            ranked, why, left_out = advise(job, progress=True)
             print(head)
             print(table(ranked))
             print(why)

@@ -128,11 +128,15 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
                       max(result.bytes_per_step), result)
 
 
-def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None
+def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None, progress: bool = False
            ) -> tuple[list[Prediction], str, dict[str, str]]:
     """Every strategy variant of `ADVISED` on `job`'s cluster that is small enough to simulate
     (`check_size`), fastest epoch first; why the winner wins; and {variant: why not simulated}
-    for the others (a ConfigError when none is left)."""
+    for the others (a ConfigError when none is left). `progress`: a bar on stderr (a terminal's)."""
+    import sys
+
+    from tqdm import tqdm
+
     if job.cluster.learners < 2:
         raise ConfigError("simulate: the advisor needs at least 2 learners")
     jobs = {name: dataclasses.replace(job, strategy=strategy, strategy_config=strategy_config(strategy, settings))
@@ -145,7 +149,9 @@ def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = No
             left_out[name] = str(e)
     if len(left_out) == len(jobs):
         raise ConfigError(next(iter(left_out.values())))
-    ranked = [run_job(each, name) for name, each in jobs.items() if name not in left_out]
+    todo = [(name, each) for name, each in jobs.items() if name not in left_out]
+    ranked = [run_job(each, name) for name, each in tqdm(todo, desc="simulate", unit="strategy", file=sys.stderr,
+                                                         disable=None if progress else True)]
     ranked.sort(key=lambda p: p.epoch_seconds)
     why = explain(ranked)
     if left_out:
