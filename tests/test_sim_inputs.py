@@ -108,8 +108,8 @@ def test_a_large_cluster_runs_when_its_learners_move_alike_and_is_refused_up_fro
         assert main(["simulate", "--cluster", cluster, *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"asrdist: error: --cluster {cluster}: {message}") and err.count("\n") == 1, err
-    assert main(["simulate", "--cluster", "256x4", "--strategy", "onebit"]) == 2
-    assert "onebit would span 256 nodes in one exchange; the limit is 128" in capsys.readouterr().err
+    assert main(["simulate", "--cluster", "4x256", "--strategy", "onebit"]) == 2
+    assert "onebit would span 256 learners per node in one exchange; the limit is 128" in capsys.readouterr().err
 
 
 def test_the_advisor_ranks_what_it_can_simulate_and_names_the_rest(tmp_path, monkeypatch, capsys):

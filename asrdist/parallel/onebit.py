@@ -35,6 +35,7 @@ flat exchange among the N node means; residuals, plan and checkpoint state are t
 """
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -119,15 +120,20 @@ def quantize_dequantize(v: torch.Tensor) -> torch.Tensor:
     return out.reshape(v.shape).to(v.dtype)
 
 
+@functools.lru_cache(maxsize=8)
+def _owner_numel(shapes2d: tuple[tuple[int, int], ...], n: int, chunks: int) -> list[list[int]]:
+    """Per pipeline chunk, the values each owner holds: the same for every rank (rank 0's plan),
+    so a simulation of n learners builds it once, not n times."""
+    return _Chunks(_Plan(shapes2d, n, 0), chunks).owner_numel
+
+
 def _exchange_bytes(shapes2d: Sequence[tuple[int, int]], n: int, rank: int, chunks: int) -> list[comm.Transfer]:
     """Steps 2 and 4 per pipeline chunk (`_exchange`'s two all-to-alls), from the plan the run
     builds: int32 words, so 4 bytes each."""
     if n < 2 or not shapes2d:
         return []
-    plan = _Plan(shapes2d, n, rank)
-    layout = _Chunks(plan, chunks)
     out = []
-    for numel in layout.owner_numel:
+    for numel in _owner_numel(tuple(shapes2d), n, chunks):
         values = sum(numel)  # int32 words of the chunk (bits and reconstruction values)
         out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * k for k in numel], rank), values))
         out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * numel[rank]] * n, rank), values))

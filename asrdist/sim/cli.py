@@ -24,8 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"NODESxLEARNERS_PER_NODE (default 1x8), at most {MAX_LEARNERS} learners. Learners that move "
                         f"alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
                         f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
-                        f"steps; onebit: at most {MAX_ONEBIT_SPAN} nodes and {MAX_ONEBIT_SPAN} per node "
-                        f"({MAX_ONEBIT_SPAN} learners if flat)")
+                        f"steps; hierarchical onebit: at most {MAX_ONEBIT_SPAN} learners per node")
     p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}")
     p.add_argument("--seconds-per-frame", type=cli_number(float, above=0), default=None,
                    help="measured compute per frame and learner (instead of --device)")

@@ -94,15 +94,10 @@ def check_size(job: Job, ranked: bool = False) -> None:
             raise ConfigError(f"{where} would simulate {learners} learners one by one, {steps} steps each; the limit "
                               f"is {MAX_LEARNER_STEPS} learner-steps (sync and averaging without --jitter simulate "
                               f"alike learners once)")
-    if job.strategy == "onebit":
-        if hierarchical_in_use(job.strategy_config.hierarchical, c.learners, c.per_node):
-            spans = {"nodes": c.nodes, "learners per node": c.per_node}
-        else:
-            spans = {"learners (flat)": c.learners}
-        for what, size in spans.items():
-            if size > MAX_ONEBIT_SPAN:
-                raise ConfigError(f"{where} would span {size} {what} in one exchange; the limit is {MAX_ONEBIT_SPAN} "
-                                  f"(every learner's 1-bit plan grows with them)")
+    if (job.strategy == "onebit" and c.per_node > MAX_ONEBIT_SPAN
+            and hierarchical_in_use(job.strategy_config.hierarchical, c.learners, c.per_node)):
+        raise ConfigError(f"{where} would span {c.per_node} learners per node in one exchange; the limit is "
+                          f"{MAX_ONEBIT_SPAN} (every learner's column shards grow with them)")
 
 
 def run_job(job: Job, name: str | None = None) -> Prediction:
