@@ -26,8 +26,10 @@ def check_field(key: str, value: Any, kind: type = int, *, at_least: float | Non
 def cli_number(kind: type = int, **bounds: float) -> Callable[[str], Any]:
     """An argparse `type=` for a numeric option: its text as a `kind` within `bounds` (check_field's
     keywords and rules), else argparse's usage error naming the option and the allowed range."""
+    expected = _expected(kind, bounds)  # here, so that a misspelt bound fails where it is written
+
     def parse(text: str) -> Any:
-        return _parse(text, kind, bounds)
+        return _parse(text, kind, bounds, expected)
 
     parse.__name__ = kind.__name__  # argparse names the type in its message for a ValueError
     return parse
@@ -36,27 +38,28 @@ def cli_number(kind: type = int, **bounds: float) -> Callable[[str], Any]:
 def cli_list(kind: type = int, *, empty: bool = False, **bounds: float) -> Callable[[str], list]:
     """An argparse `type=` for a comma-separated list of numbers, each a `kind` within `bounds`
     (empty items skipped); the empty list only with `empty`."""
+    expected = _expected(kind, bounds, plural=True)
+
     def parse(text: str) -> list:
         try:
-            values = [_parse(item.strip(), kind, bounds) for item in text.split(",") if item.strip()]
+            values = [_parse(item.strip(), kind, bounds, expected) for item in text.split(",") if item.strip()]
         except argparse.ArgumentTypeError:
             values = None
         if values is None or not (values or empty):
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {_expected(kind, bounds, plural=True)}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {expected}, got {text!r}")
         return values
 
     parse.__name__ = f"{kind.__name__} list"
     return parse
 
 
-def _parse(text: str, kind: type, bounds: dict) -> Any:
+def _parse(text: str, kind: type, bounds: dict, expected: str) -> Any:
     try:
         value = kind(text)
     except ValueError:
         value = text
     if not _within(value, kind, bounds):
-        raise argparse.ArgumentTypeError(f"expected {_expected(kind, bounds)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 

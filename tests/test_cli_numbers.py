@@ -44,6 +44,8 @@ def test_cli_number_parses_within_bounds_and_refuses_the_rest():
     with pytest.raises(argparse.ArgumentTypeError):
         anything("nan")
     assert not math.isnan(cli_number(float, at_least=0)("0"))
+    with pytest.raises(TypeError, match="unknown bounds"):  # a misspelt bound fails where it is written
+        cli_number(int, atleast=1)
 
 
 def test_cli_list_parses_every_item_and_refuses_the_empty_list_unless_allowed():

@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default="sync,onebit", help="comma-separated strategy names")
     parser.add_argument("--learners", type=cli_list(int, at_least=1), default=None,
                         help="learner counts, e.g. 1,2,4 (default 1,2,4; with --nodes: none unless given)")
-    parser.add_argument("--nodes", type=cli_number(int, at_least=2),  # hierarchical differs from flat only across nodes default=None,
+    # at least 2: hierarchical differs from flat only across nodes
+    parser.add_argument("--nodes", type=cli_number(int, at_least=2), default=None,
                         help=f"emulated hosts of --per-node learners each (default {DEFAULT_NODES} when "
                              "--per-node is given): time sync flat/hierarchical, onebit hierarchical, "
                              "adpsgd, hierarchical, hybrid")
