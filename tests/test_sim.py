@@ -196,11 +196,11 @@ def test_cores_are_shared_by_all_work_in_progress_as_the_scheduler_does():
     beside one running job runs at full speed."""
     import simpy
 
-    from asrdist.sim.engine import _SharedCores
+    from asrdist.sim.resources import SharedCores
 
     def ends(cores: int, jobs: list[tuple[float, float, int]]) -> list[float]:
         env, done = simpy.Environment(), {}
-        shared = _SharedCores(env, cores)
+        shared = SharedCores(env, cores)
 
         def job(name, start, seconds, threads):
             yield env.timeout(start)

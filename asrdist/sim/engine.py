@@ -8,7 +8,7 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   slowdown or a random jitter, the excess slept); the last `backward_share` of it is backward.
   CPU learners (`Cluster.shared_cores`) run their CPU work (compute, 1-bit coding, averaging
   arithmetic, and `network_cost` per byte moved) on their threads' cores, shared as the
-  scheduler shares them (`_SharedCores`): more learners than cores slow each other down, and one
+  scheduler shares them (`SharedCores`): more learners than cores slow each other down, and one
   learner's work overlaps another's sleep or communication. Fewer threads cost
   `Cluster.cpu_slowdown`.
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
@@ -28,10 +28,7 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   overlaps the exchange with the next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
   leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
-A collective's time: the bytes this learner sends over the slowest link it crosses (a node's
-card is shared by the node's learners that cross it at the same time) + one latency per
-sequential message (ring allreduce 2(n-1), reduce-scatter / all-gather / all-to-all n-1,
-broadcast log2 n, a pairwise exchange 2).
+The cost of a collective and the shared CPU cores: `asrdist.sim.resources`.
 """
 from __future__ import annotations
 
@@ -46,6 +43,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel.comm import Transfer
 from asrdist.sim.alike import alike_learners, stand_ins
 from asrdist.sim.cluster import Cluster
+from asrdist.sim.resources import Meet, SharedCores, transfer_seconds
 
 STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
 MAX_AVERAGING_STEPS = 2000
@@ -122,112 +120,6 @@ class SimResult:
     compute_seconds_per_step: float
 
 
-class _Meet:
-    """Lock-step collectives: each member joins with its own duration; all leave together once
-    the last has arrived and the longest duration has passed."""
-
-    def __init__(self, env: simpy.Environment):
-        self.env = env
-        self._open: dict[Any, list] = {}
-
-    def join(self, key: Any, size: int, duration: float) -> simpy.Event:
-        event = self.env.event()
-        waiting = self._open.setdefault(key, [])
-        waiting.append((event, duration))
-        if len(waiting) == size:
-            del self._open[key]
-            self.env.process(self._release(waiting))
-        return event
-
-    def _release(self, waiting):
-        yield self.env.timeout(max(d for _, d in waiting))
-        for event, _ in waiting:
-            event.succeed()
-
-
-class _SharedCores:
-    """A machine's cores as Linux's scheduler shares them among runnable threads: every job in
-    progress advances at once, at min(1, cores / threads wanted by all jobs) of its full speed
-    (processor sharing), rather than jobs queueing to run one after another. A job of `seconds`
-    is work that takes `seconds` on its own `threads` cores."""
-
-    def __init__(self, env: simpy.Environment, cores: int):
-        self.env, self.cores = env, cores
-        self._jobs: dict[simpy.Event, list[float]] = {}  # done event -> [seconds left, threads]
-        self._since = 0.0
-        self._version = 0
-
-    def run(self, seconds: float, threads: int) -> simpy.Event:
-        """An event that fires when `seconds` of work on `threads` threads is done."""
-        done = self.env.event()
-        self._advance()
-        self._jobs[done] = [seconds, float(threads)]
-        self._schedule()
-        return done
-
-    def _speed(self) -> float:
-        wanted = sum(threads for _, threads in self._jobs.values())
-        return min(1.0, self.cores / wanted) if wanted else 1.0
-
-    def _advance(self) -> None:
-        elapsed, self._since = self.env.now - self._since, self.env.now
-        if elapsed > 0 and self._jobs:
-            progress = elapsed * self._speed()
-            for job in self._jobs.values():
-                job[0] -= progress
-
-    def _schedule(self) -> None:
-        self._version += 1
-        if self._jobs:
-            first = max(min(left for left, _ in self._jobs.values()), 0.0)
-            self.env.process(self._finish(first / self._speed(), self._version))
-
-    def _finish(self, delay: float, version: int):
-        yield self.env.timeout(delay)
-        if version != self._version:  # a job came or went since: a later timer holds
-            return
-        self._advance()
-        # the job this timer was set for ends now, whatever rounding left of it (at a large
-        # simulated time a tiny remainder could never be advanced), and any that end with it
-        first = min(left for left, _ in self._jobs.values())
-        for done in [d for d, (left, _) in self._jobs.items() if left <= max(first, 0.0) + 1e-12]:
-            del self._jobs[done]
-            done.succeed()
-        self._schedule()
-
-
-_LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
-                  "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1,
-                  "broadcast": lambda n: math.ceil(math.log2(max(n, 2))), "exchange": lambda n: 2,
-                  "answer": lambda n: 0}
-
-
-def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None = None,
-                     payload_bytes: int | None = None) -> float:
-    """Time of one collective from one learner's bytes (see the module docstring). `crosses_nodes`
-    and `payload_bytes` (the larger direction's bytes) for a pairwise exchange."""
-    per_node, nodes, n = cluster.per_node, cluster.nodes, cluster.learners
-    inside, between = cluster.inside, cluster.between
-    latency_steps = _LATENCY_STEPS[t.kind](t.size)
-    b = float(t.bytes_sent if payload_bytes is None else payload_bytes)
-    if t.group == "pair" and not crosses_nodes:
-        return b / (inside.bandwidth * inside.duplex) + latency_steps * inside.latency
-    if t.group == "node" or (t.group == "world" and nodes == 1):
-        return b / inside.bandwidth + latency_steps * inside.latency
-    if t.group == "rail":  # every local rank's rail crosses the node's card at once
-        return per_node * b / between.bandwidth + latency_steps * between.latency
-    if t.group == "pair":
-        return b / (between.bandwidth * between.duplex) + latency_steps * between.latency
-    # the whole world over several nodes
-    if t.kind == "all_to_all":
-        out_of_node = per_node * b * (n - per_node) / (n - 1)
-        in_node = b * (per_node - 1) / (n - 1)
-        wire = max(out_of_node / between.bandwidth, in_node / inside.bandwidth)
-    else:  # rings in node order: one stream crosses each node's card
-        wire = b / between.bandwidth
-    return wire + latency_steps * between.latency
-
-
 class _Learner:
     """Counters of one simulated learner."""
 
@@ -258,7 +150,7 @@ class _Simulation:
     def __init__(self, spec: SimSpec):
         self.spec, self.cluster = spec, spec.cluster
         self.env = simpy.Environment()
-        self.meet = _Meet(self.env)
+        self.meet = Meet(self.env)
         self.n = spec.cluster.learners
         self.learners = {r: _Learner(r) for r in alike_learners(spec) or range(self.n)}  # rank -> simulated
         nodes = len({r // spec.cluster.per_node for r in self.learners})  # members simulated per group:
@@ -268,7 +160,7 @@ class _Simulation:
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
         c = spec.cluster
         if c.shared_cores:
-            self.cores = [_SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
+            self.cores = [SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
 
     # -- pieces -------------------------------------------------------------------------
     def draw_compute(self, rank: int) -> tuple[float, float]:
@@ -287,7 +179,7 @@ class _Simulation:
 
     def cpu(self, me: _Learner, seconds: float):
         """`seconds` of work; CPU learners share their machine's cores with every other learner's
-        work in progress (`_SharedCores`), so more learners than cores slow each other down, and
+        work in progress (`SharedCores`), so more learners than cores slow each other down, and
         work overlaps other learners' waiting."""
         if not self.cluster.shared_cores:
             yield self.env.timeout(seconds)
