@@ -40,6 +40,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--out", type=Path, default=None,
                    help="also write the lines to this file (only when every file decodes)")
     _vocabulary_option(d)
+    who = d.add_mutually_exclusive_group()
+    who.add_argument("--same-speaker", action="store_true",
+                     help="the files are one speaker's: decode them as `asrdist eval` decodes a speaker (CMVN "
+                          "statistics over all of them, and the run's speaker adaptation for CTC models); by "
+                          "default each file is its own speaker")
+    who.add_argument("--utt2spk", type=Path, default=None, metavar="FILE",
+                     help="Kaldi utt2spk (`utterance speaker` lines, utterance ids as below): each speaker's "
+                          "files decoded together, as --same-speaker does for one")
+    d.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
+                   help="with --same-speaker or --utt2spk, CTC: rounds of speaker adaptation (0 = off); "
+                        "default: the recipe's eval.adapt_rounds")
     d.set_defaults(func=_decode)
 
 
@@ -98,5 +109,6 @@ def _decode(args):
     from asrdist.eval.transcribe import decode_command
 
     if args.out is not None:
-        check_output_file(args.out, inputs=(*args.wavs, args.run_dir / "model.pt"))
+        extra = (args.utt2spk,) if args.utt2spk is not None else ()
+        check_output_file(args.out, inputs=(*args.wavs, args.run_dir / "model.pt", *extra))
     return decode_command(args)

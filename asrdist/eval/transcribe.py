@@ -2,9 +2,16 @@
 
 The audio goes through the run's own front end: resampled to the training corpus' rate, fbank
 with the recipe's bins, and the recipe's CMVN (global: the training split's statistics, which
-`targets.pt` keeps; speaker: the file's own statistics, one file being one unknown speaker). Then
-CTC models are searched greedily or by prefix beam (`eval.beam`), hybrid models by the phone-loop
-Viterbi of `asrdist eval`. Output is Kaldi's `utt text`; `utterance_ids` says how files are named.
+`targets.pt` keeps; speaker: the statistics of the file's speaker). Then CTC models are searched
+greedily or by prefix beam (`eval.beam`), hybrid models by the phone-loop Viterbi of `asrdist eval`.
+Output is Kaldi's `utt text`; `utterance_ids` says how files are named.
+
+Who speaks: by default every file is its own unknown speaker (its own CMVN statistics, decoded as
+soon as it is read). Files known to share a speaker (`speakers`: `--same-speaker`, `--utt2spk`) are
+decoded as `asrdist eval` decodes a speaker: CMVN statistics pooled over the speaker's files and,
+for CTC models, the run's unsupervised speaker adaptation (`asrdist.eval.adapt`, `eval.adapt_rounds`)
+fitted to them. One utterance's statistics are a poor stand-in for a speaker's (its share of
+silence and of each sound sets them), so pooling is much the better when the files allow it.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from asrdist.errors import DataError
+from asrdist.errors import ConfigError, DataError
 
 
 def feature_record(train_dir: Path) -> dict | None:
@@ -47,35 +54,51 @@ def _front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
     return record
 
 
-def features_of(path: Path, front: dict) -> np.ndarray:
+def raw_features(path: Path, front: dict) -> np.ndarray:
+    """The file's filterbank features through the run's front end, before CMVN."""
     from asrdist.corpus.audio import read_wav, resample
-    from asrdist.features.cmvn import CmvnStats
     from asrdist.features.fbank import compute_fbank
 
     samples, rate = read_wav(path)
     try:  # the front end's reasons (audio too short for a frame) name no file
         samples = resample(samples, rate, front["sample_rate"])
-        feats = compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
+        return compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
     except DataError as exc:
         raise DataError(f"{path}: {exc}") from None
+
+
+def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
+    """One speaker's utterances through the run's CMVN (speaker CMVN: statistics over all of them)."""
+    from asrdist.features.cmvn import CmvnStats
+
     if front["cmvn"] == "global":
-        return ((feats - np.asarray(front["mean"])) / np.asarray(front["std"])).astype(np.float32)
+        mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
+        return [((f - mean) / std).astype(np.float32) for f in feats]
     if front["cmvn"] == "speaker":
-        stats = CmvnStats(feats.shape[1])
-        stats.accumulate(feats)
-        return stats.apply(feats)
-    return feats
+        stats = CmvnStats(feats[0].shape[1])
+        for f in feats:
+            stats.accumulate(f)
+        return [stats.apply(f) for f in feats]
+    return list(feats)
+
+
+def features_of(path: Path, front: dict) -> np.ndarray:
+    """One file's features, the file its own speaker."""
+    return normalize([raw_features(path, front)], front)[0]
 
 
 @torch.no_grad()
-def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg, constrained=None) -> str:
+def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg, constrained=None,
+              transform=None) -> str:
     """The model's text for one utterance's features: characters, or phone symbols; `constrained`
-    is the run's vocabulary search (`asrdist.eval.vocabulary`), if any."""
+    is the run's vocabulary search (`asrdist.eval.vocabulary`), if any; `transform` a CTC model's
+    speaker map (`asrdist.eval.adapt.SpeakerTransform`), if any."""
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
 
     if model.kind == "ctc":
-        log_probs, lengths = model(torch.from_numpy(feats)[None], torch.tensor([len(feats)]))
+        x = torch.from_numpy(feats)[None]
+        log_probs, lengths = model(transform(x) if transform is not None else x, torch.tensor([len(feats)]))
         lp = log_probs[0, : int(lengths[0])].double().numpy()
         tokens = ctc_hypothesis(lp, cfg, constrained)
         if targets["kind"] == "chars":
@@ -122,30 +145,97 @@ def _numbered(ids: list[str]) -> list[str]:
     return out
 
 
-def transcribe(run_dir: Path, wavs: list[Path],
-               vocabulary: str | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None, speakers: Sequence[str] | None = None,
+               adapt_rounds: int | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
     """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
     audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
     cost the others. Every path is checked (exists, a regular file) before the model loads.
-    `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH)."""
+    `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH). `speakers` (one label
+    per file) groups the files by speaker, decoded as `asrdist eval` decodes one (module docstring),
+    with `adapt_rounds` in place of the run's `eval.adapt_rounds`; then every file is read before
+    the first line comes."""
     from asrdist.corpus.audio import check_audio_path
     from asrdist.eval.run import load_run_model
     from asrdist.eval.vocabulary import vocabulary_search
 
     for wav in wavs:
         check_audio_path(wav)
-    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary)
+    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
     front = _front_end(run_dir, cfg, targets)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None
-    for utt, wav in zip(utterance_ids(wavs), wavs):
+    ids = utterance_ids(wavs)
+    if speakers is None:
+        for utt, wav in zip(ids, wavs):
+            try:
+                feats = features_of(Path(wav), front)
+            except DataError as exc:
+                yield utt, Path(wav), None, exc
+                continue
+            yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
+        return
+    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers))
+    for utt, wav, text in zip(ids, wavs, texts):
+        yield (utt, Path(wav), None, text) if isinstance(text, DataError) else (utt, Path(wav), text, None)
+
+
+def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speakers: list[str]) -> list:
+    """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
+    from tqdm import tqdm
+
+    from asrdist.eval.adapt import adapt_speaker
+    from asrdist.eval.evaluate import ctc_hypothesis
+
+    out: list = [None] * len(wavs)
+    raw: dict[int, np.ndarray] = {}
+    for i, wav in enumerate(tqdm(wavs, desc="features", unit="file", disable=None, leave=False)):
         try:
-            feats = features_of(Path(wav), front)
+            raw[i] = raw_features(wav, front)
         except DataError as exc:
-            yield utt, Path(wav), None, exc
+            out[i] = exc
+    groups: dict[str, list[int]] = {}
+    for i in raw:
+        groups.setdefault(speakers[i], []).append(i)
+    e = cfg.eval
+    for members in tqdm(list(groups.values()), desc="decoding", unit="speaker", disable=None, leave=False):
+        feats = normalize([raw[i] for i in members], front)
+        transform = None
+        if model.kind == "ctc" and e.adapt_rounds > 0:
+            transform, _ = adapt_speaker(model, [torch.from_numpy(f) for f in feats],
+                                         lambda lp: ctc_hypothesis(lp, cfg, constrained), rounds=e.adapt_rounds,
+                                         steps=e.adapt_steps, lr=e.adapt_lr, l2=e.adapt_l2)
+        for i, f in zip(members, feats):
+            out[i] = recognize(model, f, targets, cfg, constrained, transform)
+    return out
+
+
+def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
+    """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines; lines for
+    other utterances are allowed). One DataError line for a malformed line, an utterance listed
+    twice, or an utterance of `utts` the file leaves out."""
+    if not path.is_file():
+        raise DataError(f"{path}: utt2spk file not found" if not path.exists() else f"{path}: not a regular file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read: {exc}") from None
+    speaker: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
             continue
-        yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
+        if len(fields) != 2:
+            raise DataError(f"{path}:{number}: expected `utterance speaker`, got {line.strip()!r}")
+        if fields[0] in speaker:
+            raise DataError(f"{path}:{number}: utterance '{fields[0]}' listed twice")
+        speaker[fields[0]] = fields[1]
+    missing = [u for u in utts if u not in speaker]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DataError(f"{path}: no speaker for utterance '{missing[0]}'{more} (ids as `asrdist decode` "
+                        f"names the files: see --help)")
+    return [speaker[u] for u in utts]
 
 
 def decode_command(args) -> int:
@@ -153,8 +243,16 @@ def decode_command(args) -> int:
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
     from asrdist.utils.io import write_text_atomic
 
+    speakers = None
+    if args.utt2spk is not None:
+        speakers = read_utt2spk(args.utt2spk, utterance_ids(args.wavs))
+    elif args.same_speaker:
+        speakers = ["speaker"] * len(args.wavs)
+    elif args.adapt_rounds:
+        raise ConfigError("--adapt-rounds: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
     lines, failed = [], []
-    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary):
+    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary, speakers=speakers,
+                                            adapt_rounds=args.adapt_rounds):
         if error is not None:
             failed.append((wav, error))
             continue

@@ -1,0 +1,124 @@
+"""`asrdist decode --same-speaker / --utt2spk`: files that share a speaker are decoded as `asrdist eval`
+decodes a speaker (CMVN statistics pooled over the speaker's files, the run's speaker adaptation),
+so decoding a test split's audio gives eval's hypotheses; by default each file is its own speaker.
+A tiny character CTC model with speaker CMVN, trained on a few real FSDD recordings."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from asrdist.cli import main
+from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.eval.transcribe import features_of, normalize, raw_features, read_utt2spk
+from asrdist.errors import DataError
+from fsdd_kaldi import FSDD, make_kaldi_tree
+
+pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
+
+RECIPE = """seed: 0
+data: {corpus: CORPUS, num_mel_bins: 23, cmvn: speaker, targets: chars, batch_size: 1500}
+model: {name: ctc, hidden_layers: 1, hidden_dim: 24, subsample: 2}
+optim: {name: sgd, lr: 0.3, momentum: 0.9, warmup_steps: 0}
+train: {epochs: 1, log_every: 2, threads: 1}
+eval: {beam: 2, vocabulary: train}
+"""
+
+
+@pytest.fixture(scope="module")
+def speaker_run(tmp_path_factory):
+    """(run dir, corpus) of a run whose features use speaker CMVN; the test split has two speakers."""
+    root = tmp_path_factory.mktemp("decode_speakers")
+    corpus = root / "corpus"
+    kaldi = make_kaldi_tree(root, train=("george", "jackson"), test=("theo", "yweweler"))
+    assert main(["corpus", "import-kaldi", str(kaldi), str(corpus)]) == 0
+    recipe = root / "chars.yaml"
+    recipe.write_text(RECIPE.replace("CORPUS", str(corpus)))
+    run = root / "run"
+    assert main(["train", str(recipe), "--out", str(run), "--no-progress"]) == 0
+    return run, corpus
+
+
+def _test_files(corpus):
+    test = read_data_dir(corpus / "test")
+    return test, [test.wav_path(test.utterances[u]) for u in test.utt_ids]
+
+
+def _lines(text: str) -> dict[str, str]:
+    return {line.split(maxsplit=1)[0]: (line.split(maxsplit=1) + [""])[1] for line in text.splitlines()}
+
+
+@pytest.mark.parametrize("rounds", [0, 1])
+def test_decode_by_speaker_gives_evals_hypotheses(speaker_run, capsys, rounds):
+    run, corpus = speaker_run
+    test, wavs = _test_files(corpus)
+    assert {w.stem for w in wavs} == set(test.utt_ids)  # decode's ids are the corpus' ids here
+    out = run / f"eval{rounds}.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--adapt-rounds", str(rounds), "--out", str(out)]) == 0
+    evaluated = _lines((run / f"eval{rounds}.hyp.txt").read_text())
+    utt2spk = run / "utt2spk"
+    utt2spk.write_text("".join(f"{u} {test.utterances[u].speaker}\n" for u in reversed(test.utt_ids)) + "other x\n")
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs), "--utt2spk", str(utt2spk), "--adapt-rounds", str(rounds)]) == 0
+    printed = capsys.readouterr().out
+    assert [line.split()[0] for line in printed.splitlines()] == [w.stem for w in wavs]  # the order given
+    assert _lines(printed) == evaluated
+    # one speaker's files alone, --same-speaker: the same lines as that speaker's in the grouped run
+    theo = [w for w in wavs if test.utterances[w.stem].speaker == "theo"]
+    assert main(["decode", str(run), *map(str, theo), "--same-speaker", "--adapt-rounds", str(rounds)]) == 0
+    assert _lines(capsys.readouterr().out) == {w.stem: evaluated[w.stem] for w in theo}
+
+
+def test_each_file_is_its_own_speaker_by_default(speaker_run):
+    run, corpus = speaker_run
+    _, wavs = _test_files(corpus)
+    front = {"sample_rate": 8000, "num_mel_bins": 23, "cmvn": "speaker"}
+    alone = features_of(wavs[0], front)
+    assert np.allclose(alone.mean(0), 0, atol=1e-4) and np.allclose(alone.std(0), 1, atol=1e-3)
+    pooled = normalize([raw_features(w, front) for w in wavs[:4]], front)
+    assert np.allclose(np.concatenate(pooled).mean(0), 0, atol=1e-4)
+    assert not np.allclose(pooled[0], alone, atol=1e-2)  # the file's own statistics are not its speaker's
+    store = json.loads((corpus / "test" / "feats" / "cmvn.json").read_text())
+    assert store["mode"] == "speaker"
+
+
+def test_utt2spk_problems_are_one_line(speaker_run, tmp_path, capsys):
+    run, corpus = speaker_run
+    _, wavs = _test_files(corpus)
+    ids = [w.stem for w in wavs]
+    bad = tmp_path / "utt2spk"
+    bad.write_text(f"{ids[0]} a\n")
+    out = tmp_path / "lines.txt"
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs[:3]), "--utt2spk", str(bad), "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no speaker for utterance '{ids[1]}' and 1 more" in err[0], err
+    assert not out.exists()
+    bad.write_text(f"{ids[0]} a\n{ids[1]}\n")
+    with pytest.raises(DataError, match=r"utt2spk:2: expected `utterance speaker`"):
+        read_utt2spk(bad, ids[:2])
+    bad.write_text(f"{ids[0]} a\n{ids[0]} b\n")
+    with pytest.raises(DataError, match=rf"utt2spk:2: utterance '{ids[0]}' listed twice"):
+        read_utt2spk(bad, ids[:1])
+    with pytest.raises(DataError, match="utt2spk file not found"):
+        read_utt2spk(tmp_path / "nowhere", ids[:1])
+    assert main(["decode", str(run), str(wavs[0]), "--adapt-rounds", "2"]) != 0
+    assert "--adapt-rounds: adaptation needs files that share a speaker" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse: one or the other
+        main(["decode", str(run), str(wavs[0]), "--same-speaker", "--utt2spk", str(bad)])
+    assert exit_info.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_bad_file_among_a_speakers_files_is_named_and_the_rest_decoded(speaker_run, tmp_path, capsys):
+    run, corpus = speaker_run
+    _, wavs = _test_files(corpus)
+    short = tmp_path / "short.wav"
+    short.write_bytes(wavs[0].read_bytes()[:60])
+    capsys.readouterr()
+    assert main(["decode", str(run), str(wavs[0]), str(short), str(wavs[1]), "--same-speaker"]) != 0
+    captured = capsys.readouterr()
+    assert [line.split()[0] for line in captured.out.splitlines()] == [wavs[0].stem, wavs[1].stem]
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "short.wav" in err[0] and "1 of 3 files not decoded" in err[0], err
