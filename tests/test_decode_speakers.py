@@ -70,9 +70,16 @@ def test_decode_by_speaker_gives_evals_hypotheses(speaker_run, capsys, rounds):
     assert _lines(capsys.readouterr().out) == {w.stem: evaluated[w.stem] for w in theo}
 
 
-def test_each_file_is_its_own_speaker_by_default(speaker_run):
+def test_each_file_is_its_own_speaker_by_default(speaker_run, capsys):
     run, corpus = speaker_run
     _, wavs = _test_files(corpus)
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs[:2])]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2  # stdout holds only the `utt text` lines
+    assert "each file is normalised as its own speaker" in captured.err and "--same-speaker" in captured.err
+    assert main(["decode", str(run), str(wavs[0])]) == 0
+    assert "--same-speaker" not in capsys.readouterr().err  # one file: nothing to pool
     front = {"sample_rate": 8000, "num_mel_bins": 23, "cmvn": "speaker"}
     alone = features_of(wavs[0], front)
     assert np.allclose(alone.mean(0), 0, atol=1e-4) and np.allclose(alone.std(0), 1, atol=1e-3)

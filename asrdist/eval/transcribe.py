@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -166,6 +167,9 @@ def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None, s
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None
     ids = utterance_ids(wavs)
+    if speakers is None and front["cmvn"] == "speaker" and len(wavs) > 1:
+        print("[asrdist] note: each file is normalised as its own speaker (the run uses speaker CMVN); files "
+              "that share a speaker decode better with --same-speaker or --utt2spk", file=sys.stderr, flush=True)
     if speakers is None:
         for utt, wav in zip(ids, wavs):
             try:
