@@ -103,13 +103,18 @@ def test_utt2spk_problems_are_one_line(speaker_run, tmp_path, capsys):
     assert len(err) == 1 and f"no speaker for utterance '{ids[1]}' and 1 more" in err[0], err
     assert not out.exists()
     bad.write_text(f"{ids[0]} a\n{ids[1]}\n")
-    with pytest.raises(DataError, match=r"utt2spk:2: expected `utterance speaker`"):
+    with pytest.raises(DataError, match=rf"utterance '{ids[1]}': expected one speaker, got ''"):
         read_utt2spk(bad, ids[:2])
-    bad.write_text(f"{ids[0]} a\n{ids[0]} b\n")
-    with pytest.raises(DataError, match=rf"utt2spk:2: utterance '{ids[0]}' listed twice"):
+    bad.write_text(f"{ids[0]} a b\n")
+    with pytest.raises(DataError, match=rf"utterance '{ids[0]}': expected one speaker, got 'a b'"):
         read_utt2spk(bad, ids[:1])
-    with pytest.raises(DataError, match="utt2spk file not found"):
+    bad.write_text(f"{ids[0]} a\n{ids[0]} b\n")
+    with pytest.raises(DataError, match=rf"utt2spk:2: duplicate key '{ids[0]}'"):
+        read_utt2spk(bad, ids[:1])
+    with pytest.raises(DataError, match="nowhere: missing"):
         read_utt2spk(tmp_path / "nowhere", ids[:1])
+    with pytest.raises(DataError, match="not a regular file"):
+        read_utt2spk(tmp_path, ids[:1])
     assert main(["decode", str(run), str(wavs[0]), "--adapt-rounds", "2"]) != 0
     assert "--adapt-rounds: adaptation needs files that share a speaker" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse: one or the other

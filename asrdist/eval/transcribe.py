@@ -215,31 +215,23 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
 
 
 def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
-    """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines; lines for
-    other utterances are allowed). One DataError line for a malformed line, an utterance listed
-    twice, or an utterance of `utts` the file leaves out."""
-    if not path.is_file():
-        raise DataError(f"{path}: utt2spk file not found" if not path.exists() else f"{path}: not a regular file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read: {exc}") from None
-    speaker: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) != 2:
-            raise DataError(f"{path}:{number}: expected `utterance speaker`, got {line.strip()!r}")
-        if fields[0] in speaker:
-            raise DataError(f"{path}:{number}: utterance '{fields[0]}' listed twice")
-        speaker[fields[0]] = fields[1]
-    missing = [u for u in utts if u not in speaker]
+    """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines, read as the
+    corpus reads its tables; lines for other utterances are allowed). One DataError line for a
+    missing file, a duplicate, a line without one speaker, or an utterance the file leaves out."""
+    from asrdist.corpus.kaldi_dir import read_table
+
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file")
+    table = read_table(path)
+    missing = [u for u in utts if u not in table]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise DataError(f"{path}: no speaker for utterance '{missing[0]}'{more} (ids as `asrdist decode` "
                         f"names the files: see --help)")
-    return [speaker[u] for u in utts]
+    for u in utts:
+        if len(table[u].split()) != 1:
+            raise DataError(f"{path}: utterance '{u}': expected one speaker, got '{table[u]}'")
+    return [table[u] for u in utts]
 
 
 def decode_command(args) -> int:
