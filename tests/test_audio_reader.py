@@ -1,6 +1,6 @@
-"""The WAV reader on the WAVs real tools write: WAVE_FORMAT_EXTENSIBLE, IEEE float, streamed
-headers (sizes a pipe leaves), RF64; and its one-line refusals of what it does not read (mu-law,
-FLAC, implausible sample rates, FIFOs and devices) instead of calling a valid file "corrupt"."""
+"""The WAV reader on the WAVs real tools write: 8/24/32-bit PCM, A-law and mu-law, WAVE_FORMAT_EXTENSIBLE,
+IEEE float, streamed headers (sizes a pipe leaves), RF64; and its one-line refusals of what it does not
+read (ADPCM, FLAC, implausible sample rates, FIFOs and devices) instead of calling a valid file "corrupt"."""
 from __future__ import annotations
 
 import os
@@ -124,7 +124,7 @@ def test_plain_pcm_and_a_mono_channel_request_read_as_before(tmp_path):
 
 # -- refused, in one line naming the file ------------------------------------------------------
 
-@pytest.mark.parametrize("tag,name", [(7, "mu-law"), (6, "A-law"), (2, "MS ADPCM"), (0x1234, "format tag 4660")])
+@pytest.mark.parametrize("tag,name", [(2, "MS ADPCM"), (0x11, "IMA ADPCM"), (0x1234, "format tag 4660")])
 def test_other_encodings_are_unsupported_not_corrupt(tmp_path, tag, name):
     path = write(tmp_path, "law.wav", wav_bytes(bytes(100), fmt_chunk(tag, bits=8)))
     with pytest.raises(DataError) as info:
@@ -134,9 +134,41 @@ def test_other_encodings_are_unsupported_not_corrupt(tmp_path, tag, name):
     assert "corrupt" not in message and "\n" not in message
 
 
-def test_24_bit_pcm_names_its_width(tmp_path):
-    path = write(tmp_path, "deep.wav", wav_bytes(bytes(300), fmt_chunk(bits=24)))
-    with pytest.raises(DataError, match="deep.wav: 24-bit audio, expected 16-bit PCM"):
+@pytest.mark.parametrize("guid", [None, PCM_GUID])
+def test_wider_and_narrower_pcm_is_read_as_16_bits(tmp_path, guid):
+    x = tone().astype(np.int64)
+    x[:4] = [-32768, 32767, -1, 0]
+    deep = x * 256 + np.array([0, 127, 128, -128] * (len(x) // 4))  # 24-bit values around each 16-bit step
+    b24 = np.stack([deep & 0xFF, (deep >> 8) & 0xFF, (deep >> 16) & 0xFF], axis=1).astype(np.uint8).tobytes()
+    got = read_wav(write(tmp_path, "d24.wav", wav_bytes(b24, fmt_chunk(bits=24, guid=guid))))[0]
+    expected = np.clip(np.floor((deep + 128) / 256), -32768, 32767)  # nearest 16-bit step, halves up
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got[4:][deep[4:] % 256 == 0], x[4:][deep[4:] % 256 == 0])
+    b32 = (x * 65536).astype("<i4").tobytes()
+    np.testing.assert_array_equal(read_wav(write(tmp_path, "d32.wav", wav_bytes(b32, fmt_chunk(bits=32, guid=guid))))[0], x)
+    u8 = np.array([0, 128, 255, 1], dtype=np.uint8)  # unsigned: 128 is silence
+    np.testing.assert_array_equal(read_wav(write(tmp_path, "d8.wav", wav_bytes(u8.tobytes(), fmt_chunk(bits=8, guid=guid))))[0],
+                                  [-32768, 0, 32512, -32512])
+    stereo = np.stack([x[4:], -x[4:]], axis=1) * 65536  # frames of two 32-bit samples
+    path = write(tmp_path, "st32.wav", wav_bytes(stereo.astype("<i4").tobytes(), fmt_chunk(channels=2, bits=32)))
+    np.testing.assert_array_equal(read_wav(path, channel=1)[0], -x[4:])
+
+
+@pytest.mark.parametrize("tag,name", [(7, "ulaw2lin"), (6, "alaw2lin")])
+def test_g711_is_expanded_as_audioop_does(tmp_path, tag, name):
+    audioop = pytest.importorskip("audioop")  # the standard library's G.711 (Python <= 3.12)
+    codes = bytes(range(256)) * 2
+    got = read_wav(write(tmp_path, "law.wav", wav_bytes(codes, fmt_chunk(tag, bits=8))))[0]
+    np.testing.assert_array_equal(got, np.frombuffer(getattr(audioop, name)(codes, 2), dtype="<i2"))
+    assert read_wav_format(tmp_path / "law.wav").rate == RATE
+
+
+@pytest.mark.parametrize("tag,bits,says", [(1, 12, "12-bit PCM audio, expected 8, 16, 24 or 32 bits"),
+                                           (7, 16, "16-bit mu-law, expected 8 bits"),
+                                           (3, 16, "16-bit IEEE float")])
+def test_odd_widths_name_themselves(tmp_path, tag, bits, says):
+    path = write(tmp_path, "odd.wav", wav_bytes(bytes(300), fmt_chunk(tag, bits=bits)))
+    with pytest.raises(DataError, match=f"odd.wav: .*{says}"):
         read_wav(path)
 
 

@@ -91,8 +91,8 @@ def file_kind(path: Path) -> str:
 
 def read_wav(path: str | Path, expected_rate: int | None = None, where: str = "",
              channel: int | None = None) -> tuple[np.ndarray, int]:
-    """Read a WAV as int16 samples: 16-bit PCM or IEEE float (scaled by 32768 to the int16 range
-    every stage expects, clipped), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
+    """Read a WAV as int16 samples: 8, 16, 24 or 32-bit PCM, A-law, mu-law or IEEE float (brought to
+    the int16 range every stage expects: `_decode_samples`), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
     pipe leaves them (the samples present are read). Multi-channel audio needs `channel` (0-based;
     mono audio is read as it is): asrdist never mixes or drops channels unasked. Raises DataError
     naming `where` (or the file) and why."""
@@ -235,27 +235,73 @@ def _parse_fmt(body: memoryview, label: str, name: str) -> WavFormat:
     return WavFormat(tag, channels, rate, bits)
 
 
+PCM_BITS = (8, 16, 24, 32)
+
+
 def _check_encoding(tag: int, bits: int, label: str, name: str) -> None:
-    if tag == WAVE_FORMAT_PCM and bits != 16:
-        raise DataError(f"{_named(label, name)}: {bits}-bit audio, expected 16-bit PCM; {_CONVERT}")
+    if tag == WAVE_FORMAT_PCM and bits not in PCM_BITS:
+        raise DataError(f"{_named(label, name)}: {bits}-bit PCM audio, expected 8, 16, 24 or 32 bits; {_CONVERT}")
     if tag == WAVE_FORMAT_IEEE_FLOAT and bits not in (32, 64):
         raise DataError(f"{_named(label, name)}: unsupported encoding ({bits}-bit IEEE float); {_CONVERT}")
-    if tag not in (WAVE_FORMAT_PCM, WAVE_FORMAT_IEEE_FLOAT):
+    if tag in (WAVE_FORMAT_ALAW, WAVE_FORMAT_MULAW) and bits != 8:
+        raise DataError(f"{_named(label, name)}: unsupported encoding ({bits}-bit {_ENCODING_NAMES[tag]}, "
+                        f"expected 8 bits); {_CONVERT}")
+    if tag not in (WAVE_FORMAT_PCM, WAVE_FORMAT_IEEE_FLOAT, WAVE_FORMAT_ALAW, WAVE_FORMAT_MULAW):
         encoding = _ENCODING_NAMES.get(tag, f"format tag {tag}")
         raise DataError(f"{_named(label, name)}: unsupported encoding ({encoding}); {_CONVERT}")
 
 
 def _decode_samples(fmt: WavFormat, data: memoryview, label: str, name: str) -> np.ndarray:
-    """[frames, channels] int16. Float audio (full scale +-1.0) is scaled by 32768 and clipped, as
-    Kaldi-style front ends scale it: the features then match those of the same audio in 16 bits."""
+    """[frames, channels] int16. Other PCM widths are brought to 16 bits (8-bit: unsigned, shifted
+    up; 24 and 32-bit: rounded to the nearest 16-bit step, clipped), A-law and mu-law expanded by
+    G.711's rules; float audio (full scale +-1.0) is scaled by 32768 and clipped, as Kaldi-style
+    front ends scale it: the features then match those of the same audio in 16 bits."""
     if fmt.encoding == WAVE_FORMAT_PCM:
-        return np.frombuffer(data, dtype="<i2").reshape(-1, fmt.channels)
+        return _pcm_to_int16(data, fmt.bits).reshape(-1, fmt.channels)
+    if fmt.encoding == WAVE_FORMAT_MULAW:
+        return _G711_MULAW[np.frombuffer(data, dtype=np.uint8)].reshape(-1, fmt.channels)
+    if fmt.encoding == WAVE_FORMAT_ALAW:
+        return _G711_ALAW[np.frombuffer(data, dtype=np.uint8)].reshape(-1, fmt.channels)
     values = np.frombuffer(data, dtype="<f4" if fmt.bits == 32 else "<f8")
     if not np.isfinite(values).all():
         index = int(np.flatnonzero(~np.isfinite(values))[0]) // fmt.channels
         raise DataError(f"{_named(label, name)}: non-finite sample (NaN or inf) at sample {index}")
     scaled = np.clip(np.round(values.astype(np.float64) * 32768.0), -32768, 32767)
     return scaled.astype(np.int16).reshape(-1, fmt.channels)
+
+
+def _pcm_to_int16(data: memoryview, bits: int) -> np.ndarray:
+    """Little-endian PCM samples of `bits` bits as int16 (the top 16 bits, rounded)."""
+    if bits == 16:
+        return np.frombuffer(data, dtype="<i2")
+    if bits == 8:  # unsigned, 128 is silence
+        return ((np.frombuffer(data, dtype=np.uint8).astype(np.int16) - 128) * 256).astype(np.int16)
+    if bits == 24:
+        b = np.frombuffer(data, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        values = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        values = np.where(values >= 1 << 23, values - (1 << 24), values)
+        step = 256
+    else:
+        values = np.frombuffer(data, dtype="<i4").astype(np.int64)
+        step = 65536
+    return np.clip(np.floor_divide(values + step // 2, step), -32768, 32767).astype(np.int16)
+
+
+def _g711_tables() -> tuple[np.ndarray, np.ndarray]:
+    """int16 values of the 256 mu-law and A-law codes (ITU-T G.711, as sox and audioop expand them)."""
+    codes = np.arange(256)
+    u = ~codes & 0xFF
+    exponent, mantissa = (u >> 4) & 7, u & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    mulaw = np.where(u & 0x80, -magnitude, magnitude)
+    a = codes ^ 0x55
+    exponent, mantissa = (a >> 4) & 7, a & 0x0F
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+    alaw = np.where(a & 0x80, magnitude, -magnitude)
+    return mulaw.astype(np.int16), alaw.astype(np.int16)
+
+
+_G711_MULAW, _G711_ALAW = _g711_tables()
 
 
 def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int) -> None:
