@@ -280,3 +280,38 @@ def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
     assert summary["utterances"] == 3 and summary["empty_transcripts"] == 1
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["empty_transcripts"] == 1
     assert read_data_dir(tmp_path / "out").utterances["spkB-001"].text == ""
+
+
+def test_flac_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: Path):
+    """Real corpora ship FLAC (LibriSpeech) or studio 24-bit WAV: imported and featurised in place,
+    with exactly the features of the 16-bit WAVs they were made from."""
+    soundfile = pytest.importorskip("soundfile")
+    from fsdd_kaldi import FSDD, make_kaldi_tree
+
+    if not FSDD.is_dir():
+        pytest.skip(f"FSDD recordings not found at {FSDD}")
+    plain = make_kaldi_tree(tmp_path / "plain", train=("george", "jackson"), test=("theo",))
+    other = make_kaldi_tree(tmp_path / "other", train=("george", "jackson"), test=("theo",))
+    for split in ("train", "test"):
+        scp = other / split / "wav.scp"
+        lines = []
+        for n, line in enumerate(scp.read_text().splitlines()):
+            utt, rel = line.split()
+            wav = (scp.parent / rel).resolve()
+            samples, rate = soundfile.read(wav, dtype="int16")
+            if n % 2:
+                new, kw = wav.with_suffix(".flac"), {"subtype": "PCM_16"}
+            else:
+                new, kw = wav.with_name(wav.stem + "-24.wav"), {"subtype": "PCM_24"}
+            soundfile.write(new, samples.astype(np.int32) * 65536, rate, **kw)
+            lines.append(f"{utt} {new}")
+        scp.write_text("\n".join(lines) + "\n")
+    for tree, corpus in ((plain, tmp_path / "c16"), (other, tmp_path / "cflac")):
+        assert main(["corpus", "import-kaldi", str(tree), str(corpus)]) == 0
+        assert main(["features", str(corpus), "--cmvn", "none", "--num-mel-bins", "23", "--jobs", "1"]) == 0
+    wavs = read_data_dir(tmp_path / "cflac" / "test")
+    assert {Path(wavs.wav_path(u)).suffix for u in wavs.utterances.values()} == {".flac", ".wav"}
+    a, b = FeatureStore(tmp_path / "c16" / "test"), FeatureStore(tmp_path / "cflac" / "test")
+    assert a.utt_ids == b.utt_ids
+    for utt in a.utt_ids:
+        np.testing.assert_array_equal(np.array(a[utt]), np.array(b[utt]))

@@ -37,7 +37,7 @@ _GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTY
 _ENCODING_NAMES = {WAVE_FORMAT_ALAW: "A-law", WAVE_FORMAT_MULAW: "mu-law", 0x0002: "MS ADPCM",
                    0x0011: "IMA ADPCM", 0x0055: "MP3"}
 # Files that are not RIFF WAVE, by their first bytes: named, so the user knows what to convert.
-_OTHER_CONTAINERS = {b"fLaC": "FLAC", b"OggS": "Ogg", b"FORM": "AIFF", b"ID3": "MP3", b".snd": "Sun/NeXT AU",
+_OTHER_CONTAINERS = {b"FORM": "AIFF", b"ID3": "MP3", b".snd": "Sun/NeXT AU",
                      b"caff": "Core Audio"}
 _RIFF_IDS = (b"RIFF", b"RF64", b"BW64")  # RF64/BW64: RIFF whose 32-bit sizes are in a `ds64` chunk
 # Sample rates a header may plausibly hold: below 1 kHz no speech band is left and 384 kHz is the
@@ -91,8 +91,9 @@ def file_kind(path: Path) -> str:
 
 def read_wav(path: str | Path, expected_rate: int | None = None, where: str = "",
              channel: int | None = None) -> tuple[np.ndarray, int]:
-    """Read a WAV as int16 samples: 8, 16, 24 or 32-bit PCM, A-law, mu-law or IEEE float (brought to
-    the int16 range every stage expects: `_decode_samples`), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
+    """Read a WAV (or a FLAC or Ogg file, through libsndfile) as int16 samples: 8, 16, 24 or 32-bit
+    PCM, A-law, mu-law or IEEE float (brought to the int16 range every stage expects:
+    `_decode_samples`), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
     pipe leaves them (the samples present are read). Multi-channel audio needs `channel` (0-based;
     mono audio is read as it is): asrdist never mixes or drops channels unasked. Raises DataError
     naming `where` (or the file) and why."""
@@ -102,8 +103,11 @@ def read_wav(path: str | Path, expected_rate: int | None = None, where: str = ""
         blob = memoryview(path.read_bytes())
     except OSError as exc:
         raise DataError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
-    fmt, data = _parse_wav(blob, label, path.name)
-    samples = _decode_samples(fmt, data, label, path.name)
+    if _compressed_kind(blob) is not None:
+        samples, fmt = _read_compressed(path, label, _compressed_kind(blob))
+    else:
+        fmt, data = _parse_wav(blob, label, path.name)
+        samples = _decode_samples(fmt, data, label, path.name)
     if fmt.channels > 1:
         if channel is not None and not 0 <= channel < fmt.channels:
             raise DataError(f"{label}: channel {channel} asked for, {path.name} has {fmt.channels} "
@@ -128,7 +132,55 @@ def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
             head = memoryview(f.read(1 << 20))
     except OSError as exc:
         raise DataError(f"{where or path}: cannot read {path}: {exc.strerror or exc}") from None
+    if _compressed_kind(head) is not None:
+        return _compressed_format(path, where or str(path), _compressed_kind(head))
     return _parse_wav(head, where or str(path), path.name, need_data=False)[0]
+
+
+# Compressed containers read through libsndfile (the `soundfile` package): lossless FLAC (as
+# LibriSpeech ships) and Ogg (Vorbis, Opus). Decoded to int16 as libsndfile scales them.
+_COMPRESSED = {b"fLaC": "FLAC", b"OggS": "Ogg"}
+
+
+def _compressed_kind(head) -> str | None:
+    return _COMPRESSED.get(bytes(head[:4]))
+
+
+def _compressed_format(path: Path, label: str, kind: str) -> WavFormat:
+    import soundfile
+
+    try:
+        info = soundfile.info(str(path))
+    except (RuntimeError, soundfile.SoundFileError) as exc:
+        raise _corrupt_compressed(label, path.name, kind, exc) from None
+    if not MIN_SAMPLE_RATE <= info.samplerate <= MAX_SAMPLE_RATE:
+        raise DataError(f"{_named(label, path.name)}: implausible sample rate {info.samplerate} Hz in the header "
+                        f"(expected {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz); the header is damaged or mis-written")
+    if info.channels == 0:
+        raise _corrupt_compressed(label, path.name, kind, "0 channels")
+    bits = {"PCM_S8": 8, "PCM_U8": 8, "PCM_24": 24, "PCM_32": 32}.get(info.subtype, 16)
+    return WavFormat(WAVE_FORMAT_PCM, info.channels, info.samplerate, bits)
+
+
+def _read_compressed(path: Path, label: str, kind: str) -> tuple[np.ndarray, WavFormat]:
+    """([frames, channels] int16, format) of a FLAC or Ogg file; a file that ends early or fails
+    to decode is one DataError line, as a truncated WAV is."""
+    import soundfile
+
+    fmt = _compressed_format(path, label, kind)
+    expected = soundfile.info(str(path)).frames
+    try:
+        samples, _ = soundfile.read(str(path), dtype="int16", always_2d=True)
+    except (RuntimeError, soundfile.SoundFileError) as exc:
+        raise _corrupt_compressed(label, path.name, kind, exc) from None
+    if expected > 0 and len(samples) != expected:
+        raise DataError(f"{label}: truncated {kind} file {path.name} (header says {expected} samples, "
+                        f"decoded {len(samples)})")
+    return samples, fmt
+
+
+def _corrupt_compressed(label: str, name: str, kind: str, reason) -> DataError:
+    return DataError(f"{label}: corrupt {kind} file {name} ({str(reason).strip() or type(reason).__name__})")
 
 
 def _named(label: str, name: str) -> str:
