@@ -1,7 +1,7 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
-Import reads `wav.scp` (WAV file paths; relative paths are tried against SRC, then the
-current directory; command pipes `... |` are rejected), `segments` (times kept to the
+Import reads `wav.scp` (paths of WAV, FLAC or Ogg files; relative paths are tried against SRC,
+then the current directory; command pipes `... |` are rejected), `segments` (times kept to the
 millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
 10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
 Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
@@ -195,7 +195,7 @@ class _Importer:
                 self.fail(utt_id, f"recording '{rec}' not in wav.scp")
             elif wav.rstrip().endswith("|"):
                 cmd = wav if len(wav) <= 60 else wav[:57] + "..."
-                self.fail(utt_id, f"command pipe '{cmd}' is not supported; list WAV file paths instead")
+                self.fail(utt_id, f"command pipe '{cmd}' is not supported; list the audio files (WAV, FLAC, Ogg) instead")
             else:
                 rec_of[utt_id] = rec
             if utt_id not in self.utt2spk:
