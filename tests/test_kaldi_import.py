@@ -164,9 +164,10 @@ def _break(src: Path, how: str) -> str:
         ali.write_text("".join(lines))
     elif how == "utf8":
         (src / "text").write_bytes((src / "text").read_bytes().replace(b"good bye", b"gr\xfc\xdf gott"))
-    elif how == "pipe":
+    elif how in ("pipe", "pipe-output"):  # a command that fails, or that prints no audio
+        command = {"pipe": "sox in.flac -t wav - |", "pipe-output": "echo hello |"}[how]
         (src / "wav.scp").write_text((src / "wav.scp").read_text().replace(
-            "spkA-002 ../audio/spkA-002.wav", "spkA-002 sox in.flac -t wav - |"))
+            "spkA-002 ../audio/spkA-002.wav", f"spkA-002 {command}"))
     elif how in ("nan", "inf"):  # each utterance its whole recording, but one with non-finite times
         times = {"nan": "nan nan", "inf": "0 inf"}[how]
         (src / "segments").write_text("".join(f"{u} {u} {times if u == 'spkA-002' else '0 -1'}\n"
@@ -180,7 +181,8 @@ def _break(src: Path, how: str) -> str:
     ("corrupt", "corrupt WAV"), ("empty", "empty audio"), ("truncated", "truncated WAV"),
     ("rate", "sample rate 8000 Hz, expected 16000 Hz"), ("transcript", "missing transcript"),
     ("long", "alignment has"), ("short", "alignment has"), ("phone", "unknown phone id 40"),
-    ("utf8", "not valid UTF-8"), ("pipe", "command pipe"), ("nan", "segments: utterance spkA-002: bad times"),
+    ("utf8", "not valid UTF-8"), ("pipe", "command 'sox in.flac -t wav -' failed (exit code"),
+    ("pipe-output", "the output of 'echo hello': corrupt WAV file"), ("nan", "segments: utterance spkA-002: bad times"),
     ("inf", "segments: utterance spkA-002: bad times"), ("speaker", "utt2spk:2: utterance spkA-002: no speaker")])
 def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str, reason: str):
     src = make_kaldi_dir(tmp_path, "text")
@@ -315,3 +317,52 @@ def test_flac_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: P
     assert a.utt_ids == b.utt_ids
     for utt in a.utt_ids:
         np.testing.assert_array_equal(np.array(a[utt]), np.array(b[utt]))
+
+
+def test_command_pipes_in_wav_scp_are_run_and_their_audio_stored(tmp_path: Path):
+    """Kaldi recipes list audio as commands (`flac -c -d -s x.flac |`, `sph2pipe ... |`): each is
+    run once, its WAV output stored as OUT/audio/REC.wav, with the features of the file itself."""
+    src = make_kaldi_dir(tmp_path, "text")
+    direct, piped = tmp_path / "direct", tmp_path / "piped"
+    assert main(["corpus", "import-kaldi", str(src), str(direct)]) == 0
+    lines = (src / "wav.scp").read_text().splitlines()
+    streamed = ("python3 -c 'import sys; b = open(sys.argv[1], \"rb\").read(); "
+                "sys.stdout.buffer.write(b[:4] + bytes([255] * 4) + b[8:40] + bytes([255] * 4) + b[44:])'")
+    commands = []
+    for n, line in enumerate(lines):
+        utt, rel = line.split()
+        wav = (src / rel).resolve()
+        # cat, and a writer that cannot seek back (sizes 0xFFFFFFFF, as sox leaves them in a pipe)
+        commands.append(f"{utt} cat {wav} |" if n % 2 == 0 else f"{utt} {streamed} {wav} |")
+    (src / "wav.scp").write_text("\n".join(commands) + "\n")
+    assert main(["corpus", "import-kaldi", str(src), str(piped)]) == 0
+    data = read_data_dir(piped)
+    for utt in data.utt_ids:
+        path = data.wav_path(data.utterances[utt])
+        assert path == (piped / "audio" / f"{utt}.wav").resolve() and path.is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".piped")]  # no temporary left
+    for corpus in (direct, piped):
+        assert main(["features", str(corpus), "--cmvn", "none", "--jobs", "1"]) == 0
+    a, b = FeatureStore(direct), FeatureStore(piped)
+    assert a.utt_ids == b.utt_ids
+    for utt in a.utt_ids:
+        np.testing.assert_array_equal(np.array(a[utt]), np.array(b[utt]))
+
+
+def test_a_corpus_of_piped_data_directories_keeps_its_audio(tmp_path: Path):
+    from fsdd_kaldi import FSDD, make_kaldi_tree
+
+    if not FSDD.is_dir():
+        pytest.skip(f"FSDD recordings not found at {FSDD}")
+    tree = make_kaldi_tree(tmp_path, train=("george", "jackson"), test=("theo",))
+    for split in ("train", "test"):
+        scp = tree / split / "wav.scp"
+        scp.write_text("".join(f"{u} cat {(scp.parent / rel).resolve()} |\n"
+                               for u, rel in (line.split() for line in scp.read_text().splitlines())))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(tree), str(out)]) == 0
+    for split in ("train", "valid", "test"):
+        data = read_data_dir(out / split)
+        assert {data.wav_path(u).parent for u in data.utterances.values()} == {(out / "audio").resolve()}
+    assert len(list((out / "audio").iterdir())) == 18  # 3 speakers x 3 digits x 2 takes, each once
+    assert main(["features", str(out), "--jobs", "1"]) == 0

@@ -181,7 +181,7 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
     `alignments` (a file for any utterances) must cover the training split. `lexicon` (a file) is
     read before the audio and stored as OUT/lexicon.txt."""
-    from asrdist.corpus.import_kaldi import import_split
+    from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
     from asrdist.corpus.lexicon import Lexicon
     from asrdist.utils.io import check_output_dir
 
@@ -209,9 +209,11 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     check_valid_speakers(valid_speakers, "valid" in found)
     ali = Path(alignments) if alignments else None
     splits = {}
-    for split, name in found.items():
-        path = src if name is None else src / name
-        splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
-                                     channel=channel)
-    return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi", inputs=inputs,
-                        lexicon=lexicon)
+    with decoded_audio(Path(out)) as decoded:
+        for split, name in found.items():
+            path = src if name is None else src / name
+            splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
+                                         channel=channel, decoded=decoded)
+        extra = move_decoded(decoded, [u for s in splits.values() for u in s.utterances], Path(out))
+        return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi", extra_dirs=extra,
+                            inputs=inputs, lexicon=lexicon)

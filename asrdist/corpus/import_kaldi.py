@@ -1,7 +1,8 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
-Import reads `wav.scp` (paths of WAV, FLAC or Ogg files; relative paths are tried against SRC,
-then the current directory; command pipes `... |` are rejected), `segments` (times kept to the
+Import reads `wav.scp` (paths of WAV, FLAC or Ogg files, relative ones tried against SRC, then the
+current directory; or Kaldi's command pipes `CMD |`, run by the shell in the current directory as
+Kaldi runs them, their WAV output stored as OUT/audio/REC.wav), `segments` (times kept to the
 millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
 10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
 Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
@@ -9,28 +10,36 @@ UTF-8, alignment ids below the size of `phones.txt` (SRC's, or asrdist's table) 
 feature lengths against the audio's `num_frames` (a difference of one edge frame is tolerated;
 exactly two frames short is Kaldi's `snip_edges=true` framing, padded by repeating the first and
 last frame once so every asrdist stage shares the `snip_edges=false` frames).
-Audio is referenced by absolute path, not copied. Imported features go into the feature store.
+Audio files are referenced by absolute path, not copied. Imported features go into the feature store.
 """
 from __future__ import annotations
 
 import codecs
 import json
 import math
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import kaldiio
 import numpy as np
 
-from asrdist.corpus.audio import num_frames, read_wav
+from asrdist.corpus.audio import num_frames, read_wav, write_wav
 from asrdist.corpus.kaldi_dir import (DataDir, Segment, Utterance, read_data_dir, write_alignments,
                                       write_data_dir)
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
 
 TOLERANCE_FRAMES = 1
+COMMAND_TIMEOUT_S = 600
+"""How long one wav.scp command may run before the import calls it hung."""
 KALDI_SNIP_EDGES_DEFICIT = 2
 _UNMATCHED = "\0unmatched"
 
@@ -76,6 +85,37 @@ def _resolve(base: Path, name: str) -> Path:
     if path.is_absolute() or not (base / path).exists() and path.exists():
         return path.resolve()
     return (base / path).resolve()
+
+
+def _is_command(entry: str) -> bool:
+    return entry.rstrip().endswith("|")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@contextmanager
+def decoded_audio(out: Path) -> Iterator[Path]:
+    """A directory beside OUT for audio an import decodes (wav.scp commands, lhotse's other audio),
+    removed afterwards; `move_decoded` puts what it holds into the output."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f".{out.name}.audio.", dir=out.parent)).resolve()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def move_decoded(decoded: Path, utterances, out: Path) -> dict[str, Path]:
+    """Point `utterances` whose audio lies in `decoded` at OUT/audio/, where the import will put it;
+    returns the `extra_dirs` of `write_corpus` ({} when nothing was decoded)."""
+    final_audio = Path(out).resolve() / "audio"
+    for u in utterances:
+        if Path(u.wav).parent == decoded:
+            u.wav = str(final_audio / Path(u.wav).name)
+    return {"audio": decoded} if any(decoded.iterdir()) else {}
 
 
 def _load_scp(scp: Path, bad: dict[str, str], what: str) -> dict[str, np.ndarray]:
@@ -148,6 +188,8 @@ class _Importer:
 
     channel: int | None = None
     """The channel read from multi-channel audio (which is an error without one)."""
+    decoded: Path | None = None
+    """Where the output of wav.scp commands goes (`decoded_audio`); None: commands are refused."""
 
     def __init__(self, src: Path, alignments: Path | None, progress: bool,
                  tables: dict[str, dict[str, str]] | None = None, files: dict[str, Path] | None = None,
@@ -193,9 +235,9 @@ class _Importer:
             wav = self.wav_scp.get(rec)
             if wav is None:
                 self.fail(utt_id, f"recording '{rec}' not in wav.scp")
-            elif wav.rstrip().endswith("|"):
-                cmd = wav if len(wav) <= 60 else wav[:57] + "..."
-                self.fail(utt_id, f"command pipe '{cmd}' is not supported; list the audio files (WAV, FLAC, Ogg) instead")
+            elif _is_command(wav) and self.decoded is None:
+                self.fail(utt_id, f"command pipe '{_short(wav)}' is not supported here; list the audio files "
+                                  f"(WAV, FLAC, Ogg) instead")
             else:
                 rec_of[utt_id] = rec
             if utt_id not in self.utt2spk:
@@ -213,10 +255,13 @@ class _Importer:
             first_utt.setdefault(rec, utt_id)
         for rec, utt_id in tqdm(first_utt.items(), desc="import audio", unit="file",
                                 disable=None if self.progress else True, file=sys.stderr):
-            path = _resolve(self.src, self.wav_scp[rec])
+            where = f"{self.where('wav.scp')}: utterance {utt_id}"
             try:
-                samples, rate = read_wav(path, where=f"{self.where('wav.scp')}: utterance {utt_id}",
-                                         channel=self.channel)
+                if _is_command(self.wav_scp[rec]):
+                    path = self._run_command(rec, self.wav_scp[rec], where)
+                else:
+                    path = _resolve(self.src, self.wav_scp[rec])
+                samples, rate = read_wav(path, where=where, channel=self.channel)
                 audio[rec] = (path, len(samples), rate)
             except DataError as exc:
                 for u, r in rec_of.items():
@@ -224,6 +269,33 @@ class _Importer:
                         self.bad.setdefault(u, str(exc))
         rates = Counter(rate for _, _, rate in audio.values())
         return audio, (rates.most_common(1)[0][0] if rates else 0)
+
+    def _run_command(self, rec: str, entry: str, where: str) -> Path:
+        """Run a wav.scp command pipe; its audio (the channel asked for) as a 16-bit WAV in `decoded`."""
+        command = entry.rstrip()[:-1].strip()
+        try:
+            done = subprocess.run(command, shell=True, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise DataError(f"{where}: command '{_short(command)}' did not finish within {COMMAND_TIMEOUT_S} s") from None
+        if done.returncode != 0:
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
+            raise DataError(f"{where}: command '{_short(command)}' failed ({how}){': ' + said[-1] if said else ''}")
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", rec).lstrip(".") or "recording"
+        path = self.decoded / f"{name}.wav"
+        for n in range(2, 1 << 30):
+            if not path.exists():
+                break
+            path = self.decoded / f"{name}-{n}.wav"
+        raw = self.decoded / f".{path.name}.out"
+        raw.write_bytes(done.stdout)
+        try:
+            samples, rate = read_wav(raw, where=f"{where}: the output of '{_short(command)}'", channel=self.channel)
+        finally:
+            raw.unlink()
+        write_wav(path, samples, rate)
+        return path
 
     def utterance(self, utt_id: str, rec: str, path: Path, total: int, rate: int) -> Utterance:
         """One checked utterance; raises DataError naming it."""
@@ -275,14 +347,16 @@ class _Importer:
 
 def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = False, progress: bool = True,
                  optional_alignments: bool = False, tables: dict[str, dict[str, str]] | None = None,
-                 files: dict[str, Path] | None = None, channel: int | None = None) -> ImportedSplit:
+                 files: dict[str, Path] | None = None, channel: int | None = None,
+                 decoded: Path | None = None) -> ImportedSplit:
     """Read and check one Kaldi data directory (or the tables given); DataError on the first bad
     utterance, or with `skip_bad` every bad one is left out, reported and counted. Multi-channel
-    audio needs `channel`."""
+    audio needs `channel`. wav.scp commands are run, their audio stored in `decoded`
+    (`decoded_audio`), and refused without it."""
     if tables is None and not src.is_dir():
         raise DataError(f"{src}: Kaldi data directory not found")
     imp = _Importer(src, alignments, progress, tables, files, optional_alignments)
-    imp.channel = channel
+    imp.channel, imp.decoded = channel, decoded
     rec_of = imp.recordings()
     audio, rate = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
     utts: list[Utterance] = []
@@ -342,24 +416,29 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     from asrdist.corpus.lexicon import Lexicon, store_lexicon
     from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
 
-    src = Path(src)
+    src, out = Path(src), Path(out)
     inputs = (src, alignments, lexicon)
     check_output_dir(out, overwrite, inputs)
     lex = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
-    split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel)
-    utts = split.utterances
-    with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
-        stats = write_split(tmp, Path(out), split, utts)
-        split.phones.write(tmp / "phones.txt")
-        summary = {
-            "source": str(src.resolve()), "sample_rate": split.sample_rate, **stats,
-            "alignments": split.alignments, "features": bool(split.features),
-            "empty_transcripts": empty_transcripts(utts),
-            "skipped": len(split.skipped), "skipped_reasons": split.skipped,
-        }
-        if lex is not None:
-            summary["lexicon"] = store_lexicon(lex, tmp, [u.text for u in utts], where=out)
-        write_json_atomic(tmp / "summary.json", summary)
+    with decoded_audio(out) as decoded:
+        split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel,
+                             decoded=decoded)
+        utts = split.utterances
+        extra = move_decoded(decoded, utts, out)
+        with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
+            stats = write_split(tmp, out, split, utts)
+            for name, path in extra.items():
+                shutil.move(str(path), str(tmp / name))
+            split.phones.write(tmp / "phones.txt")
+            summary = {
+                "source": str(src.resolve()), "sample_rate": split.sample_rate, **stats,
+                "alignments": split.alignments, "features": bool(split.features),
+                "empty_transcripts": empty_transcripts(utts),
+                "skipped": len(split.skipped), "skipped_reasons": split.skipped,
+            }
+            if lex is not None:
+                summary["lexicon"] = store_lexicon(lex, tmp, [u.text for u in utts], where=out)
+            write_json_atomic(tmp / "summary.json", summary)
     return summary
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -170,7 +168,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
     from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
     from asrdist.utils.io import check_output_dir
-    from asrdist.corpus.import_kaldi import import_split
+    from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
 
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
@@ -188,9 +186,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
         found = match_splits(sorted(parts), dict(split_parts or {}), src)
     require_train(found, src, sorted(parts))
     check_valid_speakers(valid_speakers, "valid" in found)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    decoded = Path(tempfile.mkdtemp(prefix=f".{out.name}.audio.", dir=out.parent)).resolve()
-    try:
+    with decoded_audio(out) as decoded:
         splits = {}
         for split, part in found.items():
             tables, files, bad = read_part(*parts[part], decoded, skip_bad)
@@ -201,15 +197,8 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
             imported.skipped[:0] = list(bad.values())
             imported.source = parts[part][1]
             splits[split] = imported
-        final_audio = out.resolve() / "audio"
-        for imported in splits.values():
-            for u in imported.utterances:
-                if Path(u.wav).parent == decoded:
-                    u.wav = str(final_audio / Path(u.wav).name)
-        extra = {"audio": decoded} if any(decoded.iterdir()) else {}
+        extra = move_decoded(decoded, [u for s in splits.values() for u in s.utterances], out)
         return write_corpus(out, splits, src, valid_speakers, overwrite, "lhotse", extra_dirs=extra, inputs=(src,))
-    finally:
-        shutil.rmtree(decoded, ignore_errors=True)
 
 
 def import_lhotse_command(args) -> int:
