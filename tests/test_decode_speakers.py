@@ -134,3 +134,25 @@ def test_a_bad_file_among_a_speakers_files_is_named_and_the_rest_decoded(speaker
     assert [line.split()[0] for line in captured.out.splitlines()] == [wavs[0].stem, wavs[1].stem]
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "short.wav" in err[0] and "1 of 3 files not decoded" in err[0], err
+
+
+def test_a_hybrid_model_decodes_a_speakers_files_as_eval_does(tmp_path, capsys):
+    """Frame classifiers take the pooled statistics too (they have no adaptation)."""
+    from pathlib import Path
+
+    from tests.corpus_fixture import make_tone_corpus
+
+    corpus = make_tone_corpus(tmp_path / "corpus", utterances_per_speaker=4, speakers=4)
+    run = tmp_path / "run"
+    recipe = str(Path(__file__).resolve().parents[1] / "configs/default.yaml")
+    assert main(["train", recipe, "--data", str(corpus), "--out", str(run), "data.cmvn=speaker",
+                 "data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
+                 "train.threads=1", "train.max_steps=6", "--epochs", "1", "--no-progress"]) == 0
+    assert main(["eval", str(run), "--data", str(corpus)]) == 0
+    test, wavs = _test_files(corpus)
+    assert len(test.speakers) == 1
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs), "--same-speaker"]) == 0
+    printed = _lines(capsys.readouterr().out)
+    evaluated = _lines((run / "hyp.txt").read_text())
+    assert printed == {w.stem: evaluated[u] for w, u in zip(wavs, test.utt_ids)}
