@@ -24,7 +24,10 @@ def plot_report(run_dir: Path, title: str = "") -> Path:
         ax_loss.plot([r["step"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss")
-    ax_loss.legend()
+    if ax_loss.get_legend_handles_labels()[0]:
+        ax_loss.legend()
+    else:  # e.g. a resumed run that had nothing left to train
+        ax_loss.text(0.5, 0.5, "no losses recorded", ha="center", va="center", transform=ax_loss.transAxes)
     ax_loss.grid(alpha=0.3)
     for key, label in (("frame_accuracy", "frame accuracy"), ("per", "PER"), ("cer", "CER"),
                        ("wer", "WER"), ("sentence_accuracy", "sentence accuracy")):
