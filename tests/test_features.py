@@ -242,3 +242,19 @@ def test_bad_input_fails_cleanly_or_is_skipped(corpus: Path, tmp_path: Path, cap
     meta = FeatureStore(corpus / "test").meta
     assert meta["skipped"] == 1 and bad_utt in meta["skipped_utterances"][0]
     assert bad_utt not in FeatureStore(corpus / "test") and len(FeatureStore(corpus / "test")) == 1
+
+
+def test_speaker_cmvn_over_one_utterance_speakers_is_noted(tmp_path, capsys):
+    """A split whose utt2spk names no speakers (each utterance its own, as many Kaldi dirs without
+    speaker information have it) gets a note: per-utterance statistics cost accuracy."""
+    from tests.corpus_fixture import make_tone_corpus
+
+    corpus = make_tone_corpus(tmp_path / "c", utterances_per_speaker=3, speakers=3)
+    capsys.readouterr()
+    assert main(["features", str(corpus), "--cmvn", "speaker", "--jobs", "1"]) == 0
+    assert "every speaker has one utterance" not in capsys.readouterr().err
+    utt2spk = corpus / "test" / "utt2spk"
+    utt2spk.write_text("".join(f"{line.split()[0]} {line.split()[0]}\n" for line in utt2spk.read_text().splitlines()))
+    assert main(["features", str(corpus / "test"), "--cmvn", "speaker", "--jobs", "1", "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert f"{corpus / 'test'}: every speaker has one utterance" in err and "utt2spk" in err
