@@ -216,3 +216,24 @@ def test_cores_are_shared_by_all_work_in_progress_as_the_scheduler_does():
     assert ends(2, [(0, 1.0, 1), (0.5, 1.0, 1)]) == pytest.approx([1.0, 1.5])
     # a two-thread job and a one-thread job on two cores: 3 threads wanted, each at 2/3 speed
     assert ends(2, [(0, 1.0, 2), (0, 2.0, 1)]) == pytest.approx([1.5, 2.5])
+
+
+def test_a_long_averaging_period_costs_in_proportion_not_nothing():
+    """Averaging every 4000 minibatches (beyond what is simulated step by step): its period is
+    simulated shortened with the average's cost in proportion, so bytes and communication per
+    minibatch are a quarter of averaging every 1000, not zero (before: no average fell inside the
+    simulated window, and averaging looked free)."""
+    from asrdist.sim.engine import MAX_AVERAGING_STEPS, averaging_period, simulated_steps
+
+    cluster = Cluster(2, 4, LINKS["nvlink"], LINKS["1gbit"])
+    results = {}
+    for every in (1000, 4000):
+        spec = _spec("averaging", {"average_every": every * 256, "samples_per_step": 256}, cluster)
+        assert simulated_steps(spec) == MAX_AVERAGING_STEPS
+        assert averaging_period(spec) == (1000, 1000 / every)
+        results[every] = simulate(spec)
+    short, long = results[1000], results[4000]
+    assert long.bytes_per_step[0] > 0 and long.bytes_per_step[0] == pytest.approx(short.bytes_per_step[0] / 4, rel=1e-9)
+    communication = [r.comm_share * r.seconds_per_step for r in (short, long)]
+    assert communication[1] == pytest.approx(communication[0] / 4, rel=0.02) and communication[1] > 0
+    assert long.frames_per_second > short.frames_per_second

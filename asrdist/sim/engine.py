@@ -18,7 +18,8 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
 - onebit: quantize, owner reduce and dequantize cost `quantize_cost` (`dequantize_cost`) per
   value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double
   buffering moves the exchange of step t behind the compute of step t + 1.
-- averaging: the flat allreduce every `steps_between_averages` minibatches.
+- averaging: the flat allreduce every `steps_between_averages` minibatches (a period of more than
+  MAX_AVERAGING_STEPS / 2 simulated shortened, its cost in proportion: `averaging_period`).
 - adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps);
   an active learner exchanges with its partner (`topology.partner`) after each step: two
   messages at once, one each way (the passive replies as soon as it is asked; a link keeps
@@ -131,14 +132,24 @@ class _Learner:
 
 
 def simulated_steps(spec: SimSpec) -> int:
-    """Minibatches per learner simulated: `steps`, or averaging's whole periods (two), at most
-    MAX_AVERAGING_STEPS."""
+    """Minibatches per learner simulated: `steps`, or two of averaging's whole periods
+    (`averaging_period`)."""
     if spec.strategy != "averaging" or spec.own_steps or spec.cluster.learners < 2:
         return spec.steps
+    return max(spec.steps, 2 * averaging_period(spec)[0])
+
+
+def averaging_period(spec: SimSpec) -> tuple[int, float]:
+    """(minibatches simulated between two averages, the share of an average's cost each one
+    carries). A period longer than MAX_AVERAGING_STEPS / 2 minibatches is simulated shortened to
+    that, its average costed (time, bytes and arithmetic) in proportion, so that communication per
+    minibatch stays what the real period gives; only the spread of the learners' compute over a
+    period (jitter) is that of the shorter one."""
     from asrdist.parallel.averaging import steps_between_averages
 
     every = steps_between_averages(spec.strategy_config, spec.local_batch)
-    return max(spec.steps, min(2 * every, MAX_AVERAGING_STEPS))
+    simulated = min(every, MAX_AVERAGING_STEPS // 2)
+    return simulated, simulated / every
 
 
 def simulate(spec: SimSpec) -> SimResult:
@@ -191,15 +202,17 @@ class _Simulation:
         per_node = self.cluster.per_node
         return {"world": "world", "node": ("node", rank // per_node), "rail": ("rail", rank % per_node)}[t.group]
 
-    def collective(self, me: _Learner, t: Transfer, step: int, index: int, stalled: bool = True):
-        """A lock-step collective: wait for the group, then its time."""
+    def collective(self, me: _Learner, t: Transfer, step: int, index: int, stalled: bool = True,
+                   share: float = 1.0):
+        """A lock-step collective: wait for the group, then its time (x `share`: `averaging_period`)."""
         t0 = self.env.now
-        duration = transfer_seconds(t, self.cluster)
+        duration = transfer_seconds(t, self.cluster) * share
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         if self.spec.network_cost:  # the CPU of the bytes it sends and (about as many) receives
-            meet = self.env.all_of([meet, self.env.process(self.cpu(me, self.spec.network_cost * 2 * t.bytes_sent))])
+            cpu = self.spec.network_cost * 2 * t.bytes_sent * share
+            meet = self.env.all_of([meet, self.env.process(self.cpu(me, cpu))])
         yield meet
-        me.bytes += t.bytes_sent
+        me.bytes += t.bytes_sent * share
         me.comm += self.env.now - t0
         if stalled:
             me.wait += self.env.now - t0
@@ -241,9 +254,9 @@ class _Simulation:
         s = self.spec
         if s.strategy == "averaging" and (step + 1) % self.average_every == 0:
             for i, t in enumerate(self.average):
-                yield from self.collective(me, t, step, 1000 + i)
+                yield from self.collective(me, t, step, 1000 + i, share=self.average_share)
             t0 = self.env.now
-            yield from self.cpu(me, s.copy_cost * s.values)
+            yield from self.cpu(me, s.copy_cost * s.values * self.average_share)
             me.comm += self.env.now - t0
             me.wait += self.env.now - t0
 
@@ -417,7 +430,7 @@ class _Simulation:
             if name == "averaging":
                 buckets = []
                 self.average = averaging.average_traffic(s.values, self.n, cfg)
-                self.average_every = averaging.steps_between_averages(cfg, s.local_batch)
+                self.average_every, self.average_share = averaging_period(s)
                 self.steps = simulated_steps(s)
                 overlap = False
             else:
@@ -460,7 +473,7 @@ class _Simulation:
             comm_share=sum(min(l.comm / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
             wait_share=sum(min(l.wait / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
             bytes_per_step=[l.bytes / max(l.steps, 1) for l in ls],
-            bytes_sent=[l.bytes for l in ls],
+            bytes_sent=[int(round(l.bytes)) for l in ls],
             steps=[l.steps for l in ls],
             compute_seconds_per_step=sum(l.compute / max(l.steps, 1) for l in ls) / len(ls),
         )
