@@ -12,6 +12,7 @@ from asrdist.cli import main
 from asrdist.corpus.audio import num_frames, write_wav
 from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
 from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.errors import DataError
 from asrdist.features.store import FeatureStore
 
 RATE = 16000
@@ -335,6 +336,8 @@ def test_command_pipes_in_wav_scp_are_run_and_their_audio_stored(tmp_path: Path)
         # cat, and a writer that cannot seek back (sizes 0xFFFFFFFF, as sox leaves them in a pipe)
         commands.append(f"{utt} cat {wav} |" if n % 2 == 0 else f"{utt} {streamed} {wav} |")
     (src / "wav.scp").write_text("\n".join(commands) + "\n")
+    with pytest.raises(DataError, match=r"wav.scp: utterance .*: a command pipe .*asrdist corpus import-kaldi"):
+        read_data_dir(src)  # a split asrdist reads directly names the import that runs them
     assert main(["corpus", "import-kaldi", str(src), str(piped)]) == 0
     data = read_data_dir(piped)
     for utt in data.utt_ids:
