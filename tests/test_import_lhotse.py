@@ -1,5 +1,6 @@
-"""`asrdist corpus import-lhotse`: manifests written by lhotse, read by lhotse; WAV referenced in
-place, other audio (FLAC) decoded; bad supervisions named by manifest. Real FSDD recordings."""
+"""`asrdist corpus import-lhotse`: manifests written by lhotse, read by lhotse; WAV and FLAC files
+referenced in place, other audio (speed-perturbed recordings) decoded; bad supervisions named by
+manifest. Real FSDD recordings."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ from fsdd_kaldi import FSDD, WORDS, copy_recordings
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 
 
-def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker: str | None = None) -> None:
+def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker: str | None = None,
+               speed: float | None = None) -> None:
     import soundfile
     from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
@@ -27,6 +29,8 @@ def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker
             path = path.with_suffix(".flac")
             soundfile.write(path, samples, rate, subtype="PCM_16")
         rec = Recording.from_file(path, recording_id=utt)
+        if speed is not None:  # lhotse's transform: the file is not what lhotse plays
+            rec = rec.perturb_speed(speed, affix_id=False)
         recordings.append(rec)
         supervisions.append(SupervisionSegment(id=f"{utt}-sup", recording_id=utt, start=0.0, duration=rec.duration,
                                                text=WORDS[digit].upper(), speaker=None if utt == drop_speaker else spk))
@@ -38,17 +42,24 @@ def test_lhotse_manifests_become_a_corpus(tmp_path: Path):
     src = tmp_path / "manifests"
     _manifests(src, "train-clean", ("george", "jackson", "nicolas"))
     _manifests(src, "test-clean", ("theo",), flac=True)
+    _manifests(src, "dev-clean", ("yweweler",), speed=1.25)
     out = tmp_path / "corpus"
-    assert main(["corpus", "import-lhotse", str(src), str(out), "--valid-speakers", "1"]) == 0
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["imported_from"] == "lhotse" and summary["splits"]["valid"]["carved_from"] == "train"
-    assert summary["splits"]["test"]["speakers"] == 1 and summary["utterances"] == 24
+    assert summary["imported_from"] == "lhotse" and "carved_from" not in summary["splits"]["valid"]
+    assert summary["splits"]["test"]["speakers"] == 1 and summary["utterances"] == 30
     test = read_data_dir(out / "test")
     utt = test.utterances["theo-1-0-sup"]
     assert utt.text == "ONE" and utt.speaker == "theo" and utt.segment.recording == "theo-1-0"
-    decoded = test.wav_path(utt)  # FLAC, decoded by lhotse into the corpus
+    flac = test.wav_path(utt)  # FLAC, read in place
+    assert flac == (src / "audio" / "theo-1-0.flac").resolve()
+    np.testing.assert_array_equal(read_wav(flac)[0], read_wav(src / "audio" / "theo-1-0.wav")[0])
+    valid = read_data_dir(out / "valid")
+    fast = valid.utterances["yweweler-1-0-sup"]
+    decoded = valid.wav_path(fast)  # speed-perturbed by lhotse: decoded into the corpus
     assert decoded.parent == (out / "audio").resolve()
-    np.testing.assert_array_equal(read_wav(decoded)[0], read_wav(src / "audio" / "theo-1-0.wav")[0])
+    original = len(read_wav(src / "audio" / "yweweler-1-0.wav")[0])
+    assert abs(len(read_wav(decoded)[0]) - original / 1.25) <= 2
     train = read_data_dir(out / "train")
     assert all(Path(u.wav).parent == (src / "audio").resolve() for u in train.utterances.values())  # WAV in place
     assert main(["features", str(out)]) == 0  # the corpus is usable as any other
@@ -126,7 +137,7 @@ def test_recording_ids_that_are_no_file_names_are_refused(tmp_path: Path, capsys
     for bad_id in ("../../escaped", "sub/dir/g0"):
         root = tmp_path / bad_id.replace("/", "_").strip("._")
         src = root / "manifests"
-        _manifests(src, "train", ("george", "jackson"), flac=True)  # FLAC: decoded into the corpus
+        _manifests(src, "train", ("george", "jackson"), speed=1.1)  # speed-perturbed: decoded into the corpus
         _rewrite(src / "fsdd_recordings_train.jsonl.gz", lambda entries: entries[0].update(id=bad_id))
         _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[0].update(recording_id=bad_id))
         out = root / "corpus"

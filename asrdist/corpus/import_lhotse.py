@@ -4,9 +4,10 @@ SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write 
 `{prefix}_recordings_{part}.jsonl.gz` and `{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`,
 `.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
 `asrdist.corpus.assemble`). Every supervision becomes one utterance (id, speaker, text, and its
-segment of the recording). A recording that is a mono WAV file is referenced where it lies; any
-other (FLAC, several channels, a command, a URL, in memory) is decoded by lhotse and stored as a
-16-bit WAV under OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
+segment of the recording). A recording that is one mono WAV, FLAC or Ogg file, played as it is, is
+referenced where it lies; any other (several channels, a command, a URL, in memory, transformed
+by speed perturbation or resampling) is decoded by lhotse and stored as a 16-bit WAV under
+OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
 """
 from __future__ import annotations
 
@@ -45,15 +46,20 @@ def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
     return out
 
 
+IN_PLACE_SUFFIXES = (".wav", ".flac", ".ogg", ".opus")
+"""Files asrdist's reader reads as they are (`asrdist.corpus.audio.read_wav`)."""
+
+
 def _wav_file(recording, base: Path) -> Path | None:
-    """The recording's own file when asrdist can read it in place (one mono WAV file)."""
+    """The recording's own file when asrdist can read it in place: one mono WAV, FLAC or Ogg file
+    that lhotse plays as it is (no transforms such as speed perturbation or resampling)."""
     from asrdist.corpus.import_kaldi import _resolve
 
     sources = recording.sources
-    if len(sources) != 1 or sources[0].type != "file" or recording.num_channels != 1:
+    if len(sources) != 1 or sources[0].type != "file" or recording.num_channels != 1 or recording.transforms:
         return None
     path = _resolve(base, str(sources[0].source))
-    return path if path.suffix.lower() == ".wav" else None
+    return path if path.suffix.lower() in IN_PLACE_SUFFIXES else None
 
 
 def _decode(recording, channel: int | None, out: Path) -> None:
