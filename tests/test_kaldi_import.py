@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import num_frames, write_wav
+from asrdist.corpus.audio import num_frames, read_wav, write_wav
 from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
 from asrdist.corpus.kaldi_dir import read_data_dir
 from asrdist.errors import DataError
@@ -369,3 +369,37 @@ def test_a_corpus_of_piped_data_directories_keeps_its_audio(tmp_path: Path):
         assert {data.wav_path(u).parent for u in data.utterances.values()} == {(out / "audio").resolve()}
     assert len(list((out / "audio").iterdir())) == 18  # 3 speakers x 3 digits x 2 takes, each once
     assert main(["features", str(out), "--jobs", "1"]) == 0
+
+
+def test_wavs_inside_a_kaldi_archive_are_read_and_stored(tmp_path: Path, capsys):
+    """`wav.ark:OFFSET` entries (as `wav-copy` writes them) are read by kaldiio and stored as
+    OUT/audio/REC.wav, with the features of the WAV files they hold."""
+    src = make_kaldi_dir(tmp_path, "text")
+    direct, archived = tmp_path / "direct", tmp_path / "archived"
+    assert main(["corpus", "import-kaldi", str(src), str(direct)]) == 0
+    waves = {}
+    for line in (src / "wav.scp").read_text().splitlines():
+        utt, rel = line.split()
+        samples, rate = read_wav(src / rel)
+        waves[utt] = (rate, samples)
+    kaldiio.save_ark(str(src / "wav.ark"), waves, scp=str(src / "wav.scp"))
+    assert all(line.split()[1].startswith(str(src / "wav.ark:")) for line in (src / "wav.scp").read_text().splitlines())
+    with pytest.raises(DataError, match=r"a Kaldi archive entry .*asrdist corpus import-kaldi"):
+        read_data_dir(src)
+    assert main(["corpus", "import-kaldi", str(src), str(archived)]) == 0
+    data = read_data_dir(archived)
+    assert {data.wav_path(u).parent for u in data.utterances.values()} == {(archived / "audio").resolve()}
+    for corpus in (direct, archived):
+        assert main(["features", str(corpus), "--cmvn", "none", "--jobs", "1"]) == 0
+    a, b = FeatureStore(direct), FeatureStore(archived)
+    for utt in a.utt_ids:
+        np.testing.assert_array_equal(np.array(a[utt]), np.array(b[utt]))
+    feats = src / "feats.ark"  # a matrix where a WAV should be: one line naming it
+    kaldiio.save_ark(str(feats), {"x": np.zeros((3, 4), dtype=np.float32)}, scp=str(tmp_path / "f.scp"))
+    offset = (tmp_path / "f.scp").read_text().split()[1].rsplit(":", 1)[1]
+    (src / "wav.scp").write_text("".join(f"{u} {feats}:{offset}\n" for u in sorted(waves)))
+    capsys.readouterr()
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "bad")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "feats.ark" in err[0] and "holds a matrix, not a WAV" in err[0], err
+    assert not (tmp_path / "bad").exists()

@@ -1,8 +1,9 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
 Import reads `wav.scp` (paths of WAV, FLAC or Ogg files, relative ones tried against SRC, then the
-current directory; or Kaldi's command pipes `CMD |`, run by the shell in the current directory as
-Kaldi runs them, their WAV output stored as OUT/audio/REC.wav), `segments` (times kept to the
+current directory; Kaldi's command pipes `CMD |`, run by the shell in the current directory as
+Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by kaldiio; the audio of the
+last two stored as OUT/audio/REC.wav), `segments` (times kept to the
 millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
 10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
 Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
@@ -89,6 +90,14 @@ def _resolve(base: Path, name: str) -> Path:
 
 def _is_command(entry: str) -> bool:
     return entry.rstrip().endswith("|")
+
+
+_ARCHIVE_ENTRY = re.compile(r"^\S+\.ark:\d+$")
+
+
+def _in_archive(entry: str) -> bool:
+    """`wav.ark:OFFSET`: a WAV inside a Kaldi archive."""
+    return bool(_ARCHIVE_ENTRY.match(entry.strip()))
 
 
 def _short(text: str) -> str:
@@ -235,8 +244,9 @@ class _Importer:
             wav = self.wav_scp.get(rec)
             if wav is None:
                 self.fail(utt_id, f"recording '{rec}' not in wav.scp")
-            elif _is_command(wav) and self.decoded is None:
-                self.fail(utt_id, f"command pipe '{_short(wav)}' is not supported here; list the audio files "
+            elif (_is_command(wav) or _in_archive(wav)) and self.decoded is None:
+                what = "command pipe" if _is_command(wav) else "archive entry"
+                self.fail(utt_id, f"{what} '{_short(wav)}' is not supported here; list the audio files "
                                   f"(WAV, FLAC, Ogg) instead")
             else:
                 rec_of[utt_id] = rec
@@ -259,6 +269,8 @@ class _Importer:
             try:
                 if _is_command(self.wav_scp[rec]):
                     path = self._run_command(rec, self.wav_scp[rec], where)
+                elif _in_archive(self.wav_scp[rec]):
+                    path = self._read_ark(rec, self.wav_scp[rec], where)
                 else:
                     path = _resolve(self.src, self.wav_scp[rec])
                 samples, rate = read_wav(path, where=where, channel=self.channel)
@@ -282,12 +294,7 @@ class _Importer:
             said = done.stderr.decode("utf-8", "replace").strip().splitlines()
             how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
             raise DataError(f"{where}: command '{_short(command)}' failed ({how}){': ' + said[-1] if said else ''}")
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", rec).lstrip(".") or "recording"
-        path = self.decoded / f"{name}.wav"
-        for n in range(2, 1 << 30):
-            if not path.exists():
-                break
-            path = self.decoded / f"{name}-{n}.wav"
+        path = self._decoded_path(rec)
         raw = self.decoded / f".{path.name}.out"
         raw.write_bytes(done.stdout)
         try:
@@ -295,6 +302,37 @@ class _Importer:
         finally:
             raw.unlink()
         write_wav(path, samples, rate)
+        return path
+
+    def _read_ark(self, rec: str, entry: str, where: str) -> Path:
+        """A WAV inside a Kaldi archive (`wav.ark:OFFSET`, as `wav-copy` writes them), read by
+        kaldiio; stored as a 16-bit WAV in `decoded` (the channel asked for)."""
+        file, _, offset = entry.strip().rpartition(":")
+        location = f"{_resolve(self.src, file)}:{offset}"
+        try:
+            loaded = kaldiio.load_mat(location)
+        except Exception as exc:  # kaldiio raises many types for a broken or missing ark
+            raise DataError(f"{where}: cannot read {location} ({exc})") from None
+        if not (isinstance(loaded, tuple) and len(loaded) == 2):
+            raise DataError(f"{where}: {location} holds a matrix, not a WAV (is it a feats.ark?)")
+        rate, samples = int(loaded[0]), np.asarray(loaded[1])
+        if samples.ndim == 2:
+            if self.channel is None and samples.shape[1] > 1:
+                raise DataError(f"{where}: {location} has {samples.shape[1]} channels; pick one with --channel K "
+                                f"(0..{samples.shape[1] - 1})")
+            samples = samples[:, self.channel or 0]
+        path = self._decoded_path(rec)
+        write_wav(path, samples, rate)
+        return path
+
+    def _decoded_path(self, rec: str) -> Path:
+        """A new file in `decoded` for recording `rec` (its id made a plain file name)."""
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", rec).lstrip(".") or "recording"
+        path = self.decoded / f"{name}.wav"
+        for n in range(2, 1 << 30):
+            if not path.exists():
+                break
+            path = self.decoded / f"{name}-{n}.wav"
         return path
 
     def utterance(self, utt_id: str, rec: str, path: Path, total: int, rate: int) -> Utterance:

@@ -9,6 +9,7 @@ Kaldi requires.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -198,10 +199,11 @@ def read_data_dir(path: str | Path, require_text: bool = True) -> DataDir:
             wav = wav_scp[rec]
         else:
             wav = wav_scp[utt_id]
-        if wav.rstrip().endswith("|"):
-            raise DataError(f"{path / 'wav.scp'}: utterance {utt_id}: a command pipe ('{wav.rstrip()[:40]}"
+        if wav.rstrip().endswith("|") or re.match(r"^\S+\.ark:\d+$", wav.strip()):
+            what = "a command pipe" if wav.rstrip().endswith("|") else "a Kaldi archive entry"
+            raise DataError(f"{path / 'wav.scp'}: utterance {utt_id}: {what} ('{wav.rstrip()[:40]}"
                             f"{'...' if len(wav.rstrip()) > 40 else ''}'); import the directory with `asrdist "
-                            f"corpus import-kaldi {path} OUT`, which runs the commands, and use OUT")
+                            f"corpus import-kaldi {path} OUT`, which reads such audio into OUT, and use OUT")
         if not utt2spk.get(utt_id):  # absent, or a line with the id alone
             raise DataError(f"{path / 'utt2spk'}: utterance {utt_id}: no speaker")
         if require_text and utt_id not in text:
