@@ -201,7 +201,6 @@ def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str,
 
 
 def test_features_of_a_segmented_import(tmp_path: Path):
-    from asrdist.corpus.audio import read_wav
     from asrdist.features.extract import extract_features
     from asrdist.features.fbank import compute_fbank
 
