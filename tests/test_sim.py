@@ -237,3 +237,6 @@ def test_a_long_averaging_period_costs_in_proportion_not_nothing():
     communication = [r.comm_share * r.seconds_per_step for r in (short, long)]
     assert communication[1] == pytest.approx(communication[0] / 4, rel=0.02) and communication[1] > 0
     assert long.frames_per_second > short.frames_per_second
+    # a run of exactly `steps` minibatches (bench scaling's learners) keeps its real period
+    spec = _spec("averaging", {"average_every": 4000 * 256, "samples_per_step": 256}, cluster, own_steps=True)
+    assert averaging_period(spec) == (4000, 1.0) and simulated_steps(spec) == spec.steps

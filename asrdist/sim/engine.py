@@ -144,10 +144,13 @@ def averaging_period(spec: SimSpec) -> tuple[int, float]:
     carries). A period longer than MAX_AVERAGING_STEPS / 2 minibatches is simulated shortened to
     that, its average costed (time, bytes and arithmetic) in proportion, so that communication per
     minibatch stays what the real period gives; only the spread of the learners' compute over a
-    period (jitter) is that of the shorter one."""
+    period (jitter) is that of the shorter one. With `own_steps` (a run of exactly `steps`
+    minibatches, as `bench scaling` times) the period is the real one."""
     from asrdist.parallel.averaging import steps_between_averages
 
     every = steps_between_averages(spec.strategy_config, spec.local_batch)
+    if spec.own_steps:  # a run of exactly `steps` minibatches: its averages fall where they fall
+        return every, 1.0
     simulated = min(every, MAX_AVERAGING_STEPS // 2)
     return simulated, simulated / every
 
