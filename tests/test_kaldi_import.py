@@ -402,3 +402,25 @@ def test_wavs_inside_a_kaldi_archive_are_read_and_stored(tmp_path: Path, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "feats.ark" in err[0] and "holds a matrix, not a WAV" in err[0], err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_stereo_archive_entry_needs_a_channel_it_has(tmp_path: Path, capsys):
+    """An archived WAV goes through the reader's channel rule: one line without --channel or with a
+    channel it lacks; the channel asked for with one."""
+    src = make_kaldi_dir(tmp_path, "text")
+    waves = {}
+    for line in (src / "wav.scp").read_text().splitlines():
+        utt, rel = line.split()
+        samples, rate = read_wav(src / rel)
+        waves[utt] = (rate, np.stack([samples, -samples], axis=1))
+    kaldiio.save_ark(str(src / "wav.ark"), waves, scp=str(src / "wav.scp"))
+    for extra, says in (([], "has 2 channels; pick one with --channel K (0..1)"),
+                        (["--channel", "5"], "channel 5 asked for, ")):
+        capsys.readouterr()
+        assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "out"), *extra]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "wav.ark:" in err[0] and says in err[0], err
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "out"), "--channel", "1"]) == 0
+    data = read_data_dir(tmp_path / "out")
+    utt = data.utt_ids[0]
+    np.testing.assert_array_equal(read_wav(data.wav_path(data.utterances[utt]))[0], waves[utt][1][:, 1])

@@ -103,24 +103,32 @@ def read_wav(path: str | Path, expected_rate: int | None = None, where: str = ""
         blob = memoryview(path.read_bytes())
     except OSError as exc:
         raise DataError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
-    if _compressed_kind(blob) is not None:
-        samples, fmt = _read_compressed(path, label, _compressed_kind(blob))
+    kind = _compressed_kind(blob)
+    if kind is not None:
+        samples, fmt = _read_compressed(path, label, kind)
     else:
         fmt, data = _parse_wav(blob, label, path.name)
         samples = _decode_samples(fmt, data, label, path.name)
-    if fmt.channels > 1:
-        if channel is not None and not 0 <= channel < fmt.channels:
-            raise DataError(f"{label}: channel {channel} asked for, {path.name} has {fmt.channels} "
-                            f"(channels 0..{fmt.channels - 1})")
-        if channel is None:
-            raise DataError(f"{label}: {path.name} has {fmt.channels} channels; pick one with --channel K "
-                            f"(0..{fmt.channels - 1})")
-    samples = samples[:, channel if fmt.channels > 1 else 0]
+    samples = pick_channel(samples, channel, label, path.name)
     if samples.size == 0:
         raise DataError(f"{label}: empty audio in {path.name}")
     if expected_rate is not None and fmt.rate != expected_rate:
         raise DataError(f"{label}: sample rate {fmt.rate} Hz, expected {expected_rate} Hz")
     return np.ascontiguousarray(samples, dtype=np.int16), fmt.rate
+
+
+def pick_channel(samples: np.ndarray, channel: int | None, label: str, name: str) -> np.ndarray:
+    """Channel `channel` of [frames, channels] samples of the file `name`; mono audio as it is. More
+    channels with none chosen, or a channel the file lacks, is one DataError naming `label`."""
+    channels = samples.shape[1]
+    if channels > 1:
+        if channel is not None and not 0 <= channel < channels:
+            raise DataError(f"{label}: channel {channel} asked for, {name} has {channels} "
+                            f"(channels 0..{channels - 1})")
+        if channel is None:
+            raise DataError(f"{label}: {name} has {channels} channels; pick one with --channel K "
+                            f"(0..{channels - 1})")
+    return samples[:, channel if channels > 1 else 0]
 
 
 def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
@@ -132,8 +140,9 @@ def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
             head = memoryview(f.read(1 << 20))
     except OSError as exc:
         raise DataError(f"{where or path}: cannot read {path}: {exc.strerror or exc}") from None
-    if _compressed_kind(head) is not None:
-        return _compressed_format(path, where or str(path), _compressed_kind(head))
+    kind = _compressed_kind(head)
+    if kind is not None:
+        return _compressed_format(_sound_info(path, where or str(path), kind), path, where or str(path), kind)
     return _parse_wav(head, where or str(path), path.name, need_data=False)[0]
 
 
@@ -146,13 +155,18 @@ def _compressed_kind(head) -> str | None:
     return _COMPRESSED.get(bytes(head[:4]))
 
 
-def _compressed_format(path: Path, label: str, kind: str) -> WavFormat:
+def _sound_info(path: Path, label: str, kind: str):
+    """libsndfile's header of a FLAC or Ogg file (its `soundfile.info`)."""
     import soundfile
 
     try:
-        info = soundfile.info(str(path))
+        return soundfile.info(str(path))
     except (RuntimeError, soundfile.SoundFileError) as exc:
         raise _corrupt_compressed(label, path.name, kind, exc) from None
+
+
+def _compressed_format(info, path: Path, label: str, kind: str) -> WavFormat:
+    """The format a FLAC or Ogg header (`_sound_info`) gives, checked as a WAV header is."""
     if not MIN_SAMPLE_RATE <= info.samplerate <= MAX_SAMPLE_RATE:
         raise DataError(f"{_named(label, path.name)}: implausible sample rate {info.samplerate} Hz in the header "
                         f"(expected {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz); the header is damaged or mis-written")
@@ -167,14 +181,14 @@ def _read_compressed(path: Path, label: str, kind: str) -> tuple[np.ndarray, Wav
     to decode is one DataError line, as a truncated WAV is."""
     import soundfile
 
-    fmt = _compressed_format(path, label, kind)
-    expected = soundfile.info(str(path)).frames
+    info = _sound_info(path, label, kind)
+    fmt = _compressed_format(info, path, label, kind)
     try:
         samples, _ = soundfile.read(str(path), dtype="int16", always_2d=True)
     except (RuntimeError, soundfile.SoundFileError) as exc:
         raise _corrupt_compressed(label, path.name, kind, exc) from None
-    if expected > 0 and len(samples) != expected:
-        raise DataError(f"{label}: truncated {kind} file {path.name} (header says {expected} samples, "
+    if info.frames > 0 and len(samples) != info.frames:
+        raise DataError(f"{label}: truncated {kind} file {path.name} (header says {info.frames} samples, "
                         f"decoded {len(samples)})")
     return samples, fmt
 

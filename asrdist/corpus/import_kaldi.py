@@ -32,9 +32,9 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
-from asrdist.corpus.audio import num_frames, read_wav, write_wav
-from asrdist.corpus.kaldi_dir import (DataDir, Segment, Utterance, read_data_dir, write_alignments,
-                                      write_data_dir)
+from asrdist.corpus.audio import num_frames, pick_channel, read_wav, write_wav
+from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
+                                      wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
 
@@ -86,18 +86,6 @@ def _resolve(base: Path, name: str) -> Path:
     if path.is_absolute() or not (base / path).exists() and path.exists():
         return path.resolve()
     return (base / path).resolve()
-
-
-def _is_command(entry: str) -> bool:
-    return entry.rstrip().endswith("|")
-
-
-_ARCHIVE_ENTRY = re.compile(r"^\S+\.ark:\d+$")
-
-
-def _in_archive(entry: str) -> bool:
-    """`wav.ark:OFFSET`: a WAV inside a Kaldi archive."""
-    return bool(_ARCHIVE_ENTRY.match(entry.strip()))
 
 
 def _short(text: str) -> str:
@@ -244,10 +232,9 @@ class _Importer:
             wav = self.wav_scp.get(rec)
             if wav is None:
                 self.fail(utt_id, f"recording '{rec}' not in wav.scp")
-            elif (_is_command(wav) or _in_archive(wav)) and self.decoded is None:
-                what = "command pipe" if _is_command(wav) else "archive entry"
-                self.fail(utt_id, f"{what} '{_short(wav)}' is not supported here; list the audio files "
-                                  f"(WAV, FLAC, Ogg) instead")
+            elif wav_entry_kind(wav) is not None and self.decoded is None:
+                self.fail(utt_id, f"{wav_entry_kind(wav)} '{_short(wav)}' is not supported here; list the audio "
+                                  f"files (WAV, FLAC, Ogg) instead")
             else:
                 rec_of[utt_id] = rec
             if utt_id not in self.utt2spk:
@@ -266,13 +253,14 @@ class _Importer:
         for rec, utt_id in tqdm(first_utt.items(), desc="import audio", unit="file",
                                 disable=None if self.progress else True, file=sys.stderr):
             where = f"{self.where('wav.scp')}: utterance {utt_id}"
+            entry = self.wav_scp[rec]
             try:
-                if _is_command(self.wav_scp[rec]):
-                    path = self._run_command(rec, self.wav_scp[rec], where)
-                elif _in_archive(self.wav_scp[rec]):
-                    path = self._read_ark(rec, self.wav_scp[rec], where)
+                if wav_entry_kind(entry) == COMMAND_PIPE:
+                    path = self._run_command(rec, entry, where)
+                elif wav_entry_kind(entry) == ARCHIVE_ENTRY:
+                    path = self._read_ark(rec, entry, where)
                 else:
-                    path = _resolve(self.src, self.wav_scp[rec])
+                    path = _resolve(self.src, entry)
                 samples, rate = read_wav(path, where=where, channel=self.channel)
                 audio[rec] = (path, len(samples), rate)
             except DataError as exc:
@@ -316,11 +304,7 @@ class _Importer:
         if not (isinstance(loaded, tuple) and len(loaded) == 2):
             raise DataError(f"{where}: {location} holds a matrix, not a WAV (is it a feats.ark?)")
         rate, samples = int(loaded[0]), np.asarray(loaded[1])
-        if samples.ndim == 2:
-            if self.channel is None and samples.shape[1] > 1:
-                raise DataError(f"{where}: {location} has {samples.shape[1]} channels; pick one with --channel K "
-                                f"(0..{samples.shape[1] - 1})")
-            samples = samples[:, self.channel or 0]
+        samples = pick_channel(samples.reshape(len(samples), -1), self.channel, where, location)
         path = self._decoded_path(rec)
         write_wav(path, samples, rate)
         return path

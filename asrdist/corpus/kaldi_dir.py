@@ -173,6 +173,18 @@ def read_table(path: Path, required: bool = True) -> dict[str, str]:
     return table
 
 
+COMMAND_PIPE, ARCHIVE_ENTRY = "command pipe", "archive entry"
+_ARCHIVE_ENTRY = re.compile(r"^\S+\.ark:\d+$")
+
+
+def wav_entry_kind(entry: str) -> str | None:
+    """What a wav.scp entry is when it is not a file path: Kaldi's `CMD |` (COMMAND_PIPE) or a WAV
+    inside a Kaldi archive, `wav.ark:OFFSET` (ARCHIVE_ENTRY); None for a file path."""
+    if entry.rstrip().endswith("|"):
+        return COMMAND_PIPE
+    return ARCHIVE_ENTRY if _ARCHIVE_ENTRY.match(entry.strip()) else None
+
+
 def read_data_dir(path: str | Path, require_text: bool = True) -> DataDir:
     """Read a split directory; every utterance must have audio, speaker and (by default) text."""
     path = Path(path)
@@ -199,8 +211,9 @@ def read_data_dir(path: str | Path, require_text: bool = True) -> DataDir:
             wav = wav_scp[rec]
         else:
             wav = wav_scp[utt_id]
-        if wav.rstrip().endswith("|") or re.match(r"^\S+\.ark:\d+$", wav.strip()):
-            what = "a command pipe" if wav.rstrip().endswith("|") else "a Kaldi archive entry"
+        kind = wav_entry_kind(wav)
+        if kind is not None:
+            what = "a command pipe" if kind == COMMAND_PIPE else "a Kaldi archive entry"
             raise DataError(f"{path / 'wav.scp'}: utterance {utt_id}: {what} ('{wav.rstrip()[:40]}"
                             f"{'...' if len(wav.rstrip()) > 40 else ''}'); import the directory with `asrdist "
                             f"corpus import-kaldi {path} OUT`, which reads such audio into OUT, and use OUT")
