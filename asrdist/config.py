@@ -152,8 +152,9 @@ class EvalConfig:
     beam: int = 8
     """CTC beam width (0 = greedy only)."""
     vocabulary: str = "none"
-    """Character CTC only: none | train (hypotheses made of the training transcripts' words) | PATH
-    (a word list or lexicon: the first field of each line), searched by `asrdist.eval.vocabulary`."""
+    """CTC only: none | train (hypotheses made of the training transcripts' words) | PATH (a word
+    list or lexicon: the first field of each line), searched by `asrdist.eval.vocabulary`. A phone
+    model pronounces the words by a lexicon: the corpus' (train) or PATH, which must then be one."""
     adapt_rounds: int = 0
     """CTC only, `asrdist eval`: rounds of unsupervised speaker adaptation (`asrdist.eval.adapt`: a
     per-speaker affine feature map fitted to the model's own hypotheses, then decode again); 0 = off."""
@@ -211,9 +212,9 @@ class RunConfig:
             if self.data.batch_size % MULTIPLE or MULTIPLE % learners:
                 raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
                                   f"{self.data.batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")
-        if self.eval.vocabulary != "none" and self.data.targets != "chars":
-            raise ConfigError(f"eval.vocabulary: word-constrained decoding is for character CTC models "
-                              f"(data.targets=chars), not data.targets={self.data.targets}")
+        if self.eval.vocabulary != "none" and self.data.targets not in ("chars", "phones"):
+            raise ConfigError(f"eval.vocabulary: word-constrained decoding is for CTC models (data.targets=chars "
+                              f"or phones), not data.targets={self.data.targets}")
         if self.eval.adapt_rounds and self.model.kind != "ctc":
             raise ConfigError(f"eval.adapt_rounds: speaker adaptation is for CTC models, not model.name="
                               f"{self.model.name}")

@@ -94,5 +94,5 @@ def test_word_lists_lexicons_and_their_errors(tmp_path):
         VocabularySearch(["xyz"], tok, beam=4)
     with pytest.raises(ConfigError, match="eval.vocabulary"):
         load_config(None, ["eval.vocabulary=" + str(tmp_path / "missing.txt")])
-    with pytest.raises(ConfigError, match="character CTC"):
+    with pytest.raises(ConfigError, match="for CTC models"):
         load_config(None, ["eval.vocabulary=train", "data.targets=monophone"])

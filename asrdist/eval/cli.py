@@ -56,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _vocabulary_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocabulary", default=None, metavar="none|train|PATH",
-                   help="character CTC: hypotheses only from these words (the training transcripts' or a "
-                        "word list / lexicon file's); default: the recipe's eval.vocabulary")
+                   help="CTC: hypotheses only from these words (the training transcripts' or a word list / "
+                        "lexicon file's; a phone model pronounces them by the corpus lexicon or PATH, a "
+                        "lexicon); default: the recipe's eval.vocabulary")
 
 
 def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:

@@ -153,7 +153,23 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
     if adaptation is not None:
         result["adaptation"] = adaptation
-    if targets["kind"] == "phones":
+    if targets["kind"] == "phones" and constrained is not None:
+        # Hypotheses are words: score them as words (a word said with another of its pronunciations
+        # is right), and the phones as before.
+        from asrdist.corpus.kaldi_dir import read_data_dir
+        from asrdist.corpus.lexicon import normalize_word
+
+        data = read_data_dir(split_dir)
+        ref_text = [" ".join(map(normalize_word, data.utterances[u].text.split())) for u in utt_ids]
+        hyp_text = [" ".join(constrained.words(h)) for h in hyps]
+        result["sentence_accuracy"] = sum(r == h for r, h in zip(ref_text, hyp_text)) / max(len(utt_ids), 1)
+        result["per"] = error_rate(refs, hyps)["rate"]
+        result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
+        if details:
+            from asrdist.eval.details import text_details
+
+            result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
+    elif targets["kind"] == "phones":
         result["per"] = error_rate(refs, hyps)["rate"]
         if details:
             from asrdist.eval.details import phone_details

@@ -91,9 +91,9 @@ def features_of(path: Path, front: dict) -> np.ndarray:
 @torch.no_grad()
 def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg, constrained=None,
               transform=None) -> str:
-    """The model's text for one utterance's features: characters, or phone symbols; `constrained`
-    is the run's vocabulary search (`asrdist.eval.vocabulary`), if any; `transform` a CTC model's
-    speaker map (`asrdist.eval.adapt.SpeakerTransform`), if any."""
+    """The model's text for one utterance's features: characters, phone symbols, or (a phone model
+    with a vocabulary) words; `constrained` is the run's vocabulary search (`asrdist.eval.vocabulary`),
+    if any; `transform` a CTC model's speaker map (`asrdist.eval.adapt.SpeakerTransform`), if any."""
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
 
@@ -104,6 +104,8 @@ def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any]
         tokens = ctc_hypothesis(lp, cfg, constrained)
         if targets["kind"] == "chars":
             return " ".join(targets["tokenizer"].decode(tokens).split())
+        if constrained is not None:  # a phone model's hypothesis made of vocabulary words
+            return " ".join(constrained.words(tokens))
         return " ".join(targets["phones"][t] for t in tokens)
     priors = np.asarray(targets["priors"], dtype=np.float64)
     with np.errstate(divide="ignore"):  # unseen classes are left out, as in `asrdist eval`

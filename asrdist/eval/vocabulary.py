@@ -14,6 +14,10 @@ whose prefixes walk a trie of the words' token sequences:
    none surviving gives [].
 With a beam covering every prefix this is the exact most probable word sequence (tested against
 brute force), the grammar decoding of Kaldi's digit recipes, scored by the CTC model alone.
+
+A character model spells the words; a phone model pronounces them, by a lexicon (every
+pronunciation of a word is a path of the trie), and its hypothesis is read back as the fewest
+vocabulary words whose pronunciations make it (homophones read as the first of them).
 """
 from __future__ import annotations
 
@@ -163,21 +167,98 @@ class VocabularySearch:
         self.trie = WordTrie(sorted(encoded))
         # A model that never saw a space (isolated-word training) says one word per utterance.
         self.separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
+        self.one_word = self.separator is None
         self.beam = max(1, beam)
 
     def search(self, log_probs: np.ndarray) -> list[int]:
-        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam,
-                                     one_word=self.separator is None)
+        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam, one_word=self.one_word)
+
+
+class PronouncedSearch(VocabularySearch):
+    """Constrained search for a phone CTC model: hypotheses are the vocabulary words'
+    pronunciations (a lexicon's, silence left out) one after another, and `words(tokens)` reads a
+    hypothesis back as words. `one_word`: exactly one word per utterance (isolated-word training)."""
+
+    def __init__(self, lexicon, words: Sequence[str], beam: int, one_word: bool = False,
+                 where: str = "eval.vocabulary"):
+        from asrdist.corpus.lexicon import normalize_word
+        from asrdist.corpus.phones import SILENCE
+
+        silence = lexicon.table.silence_id if SILENCE in lexicon.table else None
+        self.word_of: dict[tuple[int, ...], str] = {}
+        missing = 0
+        for word in sorted({normalize_word(w) for w in words}):
+            if word not in lexicon:
+                missing += 1
+                continue
+            for pron in lexicon.pronunciations(word):
+                pron = tuple(p for p in pron if p != silence)
+                if pron:
+                    self.word_of.setdefault(pron, word)  # homophones: the first word in order
+        source = f" ({lexicon.source})" if lexicon.source else ""
+        if not self.word_of:
+            raise DataError(f"{where}: none of its {len(words)} words is in the lexicon{source}")
+        if missing:
+            print(f"asrdist: note: {where}: {missing} of {len(words)} words have no pronunciation in the "
+                  f"lexicon{source}; left out", file=sys.stderr)
+        self.num_words = len(set(self.word_of.values()))
+        self.trie = WordTrie(sorted(self.word_of))
+        self.separator, self.one_word, self.beam = None, one_word, max(1, beam)
+
+    def words(self, tokens: Sequence[int]) -> list[str]:
+        """The fewest vocabulary words whose pronunciations spell `tokens` in order ([] if none do)."""
+        tokens = [int(t) for t in tokens]
+        best: list[list[str] | None] = [[]] + [None] * len(tokens)
+        for start in range(len(tokens)):
+            if best[start] is None:
+                continue
+            node = 0
+            for end in range(start, len(tokens)):
+                node = self.trie.children[node].get(tokens[end])
+                if node is None:
+                    break
+                if self.trie.word_end[node]:
+                    candidate = best[start] + [self.word_of[tuple(tokens[start:end + 1])]]
+                    if best[end + 1] is None or len(candidate) < len(best[end + 1]):
+                        best[end + 1] = candidate
+        return best[-1] or []
 
 
 def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
-    """The run's constrained search per `cfg.eval.vocabulary`, or None (unconstrained)."""
+    """The run's constrained search per `cfg.eval.vocabulary`, or None (unconstrained): words
+    spelled with a character model's characters, or pronounced with a phone model's phones through
+    a lexicon (`train`: the corpus lexicon's entries of the training words; PATH: a lexicon file)."""
     spec = cfg.eval.vocabulary
     if spec == OFF:
         return None
+    where = f"eval.vocabulary={spec}"
+    train_dir = Path(cfg.data.corpus) / "train"
+    if targets.get("kind") == "phones":
+        return _pronounced_search(spec, targets, train_dir, cfg.eval.beam, where)
     if targets.get("kind") != "chars":
-        raise DataError(f"eval.vocabulary={spec}: word-constrained decoding needs a character CTC model "
-                        f"(this run has data.targets={targets.get('kind')}); use eval.vocabulary=none")
-    words = targets.get("words") if spec == TRAIN else None  # kept with the run's targets, when they are
-    words = words or vocabulary_words(spec, Path(cfg.data.corpus) / "train")
-    return VocabularySearch(words, targets["tokenizer"], cfg.eval.beam, where=f"eval.vocabulary={spec}")
+        raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "
+                        f"data.targets={targets.get('kind')}); use eval.vocabulary=none")
+    return VocabularySearch(vocabulary_words(spec, train_dir), targets["tokenizer"], cfg.eval.beam, where=where)
+
+
+def _pronounced_search(spec: str, targets: dict, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
+    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon
+    from asrdist.corpus.phones import PhoneTable
+
+    table = PhoneTable(targets["phones"])
+    path = train_dir.parent / LEXICON_NAME if spec == TRAIN else Path(spec)
+    if spec == TRAIN and not path.is_file():
+        raise DataError(f"{where}: a phone model's words are pronounced by the corpus lexicon ({path}), "
+                        "which is missing; give a lexicon file (eval.vocabulary=PATH or --vocabulary PATH)")
+    try:
+        lexicon = Lexicon.read(path, table)
+    except DataError as exc:
+        raise DataError(f"{where}: a phone model needs a lexicon (each word with its phones): {exc}") from None
+    words = vocabulary_words(TRAIN, train_dir) if spec == TRAIN else list(lexicon.entries)
+    # As for characters, a model trained on isolated words says one word per utterance.
+    one_word = False
+    if (train_dir / "text").is_file():
+        data = read_data_dir(train_dir)
+        one_word = all(len((u.text or "").split()) <= 1 for u in data.utterances.values())
+    return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where)

@@ -1,0 +1,127 @@
+"""Word-constrained decoding for phone CTC models (`eval.vocabulary` with data.targets=phones): the
+words' pronunciations from a lexicon, searched as characters are (checked against brute force),
+read back as words; and end to end on real FSDD digits, eval scoring words and decode printing them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asrdist.cli import main
+from asrdist.corpus.lexicon import Lexicon
+from asrdist.corpus.phones import PhoneTable
+from asrdist.errors import DataError
+from asrdist.eval.vocabulary import PronouncedSearch
+from fsdd_kaldi import FSDD, make_kaldi_tree
+from test_vocab_decode import _labelling_log_prob, _sequences
+
+DIGITS = ("zero z ih r ow\nzero z iy r ow\none w ah n\ntwo t uw\nthree th r iy\nfour f ao r\nfive f ay v\n"
+          "six s ih k s\nseven s eh v ah n\neight ey t\nnine n ay n\n")
+
+
+def _lexicon(tmp_path: Path, text: str) -> Lexicon:
+    path = tmp_path / "lexicon.txt"
+    path.write_text(text)
+    return Lexicon.read(path, PhoneTable())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_finds_the_most_probable_pronunciation_sequence(tmp_path: Path, seed: int):
+    # two pronunciations of one word, a homophone, and a pronunciation that is a prefix of another
+    lexicon = _lexicon(tmp_path, "a t uw\na t ah\nb t uw\nc t uw ey\nd ey\n")
+    search = PronouncedSearch(lexicon, ["a", "b", "c", "d"], beam=10_000)
+    prons = sorted(search.word_of)
+    symbols = sorted({p for pron in prons for p in pron})
+    rng = np.random.default_rng(seed)
+    vocab = len(PhoneTable())
+    frames = rng.dirichlet(np.full(len(symbols) + 1, 0.5), size=6)  # blank and the four phones; the rest ~0
+    probs = np.full((6, vocab), 1e-9)
+    probs[:, [0, *symbols]] = frames
+    log_probs = np.log(probs / probs.sum(1, keepdims=True))
+    allowed = _sequences(prons, None, 6)
+    best = max(allowed, key=lambda s: (_labelling_log_prob(log_probs, s), s))
+    found = search.search(log_probs)
+    assert np.isclose(_labelling_log_prob(log_probs, found), _labelling_log_prob(log_probs, best))
+    single = PronouncedSearch(lexicon, ["a", "b", "c", "d"], beam=10_000, one_word=True).search(log_probs)
+    assert tuple(single) in prons
+    assert np.isclose(_labelling_log_prob(log_probs, single), max(_labelling_log_prob(log_probs, p) for p in prons))
+
+
+def test_hypotheses_read_back_as_the_fewest_words(tmp_path: Path, capsys):
+    lexicon = _lexicon(tmp_path, "a t uw\na t ah\nb t uw\nc t uw ey\nd ey\nzz ey ey\n")
+    search = PronouncedSearch(lexicon, ["a", "b", "c", "d", "missing"], beam=4)
+    assert "1 of 5 words have no pronunciation" in capsys.readouterr().err
+    assert search.num_words == 3  # b is a homophone of a: a pronunciation reads back as its first word
+    t, uw, ah, ey = (PhoneTable().id(p) for p in ("t", "uw", "ah", "ey"))
+    assert search.words([t, uw]) == ["a"] and search.words([t, ah]) == ["a"]
+    assert search.words([t, uw, ey]) == ["c"]  # one word rather than "a d"
+    assert search.words([t, uw, ey, ey]) == ["c", "d"]  # zz is not in the vocabulary
+    assert search.words([t, ey]) == [] and search.words([]) == []
+    with pytest.raises(DataError, match="none of its 1 words is in the lexicon"):
+        PronouncedSearch(lexicon, ["missing"], beam=4)
+
+
+@pytest.fixture(scope="module")
+def phone_run(tmp_path_factory):
+    """A phone CTC model trained a few steps on FSDD digits imported with a lexicon."""
+    if not FSDD.is_dir():
+        pytest.skip(f"FSDD recordings not found at {FSDD}")
+    root = tmp_path_factory.mktemp("phone_vocab")
+    lexicon = root / "digits.dict"
+    lexicon.write_text(DIGITS)
+    corpus = root / "corpus"
+    assert main(["corpus", "import-kaldi", str(make_kaldi_tree(root)), str(corpus), "--lexicon", str(lexicon)]) == 0
+    recipe = root / "phones.yaml"
+    recipe.write_text(f"""seed: 0
+data: {{corpus: {corpus}, num_mel_bins: 23, cmvn: speaker, targets: phones, batch_size: 1500}}
+model: {{name: ctc, hidden_layers: 1, hidden_dim: 24, subsample: 2}}
+optim: {{name: sgd, lr: 0.3, momentum: 0.9, warmup_steps: 0}}
+train: {{epochs: 2, threads: 1}}
+eval: {{beam: 4, vocabulary: train}}
+""")
+    run = root / "run"
+    assert main(["train", str(recipe), "--out", str(run), "--no-progress"]) == 0
+    return run, corpus, root
+
+
+def test_eval_and_decode_of_a_phone_model_say_words(phone_run, capsys):
+    run, corpus, root = phone_run
+    assert main(["eval", str(run), "--data", str(corpus)]) == 0
+    result = json.loads((run / "eval.json").read_text())
+    assert result["vocabulary"] == "train" and 0.0 <= result["wer"] <= 1.0 and 0.0 <= result["per"]
+    train_words = {"zero", "one", "two"}  # make_kaldi_tree's digits
+    lines = (run / "hyp.txt").read_text().splitlines()
+    hyps = [line.split()[1:] for line in lines]
+    assert len(lines) == result["utterances"] > 0
+    assert all(len(h) == 1 and h[0] in train_words for h in hyps)  # isolated words: one word each
+    references = {u.split("-")[1] for u in (line.split()[0] for line in lines)}
+    assert references == {"0", "1", "2"}
+    # sentence accuracy counts words: hyp.txt against the digit in each utterance id
+    right = sum(h[0] == ("zero", "one", "two")[int(line.split()[0].split("-")[1])] for h, line in zip(hyps, lines))
+    assert result["sentence_accuracy"] == pytest.approx(right / len(lines))
+    test = sorted((root / "audio").glob("theo-*.wav"))
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, test), "--same-speaker"]) == 0
+    decoded = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.splitlines())
+    assert set(decoded.values()) <= train_words and len(decoded) == len(test)
+    assert [decoded[p.stem] for p in test] == [h[0] for h in hyps]  # decode says what eval says
+
+
+def test_a_phone_model_needs_pronunciations(phone_run, capsys):
+    run, corpus, root = phone_run
+    words = root / "words.txt"
+    words.write_text("one\ntwo\n")
+    wav = next((root / "audio").glob("theo-*.wav"))
+    capsys.readouterr()
+    assert main(["decode", str(run), str(wav), "--vocabulary", str(words)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a lexicon" in err and "words.txt:1: word 'one' has no phones" in err
+    (corpus / "lexicon.txt").rename(root / "kept.txt")
+    try:
+        assert main(["decode", str(run), str(wav)]) != 0  # the recipe's eval.vocabulary=train
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "corpus lexicon" in err and "lexicon.txt), which is missing" in err
+    finally:
+        (root / "kept.txt").rename(corpus / "lexicon.txt")
