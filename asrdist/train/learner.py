@@ -108,14 +108,17 @@ class Learner:
 
 def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any, *,
                   progress: bool = False) -> Learner:
-    """The one way to build a learner: model on its device, natural-gradient layers, max-change,
+    """The one way to build a learner: the process' malloc told to keep freed memory
+    (`asrdist.utils.memory`), model on its device, natural-gradient layers, max-change,
     optimizer, schedule, strategy, sampler (per-learner for lock-step strategies, the job's shared
     order otherwise) and the trainer. `task` supplies the model, samplers, loss and validation
     (`SpeechTask`, or a benchmark's synthetic task)."""
     from asrdist.data.job_sampler import JobEpochSampler
     from asrdist.optim.build import build_optimizer
     from asrdist.optim.schedules import LRSchedule
+    from asrdist.utils.memory import keep_freed_memory
 
+    keep_freed_memory()
     threads = set_threads(cfg.train.threads, ctx.local_world_size)
     ctx = replace(ctx, samples_per_step=getattr(task, "samples_per_step", 0))
     model = task.model
