@@ -121,13 +121,7 @@ def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
     """The words of `spec`: `train` = the words of `train_dir`'s transcripts, else a file whose
     lines start with a word (a word list, or a Kaldi / CMU lexicon: `word(2)` counts as `word`)."""
     if spec == TRAIN:
-        from asrdist.corpus.kaldi_dir import read_data_dir
-
-        if train_dir is None or not (Path(train_dir) / "text").is_file():
-            raise DataError(f"eval.vocabulary=train: the run's training transcripts ({train_dir}/text) are gone; "
-                            "give a word list instead (eval.vocabulary=PATH or --vocabulary PATH)")
-        data = read_data_dir(Path(train_dir))
-        return sorted({w for u in data.utterances.values() for w in (u.text or "").split()})
+        return sorted({w for words in training_transcripts(train_dir) for w in words})
     path = Path(spec)
     if not path.is_file():
         raise DataError(f"eval.vocabulary: {path}: word list not found (or use train / none)")
@@ -142,6 +136,17 @@ def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
     if not words:
         raise DataError(f"eval.vocabulary: {path}: no words in the file")
     return sorted(words)
+
+
+def training_transcripts(train_dir: Path | None) -> list[list[str]]:
+    """The words of each transcript of the training split `train_dir`; a DataError when they are gone."""
+    from asrdist.corpus.kaldi_dir import read_data_dir
+
+    if train_dir is None or not (Path(train_dir) / "text").is_file():
+        raise DataError(f"eval.vocabulary=train: the run's training transcripts ({train_dir}/text) are gone; "
+                        "give a word list instead (eval.vocabulary=PATH or --vocabulary PATH)")
+    data = read_data_dir(Path(train_dir))
+    return [(u.text or "").split() for u in data.utterances.values()]
 
 
 class VocabularySearch:
@@ -242,7 +247,6 @@ def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
 
 
 def _pronounced_search(spec: str, targets: dict, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
-    from asrdist.corpus.kaldi_dir import read_data_dir
     from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon
     from asrdist.corpus.phones import PhoneTable
 
@@ -255,10 +259,9 @@ def _pronounced_search(spec: str, targets: dict, train_dir: Path, beam: int, whe
         lexicon = Lexicon.read(path, table)
     except DataError as exc:
         raise DataError(f"{where}: a phone model needs a lexicon (each word with its phones): {exc}") from None
-    words = vocabulary_words(TRAIN, train_dir) if spec == TRAIN else list(lexicon.entries)
-    # As for characters, a model trained on isolated words says one word per utterance.
-    one_word = False
-    if (train_dir / "text").is_file():
-        data = read_data_dir(train_dir)
-        one_word = all(len((u.text or "").split()) <= 1 for u in data.utterances.values())
+    # The training transcripts, read once: the words (with `train`) and, as for characters, whether
+    # the model was trained on isolated words and so says one word per utterance.
+    transcripts = training_transcripts(train_dir) if spec == TRAIN or (train_dir / "text").is_file() else None
+    words = sorted({w for t in transcripts for w in t}) if spec == TRAIN else list(lexicon.entries)
+    one_word = transcripts is not None and all(len(t) <= 1 for t in transcripts)
     return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where)
