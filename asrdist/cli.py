@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from asrdist.errors import AsrdistError
@@ -49,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asrdist: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`asrdist decode ... | head`): stop quietly, as `cat` does,
+        # with stdout pointed at /dev/null so the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # the shell's status for a writer killed by SIGPIPE
     return int(rc or 0)
 
 
