@@ -173,10 +173,11 @@ def test_odd_widths_name_themselves(tmp_path, tag, bits, says):
         read_wav(path)
 
 
-@pytest.mark.parametrize("head,kind", [(b"FORM\0\0\0\x22AIFF", "AIFF"), (b"ID3\4\0", "MP3")])
-def test_other_containers_are_named(tmp_path, head, kind):
-    path = write(tmp_path, "a.flac", head + bytes(64))
-    with pytest.raises(DataError, match=rf"a.flac: not a RIFF WAV file \({kind}\)"):
+@pytest.mark.parametrize("head,kind", [(b"\0\0\0\x20ftypM4A ", "MP4/M4A"), (b"\x1aE\xdf\xa3\x9fB\x86\x81", "Matroska/WebM"),
+                                       (b"\xff\xf1\x50\x80", "AAC \\(ADTS\\)"), (b"FORM\0\0\0\x22MIDI", "IFF b'MIDI'")])
+def test_containers_not_read_are_named_with_a_conversion(tmp_path, head, kind):
+    path = write(tmp_path, "a.wav", head + bytes(64))
+    with pytest.raises(DataError, match=rf"a.wav: {kind} audio, which asrdist does not read; convert it to WAV"):
         read_wav(path)
 
 
@@ -228,7 +229,7 @@ def test_rf64_shorter_than_its_ds64_size_is_truncated(tmp_path):
         read_wav(write(tmp_path, "big.wav", blob[:12] + ds64 + blob[12:]))
 
 
-# -- FLAC and Ogg, through libsndfile ----------------------------------------------------------
+# -- FLAC, Ogg and the other libsndfile containers ----------------------------------------------------------
 
 def _flac(tmp_path, name, samples, rate=RATE, subtype="PCM_16", fmt="FLAC"):
     soundfile = pytest.importorskip("soundfile")
@@ -271,3 +272,44 @@ def test_damaged_flac_is_one_line(tmp_path, cut):
     message = str(info.value)
     assert "bad.flac" in message and ("corrupt FLAC file" in message or "truncated FLAC file" in message)
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("fmt,subtype,name", [("AIFF", "PCM_16", "a.aiff"), ("AIFF", "ULAW", "a.aifc"),
+                                              ("NIST", "PCM_16", "timit.WAV"), ("NIST", "ULAW", "a.sph"),
+                                              ("AU", "PCM_16", "a.au"), ("CAF", "PCM_16", "a.caf")])
+def test_lossless_libsndfile_containers_are_read_by_content(tmp_path, fmt, subtype, name):
+    """TIMIT's `.WAV` files are NIST SPHERE: the first bytes decide, not the name."""
+    x = tone(4000)
+    path = _flac(tmp_path, name, x, subtype=subtype, fmt=fmt)
+    got, rate = read_wav(path)
+    assert rate == RATE and read_wav_format(path).rate == RATE
+    if subtype == "PCM_16":
+        np.testing.assert_array_equal(got, x)
+    else:  # mu-law keeps about 14 bits near zero, fewer at the peaks
+        assert np.corrcoef(got.astype(float), x.astype(float))[0, 1] > 0.999
+
+
+@pytest.mark.parametrize("id3", [False, True])
+def test_mp3_is_read_with_or_without_an_id3_tag(tmp_path, id3):
+    x = tone(8000)
+    path = _flac(tmp_path, "a.mp3", x, subtype="MPEG_LAYER_III", fmt="MP3")
+    if id3:  # an ID3v2.4 tag of 20 bytes (size is syncsafe), as taggers put in front of the frames
+        path.write_bytes(b"ID3\x04\0\0\0\0\0\x14" + b"TIT2\0\0\0\x0a\0\0\0digits\0\0\0" + path.read_bytes())
+    got, rate = read_wav(path)
+    assert rate == RATE and read_wav_format(path).rate == RATE and abs(len(got) - len(x)) <= 2048
+    lag = int(np.argmax(np.correlate(got[:2000].astype(float), x[:1000].astype(float), "valid")))
+    assert np.corrcoef(got[lag:lag + 6000].astype(float), x[:6000].astype(float))[0, 1] > 0.9  # lossy, the tone
+
+
+def test_shorten_compressed_sphere_is_refused_with_the_command_that_decompresses_it(tmp_path):
+    header = (b"NIST_1A\n   1024\nsample_count -i 4000\nsample_rate -i 16000\nchannel_count -i 1\n"
+              b"sample_n_bytes -i 2\nsample_coding -s26 pcm,embedded-shorten-v2.00\nend_head\n")
+    path = write(tmp_path, "wsj.wv1", header.ljust(1024, b" ") + bytes(500))
+    for read in (read_wav, read_wav_format):
+        with pytest.raises(DataError, match=r"wsj.wv1: NIST SPHERE compressed with shorten, .*sph2pipe -f wav IN"):
+            read(path)
+
+
+def test_junk_names_the_formats_it_could_have_been(tmp_path):
+    with pytest.raises(DataError, match="does not start with RIFF id, nor with the mark of FLAC, Ogg, MP3"):
+        read_wav(write(tmp_path, "notes.wav", b"these are my notes, not audio"))

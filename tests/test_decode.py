@@ -242,6 +242,8 @@ def test_decode_ids_are_unique_and_free_of_whitespace(tmp_path):
     from asrdist.eval.transcribe import utterance_ids
 
     assert utterance_ids([Path("a/one.wav"), Path("b/two.WAV"), Path("three")]) == ["one", "two", "three"]
+    assert utterance_ids([Path("cv_1.mp3"), Path("SA1.sph"), Path("x.flac"), Path("y.mp3.txt")]) == \
+        ["cv_1", "SA1", "x", "y.mp3.txt"]
     # colliding names: every id is the path below the common directory, without .wav
     assert utterance_ids([tmp_path / "d1" / "x.wav", tmp_path / "d2" / "x.wav", tmp_path / "y.wav"]) == \
         ["d1/x", "d2/x", "y"]

@@ -154,6 +154,22 @@ def test_decode_reads_extensible_and_float_wavs_as_their_pcm(resumed_run, tmp_pa
     assert len(texts) == 3 and texts[0] == texts[1] == texts[2]
 
 
+def test_decode_reads_sphere_and_mp3_by_content(resumed_run, tmp_path, capsys):
+    """A TIMIT-style `.WAV` that is NIST SPHERE decodes as its WAV; an MP3 (as Common Voice ships)
+    decodes, its id without the suffix."""
+    soundfile = pytest.importorskip("soundfile")
+    run, corpus, _, _ = resumed_run
+    wav = _test_wavs(corpus, 1)[0]
+    samples, rate = read_wav(wav)
+    soundfile.write(tmp_path / "SA1.WAV", samples, rate, format="NIST", subtype="PCM_16")
+    soundfile.write(tmp_path / "clip.mp3", samples, rate, format="MP3")
+    capsys.readouterr()
+    assert main(["decode", str(run), str(wav), str(tmp_path / "SA1.WAV"), str(tmp_path / "clip.mp3")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [wav.stem, "SA1", "clip"]
+    assert lines[0].split()[1:] == lines[1].split()[1:]
+
+
 def test_decode_prints_the_good_files_then_names_the_bad_one(resumed_run, tmp_path, capsys):
     run, corpus, _, _ = resumed_run
     good, other = _test_wavs(corpus, 2)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not 
 
 
 def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker: str | None = None,
-               speed: float | None = None) -> None:
+               speed: float | None = None, mp3: bool = False) -> None:
     import soundfile
     from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
@@ -28,6 +28,10 @@ def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker
             samples, rate = read_wav(path)
             path = path.with_suffix(".flac")
             soundfile.write(path, samples, rate, subtype="PCM_16")
+        if mp3:  # as Common Voice ships its clips
+            samples, rate = read_wav(path)
+            path = path.with_suffix(".mp3")
+            soundfile.write(path, samples, rate, format="MP3")
         rec = Recording.from_file(path, recording_id=utt)
         if speed is not None:  # lhotse's transform: the file is not what lhotse plays
             rec = rec.perturb_speed(speed, affix_id=False)
@@ -63,6 +67,25 @@ def test_lhotse_manifests_become_a_corpus(tmp_path: Path):
     train = read_data_dir(out / "train")
     assert all(Path(u.wav).parent == (src / "audio").resolve() for u in train.utterances.values())  # WAV in place
     assert main(["features", str(out)]) == 0  # the corpus is usable as any other
+
+
+def test_mp3_recordings_are_decoded_by_lhotse_to_their_manifest_length(tmp_path: Path):
+    """Common Voice ships MP3: lhotse decodes each clip into the corpus (not read in place, where
+    another decoder could disagree about its length), and the corpus trains as any other."""
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"), mp3=True)
+    _manifests(src, "test", ("theo",), mp3=True)
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) == 0
+    from lhotse import load_manifest
+
+    recordings = load_manifest(src / "fsdd_recordings_test.jsonl.gz")
+    test = read_data_dir(out / "test")
+    for utt in test.utterances.values():
+        path = test.wav_path(utt)
+        assert path.parent == (out / "audio").resolve() and path.suffix == ".wav"
+        assert len(read_wav(path)[0]) == recordings[utt.segment.recording].num_samples
+    assert main(["features", str(out)]) == 0
 
 
 def test_a_supervision_without_speaker_is_named_or_skipped(tmp_path: Path, capsys):

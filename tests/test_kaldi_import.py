@@ -284,9 +284,10 @@ def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
     assert read_data_dir(tmp_path / "out").utterances["spkB-001"].text == ""
 
 
-def test_flac_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: Path):
-    """Real corpora ship FLAC (LibriSpeech) or studio 24-bit WAV: imported and featurised in place,
-    with exactly the features of the 16-bit WAVs they were made from."""
+def test_flac_sphere_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: Path):
+    """Real corpora ship FLAC (LibriSpeech), NIST SPHERE named `.WAV` (TIMIT) or studio 24-bit WAV:
+    imported and featurised in place, with exactly the features of the 16-bit WAVs they were made
+    from."""
     soundfile = pytest.importorskip("soundfile")
     from fsdd_kaldi import FSDD, make_kaldi_tree
 
@@ -301,8 +302,10 @@ def test_flac_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: P
             utt, rel = line.split()
             wav = (scp.parent / rel).resolve()
             samples, rate = soundfile.read(wav, dtype="int16")
-            if n % 2:
+            if n % 3 == 1:
                 new, kw = wav.with_suffix(".flac"), {"subtype": "PCM_16"}
+            elif n % 3 == 2:
+                new, kw = wav.with_name(wav.stem + "-timit.WAV"), {"subtype": "PCM_16", "format": "NIST"}
             else:
                 new, kw = wav.with_name(wav.stem + "-24.wav"), {"subtype": "PCM_24"}
             soundfile.write(new, samples.astype(np.int32) * 65536, rate, **kw)
@@ -312,7 +315,7 @@ def test_flac_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_path: P
         assert main(["corpus", "import-kaldi", str(tree), str(corpus)]) == 0
         assert main(["features", str(corpus), "--cmvn", "none", "--num-mel-bins", "23", "--jobs", "1"]) == 0
     wavs = read_data_dir(tmp_path / "cflac" / "test")
-    assert {Path(wavs.wav_path(u)).suffix for u in wavs.utterances.values()} == {".flac", ".wav"}
+    assert {Path(wavs.wav_path(u)).suffix for u in wavs.utterances.values()} == {".flac", ".wav", ".WAV"}
     a, b = FeatureStore(tmp_path / "c16" / "test"), FeatureStore(tmp_path / "cflac" / "test")
     assert a.utt_ids == b.utt_ids
     for utt in a.utt_ids:

@@ -36,9 +36,8 @@ WAVE_FORMAT_EXTENSIBLE = 0xFFFE
 _GUID_TAIL = bytes.fromhex("000000001000800000aa00389b71")  # KSDATAFORMAT_SUBTYPE_* after its 2-byte tag
 _ENCODING_NAMES = {WAVE_FORMAT_ALAW: "A-law", WAVE_FORMAT_MULAW: "mu-law", 0x0002: "MS ADPCM",
                    0x0011: "IMA ADPCM", 0x0055: "MP3"}
-# Files that are not RIFF WAVE, by their first bytes: named, so the user knows what to convert.
-_OTHER_CONTAINERS = {b"FORM": "AIFF", b"ID3": "MP3", b".snd": "Sun/NeXT AU",
-                     b"caff": "Core Audio"}
+# Files asrdist cannot read, by their first bytes: named, so the user knows what to convert.
+_CONVERT_OTHER = "convert it to WAV (e.g. `ffmpeg -i IN -ac 1 OUT.wav`)"
 _RIFF_IDS = (b"RIFF", b"RF64", b"BW64")  # RF64/BW64: RIFF whose 32-bit sizes are in a `ds64` chunk
 # Sample rates a header may plausibly hold: below 1 kHz no speech band is left and 384 kHz is the
 # highest rate audio interfaces record; anything else is a damaged or mis-written header, which
@@ -91,7 +90,8 @@ def file_kind(path: Path) -> str:
 
 def read_wav(path: str | Path, expected_rate: int | None = None, where: str = "",
              channel: int | None = None) -> tuple[np.ndarray, int]:
-    """Read a WAV (or a FLAC or Ogg file, through libsndfile) as int16 samples: 8, 16, 24 or 32-bit
+    """Read a WAV (or, through libsndfile, a FLAC, Ogg, MP3, AIFF, NIST SPHERE, AU or CAF file: told
+    by its first bytes, `_sndfile_kind`) as int16 samples: 8, 16, 24 or 32-bit
     PCM, A-law, mu-law or IEEE float (brought to the int16 range every stage expects:
     `_decode_samples`), plain or WAVE_FORMAT_EXTENSIBLE, RIFF or RF64, with sizes as a
     pipe leaves them (the samples present are read). Multi-channel audio needs `channel` (0-based;
@@ -103,9 +103,9 @@ def read_wav(path: str | Path, expected_rate: int | None = None, where: str = ""
         blob = memoryview(path.read_bytes())
     except OSError as exc:
         raise DataError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
-    kind = _compressed_kind(blob)
+    kind = _sndfile_kind(blob)
     if kind is not None:
-        samples, fmt = _read_compressed(path, label, kind)
+        samples, fmt = _read_sndfile(path, label, kind)
     else:
         fmt, data = _parse_wav(blob, label, path.name)
         samples = _decode_samples(fmt, data, label, path.name)
@@ -140,60 +140,107 @@ def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
             head = memoryview(f.read(1 << 20))
     except OSError as exc:
         raise DataError(f"{where or path}: cannot read {path}: {exc.strerror or exc}") from None
-    kind = _compressed_kind(head)
+    kind = _sndfile_kind(head)
     if kind is not None:
-        return _compressed_format(_sound_info(path, where or str(path), kind), path, where or str(path), kind)
+        return _sndfile_format(_sound_info(path, where or str(path), kind), path, where or str(path), kind)
     return _parse_wav(head, where or str(path), path.name, need_data=False)[0]
 
 
-# Compressed containers read through libsndfile (the `soundfile` package): lossless FLAC (as
-# LibriSpeech ships) and Ogg (Vorbis, Opus). Decoded to int16 as libsndfile scales them.
-_COMPRESSED = {b"fLaC": "FLAC", b"OggS": "Ogg"}
+# Containers read through libsndfile (the `soundfile` package), told by their first bytes, not
+# their names (TIMIT's `.WAV` files are NIST SPHERE): lossless FLAC (as LibriSpeech ships), Ogg
+# (Vorbis, Opus), MPEG audio (MP3, as Common Voice ships), AIFF / AIFF-C, NIST SPHERE (TIMIT, WSJ,
+# Switchboard), Sun/NeXT AU and Apple CAF. Decoded to int16 as libsndfile scales them.
+READABLE = "WAV, FLAC, Ogg, MP3, AIFF, NIST SPHERE, AU or CAF"
+"""The audio containers `read_wav` reads, for messages."""
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aif", ".aiff", ".aifc", ".sph", ".au", ".caf")
+"""The usual file name suffixes of those containers (names only: `read_wav` goes by content)."""
+_SIMPLE_MAGIC = {b"fLaC": "FLAC", b"OggS": "Ogg", b"ID3": "MP3", b"NIST_1A": "NIST SPHERE",
+                 b".snd": "Sun/NeXT AU", b"caff": "CAF"}
 
 
-def _compressed_kind(head) -> str | None:
-    return _COMPRESSED.get(bytes(head[:4]))
+def _sndfile_kind(head) -> str | None:
+    """The libsndfile container `head` (a file's first bytes) starts, or None (then it must be
+    RIFF WAVE). Containers nothing here reads are refused naming themselves (`_unreadable_kind`)."""
+    head = bytes(head[:12])
+    kind = next((k for magic, k in _SIMPLE_MAGIC.items() if head.startswith(magic)), None)
+    if kind is not None:
+        return kind
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return "AIFF"
+    # an MPEG audio frame header without an ID3 tag: 11 sync bits, then layer bits 01-11 (I-III);
+    # layer bits 00 after the sync are AAC's ADTS (`_unreadable_kind`)
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0 and head[1] & 0x06:
+        return "MP3"
+    return None
+
+
+def _unreadable_kind(head: bytes) -> str | None:
+    """The name of a container libsndfile does not read, from its first bytes: a phone's M4A, a
+    browser's WebM, raw AAC."""
+    if head[4:8] == b"ftyp":
+        return "MP4/M4A"
+    if head[:4] == b"\x1aE\xdf\xa3":
+        return "Matroska/WebM"
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xF6 == 0xF0:
+        return "AAC (ADTS)"
+    if head[:4] == b"FORM":
+        return f"IFF {head[8:12]!r}"
+    return None
+
+
+def _check_sphere(head, path: Path, label: str) -> None:
+    """SPHERE files compressed with shorten (as LDC distributes WSJ) are beyond libsndfile."""
+    header = bytes(head[:1024])
+    if b"shorten" in header or b"wavpack" in header:
+        raise DataError(f"{_named(label, path.name)}: NIST SPHERE compressed with "
+                        f"{'shorten' if b'shorten' in header else 'wavpack'}, which asrdist does not decode; "
+                        f"decompress it (`sph2pipe -f wav IN OUT.wav`, or `sph2pipe -f wav IN |` in wav.scp)")
 
 
 def _sound_info(path: Path, label: str, kind: str):
-    """libsndfile's header of a FLAC or Ogg file (its `soundfile.info`)."""
+    """libsndfile's header of a file of container `kind` (its `soundfile.info`)."""
     import soundfile
+
+    if kind == "NIST SPHERE":
+        with open(path, "rb") as f:
+            _check_sphere(f.read(1024), path, label)
 
     try:
         return soundfile.info(str(path))
     except (RuntimeError, soundfile.SoundFileError) as exc:
-        raise _corrupt_compressed(label, path.name, kind, exc) from None
+        raise _corrupt_sndfile(label, path.name, kind, exc) from None
 
 
-def _compressed_format(info, path: Path, label: str, kind: str) -> WavFormat:
-    """The format a FLAC or Ogg header (`_sound_info`) gives, checked as a WAV header is."""
+def _sndfile_format(info, path: Path, label: str, kind: str) -> WavFormat:
+    """The format a libsndfile header (`_sound_info`) gives, checked as a WAV header is."""
     if not MIN_SAMPLE_RATE <= info.samplerate <= MAX_SAMPLE_RATE:
         raise DataError(f"{_named(label, path.name)}: implausible sample rate {info.samplerate} Hz in the header "
                         f"(expected {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz); the header is damaged or mis-written")
     if info.channels == 0:
-        raise _corrupt_compressed(label, path.name, kind, "0 channels")
+        raise _corrupt_sndfile(label, path.name, kind, "0 channels")
     bits = {"PCM_S8": 8, "PCM_U8": 8, "PCM_24": 24, "PCM_32": 32}.get(info.subtype, 16)
     return WavFormat(WAVE_FORMAT_PCM, info.channels, info.samplerate, bits)
 
 
-def _read_compressed(path: Path, label: str, kind: str) -> tuple[np.ndarray, WavFormat]:
-    """([frames, channels] int16, format) of a FLAC or Ogg file; a file that ends early or fails
-    to decode is one DataError line, as a truncated WAV is."""
+def _read_sndfile(path: Path, label: str, kind: str) -> tuple[np.ndarray, WavFormat]:
+    """([frames, channels] int16, format) of a libsndfile container (`_sndfile_kind`); a file
+    that ends early or fails to decode is one DataError line, as a truncated WAV is. (An MP3's
+    length in the header is libsndfile's estimate where the encoder wrote none: not checked.)"""
     import soundfile
 
     info = _sound_info(path, label, kind)
-    fmt = _compressed_format(info, path, label, kind)
+    fmt = _sndfile_format(info, path, label, kind)
     try:
         samples, _ = soundfile.read(str(path), dtype="int16", always_2d=True)
     except (RuntimeError, soundfile.SoundFileError) as exc:
-        raise _corrupt_compressed(label, path.name, kind, exc) from None
-    if info.frames > 0 and len(samples) != info.frames:
+        raise _corrupt_sndfile(label, path.name, kind, exc) from None
+    if kind != "MP3" and info.frames > 0 and len(samples) != info.frames:
         raise DataError(f"{label}: truncated {kind} file {path.name} (header says {info.frames} samples, "
                         f"decoded {len(samples)})")
     return samples, fmt
 
 
-def _corrupt_compressed(label: str, name: str, kind: str, reason) -> DataError:
+def _corrupt_sndfile(label: str, name: str, kind: str, reason) -> DataError:
     return DataError(f"{label}: corrupt {kind} file {name} ({str(reason).strip() or type(reason).__name__})")
 
 
@@ -257,11 +304,12 @@ def _check_container(blob: memoryview, label: str, name: str) -> None:
     if len(blob) == 0:
         raise _corrupt(label, name, "empty file, 0 bytes")
     head = bytes(blob[:12])
-    other = next((kind for magic, kind in _OTHER_CONTAINERS.items() if head.startswith(magic)), None)
+    other = _unreadable_kind(head)
     if other is not None:
-        raise DataError(f"{_named(label, name)}: not a RIFF WAV file ({other}); {_CONVERT}")
+        raise DataError(f"{_named(label, name)}: {other} audio, which asrdist does not read; {_CONVERT_OTHER}")
     if head[:4] not in _RIFF_IDS:
-        raise _corrupt(label, name, "file does not start with RIFF id")
+        raise _corrupt(label, name, "file does not start with RIFF id, nor with the mark of FLAC, Ogg, MP3, "
+                                    "AIFF, NIST SPHERE, AU or CAF")
     if len(head) < 12:
         raise _corrupt(label, name, f"the file ends inside its header, after {len(blob)} bytes")
     if head[8:12] != b"WAVE":

@@ -1,6 +1,6 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
-Import reads `wav.scp` (paths of WAV, FLAC or Ogg files, relative ones tried against SRC, then the
+Import reads `wav.scp` (paths of audio files, `asrdist.corpus.audio.READABLE`, relative ones tried against SRC, then the
 current directory; Kaldi's command pipes `CMD |`, run by the shell in the current directory as
 Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by kaldiio; the audio of the
 last two stored as OUT/audio/REC.wav), `segments` (times kept to the
@@ -32,7 +32,7 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
-from asrdist.corpus.audio import num_frames, pick_channel, read_wav, write_wav
+from asrdist.corpus.audio import READABLE, num_frames, pick_channel, read_wav, write_wav
 from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
                                       wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
@@ -234,7 +234,7 @@ class _Importer:
                 self.fail(utt_id, f"recording '{rec}' not in wav.scp")
             elif wav_entry_kind(wav) is not None and self.decoded is None:
                 self.fail(utt_id, f"{wav_entry_kind(wav)} '{_short(wav)}' is not supported here; list the audio "
-                                  f"files (WAV, FLAC, Ogg) instead")
+                                  f"files ({READABLE}) instead")
             else:
                 rec_of[utt_id] = rec
             if utt_id not in self.utt2spk:

@@ -4,10 +4,10 @@ SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write 
 `{prefix}_recordings_{part}.jsonl.gz` and `{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`,
 `.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
 `asrdist.corpus.assemble`). Every supervision becomes one utterance (id, speaker, text, and its
-segment of the recording). A recording that is one mono WAV, FLAC or Ogg file, played as it is, is
-referenced where it lies; any other (several channels, a command, a URL, in memory, transformed
-by speed perturbation or resampling) is decoded by lhotse and stored as a 16-bit WAV under
-OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
+segment of the recording). A recording that is one mono WAV, FLAC, Ogg, AIFF, NIST SPHERE, AU or
+CAF file, played as it is, is referenced where it lies; any other (MP3, several channels, a
+command, a URL, in memory, transformed by speed perturbation or resampling) is decoded by lhotse
+and stored as a 16-bit WAV under OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asrdist.corpus.audio import AUDIO_SUFFIXES
 from asrdist.errors import ConfigError, DataError
 
 _MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
@@ -46,13 +47,16 @@ def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
     return out
 
 
-IN_PLACE_SUFFIXES = (".wav", ".flac", ".ogg", ".opus")
-"""Files asrdist's reader reads as they are (`asrdist.corpus.audio.read_wav`)."""
+IN_PLACE_SUFFIXES = tuple(s for s in AUDIO_SUFFIXES if s != ".mp3")
+"""Files asrdist's reader reads as they are (`asrdist.corpus.audio.read_wav`) to the sample lhotse
+counts. MP3 is not among them: its length depends on the decoder's handling of encoder delay, so
+lhotse decodes it (to the length its manifest says)."""
 
 
 def _wav_file(recording, base: Path) -> Path | None:
-    """The recording's own file when asrdist can read it in place: one mono WAV, FLAC or Ogg file
-    that lhotse plays as it is (no transforms such as speed perturbation or resampling)."""
+    """The recording's own file when asrdist can read it in place: one mono file with a suffix of
+    IN_PLACE_SUFFIXES that lhotse plays as it is (no transforms such as speed perturbation or
+    resampling)."""
     from asrdist.corpus.import_kaldi import _resolve
 
     sources = recording.sources

@@ -119,8 +119,9 @@ def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any]
 
 def utterance_ids(wavs: Sequence[Path]) -> list[str]:
     """One id per file, unique, without whitespace (in `utt text` the first space ends the id):
-    the file's name without .wav; when two names collide, every id is the file's path relative to
-    the files' common directory, without .wav (d1/x, d2/x), so ids stay readable and stable; any
+    the file's name without its audio suffix (.wav, .flac, .mp3, ...: AUDIO_SUFFIXES); when two
+    names collide, every id is the file's path relative to the files' common directory, without the
+    suffix (d1/x, d2/x), so ids stay readable and stable; any
     id still taken (one file given twice, names equal once whitespace became '_') gets -2, -3, ..."""
     stems = [_stem(Path(w).name) for w in wavs]
     if len(set(stems)) < len(stems):
@@ -131,7 +132,10 @@ def utterance_ids(wavs: Sequence[Path]) -> list[str]:
 
 
 def _stem(name: str) -> str:
-    return name[:-4] if name.lower().endswith(".wav") and len(name) > 4 else name
+    from asrdist.corpus.audio import AUDIO_SUFFIXES
+
+    suffix = next((s for s in AUDIO_SUFFIXES if name.lower().endswith(s) and len(name) > len(s)), "")
+    return name[:len(name) - len(suffix)]
 
 
 def _numbered(ids: list[str]) -> list[str]:
