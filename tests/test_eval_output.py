@@ -116,6 +116,40 @@ def test_decode_transcribes_audio_files_as_eval_does(resumed_run, capsys):
     assert "missing.wav: audio file not found" in capsys.readouterr().err
 
 
+def test_characters_the_model_never_saw_are_scored_as_errors_not_fatal(resumed_run, tmp_path, capsys):
+    """A test set with a character the training transcripts never had ('é', '!') is evaluated: those
+    utterances are scored from their text (the model cannot say the character: an error) and left
+    out of the loss, with one note; a split where every utterance has one is refused in one line."""
+    from asrdist.eval.scoring import error_rate
+
+    run, corpus, _, _ = resumed_run
+    other = tmp_path / "corpus"
+    shutil.copytree(corpus, other)
+    text = other / "test" / "text"
+    lines = text.read_text().splitlines()
+    changed = {lines[0].split()[0]: "zéro", lines[1].split()[0]: "one!"}
+    lines[0], lines[1] = (f"{u} {t}" for u, t in changed.items())
+    text.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--data", str(other), "--out", str(tmp_path / "eval.json")]) == 0
+    note = capsys.readouterr().err
+    assert "2 of" in note and "'!' 'é'" in note and "left out of the loss" in note
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["unseen_characters"] == {"utterances": 2, "characters": ["!", "é"]}
+    refs = dict(line.split(maxsplit=1) for line in lines)
+    hyps = {u: (rest + [""])[0] for u, *rest in (line.split(maxsplit=1) for line in
+                                                  (tmp_path / "hyp.txt").read_text().splitlines())}
+    assert sorted(hyps) == sorted(refs) and result["utterances"] == len(refs)
+    utts = sorted(refs)
+    assert result["cer"] == pytest.approx(error_rate([list(refs[u]) for u in utts], [list(hyps[u]) for u in utts])["rate"])
+    assert all(hyps[u] != t for u, t in changed.items())  # the model cannot say them
+    text.write_text("".join(f"{line.split()[0]} ¿qué?\n" for line in lines))
+    assert main(["eval", str(run), "--data", str(other), "--out", str(tmp_path / "all.json")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every utterance holds characters the training transcripts never had" in err[0]
+    assert not (tmp_path / "all.json").exists()
+
+
 def test_vocabulary_constrains_eval_and_decode_to_words(resumed_run, capsys):
     run, corpus, _, _ = resumed_run
     train_words = {w for u in read_data_dir(corpus / "train").utterances.values() for w in u.text.split()}

@@ -280,7 +280,9 @@ def test_negative_jobs_are_refused(corpus8k, tmp_path, capsys):
         extract_features(split, jobs=-5)  # callers from Python get the same check
 
 
-def test_a_character_outside_the_alphabet_is_named_with_its_file_and_utterance(tmp_path):
+def test_a_character_outside_the_alphabet_is_noted_with_its_file_and_utterance(tmp_path, capsys):
+    """An utterance the model cannot spell has no CTC target (evaluation scores it from its text);
+    a split of nothing but such utterances is refused naming its file."""
     import pytest
 
     from asrdist.data.targets import CharTokenizer
@@ -293,5 +295,10 @@ def test_a_character_outside_the_alphabet_is_named_with_its_file_and_utterance(t
     (split / "utt2spk").write_text("u1 s1\nu2 s1\n")
     (split / "text").write_text("u1 one\nu2 café\n")
     tokenizer = CharTokenizer.fit(["one", "cafe"])
-    with pytest.raises(DataError, match=r"test/text: utterance u2: character 'é'"):
-        ctc_tokens(split, {"kind": "chars", "tokenizer": tokenizer})
+    targets = {"kind": "chars", "tokenizer": tokenizer}
+    assert ctc_tokens(split, targets) == {"u1": tokenizer.encode("one")}
+    assert "test/text: 1 of 2 utterance(s) hold characters the training transcripts never had ('é'; e.g. " \
+           "utterance u2)" in capsys.readouterr().err
+    (split / "text").write_text("u1 öne\nu2 café\n")
+    with pytest.raises(DataError, match=r"test/text: every utterance holds characters .* \('é' 'ö'\)"):
+        ctc_tokens(split, targets)

@@ -188,6 +188,10 @@ class CharTokenizer:
             raise DataError("char tokenizer: no characters in the training transcripts")
         return cls(sorted(chars), lowercase)
 
+    def unseen(self, text: str) -> set[str]:
+        """The characters of `text` (normalized) outside the alphabet."""
+        return set(self.normalize(text)) - set(self._ids)
+
     def encode(self, text: str, where: str = "") -> list[int]:
         ids = []
         for ch in self.normalize(text):

@@ -126,12 +126,21 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
 
     tokens = ctc_tokens(split_dir, targets)
     constrained = vocabulary_search(cfg, targets)
-    utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
+    chars = targets["kind"] == "chars"
+    if chars:  # references from the text, also of utterances whose characters the model never saw (no loss)
+        from asrdist.corpus.kaldi_dir import read_data_dir
+
+        tok = targets["tokenizer"]
+        texts = read_data_dir(split_dir).utterances
+        references = {u: tok.normalize(texts[u].text) for u in utt_ids if u in texts}
+        utt_ids = [u for u in utt_ids if u in references]
+    else:
+        utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
     maps, adaptation = {}, None
     if adapt and utt_ids:
         maps, adaptation = _speaker_maps(model, store, utt_ids, split_dir, cfg,
                                          lambda lp: ctc_hypothesis(lp, cfg, constrained))
-    loss_sum, frames, exact = 0.0, 0, 0
+    loss_sum, loss_frames, frames, exact = 0.0, 0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
         feats = torch.from_numpy(np.array(store[utt]))[None]
@@ -139,17 +148,19 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
             feats = maps[utt](feats)
         lengths = torch.tensor([feats.shape[1]])
         log_probs, out_lengths = model(feats, lengths)
-        ref = tokens[utt]
-        loss, _ = ctc_objective(log_probs, torch.tensor([ref], dtype=torch.long).reshape(1, -1),
-                                out_lengths, torch.tensor([len(ref)]))
-        loss_sum += float(loss) * int(out_lengths[0])  # ctc_objective normalizes by output frames
+        ref = tokens.get(utt)
+        if ref is not None:
+            loss, _ = ctc_objective(log_probs, torch.tensor([ref], dtype=torch.long).reshape(1, -1),
+                                    out_lengths, torch.tensor([len(ref)]))
+            loss_sum += float(loss) * int(out_lengths[0])  # ctc_objective normalizes by output frames
+            loss_frames += int(out_lengths[0])
         frames += int(out_lengths[0])
         lp = log_probs[0, : int(out_lengths[0])].double().numpy()
-        hyp = ctc_hypothesis(lp, cfg, constrained)
-        refs.append(list(ref))
-        hyps.append(list(hyp))
-        exact += int(list(ref) == list(hyp))
-    result: dict = {"loss": loss_sum / max(frames, 1), "utterances": len(utt_ids), "frames": frames,
+        hyp = list(ctc_hypothesis(lp, cfg, constrained))
+        refs.append(list(ref) if ref is not None else None)
+        hyps.append(hyp)
+        exact += int(refs[-1] == hyp)
+    result: dict = {"loss": loss_sum / max(loss_frames, 1), "utterances": len(utt_ids), "frames": frames,
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
     if adaptation is not None:
         result["adaptation"] = adaptation
@@ -176,8 +187,12 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
 
             result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets["phones"])
     else:
-        tok = targets["tokenizer"]
-        ref_text = [tok.decode(r) for r in refs]
+        without_loss = [u for u in utt_ids if u not in tokens]
+        if without_loss:
+            # scored (the model cannot say them: errors), left out of the loss
+            result["unseen_characters"] = {"utterances": len(without_loss), "characters": sorted(
+                set().union(*(tok.unseen(references[u]) for u in without_loss)))}
+        ref_text = [references[u] for u in utt_ids]
         hyp_text = [tok.decode(h) for h in hyps]
         result["cer"] = error_rate([list(r) for r in ref_text], [list(h) for h in hyp_text])["rate"]
         result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]

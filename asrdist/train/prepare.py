@@ -5,6 +5,7 @@ RUN_DIR/targets.pt so every learner (and `asrdist eval`) reads the same label ma
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,9 +179,38 @@ def ctc_tokens(split_dir: Path, targets: dict[str, Any]) -> dict[str, list[int]]
                                 f"`asrdist corpus import-kaldi ... --lexicon FILE`); or use data.targets=chars")
             return tokens
         return phone_sequences(read_alignments(split_dir), targets["silence_id"])
+    return char_tokens(split_dir, targets["tokenizer"])
+
+
+_noted_unseen: set[str] = set()
+
+
+def char_tokens(split_dir: Path, tok) -> dict[str, list[int]]:
+    """Character targets of a split's utterances. An utterance with a character the training
+    transcripts never had (a test set's 'é' or '!') has no target: it is left out here (the loss)
+    and scored from its text by `asrdist.eval.evaluate` (where the model, which cannot say the
+    character, makes an error), with one note per split and process. A split where every
+    utterance has one is refused: it is no text this model was trained for."""
     data = read_data_dir(split_dir)
-    tok = targets["tokenizer"]
-    return {u: tok.encode(data.utterances[u].text, where=f"{split_dir / 'text'}: utterance {u}") for u in data.utt_ids}
+    tokens, unseen, left = {}, set(), []
+    for u in data.utt_ids:
+        chars = tok.unseen(data.utterances[u].text)
+        if chars:
+            unseen |= chars
+            left.append(u)
+        else:
+            tokens[u] = tok.encode(data.utterances[u].text)
+    if left:
+        shown = " ".join(repr(c) for c in sorted(unseen)[:20]) + (" ..." if len(unseen) > 20 else "")
+        if not tokens:
+            raise DataError(f"{split_dir / 'text'}: every utterance holds characters the training transcripts "
+                            f"never had ({shown}): is this text in the model's language and spelling?")
+        if str(split_dir) not in _noted_unseen:
+            _noted_unseen.add(str(split_dir))
+            print(f"[asrdist] note: {split_dir / 'text'}: {len(left)} of {len(data.utt_ids)} utterance(s) hold "
+                  f"characters the training transcripts never had ({shown}; e.g. utterance {left[0]}): scored, "
+                  f"those characters counting as errors, but left out of the loss", file=sys.stderr, flush=True)
+    return tokens
 
 
 def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, Any]:
