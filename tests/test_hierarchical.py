@@ -90,6 +90,16 @@ def test_two_nodes_of_two_train_as_well_as_sync_and_a_straggler_slows_its_node_o
     assert steps[2] == steps[3] and steps[0] > 1.5 * steps[3], steps  # node 0 keeps its pace
 
 
+@pytest.mark.skipif(not EMULATED, reason=WHY_NOT)
+def test_learners_of_emulated_hosts_share_this_machines_cores(corpus, tmp_path):
+    """Two emulated hosts of one learner each run on one machine: each learner takes half its
+    cores, not all of them as one learner per real host would (LOCAL_WORLD_SIZE is 1 there)."""
+    assert main(["train", "configs/default.yaml", *TINY, "--data", str(corpus), "--learners", "2", "--epochs", "1",
+                 "--strategy", "adpsgd", *TWO_HOSTS, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["threads_per_learner"] == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 @pytest.mark.slow
 def test_hybrid_starts_synchronous_then_goes_asynchronous(corpus, sync, tmp_path):
     run = _train(corpus, tmp_path / "hybrid", "--strategy", "hybrid", "strategy.sync_epochs=1", *TWO_HOSTS)

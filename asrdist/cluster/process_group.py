@@ -26,6 +26,9 @@ from asrdist.parallel.base import LearnerContext
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
 SURVIVE_ENV = "ASRDIST_SURVIVE_LOST"
+THREADS_ENV = "ASRDIST_THREADS_PER_LEARNER"
+"""Torch threads per learner, set by asrdist's launcher, which knows how many learners share this
+machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE counts one node's."""
 
 
 @dataclass(frozen=True)

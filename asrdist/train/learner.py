@@ -25,7 +25,13 @@ from asrdist.train.trainer import Trainer, TrainerHooks
 
 
 def set_threads(threads: int, local_world_size: int) -> int:
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    """Torch threads for this learner: `train.threads` if set; else the share asrdist's launcher
+    gave (THREADS_ENV: its cores over all the learners it started here); else, under torchrun on
+    a real node, this process' cores over the node's learners."""
+    from asrdist.cluster.process_group import THREADS_ENV
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = threads or int(os.environ.get(THREADS_ENV, 0) or 0) or max(1, cores // max(1, local_world_size))
     torch.set_num_threads(n)
     return n
 
