@@ -117,6 +117,40 @@ def test_bad_recording_fails_cleanly_or_is_skipped(source: Path, tmp_path: Path,
     assert "jackson-7-003" not in read_data_dir(out / "test").utterances
 
 
+def test_other_audio_suffixes_channels_and_names_in_a_users_recordings(source: Path, tmp_path: Path, capsys):
+    """A user's own FSDD-style folder: FLAC and stereo takes are read (stereo with --channel), audio
+    not named {digit}_{speaker}_{take} is named in one note, two files of one take are refused, and
+    too few takes for FSDD's valid takes (5-9) says so."""
+    soundfile = pytest.importorskip("soundfile")
+    recordings = source / "recordings"
+    samples, rate = read_wav(recordings / "7_jackson_3.wav")
+    (recordings / "7_jackson_3.wav").unlink()
+    soundfile.write(recordings / "7_jackson_3.flac", samples, rate, subtype="PCM_16")
+    (recordings / "0_george_4.wav").unlink()
+    soundfile.write(recordings / "0_george_4.wav", np.stack([samples, -samples], axis=1), rate, subtype="PCM_16")
+    shutil.copy(recordings / "0_george_0.wav", recordings / "george says zero.wav")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "fsdd", str(out), "--source", str(source)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "1 audio file(s) not named {digit}_{speaker}_{take}, left out: george says zero.wav" in err[0]
+    assert len(err) == 2 and "0_george_4.wav has 2 channels; pick one with --channel K" in err[1]
+    assert main(["corpus", "fsdd", str(out), "--source", str(source), "--channel", "1"]) == 0
+    test = read_data_dir(out / "test")
+    np.testing.assert_array_equal(read_wav(test.wav_path(test.utterances["jackson-7-003"]))[0], samples)
+    train = read_data_dir(out / "train")
+    np.testing.assert_array_equal(read_wav(train.wav_path(train.utterances["george-0-004"]))[0], -samples)
+    shutil.copy(recordings / "0_george_0.wav", recordings / "0_george_0.FLAC")
+    assert main(["corpus", "fsdd", str(tmp_path / "dup"), "--source", str(source), "--channel", "1"]) != 0
+    assert "0_george_0.FLAC and 0_george_0.wav are both digit 0, speaker george, take 0; keep one" \
+        in capsys.readouterr().err
+    few = tmp_path / "few" / "recordings"
+    few.mkdir(parents=True)
+    for name in ("0_ann_0.wav", "0_ann_1.wav", "0_bob_0.wav"):
+        shutil.copy(recordings / "0_jackson_0.wav", few / name)
+    assert main(["corpus", "fsdd", str(tmp_path / "c"), "--source", str(few.parent)]) != 0
+    assert "split 'valid' would be empty (--split speaker: no take 5-9 of a training speaker" in capsys.readouterr().err
+
+
 def test_fsdd_features_match_the_frame_rule(source: Path, tmp_path: Path):
     from asrdist.features.extract import extract_features
     from asrdist.features.store import FeatureStore

@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--split", choices=["speaker", "official"], default="speaker",
                    help="speaker: one whole speaker is the test set; official: takes 0-4 are test")
     f.add_argument("--sample-rate", type=int, choices=[8000, 16000], default=8000)
+    f.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
+                   help="use channel K (0-based) of multi-channel recordings, which are an error without it")
     f.add_argument("--skip-bad", action="store_true")
     f.add_argument("--overwrite", action="store_true")
     f.set_defaults(func=_fsdd)

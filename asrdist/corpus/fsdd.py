@@ -1,6 +1,8 @@
 """The Free Spoken Digit Dataset (FSDD) as an asrdist corpus: real speech, one digit per file.
 
-Recordings are `{digit}_{speaker}_{take}.wav` (8 kHz mono) in the checkout's `recordings/`.
+Recordings are `{digit}_{speaker}_{take}.wav` (8 kHz mono) in the checkout's `recordings/`; the
+same names with another audio suffix (`.flac`, `.mp3`, ...) are read too, other audio files are
+named in one note and left out, and a multi-channel recording needs `--channel K`.
 The corpus has the synthetic corpus' layout (`phones.txt`, `summary.json`, `train/`, `valid/`,
 `test/` Kaldi data directories; transcript = the digit word; no alignments; `lexicon.txt` with the
 digits' pronunciations, for phone targets and `asrdist align`) and holds its own
@@ -20,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrdist.corpus.audio import num_frames, read_wav, resample, write_wav
+from asrdist.corpus.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
 from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
@@ -43,7 +45,7 @@ nine n ay n
 VALID_TAKES = range(5, 10)
 OFFICIAL_TEST_TAKES = range(0, 5)
 SPLITS = ("train", "valid", "test")
-_NAME = re.compile(r"^(\d)_([^_/]+)_(\d+)\.wav$")
+_NAME = re.compile(r"^(\d)_([^_/]+)_(\d+)(" + "|".join(re.escape(s) for s in AUDIO_SUFFIXES) + ")$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,26 @@ def resolve_source(source: str | Path | None) -> Path:
 
 
 def find_recordings(recordings_dir: Path) -> list[Recording]:
-    """Every `{digit}_{speaker}_{take}.wav` file, sorted by utterance id; other files are ignored."""
-    found = []
+    """Every `{digit}_{speaker}_{take}` audio file, sorted by utterance id. Other audio files are
+    named in one note on stderr and left out; two files of one digit, speaker and take (x.wav and
+    x.flac) are an error naming both."""
+    found: dict[str, Recording] = {}
+    other = []
     for entry in sorted(os.listdir(recordings_dir)):
         match = _NAME.match(entry)
         if match:
-            found.append(Recording(recordings_dir / entry, int(match[1]), match[2], int(match[3])))
-    return sorted(found, key=lambda r: r.utt_id)
+            rec = Recording(recordings_dir / entry, int(match[1]), match[2], int(match[3]))
+            if rec.utt_id in found:
+                raise DataError(f"{recordings_dir}: {found[rec.utt_id].path.name} and {entry} are both digit "
+                                f"{rec.digit}, speaker {rec.speaker}, take {rec.take}; keep one")
+            found[rec.utt_id] = rec
+        elif entry.lower().endswith(AUDIO_SUFFIXES):
+            other.append(entry)
+    if other:
+        shown = ", ".join(other[:5]) + (f" (+{len(other) - 5} more)" if len(other) > 5 else "")
+        print(f"[asrdist] note: {recordings_dir}: {len(other)} audio file(s) not named "
+              f"{{digit}}_{{speaker}}_{{take}}, left out: {shown}", file=sys.stderr, flush=True)
+    return [found[u] for u in sorted(found)]
 
 
 def assign_split(rec: Recording, mode: str, test_speaker: str) -> str:
@@ -106,8 +121,9 @@ def assign_split(rec: Recording, mode: str, test_speaker: str) -> str:
 
 def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: str | None = None,
                split: str = "speaker", sample_rate: int = 8000, skip_bad: bool = False,
-               overwrite: bool = False, progress: bool = True) -> dict:
-    """Build the FSDD corpus in `out` (atomically) and return its summary."""
+               overwrite: bool = False, progress: bool = True, channel: int | None = None) -> dict:
+    """Build the FSDD corpus in `out` (atomically) and return its summary; `channel` picks the
+    channel of multi-channel recordings (an error without it)."""
     from tqdm import tqdm
 
     from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
@@ -138,7 +154,7 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
         for rec in bar:
             name = assign_split(rec, split, test_speaker)
             try:
-                samples, rate = read_wav(rec.path, where=f"{rec.path}")
+                samples, rate = read_wav(rec.path, where=f"{rec.path}", channel=channel)
                 samples = resample(samples, rate, sample_rate)
                 if num_frames(len(samples), sample_rate) == 0:
                     raise DataError(f"{rec.path}: audio too short ({len(samples)} samples)")
@@ -156,8 +172,12 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
                 duration=len(samples) / sample_rate))
         for name, utts in split_utts.items():
             if not utts:
-                raise DataError(f"{recordings_dir}: split '{name}' would be empty "
-                                f"(--split {split}; check the takes and speakers present)")
+                why = {"valid": f"no take {VALID_TAKES.start}-{VALID_TAKES.stop - 1} of a training speaker: FSDD "
+                                f"validates on those takes; record more takes, or use `corpus import-kaldi`, "
+                                f"which carves a valid set by speaker",
+                       "train": "every take of the training speakers went to valid",
+                       "test": f"no take {OFFICIAL_TEST_TAKES.start}-{OFFICIAL_TEST_TAKES.stop - 1}"}[name]
+                raise DataError(f"{recordings_dir}: split '{name}' would be empty (--split {split}: {why})")
             write_data_dir(tmp / name, utts, Path(out) / name)
         PhoneTable().write(tmp / "phones.txt")
         (tmp / LEXICON_NAME).write_text(DIGIT_LEXICON, encoding="utf-8")
@@ -191,6 +211,6 @@ def fsdd_command(args) -> int:
 
     summary = build_fsdd(args.out, source=args.source, test_speaker=args.test_speaker,
                          split=args.split, sample_rate=args.sample_rate, skip_bad=args.skip_bad,
-                         overwrite=args.overwrite)
+                         overwrite=args.overwrite, channel=args.channel)
     print(json.dumps(summary, indent=2))
     return 0
