@@ -57,6 +57,18 @@ def test_advisor_ranks_every_strategy_fastest_first_and_names_the_winner():
     assert why.startswith(f"{ranked[0].name} wins")
 
 
+def test_advisor_says_when_no_strategy_beats_one_learner():
+    """Over a 1 Mbit/s network every strategy is slower than one learner: the advice is to stay on
+    one, not that the least slow one 'wins'."""
+    from asrdist.sim.cluster import link_named
+
+    job = Job("sync", None, SHAPES, Cluster(2, 2, LINKS["loopback"], link_named("1mbit")), 1024, 2e-5, steps=24)
+    ranked, why, _ = advise(job)
+    assert ranked[0].speedup < 1
+    assert why.startswith(f"no strategy beats one learner here (the fastest, {ranked[0].name}, runs")
+    assert "train on one learner, or on a faster network" in why and "wins" not in why
+
+
 def test_simulate_cli_writes_json_and_refuses_bad_input(tmp_path, capsys):
     out = tmp_path / "sim.json"
     assert main(["simulate", "--cluster", "2x2", "--strategy", "onebit", "--set", "double_buffering=true",

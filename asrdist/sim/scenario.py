@@ -157,8 +157,13 @@ def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = No
 def explain(ranked: list[Prediction]) -> str:
     best, rest = ranked[0], ranked[1:]
     sync = next((p for p in ranked if p.name == "sync"), None)
-    why = [f"{best.name} wins: {best.epoch_seconds / 3600:.2f} h per epoch, {best.speedup:.1f}x one learner, "
-           f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
+    if best.speedup < 1:  # distributing costs more than it brings: say so before naming a winner
+        why = [f"no strategy beats one learner here (the fastest, {best.name}, runs {best.speedup:.2f}x one "
+               f"learner's speed, {100 * best.wait_share:.0f}% of each step waiting on communication): train on "
+               f"one learner, or on a faster network"]
+    else:
+        why = [f"{best.name} wins: {best.epoch_seconds / 3600:.2f} h per epoch, {best.speedup:.1f}x one learner, "
+               f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
     if sync is not None and sync is not best:
         bound = "wire-bound" if sync.wait_share > 0.3 else "compute-bound"
         why.append(f"sync is {bound}: {100 * sync.wait_share:.0f}% of each step blocked communicating "
