@@ -184,3 +184,49 @@ def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_pa
     page = (out / "report.html").read_text()
     assert "<li>onebit: training failed: learner rank 1: loss is nan" in page
     assert "<td>onebit</td><td>2</td><td>-</td>" in page
+
+
+# -- on emulated hosts ----------------------------------------------------------------------------
+
+EMULATED, WHY_NOT = __import__("asrdist.cluster.netem", fromlist=["available"]).available()
+
+
+def _on_hosts(run: Path, nodes: int, network: str) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network}))
+
+
+@pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
+def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tmp_path, no_training,
+                                                                              fake_simulator, capsys):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    runs = fabricate_runs(out, corpus, ["single", "sync"])
+    _on_hosts(runs["sync"], 2, "1gbit")  # as `asrdist train --nodes 2 --network 1gbit` records it
+    assert _compare(out, corpus, "single,sync", "--nodes", "2", "--network", "1gbit") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["nodes"], summary["network"]) == (2, "1gbit")
+    assert [c[4:] for c in fake_simulator] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
+    assert "2 learner(s) x 1 thread(s) on 2 CPU core(s), as 2 emulated hosts joined by 1gbit links" in \
+        (out / "report.html").read_text()
+    capsys.readouterr()
+    for other in (["--nodes", "2", "--network", "10gbit"], []):
+        assert _compare(out, corpus, "single,sync", *other) != 0
+        err = capsys.readouterr().err
+        assert "cmp/sync: trained on 2 host(s) over 1gbit" in err and err.count("\n") == 1, err
+    assert _compare(out, corpus, "sync", "--nodes", "3") != 0
+    assert "--nodes: 2 learners cannot be split evenly into 3 emulated hosts" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
+def test_compare_trains_on_emulated_hosts_and_each_run_says_where(tmp_path):
+    """The real thing, small: single alone, sync on 2 emulated hosts of 1 learner each."""
+    corpus = tmp_path / "corpus"
+    assert main(["corpus", "synth", str(corpus), "--utterances", "40", "--seed", "0"]) == 0
+    out = tmp_path / "cmp"
+    assert _compare(out, corpus, "single,sync", "train.epochs=1", "--nodes", "2", "--network", "1gbit") == 0
+    single = json.loads((out / "single" / "summary.json").read_text())
+    sync = json.loads((out / "sync" / "summary.json").read_text())
+    assert (single["nodes"], single["network"]) == (1, "loopback")
+    assert (sync["nodes"], sync["network"], sync["learners"]) == (2, "1gbit", 2)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["network"] == "1gbit" and summary["runs"][1]["prediction"] == "simulated"

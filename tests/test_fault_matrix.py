@@ -111,8 +111,9 @@ SLOW_LINK = "50mbit"
 def test_a_slow_link_only_slows_the_job(tone_corpus, tmp_path):
     """Per strategy, two emulated hosts of one learner each joined by SLOW_LINK links (the jobs run
     side by side, each on its own network): every job trains all its steps and ends with a model,
-    and its communication took at least the link's time for the bytes it sent. (The same job on
-    loopback ends bit for bit alike: checked once by hand, a second run is over this file's budget.)"""
+    and (sync, adpsgd) its communication took at least the link's time for the bytes it sent. (The
+    same job on loopback ends bit for bit alike: checked once by hand, a second run is over this
+    file's budget.)"""
     # averaging's transport is sync's allreduce, every few steps: left out for the suite's budget
     jobs = {"sync": [], "onebit": [], "adpsgd": []}
     procs = {strategy: subprocess.Popen(
@@ -133,6 +134,12 @@ def test_a_slow_link_only_slows_the_job(tone_corpus, tmp_path):
         learners = summary["comm"]["per_learner"]
         assert sum(p["steps"] for p in learners) >= 6 and sum(p["bytes_sent"] for p in learners) > 0, (strategy, learners)
         for learner in learners:
+            assert learner["comm_seconds"] > 0, (strategy, learner)
+            if strategy == "onebit":
+                # its pipeline sends chunk k while it quantizes chunk k+1, time comm_seconds leaves
+                # out by design: on a busy machine (1 thread per learner, 6 learners on 2 cores
+                # here) most of its 1 MB crosses the link then
+                continue
             # each learner's messages cross its own capped link; tbf lets a 64 KiB burst through per
             # refill, so half the link's time for the bytes beyond one burst is a safe lower bound
             assert learner["comm_seconds"] >= 0.5 * (learner["bytes_sent"] - 65536) / link_bytes_per_s, (strategy, learner)

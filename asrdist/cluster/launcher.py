@@ -62,11 +62,11 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
     all up to `max_restarts` times (the module resumes: TORCHELASTIC_RESTART_COUNT); raise
     TrainingError on failure. `survive_lost` (nodes 1): the job goes on without failed learners
     and fails only when none finishes."""
-    from asrdist.cluster.process_group import THREADS_ENV
+    from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
 
     threads = max(1, len(os.sched_getaffinity(0)) // learners)  # every learner, of every emulated node, is here
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
-               **{THREADS_ENV: str(threads)})
+               **{THREADS_ENV: str(threads), NETWORK_ENV: network if nodes > 1 else "loopback"})
     if survive_lost and nodes == 1:
         _launch_survivable(module, args, learners, report_dir, timeout, env)
         return

@@ -26,6 +26,9 @@ from asrdist.parallel.base import LearnerContext
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
 SURVIVE_ENV = "ASRDIST_SURVIVE_LOST"
+NETWORK_ENV = "ASRDIST_NETWORK"
+"""The link between the hosts of a job asrdist's launcher started (`loopback` on one machine, the
+emulated hosts' rate otherwise), for summary.json; unset under torchrun on a real cluster."""
 THREADS_ENV = "ASRDIST_THREADS_PER_LEARNER"
 """Torch threads per learner, set by asrdist's launcher, which knows how many learners share this
 machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE counts one node's."""

@@ -1,4 +1,5 @@
-"""`asrdist compare CONFIG --strategies sync,onebit,... --learners N --out DIR [--data D] [section.key=value ...]`
+"""`asrdist compare CONFIG --strategies sync,onebit,... --learners N --out DIR [--data D] [--nodes A
+--network RATE] [section.key=value ...]`
 
 Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`), skipping runs
 already finished with the same config, then writes DIR/summary.json and DIR/report.html.
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from asrdist.checks import cli_number
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.train.cli import add_emulated_cluster_options
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
 """With `single`, the one-learner baseline whose compute time feeds the simulator."""
@@ -25,21 +27,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"learners of every run but single's (default: {DEFAULT_LEARNERS})")
     p.add_argument("--out", type=Path, required=True, help="directory of the runs and the report")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    add_emulated_cluster_options(p, "every run but single's")
     p.set_defaults(func=compare_command)
 
 
 def compare(config: Path, strategies: str, learners: int, out: Path, data: Path | None,
-            overrides: list[str]) -> dict:
-    """Train what is missing, then build the report; returns summary.json's content."""
+            overrides: list[str], nodes: int = 1, network: str = "1gbit") -> dict:
+    """Train what is missing, then build the report; returns summary.json's content. With `nodes`
+    > 1 every run but single's runs on that many emulated hosts joined by `network` links."""
     from asrdist.compare.report import build_summary, write_outputs
-    from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
+    from asrdist.compare.runs import Hosts, parse_strategies, resolve_all, train_missing
 
     names = parse_strategies(strategies)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
-    configs = resolve_all(config, names, learners, data, overrides)
+    hosts = Hosts(nodes, network)
+    configs = resolve_all(config, names, learners, data, overrides, hosts)
     failed: dict[str, str] = {}
-    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed)
+    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides)}
     summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()})
@@ -54,7 +59,8 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
 def compare_command(args) -> int:
     from asrdist.compare.report import format_table
 
-    summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []))
+    summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []),
+                      nodes=args.nodes, network=args.network)
     print(format_table(summary))
     print(f"\nreport: {args.out / 'report.html'}   summary: {args.out / 'summary.json'}")
     return 0

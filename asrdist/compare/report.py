@@ -10,8 +10,6 @@ from pathlib import Path
 from asrdist.compare.runs import predict_frames_per_second, run_record
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
-NETWORK = "loopback"
-"""`asrdist train` runs its learners on this machine, talking over loopback."""
 TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error_rate", "{metric}", "{:.4f}"),
          ("frame_accuracy", "frame acc", "{:.4f}"), ("frames_per_second", "frames/s", "{:,.0f}"),
          ("predicted_frames_per_second", "simulated frames/s", "{:,.0f}"),
@@ -23,7 +21,8 @@ TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error
 
 def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> dict:
     """A run that did not finish: its row says why; every figure is None."""
-    keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame"]
+    keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame",
+                                       "nodes", "network"]
     return {**dict.fromkeys(keys), "run": Path(run_dir).name, "path": str(run_dir), "strategy": strategy,
             "learners": learners, "curve": [], "failed": reason}
 
@@ -31,8 +30,9 @@ def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> d
 def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str] | None = None,
                   learners: dict[str, int] | None = None) -> dict:
     """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
-    prediction beside the measured frames/s, and the summary table. Runs in `failed` (strategy ->
-    reason; `learners` gives their learner count) get a row saying why."""
+    prediction beside the measured frames/s, the summary table, and where the runs of several
+    learners trained (`nodes`, `network`: from their summaries; `mixed` if they differ). Runs in
+    `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why."""
     failed, learners = failed or {}, learners or {}
     runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
             for n, d in run_dirs.items()]
@@ -50,7 +50,9 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
     rows = [[r[key] for key, _, _ in TABLE] for r in runs]
-    return {**setup, "metric": metric, "network": NETWORK, "cores": next((r["cores"] for r in runs if r["cores"]), None),
+    hosts = sorted({(r["nodes"], r["network"]) for r in runs if not r["failed"] and r["learners"] != 1})
+    nodes, network = hosts[0] if len(hosts) == 1 else ((None, "mixed") if hosts else (1, "loopback"))
+    return {**setup, "metric": metric, "nodes": nodes, "network": network, "cores": next((r["cores"] for r in runs if r["cores"]), None),
             "one_learner_compute_seconds_per_frame": spf, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
 
@@ -70,7 +72,9 @@ def setup_line(summary: dict) -> str:
     """How many learners shared how many cores, with how many threads, on which network."""
     shapes = sorted({(r["learners"], r["threads_per_learner"]) for r in summary["runs"] if not r["failed"]})
     runs = ", ".join(f"{n} learner(s) x {t} thread(s)" for n, t in shapes)
-    return (f"{runs} on {summary['cores']} CPU core(s), talking over {summary['network']}; recipe "
+    where = (f"as {summary['nodes']} emulated hosts joined by {summary['network']} links (single alone)"
+             if (summary.get("nodes") or 1) > 1 else f"talking over {summary['network']}")
+    return (f"{runs} on {summary['cores']} CPU core(s), {where}; recipe "
             f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else ""))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -37,11 +38,29 @@ def parse_strategies(text: str) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class Hosts:
+    """Where a comparison's runs train: on this machine (`nodes` 1, loopback) or on `nodes` emulated
+    hosts joined by `network` links (`asrdist train --nodes --network`); `single` always alone."""
+
+    nodes: int = 1
+    network: str = "1gbit"
+
+    @property
+    def network_name(self) -> str:
+        """What summary.json's `network` says of such a run."""
+        return "loopback" if self.nodes == 1 else self.network
+
+    def of(self, strategy: str) -> "Hosts":
+        return Hosts(1, self.network) if strategy == "single" else self
+
+
 def resolve_all(config: Path, strategies: list[str], learners: int, data: Path | None,
-                overrides: list[str]) -> dict[str, RunConfig]:
+                overrides: list[str], hosts: Hosts = Hosts()) -> dict[str, RunConfig]:
     """The resolved config of every strategy's run, exactly as `asrdist train` would resolve it.
-    Checks everything before anything is trained: a bad override or strategy fails here."""
-    from asrdist.train.launch import resolve_config
+    Checks everything before anything is trained: a bad override or strategy fails here, and so
+    does a learner count the emulated hosts cannot share."""
+    from asrdist.train.launch import check_emulated_cluster, resolve_config
 
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
@@ -50,6 +69,8 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
     for name in strategies:
         cfg = resolve_config(_train_args(config, name, learners_of(name, learners), data, overrides, out=None))
         cfg.data.corpus = str(Path(cfg.data.corpus).resolve())  # as train_command records it
+        if hosts.of(name).nodes > 1:
+            check_emulated_cluster(cfg.train.learners, hosts.nodes, hosts.network)
         configs[name] = cfg
     corpus = Path(next(iter(configs.values())).data.corpus)
     if not (corpus / "train").is_dir():
@@ -64,9 +85,11 @@ def learners_of(strategy: str, learners: int) -> int:
 
 
 def _train_args(config: Path, strategy: str, learners: int, data: Path | None, overrides: list[str],
-                out: Path | None, resume: Path | None = None) -> argparse.Namespace:
+                out: Path | None, resume: Path | None = None, hosts: Hosts = Hosts()) -> argparse.Namespace:
+    hosts = hosts.of(strategy)
     return argparse.Namespace(config=config, overrides=list(overrides), out=out, data=data, epochs=None,
-                              learners=learners, strategy=strategy, resume=resume, no_progress=True)
+                              learners=learners, strategy=strategy, resume=resume, no_progress=True,
+                              nodes=hosts.nodes, network=hosts.network)
 
 
 def _normal(tree: dict) -> dict:
@@ -96,8 +119,22 @@ def check_same_recipe(run_dir: Path, cfg: RunConfig) -> None:
         raise ConfigError(f"{run_dir}: trained with another config ({diffs[0]}); pick another --out")
 
 
+def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
+    """A finished run found under OUT must have trained on the hosts asked for now (runs from
+    before summary.json said so trained on this machine)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    summary = load_summary(run_dir)
+    there = (summary.get("nodes", 1), summary.get("network", "loopback"))
+    if there != (hosts.nodes, hosts.network_name):
+        raise ConfigError(f"{run_dir}: trained on {there[0]} host(s) over {there[1]}, {hosts.nodes} over "
+                          f"{hosts.network_name} asked; pick another --out")
+
+
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
-                  overrides: list[str], failed: dict[str, str] | None = None) -> dict[str, Path]:
+                  overrides: list[str], failed: dict[str, str] | None = None,
+                  hosts: Hosts = Hosts()) -> dict[str, Path]:
     """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
     checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
@@ -106,8 +143,9 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
     from asrdist.train.launch import train_command
 
     runs = {name: out / name for name in configs}
-    for name, run_dir in runs.items():
-        check_same_recipe(run_dir, configs[name])  # all of them before the first training starts
+    for name, run_dir in runs.items():  # all of them before the first training starts
+        check_same_recipe(run_dir, configs[name])
+        check_same_hosts(run_dir, hosts.of(name))
     for name, run_dir in runs.items():
         if (run_dir / "summary.json").is_file():
             print(f"[compare] {name}: finished run {run_dir}, not trained again", flush=True)
@@ -117,7 +155,8 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
         print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
               f"({learners} learner(s))", flush=True)
         try:
-            train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume))
+            train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume,
+                                      hosts=hosts))
         except TrainingError as exc:
             if failed is None:
                 raise
@@ -167,6 +206,7 @@ def run_record(run_dir: Path) -> dict:
     return {
         "run": Path(run_dir).name, "path": str(run_dir), "strategy": s["strategy"], "learners": s["learners"],
         "cores": s.get("cores"), "threads_per_learner": s.get("threads_per_learner"),
+        "nodes": s.get("nodes", 1), "network": s.get("network", "loopback"),
         "metric": metric, "error_rate": final.get(metric) if metric else None,
         "frame_accuracy": final.get("frame_accuracy"), "epochs": s.get("epochs"),
         "frames_per_second": s["frames_per_second"], "mb_sent": comm["bytes_sent"] / 1e6,
@@ -195,9 +235,13 @@ def predict_frames_per_second(run_dir: Path, learners: int,
         from asrdist.sim import predict_frames_per_second as simulate
 
         cfg = run_config(run_dir)
-        group = cfg.train.group_size
-        nodes = learners // group if group else 1
-        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network="loopback")), "simulated"
+        summary = load_summary(run_dir)
+        if summary.get("nodes", 1) > 1 and summary.get("network"):  # emulated hosts: their shape and link
+            nodes, network = summary["nodes"], summary["network"]
+        else:  # one machine: train.group_size's nodes, talking over loopback
+            group = cfg.train.group_size
+            nodes, network = (learners // group if group else 1), "loopback"
+        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network=network)), "simulated"
     except ImportError as exc:
         return None, f"simulator not available ({exc})"
     except AsrdistError as exc:

@@ -17,12 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="number of local learners")
     p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
     p.add_argument("--resume", type=Path, default=None, help="resume RUN_DIR from its last checkpoint")
-    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=1,
-                   help="run the learners on this many emulated hosts (network namespaces joined by shaped "
-                        "links, one torchrun agent each; needs root): a cluster on one machine")
-    p.add_argument("--network", default="1gbit", help="link rate between emulated hosts, e.g. 1gbit, 10gbit")
+    add_emulated_cluster_options(p, "the learners")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_train)
+
+
+def add_emulated_cluster_options(p: argparse.ArgumentParser, whose: str) -> None:
+    """`--nodes A --network RATE` of `asrdist train` and `asrdist compare`."""
+    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=1,
+                   help=f"run {whose} on this many emulated hosts (network namespaces joined by shaped "
+                        "links, one torchrun agent each; needs root): a cluster on one machine")
+    p.add_argument("--network", default="1gbit", help="link rate between emulated hosts, e.g. 1gbit, 10gbit")
 
 
 def _train(args):

@@ -17,6 +17,16 @@ from asrdist.train.report import plot_report
 from asrdist.utils.io import write_json_atomic
 
 
+def hosts() -> dict:
+    """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
+    between them as asrdist's launcher set it up (`loopback` on one machine; None where another
+    launcher started the job: a real cluster's network is not asrdist's to know)."""
+    from asrdist.cluster.process_group import NETWORK_ENV
+
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    return {"nodes": nodes, "network": os.environ.get(NETWORK_ENV, "loopback" if nodes == 1 else None)}
+
+
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None) -> dict:
@@ -40,6 +50,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "lost_learners": lost,
         "cores": os.cpu_count(),
         "threads_per_learner": threads,
+        **hosts(),
         "model": cfg.model.name,
         "parameters": count_parameters(model),
         "epochs": cfg.train.epochs,
