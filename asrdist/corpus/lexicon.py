@@ -211,9 +211,10 @@ def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable
 _reported: set[str] = set()
 
 
-def lexicon_phone_tokens(split_dir: Path) -> dict[str, list[int]] | None:
+def lexicon_phone_tokens(split_dir: Path, data=None) -> dict[str, list[int]] | None:
     """Phone CTC targets of an unaligned split from its corpus' lexicon (None without one); words
-    missing from the lexicon are reported once per split and process, their utterances left out."""
+    missing from the lexicon are reported once per split and process, their utterances left out.
+    `data`: the split's `DataDir`, when the caller has read it already."""
     from asrdist.corpus.kaldi_dir import read_data_dir
 
     corpus = Path(split_dir).parent
@@ -221,7 +222,7 @@ def lexicon_phone_tokens(split_dir: Path) -> dict[str, list[int]] | None:
         return None
     table = PhoneTable.read(corpus / "phones.txt") if (corpus / "phones.txt").is_file() else PhoneTable()
     lexicon = Lexicon.read(corpus / LEXICON_NAME, table)
-    data = read_data_dir(split_dir)
+    data = data if data is not None else read_data_dir(split_dir)
     tokens, missing, skipped = lexicon.phone_targets({u: data.utterances[u].text for u in data.utt_ids})
     if str(split_dir) not in _reported:
         _reported.add(str(split_dir))

@@ -119,20 +119,20 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, search) -> tuple[dict, 
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:
+    from asrdist.corpus.kaldi_dir import read_data_dir
     from asrdist.eval.scoring import error_rate
     from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.models.objectives import ctc_objective
     from asrdist.train.prepare import ctc_tokens
 
-    tokens = ctc_tokens(split_dir, targets)
     constrained = vocabulary_search(cfg, targets)
     chars = targets["kind"] == "chars"
+    # the transcripts scored as text (characters, or words of a vocabulary), read once: also the targets'
+    data = read_data_dir(split_dir) if chars or constrained is not None else None
+    tokens = ctc_tokens(split_dir, targets, data)
     if chars:  # references from the text, also of utterances whose characters the model never saw (no loss)
-        from asrdist.corpus.kaldi_dir import read_data_dir
-
         tok = targets["tokenizer"]
-        texts = read_data_dir(split_dir).utterances
-        references = {u: tok.normalize(texts[u].text) for u in utt_ids if u in texts}
+        references = {u: tok.normalize(data.utterances[u].text) for u in utt_ids if u in data.utterances}
         utt_ids = [u for u in utt_ids if u in references]
     else:
         utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
@@ -167,10 +167,8 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
     if targets["kind"] == "phones" and constrained is not None:
         # Hypotheses are words: score them as words (a word said with another of its pronunciations
         # is right), and the phones as before.
-        from asrdist.corpus.kaldi_dir import read_data_dir
         from asrdist.corpus.lexicon import normalize_word
 
-        data = read_data_dir(split_dir)
         ref_text = [" ".join(map(normalize_word, data.utterances[u].text.split())) for u in utt_ids]
         hyp_text = [" ".join(constrained.words(h)) for h in hyps]
         result["sentence_accuracy"] = sum(r == h for r, h in zip(ref_text, hyp_text)) / max(len(utt_ids), 1)

@@ -167,31 +167,32 @@ def phone_sequences(alignments: dict[str, np.ndarray], silence_id: int) -> dict[
     return {u: phone_tokens(a, silence_id) for u, a in alignments.items()}
 
 
-def ctc_tokens(split_dir: Path, targets: dict[str, Any]) -> dict[str, list[int]]:
-    """Per-utterance token ids (blank = 0 is never a target)."""
+def ctc_tokens(split_dir: Path, targets: dict[str, Any], data=None) -> dict[str, list[int]]:
+    """Per-utterance token ids (blank = 0 is never a target). `data`: the split's `DataDir`, when
+    the caller has read it already (targets from transcripts read it otherwise)."""
     if targets["kind"] == "phones":
         if not (split_dir / "alignment.scp").is_file():
             from asrdist.corpus.lexicon import lexicon_phone_tokens
 
-            tokens = lexicon_phone_tokens(split_dir)
+            tokens = lexicon_phone_tokens(split_dir, data)
             if tokens is None:
                 raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (CORPUS/lexicon.txt, "
                                 f"`asrdist corpus import-kaldi ... --lexicon FILE`); or use data.targets=chars")
             return tokens
         return phone_sequences(read_alignments(split_dir), targets["silence_id"])
-    return char_tokens(split_dir, targets["tokenizer"])
+    return char_tokens(split_dir, targets["tokenizer"], data)
 
 
 _noted_unseen: set[str] = set()
 
 
-def char_tokens(split_dir: Path, tok) -> dict[str, list[int]]:
+def char_tokens(split_dir: Path, tok, data=None) -> dict[str, list[int]]:
     """Character targets of a split's utterances. An utterance with a character the training
     transcripts never had (a test set's 'é' or '!') has no target: it is left out here (the loss)
     and scored from its text by `asrdist.eval.evaluate` (where the model, which cannot say the
     character, makes an error), with one note per split and process. A split where every
-    utterance has one is refused: it is no text this model was trained for."""
-    data = read_data_dir(split_dir)
+    utterance has one is refused: it is no text this model was trained for. `data`: as ctc_tokens."""
+    data = data if data is not None else read_data_dir(split_dir)
     tokens, unseen, left = {}, set(), []
     for u in data.utt_ids:
         chars = tok.unseen(data.utterances[u].text)
