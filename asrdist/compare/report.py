@@ -42,7 +42,8 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
         if record["failed"]:
             record["prediction"] = "training failed"
             continue
-        predicted, note = predict_frames_per_second(run_dir, record["learners"], spf)
+        predicted, note = predict_frames_per_second(run_dir, record["learners"], spf, record["nodes"],
+                                                    record["network"])
         record["predicted_frames_per_second"] = predicted
         record["prediction"] = note
         measured = record["frames_per_second"]
@@ -50,9 +51,10 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
     rows = [[r[key] for key, _, _ in TABLE] for r in runs]
-    hosts = sorted({(r["nodes"], r["network"]) for r in runs if not r["failed"] and r["learners"] != 1})
-    nodes, network = hosts[0] if len(hosts) == 1 else ((None, "mixed") if hosts else (1, "loopback"))
-    return {**setup, "metric": metric, "nodes": nodes, "network": network, "cores": next((r["cores"] for r in runs if r["cores"]), None),
+    hosts = {(r["nodes"], r["network"]) for r in runs if not r["failed"] and r["learners"] != 1}
+    nodes, network = next(iter(hosts)) if len(hosts) == 1 else ((None, "mixed") if hosts else (1, "loopback"))
+    return {**setup, "metric": metric, "nodes": nodes, "network": network,
+            "cores": next((r["cores"] for r in runs if r["cores"]), None),
             "one_learner_compute_seconds_per_frame": spf, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
 

@@ -224,21 +224,19 @@ def run_config(run_dir: Path) -> RunConfig:
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
 
 
-def predict_frames_per_second(run_dir: Path, learners: int,
-                              seconds_per_frame: float | None) -> tuple[float | None, str]:
+def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None,
+                              nodes: int = 1, network: str | None = "loopback") -> tuple[float | None, str]:
     """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
     and node shape, from the compute time per frame a lone learner measured (`seconds_per_frame`,
-    the comparison's `single` run); (None, why) when it cannot."""
+    the comparison's `single` run); (None, why) when it cannot. `nodes`, `network`: the hosts the
+    run trained on, as its summary.json says (`run_record`)."""
     if seconds_per_frame is None:
         return None, "no one-learner compute time (add single to --strategies)"
     try:
         from asrdist.sim import predict_frames_per_second as simulate
 
         cfg = run_config(run_dir)
-        summary = load_summary(run_dir)
-        if summary.get("nodes", 1) > 1 and summary.get("network"):  # emulated hosts: their shape and link
-            nodes, network = summary["nodes"], summary["network"]
-        else:  # one machine: train.group_size's nodes, talking over loopback
+        if not (nodes > 1 and network):  # one machine: train.group_size's nodes, talking over loopback
             group = cfg.train.group_size
             nodes, network = (learners // group if group else 1), "loopback"
         return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network=network)), "simulated"

@@ -105,7 +105,7 @@ def read_wav(path: str | Path, expected_rate: int | None = None, where: str = ""
         raise DataError(f"{label}: cannot read {path}: {exc.strerror or exc}") from None
     kind = _sndfile_kind(blob)
     if kind is not None:
-        samples, fmt = _read_sndfile(path, label, kind)
+        samples, fmt = _read_sndfile(path, label, kind, blob)
     else:
         fmt, data = _parse_wav(blob, label, path.name)
         samples = _decode_samples(fmt, data, label, path.name)
@@ -142,7 +142,7 @@ def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
         raise DataError(f"{where or path}: cannot read {path}: {exc.strerror or exc}") from None
     kind = _sndfile_kind(head)
     if kind is not None:
-        return _sndfile_format(_sound_info(path, where or str(path), kind), path, where or str(path), kind)
+        return _sndfile_format(_sound_info(path, where or str(path), kind, head), path, where or str(path), kind)
     return _parse_wav(head, where or str(path), path.name, need_data=False)[0]
 
 
@@ -150,7 +150,8 @@ def read_wav_format(path: str | Path, where: str = "") -> WavFormat:
 # their names (TIMIT's `.WAV` files are NIST SPHERE): lossless FLAC (as LibriSpeech ships), Ogg
 # (Vorbis, Opus), MPEG audio (MP3, as Common Voice ships), AIFF / AIFF-C, NIST SPHERE (TIMIT, WSJ,
 # Switchboard), Sun/NeXT AU and Apple CAF. Decoded to int16 as libsndfile scales them.
-READABLE = "WAV, FLAC, Ogg, MP3, AIFF, NIST SPHERE, AU or CAF"
+_SNDFILE_NAMES = "FLAC, Ogg, MP3, AIFF, NIST SPHERE, AU or CAF"
+READABLE = f"WAV, {_SNDFILE_NAMES}"
 """The audio containers `read_wav` reads, for messages."""
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aif", ".aiff", ".aifc", ".sph", ".au", ".caf")
 """The usual file name suffixes of those containers (names only: `read_wav` goes by content)."""
@@ -189,7 +190,8 @@ def _unreadable_kind(head: bytes) -> str | None:
 
 
 def _check_sphere(head, path: Path, label: str) -> None:
-    """SPHERE files compressed with shorten (as LDC distributes WSJ) are beyond libsndfile."""
+    """SPHERE files compressed with shorten (as LDC distributes WSJ) are beyond libsndfile: `head`,
+    the file's first bytes, holds the 1024-byte header that says so."""
     header = bytes(head[:1024])
     if b"shorten" in header or b"wavpack" in header:
         raise DataError(f"{_named(label, path.name)}: NIST SPHERE compressed with "
@@ -197,13 +199,13 @@ def _check_sphere(head, path: Path, label: str) -> None:
                         f"decompress it (`sph2pipe -f wav IN OUT.wav`, or `sph2pipe -f wav IN |` in wav.scp)")
 
 
-def _sound_info(path: Path, label: str, kind: str):
-    """libsndfile's header of a file of container `kind` (its `soundfile.info`)."""
+def _sound_info(path: Path, label: str, kind: str, head):
+    """libsndfile's header of a file of container `kind` (its `soundfile.info`); `head`: the
+    file's first bytes, as read to tell its kind."""
     import soundfile
 
     if kind == "NIST SPHERE":
-        with open(path, "rb") as f:
-            _check_sphere(f.read(1024), path, label)
+        _check_sphere(head, path, label)
 
     try:
         return soundfile.info(str(path))
@@ -222,13 +224,13 @@ def _sndfile_format(info, path: Path, label: str, kind: str) -> WavFormat:
     return WavFormat(WAVE_FORMAT_PCM, info.channels, info.samplerate, bits)
 
 
-def _read_sndfile(path: Path, label: str, kind: str) -> tuple[np.ndarray, WavFormat]:
+def _read_sndfile(path: Path, label: str, kind: str, head) -> tuple[np.ndarray, WavFormat]:
     """([frames, channels] int16, format) of a libsndfile container (`_sndfile_kind`); a file
     that ends early or fails to decode is one DataError line, as a truncated WAV is. (An MP3's
     length in the header is libsndfile's estimate where the encoder wrote none: not checked.)"""
     import soundfile
 
-    info = _sound_info(path, label, kind)
+    info = _sound_info(path, label, kind, head)
     fmt = _sndfile_format(info, path, label, kind)
     try:
         samples, _ = soundfile.read(str(path), dtype="int16", always_2d=True)
@@ -308,8 +310,7 @@ def _check_container(blob: memoryview, label: str, name: str) -> None:
     if other is not None:
         raise DataError(f"{_named(label, name)}: {other} audio, which asrdist does not read; {_CONVERT_OTHER}")
     if head[:4] not in _RIFF_IDS:
-        raise _corrupt(label, name, "file does not start with RIFF id, nor with the mark of FLAC, Ogg, MP3, "
-                                    "AIFF, NIST SPHERE, AU or CAF")
+        raise _corrupt(label, name, f"file does not start with RIFF id, nor with the mark of {_SNDFILE_NAMES}")
     if len(head) < 12:
         raise _corrupt(label, name, f"the file ends inside its header, after {len(blob)} bytes")
     if head[8:12] != b"WAVE":

@@ -45,7 +45,8 @@ nine n ay n
 VALID_TAKES = range(5, 10)
 OFFICIAL_TEST_TAKES = range(0, 5)
 SPLITS = ("train", "valid", "test")
-_NAME = re.compile(r"^(\d)_([^_/]+)_(\d+)(" + "|".join(re.escape(s) for s in AUDIO_SUFFIXES) + ")$", re.IGNORECASE)
+_NAME = re.compile(r"^(\d)_([^_/]+)_(\d+)(" + "|".join(re.escape(s) for s in AUDIO_SUFFIXES) + ")$",
+                   re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
-Import reads `wav.scp` (paths of audio files, `asrdist.corpus.audio.READABLE`, relative ones tried against SRC, then the
-current directory; Kaldi's command pipes `CMD |`, run by the shell in the current directory as
-Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by kaldiio; the audio of the
-last two stored as OUT/audio/REC.wav), `segments` (times kept to the
+Import reads `wav.scp` (paths of audio files, `asrdist.corpus.audio.READABLE`, relative ones tried
+against SRC, then the current directory; Kaldi's command pipes `CMD |`, run by the shell in the
+current directory as Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by
+kaldiio; the audio of the last two stored as OUT/audio/REC.wav), `segments` (times kept to the
 millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
 10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
 Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and

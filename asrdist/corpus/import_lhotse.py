@@ -7,7 +7,8 @@ SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write 
 segment of the recording). A recording that is one mono WAV, FLAC, Ogg, AIFF, NIST SPHERE, AU or
 CAF file, played as it is, is referenced where it lies; any other (MP3, several channels, a
 command, a URL, in memory, transformed by speed perturbation or resampling) is decoded by lhotse
-and stored as a 16-bit WAV under OUT/audio/. The checks and messages are the Kaldi importer's, naming the manifest.
+and stored as a 16-bit WAV under OUT/audio/. The checks and messages are the Kaldi importer's,
+naming the manifest.
 """
 from __future__ import annotations
 
