@@ -252,3 +252,32 @@ def test_a_long_averaging_period_costs_in_proportion_not_nothing():
     # a run of exactly `steps` minibatches (bench scaling's learners) keeps its real period
     spec = _spec("averaging", {"average_every": 4000 * 256, "samples_per_step": 256}, cluster, own_steps=True)
     assert averaging_period(spec) == (4000, 1.0) and simulated_steps(spec) == spec.steps
+
+
+def test_a_run_config_averages_what_its_optimizer_keeps_per_parameter():
+    """The simulated average carries the optimizer tensors the real one does (averaging.py's
+    `average_momentum`): SGD momentum one copy of the parameters, CNTK AdaGrad with momentum two,
+    none without momentum or with `average_momentum=false`, and the bytes follow."""
+    from pathlib import Path
+
+    from asrdist.config import load_config
+    from asrdist.sim.scenario import averaged_state_copies, config_job, run_job
+
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    default = load_config(configs / "default.yaml", ["strategy.name=averaging"])  # Nesterov 0.9
+    cases = {
+        "momentum": (default, 1),
+        "local momentum": (load_config(configs / "default.yaml",
+                                       ["strategy.name=averaging", "strategy.average_momentum=false"]), 0),
+        "kaldi (no momentum)": (load_config(configs / "averaging.yaml"), 0),
+        "adagrad": (load_config(configs / "default.yaml", ["strategy.name=averaging", "optim.name=adagrad"]), 2),
+        "sync": (load_config(configs / "default.yaml", ["strategy.name=sync"]), 0),
+    }
+    for name, (cfg, copies) in cases.items():
+        assert averaged_state_copies(cfg) == copies, name
+    sent = {}
+    for name in ("momentum", "local momentum"):
+        job = config_job(cases[name][0], 4, 1e-5, cores=2)
+        assert job.state_copies == cases[name][1]
+        sent[name] = sum(run_job(job).detail.bytes_per_step)
+    assert sent["momentum"] == pytest.approx(2 * sent["local momentum"], rel=1e-6) and sent["local momentum"] > 0

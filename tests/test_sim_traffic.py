@@ -26,7 +26,10 @@ CASES = {  # name -> (strategy, settings, group size)
     "adpsgd_random_delay_by_one": ("adpsgd", {"pattern": "random", "delay_by_one": True}, 4),
     "hierarchical": ("hierarchical", {}, 2),
     "hybrid_synchronous": ("hybrid", {"sync_epochs": 1}, 2),
+    "averaging_momentum": ("averaging", {"average_every": 2 * BATCH, "samples_per_step": BATCH}, 4),
 }
+MOMENTUM = {"averaging_momentum": 0.9}
+"""Cases whose learners' SGD keeps a momentum buffer (averaging averages it with the parameters)."""
 
 
 def _model() -> torch.nn.Module:
@@ -38,9 +41,9 @@ def _numel() -> int:
     return sum(p.numel() for p in _model().parameters())
 
 
-def _consensus_bytes(strategy: str, rank: int, world: int, group: int) -> int:
+def _consensus_bytes(strategy: str, rank: int, world: int, group: int, copies: int = 1) -> int:
     """What `finalize` sends (the final average; hierarchical: the leaders', then the node broadcast)."""
-    size = 4 * _numel()
+    size = 4 * _numel() * copies
     if strategy in ("adpsgd", "averaging"):
         return comm.ring_allreduce_bytes(size, world)
     if strategy in ("hierarchical", "hybrid") and rank % group == 0:
@@ -60,7 +63,7 @@ def _learn(rank: int, world: int) -> dict[str, int]:
     for name, (strategy_name, settings, group) in CASES.items():
         ctx = base if group == world else replace(base, groups=node_groups, group_size=group)
         model = _model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=MOMENTUM.get(name, 0.0))
         strategy = build_strategy(strategy_name, strategy_config_class(strategy_name)(**settings))
         strategy.setup(model, optimizer, ctx)
         strategy.start_epoch(0)
@@ -70,7 +73,8 @@ def _learn(rank: int, world: int) -> dict[str, int]:
         train_steps(make_trainer(model, optimizer, strategy, lr=0.1), batches)
         strategy.close(None)
         strategy.finalize()
-        sent[name] = strategy.counters.bytes_sent - before - _consensus_bytes(strategy_name, rank, world, group)
+        final = _consensus_bytes(strategy_name, rank, world, group, copies=1 + (name in MOMENTUM))
+        sent[name] = strategy.counters.bytes_sent - before - final
     return sent
 
 
@@ -80,7 +84,8 @@ def test_simulated_bytes_equal_the_counted_bytes_of_every_strategy(tmp_path):
     shapes = [tuple(p.shape) for p in _model().parameters()]
     for name, (strategy_name, settings, group) in CASES.items():
         spec = SimSpec(strategy_name, strategy_config_class(strategy_name)(**settings), shapes,
-                       Cluster(4 // group, group), BATCH, 1e-3, steps=STEPS, synchronous=name.startswith("hybrid"))
+                       Cluster(4 // group, group), BATCH, 1e-3, steps=STEPS, synchronous=name.startswith("hybrid"),
+                       state_copies=int(name in MOMENTUM))
         simulated = simulate(spec).bytes_sent
         assert simulated == [c[name] for c in counted], name
         assert sum(simulated) > 0, name

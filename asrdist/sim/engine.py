@@ -90,6 +90,9 @@ class SimSpec:
     pool of steps x learners (the trainer's job epochs), and averaging runs whole periods."""
     synchronous: bool = False
     """hybrid: simulate its synchronous phase (else the ADPSGD phase)."""
+    state_copies: int = 0
+    """averaging: parameter-sized optimizer tensors per parameter that an average carries besides
+    the parameters (`strategy.average_momentum` with SGD momentum: 1; CNTK AdaGrad: 1 more)."""
     seed: int = 0
 
     def __post_init__(self):
@@ -103,6 +106,11 @@ class SimSpec:
     @property
     def values(self) -> int:
         return sum(math.prod(s) for s in self.shapes)
+
+    @property
+    def averaged_values(self) -> int:
+        """Values one learner contributes to an average: parameters and averaged optimizer state."""
+        return self.values * (1 + self.state_copies)
 
 
 @dataclass
@@ -259,7 +267,7 @@ class _Simulation:
             for i, t in enumerate(self.average):
                 yield from self.collective(me, t, step, 1000 + i, share=self.average_share)
             t0 = self.env.now
-            yield from self.cpu(me, s.copy_cost * s.values * self.average_share)
+            yield from self.cpu(me, s.copy_cost * s.averaged_values * self.average_share)
             me.comm += self.env.now - t0
             me.wait += self.env.now - t0
 
@@ -432,7 +440,7 @@ class _Simulation:
         elif name in ("sync", "sync_everyone", "averaging"):
             if name == "averaging":
                 buckets = []
-                self.average = averaging.average_traffic(s.values, self.n, cfg)
+                self.average = averaging.average_traffic(s.averaged_values, self.n, cfg)
                 self.average_every, self.average_share = averaging_period(s)
                 self.steps = simulated_steps(s)
                 overlap = False

@@ -52,6 +52,8 @@ class Job:
     slowdown: dict[int, float] = field(default_factory=dict)
     jitter: float = 0.0
     steps: int = 24
+    state_copies: int = 0
+    """averaging: optimizer tensors per parameter that an average carries (SimSpec.state_copies)."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -59,7 +61,7 @@ class Job:
         return SimSpec(self.strategy, self.strategy_config, self.shapes, cluster, local, self.seconds_per_frame,
                        step_overhead=self.step_overhead, quantize_cost=self.quantize_cost,
                        copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
-                       **changes)
+                       state_copies=self.state_copies, **changes)
 
 
 @dataclass
@@ -213,7 +215,15 @@ def config_job(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1, 
     strategy = cfg.strategy_name if learners > 1 else "single"
     return Job(strategy, cfg.strategy if learners > 1 else None, config_shapes(cfg, feature_dim, num_classes),
                cluster, frames, seconds_per_frame, quantize_cost=CPU_QUANTIZE_COST, copy_cost=CPU_COPY_COST,
-               epochs=cfg.train.epochs)
+               epochs=cfg.train.epochs, state_copies=averaged_state_copies(cfg) if learners > 1 else 0)
+
+
+def averaged_state_copies(cfg) -> int:
+    """Parameter-sized optimizer tensors per parameter that an average of run config `cfg` carries
+    (`strategy.average_momentum`: SGD's momentum buffer, CNTK AdaGrad's accumulator and momentum)."""
+    if cfg.strategy_name != "averaging" or not cfg.strategy.average_momentum:
+        return 0
+    return (cfg.optim.momentum > 0) + (cfg.optim.name == "adagrad")
 
 
 def simulate_config(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1,
