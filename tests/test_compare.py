@@ -57,11 +57,13 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, capsys
     assert summary["metric"] == "per" and summary["network"] == "loopback" and summary["cores"] == 2
     single, sync, onebit = summary["runs"]
     assert (single["learners"], sync["learners"]) == (1, 2)  # single is the one-learner baseline
-    # the simulator gets each run's own config and learners, and the lone learner's compute time
-    spf = FIGURES["single"][3]
+    # the simulator gets each run's own config and learners, and the lone learner's time per frame
+    # of training steps (data pipeline included: 1 / its frames/s), not its compute alone
+    spf = 1 / FIGURES["single"][1]
     assert [c[:3] for c in fake_simulator] == [("single", 1, 1), ("sync", 2, 2), ("onebit", 2, 2)]
     assert all(c[3] == pytest.approx(spf) and c[4:] == (1, "loopback") for c in fake_simulator)
-    assert summary["one_learner_compute_seconds_per_frame"] == pytest.approx(spf)
+    assert summary["one_learner_step_seconds_per_frame"] == pytest.approx(spf)
+    assert summary["one_learner_compute_seconds_per_frame"] == pytest.approx(FIGURES["single"][3])
     assert sync["predicted_frames_per_second"] == 2000.0 and sync["prediction_error"] == pytest.approx(2000 / 1500 - 1)
     assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
     assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])

@@ -14,7 +14,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.train.cli import add_emulated_cluster_options
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
-"""With `single`, the one-learner baseline whose compute time feeds the simulator."""
+"""With `single`, the one-learner baseline whose time per frame feeds the simulator."""
 DEFAULT_LEARNERS = 4
 
 

@@ -22,7 +22,7 @@ TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error
 def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> dict:
     """A run that did not finish: its row says why; every figure is None."""
     keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame",
-                                       "nodes", "network"]
+                                       "step_seconds_per_frame", "nodes", "network"]
     return {**dict.fromkeys(keys), "run": Path(run_dir).name, "path": str(run_dir), "strategy": strategy,
             "learners": learners, "curve": [], "failed": reason}
 
@@ -36,8 +36,10 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     failed, learners = failed or {}, learners or {}
     runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
             for n, d in run_dirs.items()]
-    lone = next((r for r in runs if r["learners"] == 1 and r["compute_seconds_per_frame"]), None)
-    spf = lone["compute_seconds_per_frame"] if lone else None
+    # the simulator's compute per frame: the lone learner's whole training step (its data pipeline
+    # included), so that it predicts the one-learner run's own rate
+    lone = next((r for r in runs if r["learners"] == 1 and r["step_seconds_per_frame"]), None)
+    spf = lone["step_seconds_per_frame"] if lone else None
     for record, run_dir in zip(runs, run_dirs.values()):
         if record["failed"]:
             record["prediction"] = "training failed"
@@ -55,7 +57,8 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     nodes, network = next(iter(hosts)) if len(hosts) == 1 else ((None, "mixed") if hosts else (1, "loopback"))
     return {**setup, "metric": metric, "nodes": nodes, "network": network,
             "cores": next((r["cores"] for r in runs if r["cores"]), None),
-            "one_learner_compute_seconds_per_frame": spf, "runs": runs,
+            "one_learner_compute_seconds_per_frame": lone["compute_seconds_per_frame"] if lone else None,
+            "one_learner_step_seconds_per_frame": spf, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
 
 
@@ -136,7 +139,7 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     fig.tight_layout()
     costs = _png(fig)
     return [(f"Validation {label} of the consensus model against epoch and against training time", curves),
-            ("Throughput (measured, and the simulator's prediction from the measured compute time per frame), "
+            ("Throughput (measured, and the simulator's prediction from the lone learner's measured time per frame), "
              "bytes sent and time spent communicating / waiting", costs)]
 
 

@@ -202,6 +202,7 @@ def run_record(run_dir: Path) -> dict:
                           metric: r[metric], "frame_accuracy": r.get("frame_accuracy")})
     per_learner = comm.get("per_learner") or []
     compute = sum(p.get("compute_seconds", 0.0) for p in per_learner)
+    stepping = sum(p.get("train_seconds", 0.0) for p in per_learner)
     frames = sum(p.get("frames", 0) for p in per_learner)
     return {
         "run": Path(run_dir).name, "path": str(run_dir), "strategy": s["strategy"], "learners": s["learners"],
@@ -213,6 +214,7 @@ def run_record(run_dir: Path) -> dict:
         "comm_seconds": comm["comm_seconds"], "wait_seconds": comm["wait_seconds"],
         "wall_seconds": s["wall_seconds"],
         "compute_seconds_per_frame": compute / frames if frames and compute else None,
+        "step_seconds_per_frame": stepping / frames if frames and stepping else None,
         "curve": curve,
     }
 
@@ -227,11 +229,11 @@ def run_config(run_dir: Path) -> RunConfig:
 def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None,
                               nodes: int = 1, network: str | None = "loopback") -> tuple[float | None, str]:
     """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
-    and node shape, from the compute time per frame a lone learner measured (`seconds_per_frame`,
-    the comparison's `single` run); (None, why) when it cannot. `nodes`, `network`: the hosts the
+    and node shape, from the time per frame a lone learner's training steps took (`seconds_per_frame`,
+    the comparison's `single` run: its `step_seconds_per_frame`); (None, why) when it cannot. `nodes`, `network`: the hosts the
     run trained on, as its summary.json says (`run_record`)."""
     if seconds_per_frame is None:
-        return None, "no one-learner compute time (add single to --strategies)"
+        return None, "no one-learner step time (add single to --strategies)"
     try:
         from asrdist.sim import predict_frames_per_second as simulate
 
