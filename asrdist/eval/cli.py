@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="with --same-speaker or --utt2spk, CTC: rounds of speaker adaptation (0 = off); "
                         "default: the recipe's eval.adapt_rounds")
+    d.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
+                   help="decode channel K (0-based) of multi-channel files, which are an error without it "
+                        "(mono files are read as they are)")
     d.set_defaults(func=_decode)
 
 

@@ -55,12 +55,13 @@ def _front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
     return record
 
 
-def raw_features(path: Path, front: dict) -> np.ndarray:
-    """The file's filterbank features through the run's front end, before CMVN."""
+def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
+    """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
+    to read of a multi-channel file)."""
     from asrdist.corpus.audio import read_wav, resample
     from asrdist.features.fbank import compute_fbank
 
-    samples, rate = read_wav(path)
+    samples, rate = read_wav(path, channel=channel)
     try:  # the front end's reasons (audio too short for a frame) name no file
         samples = resample(samples, rate, front["sample_rate"])
         return compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
@@ -83,9 +84,9 @@ def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
     return list(feats)
 
 
-def features_of(path: Path, front: dict) -> np.ndarray:
+def features_of(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
     """One file's features, the file its own speaker."""
-    return normalize([raw_features(path, front)], front)[0]
+    return normalize([raw_features(path, front, channel)], front)[0]
 
 
 @torch.no_grad()
@@ -153,14 +154,15 @@ def _numbered(ids: list[str]) -> list[str]:
 
 
 def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None, speakers: Sequence[str] | None = None,
-               adapt_rounds: int | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+               adapt_rounds: int | None = None,
+               channel: int | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
     """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
     audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
     cost the others. Every path is checked (exists, a regular file) before the model loads.
     `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH). `speakers` (one label
     per file) groups the files by speaker, decoded as `asrdist eval` decodes one (module docstring),
     with `adapt_rounds` in place of the run's `eval.adapt_rounds`; then every file is read before
-    the first line comes."""
+    the first line comes. `channel`: the channel read of multi-channel files."""
     from asrdist.corpus.audio import check_audio_path
     from asrdist.eval.run import load_run_model
     from asrdist.eval.vocabulary import vocabulary_search
@@ -179,18 +181,19 @@ def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None, s
     if speakers is None:
         for utt, wav in zip(ids, wavs):
             try:
-                feats = features_of(Path(wav), front)
+                feats = features_of(Path(wav), front, channel)
             except DataError as exc:
                 yield utt, Path(wav), None, exc
                 continue
             yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
         return
-    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers))
+    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers), channel)
     for utt, wav, text in zip(ids, wavs, texts):
         yield (utt, Path(wav), None, text) if isinstance(text, DataError) else (utt, Path(wav), text, None)
 
 
-def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speakers: list[str]) -> list:
+def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speakers: list[str],
+                channel: int | None = None) -> list:
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
@@ -201,7 +204,7 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     raw: dict[int, np.ndarray] = {}
     for i, wav in enumerate(tqdm(wavs, desc="features", unit="file", disable=None, leave=False)):
         try:
-            raw[i] = raw_features(wav, front)
+            raw[i] = raw_features(wav, front, channel)
         except DataError as exc:
             out[i] = exc
     groups: dict[str, list[int]] = {}
@@ -254,7 +257,7 @@ def decode_command(args) -> int:
         raise ConfigError("--adapt-rounds: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
     lines, failed = [], []
     for utt, wav, text, error in transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary, speakers=speakers,
-                                            adapt_rounds=args.adapt_rounds):
+                                            adapt_rounds=args.adapt_rounds, channel=args.channel):
         if error is not None:
             failed.append((wav, error))
             continue
