@@ -39,14 +39,36 @@ def fake_simulator(monkeypatch):
 
     calls = []
 
-    def predict(cfg, learners, seconds_per_frame, *, nodes=1, network="loopback"):
-        calls.append((cfg.strategy_name, cfg.train.learners, learners, seconds_per_frame, nodes, network))
+    def predict(cfg, learners, seconds_per_frame, *, nodes=1, network="loopback", network_cost=0.0):
+        calls.append((cfg.strategy_name, cfg.train.learners, learners, seconds_per_frame, nodes, network,
+                      network_cost))
         return 1000.0 * learners
     monkeypatch.setattr(asrdist.sim, "predict_frames_per_second", predict)
     return calls
 
 
-def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, capsys):
+STEP_COST = {1: 1e-3, 2: 2.5e-3}
+"""The made-up machine: seconds per frame of a learner's step among L learners (`stepcost`)."""
+NETWORK_COST = 2e-10
+
+
+@pytest.fixture(autouse=True)
+def fake_machine(monkeypatch):
+    """The made-up runs have no corpus to time steps on: `stepcost` answers from STEP_COST, and
+    records what each call asked for ((learners, threads) pairs)."""
+    from asrdist.compare import stepcost
+
+    asked = []
+
+    def step(requests):
+        asked.append(sorted((learners, threads) for _, learners, threads in requests.values()))
+        return {key: STEP_COST[learners] for key, (_, learners, _) in requests.items()}
+    monkeypatch.setattr(stepcost, "step_seconds_per_frame", step)
+    monkeypatch.setattr(stepcost, "network_seconds_per_byte", lambda values: NETWORK_COST)
+    return asked
+
+
+def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_machine, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["single", "sync", "onebit"])
     assert _compare(out, corpus, "single,sync,onebit") == 0
@@ -58,12 +80,20 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, capsys
     single, sync, onebit = summary["runs"]
     assert (single["learners"], sync["learners"]) == (1, 2)  # single is the one-learner baseline
     # the simulator gets each run's own config and learners, and the lone learner's time per frame
-    # of training steps (data pipeline included: 1 / its frames/s), not its compute alone
+    # of training steps (data pipeline included: 1 / its frames/s), not its compute alone; a run of
+    # 2 learners that time scaled by what their steps cost per frame here (2.5x), as if a learner
+    # had both cores (it has 1 thread of 2), and gloo's CPU per byte
     spf = 1 / FIGURES["single"][1]
     assert [c[:3] for c in fake_simulator] == [("single", 1, 1), ("sync", 2, 2), ("onebit", 2, 2)]
-    assert all(c[3] == pytest.approx(spf) and c[4:] == (1, "loopback") for c in fake_simulator)
+    ratio = STEP_COST[2] / STEP_COST[1]
+    assert [c[3] for c in fake_simulator] == pytest.approx([spf, spf * ratio / 2, spf * ratio / 2])
+    assert all(c[4:] == (1, "loopback", NETWORK_COST) for c in fake_simulator)
     assert summary["one_learner_step_seconds_per_frame"] == pytest.approx(spf)
     assert summary["one_learner_compute_seconds_per_frame"] == pytest.approx(FIGURES["single"][3])
+    assert summary["machine"] == {"step_seconds_per_frame": {"1x2": STEP_COST[1], "2x1": STEP_COST[2]},
+                                  "network_cpu_seconds_per_byte": NETWORK_COST}
+    assert [r["step_cost_ratio"] for r in summary["runs"]] == pytest.approx([1.0, ratio, ratio])
+    assert fake_machine == [[(1, 2), (2, 1)]]  # once per learners x threads
     assert sync["predicted_frames_per_second"] == 2000.0 and sync["prediction_error"] == pytest.approx(2000 / 1500 - 1)
     assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
     assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])
@@ -79,6 +109,37 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, capsys
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(pngs) == 2 and all(base64.b64decode(p).startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
     assert not re.search(r"(src|href)=\"(?!data:)", page)  # self-contained: nothing fetched
+
+
+def test_a_rebuilt_report_reuses_the_machine_figures_and_a_failed_measurement_is_said(
+        tmp_path, no_training, fake_simulator, fake_machine, monkeypatch):
+    from asrdist.compare import stepcost
+    from asrdist.errors import DataError
+
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync"])
+    assert _compare(out, corpus, "single,sync") == 0
+    first = json.loads((out / "summary.json").read_text())
+
+    def unmeasurable(*args):
+        raise DataError("no corpus here")
+    monkeypatch.setattr(stepcost, "step_seconds_per_frame", unmeasurable)
+    monkeypatch.setattr(stepcost, "network_seconds_per_byte", unmeasurable)
+    assert _compare(out, corpus, "single,sync") == 0  # the earlier figures: nothing measured again
+    again = json.loads((out / "summary.json").read_text())
+    assert again["machine"] == first["machine"] and again["runs"] == first["runs"]
+    assert fake_simulator[2:] == fake_simulator[:2]
+
+    # nothing known, nothing measurable: the lone learner's time as it is, and the page says why
+    (out / "summary.json").unlink()
+    fake_simulator.clear()
+    assert _compare(out, corpus, "single,sync") == 0
+    single, sync = json.loads((out / "summary.json").read_text())["runs"]
+    assert sync["prediction"] == "simulated (step cost not measured: no corpus here)"
+    assert sync["step_cost_ratio"] is None and single["prediction"] == "simulated"
+    spf = 1 / FIGURES["single"][1]
+    assert [c[3] for c in fake_simulator] == pytest.approx([spf, spf])
+    assert [c[6] for c in fake_simulator] == [0.0, 0.0]
 
 
 def test_without_simulator_or_one_learner_run_the_report_says_why(tmp_path, no_training, monkeypatch):
@@ -207,7 +268,7 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     assert _compare(out, corpus, "single,sync", "--nodes", "2", "--network", "1gbit") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["nodes"], summary["network"]) == (2, "1gbit")
-    assert [c[4:] for c in fake_simulator] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
+    assert [c[4:6] for c in fake_simulator] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
     assert "2 learner(s) x 1 thread(s) on 2 CPU core(s), as 2 emulated hosts joined by 1gbit links" in \
         (out / "report.html").read_text()
     capsys.readouterr()

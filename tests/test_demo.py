@@ -52,6 +52,12 @@ def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, t
         assert "hidden_dim: 32" in (Path(r["path"]) / "config.yaml").read_text()
     assert (single["learners"], single["mb_sent"]) == (1, 0)
     assert (onebit["learners"], onebit["threads_per_learner"]) == (2, 1) and onebit["mb_sent"] > 0
+    # the simulator's figures of this machine, measured on the runs' own recipe and corpus
+    machine = summary["machine"]
+    assert set(machine["step_seconds_per_frame"]) == {"1x2", "2x1"} and machine["network_cpu_seconds_per_byte"] > 0
+    assert all(v > 0 for v in machine["step_seconds_per_frame"].values())
+    assert onebit["prediction"] == "simulated" and onebit["step_cost_ratio"] == pytest.approx(
+        machine["step_seconds_per_frame"]["2x1"] / machine["step_seconds_per_frame"]["1x2"])
     assert "<table id=\"summary\">" in (out / "report.html").read_text()
 
     assert main(["bench", "compare", str(out / "single"), str(out / "onebit")]) == 0
@@ -64,4 +70,5 @@ def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, t
     assert "not trained again" in capsys.readouterr().out
     again = json.loads((out / "summary.json").read_text())
     assert [r["frames_per_second"] for r in again["runs"]] == [r["frames_per_second"] for r in summary["runs"]]
+    assert again["machine"] == machine  # measured once: the rebuilt report predicts the same
     assert (out / "report.html").read_text().split("<figure>")[0] == first_page.split("<figure>")[0]

@@ -47,13 +47,26 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides)}
-    summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()})
+    summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()},
+                            known=_earlier_machine_figures(out))
     write_outputs(out, summary)
     if failed:
         name, reason = next(iter(failed.items()))
         raise TrainingError(f"{', '.join(failed)}: training failed ({name}: {reason}); the report shows it "
                             f"beside the others: {out / 'report.html'}")
     return summary
+
+
+def _earlier_machine_figures(out: Path) -> dict | None:
+    """The machine figures an earlier report on OUT measured (its summary.json's `machine`), so that
+    a rebuilt report predicts what that one did; None if there is none or it is unreadable."""
+    import json
+
+    try:
+        machine = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return machine if isinstance(machine, dict) else None
 
 
 def compare_command(args) -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from pathlib import Path
 
-from asrdist.compare.runs import predict_frames_per_second, run_record
+from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
+from asrdist.errors import AsrdistError
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
 TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error_rate", "{metric}", "{:.4f}"),
@@ -28,26 +30,36 @@ def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> d
 
 
 def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str] | None = None,
-                  learners: dict[str, int] | None = None) -> dict:
+                  learners: dict[str, int] | None = None, known: dict | None = None) -> dict:
     """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
     prediction beside the measured frames/s, the summary table, and where the runs of several
     learners trained (`nodes`, `network`: from their summaries; `mixed` if they differ). Runs in
-    `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why."""
+    `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why.
+    `known`: the machine figures of an earlier report on these runs (`measure_machine`)."""
     failed, learners = failed or {}, learners or {}
     runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
             for n, d in run_dirs.items()]
     # the simulator's compute per frame: the lone learner's whole training step (its data pipeline
-    # included), so that it predicts the one-learner run's own rate
+    # included), so that it predicts the one-learner run's own rate; the other runs' steps scaled
+    # by what their minibatch and threads cost per frame on this machine (`stepcost`)
     lone = next((r for r in runs if r["learners"] == 1 and r["step_seconds_per_frame"]), None)
     spf = lone["step_seconds_per_frame"] if lone else None
+    machine = measure_machine(runs, run_dirs, lone, known) if spf is not None else {}
+    network_cost = machine.get("network_cpu_seconds_per_byte") or 0.0
     for record, run_dir in zip(runs, run_dirs.values()):
         if record["failed"]:
             record["prediction"] = "training failed"
             continue
-        predicted, note = predict_frames_per_second(run_dir, record["learners"], spf, record["nodes"],
-                                                    record["network"])
+        ratio, why = machine.get("step_cost_ratio", {}).get(record["run"], (None, None))
+        record["step_cost_ratio"] = 1.0 if record is lone else ratio
+        learner_spf = spf  # unmeasured: the lone learner's, its threads' speed-up taken as linear
+        if ratio is not None:  # as if the learner had every core (the simulator gives it cores /
+            # learners of them, as the run did)
+            learner_spf = spf * ratio * (record["threads_per_learner"] or 1) / (record["cores"] or 1)
+        predicted, note = predict_frames_per_second(run_dir, record["learners"], learner_spf, record["nodes"],
+                                                    record["network"], network_cost)
         record["predicted_frames_per_second"] = predicted
-        record["prediction"] = note
+        record["prediction"] = f"{note} ({why})" if why and predicted is not None else note
         measured = record["frames_per_second"]
         record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
@@ -58,8 +70,48 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     return {**setup, "metric": metric, "nodes": nodes, "network": network,
             "cores": next((r["cores"] for r in runs if r["cores"]), None),
             "one_learner_compute_seconds_per_frame": lone["compute_seconds_per_frame"] if lone else None,
-            "one_learner_step_seconds_per_frame": spf, "runs": runs,
+            "one_learner_step_seconds_per_frame": spf,
+            "machine": {k: v for k, v in machine.items() if k != "step_cost_ratio"}, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
+
+
+def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, known: dict | None = None) -> dict:
+    """What the simulator needs of this machine for the runs of several learners (`stepcost`),
+    measured alone after the training, once per minibatch share and thread count, or taken from
+    `known` (the `machine` section of the summary.json of an earlier report on the same runs, so
+    that a rebuilt report predicts what the first one did). Returns {"step_seconds_per_frame":
+    {"LxT": seconds per frame of a learner among L with T threads}, "network_cpu_seconds_per_byte":
+    gloo's CPU per byte or None, "step_cost_ratio": {run: (its step's cost per frame over the lone
+    learner's, None) or (None, why it was not measured)}}."""
+    from asrdist.compare import stepcost
+
+    known = known or {}
+    many = [(r, d) for r, d in zip(runs, run_dirs.values()) if not r["failed"] and r["learners"] > 1]
+    if not many:
+        return {}
+    costs = dict(known.get("step_seconds_per_frame") or {})
+
+    def key(record: dict) -> str:
+        return f"{record['learners']}x{record['threads_per_learner'] or 1}"
+
+    wanted = {key(r): (Path(d), r["learners"], r["threads_per_learner"] or 1)
+              for r, d in [(lone, lone["path"]), *many]}
+    failure, missing = None, {k: v for k, v in wanted.items() if k not in costs}
+    try:
+        costs.update(stepcost.step_seconds_per_frame(missing) if missing else {})
+    except (AsrdistError, OSError) as exc:
+        failure = f"step cost not measured: {exc}"
+    ratios = {r["run"]: (None, failure) if failure else (costs[key(r)] / costs[key(lone)], None) for r, _ in many}
+    network_cost = known.get("network_cpu_seconds_per_byte")
+    if network_cost is None:
+        try:
+            from asrdist.sim.scenario import config_shapes
+
+            values = sum(math.prod(shape) for shape in config_shapes(run_config(many[0][1])))
+            network_cost = stepcost.network_seconds_per_byte(values)
+        except (AsrdistError, OSError, ImportError):  # the page then predicts without it
+            pass
+    return {"step_seconds_per_frame": costs, "network_cpu_seconds_per_byte": network_cost, "step_cost_ratio": ratios}
 
 
 def format_table(summary: dict) -> str:

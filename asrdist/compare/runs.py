@@ -227,11 +227,13 @@ def run_config(run_dir: Path) -> RunConfig:
 
 
 def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None,
-                              nodes: int = 1, network: str | None = "loopback") -> tuple[float | None, str]:
+                              nodes: int = 1, network: str | None = "loopback",
+                              network_cost: float = 0.0) -> tuple[float | None, str]:
     """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
-    and node shape, from the time per frame a lone learner's training steps took (`seconds_per_frame`,
-    the comparison's `single` run: its `step_seconds_per_frame`); (None, why) when it cannot. `nodes`, `network`: the hosts the
-    run trained on, as its summary.json says (`run_record`)."""
+    and node shape, from the compute time per frame of its learners' steps (`seconds_per_frame`, as
+    if a learner had every core: `report.build_summary` derives it from the `single` run) and
+    gloo's CPU per byte (`network_cost`); (None, why) when it cannot. `nodes`, `network`: the
+    hosts the run trained on, as its summary.json says (`run_record`)."""
     if seconds_per_frame is None:
         return None, "no one-learner step time (add single to --strategies)"
     try:
@@ -241,7 +243,8 @@ def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: f
         if not (nodes > 1 and network):  # one machine: train.group_size's nodes, talking over loopback
             group = cfg.train.group_size
             nodes, network = (learners // group if group else 1), "loopback"
-        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network=network)), "simulated"
+        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network=network,
+                              network_cost=network_cost)), "simulated"
     except ImportError as exc:
         return None, f"simulator not available ({exc})"
     except AsrdistError as exc:

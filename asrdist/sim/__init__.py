@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 def predict_frames_per_second(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1,
-                              network: str = "loopback") -> float:
+                              network: str = "loopback", network_cost: float = 0.0) -> float:
     """The simulator's job frames/s for run config `cfg` (model, strategy and its settings, global
     batch) on `learners` learners in `nodes` nodes, each learner computing `seconds_per_frame`
-    (measured single-learner compute time per frame on this machine; the learners of one machine
-    share its cores). `network`: the link between nodes (loopback, 1gbit, ...)."""
+    (measured compute time per frame on this machine, as if one learner had all its cores; the
+    learners of one machine share them). `network`: the link between nodes (loopback, 1gbit, ...);
+    `network_cost`: CPU seconds a learner spends per byte it sends or receives (0: free)."""
     from asrdist.sim.scenario import simulate_config
 
-    return simulate_config(cfg, learners, seconds_per_frame, nodes=nodes, network=network).frames_per_second
+    return simulate_config(cfg, learners, seconds_per_frame, nodes=nodes, network=network,
+                           network_cost=network_cost).frames_per_second

@@ -54,6 +54,8 @@ class Job:
     steps: int = 24
     state_copies: int = 0
     """averaging: optimizer tensors per parameter that an average carries (SimSpec.state_copies)."""
+    network_cost: float = 0.0
+    """CPU learners: CPU seconds per byte sent or received (SimSpec.network_cost)."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -61,7 +63,7 @@ class Job:
         return SimSpec(self.strategy, self.strategy_config, self.shapes, cluster, local, self.seconds_per_frame,
                        step_overhead=self.step_overhead, quantize_cost=self.quantize_cost,
                        copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
-                       state_copies=self.state_copies, **changes)
+                       state_copies=self.state_copies, network_cost=self.network_cost, **changes)
 
 
 @dataclass
@@ -198,9 +200,11 @@ def config_shapes(cfg, feature_dim: int | None = None, num_classes: int | None =
 
 
 def config_job(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1, network: str = "loopback",
-               cores: int | None = None, feature_dim: int | None = None, num_classes: int | None = None) -> Job:
+               cores: int | None = None, feature_dim: int | None = None, num_classes: int | None = None,
+               network_cost: float = 0.0) -> Job:
     """The simulated job of run config `cfg` on this machine: `learners` CPU learners sharing its
-    cores (`nodes` emulated hosts joined by `network`, loopback inside one)."""
+    cores (`nodes` emulated hosts joined by `network`, loopback inside one), each spending
+    `network_cost` CPU seconds per byte it moves."""
     import os
 
     from asrdist.models.registry import model_kind
@@ -215,7 +219,8 @@ def config_job(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1, 
     strategy = cfg.strategy_name if learners > 1 else "single"
     return Job(strategy, cfg.strategy if learners > 1 else None, config_shapes(cfg, feature_dim, num_classes),
                cluster, frames, seconds_per_frame, quantize_cost=CPU_QUANTIZE_COST, copy_cost=CPU_COPY_COST,
-               epochs=cfg.train.epochs, state_copies=averaged_state_copies(cfg) if learners > 1 else 0)
+               epochs=cfg.train.epochs, state_copies=averaged_state_copies(cfg) if learners > 1 else 0,
+               network_cost=network_cost)
 
 
 def averaged_state_copies(cfg) -> int:

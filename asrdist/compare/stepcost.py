@@ -1,0 +1,124 @@
+"""What a comparison's simulator needs of this machine besides the lone learner's run: how much
+a learner's training step costs per frame at the learners' own minibatch and thread count, and
+the CPU that gloo spends per byte it moves.
+
+The lone run says what a frame costs in steps of the whole global minibatch on all cores. The
+learners of a multi-learner run take steps of batch_size / n frames on cores / n threads, and on a
+small machine such a step costs more per frame: the optimizer's update of every parameter and the
+per-layer overheads do not shrink with the minibatch, and one thread does not run at half the speed
+of two (on the default DNN, 64 frames on 1 thread cost about 2.7 times as much per frame as 256
+on 2). `step_seconds_per_frame` times such steps here, alone, through the trainer's own
+`Trainer.train_step` on the run's recipe and corpus (a learner from `build_learner`, strategy
+single), so that the simulator is fed each run's own compute and not a linear guess.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.2, 8
+"""Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
+a slower spell of the machine hits all alike), each of at least MIN_STEPS steps and SECONDS, after
+WARMUP untimed steps (first touch of the buffers); a learner's figure is the median window's."""
+REPEATS = 20
+"""Messages timed for gloo's CPU per byte (the median)."""
+
+
+def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS) -> dict:
+    """{key: seconds per frame of one learner's training step} for `requests` = {key: (run
+    directory, learners, threads)}: the step of that run's recipe, corpus and targets with
+    `learners`' share of the global minibatch on `threads` torch threads, timed alone. Raises
+    AsrdistError (a corpus gone, ...) or OSError."""
+    import torch
+
+    threads_before, rng_state = torch.get_num_threads(), torch.get_rng_state()
+    try:
+        with ExitStack() as stack:
+            timers = {key: _Timer(stack, *request) for key, request in requests.items()}
+            for timer in timers.values():
+                timer.window(WARMUP, 0.0)
+            windows = {key: [] for key in timers}
+            for _ in range(rounds):
+                for key, timer in timers.items():
+                    windows[key].append(timer.window(MIN_STEPS, seconds))
+    finally:
+        torch.set_num_threads(threads_before)
+        torch.set_rng_state(rng_state)
+    return {key: statistics.median(w) for key, w in windows.items()}
+
+
+class _Timer:
+    """One learner of a run's recipe, alone, whose steps are timed window by window."""
+
+    def __init__(self, stack: ExitStack, run_dir: Path, learners: int, threads: int):
+        import torch
+
+        from asrdist.cluster.process_group import default_backend, device_for_backend
+        from asrdist.compare.runs import run_config
+        from asrdist.config import config_from_tree
+        from asrdist.parallel.base import LearnerContext
+        from asrdist.train.learner import build_learner
+        from asrdist.train.prepare import load_targets
+        from asrdist.train.task import SpeechTask
+
+        tree = run_config(run_dir).to_dict()
+        tree["strategy"] = {"name": "single"}
+        tree["train"].update(learners=1, threads=threads)
+        tree["data"]["batch_size"] = tree["data"]["batch_size"] // learners
+        cfg = config_from_tree(tree)
+        torch.manual_seed(cfg.seed)
+        self.task = SpeechTask(cfg, load_targets(Path(run_dir)), 0, 1)
+        self.device = device_for_backend(default_backend(), 0)  # where a lone learner of the run computed
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asrdist-stepcost-")))
+        self.trainer = build_learner(cfg, tmp, LearnerContext(device=self.device), self.task).trainer
+        self.threads, self.run_dir = threads, run_dir
+        self.batches = _batches(self.task.sampler)
+
+    def window(self, steps: int, seconds: float) -> float:
+        """Seconds per frame over the next `steps` steps and at least `seconds` of them."""
+        import torch
+
+        torch.set_num_threads(self.threads)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        timed, frames, done = 0.0, 0, 0
+        while done < steps or timed < seconds:
+            batch = next(self.batches, None)
+            if batch is None:
+                from asrdist.errors import DataError
+
+                raise DataError(f"{self.run_dir}: no training minibatch to time")
+            sync()
+            start = time.perf_counter()
+            _, n = self.trainer.train_step(batch)
+            self.trainer.state.step += 1
+            sync()
+            timed += time.perf_counter() - start
+            frames, done = frames + n, done + 1
+        return timed / max(frames, 1)
+
+
+def _batches(sampler):
+    """The sampler's minibatches, epoch after epoch (none if an epoch has none)."""
+    epoch = 0
+    while True:
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        empty = True
+        for batch in sampler:
+            empty = False
+            yield batch
+        if empty:
+            return
+        epoch += 1
+
+
+def network_seconds_per_byte(values: int, timeout: float = 120.0) -> float:
+    """CPU seconds that a learner on this machine spends per byte it sends or receives through
+    gloo (both learners' process CPU over a message of `values` float32, one way, over loopback,
+    halved), as `asrdist bench simulator` measures it."""
+    from asrdist.bench.simulator import measure_link
+
+    return measure_link("loopback", values, repeats=REPEATS, timeout=timeout)["cpu_seconds_per_byte"]
