@@ -4,6 +4,7 @@ one-line errors with nothing written. A small real comparison runs end to end in
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 import sys
@@ -104,6 +105,8 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
 
     page = (out / "report.html").read_text()
     assert "<title>asrdist compare: single, sync, onebit</title>" in page
+    assert ("fed the single run's 1000.0 us per frame of training step, the learners' steps timed here at 2.5 x "
+            "its cost per frame and gloo's 0.20 ns of CPU per byte.") in html.unescape(page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) on 2 CPU core(s)" in page
     assert re.search(r"<td>onebit</td><td>2</td><td>0\.2200</td>", page)
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
@@ -137,6 +140,9 @@ def test_a_rebuilt_report_reuses_the_machine_figures_and_a_failed_measurement_is
     single, sync = json.loads((out / "summary.json").read_text())["runs"]
     assert sync["prediction"] == "simulated (step cost not measured: no corpus here)"
     assert sync["step_cost_ratio"] is None and single["prediction"] == "simulated"
+    page = html.unescape((out / "report.html").read_text())
+    assert "sync: simulated frames/s: simulated (step cost not measured: no corpus here)" in page
+    assert "single: simulated frames/s" not in page
     spf = 1 / FIGURES["single"][1]
     assert [c[3] for c in fake_simulator] == pytest.approx([spf, spf])
     assert [c[6] for c in fake_simulator] == [0.0, 0.0]

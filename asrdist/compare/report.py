@@ -135,6 +135,22 @@ def setup_line(summary: dict) -> str:
             f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else ""))
 
 
+def simulator_line(summary: dict) -> str:
+    """What the simulated frames/s were computed from (empty without a lone learner's step time)."""
+    spf = summary.get("one_learner_step_seconds_per_frame")
+    if not spf:
+        return ""
+    line = f" Simulated frames/s: asrdist's simulator, fed the single run's {1e6 * spf:.1f} us per frame of training step"
+    ratios = sorted({round(r["step_cost_ratio"], 2) for r in summary["runs"]
+                     if r.get("step_cost_ratio") is not None and r["learners"] > 1})
+    if ratios:
+        line += f", the learners' steps timed here at {' / '.join(f'{x:g}' for x in ratios)} x its cost per frame"
+    network = (summary.get("machine") or {}).get("network_cpu_seconds_per_byte")
+    if network:
+        line += f" and gloo's {1e9 * network:.2f} ns of CPU per byte"
+    return line + "."
+
+
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
 
@@ -204,7 +220,7 @@ def render_html(summary: dict) -> str:
                    for row in summary["table"]["rows"])
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
-                    for r in summary["runs"] if r["predicted_frames_per_second"] is None)
+                    for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))
     return f"""<!DOCTYPE html>
@@ -215,7 +231,7 @@ th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%
 <body><h1>{esc(title)}</h1>
 <p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
 (consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
-comm / wait s: per learner, mean.</p>
+comm / wait s: per learner, mean.{esc(simulator_line(summary))}</p>
 <table id="summary"><thead><tr>{head}</tr></thead><tbody>
 {body}</tbody></table>
 {f'<ul>{notes}</ul>' if notes else ''}
