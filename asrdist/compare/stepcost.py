@@ -101,11 +101,10 @@ class _Timer:
 
 
 def _batches(sampler):
-    """The sampler's minibatches, epoch after epoch (none if an epoch has none)."""
+    """The sampler's (a `ShardedSampler`'s) minibatches, epoch after epoch (none if an epoch has none)."""
     epoch = 0
     while True:
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        sampler.set_epoch(epoch)
         empty = True
         for batch in sampler:
             empty = False
