@@ -90,6 +90,60 @@ def test_each_file_is_its_own_speaker_by_default(speaker_run, capsys):
     assert store["mode"] == "speaker"
 
 
+def test_a_lone_file_is_normalised_as_asrdist_features_normalises_a_one_file_speaker(speaker_run, tmp_path, capsys):
+    """A file decoded alone (under a second) has its statistics topped up by the training
+    speakers' prior, exactly as `asrdist features` tops up a speaker with that one file, so
+    `asrdist decode` of the file alone says what `asrdist eval` says of it as its own speaker."""
+    import shutil
+
+    from asrdist.eval.run import load_run_model
+    from asrdist.features.store import FeatureStore
+
+    run, corpus = speaker_run
+    test, wavs = _test_files(corpus)
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus, copy)
+    (copy / "test" / "utt2spk").write_text("".join(f"{u} {u}\n" for u in test.utt_ids))
+    (copy / "test" / "spk2utt").write_text("".join(f"{u} {u}\n" for u in test.utt_ids))
+    assert main(["features", str(copy), "--cmvn", "speaker", "--num-mel-bins", "23", "--jobs", "1", "--overwrite"]) == 0
+    front = load_run_model(run)[2]["features"]
+    assert front["speaker_prior"]["frames"] == 100
+    store = FeatureStore(copy / "test")
+    for wav in wavs[:3]:
+        alone = features_of(wav, front)
+        assert len(alone) < 100
+        np.testing.assert_allclose(alone, store[wav.stem], atol=1e-5)
+        assert not np.allclose(alone.mean(0), 0, atol=1e-2)  # not the file's own statistics
+    out = run / "lone.json"
+    assert main(["eval", str(run), "--data", str(copy), "--adapt-rounds", "0", "--out", str(out)]) == 0
+    evaluated = _lines((run / "lone.hyp.txt").read_text())
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs[:6])]) == 0
+    assert _lines(capsys.readouterr().out) == {w.stem: evaluated[w.stem] for w in wavs[:6]}
+
+
+def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_path):
+    """A run trained before `targets.pt` kept the speaker prior gets it from its corpus' training
+    features when they are still the run's (rate, bins, CMVN); otherwise files keep their own."""
+    import shutil
+
+    from asrdist.eval.run import load_run_model
+    from asrdist.eval.transcribe import _front_end
+    from asrdist.train.prepare import load_targets, save_targets
+
+    run, corpus = speaker_run
+    old = tmp_path / "run"
+    shutil.copytree(run, old)
+    targets = load_targets(old)
+    prior = targets["features"].pop("speaker_prior")
+    save_targets(old, targets)
+    model, cfg, targets, _ = load_run_model(old)
+    assert "speaker_prior" not in targets["features"]
+    assert _front_end(old, cfg, targets)["speaker_prior"] == prior
+    targets["features"]["num_mel_bins"] = 40  # the corpus' features are no longer the run's
+    assert "speaker_prior" not in _front_end(old, cfg, targets)
+
+
 def test_utt2spk_problems_are_one_line(speaker_run, tmp_path, capsys):
     run, corpus = speaker_run
     _, wavs = _test_files(corpus)

@@ -177,13 +177,86 @@ def test_speaker_cmvn_and_parallel_jobs_are_identical(corpus: Path, tmp_path: Pa
 
     extract_features(corpus, cmvn="speaker", num_mel_bins=80, jobs=1, progress=False)
     one = {u: np.array(FeatureStore(corpus / "train")[u]) for u in ("s1-a", "s1-b", "s2-a")}
-    s1 = np.concatenate([one["s1-a"], one["s1-b"]])
-    np.testing.assert_allclose(s1.mean(axis=0), 0, atol=1e-4)
-    np.testing.assert_allclose(s1.std(axis=0), 1, atol=1e-3)
-    np.testing.assert_allclose(one["s2-a"].mean(axis=0), 0, atol=1e-4)
     extract_features(corpus, cmvn="speaker", num_mel_bins=80, jobs=2, overwrite=True, progress=False)
     for utt, mat in one.items():
         np.testing.assert_array_equal(FeatureStore(corpus / "train")[utt], mat)
+
+
+def _speaker_stats(mats: list[np.ndarray]) -> tuple[int, np.ndarray, np.ndarray]:
+    x = np.concatenate(mats).astype(np.float64)
+    return len(x), x.mean(axis=0), x.var(axis=0)
+
+
+def test_speaker_cmvn_tops_up_a_short_speaker_from_the_training_speakers(tmp_path: Path):
+    """A speaker of at least PRIOR_FRAMES frames is normalized by its own statistics alone; a
+    shorter one (a lone test file) gets the rest from the training speakers' average, at its own
+    level. Checked against the statistics written out with numpy."""
+    from asrdist.features.cmvn import PRIOR_FRAMES
+    from asrdist.features.extract import extract_features
+
+    root = tmp_path / "corpus"
+    train = [("s1-a", "s1", 0.7), ("s1-b", "s1", 0.6), ("s2-a", "s2", 1.1), ("s2-b", "s2", 0.2)]
+    make_split(root / "train", train)
+    make_split(root / "test", [("s3-a", "s3", 0.37), ("s4-a", "s4", 1.3)])
+    extract_features(root, cmvn="speaker", num_mel_bins=23, jobs=1, progress=False)
+    raw = {u: compute_fbank(_audio(zlib.crc32(u.encode()) % 1000, secs), RATE, 23)
+           for u, _, secs in train + [("s3-a", "s3", 0.37), ("s4-a", "s4", 1.3)]}
+    speakers = [_speaker_stats([raw["s1-a"], raw["s1-b"]]), _speaker_stats([raw["s2-a"], raw["s2-b"]])]
+    assert all(n >= PRIOR_FRAMES for n, _, _ in speakers)
+    total = sum(n for n, _, _ in speakers)
+    prior_mean = sum(n * m for n, m, _ in speakers) / total
+    prior_var = sum(n * v for n, _, v in speakers) / total
+    test = FeatureStore(root / "test")
+    for utt in ("s1-a", "s2-b"):  # long enough: their own statistics, mean 0 and deviation 1 over the speaker
+        mats = [FeatureStore(root / "train")[u] for u in (utt, utt[:2] + ("-b" if utt.endswith("a") else "-a"))]
+        x = np.concatenate(mats)
+        np.testing.assert_allclose(x.mean(axis=0), 0, atol=1e-4)
+        np.testing.assert_allclose(x.std(axis=0), 1, atol=1e-3)
+    x = np.asarray(test["s4-a"])  # 131 frames
+    np.testing.assert_allclose(x.mean(axis=0), 0, atol=1e-4)
+    n, m, v = _speaker_stats([raw["s3-a"]])
+    assert n < PRIOR_FRAMES
+    missing = PRIOR_FRAMES - n
+    shifted = prior_mean + (m.mean() - prior_mean.mean())
+    mean = (n * m + missing * shifted) / PRIOR_FRAMES
+    var = (n * (v + m * m) + missing * (prior_var + shifted * shifted)) / PRIOR_FRAMES - mean * mean
+    np.testing.assert_allclose(test["s3-a"], (raw["s3-a"] - mean) / np.sqrt(var), atol=1e-4)
+    body = json.loads((root / "test" / "feats" / "cmvn.json").read_text())
+    assert body["prior"]["frames"] == PRIOR_FRAMES and body["speakers"]["s3"]["count"] == PRIOR_FRAMES
+    np.testing.assert_allclose(body["prior"]["mean"], prior_mean, atol=1e-6)
+    np.testing.assert_allclose(body["prior"]["var"], prior_var, atol=1e-6)
+
+
+def test_a_short_speakers_features_do_not_depend_on_its_level():
+    """A gain adds one constant to every log-mel bin: a short speaker topped up by the prior is
+    normalized to the same features at any level, as a speaker with its own statistics is."""
+    from asrdist.features.cmvn import CmvnStats, SpeakerPrior
+
+    rng = np.random.default_rng(0)
+    speakers = []
+    for _ in range(3):
+        s = CmvnStats(23)
+        s.accumulate(rng.normal(rng.normal(0, 2, 23), rng.uniform(0.5, 2, 23), size=(200, 23)))
+        speakers.append(s)
+    prior = SpeakerPrior.of(speakers)
+    x = rng.normal(3, 1.5, size=(40, 23))
+    out = []
+    for gain in (0.0, -4.6, 2.3):  # log-mel offsets of 1, 0.01 and 10 times the power
+        stats = CmvnStats(23)
+        stats.accumulate(x + gain)
+        filled = prior.fill(stats)
+        assert filled.count == prior.frames
+        out.append(filled.apply(x + gain))
+    np.testing.assert_allclose(out[1], out[0], atol=1e-4)
+    np.testing.assert_allclose(out[2], out[0], atol=1e-4)
+    long = CmvnStats(23)
+    long.accumulate(rng.normal(size=(prior.frames, 23)))
+    assert prior.fill(long) is long
+    # a store from before the prior: the prior comes from its speakers' statistics
+    body = {"mode": "speaker", "speakers": {str(i): s.to_json() for i, s in enumerate(speakers)}}
+    again = SpeakerPrior.from_json(body)
+    np.testing.assert_allclose(again.mean, prior.mean, atol=1e-9)
+    np.testing.assert_allclose(again.var, prior.var, atol=1e-9)
 
 
 def test_single_split_uses_its_own_statistics_and_refuses_to_overwrite(corpus: Path, capsys):

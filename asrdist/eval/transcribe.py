@@ -6,8 +6,9 @@ with the recipe's bins, and the recipe's CMVN (global: the training split's stat
 greedily or by prefix beam (`eval.beam`), hybrid models by the phone-loop Viterbi of `asrdist eval`.
 Output is Kaldi's `utt text`; `utterance_ids` says how files are named.
 
-Who speaks: by default every file is its own unknown speaker (its own CMVN statistics, decoded as
-soon as it is read). Files known to share a speaker (`speakers`: `--same-speaker`, `--utt2spk`) are
+Who speaks: by default every file is its own unknown speaker (its own CMVN statistics, topped up
+to a second's worth by the training speakers' as `asrdist features` does, `cmvn.SpeakerPrior`;
+decoded as soon as it is read). Files known to share a speaker (`speakers`: `--same-speaker`, `--utt2spk`) are
 decoded as `asrdist eval` decodes a speaker: CMVN statistics pooled over the speaker's files and,
 for CTC models, the run's unsupervised speaker adaptation (`asrdist.eval.adapt`, `eval.adapt_rounds`)
 fitted to them. One utterance's statistics are a poor stand-in for a speaker's (its share of
@@ -42,6 +43,10 @@ def feature_record(train_dir: Path) -> dict | None:
     if record["cmvn"] == "global":
         body = json.loads(cmvn_file.read_text(encoding="utf-8"))
         record["mean"], record["std"] = body["mean"], body["std"]
+    elif record["cmvn"] == "speaker":
+        from asrdist.features.cmvn import SpeakerPrior
+
+        record["speaker_prior"] = SpeakerPrior.from_json(json.loads(cmvn_file.read_text(encoding="utf-8"))).to_json()
     return record
 
 
@@ -52,6 +57,11 @@ def _front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
     if record is None:
         raise DataError(f"{run_dir}: the run trained on imported features (or its corpus is gone); "
                         f"`asrdist decode` rebuilds only features asrdist extracted")
+    if record["cmvn"] == "speaker" and "speaker_prior" not in record:  # a run from before the prior
+        train = Path(cfg.data.corpus) / "train"
+        current = feature_record(train) if (train / "feats" / "cmvn.json").is_file() else None
+        if current is not None and all(current[k] == record[k] for k in ("sample_rate", "num_mel_bins", "cmvn")):
+            record = {**record, "speaker_prior": current["speaker_prior"]}
     return record
 
 
@@ -77,9 +87,13 @@ def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
         mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
         return [((f - mean) / std).astype(np.float32) for f in feats]
     if front["cmvn"] == "speaker":
+        from asrdist.features.cmvn import SpeakerPrior
+
         stats = CmvnStats(feats[0].shape[1])
         for f in feats:
             stats.accumulate(f)
+        if "speaker_prior" in front:  # a speaker under a second, as `asrdist features` treats one
+            stats = SpeakerPrior.from_json({"prior": front["speaker_prior"]}).fill(stats)
         return [stats.apply(f) for f in feats]
     return list(feats)
 

@@ -4,6 +4,14 @@ Modes: `global` (one set of statistics, from the training split, applied to ever
 `speaker` (each speaker normalized by its own statistics, as Kaldi's per-speaker CMVN; needs no
 training data, so unseen test speakers are fine), `none`. Statistics are float64 sums, so
 accumulation order barely matters; the applied statistics are saved as `feats/cmvn.json`.
+
+A speaker heard for less than a second says too little to set its own statistics: one word's
+mean is that word's spectrum, not the voice's. As Kaldi's online CMVN backs off to global
+statistics, a speaker with fewer than `PRIOR_FRAMES` frames gets the rest from a `SpeakerPrior`:
+the typical speaker of the training split (its speakers' means and variances, frame-weighted),
+moved to the speaker's own level (a gain adds the same constant to every log-mel bin, so the
+speaker's mean over bins says its level whatever it said). Decoding FSDD's held-out speakers one
+file at a time (35-51 frames each), the digit error fell from 0.28-0.43 to 0.06-0.31 (README).
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from asrdist.errors import ConfigError, DataError
 
 MODES = ("global", "speaker", "none")
 VARIANCE_FLOOR = 1e-8
+PRIOR_FRAMES = 100  # 1 s at 10 ms; on FSDD 75-200 did about as well, a speaker's own statistics alone far worse
 
 
 @dataclass
@@ -63,14 +72,63 @@ class CmvnStats:
         return {"count": self.count, "mean": self.mean.tolist(), "std": self.std.tolist()}
 
 
-class Normalizer:
-    """Applies one CMVN mode: `global` uses `stats[None]`, `speaker` uses `stats[speaker]`."""
+@dataclass
+class SpeakerPrior:
+    """A typical speaker's per-bin mean and variance, for speakers too short to set their own."""
 
-    def __init__(self, mode: str, stats: dict[str | None, CmvnStats] | None = None):
+    mean: np.ndarray
+    var: np.ndarray
+    frames: int = PRIOR_FRAMES
+
+    @classmethod
+    def of(cls, speakers: list[CmvnStats], frames: int = PRIOR_FRAMES) -> "SpeakerPrior":
+        """The frame-weighted average of `speakers`' means and (within-speaker) variances."""
+        count = sum(s.count for s in speakers)
+        if count == 0:
+            raise DataError("CMVN: no frames to compute a speaker prior from")
+        mean = sum(s.sum for s in speakers) / count
+        var = sum(s.count * np.square(s.std) for s in speakers) / count
+        return cls(mean, var, frames)
+
+    @classmethod
+    def from_json(cls, body: dict) -> "SpeakerPrior":
+        """From a speaker-mode `cmvn.json` (its `prior`; stores from before it had one: its speakers)."""
+        if "prior" in body:
+            p = body["prior"]
+            return cls(np.asarray(p["mean"], dtype=np.float64), np.asarray(p["var"], dtype=np.float64), int(p["frames"]))
+        speakers = [CmvnStats(len(s["mean"]), s["count"], np.asarray(s["mean"]) * s["count"],
+                              (np.square(s["std"]) + np.square(s["mean"])) * s["count"])
+                    for s in body["speakers"].values()]
+        return cls.of(speakers)
+
+    def to_json(self) -> dict:
+        return {"frames": self.frames, "mean": self.mean.tolist(), "var": self.var.tolist()}
+
+    def fill(self, stats: CmvnStats) -> CmvnStats:
+        """`stats` of a speaker with fewer than `frames` frames topped up to `frames` with the
+        prior, its mean moved to the speaker's level; other speakers' as they are."""
+        missing = self.frames - stats.count
+        if missing <= 0 or stats.count == 0:
+            return stats
+        mean = self.mean + (stats.mean.mean() - self.mean.mean())
+        return CmvnStats(stats.dim, self.frames, stats.sum + missing * mean,
+                         stats.sum_sq + missing * (self.var + np.square(mean)))
+
+
+class Normalizer:
+    """Applies one CMVN mode: `global` uses `stats[None]`, `speaker` uses `stats[speaker]`, topped
+    up by `prior` (default: the prior of `stats` themselves) where a speaker is short."""
+
+    def __init__(self, mode: str, stats: dict[str | None, CmvnStats] | None = None,
+                 prior: SpeakerPrior | None = None):
         if mode not in MODES:
             raise ConfigError(f"cmvn: unknown mode '{mode}' (expected {', '.join(MODES)})")
         self.mode = mode
         self.stats = stats or {}
+        self.prior = None
+        if mode == "speaker" and self.stats:
+            self.prior = prior or SpeakerPrior.of(list(self.stats.values()))
+            self.stats = {speaker: self.prior.fill(s) for speaker, s in self.stats.items()}
 
     def __call__(self, feats: np.ndarray, speaker: str) -> np.ndarray:
         if self.mode == "none":
@@ -87,6 +145,8 @@ class Normalizer:
             body.update(self.stats[None].to_json())
         elif self.mode == "speaker":
             body["speakers"] = {spk: s.to_json() for spk, s in sorted(self.stats.items())}
+            if self.prior is not None:
+                body["prior"] = self.prior.to_json()
         Path(path).write_text(json.dumps(body) + "\n", encoding="utf-8")
 
 

@@ -5,7 +5,8 @@ others are errors naming the utterance), resampling to another rate when asked (
 `asrdist eval`); (2) compute raw fbank in `jobs` processes, in sorted order, straight into each
 split's new store (`SPLIT/feats` built under a temporary name); check each utterance against its
 alignment (at most one edge frame apart, see `asrdist.features.store`); (3) accumulate CMVN
-statistics (global: the train split, or the single split given; speaker: each speaker's own),
+statistics (global: the train split, or the single split given; speaker: each speaker's own,
+topped up from the train split's speakers for a speaker under a second: `cmvn.SpeakerPrior`),
 then normalize the shards in place; (4) rename every split's store into place together, so a
 failure anywhere leaves no new store behind. Each store's `meta.json` records the channel read
 and what the features came from (`asrdist.features.store.source_record`), so later runs
@@ -27,7 +28,7 @@ import numpy as np
 from asrdist.corpus.kaldi_dir import DataDir, read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
-from asrdist.features.cmvn import MODES, CmvnStats, Normalizer
+from asrdist.features.cmvn import MODES, CmvnStats, Normalizer, SpeakerPrior
 from asrdist.features.fbank import check_mel_bins
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
@@ -245,9 +246,11 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
         global_stats = CmvnStats(num_mel_bins)
         for spk_stats in built[source][1].values():
             global_stats.merge(spk_stats)
+        # a speaker too short for its own statistics borrows the training speakers' (cmvn.SpeakerPrior)
+        prior = SpeakerPrior.of(list(built[source][1].values())) if cmvn == "speaker" else None
         for name, (writer, stats, skipped, seconds) in built.items():
             with output_errors(split_paths[name] / feature_store.FEATS_DIR):
-                normalizer = Normalizer(cmvn, {None: global_stats} if cmvn == "global" else stats)
+                normalizer = Normalizer(cmvn, {None: global_stats} if cmvn == "global" else stats, prior)
                 speaker_of = {u: dirs[name].utterances[u].speaker for u in dirs[name].utterances}
                 if cmvn != "none":
                     writer.normalize(lambda utt, x, n=normalizer, s=speaker_of: n(x, s[utt]))
