@@ -144,6 +144,19 @@ def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_p
     assert "speaker_prior" not in _front_end(old, cfg, targets)
 
 
+def test_a_damaged_cmvn_file_is_one_line(speaker_run, tmp_path, capsys):
+    import shutil
+
+    from asrdist.eval.transcribe import feature_record
+
+    _, corpus = speaker_run
+    train = tmp_path / "train"
+    shutil.copytree(corpus / "train", train)
+    (train / "feats" / "cmvn.json").write_text('{"mode": "speaker", "source": "train"}\n')
+    with pytest.raises(DataError, match=r"cmvn.json: not a readable speaker CMVN statistics file \(KeyError"):
+        feature_record(train)
+
+
 def test_utt2spk_problems_are_one_line(speaker_run, tmp_path, capsys):
     run, corpus = speaker_run
     _, wavs = _test_files(corpus)

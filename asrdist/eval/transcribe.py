@@ -39,14 +39,20 @@ def feature_record(train_dir: Path) -> dict | None:
         return None
     record = {"sample_rate": int(meta["sample_rate"]), "num_mel_bins": int(meta["num_mel_bins"]),
               "cmvn": meta.get("cmvn", "none")}
-    cmvn_file = FeatureStore(train_dir).path / "cmvn.json"
-    if record["cmvn"] == "global":
-        body = json.loads(cmvn_file.read_text(encoding="utf-8"))
-        record["mean"], record["std"] = body["mean"], body["std"]
-    elif record["cmvn"] == "speaker":
-        from asrdist.features.cmvn import SpeakerPrior
+    if record["cmvn"] not in ("global", "speaker"):
+        return record
+    from asrdist.features.cmvn import SpeakerPrior
 
-        record["speaker_prior"] = SpeakerPrior.from_json(json.loads(cmvn_file.read_text(encoding="utf-8"))).to_json()
+    cmvn_file = FeatureStore(train_dir).path / "cmvn.json"
+    try:
+        body = json.loads(cmvn_file.read_text(encoding="utf-8"))
+        if record["cmvn"] == "global":
+            record["mean"], record["std"] = list(body["mean"]), list(body["std"])
+        else:
+            record["speaker_prior"] = SpeakerPrior.from_json(body).to_json()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{cmvn_file}: not a readable {record['cmvn']} CMVN statistics file "
+                        f"({type(exc).__name__}: {exc}); re-extract with `asrdist features --overwrite`") from None
     return record
 
 
