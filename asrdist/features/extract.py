@@ -221,7 +221,8 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
             raise DataError(f"{d.path}: no utterances")
         if cmvn == "speaker" and 1 < len(d.utterances) == len({u.speaker for u in d.utterances.values()}):
             print(f"asrdist: note: {d.path}: every speaker has one utterance (utt2spk names no speakers?), so "
-                  f"speaker CMVN normalises each utterance by its own statistics, which costs accuracy; "
+                  f"speaker CMVN normalises each utterance by its own statistics (under a second: topped up with "
+                  f"the training speakers'), which costs accuracy; "
                   f"give each utterance its speaker in utt2spk where known", file=sys.stderr)
     headers = _headers(dirs)
     audio_rate = _common_rate(dirs, headers)
