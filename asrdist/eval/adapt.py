@@ -98,6 +98,13 @@ def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.nda
     return transform, {"rounds": rounds, "changed": changed, "distance": round(transform.distance(), 4)}
 
 
+def adapt_as_recipe(model, feats: Sequence[torch.Tensor], decode: Callable[[np.ndarray], list[int]],
+                    eval_cfg) -> tuple[SpeakerTransform, dict]:
+    """`adapt_speaker` with a run's `eval.adapt_*` settings (`asrdist eval` and `asrdist decode`)."""
+    return adapt_speaker(model, feats, decode, rounds=eval_cfg.adapt_rounds, steps=eval_cfg.adapt_steps,
+                         lr=eval_cfg.adapt_lr, l2=eval_cfg.adapt_l2)
+
+
 def _fit(model, transform: SpeakerTransform, optimizer, feats, hyps, steps: int, l2: float) -> None:
     per_frame = 1.0 / sum(f.shape[0] for f in feats)
     for _ in range(steps):

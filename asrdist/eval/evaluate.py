@@ -97,7 +97,7 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, search) -> tuple[dict, 
     from tqdm import tqdm
 
     from asrdist.corpus.kaldi_dir import read_data_dir
-    from asrdist.eval.adapt import adapt_speaker
+    from asrdist.eval.adapt import adapt_as_recipe
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
@@ -108,8 +108,7 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, search) -> tuple[dict, 
     # disable=None: a bar on a terminal only
     for _, utts in tqdm(sorted(by_speaker.items()), desc="adapting", unit="speaker", disable=None):
         feats = [torch.from_numpy(np.array(store[u])) for u in utts]
-        transform, info = adapt_speaker(model, feats, search, rounds=e.adapt_rounds, steps=e.adapt_steps,
-                                        lr=e.adapt_lr, l2=e.adapt_l2)
+        transform, info = adapt_as_recipe(model, feats, search, e)
         maps.update({u: transform for u in utts})
         changed += info["changed"]
         distances.append(info["distance"])

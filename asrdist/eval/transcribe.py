@@ -217,7 +217,7 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
-    from asrdist.eval.adapt import adapt_speaker
+    from asrdist.eval.adapt import adapt_as_recipe
     from asrdist.eval.evaluate import ctc_hypothesis
 
     out: list = [None] * len(wavs)
@@ -230,14 +230,12 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     groups: dict[str, list[int]] = {}
     for i in raw:
         groups.setdefault(speakers[i], []).append(i)
-    e = cfg.eval
     for members in tqdm(list(groups.values()), desc="decoding", unit="speaker", disable=None, leave=False):
         feats = normalize([raw[i] for i in members], front)
         transform = None
-        if model.kind == "ctc" and e.adapt_rounds > 0:
-            transform, _ = adapt_speaker(model, [torch.from_numpy(f) for f in feats],
-                                         lambda lp: ctc_hypothesis(lp, cfg, constrained), rounds=e.adapt_rounds,
-                                         steps=e.adapt_steps, lr=e.adapt_lr, l2=e.adapt_l2)
+        if model.kind == "ctc" and cfg.eval.adapt_rounds > 0:
+            transform, _ = adapt_as_recipe(model, [torch.from_numpy(f) for f in feats],
+                                           lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval)
         for i, f in zip(members, feats):
             out[i] = recognize(model, f, targets, cfg, constrained, transform)
     return out
