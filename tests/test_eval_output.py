@@ -77,6 +77,29 @@ def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):
     # the rates eval reports are those of hyp.txt against the transcripts
     wrong = sum(hyps[u].split() != test.utterances[u].text.split() for u in test.utt_ids)
     assert result["sentence_accuracy"] == pytest.approx(1 - wrong / len(test.utt_ids))
+    # each speaker's figures, from hyp.txt and the transcripts, word by word
+    import kaldialign
+
+    by_speaker: dict = {}
+    for u in test.utt_ids:
+        ref, hyp = test.utterances[u].text.split(), hyps[u].split()
+        d = kaldialign.edit_distance(ref, hyp)
+        s = by_speaker.setdefault(test.utterances[u].speaker, [0, 0, 0, 0])
+        s[0] += 1
+        s[1] += d["sub"] + d["del"] + d["ins"]
+        s[2] += len(ref)
+        s[3] += int(ref == hyp)
+    assert list(result["speakers"]) == sorted(by_speaker)
+    for spk, (n, errors, length, exact) in by_speaker.items():
+        assert result["speakers"][spk] == {"utterances": n, "errors": errors, "ref_length": length,
+                                           "error_rate": round(errors / length, 4),
+                                           "sentence_accuracy": round(exact / n, 4)}
+    assert sum(s["errors"] for s in result["speakers"].values()) == pytest.approx(result["wer"] * sum(by_speaker[k][2] for k in by_speaker))
+    confusions = result["confusions"]
+    assert confusions and [c["count"] for c in confusions] == sorted((c["count"] for c in confusions), reverse=True)
+    assert all(c["ref"] != c["hyp"] for c in confusions)
+    printed = capsys.readouterr().out
+    assert f"the most frequent error: {confusions[0]['ref'] or '(nothing)'} -> {confusions[0]['hyp'] or '(nothing)'}" in printed
     # `--out` elsewhere puts NAME.hyp.txt beside it
     assert main(["eval", str(run), "--data", str(corpus / "test"), "--out", str(run / "other.json")]) == 0
     assert (run / "other.hyp.txt").read_text() == (run / "hyp.txt").read_text()

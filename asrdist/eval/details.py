@@ -1,4 +1,5 @@
-"""What a model says, utterance by utterance: `hyp.txt` and the worst utterances of `eval.json`.
+"""What a model says, utterance by utterance: `hyp.txt`, and in `eval.json` the worst
+utterances, the error rate of each speaker and the most frequent errors.
 
 Each record is {utt, ref, hyp, errors, ref_length, unit}: texts as a reader sees them (phone
 symbols joined by spaces for phone models), errors counted by edit distance (kaldialign) in the
@@ -6,12 +7,14 @@ unit of the text (words for character models, phones otherwise).
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import kaldialign
 
 WORST = 10
+_GAP = "\x00"  # kaldialign's filler for a missing token: no word or phone symbol
 
 
 def _record(utt: str, ref: list, hyp: list, ref_text: str, hyp_text: str, unit: str) -> dict:
@@ -40,6 +43,36 @@ def worst_utterances(records: list[dict], count: int = WORST) -> list[dict]:
         return (-r["errors"] / max(r["ref_length"], 1), -r["errors"], r["utt"])
 
     return [r for r in sorted(records, key=key) if r["errors"] > 0][:count]
+
+
+def speaker_rates(records: list[dict], speaker_of: Mapping[str, str]) -> dict[str, dict]:
+    """{speaker: {utterances, errors, ref_length, error_rate, sentence_accuracy}}, sorted by
+    speaker: who the model fails (a new voice, a noisy room) more than how often."""
+    out: dict[str, dict] = {}
+    for r in records:
+        s = out.setdefault(speaker_of.get(r["utt"], r["utt"]),
+                           {"utterances": 0, "errors": 0, "ref_length": 0, "exact": 0})
+        s["utterances"] += 1
+        s["errors"] += r["errors"]
+        s["ref_length"] += r["ref_length"]
+        s["exact"] += int(r["errors"] == 0)
+    return {spk: {"utterances": s["utterances"], "errors": s["errors"], "ref_length": s["ref_length"],
+                  "error_rate": round(s["errors"] / max(s["ref_length"], 1), 4),
+                  "sentence_accuracy": round(s["exact"] / s["utterances"], 4)}
+            for spk, s in sorted(out.items())}
+
+
+def confusions(records: list[dict], count: int = WORST) -> list[dict]:
+    """The `count` most frequent errors over every utterance, in the records' unit, from
+    kaldialign's alignment of each reference with its hypothesis: {ref, hyp, count}, a
+    substitution (both set), a deletion (`hyp` "") or an insertion (`ref` ""); most frequent first."""
+    counts: Counter = Counter()
+    for r in records:
+        for a, b in kaldialign.align(r["ref"].split(), r["hyp"].split(), _GAP):
+            if a != b:
+                counts[(a.replace(_GAP, ""), b.replace(_GAP, ""))] += 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:count]
+    return [{"ref": a, "hyp": b, "count": n} for (a, b), n in ranked]
 
 
 def hyp_lines(records: list[dict]) -> str:

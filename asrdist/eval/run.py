@@ -129,16 +129,33 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
 
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
-    from asrdist.eval.details import hyp_lines, hyp_path, worst_utterances
+    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, worst_utterances
     from asrdist.utils.io import write_text_atomic
 
     result = evaluate_run(args.run_dir, args.data, details=True, vocabulary=args.vocabulary,
                           adapt_rounds=args.adapt_rounds)
     records = result.pop("per_utterance")
     result["worst_utterances"] = worst_utterances(records)
+    data = read_data_dir(Path(result["data"]), require_text=False)
+    result["speakers"] = speaker_rates(records, {u: d.speaker for u, d in data.utterances.items()})
+    result["confusions"] = confusions(records)
     out = args.out or args.run_dir / "eval.json"
     write_text_atomic(hyp_path(out), hyp_lines(records))
     write_json_atomic(out, result)
-    print(json.dumps({k: v for k, v in result.items() if k != "worst_utterances"}, indent=2))
-    print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; worst utterances in {out}")
+    listed = ("worst_utterances", "speakers", "confusions")
+    print(json.dumps({k: v for k, v in result.items() if k not in listed}, indent=2))
+    print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; worst utterances, each speaker's "
+          f"error rate and the most frequent errors in {out}")
+    if records:
+        unit = {"words": "word", "phones": "phone"}.get(records[0]["unit"], records[0]["unit"])
+        speakers = result["speakers"]
+        worst = max(speakers.items(), key=lambda item: (item[1]["error_rate"], item[0]))
+        line = (f"[asrdist] {len(speakers)} speaker{'s' if len(speakers) > 1 else ''}; the worst, {worst[0]}: "
+                f"{unit} error rate {worst[1]['error_rate']}")
+        if result["confusions"]:
+            top = result["confusions"][0]
+            line += (f"; the most frequent error: {top['ref'] or '(nothing)'} -> {top['hyp'] or '(nothing)'} "
+                     f"({top['count']} times)")
+        print(line)
     return 0

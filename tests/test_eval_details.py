@@ -1,0 +1,24 @@
+"""eval.json's most frequent errors and per-speaker rates, on hand-made records."""
+from __future__ import annotations
+
+from asrdist.eval.details import confusions, speaker_rates, text_details
+
+
+def test_confusions_count_substitutions_deletions_and_insertions_by_alignment():
+    records = text_details(["a1", "a2", "b1", "b2"],
+                           ["two", "two three", "six", "one two"],
+                           ["four", "four three", "six six", "two"])
+    assert confusions(records) == [{"ref": "two", "hyp": "four", "count": 2},
+                                   {"ref": "", "hyp": "six", "count": 1},
+                                   {"ref": "one", "hyp": "", "count": 1}]
+    assert confusions(records, count=1) == [{"ref": "two", "hyp": "four", "count": 2}]
+    assert confusions(text_details(["x"], ["zero"], ["zero"])) == []
+
+
+def test_speaker_rates_pool_each_speakers_errors():
+    records = text_details(["a1", "a2", "b1"], ["two", "two three", "six"], ["four", "two three", "six"])
+    rates = speaker_rates(records, {"a1": "alice", "a2": "alice", "b1": "bob"})
+    assert rates == {"alice": {"utterances": 2, "errors": 1, "ref_length": 3, "error_rate": 0.3333,
+                               "sentence_accuracy": 0.5},
+                     "bob": {"utterances": 1, "errors": 0, "ref_length": 1, "error_rate": 0.0,
+                             "sentence_accuracy": 1.0}}
