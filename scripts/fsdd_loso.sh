@@ -30,8 +30,9 @@ for spk in speakers:
     ev_free = json.load(open(f"{out}/run-{spk}/eval-free.json"))
     summary = json.load(open(f"{out}/run-{spk}/summary.json"))
     errors[spk], free[spk] = 1 - ev["sentence_accuracy"], 1 - ev_free["sentence_accuracy"]
+    top = ", ".join(f"{c['ref'] or '-'}->{c['hyp'] or '-'} {c['count']}" for c in ev.get("confusions", [])[:3])
     print(f"{spk:10s} digit error {errors[spk]:.4f} (vocabulary {ev['vocabulary']}; free decoding {free[spk]:.4f}, "
-          f"cer {ev_free['cer']:.4f})  train {summary['wall_seconds']:.0f} s")
+          f"cer {ev_free['cer']:.4f})  train {summary['wall_seconds']:.0f} s  most frequent errors: {top or 'none'}")
 mean = sum(errors.values()) / len(errors)
 worst = max(errors, key=errors.get)
 free_mean = sum(free.values()) / len(free)
