@@ -64,11 +64,20 @@ def _front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
         raise DataError(f"{run_dir}: the run trained on imported features (or its corpus is gone); "
                         f"`asrdist decode` rebuilds only features asrdist extracted")
     if record["cmvn"] == "speaker" and "speaker_prior" not in record:  # a run from before the prior
-        train = Path(cfg.data.corpus) / "train"
-        current = feature_record(train) if (train / "feats" / "cmvn.json").is_file() else None
-        if current is not None and all(current[k] == record[k] for k in ("sample_rate", "num_mel_bins", "cmvn")):
-            record = {**record, "speaker_prior": current["speaker_prior"]}
+        record = {**record, **_corpus_prior(Path(cfg.data.corpus) / "train", record)}
     return record
+
+
+def _corpus_prior(train: Path, record: dict) -> dict:
+    """{"speaker_prior": ...} from the run's corpus when its training features are still the
+    run's (rate, bins, CMVN); {} otherwise: files then keep their own statistics, as before."""
+    try:
+        current = feature_record(train) if (train / "feats" / "cmvn.json").is_file() else None
+    except DataError:
+        return {}
+    if current is None or any(current[k] != record[k] for k in ("sample_rate", "num_mel_bins", "cmvn")):
+        return {}
+    return {"speaker_prior": current["speaker_prior"]}
 
 
 def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
