@@ -26,6 +26,10 @@ from asrdist.parallel.membership import Membership, NodeMembership, report_lost
 from dist_utils import learner_context, run_distributed
 
 DEADLINE_S = 180.0
+# The two end-to-end survival runs kill a learner once 8 steps are logged: the rest of the run must
+# outlast the test's polling by far. 2 epochs of the tiny model took 1 s after startup, and a loaded
+# CI machine once let the run end before the poll saw it (2026-11-26); 8 epochs leave about 4 s.
+EPOCHS = 8
 
 
 def _store():
@@ -189,7 +193,7 @@ def test_adpsgd_goes_on_without_a_killed_and_a_hung_learner(tone_corpus, tmp_pat
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",
          "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
          "optim.anneal_after_epoch=null", "optim.lr=0.05", "train.timeout_seconds=4", "--data", str(tone_corpus), "--learners", "4",
-         "--strategy", "adpsgd", "--epochs", "2", "--out", str(run_dir), "--no-progress"],
+         "--strategy", "adpsgd", "--epochs", str(EPOCHS), "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + DEADLINE_S
     while _train_records(run_dir) < 8 or len(learner_pids(run_dir)) < 4:
@@ -227,7 +231,7 @@ def test_hierarchical_goes_on_without_a_node_that_lost_a_learner(tone_corpus, tm
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",
          "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1", "optim.warmup_steps=0",
          "optim.anneal_after_epoch=null", "optim.lr=0.05", "train.timeout_seconds=4", "train.group_size=2",
-         "--data", str(tone_corpus), "--learners", "4", "--strategy", "hierarchical", "--epochs", "2",
+         "--data", str(tone_corpus), "--learners", "4", "--strategy", "hierarchical", "--epochs", str(EPOCHS),
          "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + DEADLINE_S
