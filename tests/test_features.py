@@ -254,7 +254,7 @@ def test_a_short_speakers_features_do_not_depend_on_its_level():
     assert prior.fill(long) is long
     # a store from before the prior: the prior comes from its speakers' statistics
     body = {"mode": "speaker", "speakers": {str(i): s.to_json() for i, s in enumerate(speakers)}}
-    again = SpeakerPrior.from_json(body)
+    again = SpeakerPrior.of_cmvn_file(body)
     np.testing.assert_allclose(again.mean, prior.mean, atol=1e-9)
     np.testing.assert_allclose(again.var, prior.var, atol=1e-9)
 

@@ -49,7 +49,7 @@ def feature_record(train_dir: Path) -> dict | None:
         if record["cmvn"] == "global":
             record["mean"], record["std"] = list(body["mean"]), list(body["std"])
         else:
-            record["speaker_prior"] = SpeakerPrior.from_json(body).to_json()
+            record["speaker_prior"] = SpeakerPrior.of_cmvn_file(body).to_json()
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DataError(f"{cmvn_file}: not a readable {record['cmvn']} CMVN statistics file "
                         f"({type(exc).__name__}: {exc}); re-extract with `asrdist features --overwrite`") from None
@@ -108,7 +108,7 @@ def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
         for f in feats:
             stats.accumulate(f)
         if "speaker_prior" in front:  # a speaker under a second, as `asrdist features` treats one
-            stats = SpeakerPrior.from_json({"prior": front["speaker_prior"]}).fill(stats)
+            stats = SpeakerPrior.from_json(front["speaker_prior"]).fill(stats)
         return [stats.apply(f) for f in feats]
     return list(feats)
 

@@ -91,11 +91,16 @@ class SpeakerPrior:
         return cls(mean, var, frames)
 
     @classmethod
-    def from_json(cls, body: dict) -> "SpeakerPrior":
+    def from_json(cls, prior: dict) -> "SpeakerPrior":
+        """From `to_json`'s form."""
+        return cls(np.asarray(prior["mean"], dtype=np.float64), np.asarray(prior["var"], dtype=np.float64),
+                   int(prior["frames"]))
+
+    @classmethod
+    def of_cmvn_file(cls, body: dict) -> "SpeakerPrior":
         """From a speaker-mode `cmvn.json` (its `prior`; stores from before it had one: its speakers)."""
         if "prior" in body:
-            p = body["prior"]
-            return cls(np.asarray(p["mean"], dtype=np.float64), np.asarray(p["var"], dtype=np.float64), int(p["frames"]))
+            return cls.from_json(body["prior"])
         speakers = [CmvnStats(len(s["mean"]), s["count"], np.asarray(s["mean"]) * s["count"],
                               (np.square(s["std"]) + np.square(s["mean"])) * s["count"])
                     for s in body["speakers"].values()]
