@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import time
@@ -37,6 +36,7 @@ import torch
 from asrdist.checks import cli_number
 from asrdist.bench.machine import median_seconds
 from asrdist.errors import ConfigError
+from asrdist.sim.cluster import parameter_count
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
 TARGET = 0.15
@@ -81,7 +81,7 @@ def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5)
     for _ in range(repeats):  # alternating, so machine noise hits both alike
         one.append(_with_threads(1, lambda: median_seconds(update, 1)))
         full.append(_with_threads(cores, lambda: median_seconds(update, 1)))
-    values = sum(math.prod(s) for s in shapes)
+    values = parameter_count(shapes)
     flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
 
     def mean():  # sync's arithmetic around the allreduce: into the bucket, divide, back
@@ -236,7 +236,7 @@ def run(args) -> dict[str, Any]:
     model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
     shapes = model_shapes({k: v for k, v in model.items() if v is not None}, args.feature_dim, args.num_classes)
     cores = len(os.sched_getaffinity(0))
-    values = sum(math.prod(s) for s in shapes)
+    values = parameter_count(shapes)
     repeats = max(5, args.repeats)
     load_before = os.getloadavg()
     before = measure_machine(shapes, cores, repeats=repeats)
@@ -301,6 +301,6 @@ def run(args) -> dict[str, Any]:
         "cores": cores,
         "learners_share_cores": f"all learners run on this machine's {cores} cores (threads per learner = "
                                 f"max(1, {cores} // learners))",
-        "parameters": sum(math.prod(s) for s in shapes),
+        "parameters": parameter_count(shapes),
         "sweeps": sweeps,
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 from pathlib import Path
 
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
@@ -105,9 +104,10 @@ def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, kno
     network_cost = known.get("network_cpu_seconds_per_byte")
     if network_cost is None:
         try:
+            from asrdist.sim.cluster import parameter_count
             from asrdist.sim.scenario import config_shapes
 
-            values = sum(math.prod(shape) for shape in config_shapes(run_config(many[0][1])))
+            values = parameter_count(config_shapes(run_config(many[0][1])))
             network_cost = stepcost.network_seconds_per_byte(values)
         except (AsrdistError, OSError, ImportError):  # the page then predicts without it
             pass

@@ -61,7 +61,8 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import DEVICES, MODELS, Cluster, model_shapes, seconds_per_frame, step_overhead
+    from asrdist.sim.cluster import (DEVICES, MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame,
+                                     step_overhead)
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
 
@@ -81,7 +82,7 @@ def build_job(args):
         if args.device not in DEVICES:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
         device = DEVICES[args.device]
-        spf, overhead = seconds_per_frame(device, sum(math.prod(s) for s in shapes)), step_overhead(device, m)
+        spf, overhead = seconds_per_frame(device, parameter_count(shapes)), step_overhead(device, m)
     cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
@@ -161,6 +162,7 @@ def table(predictions) -> str:
 
 
 def run(args) -> int:
+    from asrdist.sim.cluster import parameter_count
     from asrdist.utils.io import write_json_atomic
 
     if args.validate:
@@ -173,7 +175,7 @@ def run(args) -> int:
 
         job = build_job(args)
         c = job.cluster
-        head = (f"{args.model} ({sum(math.prod(s) for s in job.shapes):,} parameters), {c.nodes}x{c.per_node} "
+        head = (f"{args.model} ({parameter_count(job.shapes):,} parameters), {c.nodes}x{c.per_node} "
                 f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
                 f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
         if args.strategy is None:

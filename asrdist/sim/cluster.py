@@ -7,6 +7,7 @@ seconds per frame follow from the model's parameter count (from the model regist
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -99,6 +100,11 @@ def model_shapes(model: dict, feature_dim: int, num_classes: int) -> list[tuple[
     with torch.device("meta"):
         built = build_model(cfg, feature_dim, num_classes)
     return [tuple(p.shape) for p in built.parameters() if p.requires_grad]
+
+
+def parameter_count(shapes) -> int:
+    """Values in tensors of these shapes (a model's parameters from `model_shapes`)."""
+    return sum(math.prod(s) for s in shapes)
 
 
 def seconds_per_frame(device: Device, parameters: int) -> float:

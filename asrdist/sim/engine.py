@@ -43,7 +43,7 @@ import simpy
 from asrdist.errors import ConfigError
 from asrdist.parallel.comm import Transfer
 from asrdist.sim.alike import alike_learners, stand_ins
-from asrdist.sim.cluster import Cluster
+from asrdist.sim.cluster import Cluster, parameter_count
 from asrdist.sim.resources import Meet, SharedCores, transfer_seconds
 
 STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
@@ -105,7 +105,7 @@ class SimSpec:
 
     @property
     def values(self) -> int:
-        return sum(math.prod(s) for s in self.shapes)
+        return parameter_count(self.shapes)
 
     @property
     def averaged_values(self) -> int:

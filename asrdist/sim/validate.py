@@ -21,8 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from asrdist.sim.cluster import (DEVICES, LINKS, MODELS, Cluster, Device, model_shapes, seconds_per_frame,
-                                 step_overhead)
+from asrdist.sim.cluster import (DEVICES, LINKS, MODELS, Cluster, Device, model_shapes, parameter_count,
+                                 seconds_per_frame, step_overhead)
 from asrdist.sim.scenario import Job, Prediction, run_job, strategy_config
 
 SWB300_FRAMES = 309 * 360_000
@@ -74,19 +74,13 @@ def _swbd_shapes():
     return model_shapes(m["model"], m["feature_dim"], m["num_classes"])
 
 
-def _parameters(shapes) -> int:
-    import math
-
-    return sum(math.prod(s) for s in shapes)
-
-
 def _ibm_job(k: dict, strategy: str, settings: dict, nodes: int, per_node: int, device: str, between: str,
              batch: int, epochs: float) -> Job:
     shapes = k["lstm"]
     dev: Device = k["devices"][device]
     cluster = Cluster(nodes, per_node, LINKS["nvlink"], LINKS[between])
     return Job(strategy, strategy_config(strategy, settings) if strategy != "single" else None, shapes, cluster,
-               batch, seconds_per_frame(dev, _parameters(shapes)), step_overhead=step_overhead(dev, MODELS["ibm-lstm"]),
+               batch, seconds_per_frame(dev, parameter_count(shapes)), step_overhead=step_overhead(dev, MODELS["ibm-lstm"]),
                frames_per_epoch=SWB2000_FRAMES, epochs=epochs, steps=12)
 
 
@@ -102,7 +96,7 @@ def _seide_job(k: dict, batch: int) -> Job:
     shapes = k["swbd"]
     return Job("onebit", strategy_config("onebit", {"double_buffering": True}), shapes,
                Cluster(1, 8, LINKS["pcie"], LINKS["pcie"]), batch, seconds_per_frame(k["devices"]["k20x"],
-                                                                                     _parameters(shapes)),
+                                                                                     parameter_count(shapes)),
                quantize_cost=k["quantize_cost"], frames_per_epoch=SWB300_FRAMES, epochs=7, steps=12)
 
 
@@ -148,7 +142,7 @@ def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float, it
 def calibrate() -> dict:
     """The knobs of the module docstring, solved in order."""
     k = {"swbd": _swbd_shapes(), "lstm": _lstm_shapes(), "quantize_cost": 1e-9, "icassp2020_epochs": IBM_EPOCHS}
-    params = _parameters(k["lstm"])
+    params = parameter_count(k["lstm"])
     # one V100 at ONE_GPU_BATCH: IBM_EPOCHS in a week, a step = fixed cost + batch x seconds per frame
     one_step = ONE_WEEK * ONE_GPU_BATCH / (IBM_EPOCHS * SWB2000_FRAMES)
 
