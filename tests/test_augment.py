@@ -90,6 +90,11 @@ def test_edge_crop_cuts_only_quiet_edges_and_keeps_ctc_feasible():
             cropped_any |= n < length
         assert int(lb[2]) == 6  # 6 frames, 2 tokens: cropping would leave < 4 frames per token
     assert cropped_any
+    # an utterance whose frames are all alike (a silent recording) has no quiet edge: kept whole
+    flat, flat_length = torch.full((1, 30, 4), -7.0), torch.tensor([30])
+    aug(Batch(inputs=flat, targets=targets[:1], num_frames=30, input_lengths=flat_length,
+              target_lengths=torch.tensor([2])), np.random.default_rng(0))
+    assert int(flat_length[0]) == 30 and (flat == -7.0).all()
     # chunks (no target lengths) are never cropped
     chunk = Batch(inputs=x.clone(), targets=torch.zeros(3, 40), num_frames=66, input_lengths=lengths.clone())
     aug(chunk, np.random.default_rng(0))

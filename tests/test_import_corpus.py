@@ -109,7 +109,7 @@ def test_kaldi_split_names_and_explicit_choice(tmp_path: Path, capsys):
     ("one-speaker", [], "cannot carve a valid set of 1 speaker(s) off a training set of 1"),
     ("too-many", ["--valid-speakers", "3"], "cannot carve a valid set of 3 speaker(s)"),
     ("bare-split", ["--split", "train"], "holds no wav.scp"),
-])
+    ("lost-wav-scp", [], "kaldi/test/wav.scp: missing (")])
 def test_missing_splits_are_found_before_anything_is_written(tmp_path: Path, capsys, case, args, message):
     if case == "no-train":
         src = make_kaldi_tree(tmp_path, train=(), test=("theo",), dev=("george",))
@@ -119,6 +119,8 @@ def test_missing_splits_are_found_before_anything_is_written(tmp_path: Path, cap
         src = make_kaldi_tree(tmp_path, train=("jackson",))
     else:
         src = make_kaldi_tree(tmp_path)
+        if case == "lost-wav-scp":  # a test directory with its text and utt2spk but no audio list
+            (src / "test" / "wav.scp").unlink()
     out = tmp_path / "corpus"
     assert main(["corpus", "import-kaldi", str(src), str(out), *args]) != 0
     assert message in _one_error(capsys)
@@ -174,3 +176,48 @@ def test_empty_transcripts_are_counted_in_the_corpus_summary(tmp_path: Path):
     assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["empty_transcripts"] == 1 and summary["utterances"] == 24
+
+
+def test_audio_at_other_rates_is_resampled_on_request_and_a_chosen_channel_stored_as_mono(tmp_path: Path, capsys):
+    from asrdist.corpus.audio import resample, write_wav
+    from asrdist.features.extract import extract_features
+
+    src = make_kaldi_tree(tmp_path)
+    audio = tmp_path / "audio"
+    originals = {p.stem: read_wav(p) for p in audio.iterdir()}
+    for stem, (samples, rate) in originals.items():
+        if stem.startswith("george-"):  # george recorded at 16 kHz, the others at 8 kHz
+            write_wav(audio / f"{stem}.wav", resample(samples, rate, 16000), 16000)
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1"]) != 0
+    error = _one_error(capsys)
+    assert "sample rate 16000 Hz, expected 8000 Hz (the rate of 12 of 18 recordings)" in error
+    assert "--sample-rate" in error and not out.exists()
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1", "--sample-rate", "8000"]) == 0
+    assert json.loads((out / "summary.json").read_text())["sample_rate"] == 8000
+    for name in ("train", "valid", "test"):
+        for utt in read_data_dir(out / name).utterances.values():
+            samples, rate = read_wav(utt.wav)
+            assert rate == 8000 and (Path(utt.wav).parent == out.resolve() / "audio") == utt.speaker.startswith("george")
+            if utt.speaker == "george":  # a resampled copy of the 16 kHz file
+                expected = resample(read_wav(audio / f"{utt.utt_id}.wav")[0], 16000, 8000)
+                np.testing.assert_array_equal(samples, expected)
+            else:  # the original, referenced in place
+                assert Path(utt.wav) == (audio / f"{utt.utt_id}.wav").resolve()
+
+    # one recording in channel 1 of a stereo file: taken at import, stored as mono, so the corpus
+    # needs no --channel later (features extract without one)
+    stereo_src = make_kaldi_tree(tmp_path / "stereo")
+    samples, rate = originals["theo-0-0"]
+    import soundfile as sf
+    sf.write(tmp_path / "stereo" / "audio" / "theo-0-0.wav", np.stack([np.zeros_like(samples), samples], 1), rate,
+             subtype="PCM_16")
+    stereo = tmp_path / "stereo-corpus"
+    assert main(["corpus", "import-kaldi", str(stereo_src), str(stereo), "--valid-speakers", "1"]) != 0
+    assert "has 2 channels; pick one with --channel K" in _one_error(capsys)
+    assert main(["corpus", "import-kaldi", str(stereo_src), str(stereo), "--valid-speakers", "1",
+                 "--channel", "1"]) == 0
+    utt = read_data_dir(stereo / "test").utterances["theo-0-0"]
+    assert Path(utt.wav).parent == stereo.resolve() / "audio"
+    np.testing.assert_array_equal(read_wav(utt.wav)[0], samples)
+    extract_features(stereo, jobs=1, progress=False)

@@ -18,12 +18,17 @@ pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not 
 
 
 def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker: str | None = None,
-               speed: float | None = None, mp3: bool = False) -> None:
+               speed: float | None = None, mp3: bool = False, rate: int | None = None) -> None:
     import soundfile
     from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
     recordings, supervisions = [], []
     for utt, spk, digit, path in copy_recordings(root / "audio", speakers):
+        if rate is not None:  # recorded at another rate
+            from asrdist.corpus.audio import resample, write_wav
+
+            samples, own = read_wav(path)
+            write_wav(path, resample(samples, own, rate), rate)
         if flac:
             samples, rate = read_wav(path)
             path = path.with_suffix(".flac")
@@ -193,3 +198,35 @@ def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
     assert main(["corpus", "import-lhotse", str(src), str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["utterances"] == 12 and summary["empty_transcripts"] == 1
+
+
+def test_other_rates_are_resampled_on_request_and_overlong_supervisions_cut(tmp_path: Path, capsys):
+    """A 16 kHz test part in an 8 kHz corpus: refused, or resampled into the corpus with
+    --sample-rate; a supervision ending 50 ms after its recording (rounded times) is cut there."""
+    from asrdist.corpus.audio import resample
+
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    _manifests(src, "test", ("theo",), rate=16000)
+    _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[0].update(
+        duration=entries[0]["duration"] + 0.05))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0
+    err = _errors(capsys)
+    assert "splits have different sample rates (train 8000 Hz, test 16000 Hz)" in err[-1], err
+    assert "--sample-rate" in err[-1] and not out.exists()
+    assert main(["corpus", "import-lhotse", str(src), str(out), "--sample-rate", "8000"]) == 0
+    err = _errors(capsys)
+    assert [line for line in err if "after their recording" in line] == [
+        f"asrdist: note: {src / 'fsdd_supervisions_train.jsonl.gz'}: 1 segment(s) end 10 ms to 0.5 s after their "
+        f"recording; cut at its end, as Kaldi's extract-segments does"], err
+    test = read_data_dir(out / "test")
+    for utt in test.utterances.values():
+        path = test.wav_path(utt)
+        assert path.parent == (out / "audio").resolve()
+        original = read_wav(src / "audio" / f"{utt.segment.recording}.wav")
+        assert original[1] == 16000
+        np.testing.assert_array_equal(read_wav(path)[0], resample(original[0], 16000, 8000))
+    first = next(d.utterances["george-0-0-sup"] for d in (read_data_dir(out / "train"), read_data_dir(out / "valid"))
+                 if "george-0-0-sup" in d.utterances)
+    assert first.segment.end == round(len(read_wav(src / "audio" / "george-0-0.wav")[0]) / 8000, 3)

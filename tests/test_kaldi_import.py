@@ -169,8 +169,8 @@ def _break(src: Path, how: str) -> str:
         command = {"pipe": "sox in.flac -t wav - |", "pipe-output": "echo hello |"}[how]
         (src / "wav.scp").write_text((src / "wav.scp").read_text().replace(
             "spkA-002 ../audio/spkA-002.wav", f"spkA-002 {command}"))
-    elif how in ("nan", "inf"):  # each utterance its whole recording, but one with non-finite times
-        times = {"nan": "nan nan", "inf": "0 inf"}[how]
+    elif how in ("nan", "inf", "overshoot", "backwards"):  # each utterance its recording, one with bad times
+        times = {"nan": "nan nan", "inf": "0 inf", "overshoot": "0 0.8", "backwards": "0.2 0.1"}[how]
         (src / "segments").write_text("".join(f"{u} {u} {times if u == 'spkA-002' else '0 -1'}\n"
                                               for u in sorted(UTTS)))
     elif how == "speaker":  # an id alone on its line
@@ -184,7 +184,9 @@ def _break(src: Path, how: str) -> str:
     ("long", "alignment has"), ("short", "alignment has"), ("phone", "unknown phone id 40"),
     ("utf8", "not valid UTF-8"), ("pipe", "command 'sox in.flac -t wav -' failed (exit code"),
     ("pipe-output", "the output of 'echo hello': corrupt WAV file"), ("nan", "segments: utterance spkA-002: bad times"),
-    ("inf", "segments: utterance spkA-002: bad times"), ("speaker", "utt2spk:2: utterance spkA-002: no speaker")])
+    ("inf", "segments: utterance spkA-002: bad times"),
+    ("overshoot", "segment 0.000-0.800 s outside the recording (0.220 s; a segment may end at most 0.5 s after"),
+    ("backwards", "segment 0.200-0.100 s ends before it starts"), ("speaker", "utt2spk:2: utterance spkA-002: no speaker")])
 def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str, reason: str):
     src = make_kaldi_dir(tmp_path, "text")
     bad_utt = _break(src, how)
@@ -200,16 +202,22 @@ def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str,
     assert bad_utt not in read_data_dir(out).utterances
 
 
-def test_features_of_a_segmented_import(tmp_path: Path):
+@pytest.mark.parametrize("end", ["-1", "0.5"])
+def test_features_of_a_segmented_import(tmp_path: Path, capsys, end: str):
+    """The second segment runs to the recording's end: by -1, or by an end time 0.19 s after the
+    0.31 s recording, which is cut at its end as Kaldi's extract-segments does (with a note)."""
     from asrdist.features.extract import extract_features
     from asrdist.features.fbank import compute_fbank
 
     src = make_kaldi_dir(tmp_path, None)
-    (src / "segments").write_text("seg-1 recA 0.000 0.120\nseg-2 recA 0.120 -1\n")
+    (src / "segments").write_text(f"seg-1 recA 0.000 0.120\nseg-2 recA 0.120 {end}\n")
     (src / "wav.scp").write_text("recA ../audio/spkA-001.wav\n")
     (src / "text").write_text("seg-1 hello\nseg-2 world\n")
     (src / "utt2spk").write_text("seg-1 spkA\nseg-2 spkA\n")
     import_kaldi(src, tmp_path / "out", progress=False)
+    note = [line for line in capsys.readouterr().err.splitlines() if "cut at its end" in line]
+    assert len(note) == (end != "-1") and (not note or "1 segment(s) end 10 ms to 0.5 s after their recording" in note[0])
+    assert read_data_dir(tmp_path / "out").utterances["seg-2"].segment.end == 0.31
     extract_features(tmp_path / "out", cmvn="none", jobs=1, progress=False)
     samples, _ = read_wav(tmp_path / "audio" / "spkA-001.wav")
     store = FeatureStore(tmp_path / "out")

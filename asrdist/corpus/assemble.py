@@ -132,7 +132,8 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
     rates = {name: s.sample_rate for name, s in splits.items()}
     if len(set(rates.values())) > 1:
         raise DataError(f"{source}: splits have different sample rates "
-                        f"({', '.join(f'{n} {r} Hz' for n, r in rates.items())})")
+                        f"({', '.join(f'{n} {r} Hz' for n, r in rates.items())}); give --sample-rate HZ to "
+                        f"resample every recording to one rate")
     tables = {name: s.phones.symbols for name, s in splits.items()}
     if len({tuple(t) for t in tables.values()}) > 1:
         raise DataError(f"{source}: splits have different phones.txt tables")
@@ -176,7 +177,7 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
                         split_dirs: dict[str, str] | None = None, valid_speakers: int | None = None,
                         alignments: str | Path | None = None, skip_bad: bool = False,
                         overwrite: bool = False, progress: bool = True, channel: int | None = None,
-                        lexicon: str | Path | None = None) -> dict:
+                        lexicon: str | Path | None = None, sample_rate: int | None = None) -> dict:
     """A corpus from Kaldi data directories: SRC is one of them (with `single_split`) or holds
     several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
     `alignments` (a file for any utterances) must cover the training split. `lexicon` (a file) is
@@ -204,7 +205,13 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
             raise ConfigError(f"--split: {src} holds no wav.scp; for a directory of data directories "
                               f"give SPLIT=NAME pairs")
         names = sorted(p.name for p in src.iterdir() if (p / "wav.scp").is_file())
-        found = match_splits(names, dict(split_dirs or {}), src)
+        # a directory with Kaldi's tables but no wav.scp is a data directory that lost its audio list
+        broken = sorted(p.name for p in src.iterdir() if p.is_dir() and not (p / "wav.scp").is_file()
+                        and any((p / table).is_file() for table in ("text", "utt2spk", "spk2utt", "segments")))
+        found = match_splits(names + broken, dict(split_dirs or {}), src)
+        lost = next((name for name in found.values() if name in broken), None)
+        if lost is not None:
+            raise DataError(f"{src / lost / 'wav.scp'}: missing ({src / lost} holds Kaldi tables but no wav.scp)")
     require_train(found, src, names)
     check_valid_speakers(valid_speakers, "valid" in found)
     ali = Path(alignments) if alignments else None
@@ -213,7 +220,7 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
         for split, name in found.items():
             path = src if name is None else src / name
             splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
-                                         channel=channel, decoded=decoded)
+                                         channel=channel, decoded=decoded, sample_rate=sample_rate)
         extra = move_decoded(decoded, [u for s in splits.values() for u in s.utterances], Path(out))
         return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi", extra_dirs=extra,
                             inputs=inputs, lexicon=lexicon)

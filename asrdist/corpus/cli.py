@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "phone targets of an unaligned corpus and `asrdist align` come from it")
     k.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel audio, which is an error without it "
-                        "(give `asrdist features` the same --channel)")
+                        "(stored as mono copies in OUT/audio)")
     k.add_argument("--skip-bad", action="store_true")
     k.add_argument("--overwrite", action="store_true")
     k.set_defaults(func=_import_kaldi)
@@ -71,6 +71,9 @@ def _add_split_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--split", action="append", default=None, metavar="SPLIT[=NAME]",
                    help=f"SPLIT (train) when SRC is a single source; SPLIT=NAME picks the {what} for a "
                         f"split (train, valid, test) where the names do not say it")
+    p.add_argument("--sample-rate", type=cli_number(int, at_least=4000), default=None, metavar="HZ",
+                   help="resample audio at other rates to HZ (copies in OUT/audio); default: the rate of most "
+                        "recordings, and audio at another rate is an error")
     p.add_argument("--valid-speakers", type=cli_number(int, at_least=1), default=None, metavar="N",
                    help="carve a valid set of N whole training speakers when the source has none "
                         "(default: 10%% of them, at least 1)")

@@ -4,8 +4,11 @@ Import reads `wav.scp` (paths of audio files, `asrdist.corpus.audio.READABLE`, r
 against SRC, then the current directory; Kaldi's command pipes `CMD |`, run by the shell in the
 current directory as Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by
 kaldiio; the audio of the last two stored as OUT/audio/REC.wav), `segments` (times kept to the
-millisecond), `text`, `utt2spk`, optional `feats.scp` and optional alignments (int phone ids per
-10 ms frame: a Kaldi int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`).
+millisecond; an end up to 0.5 s after the recording is cut at its end, as Kaldi does), `text`,
+`utt2spk`, optional `feats.scp` and optional alignments (int phone ids per 10 ms frame: a Kaldi
+int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`). With `sample_rate`, audio at
+another rate is resampled, and with `channel` the channel of multi-channel audio is taken; either
+copy is stored as OUT/audio/REC.wav too, so the corpus is plain mono audio at one rate.
 Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
 UTF-8, alignment ids below the size of `phones.txt` (SRC's, or asrdist's table) and alignment /
 feature lengths against the audio's `num_frames` (a difference of one edge frame is tolerated;
@@ -32,7 +35,7 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
-from asrdist.corpus.audio import READABLE, num_frames, pick_channel, read_wav, write_wav
+from asrdist.corpus.audio import READABLE, num_frames, pick_channel, read_wav, read_wav_format, resample, write_wav
 from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
                                       wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
@@ -42,6 +45,9 @@ TOLERANCE_FRAMES = 1
 COMMAND_TIMEOUT_S = 600
 """How long one wav.scp command may run before the import calls it hung."""
 KALDI_SNIP_EDGES_DEFICIT = 2
+MAX_OVERSHOOT_S = 0.5
+"""A segment may end this much after its recording (rounded end times); it is cut at the
+recording's end, as Kaldi's extract-segments does (its --max-overshoot default)."""
 _UNMATCHED = "\0unmatched"
 
 
@@ -187,12 +193,15 @@ class _Importer:
     """The channel read from multi-channel audio (which is an error without one)."""
     decoded: Path | None = None
     """Where the output of wav.scp commands goes (`decoded_audio`); None: commands are refused."""
+    sample_rate: int | None = None
+    """The corpus' rate, other audio resampled to it; None: the rate of most recordings, others refused."""
 
     def __init__(self, src: Path, alignments: Path | None, progress: bool,
                  tables: dict[str, dict[str, str]] | None = None, files: dict[str, Path] | None = None,
                  optional_alignments: bool = False):
         self.src, self.progress, self.files = src, progress, files or {}
         self.bad: dict[str, str] = {}
+        self.cut_at_end = 0  # segments ending 10 ms to MAX_OVERSHOOT_S after their recording (cut there)
         if tables is None:
             tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
                       "segments": _read_table(src / "segments", self.bad, required=False),
@@ -243,8 +252,9 @@ class _Importer:
                 self.fail(utt_id, "missing transcript", "text")
         return rec_of
 
-    def read_audio(self, rec_of: dict[str, str]) -> tuple[dict[str, tuple[Path, int, int]], int]:
-        """rec -> (path, samples, rate) for every readable recording, and the corpus rate."""
+    def read_audio(self, rec_of: dict[str, str]) -> tuple[dict[str, tuple[Path, int, int]], int, Counter]:
+        """rec -> (path, samples, rate) for every readable recording, the corpus rate and the
+        count of recordings at each rate."""
         from tqdm import tqdm
 
         audio, first_utt = {}, {}
@@ -262,13 +272,20 @@ class _Importer:
                 else:
                     path = _resolve(self.src, entry)
                 samples, rate = read_wav(path, where=where, channel=self.channel)
+                converted = path.parent != self.decoded and self.channel is not None and \
+                    read_wav_format(path, where).channels > 1
+                if self.sample_rate is not None and rate != self.sample_rate:
+                    samples, rate, converted = resample(samples, rate, self.sample_rate), self.sample_rate, True
+                if converted:  # a mono copy at the corpus' rate, so no later stage needs these options
+                    path = path if path.parent == self.decoded else self._decoded_path(rec)
+                    write_wav(path, samples, rate)
                 audio[rec] = (path, len(samples), rate)
             except DataError as exc:
                 for u, r in rec_of.items():
                     if r == rec:
                         self.bad.setdefault(u, str(exc))
         rates = Counter(rate for _, _, rate in audio.values())
-        return audio, (rates.most_common(1)[0][0] if rates else 0)
+        return audio, (rates.most_common(1)[0][0] if rates else 0), rates
 
     def _run_command(self, rec: str, entry: str, where: str) -> Path:
         """Run a wav.scp command pipe; its audio (the channel asked for) as a 16-bit WAV in `decoded`."""
@@ -334,10 +351,16 @@ class _Importer:
                                 f"({start} {end}: not finite)")
             end = round(total / rate, 3) if end < 0 else end
             first, last = int(round(start * rate)), int(round(end * rate))
-            if start < 0 or last <= first or last > total + rate // 100:
-                raise DataError(f"{self.where('segments')}: utterance {utt_id}: segment {start:.3f}-"
-                                f"{end:.3f} s outside the recording ({total / rate:.3f} s)")
-            segment, count = Segment(rec, start, end), min(last, total) - first
+            span = f"{self.where('segments')}: utterance {utt_id}: segment {start:.3f}-{end:.3f} s"
+            if last <= first:
+                raise DataError(f"{span} ends before it starts")
+            if start < 0 or first >= total or last > total + MAX_OVERSHOOT_S * rate:
+                raise DataError(f"{span} outside the recording ({total / rate:.3f} s; a segment may end at "
+                                f"most {MAX_OVERSHOOT_S} s after it)")
+            if last > total:  # by more than the rounding of times to the millisecond: noted
+                self.cut_at_end += last - total > rate // 100
+                end, last = round(total / rate, 3), total
+            segment, count = Segment(rec, start, end), last - first
         frames = num_frames(count, rate)
         if frames == 0:
             raise DataError(f"{where}: audio too short ({count} samples)")
@@ -370,17 +393,18 @@ class _Importer:
 def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = False, progress: bool = True,
                  optional_alignments: bool = False, tables: dict[str, dict[str, str]] | None = None,
                  files: dict[str, Path] | None = None, channel: int | None = None,
-                 decoded: Path | None = None) -> ImportedSplit:
+                 decoded: Path | None = None, sample_rate: int | None = None) -> ImportedSplit:
     """Read and check one Kaldi data directory (or the tables given); DataError on the first bad
     utterance, or with `skip_bad` every bad one is left out, reported and counted. Multi-channel
     audio needs `channel`. wav.scp commands are run, their audio stored in `decoded`
-    (`decoded_audio`), and refused without it."""
+    (`decoded_audio`), and refused without it; so are the mono copies of multi-channel files and
+    the copies resampled to `sample_rate` (default: the rate of most recordings; others refused)."""
     if tables is None and not src.is_dir():
         raise DataError(f"{src}: Kaldi data directory not found")
     imp = _Importer(src, alignments, progress, tables, files, optional_alignments)
-    imp.channel, imp.decoded = channel, decoded
+    imp.channel, imp.decoded, imp.sample_rate = channel, decoded, sample_rate
     rec_of = imp.recordings()
-    audio, rate = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
+    audio, rate, rates = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
     utts: list[Utterance] = []
     for utt_id in imp.utt_ids:
         if utt_id not in imp.bad:
@@ -388,7 +412,8 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
             try:
                 if utt_rate != rate:
                     raise DataError(f"{imp.where('wav.scp')}: utterance {utt_id}: sample rate {utt_rate} Hz, "
-                                    f"expected {rate} Hz (the rate of most recordings)")
+                                    f"expected {rate} Hz (the rate of {rates[rate]} of {sum(rates.values())} "
+                                    f"recordings); give --sample-rate HZ to resample every recording to one rate")
                 utts.append(imp.utterance(utt_id, rec_of[utt_id], path, total, rate))
                 continue
             except DataError as exc:
@@ -396,6 +421,9 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
         if not skip_bad:
             raise DataError(imp.bad[utt_id])
         print(f"asrdist: skipped: {imp.bad[utt_id]}", file=sys.stderr)
+    if imp.cut_at_end:
+        print(f"asrdist: note: {imp.where('segments')}: {imp.cut_at_end} segment(s) end 10 ms to {MAX_OVERSHOOT_S} s "
+              f"after their recording; cut at its end, as Kaldi's extract-segments does", file=sys.stderr)
     skipped = [imp.bad[u] for u in imp.utt_ids if u in imp.bad]
     if _UNMATCHED in imp.bad:
         if not skip_bad:
@@ -430,7 +458,7 @@ def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utteran
 
 def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None = None,
                  skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
-                 channel: int | None = None, lexicon: str | Path | None = None) -> dict:
+                 channel: int | None = None, lexicon: str | Path | None = None, sample_rate: int | None = None) -> dict:
     """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary.
     OUT is checked before any audio is read; `lexicon` (a file) is stored as OUT/lexicon.txt.
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
@@ -444,7 +472,7 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     lex = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
     with decoded_audio(out) as decoded:
         split = import_split(src, Path(alignments) if alignments else None, skip_bad, progress, channel=channel,
-                             decoded=decoded)
+                             decoded=decoded, sample_rate=sample_rate)
         utts = split.utterances
         extra = move_decoded(decoded, utts, out)
         with atomic_dir(out, overwrite=overwrite, inputs=inputs) as tmp:
@@ -516,7 +544,8 @@ def import_command(args) -> int:
         if args.valid_speakers is not None:
             raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
         summary = import_kaldi(args.src, args.out, alignments=args.alignments, skip_bad=args.skip_bad,
-                               overwrite=args.overwrite, channel=args.channel, lexicon=args.lexicon)
+                               overwrite=args.overwrite, channel=args.channel, lexicon=args.lexicon,
+                               sample_rate=args.sample_rate)
         print(f"asrdist: note: {args.src} is one Kaldi data directory, so {args.out} is one split directory "
               f"(for `asrdist eval --data` or `asrdist features`); to train, import with --split train, or give "
               f"a directory holding train / dev / test", file=sys.stderr)
@@ -524,7 +553,7 @@ def import_command(args) -> int:
         summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
                                       valid_speakers=args.valid_speakers, alignments=args.alignments,
                                       skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel,
-                                      lexicon=args.lexicon)
+                                      lexicon=args.lexicon, sample_rate=args.sample_rate)
     print(json.dumps(summary, indent=2))
     return 0
 

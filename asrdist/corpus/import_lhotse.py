@@ -175,7 +175,8 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
 
 def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | None = None,
                          split_parts: dict[str, str] | None = None, valid_speakers: int | None = None,
-                         skip_bad: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+                         skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
+                         sample_rate: int | None = None) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
     from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
     from asrdist.utils.io import check_output_dir
@@ -204,7 +205,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
             for reason in bad.values():
                 print(f"asrdist: skipped: {reason}", file=sys.stderr)
             imported = import_split(parts[part][1], skip_bad=skip_bad, progress=progress,
-                                    tables=tables, files=files)
+                                    tables=tables, files=files, decoded=decoded, sample_rate=sample_rate)
             imported.skipped[:0] = list(bad.values())
             imported.source = parts[part][1]
             splits[split] = imported
@@ -218,6 +219,6 @@ def import_lhotse_command(args) -> int:
     single, mapping = parse_split_options(args.split or [])
     summary = import_lhotse_corpus(args.src, args.out, single_split=single, split_parts=mapping,
                                    valid_speakers=args.valid_speakers, skip_bad=args.skip_bad,
-                                   overwrite=args.overwrite)
+                                   overwrite=args.overwrite, sample_rate=args.sample_rate)
     print(json.dumps(summary, indent=2))
     return 0

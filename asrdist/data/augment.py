@@ -289,6 +289,8 @@ class SpecAugment:
             return length
         energy = row[:length].mean(axis=1)
         loud = np.flatnonzero(energy > (energy.min() + energy.max()) / 2)
+        if loud.size == 0:  # every frame as loud as the others (a silent recording): no quiet edge
+            return length
         lead = int(rng.integers(0, loud[0] + 1))
         trail = int(rng.integers(0, length - loud[-1]))
         if length - lead - trail < min_length:
