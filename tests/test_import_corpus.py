@@ -14,7 +14,7 @@ import pytest
 from asrdist.cli import main
 from asrdist.corpus.audio import read_wav
 from asrdist.corpus.kaldi_dir import read_data_dir
-from fsdd_kaldi import FSDD, make_kaldi_tree
+from fsdd_kaldi import FSDD, WORDS, make_kaldi_tree
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 
@@ -221,3 +221,32 @@ def test_audio_at_other_rates_is_resampled_on_request_and_a_chosen_channel_store
     assert Path(utt.wav).parent == stereo.resolve() / "audio"
     np.testing.assert_array_equal(read_wav(utt.wav)[0], samples)
     extract_features(stereo, jobs=1, progress=False)
+
+
+def test_splits_that_share_utterances_or_speakers_with_train_are_noted(tmp_path: Path, capsys):
+    """Kaldi splits are meant to be by speaker: a test set of training speakers, or of training
+    utterances, imports (a user may want it) with a note saying what its figures are."""
+    src = make_kaldi_tree(tmp_path, train=("george", "jackson", "nicolas"), test=("george",), dev=("jackson",))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "training" in line or "seen" in line]
+    assert notes == [f"asrdist: note: {out}: 6 valid utterance(s) are training utterances (the same id or audio): "
+                     f"their figures are on training data",
+                     f"asrdist: note: {out}: 6 test utterance(s) are training utterances (the same id or audio): "
+                     f"their figures are on training data"], notes
+    # the same speakers, other recordings: seen speakers
+    src = make_kaldi_tree(tmp_path / "takes", train=("george", "jackson"), test=())
+    test = src / "test"
+    test.mkdir()
+    from fsdd_kaldi import copy_recordings
+    rows = copy_recordings(tmp_path / "takes" / "audio", ("george",), takes=(5, 6))
+    (test / "wav.scp").write_text("".join(f"{u} {p}\n" for u, _, _, p in rows))
+    (test / "text").write_text("".join(f"{u} {WORDS[g]}\n" for u, _, g, _ in rows))
+    (test / "utt2spk").write_text("".join(f"{u} {s}\n" for u, s, _, _ in rows))
+    out = tmp_path / "takes-corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "seen" in line or "training" in line]
+    valid = read_data_dir(out / "valid").speakers
+    assert valid in (["george"], ["jackson"])
+    assert notes == ([f"asrdist: note: {out}: 1 test speaker(s) also speak in train (george): its figures are on "
+                      f"seen speakers"] if valid == ["jackson"] else []), notes

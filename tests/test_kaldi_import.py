@@ -12,7 +12,7 @@ from asrdist.cli import main
 from asrdist.corpus.audio import num_frames, read_wav, write_wav
 from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
 from asrdist.corpus.kaldi_dir import read_data_dir
-from asrdist.errors import DataError
+from asrdist.errors import ConfigError, DataError
 from asrdist.features.store import FeatureStore
 
 RATE = 16000
@@ -435,3 +435,21 @@ def test_a_stereo_archive_entry_needs_a_channel_it_has(tmp_path: Path, capsys):
     data = read_data_dir(tmp_path / "out")
     utt = data.utt_ids[0]
     np.testing.assert_array_equal(read_wav(data.wav_path(data.utterances[utt]))[0], waves[utt][1][:, 1])
+
+
+def test_augmentation_refuses_imported_features_before_making_anything(tmp_path: Path):
+    """Speed and noise copies are remade from the audio by asrdist's front end, and the frequency
+    warp reads bins as a mel filterbank: neither can match imported Kaldi features (13-dim here)."""
+    from asrdist.config import DataConfig
+    from asrdist.data.augment import AUGMENTED_DIR, check_front_end
+
+    src = make_kaldi_dir(tmp_path, None, feats=True)
+    out = tmp_path / "split"
+    assert main(["corpus", "import-kaldi", str(src), str(out)]) == 0
+    check_front_end(out, DataConfig(speed_perturb=[1.0], noise_snr=None))  # no augmentation: fine
+    for change, named in (({"speed_perturb": [0.9, 1.0, 1.1]}, "data.speed_perturb"),
+                          ({"speed_perturb": [1.0], "noise_snr": 20.0}, "data.noise_snr"),
+                          ({"speed_perturb": [1.0], "freq_warp": 0.1}, "data.freq_warp")):
+        with pytest.raises(ConfigError, match=f"{named}: {out} trains on features imported from Kaldi"):
+            check_front_end(out, DataConfig(**change))
+    assert not (out / AUGMENTED_DIR).exists()

@@ -116,6 +116,27 @@ def empty_transcripts(utts: list[Utterance]) -> int:
     return sum(1 for u in utts if not u.text.strip())
 
 
+def overlap_notes(utts: dict[str, list[Utterance]]) -> list[str]:
+    """What the valid and test splits share with train: the same utterances (ids or audio) or
+    speakers, which makes their figures those of seen data. Splits are meant to be by speaker."""
+    def heard(u: Utterance) -> tuple:
+        return str(Path(u.wav).resolve()), (u.segment.start, u.segment.end) if u.segment else None
+
+    train = utts.get("train", [])
+    ids, speakers, audio = {u.utt_id for u in train}, {u.speaker for u in train}, {heard(u) for u in train}
+    notes = []
+    for name in ("valid", "test"):
+        same = sum(1 for u in utts.get(name, []) if u.utt_id in ids or heard(u) in audio)
+        shared = sorted({u.speaker for u in utts.get(name, [])} & speakers)
+        if same:
+            notes.append(f"{same} {name} utterance(s) are training utterances (the same id or audio): "
+                         f"their figures are on training data")
+        elif shared:
+            notes.append(f"{len(shared)} {name} speaker(s) also speak in train ({', '.join(shared[:5])}"
+                         f"{', ...' if len(shared) > 5 else ''}): its figures are on seen speakers")
+    return notes
+
+
 def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | None, overwrite: bool,
                  kind: str, extra_dirs: dict[str, Path] | None = None, inputs: tuple = (),
                  lexicon=None) -> dict:
@@ -167,6 +188,8 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
         if lexicon is not None:
             summary["lexicon"] = store_lexicon(lexicon, tmp, [u.text for u in everything], where=out)
         write_json_atomic(tmp / "summary.json", summary)
+    for line in overlap_notes(utts):
+        print(f"asrdist: note: {out}: {line}", file=sys.stderr)
     if "test" not in stats:
         print(f"asrdist: note: {out} has no test split; `asrdist eval` then needs --data on another corpus "
               f"or split", file=sys.stderr)

@@ -37,7 +37,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from asrdist.data.batch import Batch
-from asrdist.errors import DataError
+from asrdist.errors import ConfigError, DataError
 
 AUGMENTED_DIR = "augmented"
 NOISE_PREFIX = "noise"
@@ -94,6 +94,24 @@ def augmented_store_path(train_dir: Path, data_cfg, seed: int) -> Path | None:
     if not copy_plan(data_cfg.speed_perturb, data_cfg.noise_snr):
         return None
     return Path(train_dir) / AUGMENTED_DIR / store_key(data_cfg, seed)
+
+
+def check_front_end(train_dir: Path, data_cfg) -> None:
+    """Copies made from the audio (speed, noise) and the frequency warp (which reads the bins as a
+    mel filterbank) need asrdist's own features: imported Kaldi features (MFCCs, say) cannot be
+    matched. ConfigError before anything is made."""
+    from asrdist.features.store import FeatureStore, has_features
+
+    if not has_features(train_dir) or FeatureStore(train_dir).meta.get("num_mel_bins") is not None:
+        return
+    used = [f"data.{key}" for key, on in (("speed_perturb", bool(copy_plan(data_cfg.speed_perturb, None))),
+                                          ("noise_snr", data_cfg.noise_snr is not None),
+                                          ("freq_warp", bool(data_cfg.freq_warp))) if on]
+    if used:
+        raise ConfigError(f"{', '.join(used)}: {train_dir} trains on features imported from Kaldi, which asrdist "
+                          f"cannot remake for augmented copies or warp; turn augmentation off (data.speed_perturb=[1.0] "
+                          f"data.noise_snr=null data.freq_warp=0) or use asrdist's features "
+                          f"(`asrdist features {train_dir.parent} --overwrite`)")
 
 
 def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool = True) -> Path | None:

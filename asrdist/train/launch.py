@@ -81,12 +81,13 @@ def environment_record(cfg: RunConfig) -> dict:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
-    from asrdist.data.augment import build_augmented_store
+    from asrdist.data.augment import build_augmented_store, check_front_end
     from asrdist.train.prepare import build_targets, ensure_features, save_targets
     from asrdist.train.task import model_kind
 
     corpus = Path(cfg.data.corpus)
     ensure_features(corpus, cfg, progress=progress)
+    check_front_end(corpus / "train", cfg.data)
     build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
     check_frames_against_alignments(corpus)
