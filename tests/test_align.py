@@ -105,6 +105,10 @@ def test_align_cli_recovers_the_corpus_alignments(hybrid_run, tmp_path: Path, ca
         agree = [np.mean(aligned[u][:len(truth[split][u])] == truth[split][u][:len(aligned[u])]) for u in aligned]
         assert np.mean(agree) > 0.9, (split, np.mean(agree))
     assert (data / "lexicon.txt").is_file()
+    # one split of the corpus, aligned alone, reads the lexicon its corpus keeps
+    (data / "test" / "alignment.scp").unlink()
+    assert main(["align", str(run), "--data", str(data / "test"), "--no-progress"]) == 0
+    assert set(read_alignments(data / "test")) == set(aligned)
 
 
 def test_align_refuses_a_character_model_before_writing(tmp_path: Path, capsys):

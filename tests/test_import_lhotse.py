@@ -230,3 +230,15 @@ def test_other_rates_are_resampled_on_request_and_overlong_supervisions_cut(tmp_
     first = next(d.utterances["george-0-0-sup"] for d in (read_data_dir(out / "train"), read_data_dir(out / "valid"))
                  if "george-0-0-sup" in d.utterances)
     assert first.segment.end == round(len(read_wav(src / "audio" / "george-0-0.wav")[0]) / 8000, 3)
+
+
+def test_a_supervision_on_a_channel_its_recording_lacks_is_named(tmp_path: Path, capsys):
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    _rewrite(src / "fsdd_supervisions_train.jsonl.gz", lambda entries: entries[1].update(channel=1))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0
+    err = _errors(capsys)
+    assert len(err) == 1 and ("fsdd_supervisions_train.jsonl.gz: utterance george-0-1-sup: supervision on channel 1, "
+                              "recording 'george-0-1' has channels [0]") in err[0], err
+    assert not out.exists()

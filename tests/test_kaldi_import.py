@@ -453,3 +453,33 @@ def test_augmentation_refuses_imported_features_before_making_anything(tmp_path:
         with pytest.raises(ConfigError, match=f"{named}: {out} trains on features imported from Kaldi"):
             check_front_end(out, DataConfig(**change))
     assert not (out / AUGMENTED_DIR).exists()
+
+
+def test_transcripts_without_audio_and_speaker_tables_are_checked(tmp_path: Path, capsys):
+    """A transcript whose utterance has no wav.scp entry is an error (or skipped and counted), as a
+    wav.scp entry without a transcript is; spk2utt must agree with utt2spk, and stands in for it
+    when utt2spk is missing (as Kaldi's spk2utt_to_utt2spk.pl does)."""
+    src = make_kaldi_dir(tmp_path, None)
+    out = tmp_path / "out"
+    text = (src / "text").read_text()
+    (src / "text").write_text(text + "spkA-009 lost words\n")
+    assert main(["corpus", "import-kaldi", str(src), str(out)]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "text: 1 transcribed utterance(s) not in wav.scp (first: spkA-009)" in err[0], err
+    assert not out.exists()
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--skip-bad"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["utterances"] == 3 and summary["skipped"] == 1 and "spkA-009" in summary["skipped_reasons"][0]
+    (src / "text").write_text(text)
+    capsys.readouterr()
+
+    spk2utt = "spkA spkA-001 spkA-002\nspkB spkB-001\n"
+    (src / "spk2utt").write_text(spk2utt.replace("spkA-002\nspkB spkB-001", "\nspkB spkB-001 spkA-002"))
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "contradicts")]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "spk2utt: utterance spkA-002 listed under speaker spkB, utt2spk says spkA" in err[0], err
+    (src / "spk2utt").write_text(spk2utt)
+    (src / "utt2spk").unlink()
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "derived")]) == 0
+    derived = read_data_dir(tmp_path / "derived").utterances
+    assert {u: d.speaker for u, d in derived.items()} == {"spkA-001": "spkA", "spkA-002": "spkA", "spkB-001": "spkB"}

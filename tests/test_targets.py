@@ -139,3 +139,25 @@ def test_label_priors():
         label_priors([np.array([5])], num_classes=5)
     with pytest.raises(DataError, match="no labelled frames"):
         label_priors([np.array([], dtype=np.int32)], num_classes=5)
+
+
+def test_utterances_too_short_for_their_ctc_labels_are_noted(tmp_path, capsys):
+    """CTC emits each label on a frame of its own, with a blank between equal neighbours: 'zero'
+    needs 4 output frames and 'three' 6; with subsample 3, 12 input frames give 4."""
+    from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+    from asrdist.features.store import FeatureStore, FeatureStoreWriter
+    from asrdist.train.prepare import note_short_utterances
+
+    rows = {"a": ("zero", 12), "b": ("three", 12), "c": ("three", 18), "d": ("zero", 9)}
+    write_data_dir(tmp_path, [Utterance(u, "spk", f"{u}.wav", text) for u, (text, _) in rows.items()])
+    writer = FeatureStoreWriter(tmp_path, 3)
+    for u, (_, frames) in rows.items():
+        writer.add(u, np.zeros((frames, 3), dtype=np.float32))
+    writer.close({})
+    assert len(FeatureStore(tmp_path)) == 4
+    targets = {"kind": "chars", "tokenizer": CharTokenizer.fit(["zero", "three"])}
+    assert note_short_utterances(tmp_path, targets, subsample=3) == 2  # b (4 < 6) and d (3 < 4)
+    note = capsys.readouterr().err
+    assert f"{tmp_path}: 2 of 4 utterance(s) are too short for their transcripts (e.g. b: 4 output frame(s) for 6 CTC " \
+           f"labels and blanks)" in note
+    assert note_short_utterances(tmp_path, targets, subsample=1) == 0 and capsys.readouterr().err == ""

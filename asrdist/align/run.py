@@ -133,9 +133,12 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
     model, cfg, targets, input_dim = load_run_model(run_dir)
     _check_model(targets, run_dir)
     corpus_lexicon = data / LEXICON_NAME
-    if lexicon_path is None and not corpus_lexicon.is_file():
+    # a split directory of a corpus (CORPUS/test) reads its corpus' lexicon
+    stored = corpus_lexicon if corpus_lexicon.is_file() or not (data / "wav.scp").is_file() else \
+        data.parent / LEXICON_NAME
+    if lexicon_path is None and not stored.is_file():
         raise ConfigError(f"{data}: no {LEXICON_NAME} in the corpus; pass --lexicon FILE")
-    lexicon = Lexicon.read(lexicon_path or corpus_lexicon)
+    lexicon = Lexicon.read(lexicon_path or stored)
     splits = find_splits(data)
     # the model's filterbank, CMVN and sample rate, from the split as it is now
     ensure_features(data, cfg, progress=progress, check=False, sample_rate=trained_sample_rate(cfg, targets))

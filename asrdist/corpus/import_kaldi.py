@@ -136,6 +136,28 @@ def _load_scp(scp: Path, bad: dict[str, str], what: str) -> dict[str, np.ndarray
     return out
 
 
+def _speakers(src: Path, bad: dict[str, str]) -> dict[str, str]:
+    """utt2spk, checked against spk2utt where both exist; from spk2utt alone where utt2spk is
+    missing (as Kaldi's spk2utt_to_utt2spk.pl makes it)."""
+    utt2spk_path, spk2utt_path = src / "utt2spk", src / "spk2utt"
+    if not spk2utt_path.is_file():
+        return _read_table(utt2spk_path, bad, value="speaker")
+    listed: dict[str, str] = {}
+    for speaker, utts in _read_table(spk2utt_path, bad, value="utterance").items():
+        for utt in utts.split():
+            if utt in listed:
+                raise DataError(f"{spk2utt_path}: utterance {utt} listed under speakers {listed[utt]} and {speaker}")
+            listed[utt] = speaker
+    if not utt2spk_path.is_file():
+        return listed
+    utt2spk = _read_table(utt2spk_path, bad, value="speaker")
+    for utt, speaker in utt2spk.items():
+        if utt in listed and listed[utt] != speaker:
+            raise DataError(f"{spk2utt_path}: utterance {utt} listed under speaker {listed[utt]}, utt2spk says "
+                            f"{speaker}; make spk2utt from utt2spk (utils/utt2spk_to_spk2utt.pl) or delete it")
+    return utt2spk
+
+
 def read_alignment_file(path: Path, bad: dict[str, str]) -> dict[str, np.ndarray]:
     """utt -> int vector from a Kaldi `.scp`, a binary `.ark`, or text `utt id id ...` lines."""
     if not path.is_file():
@@ -206,7 +228,7 @@ class _Importer:
             tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
                       "segments": _read_table(src / "segments", self.bad, required=False),
                       "text": _read_table(src / "text", self.bad),
-                      "utt2spk": _read_table(src / "utt2spk", self.bad, value="speaker")}
+                      "utt2spk": _speakers(src, self.bad)}
         self.wav_scp, self.segments = tables["wav.scp"], tables.get("segments", {})
         self.text, self.utt2spk = tables["text"], tables["utt2spk"]
         self.phones = PhoneTable.read(src / "phones.txt") if (src / "phones.txt").is_file() else PhoneTable()
@@ -425,6 +447,15 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
         print(f"asrdist: note: {imp.where('segments')}: {imp.cut_at_end} segment(s) end 10 ms to {MAX_OVERSHOOT_S} s "
               f"after their recording; cut at its end, as Kaldi's extract-segments does", file=sys.stderr)
     skipped = [imp.bad[u] for u in imp.utt_ids if u in imp.bad]
+    unheard = sorted(set(imp.text) - set(imp.utt_ids))
+    if unheard:  # transcripts of utterances with no audio entry: a wav.scp or segments cut short?
+        listed = "segments" if imp.segments else "wav.scp"
+        reason = (f"{imp.where('text')}: {len(unheard)} transcribed utterance(s) not in {listed} (first: {unheard[0]}), "
+                  f"so without audio")
+        if not skip_bad:
+            raise DataError(reason)
+        print(f"asrdist: skipped: {reason}", file=sys.stderr)
+        skipped.append(reason)
     if _UNMATCHED in imp.bad:
         if not skip_bad:
             raise DataError(imp.bad[_UNMATCHED])

@@ -82,6 +82,9 @@ def _channel(sup, recording, where: str) -> int | None:
         if len(channel) != 1:
             raise DataError(f"{where}: supervision on channels {channel}; one channel per utterance expected")
         channel = channel[0]
+    if int(channel) not in recording.channel_ids:
+        raise DataError(f"{where}: supervision on channel {channel}, recording '{recording.id}' has channels "
+                        f"{recording.channel_ids}")
     return None if recording.num_channels == 1 else int(channel)
 
 

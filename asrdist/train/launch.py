@@ -82,7 +82,7 @@ def environment_record(cfg: RunConfig) -> dict:
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     from asrdist.data.augment import build_augmented_store, check_front_end
-    from asrdist.train.prepare import build_targets, ensure_features, save_targets
+    from asrdist.train.prepare import CTC_TARGETS, build_targets, ensure_features, note_short_utterances, save_targets
     from asrdist.train.task import model_kind
 
     corpus = Path(cfg.data.corpus)
@@ -91,6 +91,8 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
     check_frames_against_alignments(corpus)
+    if targets["kind"] in CTC_TARGETS:
+        note_short_utterances(corpus / "train", targets, cfg.model.subsample)
     with output_errors(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
     save_targets(run_dir, targets)

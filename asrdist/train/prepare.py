@@ -183,6 +183,29 @@ def ctc_tokens(split_dir: Path, targets: dict[str, Any], data=None) -> dict[str,
     return char_tokens(split_dir, targets["tokenizer"], data)
 
 
+def note_short_utterances(split_dir: Path, targets: dict[str, Any], subsample: int) -> int:
+    """CTC must emit each label on a frame of its own (a blank between two equal ones): an
+    utterance with fewer output frames has no path, its loss is zeroed and it teaches nothing.
+    Says how many of the split's utterances are so (one note); returns the count."""
+    from asrdist.features.store import FeatureStore
+
+    store = FeatureStore(split_dir)
+    short = []
+    tokens = ctc_tokens(split_dir, targets)
+    for utt, ids in tokens.items():
+        if utt in store:
+            frames = -(-store.num_frames(utt) // subsample)
+            needed = len(ids) + sum(1 for a, b in zip(ids, ids[1:]) if a == b)
+            if frames < needed:
+                short.append((utt, frames, needed))
+    if short:
+        utt, frames, needed = short[0]
+        print(f"[asrdist] note: {split_dir}: {len(short)} of {len(tokens)} utterance(s) are too short for their "
+              f"transcripts (e.g. {utt}: {frames} output frame(s) for {needed} CTC labels and blanks); they have no CTC "
+              f"path, so their loss is zero and they teach nothing", file=sys.stderr, flush=True)
+    return len(short)
+
+
 _noted_unseen: set[str] = set()
 
 
