@@ -162,3 +162,48 @@ def test_config_is_checked():
         AdpsgdConfig(pattern="ring")
     with pytest.raises(ConfigError, match="strategy.seed"):
         AdpsgdConfig(seed=-1)
+
+
+def _build_exchange_group(rank: int, world_size: int):
+    """The last rank never joins (a learner lost while the job starts); the others build the
+    exchange group with a 2 s timeout, then (two of them) exchange once 4 s apart."""
+    from datetime import timedelta
+
+    from asrdist.errors import CommError
+    from asrdist.parallel.adpsgd import exchange_group
+
+    if rank == world_size - 1:
+        return "lost"
+    try:
+        exchange_group(None, timedelta(seconds=2))
+    except CommError as exc:
+        return str(exc)
+    return "built"
+
+
+def _exchange_after_the_build_timeout(rank: int, world_size: int):
+    """Rank 1 answers as a passive does (any active, under the watchdog) 4 s after the group was
+    built with a 2 s timeout: its waits are its own, not the group's."""
+    from datetime import timedelta
+
+    from asrdist.parallel.adpsgd import exchange_group
+
+    strategy = AdpsgdStrategy(AdpsgdConfig())
+    strategy._group = exchange_group(None, timedelta(seconds=2))
+    header = torch.full((2,), rank, dtype=torch.int64)
+    if rank == 0:
+        time.sleep(4)  # longer than the build's timeout: a passive waits for its active that long
+        dist.send(header, 1, group=strategy._group, tag=1)
+        return header.tolist()
+    return strategy._receive_header(header), header.tolist()
+
+
+def test_the_exchange_group_fails_in_one_line_without_a_lost_learner_and_then_waits_as_passives_do(tmp_path):
+    """A learner lost while the job starts used to leave the others waiting a day to build the
+    exchange group (made with the passives' wait); it is built within the job's timeout, and only
+    then given that wait."""
+    results = run_distributed(_build_exchange_group, 3, tmp_path)
+    assert results[2] == "lost"
+    for rank in (0, 1):
+        assert results[rank].startswith(f"rank {rank}: building the exchange group failed"), results[rank]
+    assert run_distributed(_exchange_after_the_build_timeout, 2, tmp_path) == [[0, 0], (0, [0, 0])]

@@ -86,15 +86,22 @@ def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transf
             "answer": comm.Transfer("answer", "pair", 2, numel * element_size, numel)}
 
 
-def exchange_group(ranks: list[int] | None, across: tuple[int, int, int] | None = None):
+def exchange_group(ranks: list[int] | None, timeout: timedelta, across: tuple[int, int, int] | None = None):
     """The gloo group pairwise exchanges travel on (every rank of the job must call this): over
     `ranks`, or with `across` = (rank, world size, group size) between the leaders of the nodes
-    (`asrdist.cluster.process_group.across_nodes`; None on the other learners)."""
+    (`asrdist.cluster.process_group.across_nodes`; None on the other learners). Its members connect
+    within `timeout` (gloo's timeout of the group): a learner lost while the group forms fails it
+    then, in one line, where a group made with the passives' wait of a day waited a day for it.
+    Every wait on the group gives its own timeout (`_wait`, `_receive_header`)."""
     if across is not None:
         from asrdist.cluster.process_group import across_nodes
 
-        return across_nodes(*across, timeout=_PASSIVE_WAIT, backend="gloo")
-    return dist.new_group(ranks, timeout=_PASSIVE_WAIT, backend="gloo")
+        group = comm.guarded("building the exchange group",
+                             lambda: across_nodes(*across, timeout=timeout, backend="gloo"))
+    else:
+        group = comm.guarded("building the exchange group",
+                             lambda: dist.new_group(ranks, timeout=timeout, backend="gloo"))
+    return group
 
 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
@@ -186,7 +193,7 @@ class AdpsgdStrategy(Strategy):
         if not ctx.distributed:
             return
         self._group = self.p2p_group or exchange_group(
-            None if ctx.group is None else dist.get_process_group_ranks(ctx.group))
+            None if ctx.group is None else dist.get_process_group_ranks(ctx.group), ctx.timeout)
         self.active = topology.is_active(ctx.rank, ctx.world_size)
         if self.membership is None and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
             self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
@@ -329,7 +336,14 @@ class AdpsgdStrategy(Strategy):
             work.wait(self.ctx.timeout)
             return
         with self._watchdog.watching(peer):
-            work.wait()
+            work.wait(_PASSIVE_WAIT)
+
+    def _receive_header(self, header: torch.Tensor) -> int:
+        """The next exchange's header, from whichever active asks first; returns its group rank. A
+        passive may hear nothing for a whole validation of its actives: it waits up to a day."""
+        work = dist.irecv(header, group=self._group, tag=_HEADER)
+        work.wait(_PASSIVE_WAIT)
+        return work._source_rank()  # as torch.distributed.recv finds the sender
 
     # -- the exchange ------------------------------------------------------------------------
     def _snapshot(self) -> torch.Tensor:
@@ -394,7 +408,7 @@ class AdpsgdStrategy(Strategy):
             theirs, mine = self._staging(), self._staging()  # reused by every answer
             while not actives <= self._goodbyes | (self.membership.lost_ranks() if self.membership else set()):
                 try:
-                    source = dist.get_group_rank(self._group, dist.recv(header, group=self._group, tag=_HEADER))
+                    source = self._receive_header(header)
                 except RuntimeError as exc:
                     self._after_broken_header(exc)
                     continue

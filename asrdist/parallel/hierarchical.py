@@ -103,7 +103,7 @@ class HierarchicalStrategy(Strategy):
         if nodes > 1 and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
             self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout, group_size=ctx.group_size)
         if nodes > 1:  # every rank creates the exchange group; leaders alone use it
-            group = exchange_group(None, across=(ctx.rank, ctx.world_size, ctx.group_size))
+            group = exchange_group(None, ctx.timeout, across=(ctx.rank, ctx.world_size, ctx.group_size))
             if self.leader:
                 self.outer = AdpsgdStrategy(AdpsgdConfig(pattern=self.config.pattern,
                                                          delay_by_one=self.config.delay_by_one,
