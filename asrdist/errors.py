@@ -23,6 +23,11 @@ class TrainingError(AsrdistError):
     """A run that cannot go on: NaN loss, a dead learner, a collective timeout."""
 
 
+class Stopped(TrainingError):
+    """A run stopped by a signal (Ctrl-C, `kill`, a closed terminal): the user's wish, not a failure,
+    so a command running several trainings (`asrdist compare`) stops as a whole."""
+
+
 class CommError(TrainingError):
     """A collective or exchange that failed: a peer died, hung past the timeout, or closed the link."""
 

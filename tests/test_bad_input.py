@@ -173,6 +173,15 @@ def _as_two_learners(run: Path) -> None:
         shutil.copy(run / "checkpoints" / step / "rank-0.pt", run / "checkpoints" / step / "rank-1.pt")
 
 
+def _half_written_after_a_broken_one(run: Path) -> None:
+    """2 learners: step 4's rank-0.pt truncated, and a step 6 of which only rank 1 was written."""
+    _as_two_learners(run)
+    first = run / "checkpoints" / "step-00000004" / "rank-0.pt"
+    first.write_bytes(first.read_bytes()[:3000])
+    (run / "checkpoints" / "step-00000006").mkdir()
+    shutil.copy(run / "checkpoints" / "step-00000004" / "rank-1.pt", run / "checkpoints" / "step-00000006" / "rank-1.pt")
+
+
 def _latest_file(run: Path) -> Path:
     return ckpt.latest_step_dir(run) / "rank-0.pt"
 
@@ -286,6 +295,18 @@ CASES: dict[str, Case] = {
         ("step-00000004/rank-0.pt", "truncated", "echo step-00000002 >")),
     "resume: empty checkpoint": Case(_resume(lambda run: _latest_file(run).write_bytes(b"")),
                                      ("step-00000004/rank-0.pt", "empty", "echo step-00000002 >")),
+    "resume: a learner's file missing": Case(
+        _resume(lambda run: (_as_two_learners(run), (_latest_file(run).parent / "rank-1.pt").unlink()), "--learners", "2"),
+        ("step-00000004/rank-1.pt: checkpoint file missing", "echo step-00000002 >")),
+    "resume: the newer checkpoint is half written": Case(
+        _resume(_half_written_after_a_broken_one, "--learners", "2"),
+        ("step-00000004/rank-0.pt", "truncated", "before it with `echo step-00000002 >")),
+    "resume: latest pointing at a half-written one": Case(
+        _resume(lambda run: (_half_written_after_a_broken_one(run),
+                             (run / "checkpoints" / "latest").write_text("step-00000006\n")), "--learners", "2"),
+        ("step-00000006/rank-0.pt: checkpoint file missing", "echo step-00000002 >")),
+    "resume: latest lost": Case(_resume(lambda run: (run / "checkpoints" / "latest").unlink()),
+                                ("checkpoints/latest: missing", "complete checkpoint with `echo step-00000004 >")),
     "resume: empty latest": Case(_resume(lambda run: (run / "checkpoints" / "latest").write_text("")),
                                  ("checkpoints/latest", "empty", "step-00000002, step-00000004")),
     "resume: latest names no checkpoint": Case(
@@ -449,3 +470,24 @@ def test_checkpoint_files_are_fsynced_before_their_rename_and_before_latest_move
     assert events == [("fsync", tmp_rank), ("rename", "rank-0.pt"), ("fsync", "step-00000003"),
                       ("fsync", tmp_latest), ("rename", "latest"), ("fsync", "checkpoints")]
     assert tmp_rank.startswith(".rank-0.pt.") and ckpt.latest_step_dir(tmp_path).name == "step-00000003"
+
+
+def test_a_run_directory_a_failed_start_left_only_reports_in_can_take_a_new_run(tmp_path, capsys):
+    """A multi-learner start that failed before its first checkpoint leaves its reports (launcher.log,
+    failed-rank-K.txt): the same --out starts again, where it was refused as not empty."""
+    from asrdist.errors import AsrdistError
+    from asrdist.train.launch import check_new_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "launcher.log").write_text("")
+    (run / "failed-rank-1.txt").write_text("learner rank 1: stopped by SIGINT\n")
+    check_new_run_dir(run, tmp_path / "corpus")
+    assert not any(run.iterdir())
+    assert "a start that failed left only its reports (failed-rank-1.txt, launcher.log); removed" in \
+        capsys.readouterr().err
+    (run / "launcher.log").write_text("")
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(AsrdistError, match="run directory exists and is not empty"):
+        check_new_run_dir(run, tmp_path / "corpus")
+    assert (run / "notes.txt").read_text() == "mine" and (run / "launcher.log").exists()

@@ -255,6 +255,24 @@ def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_pa
     assert "<td>onebit</td><td>2</td><td>-</td>" in page
 
 
+def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys, fake_simulator):
+    """Ctrl-C (or a kill) during one strategy's training is the user's wish to stop: compare trains
+    no other strategy and writes no report, where a failed training is a row of the report."""
+    from asrdist.errors import Stopped
+
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single"])
+    trained = []
+
+    def stopped(args):
+        trained.append(args.strategy)
+        raise Stopped("stopped by SIGINT: every learner and launcher was stopped")
+    monkeypatch.setattr(launch, "train_command", stopped)
+    assert _compare(out, corpus, "single,onebit,sync") != 0
+    assert trained == ["onebit"] and "stopped by SIGINT" in capsys.readouterr().err
+    assert not (out / "report.html").exists() and not (out / "summary.json").exists()
+
+
 # -- on emulated hosts ----------------------------------------------------------------------------
 
 EMULATED, WHY_NOT = __import__("asrdist.cluster.netem", fromlist=["available"]).available()

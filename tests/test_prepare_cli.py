@@ -44,6 +44,31 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     assert "optim.nope" in capsys.readouterr().err and not (tmp_path / "other").exists()
 
 
+def _worker(run: Path, world_size: int) -> subprocess.CompletedProcess:
+    """One learner of a torchrun job of `world_size`, as torchrun's environment describes it."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world_size),
+               OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "asrdist.train.worker", str(run), "--no-progress"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_worker_refuses_another_world_size_and_a_run_that_already_trained(tone_corpus, tmp_path, capsys):
+    """Before joining any job: torchrun must start the prepared number of learners, and a run with
+    results or checkpoints is continued with --resume, not trained again over them (a requeued
+    cluster job without --resume lost its progress)."""
+    run = tmp_path / "run"
+    assert main(["prepare", str(ROOT / "configs/default.yaml"), "--out", str(run), "--data", str(tone_corpus),
+                 "--learners", "2", "--strategy", "sync", *TINY]) == 0
+    capsys.readouterr()
+    done = _worker(run, 3)
+    assert done.returncode == 1 and "prepared for 2 learner(s), torchrun started 3" in done.stderr, done.stderr
+    (run / "summary.json").write_text("{}")
+    done = _worker(run, 2)
+    assert done.returncode == 1, done.stderr
+    assert "finished training (summary.json); continue it with `--resume`" in done.stderr, done.stderr
+    assert not (run / "checkpoints").exists() and (run / "summary.json").read_text() == "{}"
+
+
 @pytest.mark.slow
 def test_readme_slurm_torchrun_line_on_two_nodes(tone_corpus, tmp_path):
     from torch.distributed import TCPStore

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from asrdist.errors import TrainingError
+from asrdist.errors import Stopped, TrainingError
 
 LOG_NAME = "launcher.log"
 STOP_GRACE_S = 30.0
@@ -230,7 +230,7 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
             for s, handler in previous.items():
                 signal.signal(s, handler)
     if stopped_by:
-        raise TrainingError(f"stopped by {stopped_by[0]}: every learner and launcher was stopped")
+        raise Stopped(f"stopped by {stopped_by[0]}: every learner and launcher was stopped")
     if codes is None:
         raise TrainingError(f"the job did not finish within {timeout:g} s; every learner was stopped "
                             f"(log: {report_dir / LOG_NAME})")

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, DataError, TrainingError
+from asrdist.errors import AsrdistError, ConfigError, DataError, Stopped, TrainingError
 
 ERROR_METRICS = ("per", "wer", "cer")
 """The first of these a run's final evaluation holds is its error rate (hybrid: PER; CTC: WER/CER)."""
@@ -158,7 +158,7 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
             train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume,
                                       hosts=hosts))
         except TrainingError as exc:
-            if failed is None:
+            if failed is None or isinstance(exc, Stopped):  # a stopped run stops the comparison
                 raise
             failed[name] = str(exc)
             print(f"[compare] {name}: training failed: {exc}", flush=True)

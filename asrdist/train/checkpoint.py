@@ -105,28 +105,33 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     what to do. Writes nothing."""
     d = latest_step_dir(run_dir)
     if d is None:
+        if _checkpoint_dirs(run_dir):  # `latest` itself was lost
+            raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {_advice(run_dir, None, learners)}")
         raise TrainingError(f"{run_dir}: no checkpoint to resume from; start it again without --resume")
+    # the run's config fixes its learners (rundir.check_resume): other files mean a damaged checkpoint
     ranks = _learner_files(d)
-    if ranks and ranks != list(range(len(ranks))):
-        raise TrainingError(f"{d}: learner files {', '.join(f'rank-{r}.pt' for r in ranks)} are not "
-                            f"rank-0.pt..rank-{len(ranks) - 1}.pt; {_advice(run_dir, d)}")
-    if ranks and len(ranks) != learners:
-        raise TrainingError(f"{d}: checkpoint of {len(ranks)} learner(s), this resume has {learners}; "
-                            f"resume with --learners {len(ranks)}")
+    extra = [r for r in ranks if r >= learners]
+    if extra:
+        raise TrainingError(f"{d}: holds rank-{extra[0]}.pt, but the run has {learners} learner(s) "
+                            f"(rank-0.pt..rank-{learners - 1}.pt); {_advice(run_dir, d, learners)}")
     for rank in range(learners):
         problem = _file_problem(d / f"rank-{rank}.pt")
         if problem:
-            raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {_advice(run_dir, d)}")
+            raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {_advice(run_dir, d, learners)}")
     return d
 
 
-def _advice(run_dir: Path, broken: Path) -> str:
-    """What to do about a checkpoint that cannot be loaded: point `latest` at an older complete one."""
+def _advice(run_dir: Path, broken: Path | None, learners: int) -> str:
+    """What to do about a checkpoint that cannot be loaded (`broken`; None: `latest` is lost):
+    point `latest` at the newest complete checkpoint of `learners` files older than it."""
+    pointer = run_dir / "checkpoints" / "latest"
     for d in reversed(_checkpoint_dirs(run_dir)):
-        ranks = _learner_files(d)
-        if d != broken and ranks and all(_file_problem(d / f"rank-{r}.pt") is None for r in ranks):
-            pointer = run_dir / "checkpoints" / "latest"
-            return f"resume from the complete checkpoint before it with `echo {d.name} > {pointer}`"
+        if broken is not None and (d.name.split("-")[0] != broken.name.split("-")[0] or d.name >= broken.name):
+            continue  # only an older checkpoint of the same kind: a newer one is a half-written next one
+        if _learner_files(d) == list(range(learners)) and all(_file_problem(d / f"rank-{r}.pt") is None
+                                                               for r in range(learners)):
+            before = "before it " if broken is not None else ""
+            return f"resume from the complete checkpoint {before}with `echo {d.name} > {pointer}`"
     return "no complete checkpoint is left: start a new run with --out"
 
 
@@ -149,7 +154,7 @@ def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {_advice(run_dir, d)}") from None
+        raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {_advice(run_dir, d, world_size)}") from None
 
 
 def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import yaml
 from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.errors import AsrdistError, ConfigError, Stopped, TrainingError
 from asrdist.train import rundir
 from asrdist.utils.io import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
@@ -125,7 +125,14 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
     where = run_dir.resolve()
     if where == corpus or corpus in where.parents:
         raise AsrdistError(f"{run_dir}: run directory inside the corpus {corpus}; pick another --out")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    entries = list(run_dir.iterdir()) if run_dir.is_dir() else []
+    if entries and all(path.is_file() and rundir.is_report(path) for path in entries):
+        # a start that failed before its first checkpoint left only the reasons: start again here
+        for path in entries:
+            path.unlink()
+        print(f"[asrdist] note: {run_dir}: a start that failed left only its reports ("
+              f"{', '.join(sorted(p.name for p in entries))}); removed, starting again", file=sys.stderr)
+    elif entries:
         used = any((run_dir / name).exists() for name in ("summary.json", "checkpoints", "config.yaml"))
         what = "run directory already used" if used else "run directory exists and is not empty"
         raise AsrdistError(f"{run_dir}: {what}; {hint}")
@@ -160,7 +167,7 @@ def train_command(args) -> int:
         check_new_run_dir(run_dir, Path(cfg.data.corpus))
     # a `kill` or a closed terminal ends one learner (in this process) as Ctrl-C does: cleaned up,
     # one line; with several, the launcher's own handler takes over while they run
-    stop = signals_raise(lambda signum: TrainingError(f"stopped by {signal.Signals(signum).name}"),
+    stop = signals_raise(lambda signum: Stopped(f"stopped by {signal.Signals(signum).name}"),
                          (signal.SIGTERM, signal.SIGHUP))
     with stop, rundir.undone_on_failure(run_dir):
         if args.resume is not None:

@@ -66,7 +66,8 @@ def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str], taken: li
     return path
 
 
-def _is_report(path: Path) -> bool:
+def is_report(path: Path) -> bool:
+    """A file a failed start leaves on purpose (its learners' failure reports, the launcher's logs)."""
     return any(path.match(pattern) for pattern in REPORT_PATTERNS)
 
 
@@ -89,7 +90,7 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
         now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
         if now_latest == latest or now_latest is None:
             for path in (set(run_dir.iterdir()) - before) if run_dir.is_dir() else ():
-                if _is_report(path):
+                if is_report(path):
                     continue
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path, ignore_errors=True)

@@ -30,12 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = env.rank
     try:
         cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
+        resume = args.resume or _restarted(args.run_dir, env)
+        check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
         from asrdist.train.learner import run_learner
 
-        run_learner(cfg, args.run_dir, ctx, resume=args.resume or _restarted(args.run_dir, env),
-                    progress=not args.no_progress)
+        run_learner(cfg, args.run_dir, ctx, resume=resume, progress=not args.no_progress)
         sys.stdout.flush()
         sys.stderr.flush()
         # leave at once: after a lost learner, a communication thread may still wait on it in gloo
@@ -52,6 +53,27 @@ def main(argv: list[str] | None = None) -> int:
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
         os._exit(1)
+
+
+def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> None:
+    """Before joining the job: torchrun started as many learners as the run was prepared for, and
+    a run that already trained is continued (--resume), never trained again over its results (a
+    requeued cluster job started without --resume would otherwise discard its progress)."""
+    from asrdist.errors import ConfigError
+    from asrdist.train.checkpoint import latest_step_dir
+
+    if world_size != learners:
+        raise ConfigError(f"{run_dir}: prepared for {learners} learner(s), torchrun started {world_size}; start "
+                          f"nodes x --nproc-per-node = {learners} learners, or prepare the run again with "
+                          f"--learners {world_size}")
+    if resume:
+        return
+    done = (run_dir / "summary.json").is_file()
+    latest = latest_step_dir(run_dir)
+    if done or latest is not None:
+        what = "finished training (summary.json)" if done else f"has trained (checkpoint {latest.name})"
+        raise ConfigError(f"{run_dir}: {what}; continue it with `--resume` after the run directory, or prepare "
+                          f"a new one")
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:
