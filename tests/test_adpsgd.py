@@ -207,3 +207,32 @@ def test_the_exchange_group_fails_in_one_line_without_a_lost_learner_and_then_wa
     for rank in (0, 1):
         assert results[rank].startswith(f"rank {rank}: building the exchange group failed"), results[rank]
     assert run_distributed(_exchange_after_the_build_timeout, 2, tmp_path) == [[0, 0], (0, [0, 0])]
+
+
+def _job_loss(rank: int, world_size: int, run_dir: str):
+    ctx = learner_context()
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    strategy = AdpsgdStrategy(AdpsgdConfig())
+    strategy.setup(model, opt, ctx)
+    losses = []
+
+    def recorded_loss(model, batch):
+        loss, frames = _loss(model, batch)
+        losses.append((float(loss), frames))
+        return loss, frames
+    tr = Trainer(model, opt, strategy, JobEpochSampler(ListOrder(40), ctx.store, world_size),
+                 TrainerHooks(loss_fn=recorded_loss, lr_at=lambda s, e: 0.01), ctx, Path(run_dir), epochs=1,
+                 progress=False)
+    return {"train_loss": tr.fit().history[0]["train_loss"], "own": losses}
+
+
+def test_an_epochs_training_loss_is_the_jobs_not_the_leading_learners(tmp_path):
+    """Learners of a shared epoch take uneven shares (one validating may take none): the epoch's
+    `train_loss` is every minibatch of the job's, frame-weighted, the same on every learner."""
+    first, second = run_distributed(_job_loss, 2, tmp_path, str(tmp_path / "run"))
+    every = first["own"] + second["own"]
+    assert len(every) == 40
+    job = sum(loss * frames for loss, frames in every) / sum(frames for _, frames in every)
+    assert first["train_loss"] == pytest.approx(job, rel=1e-9) and second["train_loss"] == first["train_loss"]

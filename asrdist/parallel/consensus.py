@@ -39,6 +39,16 @@ def consensus_copy(module: torch.nn.Module, *, world_size: int, group=None,
     return averaged
 
 
+def job_totals(values: list[float], *, world_size: int, device: torch.device, group=None,
+               timeout: timedelta | None = None) -> list[float]:
+    """Each of `values` summed over the learners (float64; `values` itself for one learner)."""
+    if world_size == 1:
+        return list(values)
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    comm.allreduce(total, CommCounters(), group=group, timeout=timeout)
+    return total.tolist()
+
+
 def consensus_distance(module: torch.nn.Module, *, world_size: int, group=None,
                        timeout: timedelta | None = None) -> float:
     """mean_i ||x_i - x̄|| / ||x̄|| over the learners (0.0 for one learner)."""

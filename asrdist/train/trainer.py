@@ -28,7 +28,7 @@ import torch
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
-from asrdist.parallel.consensus import consensus_copy
+from asrdist.parallel.consensus import consensus_copy, job_totals
 from asrdist.parallel.membership import progress_key
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import MetricsLog
@@ -378,12 +378,18 @@ class Trainer:
         return finished
 
     def _end_epoch(self) -> None:
-        record = {"epoch": self.state.epoch,
-                  "train_loss": self.state.epoch_loss_sum / max(self.state.epoch_loss_frames, 1)}
+        record: dict[str, Any] = {"epoch": self.state.epoch, "train_loss": None}
         if self.job_epochs:
             record["minibatches"] = self.sampler.last_taken  # this learner's share of the job's epoch
         last = self.state.epoch == self.epochs - 1 or self._done()
         with self.strategy.paused():
+            # the job's loss, frame-weighted over the learners (a learner of a shared epoch may take
+            # few minibatches or none while it validates)
+            device = next(self.model.parameters()).device
+            loss_sum, frames = self.strategy.among_survivors(lambda group, members: job_totals(
+                [self.state.epoch_loss_sum, self.state.epoch_loss_frames], world_size=len(members), device=device,
+                group=group, timeout=self.ctx.timeout))
+            record["train_loss"] = loss_sum / frames if frames > 0 else None
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
@@ -412,7 +418,7 @@ class Trainer:
         """A strategy with advice for it (onebit) warns when an epoch's training loss is above the last one's."""
         advice = self.strategy.rising_loss_advice
         previous = self.state.history[-1]["train_loss"] if self.state.history else None
-        if advice is None or previous is None or not record["train_loss"] > previous:
+        if advice is None or previous is None or record["train_loss"] is None or not record["train_loss"] > previous:
             return
         record["loss_rose"] = True
         if self.ctx.job_rank == 0:
