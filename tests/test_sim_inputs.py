@@ -139,3 +139,17 @@ def test_the_speedup_is_over_a_healthy_learner_whichever_rank_straggles(tmp_path
                      "--json", str(out)]) == 0
         speedups.append(json.loads(out.read_text())["prediction"]["speedup"])
     assert speedups[0] == pytest.approx(speedups[1], rel=1e-9) and speedups[0] < 4 / 3 * 1.01
+
+
+def test_the_advisor_table_keeps_its_columns_apart_for_extreme_clusters():
+    from asrdist.sim.cli import table
+    from types import SimpleNamespace
+
+    row = SimpleNamespace(name="onebit_double_buffering", frames_per_second=0.3, speedup=1.5e-9,
+                          epoch_seconds=3600 * 4.83e8, comm_share=1.0, wait_share=0.96, bytes_per_step=2.7e8)
+    normal = SimpleNamespace(name="sync", frames_per_second=34076.2, speedup=4.757, epoch_seconds=3600 * 0.9071,
+                             comm_share=0.64, wait_share=0.41, bytes_per_step=3.159e8)
+    header, extreme, usual = table([row, normal]).splitlines()
+    assert extreme.split() == ["onebit_double_buffering", "0", "1.5e-09", "4.83e+08", "100", "96", "270.0"]
+    assert usual.split() == ["sync", "34,076", "4.76", "0.907", "64", "41", "315.9"]
+    assert len(header) == len(usual) == len(extreme)

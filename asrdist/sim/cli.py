@@ -153,11 +153,20 @@ def _setting(text: str):
     return key.strip(), _value(value.strip())
 
 
+def _figure(value: float, decimals: int) -> str:
+    """`decimals` places, or three significant digits for the tiny and huge figures of extreme
+    clusters (a 1 kbit/s link, a thousand hosts), which would otherwise read 0.000 or fill a row."""
+    return f"{value:.{decimals}f}" if value == 0 or 10 ** -decimals <= abs(value) < 1e6 else f"{value:.3g}"
+
+
 def table(predictions) -> str:
-    lines = [f"{'strategy':<26}{'frames/s':>12}{'speed-up':>10}{'h/epoch':>10}{'comm %':>8}{'wait %':>8}{'MB/step':>10}"]
+    """One row per strategy; every column right-aligned after at least one space, however wide."""
+    lines = [f"{'strategy':<26} {'frames/s':>11} {'speed-up':>9} {'h/epoch':>9} {'comm %':>7} {'wait %':>7} "
+             f"{'MB/step':>9}"]
     for p in predictions:
-        lines.append(f"{p.name:<26}{p.frames_per_second:>12,.0f}{p.speedup:>10.2f}{p.epoch_seconds / 3600:>10.3f}"
-                     f"{100 * p.comm_share:>8.0f}{100 * p.wait_share:>8.0f}{p.bytes_per_step / 1e6:>10.1f}")
+        lines.append(f"{p.name:<26} {p.frames_per_second:>11,.0f} {_figure(p.speedup, 2):>9} "
+                     f"{_figure(p.epoch_seconds / 3600, 3):>9} {100 * p.comm_share:>7.0f} {100 * p.wait_share:>7.0f} "
+                     f"{_figure(p.bytes_per_step / 1e6, 1):>9}")
     return "\n".join(lines)
 
 
