@@ -227,3 +227,41 @@ def test_every_numeric_field_has_a_checked_range(key, is_list, context):
             load_config(RECIPE, [*context, override])
         message = str(err.value)
         assert "\n" not in message and message.startswith(key), (override, message)
+
+
+def test_switching_strategy_names_the_recipe_strategy_settings_it_drops(tmp_path, capsys):
+    """--strategy X on a recipe written for strategy Y trains X from its defaults: the settings of Y
+    it leaves out are named, so `pattern: random` is not thought to reach hierarchical."""
+    import argparse
+
+    from asrdist.train.launch import resolve_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("strategy:\n  name: adpsgd\n  pattern: random\n  delay_by_one: true\n")
+    args = argparse.Namespace(config=str(recipe), overrides=[], data=None, epochs=None, learners=None, resume=None,
+                              strategy="hierarchical")
+    cfg = resolve_config(args)
+    assert cfg.strategy_name == "hierarchical" and cfg.strategy.pattern == "fixed"
+    assert ("--strategy hierarchical: the recipe's settings of strategy adpsgd (delay_by_one, pattern) are not used"
+            in capsys.readouterr().err)
+    args.strategy = "adpsgd"  # the recipe's own: kept, nothing to say
+    assert resolve_config(args).strategy.pattern == "random" and capsys.readouterr().err == ""
+
+
+def test_a_job_too_large_for_this_machine_is_refused_and_oversubscribed_threads_noted(monkeypatch, capsys):
+    from asrdist.config import load_config
+    from asrdist.errors import ConfigError
+    from asrdist.train import launch
+
+    cfg = load_config(str(ROOT / "configs/default.yaml"))
+    monkeypatch.setattr(launch, "_available_memory", lambda: 24 * 2 ** 30)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 2)
+    cfg.train.learners, cfg.train.threads = 300, 1
+    with pytest.raises(ConfigError, match=r"train.learners: 300 learners need about \d+\.\d GiB here .* 24.0 GiB"):
+        launch.check_this_machine(cfg)
+    cfg.train.learners = 4
+    launch.check_this_machine(cfg)
+    assert "train.threads=1 x 4 learner(s) = 4 threads on 2 core(s): oversubscribed" in capsys.readouterr().err
+    cfg.train.learners, cfg.train.threads = 2, 0
+    launch.check_this_machine(cfg)
+    assert capsys.readouterr().err == ""

@@ -6,6 +6,7 @@ cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as t
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import signal
@@ -61,8 +62,14 @@ def resolve_config(args) -> RunConfig:
         tree = read_config_tree(run_config_path(args.resume))  # what the last start ran with
     else:
         tree = read_config_tree(args.config)
-    if args.strategy is not None and (tree.get("strategy") or {}).get("name") != args.strategy:
+    recipe_strategy = tree.get("strategy") or {}
+    if args.strategy is not None and recipe_strategy.get("name") != args.strategy:
         tree["strategy"] = {"name": args.strategy}
+        dropped = sorted(k for k in recipe_strategy if k != "name")
+        if dropped:  # they belong to the recipe's strategy; the new one starts from its defaults
+            print(f"[asrdist] note: --strategy {args.strategy}: the recipe's settings of strategy "
+                  f"{recipe_strategy.get('name')} ({', '.join(dropped)}) are not used; give strategy.KEY=VALUE "
+                  f"to set them", file=sys.stderr)
     for o in flag_overrides + overrides:
         apply_override(tree, o)
     return config_from_tree(tree)
@@ -145,9 +152,47 @@ def _given_overrides(args) -> list[str]:
     return flags + list(args.overrides or [])
 
 
+LEARNER_MIB = 250
+"""Resident memory of one CPU learner before its model's copies (torch, its data, gloo): about
+250 MiB measured on the demo recipes."""
+
+
+def check_this_machine(cfg: RunConfig) -> None:
+    """`asrdist train` starts every learner on this machine: refuse a job whose learners cannot fit
+    in its memory (300 learners filled 24 GiB, and the kernel's OOM killer ended the job), and say
+    when their threads outnumber its cores."""
+    from asrdist.sim.cluster import parameter_count
+    from asrdist.sim.scenario import config_shapes
+
+    learners, cores = cfg.train.learners, os.cpu_count() or 1
+    per_learner = LEARNER_MIB * 2 ** 20 + 4 * 4 * parameter_count(config_shapes(cfg))  # weights, grads, 2 states
+    available = _available_memory()
+    if available is not None and learners * per_learner > available:
+        raise ConfigError(f"train.learners: {learners} learners need about {learners * per_learner / 2 ** 30:.1f} GiB "
+                          f"here ({per_learner / 2 ** 20:.0f} MiB each), this machine has "
+                          f"{available / 2 ** 30:.1f} GiB available; start fewer, or spread them over hosts with "
+                          f"`asrdist prepare` and torchrun")
+    if cfg.train.threads and learners * cfg.train.threads > cores:
+        print(f"[asrdist] note: train.threads={cfg.train.threads} x {learners} learner(s) = "
+              f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step slower "
+              f"(train.threads=0 shares the cores out)", file=sys.stderr)
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def train_command(args) -> int:
     cfg = resolve_config(args)
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
+    check_this_machine(cfg)
     if nodes != 1:
         check_emulated_cluster(cfg.train.learners, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
