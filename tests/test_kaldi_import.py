@@ -483,3 +483,13 @@ def test_transcripts_without_audio_and_speaker_tables_are_checked(tmp_path: Path
     assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "derived")]) == 0
     derived = read_data_dir(tmp_path / "derived").utterances
     assert {u: d.speaker for u, d in derived.items()} == {"spkA-001": "spkA", "spkA-002": "spkA", "spkB-001": "spkB"}
+
+
+def test_a_silent_recording_is_noted(tmp_path: Path, capsys):
+    """A recording of zeros (a failed recording) imports, with a note naming it."""
+    src = make_kaldi_dir(tmp_path, None)
+    write_wav(tmp_path / "audio" / "spkA-002.wav", np.zeros(int(0.22 * RATE), dtype=np.int16), RATE)
+    assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "out")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "zero samples" in line]
+    assert notes == [f"asrdist: note: {src / 'wav.scp'}: 1 recording(s) hold only zero samples (e.g. spkA-002): "
+                     f"silence, whatever their transcripts say"], notes

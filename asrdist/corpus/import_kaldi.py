@@ -224,6 +224,7 @@ class _Importer:
         self.src, self.progress, self.files = src, progress, files or {}
         self.bad: dict[str, str] = {}
         self.cut_at_end = 0  # segments ending 10 ms to MAX_OVERSHOOT_S after their recording (cut there)
+        self.silent: list[str] = []  # recordings whose every sample is zero (a failed recording?)
         if tables is None:
             tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
                       "segments": _read_table(src / "segments", self.bad, required=False),
@@ -294,6 +295,8 @@ class _Importer:
                 else:
                     path = _resolve(self.src, entry)
                 samples, rate = read_wav(path, where=where, channel=self.channel)
+                if not samples.any():
+                    self.silent.append(rec)
                 converted = path.parent != self.decoded and self.channel is not None and \
                     read_wav_format(path, where).channels > 1
                 if self.sample_rate is not None and rate != self.sample_rate:
@@ -443,6 +446,9 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
         if not skip_bad:
             raise DataError(imp.bad[utt_id])
         print(f"asrdist: skipped: {imp.bad[utt_id]}", file=sys.stderr)
+    if imp.silent:
+        print(f"asrdist: note: {imp.where('wav.scp')}: {len(imp.silent)} recording(s) hold only zero samples "
+              f"(e.g. {imp.silent[0]}): silence, whatever their transcripts say", file=sys.stderr)
     if imp.cut_at_end:
         print(f"asrdist: note: {imp.where('segments')}: {imp.cut_at_end} segment(s) end 10 ms to {MAX_OVERSHOOT_S} s "
               f"after their recording; cut at its end, as Kaldi's extract-segments does", file=sys.stderr)
