@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import errno
 import io
+import json
 import os
 import shutil
 import wave
@@ -491,3 +492,15 @@ def test_a_run_directory_a_failed_start_left_only_reports_in_can_take_a_new_run(
     with pytest.raises(AsrdistError, match="run directory exists and is not empty"):
         check_new_run_dir(run, tmp_path / "corpus")
     assert (run / "notes.txt").read_text() == "mine" and (run / "launcher.log").exists()
+
+
+def test_resuming_a_finished_run_trains_and_writes_nothing(trained, tmp_path, capsys):
+    """A run that did what its config asks is left as it is (no config-resume-K.yaml, no new start
+    in summary.json); more steps or epochs train on."""
+    run = _copy_run(tmp_path, trained)
+    before = snapshot(run)
+    assert main(["train", RECIPE, "--resume", str(run), "--no-progress"]) == 0
+    assert "already trained as far as this config asks" in capsys.readouterr().err
+    assert snapshot(run) == before
+    assert main(["train", RECIPE, "--resume", str(run), "--no-progress", "train.max_steps=6"]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 5  # the one epoch ends at step 5

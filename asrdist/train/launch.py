@@ -206,6 +206,10 @@ def train_command(args) -> int:
             raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
+        if rundir.finished(run_dir, cfg):
+            print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing to "
+                  f"resume: raise train.epochs (--epochs) or train.max_steps to train on", file=sys.stderr)
+            return 0
         print(f"[asrdist] note: --resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not "
               f"read; overrides on this command line apply)", file=sys.stderr)
     else:

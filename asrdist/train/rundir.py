@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -55,6 +56,18 @@ def check_resume(cfg: RunConfig, run_dir: Path, saved: RunConfig) -> Path:
                               f"{_value(now, key)!r}; a checkpoint resumes only with the settings it was made "
                               f"with: {hint}, or start a new run with --out")
     return ckpt.check_resumable(run_dir, cfg.train.learners)
+
+
+def finished(run_dir: Path, cfg: RunConfig) -> bool:
+    """Whether `run_dir` finished what `cfg` asks: its summary.json holds `train.epochs` epoch
+    records, or `train.max_steps` (when set) steps."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    max_steps = cfg.train.max_steps
+    return len(summary.get("history") or []) >= cfg.train.epochs or bool(
+        max_steps and (summary.get("steps") or 0) >= max_steps)
 
 
 def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str], taken: list[int]) -> Path:
