@@ -30,8 +30,9 @@ Lost learners (`asrdist.parallel.membership`; DESIGN.md §8). A gloo pair whose 
 once ("Connection closed by peer") and only that pair: the group goes on for everyone else. But a
 gloo operation that times out closes every pair of its group ("Application timeout caused pair
 closure"; both measured on torch 2.13), so in a job that survives losses (`ctx.survive_lost`: the
-launcher supervises every learner) the group waits without a timeout of its own and a watchdog
-reports a partner that misses the deadline as hung; the launcher then stops it, which ends the
+launcher supervises every learner) its waits pass the passives' wait of a day instead of the
+timeout (the group itself is built within the timeout, `exchange_group`) and a watchdog reports a
+partner that misses the deadline as hung; the launcher then stops it, which ends the
 wait. An exchange that fails or gets no answer within the timeout marks the partner lost: an active then takes the next live passive on the ring instead, a passive
 stops expecting the lost active's goodbye. Epoch-end metrics and the final average run over the
 survivors the learners agree on. A strategy nested in another (hierarchical) keeps failing fast.
@@ -93,15 +94,13 @@ def exchange_group(ranks: list[int] | None, timeout: timedelta, across: tuple[in
     within `timeout` (gloo's timeout of the group): a learner lost while the group forms fails it
     then, in one line, where a group made with the passives' wait of a day waited a day for it.
     Every wait on the group gives its own timeout (`_wait`, `_receive_header`)."""
-    if across is not None:
-        from asrdist.cluster.process_group import across_nodes
+    from asrdist.cluster.process_group import across_nodes
 
-        group = comm.guarded("building the exchange group",
-                             lambda: across_nodes(*across, timeout=timeout, backend="gloo"))
-    else:
-        group = comm.guarded("building the exchange group",
-                             lambda: dist.new_group(ranks, timeout=timeout, backend="gloo"))
-    return group
+    def build():
+        if across is not None:
+            return across_nodes(*across, timeout=timeout, backend="gloo")
+        return dist.new_group(ranks, timeout=timeout, backend="gloo")
+    return comm.guarded("building the exchange group", build)
 
 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:

@@ -122,7 +122,8 @@ def check_frames_against_alignments(corpus: Path) -> None:
 def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it") -> None:
     """One line when `run_dir` cannot take a new run: a file, a directory already holding anything
     (a run, a prepared run, a user's files, which the run's files would replace), or a place inside
-    the corpus (a run's files would become part of a split)."""
+    the corpus (a run's files would become part of a split). A directory holding only the failure
+    reports of an earlier start (`rundir.is_report`) is emptied of them and taken."""
     run_dir, corpus = Path(run_dir), Path(corpus).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise AsrdistError(f"{run_dir}: run directory is an existing file; pick another --out")

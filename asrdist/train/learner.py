@@ -21,6 +21,7 @@ from asrdist.config import RunConfig
 from asrdist.errors import ConfigError
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.consensus import job_totals
 from asrdist.train.trainer import Trainer, TrainerHooks
 
 
@@ -42,9 +43,9 @@ def _agree(ctx: LearnerContext):
         return lambda value: value
 
     def mean(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(t, group=ctx.group)
-        return float(t.item()) / ctx.world_size
+        total, = job_totals([value], world_size=ctx.world_size, device=ctx.device, group=ctx.group,
+                            timeout=ctx.timeout)
+        return total / ctx.world_size
     return mean
 
 

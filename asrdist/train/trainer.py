@@ -385,10 +385,9 @@ class Trainer:
         with self.strategy.paused():
             # the job's loss, frame-weighted over the learners (a learner of a shared epoch may take
             # few minibatches or none while it validates)
-            device = next(self.model.parameters()).device
             loss_sum, frames = self.strategy.among_survivors(lambda group, members: job_totals(
-                [self.state.epoch_loss_sum, self.state.epoch_loss_frames], world_size=len(members), device=device,
-                group=group, timeout=self.ctx.timeout))
+                [self.state.epoch_loss_sum, self.state.epoch_loss_frames], world_size=len(members),
+                device=self.ctx.device, group=group, timeout=self.ctx.timeout))
             record["train_loss"] = loss_sum / frames if frames > 0 else None
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
