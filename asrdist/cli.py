@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -22,6 +23,8 @@ COMMAND_MODULES = (
     "asrdist.sim.cli",
     "asrdist.demo",
 )
+
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     except AsrdistError as exc:
         print(f"asrdist: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in _ENVIRONMENT_ERRNOS:
+            raise
+        # the machine's refusal (a full disk, a read-only or forbidden destination) where no command
+        # caught it itself: one line naming the file, as for every other error
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"asrdist: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("asrdist: interrupted", file=sys.stderr)
         return 130

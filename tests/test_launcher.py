@@ -119,3 +119,34 @@ def test_a_transport_error_reaches_the_user_without_gloo_source_and_advice():
     assert transport_error(closed) == "Connection closed by peer [127.0.0.1]:41660"
     assert transport_error(RuntimeError("Operation timed out!")) == "Operation timed out!"
     assert transport_error(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_learner_without_a_report_file_is_named_by_the_line_it_printed(tmp_path):
+    """A full disk leaves no failed-rank file; the learner's own stderr line still names the cause."""
+    output = "[asrdist] epoch=0\nasrdist: error: learner rank 1: checkpoint: No space left on device\n"
+    assert failure_message(tmp_path, output, 1) == "learner rank 1: checkpoint: No space left on device"
+
+
+def _failing_learner(line: str):
+    import subprocess
+    import sys
+
+    code = f"import sys; print({line!r}, file=sys.stderr); sys.exit(1)"
+    return lambda: subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, bufsize=1)
+
+
+def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path):
+    """launcher.log on a full disk (/dev/full refuses every write): the job's failure is still the
+    learner's one line, for the torchrun agents and for the launcher that supervises learners itself."""
+    import pytest
+    import torch.distributed as dist
+
+    from asrdist.cluster.launcher import _Survival, run_agents
+    from asrdist.errors import TrainingError
+
+    (tmp_path / "launcher.log").symlink_to("/dev/full")
+    line = "asrdist: error: learner rank 0: checkpoint: No space left on device"
+    with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device$"):
+        run_agents([_failing_learner(line)], tmp_path, timeout=120)
+    with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device; no learner"):
+        run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=_Survival(dist.HashStore(), tmp_path))

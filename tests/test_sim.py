@@ -154,6 +154,17 @@ def test_learners_of_a_node_share_its_card_in_pairwise_exchanges():
     assert fps(2, 2) < 0.9 * fps(4, 1)
 
 
+def test_a_fixed_ring_of_nodes_keeps_its_step_time_as_nodes_are_added():
+    """On N nodes of two learners each node's card carries two exchanges of a fixed ring whatever
+    N is, so the step time stays put (it grew with N when an exchange held one card while it
+    waited for the next: a convoy around the ring)."""
+    def step(nodes: int) -> float:
+        cluster = Cluster(nodes, 2, LINKS["nvlink"], LINKS["1gbit"])
+        return simulate(_spec("adpsgd", {"pattern": "fixed"}, cluster)).seconds_per_step
+
+    assert step(32) < 1.2 * step(4)
+
+
 def test_a_recurrent_model_pays_a_fixed_cost_per_minibatch_on_a_gpu():
     from asrdist.sim.cluster import DEVICES, MODELS, step_overhead
 
@@ -281,3 +292,10 @@ def test_a_run_config_averages_what_its_optimizer_keeps_per_parameter():
         assert job.state_copies == cases[name][1]
         sent[name] = sum(run_job(job).detail.bytes_per_step)
     assert sent["momentum"] == pytest.approx(2 * sent["local momentum"], rel=1e-6) and sent["local momentum"] > 0
+
+
+@pytest.mark.parametrize("strategy", ["sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid"])
+def test_every_strategy_simulates_a_lone_learner(strategy):
+    one = Cluster(1, 1, LINKS["1gbit"], LINKS["1gbit"])
+    result = simulate(_spec(strategy, cluster=one))
+    assert result.frames_per_second > 0 and result.bytes_sent == [0] * len(result.bytes_sent)

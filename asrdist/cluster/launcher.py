@@ -125,6 +125,11 @@ class _Survival:
 
     def __init__(self, store, report_dir: Path):
         self.store, self.report_dir = store, report_dir
+        self.log: _ReportLog | None = None
+        """The launcher's log (set by `run_agents`)."""
+        self.outputs: list[list[str]] = []
+        """Each learner's last stderr lines, and the threads that read them (set by `run_agents`)."""
+        self.pumps: list[threading.Thread] = []
         self.lost: dict[int, str] = {}
         """rank -> the one line that says why it was lost."""
         self._declared: dict[int, float] = {}  # rank -> when its peers' report was seen, it still running
@@ -155,7 +160,13 @@ class _Survival:
     def _lose(self, rank: int, code: int, learners: int) -> None:
         from asrdist.parallel.membership import lost_key, report_lost
 
-        report = _first_line(self.report_dir / f"failed-rank-{rank}.txt").removeprefix(f"learner rank {rank}: ")
+        report = _first_line(self.report_dir / f"failed-rank-{rank}.txt")
+        if not report and rank < len(self.outputs):  # no report file (a full disk): the line it printed
+            self.pumps[rank].join(2.0)  # its last lines: the pipe closes as the process exits
+            said = [m for m in _LEARNER_ERROR.findall("".join(self.outputs[rank]))
+                    if m.startswith(f"learner rank {rank}: ")]
+            report = said[0] if said else ""
+        report = report.removeprefix(f"learner rank {rank}: ")
         how = report or (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
         record = report_lost(self.store, rank, how, by="launcher")
         if rank in self._stopped:  # alive, but its peers gave up on it
@@ -172,8 +183,8 @@ class _Survival:
         line = f"[asrdist] learner rank {rank} lost{at} ({how}); {goes_on}\n"
         sys.stderr.write(line)
         sys.stderr.flush()
-        with open(self.report_dir / LOG_NAME, "a", encoding="utf-8") as log:
-            log.write(line)
+        if self.log is not None:
+            self.log.write(line)
 
     def outcome(self, codes: list[int]) -> None:
         """Nothing when a learner finished; else one line naming the learner lost first."""
@@ -212,7 +223,9 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
     outputs: list[list[str]] = []
     pumps: list[threading.Thread] = []
     deadline = None if timeout is None else time.monotonic() + timeout
-    with open(report_dir / LOG_NAME, "a", encoding="utf-8") as log:
+    with _ReportLog(report_dir / LOG_NAME) as log:
+        if survival is not None:
+            survival.log, survival.outputs, survival.pumps = log, outputs, pumps
         try:
             for start in starters:
                 proc = start()
@@ -334,13 +347,52 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             stop_process(p, grace_s=0.1)
 
 
-def _pump(proc: subprocess.Popen, tail: list[str], log) -> None:
+class _ReportLog:
+    """`launcher.log`, kept best-effort: a disk that fills up (or a log that cannot be written at
+    all) must not turn the learners' own one-line error into the launcher's traceback. Lines are
+    flushed as they come; after the first failed write the log stops, and the learners' output is
+    still echoed and kept in memory for the failure line."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._file = open(path, "a", encoding="utf-8")
+        except OSError:
+            self._file = None
+
+    def write(self, line: str) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except OSError:
+                self._close()
+
+    def _close(self) -> None:
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "_ReportLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._close()
+
+
+def _pump(proc: subprocess.Popen, tail: list[str], log: _ReportLog) -> None:
     """Copy an agent's stderr into the log; echo the learners' own lines (not torch's launcher
     reports and tracebacks, not the learners' error lines: the launcher prints the one line)."""
     hidden = False
     for line in proc.stderr:
         log.write(line)
-        log.flush()
         tail.append(line)
         del tail[:-400]
         if line.startswith("[asrdist]"):  # a learner's own line again (after a restart)
@@ -364,6 +416,11 @@ _TIMED_OUT = re.compile(r"timed out|timeout caused", re.IGNORECASE)
 asrdist's "(timeout 20 s)" label, which every failed collective carries."""
 
 
+_LEARNER_ERROR = re.compile(r"^asrdist: error: (learner rank \d+: .*)$", re.MULTILINE)
+"""The one line a failing learner prints (asrdist.train.worker), also when its report file could
+not be written."""
+
+
 def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
     """One line naming the learner that failed first.
 
@@ -384,6 +441,9 @@ def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
             return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
     if reports:
         return _first_line(reports[0])
+    said = _LEARNER_ERROR.findall(launcher_output)
+    if said:  # no report file (a full disk): the line the learner printed
+        return said[0]
     if failures:
         rank, code = failures[0]
         return f"learner rank {rank} failed (exit code {code}); the job was stopped"

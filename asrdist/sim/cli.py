@@ -82,11 +82,20 @@ def build_job(args):
         if args.device not in DEVICES:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
         device = DEVICES[args.device]
+        if m["recurrent"] and not device.recurrent_step_cost:
+            raise ConfigError(f"--device {args.device}: no fixed cost per minibatch of a recurrent model is known for "
+                              f"it (its figures are for a DNN), so --model {args.model} would run on it faster than "
+                              f"on a V100; use --device p100 or v100, or give --seconds-per-frame")
         spf, overhead = seconds_per_frame(device, parameter_count(shapes)), step_overhead(device, m)
     cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
         raise ConfigError(f"--global-batch: must be at least {cluster.learners} (one frame per learner), got {batch}")
+    if batch % cluster.learners:
+        low = batch // cluster.learners * cluster.learners
+        raise ConfigError(f"--global-batch: {batch} frames do not split evenly over {cluster.learners} learners; "
+                          f"use a multiple of {cluster.learners}, e.g. {max(low, cluster.learners)} or "
+                          f"{low + cluster.learners}")
     if batch > args.frames_per_epoch:
         raise ConfigError(f"--global-batch: a minibatch of {batch} frames is more than --frames-per-epoch "
                           f"({args.frames_per_epoch:g})")

@@ -25,7 +25,8 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   messages at once, one each way (the passive replies as soon as it is asked; a link keeps
   `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
   SimPy resource: contention), without stopping its compute; an
-  exchange across nodes holds both nodes' cards (their learners share them); delay-by-one
+  exchange across nodes shares both nodes' cards with the exchanges in flight on them (their
+  learners share them: its rate is divided by the flows on the busier card); delay-by-one
   overlaps the exchange with the next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
   leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
@@ -180,6 +181,7 @@ class _Simulation:
         self.rng = random.Random(spec.seed)
         self.steps = spec.steps
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
+        self.average: list[Transfer] = []  # averaging's allreduce (none for a lone learner)
         c = spec.cluster
         if c.shared_cores:
             self.cores = [SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
@@ -263,7 +265,7 @@ class _Simulation:
 
     def _after_step(self, me: _Learner, step: int):
         s = self.spec
-        if s.strategy == "averaging" and (step + 1) % self.average_every == 0:
+        if self.average and (step + 1) % self.average_every == 0:
             for i, t in enumerate(self.average):
                 yield from self.collective(me, t, step, 1000 + i, share=self.average_share)
             t0 = self.env.now
@@ -399,17 +401,22 @@ class _Simulation:
         crosses = len(nodes) == 2
         # the passive replies as soon as it is asked: one message each way, at once
         duration = transfer_seconds(ex, self.cluster, crosses, max(ex.bytes_sent, ans.bytes_sent))
-        # an exchange across nodes holds both nodes' cards: the learners of a node share it
-        cards = [self.cards[node].request() for node in nodes] if crosses else []
-        for card in cards:  # in node order: no two exchanges wait on each other
-            yield card
+        # an exchange across nodes shares both nodes' cards with the other exchanges in flight on
+        # them (the learners of a node share its card): its rate is the card's rate over the flows
+        # on the busier card when it starts. (Holding a card exclusively instead made exchanges
+        # queue in a convoy around a fixed ring, one after the other however many nodes.)
+        if crosses:
+            for node in nodes:
+                self.flows[node] += 1
+            duration *= max(self.flows[node] for node in nodes)
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]
         if s.network_cost:  # each side sends one message and receives the other
             moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent)
             work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
         yield self.env.all_of(work)
-        for node, card in zip(nodes, cards):
-            self.cards[node].release(card)
+        if crosses:
+            for node in nodes:
+                self.flows[node] -= 1
         # both move halfway: the active before it goes on, the passive before it answers again
         self.env.process(self._passive_average(passive, partner_unit, turn))
         yield from self.cpu(leader, s.copy_cost * s.values * 1.5)
@@ -459,7 +466,7 @@ class _Simulation:
             self.unit_size = per_unit
             units = self.n // per_unit
             self.answerers = [simpy.Resource(env, capacity=1) for _ in range(units)]
-            self.cards = [simpy.Resource(env, capacity=1) for _ in range(c.nodes)]
+            self.flows = [0] * c.nodes  # exchanges in flight on each node's card
             self.exchange = exchange_traffic(s.values)
             node_traffic, broadcast = [], None
             if per_unit > 1:
