@@ -21,13 +21,16 @@ from asrdist.checks import cli_number
 from asrdist.errors import DataError
 
 DIM = 40
+MIN_UTTERANCES = 16
+"""The chunk sampler's batch (64 chunks of 21 frames) from utterances of at least 100 frames."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=None,
                         help="corpus or split directory whose audio to time (default: FSDD recordings)")
-    parser.add_argument("--utterances", type=cli_number(int, at_least=1), default=2000,
-                        help="utterances (100-500 frames each) in the sampler's temporary store")
+    parser.add_argument("--utterances", type=cli_number(int, at_least=MIN_UTTERANCES), default=2000,
+                        help=f"utterances (100-500 frames each) in the sampler's temporary store (at least "
+                             f"{MIN_UTTERANCES}: one batch of 64 chunks of 21 frames)")
     parser.add_argument("--epochs", type=cli_number(int, at_least=1), default=3, help="sampler epochs timed")
 
 
@@ -58,6 +61,9 @@ def _fbank_speed(data: Path | None) -> dict:
         native = measure_speed(None, num_mel_bins=DIM)
         result["fbank_x_realtime_native_8khz"] = native["fbank_x_realtime"]
         return result
+    if not data.is_dir():
+        raise DataError(f"--data {data}: {'no such directory' if not data.exists() else 'not a directory'} "
+                        f"(give a corpus, a split or an FSDD recordings directory)")
     splits = [data] if (data / "wav.scp").is_file() else sorted(p for p in data.iterdir() if (p / "wav.scp").is_file())
     if not splits:  # not a corpus: an FSDD checkout
         result = measure_speed(data, num_mel_bins=DIM)

@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict[str, Any]:
-    cases = [c for c in args.only.split(",") if c]
+    cases = [c.strip() for c in args.only.split(",") if c.strip()]
+    if not cases:
+        raise ConfigError(f"bench faults --only {args.only!r} names no case; choose from {', '.join(CASES)}")
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         raise ConfigError(f"bench faults --only: unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")

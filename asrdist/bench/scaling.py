@@ -105,6 +105,8 @@ def run(args) -> dict:
     nodes_mode = args.nodes is not None or args.per_node is not None
     sweep = args.learners if args.learners is not None else (None if nodes_mode else DEFAULT_LEARNERS)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies and not nodes_mode:
+        raise ConfigError(f"bench scaling: --strategies {args.strategies!r} names no strategy")
     for name in strategies:
         strategy_config_class(name)  # unknown names fail before anything starts
     if nodes_mode:
