@@ -168,7 +168,7 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
 def load_summary(run_dir: Path) -> dict:
     """RUN_DIR/summary.json, with the keys a comparison reads checked."""
     path = Path(run_dir) / "summary.json"
-    if not Path(run_dir).is_dir():
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise DataError(f"{run_dir}: not a run directory (give the directory that holds summary.json)")
     try:
         summary = json.loads(path.read_text())
