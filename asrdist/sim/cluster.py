@@ -63,7 +63,7 @@ LINKS: dict[str, Link] = {
                                  "(`asrdist bench simulator` measures it)"),
 }
 
-V100_SHARE, V100_RECURRENT_STEP_COST, K20X_SHARE = 0.740, 0.0948, 0.491
+V100_SHARE, V100_RECURRENT_STEP_COST, K20X_SHARE = 0.765, 0.1011, 0.491
 """Sustained share of fp32 peak and fixed cost per LSTM minibatch, as `simulate --validate`
 calibrates them (`validate.calibrate`); the K20X's share follows from the V100's one-GPU job."""
 

@@ -117,6 +117,7 @@ class SimSpec:
 @dataclass
 class SimResult:
     frames_per_second: float
+    """The job's frames per second: the sum of each learner's frames over its own time."""
     seconds_per_step: float
     """Mean over learners of wall seconds per own minibatch."""
     comm_share: float
@@ -128,6 +129,10 @@ class SimResult:
     bytes_sent: list[int]
     steps: list[int]
     compute_seconds_per_step: float
+    tail_seconds: float = 0.0
+    """Learners that claim minibatches from a pool (adpsgd, hierarchical): from the moment the
+    pool ran dry to the last learner's end (a straggler's last minibatch, exchanges in flight).
+    An epoch pays it once, beyond its frames at `frames_per_second`."""
 
 
 class _Learner:
@@ -182,6 +187,7 @@ class _Simulation:
         self.steps = spec.steps
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
         self.average: list[Transfer] = []  # averaging's allreduce (none for a lone learner)
+        self.dry_at: float | None = None  # when the last minibatch of the pool was claimed
         c = spec.cluster
         if c.shared_cores:
             self.cores = [SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
@@ -328,6 +334,8 @@ class _Simulation:
         if self.pool <= 0:
             return False
         self.pool -= 1
+        if self.pool == 0:
+            self.dry_at = self.env.now
         return True
 
     def adpsgd_unit(self, members: list[_Learner], leader_rank: int, unit: int, units: int, node_traffic,
@@ -414,6 +422,7 @@ class _Simulation:
             moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent)
             work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
         yield self.env.all_of(work)
+        passive.comm += duration  # its answer in flight (its compute goes on meanwhile: no wait)
         if crosses:
             for node in nodes:
                 self.flows[node] -= 1
@@ -483,10 +492,14 @@ class _Simulation:
 
     def _summary(self) -> SimResult:
         ls = [self.learners[r] for r in stand_ins(self.spec)]
-        end = max(l.done_at for l in ls) or 1e-12
-        frames = sum(l.frames for l in ls)
+        # each learner's own rate, summed: the job's rate while every learner works. (Frames over
+        # the last learner's end instead let one long event at the end of a short simulated
+        # window, a straggler's last minibatch or an exchange over a slow link, set the figure
+        # for the learners that move at their own pace; in lock step both are the same.)
+        end = max(l.done_at for l in ls)
         return SimResult(
-            frames_per_second=frames / end,
+            frames_per_second=sum(l.frames / l.done_at for l in ls if l.done_at > 0),
+            tail_seconds=max(0.0, end - self.dry_at) if self.dry_at is not None else 0.0,
             seconds_per_step=sum(l.done_at / max(l.steps, 1) for l in ls) / len(ls),
             comm_share=sum(min(l.comm / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
             wait_share=sum(min(l.wait / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),

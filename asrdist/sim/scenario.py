@@ -111,20 +111,37 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
         sync_phase = simulate(job.spec(synchronous=True))
         async_phase = simulate(job.spec())
         sync_epochs = min(job.strategy_config.sync_epochs, job.epochs)
-        seconds = (sync_epochs / sync_phase.frames_per_second
-                   + (job.epochs - sync_epochs) / async_phase.frames_per_second) * job.frames_per_epoch
+        phases = [(sync_phase, sync_epochs), (async_phase, job.epochs - sync_epochs)]
+        times = [epochs * epoch_seconds(r, job.frames_per_epoch) for r, epochs in phases]
+        seconds = sum(times)
         result = async_phase if job.epochs > sync_epochs else sync_phase
         fps = job.epochs * job.frames_per_epoch / seconds
+        # the shares over the job's time in each phase, the bytes over its minibatches in each
+        comm = sum(r.comm_share * t for (r, _), t in zip(phases, times)) / seconds
+        wait = sum(r.wait_share * t for (r, _), t in zip(phases, times)) / seconds
+        sent = sum(_bytes_per_step(r) * epochs for r, epochs in phases) / job.epochs
     else:
         result = simulate(job.spec())
-        fps = result.frames_per_second
-        seconds = job.epochs * job.frames_per_epoch / fps
+        seconds = job.epochs * epoch_seconds(result, job.frames_per_epoch)
+        fps = job.epochs * job.frames_per_epoch / seconds
+        comm, wait, sent = result.comm_share, result.wait_share, _bytes_per_step(result)
     # the speed-up's base is a healthy learner, whichever rank the straggler is
     one = simulate(dataclasses.replace(job.spec(Cluster(1, 1, job.cluster.inside, job.cluster.between,
                                                           job.cluster.shared_cores)), strategy="single", slowdown={}))
     return Prediction(name or job.strategy, job.cluster.learners, fps, fps / one.frames_per_second,
-                      seconds / job.epochs, seconds, result.comm_share, result.wait_share,
-                      max(result.bytes_per_step), result)
+                      seconds / job.epochs, seconds, comm, wait, sent, result)
+
+
+def epoch_seconds(result: SimResult, frames_per_epoch: float) -> float:
+    """An epoch's time: its frames at the simulated rate, and once the end of the pool (the wait
+    for the last minibatches and exchanges in flight when it ran dry)."""
+    return frames_per_epoch / result.frames_per_second + result.tail_seconds
+
+
+def _bytes_per_step(result: SimResult) -> float:
+    """Bytes sent per learner and minibatch over the job (a passive that answers many exchanges
+    and a straggler that made few steps of its own in the same figure)."""
+    return sum(result.bytes_sent) / max(sum(result.steps), 1)
 
 
 def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = None, progress: bool = False
