@@ -154,6 +154,6 @@ def test_the_advisor_table_keeps_its_columns_apart_for_extreme_clusters():
     normal = SimpleNamespace(name="sync", frames_per_second=34076.2, speedup=4.757, epoch_seconds=3600 * 0.9071,
                              comm_share=0.64, wait_share=0.41, bytes_per_step=3.159e8)
     header, extreme, usual = table([row, normal]).splitlines()
-    assert extreme.split() == ["onebit_double_buffering", "0", "1.5e-09", "4.83e+08", "100", "96", "270.0"]
+    assert extreme.split() == ["onebit_double_buffering", "0.3", "1.5e-09", "4.83e+08", "100", "96", "270.0"]
     assert usual.split() == ["sync", "34,076", "4.76", "0.907", "64", "41", "315.9"]
     assert len(header) == len(usual) == len(extreme)

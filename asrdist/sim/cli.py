@@ -173,7 +173,8 @@ def table(predictions) -> str:
     lines = [f"{'strategy':<26} {'frames/s':>11} {'speed-up':>9} {'h/epoch':>9} {'comm %':>7} {'wait %':>7} "
              f"{'MB/step':>9}"]
     for p in predictions:
-        lines.append(f"{p.name:<26} {p.frames_per_second:>11,.0f} {_figure(p.speedup, 2):>9} "
+        fps = f"{p.frames_per_second:,.0f}" if p.frames_per_second >= 1 else _figure(p.frames_per_second, 0)
+        lines.append(f"{p.name:<26} {fps:>11} {_figure(p.speedup, 2):>9} "
                      f"{_figure(p.epoch_seconds / 3600, 3):>9} {100 * p.comm_share:>7.0f} {100 * p.wait_share:>7.0f} "
                      f"{_figure(p.bytes_per_step / 1e6, 1):>9}")
     return "\n".join(lines)

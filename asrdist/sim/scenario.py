@@ -183,8 +183,10 @@ def explain(ranked: list[Prediction]) -> str:
                f"learner's speed, {100 * best.wait_share:.0f}% of each step waiting on communication): train on "
                f"one learner, or on a faster network"]
     else:
-        why = [f"{best.name} wins: {best.epoch_seconds / 3600:.2f} h per epoch, {best.speedup:.1f}x one learner, "
-               f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
+        hours = best.epoch_seconds / 3600
+        why = [f"{best.name} wins: {hours:.2f}" if hours >= 0.1 else f"{best.name} wins: {hours:.2g}"]
+        why[0] += (f" h per epoch, {best.speedup:.1f}x one learner, "
+                   f"{100 * best.wait_share:.0f}% of each step waiting on communication")
     if sync is not None and sync is not best:
         bound = "wire-bound" if sync.wait_share > 0.3 else "compute-bound"
         why.append(f"sync is {bound}: {100 * sync.wait_share:.0f}% of each step blocked communicating "
