@@ -80,6 +80,11 @@ class DataConfig:
         check_field("data.freq_warp", self.freq_warp, float, at_least=0, at_most=0.3)
 
 
+MAX_SLOWDOWN = 1000.0
+"""The largest straggler slowdown (and jitter factor) taken: beyond it a step's sleep is no
+emulation of a slow learner but a hang, and far beyond it no clock can hold the deadline."""
+
+
 @dataclass
 class StragglerConfig:
     ranks: list[int] = field(default_factory=list)
@@ -94,8 +99,8 @@ class StragglerConfig:
             raise ConfigError(f"train.straggler.ranks: expected a list of learner ranks, got {self.ranks!r}")
         for rank in self.ranks:
             check_field("train.straggler.ranks", rank, at_least=0)
-        check_field("train.straggler.slowdown", self.slowdown, float, at_least=1)
-        check_field("train.straggler.jitter", self.jitter, float, at_least=0)
+        check_field("train.straggler.slowdown", self.slowdown, float, at_least=1, at_most=MAX_SLOWDOWN)
+        check_field("train.straggler.jitter", self.jitter, float, at_least=0, at_most=MAX_SLOWDOWN)
 
 
 @dataclass

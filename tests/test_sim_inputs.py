@@ -44,6 +44,7 @@ def test_a_bad_number_is_argparse_usage_error_naming_the_option(option, value, c
     (["--straggler", "3:0.5"], "--straggler: expected RANK:SLOWDOWN"),
     (["--straggler", "3:nan"], "--straggler: expected RANK:SLOWDOWN"),
     (["--straggler", "3:inf"], "--straggler: expected RANK:SLOWDOWN"),
+    (["--straggler", "3:1e308"], "--straggler: expected RANK:SLOWDOWN with 0 <= RANK < 8 and 1 <= SLOWDOWN <= 1000"),
     (["--set", "pattern=random"], "--set needs --strategy"),
     (["--strategy", "sync", "--set", "overlap"], "--set: expected KEY=VALUE"),
     (["--strategy", "sync", "--set", "foo=1"], "--set: sync has no setting 'foo'"),

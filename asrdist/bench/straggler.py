@@ -23,6 +23,7 @@ import os
 from typing import Any
 
 from asrdist.checks import cli_number
+from asrdist.config import MAX_SLOWDOWN
 from asrdist.errors import ConfigError
 
 
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default="1gbit", help="1gbit | 10gbit | loopback | any tc rate")
     parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
     parser.add_argument("--straggler-rank", type=cli_number(int, at_least=0), default=3)
-    parser.add_argument("--slowdown", type=cli_number(float, at_least=1), default=3.0)
+    parser.add_argument("--slowdown", type=cli_number(float, at_least=1, at_most=MAX_SLOWDOWN), default=3.0)
     parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=512, help="default DNN width (4 hidden layers)")
     parser.add_argument("--compute-ms", type=cli_number(float, above=0), default=400.0, help="regime 1: emulated compute per step")
     parser.add_argument("--overlap-compute-ms", type=cli_number(float, at_least=0), default=0.0,

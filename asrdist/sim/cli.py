@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.config import MAX_SLOWDOWN
 from asrdist.errors import ConfigError
 
 
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="default: 309 h at 100 frames/s")
     p.add_argument("--epochs", type=cli_number(int, at_least=1), default=1)
     p.add_argument("--straggler", default=None, metavar="RANK:SLOWDOWN", help="e.g. 3:3.0 (slowdown >= 1)")
-    p.add_argument("--jitter", type=cli_number(float, at_least=0), default=0.0,
+    p.add_argument("--jitter", type=cli_number(float, at_least=0, at_most=MAX_SLOWDOWN), default=0.0,
                    help="every step's compute x (1 + uniform(0, J))")
     p.add_argument("--json", type=Path, default=None, help="also write the result as JSON")
     p.set_defaults(func=run)
@@ -133,9 +134,9 @@ def _straggler(text: str, learners: int) -> dict[int, float]:
         rank, factor = int(rank), float(factor)
     except ValueError:
         colon = ""
-    if not colon or not 0 <= rank < learners or not 1 <= factor < math.inf:
-        raise ConfigError(f"--straggler: expected RANK:SLOWDOWN with 0 <= RANK < {learners} and a finite SLOWDOWN "
-                          f">= 1, like 3:3.0, got {text!r}")
+    if not colon or not 0 <= rank < learners or not 1 <= factor <= MAX_SLOWDOWN:
+        raise ConfigError(f"--straggler: expected RANK:SLOWDOWN with 0 <= RANK < {learners} and 1 <= SLOWDOWN <= "
+                          f"{MAX_SLOWDOWN:g}, like 3:3.0, got {text!r}")
     return {rank: factor}
 
 
