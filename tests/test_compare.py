@@ -105,7 +105,8 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
 
     page = (out / "report.html").read_text()
     assert "<title>asrdist compare: single, sync, onebit</title>" in page
-    assert ("fed the single run's 1000.0 us per frame of training step, the learners' steps timed here at 2.5 x "
+    assert ("fed the one-learner run's (single) 1000.0 us per frame of training step (its own row is that figure "
+            "again), the learners' steps timed here at 2.5 x "
             "its cost per frame and gloo's 0.20 ns of CPU per byte.") in html.unescape(page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) on 2 CPU core(s)" in page
     assert re.search(r"<td>onebit</td><td>2</td><td>0\.2200</td>", page)

@@ -69,7 +69,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     return {**setup, "metric": metric, "nodes": nodes, "network": network,
             "cores": next((r["cores"] for r in runs if r["cores"]), None),
             "one_learner_compute_seconds_per_frame": lone["compute_seconds_per_frame"] if lone else None,
-            "one_learner_step_seconds_per_frame": spf,
+            "one_learner_step_seconds_per_frame": spf, "one_learner_run": lone["run"] if lone else None,
             "machine": {k: v for k, v in machine.items() if k != "step_cost_ratio"}, "runs": runs,
             "table": {"columns": columns, "rows": rows}}
 
@@ -140,7 +140,9 @@ def simulator_line(summary: dict) -> str:
     spf = summary.get("one_learner_step_seconds_per_frame")
     if not spf:
         return ""
-    line = f" Simulated frames/s: asrdist's simulator, fed the single run's {1e6 * spf:.1f} us per frame of training step"
+    lone = summary.get("one_learner_run") or "single"
+    line = (f" Simulated frames/s: asrdist's simulator, fed the one-learner run's ({lone}) {1e6 * spf:.1f} us per "
+            f"frame of training step (its own row is that figure again)")
     ratios = sorted({round(r["step_cost_ratio"], 2) for r in summary["runs"]
                      if r.get("step_cost_ratio") is not None and r["learners"] > 1})
     if ratios:
