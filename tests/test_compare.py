@@ -210,6 +210,9 @@ def test_trains_what_is_missing_and_resumes_what_is_unfinished(tmp_path, monkeyp
     (["--strategies", "sync,sync"], "'sync' given twice"),
     (["optim.nosuch=1"], "optim.nosuch"),
     (["--data", "NOCORPUS"], "NOCORPUS: not a corpus"),
+    # what `asrdist train` refuses of one strategy's run is refused before the first one trains
+    (["--strategies", "single,adpsgd", "train.max_restarts=1"],
+     "adpsgd: train.max_restarts: adpsgd goes on without a lost learner"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, argv, message, capsys, no_training):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"

@@ -60,7 +60,7 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
     """The resolved config of every strategy's run, exactly as `asrdist train` would resolve it.
     Checks everything before anything is trained: a bad override or strategy fails here, and so
     does a learner count the emulated hosts cannot share."""
-    from asrdist.train.launch import check_emulated_cluster, resolve_config
+    from asrdist.train.launch import check_job, resolve_config
 
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
@@ -69,8 +69,11 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
     for name in strategies:
         cfg = resolve_config(_train_args(config, name, learners_of(name, learners), data, overrides, out=None))
         cfg.data.corpus = str(Path(cfg.data.corpus).resolve())  # as train_command records it
-        if hosts.of(name).nodes > 1:
-            check_emulated_cluster(cfg.train.learners, hosts.nodes, hosts.network)
+        where = hosts.of(name)
+        try:
+            check_job(cfg, where.nodes, where.network, note=False)
+        except ConfigError as e:
+            raise ConfigError(f"{name}: {e}") from None
         configs[name] = cfg
     corpus = Path(next(iter(configs.values())).data.corpus)
     if not (corpus / "train").is_dir():

@@ -159,10 +159,21 @@ counted once: 115-220 MiB (PSS) measured on a 4-learner run of a tiny DNN; the c
 low end, so that it only refuses what cannot fit."""
 
 
-def check_this_machine(cfg: RunConfig) -> None:
+def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool = True) -> None:
+    """What `asrdist train` checks of a resolved config before it writes anything; `asrdist compare`
+    checks every strategy's run with it before it trains the first."""
+    check_this_machine(cfg, note)
+    if nodes != 1:
+        check_emulated_cluster(cfg.train.learners, nodes, network)
+    if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
+        raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
+                          "restarting; set it to 0")
+
+
+def check_this_machine(cfg: RunConfig, note: bool = True) -> None:
     """`asrdist train` starts every learner on this machine: refuse a job whose learners cannot fit
     in its memory (300 learners filled 24 GiB, and the kernel's OOM killer ended the job), and say
-    when their threads outnumber its cores."""
+    (`note`) when their threads outnumber its cores."""
     from asrdist.sim.cluster import parameter_count
     from asrdist.sim.scenario import config_shapes
 
@@ -174,7 +185,7 @@ def check_this_machine(cfg: RunConfig) -> None:
                           f"here ({per_learner / 2 ** 20:.0f} MiB each), this machine has "
                           f"{available / 2 ** 30:.1f} GiB available; start fewer, or spread them over hosts with "
                           f"`asrdist prepare` and torchrun")
-    if cfg.train.threads and learners * cfg.train.threads > cores:
+    if note and cfg.train.threads and learners * cfg.train.threads > cores:
         print(f"[asrdist] note: train.threads={cfg.train.threads} x {learners} learner(s) = "
               f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step slower "
               f"(train.threads=0 shares the cores out)", file=sys.stderr)
@@ -194,13 +205,8 @@ def _available_memory() -> int | None:
 def train_command(args) -> int:
     cfg = resolve_config(args)
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
-    check_this_machine(cfg)
-    if nodes != 1:
-        check_emulated_cluster(cfg.train.learners, nodes, network)
+    check_job(cfg, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
-    if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
-        raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
-                          "restarting; set it to 0")
     if args.resume is not None:
         run_dir = args.resume
         if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
