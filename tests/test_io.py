@@ -146,3 +146,16 @@ def test_an_output_directory_never_replaces_a_file_or_its_own_input(tmp_path):
     with atomic_dir(tmp_path / "elsewhere", inputs=(source,)) as tmp:  # beside the input: fine
         (tmp / "ok").write_text("1")
     assert (tmp_path / "elsewhere" / "ok").exists()
+
+
+def test_an_output_where_nothing_can_be_created_is_one_error_naming_it():
+    """/proc refuses new entries with ENOENT: the error names the output, not the temporary name."""
+    import pytest
+
+    from asrdist.errors import OutputError
+    from asrdist.utils.io import atomic_path
+
+    for make in (atomic_dir, atomic_path):
+        with pytest.raises(OutputError, match=r"^/proc/asrdist-out: cannot write: No such file or directory$"):
+            with make("/proc/asrdist-out"):
+                pass

@@ -100,7 +100,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     check_frames_against_alignments(corpus)
     if targets["kind"] in CTC_TARGETS:
         note_short_utterances(corpus / "train", targets, cfg.model.subsample)
-    with output_errors(run_dir):
+    with output_errors(run_dir, creating=True):
         run_dir.mkdir(parents=True, exist_ok=True)
     save_targets(run_dir, targets)
     write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

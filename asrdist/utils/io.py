@@ -19,18 +19,21 @@ _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EA
 
 
 @contextlib.contextmanager
-def output_errors(path: str | os.PathLike) -> Iterator[None]:
+def output_errors(path: str | os.PathLike, creating: bool = False) -> Iterator[None]:
     """While writing `path` (a file or an output directory), a full disk, a read-only file system
     or a missing permission becomes one OutputError line naming the file (or `path`) and the
-    system's reason; other errors pass unchanged."""
+    system's reason; other errors pass unchanged. `creating`: only creating the output happens
+    inside, so a missing entry (ENOENT: a place such as /proc where nothing can be created) is
+    one too."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in _OUTPUT_ERRNOS:
+        if exc.errno not in _OUTPUT_ERRNOS and not (creating and exc.errno == errno.ENOENT):
             raise
         from asrdist.errors import OutputError
 
-        raise OutputError(f"{exc.filename or path}: cannot write: {exc.strerror or exc}") from None
+        where = path if creating else exc.filename or path  # not the temporary name beside it
+        raise OutputError(f"{where}: cannot write: {exc.strerror or exc}") from None
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -52,7 +55,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         from asrdist.errors import OutputError
 
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
-    with output_errors(path):
+    with output_errors(path, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
@@ -209,7 +212,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
     """
     path = Path(path)
     check_output_dir(path, overwrite, inputs)
-    with output_errors(path):
+    with output_errors(path, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a corpus should be as readable as any dir
