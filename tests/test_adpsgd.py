@@ -143,12 +143,15 @@ def _straggler(rank, world_size, run_dir, pattern):
                  emulate_compute_ms=50.0, straggler_ranks=[1], straggler_slowdown=3.0)
     state = tr.fit()
     return {"taken": state.history[0]["minibatches"], "distance": state.history[0]["consensus_distance"],
+            "by_learner": state.history[0]["minibatches_by_learner"],
             "params": torch.cat([p.detach().reshape(-1) for p in model.parameters()])}
 
 
 def test_the_fast_learner_of_two_takes_about_three_times_the_minibatches(tmp_path):
     fast, slow = run_distributed(_straggler, 2, tmp_path, str(tmp_path / "run"), "fixed")
     assert fast["taken"] + slow["taken"] == 60
+    # every learner's record holds every learner's share (rank 0's goes to metrics.jsonl)
+    assert fast["by_learner"] == slow["by_learner"] == {"0": fast["taken"], "1": slow["taken"]}
     # steps of 50 ms + o against 150 ms + o, o = a step's own cost: 3x on an idle machine, still above
     # 1.5 while a loaded one adds up to 150 ms per step (at 15 ms a loaded suite once gave 37 / 23);
     # lock-step sync would give 1.0

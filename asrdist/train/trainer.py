@@ -385,10 +385,20 @@ class Trainer:
         with self.strategy.paused():
             # the job's loss, frame-weighted over the learners (a learner of a shared epoch may take
             # few minibatches or none while it validates)
-            loss_sum, frames = self.strategy.among_survivors(lambda group, members: job_totals(
-                [self.state.epoch_loss_sum, self.state.epoch_loss_frames], world_size=len(members),
-                device=self.ctx.device, group=group, timeout=self.ctx.timeout))
+            # and, in a job's epoch, every learner's share of it (each adds its own count in its slot)
+            def totals(group, members):
+                shares = [0.0] * len(members) if self.job_epochs else []
+                if shares:
+                    shares[members.index(self.ctx.job_rank)] = float(self.sampler.last_taken)
+                summed = job_totals([self.state.epoch_loss_sum, self.state.epoch_loss_frames, *shares],
+                                    world_size=len(members), device=self.ctx.device, group=group,
+                                    timeout=self.ctx.timeout)
+                return summed, members
+
+            (loss_sum, frames, *shares), members = self.strategy.among_survivors(totals)
             record["train_loss"] = loss_sum / frames if frames > 0 else None
+            if shares:
+                record["minibatches_by_learner"] = {str(rank): int(n) for rank, n in zip(members, shares)}
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
