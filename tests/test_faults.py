@@ -107,6 +107,7 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends
     got = json.loads((run_dir / "summary.json").read_text())
     assert got["steps"] == ref["steps"]
     assert got["final"]["valid_loss"] == pytest.approx(ref["final"]["valid_loss"], rel=1e-6)
+    assert ref["starts"] == 1 and got["starts"] == 2  # the restart is a start of its own
 
 
 def test_bench_faults_times_the_detection_of_a_killed_learner(tone_corpus, tmp_path):

@@ -60,7 +60,9 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
         "wall_seconds": max(state.wall_seconds, wall_seconds),
         "wall_seconds_last_start": wall_seconds,
-        "starts": 1 + len(list(run_dir.glob("config-resume-*.yaml"))),
+        # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
+        "starts": (1 + len(list(run_dir.glob("config-resume-*.yaml")))
+                   + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)),
         "final": final,
         "comm": {
             "bytes_sent": sum(p["bytes_sent"] for p in per_learner),
