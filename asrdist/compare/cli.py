@@ -21,7 +21,7 @@ DEFAULT_LEARNERS = 4
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="train one recipe under several strategies; HTML report and summary.json")
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, applied to every run")
+    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides, applied to every run")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES})")
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=DEFAULT_LEARNERS,
                    help=f"learners of every run but single's (default: {DEFAULT_LEARNERS})")

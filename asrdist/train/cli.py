@@ -10,8 +10,8 @@ from asrdist.checks import cli_number
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train an acoustic model with N learners")
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
-    p.add_argument("--out", type=Path, default=None, help="run directory")
+    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/CONFIG-YYYYmmdd-HHMMSS)")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
     p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="number of local learners")

@@ -17,7 +17,7 @@ from asrdist.checks import cli_number
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="prepare a run directory for torchrun / SLURM (starts no learner)")
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
+    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
     p.add_argument("--out", type=Path, required=True, help="run directory (on storage every host sees)")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
     p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
