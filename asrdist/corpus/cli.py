@@ -13,13 +13,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = csub.add_parser("synth", help="synthetic multi-speaker English corpus with exact phone alignments")
     s.add_argument("out", type=Path)
-    s.add_argument("--utterances", type=cli_number(int, at_least=3), default=1000)
-    s.add_argument("--seed", type=cli_number(int), default=0)
+    s.add_argument("--utterances", type=cli_number(int, at_least=3), default=1000, help="default: 1000")
+    s.add_argument("--seed", type=cli_number(int), default=0, help="default: 0")
     s.add_argument("--synthesizer", choices=["espeak", "flite"], default="espeak")
     s.add_argument("--jobs", type=cli_number(int, at_least=0), default=0, help="worker processes (default: all cores)")
     s.add_argument("--noise-snr", type=cli_number(float), default=None, help="add white noise at this SNR in dB")
     s.add_argument("--skip-bad", action="store_true", help="skip and count bad utterances")
-    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     s.set_defaults(func=_synth)
 
     f = csub.add_parser("fsdd", help="Free Spoken Digit Dataset as a corpus")
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel recordings, which are an error without it")
     f.add_argument("--skip-bad", action="store_true")
-    f.add_argument("--overwrite", action="store_true")
+    f.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     f.set_defaults(func=_fsdd)
 
     k = csub.add_parser("import-kaldi", help="a corpus from Kaldi data directories (train / dev / test)")
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="use channel K (0-based) of multi-channel audio, which is an error without it "
                         "(stored as mono copies in OUT/audio)")
     k.add_argument("--skip-bad", action="store_true")
-    k.add_argument("--overwrite", action="store_true")
+    k.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     k.set_defaults(func=_import_kaldi)
 
     h = csub.add_parser("import-lhotse", help="a corpus from lhotse manifests (recordings + supervisions)")
@@ -57,13 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("out", type=Path)
     _add_split_options(h, "manifest part (e.g. train-clean-5)")
     h.add_argument("--skip-bad", action="store_true")
-    h.add_argument("--overwrite", action="store_true")
+    h.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     h.set_defaults(func=_import_lhotse)
 
     e = csub.add_parser("export-kaldi", help="export a corpus split as a plain Kaldi data directory")
     e.add_argument("src", type=Path)
     e.add_argument("out", type=Path)
-    e.add_argument("--overwrite", action="store_true")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     e.set_defaults(func=_export_kaldi)
 
 

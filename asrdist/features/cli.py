@@ -18,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel audio, which is an error without it; "
                         "the store records it, and train / eval / align re-extract with it")
-    p.add_argument("--skip-bad", action="store_true")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--skip-bad", action="store_true", help="leave out and count utterances whose audio cannot be read")
+    p.add_argument("--overwrite", action="store_true", help="replace the split's existing feature store")
     p.set_defaults(func=_features)
 
 
