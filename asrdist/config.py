@@ -223,6 +223,9 @@ class RunConfig:
         if self.eval.adapt_rounds and self.model.kind != "ctc":
             raise ConfigError(f"eval.adapt_rounds: speaker adaptation is for CTC models, not model.name="
                               f"{self.model.name}")
+        if self.data.edge_crop and self.model.kind != "ctc":
+            raise ConfigError(f"data.edge_crop: crops the silence around CTC utterances; model.name="
+                              f"{self.model.name} trains frame targets, which it would misalign: set it to 0")
         for rank in self.train.straggler.ranks:
             if rank >= learners:
                 raise ConfigError(f"train.straggler.ranks: each rank must be in [0, {learners - 1}] "

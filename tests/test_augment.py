@@ -170,3 +170,17 @@ def test_augmented_store_feeds_the_samplers_with_stretched_labels(tmp_path: Path
     torch.testing.assert_close(sampler.batch_at(0, 2).inputs, first[2])  # masks are a function of (seed, epoch, batch)
     tokens = store.expand_tokens({u: [1, 2] for u in originals})
     assert len(UtteranceBatchSampler(store, tokens, max_frames=400, seed=0)) > 0
+
+
+def test_edge_cropping_is_refused_for_a_frame_model():
+    """Edge cropping drops frames from CTC utterances; a frame model's labels would misalign, and
+    the crop was silently skipped for it: the key is an error there, not a no-op."""
+    import pytest
+
+    from asrdist.config import DataConfig, RunConfig
+    from asrdist.errors import ConfigError
+    from asrdist.models.registry import ModelConfig
+
+    with pytest.raises(ConfigError, match="^data.edge_crop: .*model.name=dnn trains frame targets"):
+        RunConfig(model=ModelConfig(name="dnn"), data=DataConfig(edge_crop=0.5))
+    assert RunConfig(model=ModelConfig(name="ctc"), data=DataConfig(edge_crop=0.5)).data.edge_crop == 0.5
