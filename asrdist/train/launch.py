@@ -165,6 +165,13 @@ def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool
     check_this_machine(cfg, note)
     if nodes != 1:
         check_emulated_cluster(cfg.train.learners, nodes, network)
+    learners = cfg.train.learners
+    if (note and cfg.strategy_name in ("hierarchical", "hybrid") and nodes == 1 and learners > 1
+            and cfg.train.group_size in (0, learners)):
+        print(f"[asrdist] note: {cfg.strategy_name} with one node of {learners} learners (train.group_size "
+              f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it trains as "
+              f"sync; set train.group_size (e.g. {learners // 2 if learners % 2 == 0 else 1}) or --nodes",
+              file=sys.stderr)
     if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
         raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
                           "restarting; set it to 0")

@@ -414,7 +414,8 @@ class Trainer:
         self.state.history.append(record)
         self.metrics.log("epoch", self.state.step, **record)
         if leads:
-            shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+            shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+                              if k != "minibatches_by_learner")  # one entry per learner: metrics.jsonl only
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1
         self.save_checkpoint()
