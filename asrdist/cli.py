@@ -6,6 +6,7 @@ import errno
 import importlib
 import os
 import sys
+import warnings
 
 from asrdist.errors import AsrdistError
 
@@ -24,6 +25,7 @@ COMMAND_MODULES = (
     "asrdist.demo",
 )
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
@@ -36,7 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_default_formatwarning = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """asrdist's own warnings as one line on the terminal (a note, not a source listing)."""
+    if str(filename).startswith(_PACKAGE_DIR):
+        return f"[asrdist] warning: {message}\n"
+    return _default_formatwarning(message, category, filename, lineno, line)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.formatwarning = _format_warning
     parser = build_parser()
     # `section.key=value` overrides may follow options (asrdist train CONFIG --epochs 2 optim.lr=0.1)
     args, extra = parser.parse_known_args(argv)

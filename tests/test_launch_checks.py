@@ -17,3 +17,15 @@ def test_hierarchical_on_one_node_says_it_trains_as_sync(capsys):
         assert "trains as sync" not in capsys.readouterr().err
     check_job(_config("hierarchical", 4), note=False)  # compare checks first, train says it once
     assert capsys.readouterr().err == ""
+
+
+def test_asrdists_own_warnings_reach_the_terminal_as_one_line():
+    import os
+
+    import asrdist
+    from asrdist.cli import _format_warning
+
+    inside = os.path.join(os.path.dirname(asrdist.__file__), "cluster", "launcher.py")
+    assert _format_warning("emulated network: no netem", RuntimeWarning, inside, 83) == \
+        "[asrdist] warning: emulated network: no netem\n"
+    assert "RuntimeWarning" in _format_warning("other", RuntimeWarning, "/elsewhere/x.py", 3)
