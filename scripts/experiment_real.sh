@@ -8,7 +8,8 @@ set -euo pipefail
 OUT=${1:-runs/real}
 CORPUS=${2:-$OUT/corpus}
 shift 2 || shift $# || true
-ASRDIST=${ASRDIST:-.venv/bin/asrdist}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)  # the checkout: its venv and recipes, from any directory
+ASRDIST=${ASRDIST:-$ROOT/.venv/bin/asrdist}
 mkdir -p "$OUT"
 [ -d "$CORPUS" ] || $ASRDIST corpus fsdd "$CORPUS" --sample-rate 16000 > /dev/null
 run() {  # run NAME CONFIG: train (unless finished) and evaluate on the test split
@@ -21,10 +22,10 @@ run() {  # run NAME CONFIG: train (unless finished) and evaluate on the test spl
   echo "$name: $(python3 -c "import json,sys; e=json.load(open('$OUT/$name/eval.json')); s=json.load(open('$OUT/$name/summary.json'))
 print(', '.join(f'{k} {e[k]:.4f}' for k in ('per','cer','wer','sentence_accuracy','frame_accuracy') if k in e), f'train {s[\"wall_seconds\"]:.0f} s')")"
 }
-run phones configs/real_phones.yaml "$@"
+run phones "$ROOT"/configs/real_phones.yaml "$@"
 $ASRDIST align "$OUT/phones" --data "$CORPUS" --no-progress > "$OUT/align.json"
-run hybrid configs/real_hybrid.yaml "$@"
-[ -d "$OUT/compare" ] || $ASRDIST bench compare --train configs/real_hybrid.yaml --data "$CORPUS" --learners 2 \
+run hybrid "$ROOT"/configs/real_hybrid.yaml "$@"
+[ -d "$OUT/compare" ] || $ASRDIST bench compare --train "$ROOT"/configs/real_hybrid.yaml --data "$CORPUS" --learners 2 \
     --strategies sync,onebit,averaging --out "$OUT/compare" "$@"
 $ASRDIST bench compare "$OUT"/compare/* --json "$OUT/compare.json"
-run chars configs/real_chars.yaml "$@"
+run chars "$ROOT"/configs/real_chars.yaml "$@"

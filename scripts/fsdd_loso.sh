@@ -7,8 +7,9 @@
 set -euo pipefail
 OUT=${1:-runs/fsdd-loso}
 shift || true
-ASRDIST=${ASRDIST:-.venv/bin/asrdist}
-PY=${PY:-.venv/bin/python}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)  # the checkout: its venv and recipes, from any directory
+ASRDIST=${ASRDIST:-$ROOT/.venv/bin/asrdist}
+PY=${PY:-$ROOT/.venv/bin/python}
 mkdir -p "$OUT"
 SPEAKERS=$($PY -c "from asrdist.corpus.fsdd import find_recordings, resolve_source
 print(' '.join(sorted({r.speaker for r in find_recordings(resolve_source(None))})))")
@@ -16,7 +17,7 @@ for spk in $SPEAKERS; do
   [ -d "$OUT/corpus-$spk" ] || $ASRDIST corpus fsdd "$OUT/corpus-$spk" --test-speaker "$spk" > /dev/null
   if [ ! -f "$OUT/run-$spk/summary.json" ]; then
     rm -rf "$OUT/run-$spk"
-    $ASRDIST train configs/fsdd.yaml --data "$OUT/corpus-$spk" --out "$OUT/run-$spk" --no-progress "$@"
+    $ASRDIST train "$ROOT"/configs/fsdd.yaml --data "$OUT/corpus-$spk" --out "$OUT/run-$spk" --no-progress "$@"
   fi
   $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" > /dev/null
   $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" --vocabulary none --out "$OUT/run-$spk/eval-free.json" > /dev/null
