@@ -63,7 +63,7 @@ def test_cli_list_parses_every_item_and_refuses_the_empty_list_unless_allowed():
     (["bench", "ngsgd", "--blocks", "0"], "--blocks", "an integer >= 1"),
     (["bench", "ngsgd", "--widths", "a,b"], "--widths", "a comma-separated list of integers >= 1"),
     (["bench", "ngsgd", "--learners", "0"], "--learners", "an integer >= 2"),
-    (["bench", "straggler", "--slowdown", "nan"], "--slowdown", "a number >= 1"),
+    (["bench", "straggler", "--slowdown", "nan"], "--slowdown", "a number >= 1 and <= 1000"),
     (["bench", "scaling", "--learners", ""], "--learners", "a comma-separated list of integers >= 1"),
     (["bench", "comm", "--timeout", "-5"], "--timeout", "a number > 0"),
     (["bench", "compare", "--learners", "0"], "--learners", "an integer >= 1"),

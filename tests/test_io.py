@@ -159,3 +159,18 @@ def test_an_output_where_nothing_can_be_created_is_one_error_naming_it():
         with pytest.raises(OutputError, match=r"^/proc/asrdist-out: cannot write: No such file or directory$"):
             with make("/proc/asrdist-out"):
                 pass
+
+
+def test_an_output_directory_inside_an_input_is_not_replaced(tmp_path):
+    """`import-kaldi SRC SRC/train --overwrite` would replace SRC's own train directory."""
+    import pytest
+
+    from asrdist.errors import AsrdistError
+    from asrdist.utils.io import check_output_dir
+
+    (tmp_path / "src" / "train").mkdir(parents=True)
+    (tmp_path / "src" / "train" / "wav.scp").write_text("u1 /a.wav\n")
+    with pytest.raises(AsrdistError, match="lies inside the input"):
+        check_output_dir(tmp_path / "src" / "train", overwrite=True, inputs=(tmp_path / "src",))
+    assert (tmp_path / "src" / "train" / "wav.scp").is_file()
+    check_output_dir(tmp_path / "src" / "new", overwrite=True, inputs=(tmp_path / "src",))  # nothing to delete

@@ -179,7 +179,8 @@ def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
     """One AsrdistError line when `path` cannot be a command's new output directory: it is a file
     or lies under one, it is a non-empty directory and `overwrite` is off, or replacing it would
     delete one of the command's `inputs` (it is one of them or holds one; None entries: inputs not
-    given). Commands call it before any long work, so a wrong output fails at once."""
+    given), or it exists inside one of them (replacing it would delete part of that input).
+    Commands call it before any long work, so a wrong output fails at once."""
     from asrdist.errors import AsrdistError, OutputError
 
     path = Path(path)
@@ -196,6 +197,9 @@ def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
         if source == out or out in source.parents:
             raise AsrdistError(f"{path}: output directory {'is' if source == out else 'holds'} the input "
                                f"{source}, which writing it would delete; choose another output directory")
+        if source in out.parents and path.exists():
+            raise AsrdistError(f"{path}: output directory lies inside the input {source}, so replacing it would "
+                               f"delete part of the input; choose another output directory")
     if path.exists() and not overwrite and any(path.iterdir()):
         raise AsrdistError(f"{path}: output directory exists and is not empty")
 
