@@ -296,3 +296,19 @@ def test_decode_refuses_fifos_and_devices_as_audio(resumed_run, tmp_path, capsys
         assert main(["decode", str(run), str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{path}: not a regular file ({kind}" in err[0], err
+
+
+def test_eval_out_never_replaces_a_file_of_the_split_it_reads(tmp_path):
+    import pytest
+
+    from asrdist.errors import OutputError
+    from asrdist.eval.cli import check_output_file
+
+    split = tmp_path / "test"
+    split.mkdir()
+    (split / "text").write_text("u1 one\n")
+    (split / "eval.json").write_text("{}\n")
+    with pytest.raises(OutputError, match="exists inside the input"):
+        check_output_file(split / "text", inputs=(split,))
+    check_output_file(split / "eval.json", inputs=(split,))  # an earlier eval's own output
+    check_output_file(split / "new.json", inputs=(split,))

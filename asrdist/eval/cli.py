@@ -68,7 +68,8 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     """One OutputError line when `path` cannot become the command's output file, said before the
     (long) work rather than as a traceback after it. Outputs are replaced atomically (a new file
     renamed onto `path`), so `path` must be a regular file or nothing: renaming onto /dev/null
-    would replace the device. `inputs` are files the command reads, which it must not replace."""
+    would replace the device. `inputs` are files the command reads, which it must not replace, and
+    directories it reads, in which it must not replace a file."""
     if path.is_dir():
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
     if path.exists() and not path.is_file():
@@ -78,6 +79,10 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     for source in inputs:
         if Path(source).resolve() == path.resolve():
             raise OutputError(f"{path}: output file is the input {source}, which writing it would destroy")
+        if (path.exists() and Path(source).is_dir() and Path(source).resolve() in path.resolve().parents
+                and not path.name.endswith((".json", "hyp.txt"))):  # an earlier eval's output is no input
+            raise OutputError(f"{path}: output file exists inside the input {source}, which writing it would "
+                              f"change; give another file name")
     _probe_directory(path)
 
 
@@ -104,8 +109,9 @@ def _eval(args):
 
     out = args.out or args.run_dir / "eval.json"
     run_files = tuple(args.run_dir / name for name in ("model.pt", "targets.pt", "config.yaml"))
+    data = (args.data,) if args.data is not None else ()
     for path in (out, hyp_path(out)):
-        check_output_file(path, inputs=run_files)
+        check_output_file(path, inputs=run_files + data)
     return eval_command(args)
 
 
