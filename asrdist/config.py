@@ -302,7 +302,12 @@ def apply_override(tree: dict, override: str) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override '{override}': '{p}' is not a section")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        reason = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(f"override '{override}': the value is not YAML ({reason}); a text value "
+                          f"with such characters needs quotes inside the shell's") from None
     if isinstance(value, str):
         try:  # YAML 1.1 reads "1e-3" as a string
             value = float(value)

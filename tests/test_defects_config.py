@@ -265,3 +265,11 @@ def test_a_job_too_large_for_this_machine_is_refused_and_oversubscribed_threads_
     cfg.train.learners, cfg.train.threads = 2, 0
     launch.check_this_machine(cfg)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value", ["[1", "{", "*x", "@", "`", "'", "%x", "!!binary x", "!!python/name:os.system"])
+def test_an_override_that_is_not_yaml_is_one_line(value):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, [f"optim.lr={value}"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"override 'optim.lr={value}': the value is not YAML ("), message

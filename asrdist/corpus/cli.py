@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = csub.add_parser("synth", help="synthetic multi-speaker English corpus with exact phone alignments")
     s.add_argument("out", type=Path)
     s.add_argument("--utterances", type=cli_number(int, at_least=3), default=1000, help="default: 1000")
-    s.add_argument("--seed", type=cli_number(int), default=0, help="default: 0")
+    s.add_argument("--seed", type=cli_number(int, at_least=0), default=0, help="default: 0")
     s.add_argument("--synthesizer", choices=["espeak", "flite"], default="espeak")
     s.add_argument("--jobs", type=cli_number(int, at_least=0), default=0, help="worker processes (default: all cores)")
     s.add_argument("--noise-snr", type=cli_number(float), default=None, help="add white noise at this SNR in dB")
