@@ -75,9 +75,10 @@ def copy_data(src: Path, dst: Path, ignore=None) -> Path:
 
 
 def error_line(capsys) -> str:
-    """The one line on stderr (a terminal's progress bars, `...%|###|`, aside)."""
+    """The one error line on stderr (a terminal's progress bars, `...%|###|`, and the notes a
+    command gives before it fails aside)."""
     lines = [line.split("\r")[-1] for line in capsys.readouterr().err.splitlines()]
-    lines = [line for line in lines if line.strip() and "%|" not in line]
+    lines = [line for line in lines if line.strip() and "%|" not in line and not line.startswith("[asrdist] note:")]
     assert len(lines) == 1 and lines[0].startswith("asrdist: error: "), lines
     return lines[0]
 
@@ -181,6 +182,13 @@ def _half_written_after_a_broken_one(run: Path) -> None:
     first.write_bytes(first.read_bytes()[:3000])
     (run / "checkpoints" / "step-00000006").mkdir()
     shutil.copy(run / "checkpoints" / "step-00000004" / "rank-1.pt", run / "checkpoints" / "step-00000006" / "rank-1.pt")
+
+
+def _misshapen_checkpoint(run: Path) -> None:
+    state = torch.load(_latest_file(run), weights_only=False)
+    name = next(iter(state["model"]))
+    state["model"][name] = torch.zeros(3)
+    torch.save(state, _latest_file(run))
 
 
 def _latest_file(run: Path) -> Path:
@@ -306,6 +314,15 @@ CASES: dict[str, Case] = {
         _resume(lambda run: (_half_written_after_a_broken_one(run),
                              (run / "checkpoints" / "latest").write_text("step-00000006\n")), "--learners", "2"),
         ("step-00000006/rank-0.pt: checkpoint file missing", "echo step-00000002 >")),
+    "resume: a readable checkpoint of something else": Case(
+        _resume(lambda run: torch.save({}, _latest_file(run)), "train.max_steps=6"),
+        ("step-00000004/rank-0.pt: not this run's checkpoint (no 'model' entry)", "echo step-00000002 >")),
+    "resume: a checkpoint with a misshapen tensor": Case(
+        _resume(_misshapen_checkpoint, "train.max_steps=6"),
+        ("step-00000004/rank-0.pt: not this run's checkpoint", "size mismatch")),
+    "resume: truncated targets.pt": Case(
+        _resume(lambda run: (run / "targets.pt").write_bytes((run / "targets.pt").read_bytes()[:10]), "train.max_steps=6"),
+        ("targets.pt: not a readable targets file",)),
     "resume: latest lost": Case(_resume(lambda run: (run / "checkpoints" / "latest").unlink()),
                                 ("checkpoints/latest: missing", "complete checkpoint with `echo step-00000004 >")),
     "resume: empty latest": Case(_resume(lambda run: (run / "checkpoints" / "latest").write_text("")),

@@ -50,7 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
-    from asrdist.errors import ConfigError
     from asrdist.cluster.netem import resolve_network
     from asrdist.cluster.netem_launch import run_learners
     from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy

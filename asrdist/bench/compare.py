@@ -16,7 +16,6 @@ JSON has one row per run under `runs`.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from asrdist.checks import cli_number

@@ -22,11 +22,9 @@ def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Mod
 
 
 def _read_model_file(path: Path) -> dict:
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise DataError(f"{path}: not a readable model file ({type(exc).__name__}: {detail})") from None
+    from asrdist.train.checkpoint import read_torch_file
+
+    blob = read_torch_file(path, "model file")
     if not isinstance(blob, dict):
         raise DataError(f"{path}: not an asrdist model file (a {type(blob).__name__}, expected a mapping)")
     for key in ("model", "config", "input_dim"):

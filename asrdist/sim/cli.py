@@ -4,7 +4,6 @@ source documents' figures against the simulator's."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from asrdist.checks import cli_number

@@ -16,12 +16,12 @@ import random
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from asrdist.errors import TrainingError
+from asrdist.errors import DataError, TrainingError
 from asrdist.utils.io import save_torch_atomic, write_text_atomic
 
 KEEP_LAST = 2
@@ -121,6 +121,11 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     return d
 
 
+def resume_advice(run_dir: Path, broken: Path | None, learners: int) -> str:
+    """What to do about the checkpoint `broken` that cannot be resumed (see `_advice`)."""
+    return _advice(run_dir, broken, learners)
+
+
 def _advice(run_dir: Path, broken: Path | None, learners: int) -> str:
     """What to do about a checkpoint that cannot be loaded (`broken`; None: `latest` is lost):
     point `latest` at the newest complete checkpoint of `learners` files older than it."""
@@ -162,8 +167,13 @@ def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> Non
     save_torch_atomic(path, {"model": model.state_dict(), **extra})
 
 
-def load_model(path: Path, build: Callable[[dict], torch.nn.Module]) -> tuple[torch.nn.Module, dict]:
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    model = build(blob)
-    model.load_state_dict(blob["model"])
-    return model, blob
+def read_torch_file(path: Path, what: str) -> Any:
+    """torch.load of a run's file, its damage (truncated, garbage, missing) one DataError naming it."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
+    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(f"{path}: not a readable {what} ({type(exc).__name__}: {detail})") from None
+

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from asrdist.config import RunConfig
 from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
@@ -295,7 +294,11 @@ def load_targets(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "targets.pt"
     if not path.is_file():
         raise DataError(f"{path}: missing; is {run_dir} an asrdist run directory?")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    from asrdist.train.checkpoint import read_torch_file
+
+    blob = read_torch_file(path, "targets file")
+    if not isinstance(blob, dict):
+        raise DataError(f"{path}: not an asrdist targets file (a {type(blob).__name__})")
     if isinstance(blob.get("tied"), dict):
         blob["tied"] = TiedStates.from_dict(blob["tied"])
     if isinstance(blob.get("tokenizer"), dict):

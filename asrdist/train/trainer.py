@@ -270,7 +270,16 @@ class Trainer:
         return size / base if size and base else 1.0
 
     def resume(self) -> None:
-        self.restore_snapshot(ckpt.load_learner(self.run_dir, self.ctx.job_rank, self.ctx.job_world_size))
+        state = ckpt.load_learner(self.run_dir, self.ctx.job_rank, self.ctx.job_world_size)
+        try:
+            self.restore_snapshot(state)
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            # a readable archive with other contents (another run's file, a hand-edited one)
+            path = ckpt.latest_step_dir(self.run_dir) / f"rank-{self.ctx.job_rank}.pt"
+            what = f"no '{exc.args[0]}' entry" if isinstance(exc, KeyError) else \
+                " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise TrainingError(f"{path}: not this run's checkpoint ({what}); "
+                                f"{ckpt.resume_advice(self.run_dir, path.parent, self.ctx.job_world_size)}") from None
         if self.job_epochs and self.ctx.job_rank == 0:
             print(f"[asrdist] resuming at the start of epoch {self.state.epoch + 1} (the last job checkpoint; "
                   f"an asynchronous strategy does not resume mid-epoch)", flush=True)
