@@ -63,14 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     except AsrdistError as exc:
         print(f"asrdist: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except OSError as exc:
-        if exc.errno not in _ENVIRONMENT_ERRNOS:
-            raise
-        # the machine's refusal (a full disk, a read-only or forbidden destination) where no command
-        # caught it itself: one line naming the file, as for every other error
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"asrdist: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("asrdist: interrupted", file=sys.stderr)
         return 130
@@ -79,6 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         # with stdout pointed at /dev/null so the interpreter's last flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + 13  # the shell's status for a writer killed by SIGPIPE
+    except OSError as exc:  # after BrokenPipeError, one of them
+        if exc.errno not in _ENVIRONMENT_ERRNOS:
+            raise
+        # the machine's refusal (a full disk, a read-only or forbidden destination) where no command
+        # caught it itself: one line naming the file, as for every other error
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"asrdist: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 
