@@ -230,6 +230,15 @@ def _other_rows(rows):  # two utterances' offsets swapped: each now reads (part 
     rows[0][2], rows[1][2] = rows[1][2], rows[0][2]
 
 
+def _foreign_phone_id(corpus: Path) -> None:
+    split = corpus / "train"
+    alignments = read_alignments(split)
+    first = sorted(alignments)[0]
+    alignments[first] = alignments[first].copy()
+    alignments[first][3] = 99
+    write_alignments(split, alignments)
+
+
 def _longer_alignment(corpus: Path) -> None:
     split = corpus / "train"
     alignments = read_alignments(split)
@@ -363,6 +372,8 @@ CASES: dict[str, Case] = {
     "data: missing meta.json (features)": Case(_damaged(lambda c: (c / "train/feats/meta.json").unlink(), "features"),
                                                ("train/feats/meta.json: missing", "--overwrite")),
     "data: frames do not match alignments": Case(_damaged(_longer_alignment), ("alignment.scp", "utterance spk2-000")),
+    "data: a phone id outside the phone table": Case(
+        _damaged(_foreign_phone_id), ("train/alignment.scp: utterance", "phone id 99 is outside the corpus' phone table")),
     "data: stereo WAV (features)": Case(_raw_split(lambda s: write_stereo(_first_wav(s))),
                                         ("2 channels", "--channel K")),
     "data: channel out of range": Case(_raw_split(lambda s: write_stereo(_first_wav(s)), "--channel", "2"),

@@ -146,7 +146,8 @@ def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
         try:
             vec = kaldiio.load_mat(f"{file_path}:{offset}")
         except Exception as exc:  # kaldiio raises several types for a broken ark
-            raise DataError(f"{scp}: utterance {utt_id}: cannot read alignment ({exc})") from None
+            raise DataError(f"{scp}: utterance {utt_id}: cannot read alignment "
+                            f"({str(exc) or type(exc).__name__})") from None
         out[utt_id] = np.asarray(vec, dtype=np.int32)
     return out
 

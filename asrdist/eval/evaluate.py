@@ -53,7 +53,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     from asrdist.eval.scoring import error_rate
     from asrdist.train.prepare import frame_labels, phone_sequences, split_alignments
 
-    alignments = split_alignments(split_dir)
+    alignments = split_alignments(split_dir, len(targets["phones"]))
     labels = frame_labels(split_dir, targets, alignments)
     ref_phones = phone_sequences(alignments, targets["silence_id"])
     utt_ids = [u for u in utt_ids if u in labels]  # `asrdist align` leaves out utterances with unknown words

@@ -89,15 +89,17 @@ def environment_record(cfg: RunConfig) -> dict:
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     from asrdist.data.augment import build_augmented_store, check_front_end
-    from asrdist.train.prepare import CTC_TARGETS, build_targets, ensure_features, note_short_utterances, save_targets
+    from asrdist.train.prepare import (CTC_TARGETS, build_targets, check_alignment_ids, ensure_features,
+                                       note_short_utterances, save_targets)
     from asrdist.train.task import model_kind
 
     corpus = Path(cfg.data.corpus)
+    check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
     ensure_features(corpus, cfg, progress=progress)
     check_front_end(corpus / "train", cfg.data)
     build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
-    check_frames_against_alignments(corpus)
+    check_frames_against_alignments(corpus, targets["kind"] in ("monophone", "tied", "phones"))
     if targets["kind"] in CTC_TARGETS:
         note_short_utterances(corpus / "train", targets, cfg.model.subsample)
     with output_errors(run_dir, creating=True):
@@ -107,16 +109,24 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     write_json_atomic(run_dir / "env.json", environment_record(cfg))
 
 
-def check_frames_against_alignments(corpus: Path) -> None:
+def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False) -> None:
     """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
-    an edited store) would train on misaligned labels: their frame counts must match."""
+    an edited store) would train on misaligned labels: their frame counts must match. Where the
+    targets come from the alignments, utterances without one are left out, and a note says so."""
     from asrdist.corpus.kaldi_dir import read_alignments
     from asrdist.features.store import FeatureStore, has_features
 
     for split in (corpus / "train", corpus / "valid"):
         if (split / "alignment.scp").is_file() and has_features(split):
             lengths = {utt: len(a) for utt, a in read_alignments(split).items()}
-            FeatureStore(split).check_frames(lengths, split / "alignment.scp")
+            store = FeatureStore(split)
+            store.check_frames(lengths, split / "alignment.scp")
+            if learns_from_alignments:
+                unaligned = [u for u in store.utt_ids if u not in lengths]
+                if unaligned:
+                    print(f"[asrdist] note: {split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no "
+                          f"alignment in alignment.scp (first: {unaligned[0]}); their targets come from it, so "
+                          f"they are left out", file=sys.stderr)
 
 
 def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it") -> None:

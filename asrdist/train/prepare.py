@@ -142,18 +142,40 @@ def _drop_augmented(splits) -> None:
             shutil.rmtree(split / AUGMENTED_DIR)
 
 
-def split_alignments(split_dir: Path) -> dict[str, np.ndarray]:
+def split_alignments(split_dir: Path, num_phones: int | None = None) -> dict[str, np.ndarray]:
     if not (split_dir / "alignment.scp").is_file():
         raise DataError(f"{split_dir}: no alignment.scp; frame-level targets need alignments "
                         f"(use a CTC model, data.targets=phones|chars, for unaligned corpora)")
-    return read_alignments(split_dir)
+    return checked_alignments(split_dir, num_phones)
+
+
+def check_alignment_ids(corpus: Path, targets: str) -> None:
+    """Up front, for targets read from alignments: every phone id of the train and valid
+    alignments is in the corpus' phone table."""
+    if targets not in ("monophone", "tied", "phones") or not (corpus / "phones.txt").is_file():
+        return
+    num_phones = len(PhoneTable.read(corpus / "phones.txt").symbols)
+    for split in (corpus / "train", corpus / "valid"):
+        if (split / "alignment.scp").is_file():
+            checked_alignments(split, num_phones)
+
+
+def checked_alignments(split_dir: Path, num_phones: int | None) -> dict[str, np.ndarray]:
+    """The split's alignments, every phone id within the phone table of `num_phones` (when given)."""
+    alignments = read_alignments(split_dir)
+    for utt, a in alignments.items() if num_phones is not None else ():
+        if a.size and (a.min() < 0 or a.max() >= num_phones):
+            bad = int(a.min()) if a.min() < 0 else int(a.max())
+            raise DataError(f"{split_dir / 'alignment.scp'}: utterance {utt}: phone id {bad} is outside the "
+                            f"corpus' phone table (0..{num_phones - 1}); the alignment is another table's")
+    return alignments
 
 
 def frame_labels(split_dir: Path, targets: dict[str, Any],
                  alignments: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Per-utterance frame labels (monophones, or tied states) for a split with alignments."""
     if alignments is None:
-        alignments = split_alignments(split_dir)
+        alignments = split_alignments(split_dir, len(targets["phones"]))
     tied = targets.get("tied")
     if tied is None:
         return alignments
@@ -178,7 +200,7 @@ def ctc_tokens(split_dir: Path, targets: dict[str, Any], data=None) -> dict[str,
                 raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (CORPUS/lexicon.txt, "
                                 f"`asrdist corpus import-kaldi ... --lexicon FILE`); or use data.targets=chars")
             return tokens
-        return phone_sequences(read_alignments(split_dir), targets["silence_id"])
+        return phone_sequences(checked_alignments(split_dir, len(targets["phones"])), targets["silence_id"])
     return char_tokens(split_dir, targets["tokenizer"], data)
 
 
@@ -257,7 +279,7 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
     train = corpus / "train"
     out["features"] = feature_record(train)  # `asrdist decode` rebuilds the front end from it
     if kind in ("monophone", "tied"):
-        alignments = split_alignments(train)
+        alignments = split_alignments(train, len(phones))
         if kind == "tied":
             out["tied"] = TiedStates.fit(alignments, len(phones), cfg.data.tied_states,
                                          context_independent=[phones.silence_id])
