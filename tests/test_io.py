@@ -174,3 +174,14 @@ def test_an_output_directory_inside_an_input_is_not_replaced(tmp_path):
         check_output_dir(tmp_path / "src" / "train", overwrite=True, inputs=(tmp_path / "src",))
     assert (tmp_path / "src" / "train" / "wav.scp").is_file()
     check_output_dir(tmp_path / "src" / "new", overwrite=True, inputs=(tmp_path / "src",))  # nothing to delete
+
+
+def test_json_files_are_strict_json_even_after_a_divergence(tmp_path):
+    import json
+
+    from asrdist.utils.io import write_json_atomic
+
+    write_json_atomic(tmp_path / "s.json", {"loss": float("nan"), "curve": [1.0, float("inf")], "ok": 2})
+    text = (tmp_path / "s.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"loss": None, "curve": [1.0, None], "ok": 2}

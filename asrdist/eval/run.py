@@ -8,7 +8,7 @@ import torch
 
 from asrdist.config import RunConfig
 from asrdist.errors import DataError
-from asrdist.utils.io import write_json_atomic
+from asrdist.utils.io import json_text
 
 
 def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
@@ -109,10 +109,12 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     `eval.adapt_rounds` (speaker adaptation, `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
-    from asrdist.train.prepare import feature_mismatch, ensure_features
+    from asrdist.train.prepare import ensure_features, feature_mismatch, split_alignments
 
     model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
     split = resolve_split(data)
+    if targets["kind"] in ("monophone", "tied"):  # before any features are written into the corpus
+        split_alignments(split, len(targets["phones"]))
     rate = trained_sample_rate(cfg, targets)
     if feature_mismatch(split, cfg, rate):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
@@ -129,7 +131,7 @@ def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
     from asrdist.corpus.kaldi_dir import read_data_dir
     from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, worst_utterances
-    from asrdist.utils.io import write_text_atomic
+    from asrdist.utils.io import atomic_path
 
     result = evaluate_run(args.run_dir, args.data, details=True, vocabulary=args.vocabulary,
                           adapt_rounds=args.adapt_rounds)
@@ -139,8 +141,10 @@ def eval_command(args) -> int:
     result["speakers"] = speaker_rates(records, {u: d.speaker for u, d in data.utterances.items()})
     result["confusions"] = confusions(records)
     out = args.out or args.run_dir / "eval.json"
-    write_text_atomic(hyp_path(out), hyp_lines(records))
-    write_json_atomic(out, result)
+    # both files or neither: each is written beside itself first, and renamed only when both are
+    with atomic_path(hyp_path(out)) as hyp_tmp, atomic_path(out) as out_tmp:
+        hyp_tmp.write_text(hyp_lines(records), encoding="utf-8")
+        out_tmp.write_text(json_text(result), encoding="utf-8")
     listed = ("worst_utterances", "speakers", "confusions")
     print(json.dumps({k: v for k, v in result.items() if k not in listed}, indent=2))
     print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; worst utterances, each speaker's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import signal
@@ -77,8 +78,24 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as strict JSON (a diverged run's NaN or inf is null: json.dumps would write the bare
+    NaN that JSON readers other than Python's refuse), indented, with a final newline."""
+    return json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    write_text_atomic(path, json_text(obj))
 
 
 def save_torch_atomic(path: str | os.PathLike, obj: Any) -> None:
