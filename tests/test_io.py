@@ -7,12 +7,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from asrdist.utils.io import atomic_dir, sigterm_as_exit
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sigterm_inside_atomic_dir_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_inside_atomic_dir_leaves_nothing_behind(tmp_path, sig):
+    """A `kill` or a closed terminal (SIGHUP left a synth's temporary directory behind)."""
     out = tmp_path / "corpus"
     script = textwrap.dedent(f"""
         import sys, time
@@ -25,8 +29,8 @@ def test_sigterm_inside_atomic_dir_leaves_nothing_behind(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     assert any(p.name.startswith(".corpus.") for p in tmp_path.iterdir())  # the temporary dir exists
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == 128 + sig
     assert list(tmp_path.iterdir()) == []  # neither the output nor the hidden temporary directory
 
 

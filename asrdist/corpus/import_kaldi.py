@@ -40,6 +40,7 @@ from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segm
                                       wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
+from asrdist.utils.io import sigterm_as_exit
 
 TOLERANCE_FRAMES = 1
 COMMAND_TIMEOUT_S = 600
@@ -106,7 +107,8 @@ def decoded_audio(out: Path) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f".{out.name}.audio.", dir=out.parent)).resolve()
     try:
-        yield path
+        with sigterm_as_exit():  # a `kill` must not leave the decoded audio behind
+            yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -175,8 +175,9 @@ def signals_raise(make_error: Callable[[int], BaseException],
 
 
 def sigterm_as_exit() -> contextlib.AbstractContextManager:
-    """`signals_raise` for SIGTERM as SystemExit(143), the exit status its default would give."""
-    return signals_raise(lambda signum: SystemExit(128 + signum))
+    """`signals_raise` for SIGTERM and SIGHUP (a `kill`, a closed terminal) as SystemExit(143 or
+    129), the exit status their default would give."""
+    return signals_raise(lambda signum: SystemExit(128 + signum), _STOP_SIGNALS)
 
 
 def _umask() -> int:
