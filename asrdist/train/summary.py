@@ -72,6 +72,8 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         },
         "history": state.history,
     }
-    write_json_atomic(run_dir / "summary.json", summary)
+    # the report first: summary.json marks the run finished, so a disk that fills up on the report
+    # must fail the run before it (a resume then finishes it) rather than leave it without one
     plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")
+    write_json_atomic(run_dir / "summary.json", summary)
     return summary
