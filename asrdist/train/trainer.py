@@ -230,7 +230,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """This learner's file, then the job checkpoint is published by whichever rank writes the
-        last file for it (the job store counts them): no barrier."""
+        last file for it (the job store counts them): no barrier. Nothing once a learner is lost."""
+        if self.strategy.lost_learners():
+            return  # a job checkpoint needs every learner's file: after a loss none can be completed
         tag = f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
         with self.strategy.paused():
             state = self._learner_state()
