@@ -478,6 +478,13 @@ def test_transcripts_without_audio_and_speaker_tables_are_checked(tmp_path: Path
     assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "contradicts")]) != 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "spk2utt: utterance spkA-002 listed under speaker spkB, utt2spk says spkA" in err[0], err
+    for table, message in ((spk2utt.replace(" spkA-002", ""), "spk2utt: utterance spkA-002 (speaker spkA in "
+                                                                "utt2spk) is not listed"),
+                           (spk2utt + "spkC spkC-001\n", "spk2utt: utterance spkC-001 (speaker spkC) is not in utt2spk")):
+        (src / "spk2utt").write_text(table)
+        assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "contradicts")]) != 0
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and message in err[0], err
     (src / "spk2utt").write_text(spk2utt)
     (src / "utt2spk").unlink()
     assert main(["corpus", "import-kaldi", str(src), str(tmp_path / "derived")]) == 0

@@ -153,10 +153,16 @@ def _speakers(src: Path, bad: dict[str, str]) -> dict[str, str]:
     if not utt2spk_path.is_file():
         return listed
     utt2spk = _read_table(utt2spk_path, bad, value="speaker")
+    remake = "make spk2utt from utt2spk (utils/utt2spk_to_spk2utt.pl) or delete it"
     for utt, speaker in utt2spk.items():
-        if utt in listed and listed[utt] != speaker:
+        if utt not in listed:
+            raise DataError(f"{spk2utt_path}: utterance {utt} (speaker {speaker} in utt2spk) is not listed; {remake}")
+        if listed[utt] != speaker:
             raise DataError(f"{spk2utt_path}: utterance {utt} listed under speaker {listed[utt]}, utt2spk says "
-                            f"{speaker}; make spk2utt from utt2spk (utils/utt2spk_to_spk2utt.pl) or delete it")
+                            f"{speaker}; {remake}")
+    extra = next((u for u in listed if u not in utt2spk), None)
+    if extra is not None:
+        raise DataError(f"{spk2utt_path}: utterance {extra} (speaker {listed[extra]}) is not in utt2spk; {remake}")
     return utt2spk
 
 
