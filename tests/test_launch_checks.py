@@ -29,3 +29,25 @@ def test_asrdists_own_warnings_reach_the_terminal_as_one_line():
     assert _format_warning("emulated network: no netem", RuntimeWarning, inside, 83) == \
         "[asrdist] warning: emulated network: no netem\n"
     assert "RuntimeWarning" in _format_warning("other", RuntimeWarning, "/elsewhere/x.py", 3)
+
+
+def test_a_failed_start_takes_back_its_tensorboard_file_and_a_divergence_advises_a_lower_lr(tmp_path):
+    import pytest
+
+    from asrdist.errors import TrainingError
+    from asrdist.train.rundir import undone_on_failure
+
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "tensorboard" / "events.1").write_text("old")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step-00000004\n")
+    with pytest.raises(TrainingError):  # a resume that fails before its first checkpoint
+        with undone_on_failure(run):
+            (run / "tensorboard" / "events.2").write_text("new")
+            raise TrainingError("rank 0: some failure")
+    assert sorted(p.name for p in (run / "tensorboard").iterdir()) == ["events.1"]
+    with pytest.raises(TrainingError, match="keeps checkpoint step-00000008: .* with a lower optim.lr"):
+        with undone_on_failure(run):
+            (run / "checkpoints" / "latest").write_text("step-00000008\n")
+            raise TrainingError("rank 0: loss is nan at step 9")

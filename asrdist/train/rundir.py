@@ -95,14 +95,14 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
     entry it added to the directory (failure reports excepted) and the directory itself if it
     made it and nothing is left. A failure after a checkpoint says how to resume."""
     existed = run_dir.is_dir()
-    before = set(run_dir.iterdir()) if existed else set()
+    before = _entries(run_dir) if existed else set()
     latest = _latest_name(run_dir)
     try:
         yield
     except BaseException as exc:
         now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
         if now_latest == latest or now_latest is None:
-            for path in (set(run_dir.iterdir()) - before) if run_dir.is_dir() else ():
+            for path in (_entries(run_dir) - before) if run_dir.is_dir() else ():
                 if is_report(path):
                     continue
                 if path.is_dir() and not path.is_symlink():
@@ -112,6 +112,16 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
             if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
                 run_dir.rmdir()
         elif isinstance(exc, AsrdistError):
+            diverged = "non-finite" in str(exc) or "loss is nan" in str(exc) or "loss is inf" in str(exc)
+            lower = " with a lower optim.lr: its weights may already be diverging" if diverged else ""
             raise type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
-                            f"`asrdist train --resume {run_dir}`)") from None
+                            f"`asrdist train --resume {run_dir}`{lower})") from None
         raise
+
+
+def _entries(run_dir: Path) -> set[Path]:
+    """The run directory's entries, and those of its tensorboard/ (a failed resume adds an events
+    file there)."""
+    entries = set(run_dir.iterdir())
+    board = run_dir / "tensorboard"
+    return entries | set(board.iterdir()) if board.is_dir() else entries
