@@ -150,3 +150,19 @@ def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path
         run_agents([_failing_learner(line)], tmp_path, timeout=120)
     with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device; no learner"):
         run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=_Survival(dist.HashStore(), tmp_path))
+
+
+def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys):
+    """A learner thread's uncaught error (a full disk under adpsgd) printed 'Exception in thread'
+    before its traceback; the terminal gets the learners' own lines only, the log everything."""
+    from types import SimpleNamespace
+
+    from asrdist.cluster.launcher import _pump, _ReportLog
+
+    lines = ["[asrdist] epoch=0\n", "Exception in thread Thread-1 (_run):\n", "Traceback (most recent call last):\n",
+             "OSError: [Errno 28] No space left on device\n", "[asrdist] learner rank 1 lost at step 3\n"]
+    tail: list[str] = []
+    with _ReportLog(tmp_path / "launcher.log") as log:
+        _pump(SimpleNamespace(stderr=iter(lines)), tail, log)
+    assert capsys.readouterr().err == "[asrdist] epoch=0\n[asrdist] learner rank 1 lost at step 3\n"
+    assert (tmp_path / "launcher.log").read_text() == "".join(lines) and tail == lines

@@ -397,7 +397,8 @@ def _pump(proc: subprocess.Popen, tail: list[str], log: _ReportLog) -> None:
         del tail[:-400]
         if line.startswith("[asrdist]"):  # a learner's own line again (after a restart)
             hidden = False
-        hidden = hidden or line.startswith("Traceback (most recent call last)") or "ChildFailedError" in line
+        hidden = (hidden or line.startswith(("Traceback (most recent call last)", "Exception in thread"))
+                  or "ChildFailedError" in line)
         if not hidden and not _launcher_noise(line):
             sys.stderr.write(line)
 
