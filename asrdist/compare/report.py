@@ -185,7 +185,8 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"validation {label}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # every run failed: no curve, no (warning about an) empty legend
+            ax.legend()
     fig.tight_layout()
     curves = _png(fig)
 
