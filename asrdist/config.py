@@ -299,7 +299,9 @@ def apply_override(tree: dict, override: str) -> None:
     parts = key.strip().split(".")
     node = tree
     for p in parts[:-1]:
-        node = node.setdefault(p, {})
+        if node.get(p) is None:  # a section left empty in YAML (`data:`) reads as null
+            node[p] = {}
+        node = node[p]
         if not isinstance(node, dict):
             raise ConfigError(f"override '{override}': '{p}' is not a section")
     try:

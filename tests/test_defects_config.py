@@ -273,3 +273,11 @@ def test_an_override_that_is_not_yaml_is_one_line(value):
         load_config(RECIPE, [f"optim.lr={value}"])
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"override 'optim.lr={value}': the value is not YAML ("), message
+
+
+def test_an_empty_section_takes_overrides(tmp_path):
+    """`data:` with nothing under it is YAML's null: an override of one of its keys fills it."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\nmodel:\n  hidden_dim: 16\n")
+    cfg = load_config(recipe, ["data.corpus=/some/corpus"])
+    assert cfg.data.corpus == "/some/corpus" and cfg.model.hidden_dim == 16
