@@ -51,3 +51,18 @@ def test_a_failed_start_takes_back_its_tensorboard_file_and_a_divergence_advises
         with undone_on_failure(run):
             (run / "checkpoints" / "latest").write_text("step-00000008\n")
             raise TrainingError("rank 0: loss is nan at step 9")
+
+
+def test_a_run_directory_is_held_by_one_command_at_a_time(tmp_path):
+    import pytest
+
+    from asrdist.errors import ConfigError
+    from asrdist.train.rundir import locked
+
+    with locked(tmp_path):
+        with pytest.raises(ConfigError, match="another asrdist command is training this run now"):
+            with locked(tmp_path):
+                pass
+    with locked(tmp_path):  # released with its command
+        pass
+    assert list(tmp_path.iterdir()) == []  # no lock file left in the run

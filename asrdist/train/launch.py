@@ -5,6 +5,7 @@ cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -224,10 +225,17 @@ def train_command(args) -> int:
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
     check_job(cfg, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
+    with contextlib.ExitStack() as held:  # the run directory's lock, from when it is known to exist
+        return _train(args, cfg, nodes, network, held)
+
+
+def _train(args, cfg: RunConfig, nodes: int, network: str, held: contextlib.ExitStack) -> int:
     if args.resume is not None:
         run_dir = args.resume
         if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
             raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
+        if Path(run_dir).is_dir():
+            held.enter_context(rundir.locked(Path(run_dir)))
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
         if rundir.finished(run_dir, cfg):
@@ -248,6 +256,7 @@ def train_command(args) -> int:
             rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+            held.enter_context(rundir.locked(Path(run_dir)))
         summary = _start_learners(cfg, run_dir, args, nodes, network)
     print_summary(run_dir, summary)
     return 0

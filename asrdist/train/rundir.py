@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -125,3 +127,20 @@ def _entries(run_dir: Path) -> set[Path]:
     entries = set(run_dir.iterdir())
     board = run_dir / "tensorboard"
     return entries | set(board.iterdir()) if board.is_dir() else entries
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory for this command (an advisory lock on the directory itself: no file
+    is made, and the lock goes with the process however it ends), so that a second `asrdist train
+    --resume` of a run still training is refused instead of training it twice over."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{run_dir}: another asrdist command is training this run now; resume it when "
+                              f"that one has ended") from None
+        yield
+    finally:
+        os.close(fd)
