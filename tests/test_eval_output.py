@@ -302,7 +302,7 @@ def test_eval_out_never_replaces_a_file_of_the_split_it_reads(tmp_path):
     import pytest
 
     from asrdist.errors import OutputError
-    from asrdist.eval.cli import check_output_file
+    from asrdist.utils.io import check_output_file
 
     split = tmp_path / "test"
     split.mkdir()

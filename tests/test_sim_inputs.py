@@ -158,3 +158,9 @@ def test_the_advisor_table_keeps_its_columns_apart_for_extreme_clusters():
     assert extreme.split() == ["onebit_double_buffering", "0.3", "1.5e-09", "4.83e+08", "100", "96", "270.0"]
     assert usual.split() == ["sync", "34,076", "4.76", "0.907", "64", "41", "315.9"]
     assert len(header) == len(usual) == len(extreme)
+
+
+def test_a_json_output_that_cannot_be_written_is_refused_before_simulating(tmp_path, capsys):
+    assert main(["simulate", "--cluster", "2x2", "--strategy", "sync", "--json", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"asrdist: error: {tmp_path}: output file is an existing directory; give a file name\n"

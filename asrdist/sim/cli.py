@@ -182,8 +182,10 @@ def table(predictions) -> str:
 
 def run(args) -> int:
     from asrdist.sim.cluster import parameter_count
-    from asrdist.utils.io import write_json_atomic
+    from asrdist.utils.io import check_output_file, write_json_atomic
 
+    if args.json is not None:
+        check_output_file(args.json)  # before the simulation, not after it has printed
     if args.validate:
         from asrdist.sim.validate import format_table, validate
 

@@ -252,3 +252,45 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False,
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
+    """One OutputError line when `path` cannot become the command's output file, said before the
+    (long) work rather than as a traceback after it. Outputs are replaced atomically (a new file
+    renamed onto `path`), so `path` must be a regular file or nothing: renaming onto /dev/null
+    would replace the device. `inputs` are files the command reads, which it must not replace, and
+    directories it reads, in which it must not replace a file."""
+    from asrdist.errors import OutputError
+
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{path}: output file is an existing directory; give a file name")
+    if path.exists() and not path.is_file():
+        from asrdist.corpus.audio import file_kind
+
+        raise OutputError(f"{path}: output file exists and is {file_kind(path)}, not a regular file; give a file name")
+    for source in inputs:
+        if Path(source).resolve() == path.resolve():
+            raise OutputError(f"{path}: output file is the input {source}, which writing it would destroy")
+        if (path.exists() and Path(source).is_dir() and Path(source).resolve() in path.resolve().parents
+                and not path.name.endswith((".json", "hyp.txt"))):  # an earlier eval's output is no input
+            raise OutputError(f"{path}: output file exists inside the input {source}, which writing it would "
+                              f"change; give another file name")
+    _probe_directory(path)
+
+
+def _probe_directory(path: Path) -> None:
+    """Create and delete a file where `path` will be made (its nearest existing directory): the
+    only sure test of writability (a read-only or virtual file system such as /proc, permissions)."""
+    from asrdist.errors import OutputError
+
+    above = file_above(path)
+    if above is not None:
+        raise OutputError(f"{path}: cannot write: {above} is a file, not a directory")
+    parent = next(p for p in path.absolute().parents if p.exists())
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write in {parent}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
