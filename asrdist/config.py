@@ -99,6 +99,9 @@ class StragglerConfig:
             raise ConfigError(f"train.straggler.ranks: expected a list of learner ranks, got {self.ranks!r}")
         for rank in self.ranks:
             check_field("train.straggler.ranks", rank, at_least=0)
+        if len(set(self.ranks)) != len(self.ranks):
+            raise ConfigError(f"train.straggler.ranks: rank {next(r for r in self.ranks if self.ranks.count(r) > 1)} "
+                              f"given twice, got {self.ranks}")
         check_field("train.straggler.slowdown", self.slowdown, float, at_least=1, at_most=MAX_SLOWDOWN)
         check_field("train.straggler.jitter", self.jitter, float, at_least=0, at_most=MAX_SLOWDOWN)
 

@@ -53,6 +53,7 @@ BAD = {
 BAD_FOR_TWO = {
     "train.straggler.ranks=[2]": ("train.straggler.ranks", "[0, 1]"),
     "train.straggler.ranks=[0,5]": ("train.straggler.ranks", "[0, 1]"),
+    "train.straggler.ranks=[1,1]": ("train.straggler.ranks", "rank 1 given twice"),
     "data.batch_size=255": ("data.batch_size", "multiple of train.learners = 2"),
     "train.group_size=3": ("train.group_size", "does not divide train.learners = 2"),
 }
