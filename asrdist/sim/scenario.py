@@ -184,9 +184,9 @@ def explain(ranked: list[Prediction]) -> str:
                f"one learner, or on a faster network"]
     else:
         hours = best.epoch_seconds / 3600
-        why = [f"{best.name} wins: {hours:.2f}" if hours >= 0.1 else f"{best.name} wins: {hours:.2g}"]
-        why[0] += (f" h per epoch, {best.speedup:.1f}x one learner, "
-                   f"{100 * best.wait_share:.0f}% of each step waiting on communication")
+        hours_text = f"{hours:.2f}" if hours >= 0.1 else f"{hours:.2g}"  # 0.00013 h, not 0.00
+        why = [f"{best.name} wins: {hours_text} h per epoch, {best.speedup:.1f}x one learner, "
+               f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
     if sync is not None and sync is not best:
         bound = "wire-bound" if sync.wait_share > 0.3 else "compute-bound"
         why.append(f"sync is {bound}: {100 * sync.wait_share:.0f}% of each step blocked communicating "

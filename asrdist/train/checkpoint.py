@@ -106,27 +106,22 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     d = latest_step_dir(run_dir)
     if d is None:
         if _checkpoint_dirs(run_dir):  # `latest` itself was lost
-            raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {_advice(run_dir, None, learners)}")
+            raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {resume_advice(run_dir, None, learners)}")
         raise TrainingError(f"{run_dir}: no checkpoint to resume from; start it again without --resume")
     # the run's config fixes its learners (rundir.check_resume): other files mean a damaged checkpoint
     ranks = _learner_files(d)
     extra = [r for r in ranks if r >= learners]
     if extra:
         raise TrainingError(f"{d}: holds rank-{extra[0]}.pt, but the run has {learners} learner(s) "
-                            f"(rank-0.pt..rank-{learners - 1}.pt); {_advice(run_dir, d, learners)}")
+                            f"(rank-0.pt..rank-{learners - 1}.pt); {resume_advice(run_dir, d, learners)}")
     for rank in range(learners):
         problem = _file_problem(d / f"rank-{rank}.pt")
         if problem:
-            raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {_advice(run_dir, d, learners)}")
+            raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {resume_advice(run_dir, d, learners)}")
     return d
 
 
 def resume_advice(run_dir: Path, broken: Path | None, learners: int) -> str:
-    """What to do about the checkpoint `broken` that cannot be resumed (see `_advice`)."""
-    return _advice(run_dir, broken, learners)
-
-
-def _advice(run_dir: Path, broken: Path | None, learners: int) -> str:
     """What to do about a checkpoint that cannot be loaded (`broken`; None: `latest` is lost):
     point `latest` at the newest complete checkpoint of `learners` files older than it."""
     pointer = run_dir / "checkpoints" / "latest"
@@ -159,7 +154,7 @@ def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {_advice(run_dir, d, world_size)}") from None
+        raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {resume_advice(run_dir, d, world_size)}") from None
 
 
 def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> None:

@@ -225,17 +225,10 @@ def train_command(args) -> int:
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
     check_job(cfg, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
-    with contextlib.ExitStack() as held:  # the run directory's lock, from when it is known to exist
-        return _train(args, cfg, nodes, network, held)
-
-
-def _train(args, cfg: RunConfig, nodes: int, network: str, held: contextlib.ExitStack) -> int:
     if args.resume is not None:
         run_dir = args.resume
         if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
             raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
-        if Path(run_dir).is_dir():
-            held.enter_context(rundir.locked(Path(run_dir)))
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
         if rundir.finished(run_dir, cfg):
@@ -251,8 +244,11 @@ def _train(args, cfg: RunConfig, nodes: int, network: str, held: contextlib.Exit
     # one line; with several, the launcher's own handler takes over while they run
     stop = signals_raise(lambda signum: Stopped(f"stopped by {signal.Signals(signum).name}"),
                          (signal.SIGTERM, signal.SIGHUP))
-    with stop, rundir.undone_on_failure(run_dir):
+    # the run directory is held (`rundir.locked`) from before a resume writes anything, or from
+    # when a new run has made it, until its failure is undone
+    with stop, contextlib.ExitStack() as held, rundir.undone_on_failure(run_dir):
         if args.resume is not None:
+            held.enter_context(rundir.locked(Path(run_dir)))
             rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
