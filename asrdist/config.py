@@ -172,6 +172,11 @@ class EvalConfig:
     """Adam's step size for the feature map."""
     adapt_l2: float = 0.03
     """Weight of |A - I|^2 + |b|^2, which keeps the map near the identity."""
+    adapt_word_balance: float = 0.0
+    """Isolated-word models decoding with a vocabulary: > 0 fits each speaker's map by information
+    maximisation instead of to the hypotheses (each utterance's word made certain while the speaker's
+    words, taken together, keep the training transcripts' word frequencies; this weight holds them
+    there). It assumes a test speaker says the words about as often as the training speakers did."""
 
     def __post_init__(self):
         check_field("eval.min_duration", self.min_duration, at_least=1)
@@ -183,6 +188,7 @@ class EvalConfig:
         check_field("eval.adapt_steps", self.adapt_steps, at_least=1)
         check_field("eval.adapt_lr", self.adapt_lr, float, above=0)
         check_field("eval.adapt_l2", self.adapt_l2, float, at_least=0)
+        check_field("eval.adapt_word_balance", self.adapt_word_balance, float, at_least=0, at_most=100)
         if not isinstance(self.vocabulary, str) or not self.vocabulary.strip():
             raise ConfigError(f"eval.vocabulary: expected none, train or a word-list path, got {self.vocabulary!r}")
         if self.vocabulary not in ("none", "train") and not Path(self.vocabulary).is_file():

@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from asrdist.config import EvalConfig, RunConfig
 from asrdist.errors import ConfigError
-from asrdist.eval.adapt import SpeakerTransform, adapt_speaker
+from asrdist.eval.adapt import (_IMPOSSIBLE, SpeakerTransform, WordBalance, adapt_speaker, word_log_likelihoods,
+                                words_implausible)
 from asrdist.eval.decode import ctc_greedy_decode
 from asrdist.models import ModelConfig
 
@@ -76,7 +78,7 @@ def test_zero_rounds_is_the_identity_and_nothing_to_fit_is_harmless():
     model = FeatureVotes().eval()
     feats, _ = _speaker(2, offset=0.5, n=8)
     transform, info = adapt_speaker(model, feats, ctc_greedy_decode, rounds=0, steps=5, lr=0.05, l2=0.01)
-    assert info == {"rounds": 0, "changed": 0, "distance": 0.0}
+    assert info == {"rounds": 0, "changed": 0, "distance": 0.0, "objective": "hypotheses"}
     torch.testing.assert_close(transform(feats[0]), feats[0])
     # a decoder that finds nothing leaves no hypothesis to fit: the map stays the identity
     transform, info = adapt_speaker(model, feats, lambda lp: [], rounds=2, steps=5, lr=0.05, l2=0.01)
@@ -101,3 +103,99 @@ def test_adaptation_needs_a_ctc_model():
     with pytest.raises(ConfigError, match="^eval.adapt_rounds: .*CTC"):
         RunConfig(model=ModelConfig(name="dnn"), eval=EvalConfig(adapt_rounds=2))
     assert RunConfig(model=ModelConfig(name="ctc"), eval=EvalConfig(adapt_rounds=2)).eval.adapt_rounds == 2
+
+
+# --- information maximisation over isolated words (eval.adapt_word_balance) ---------------------
+
+WORDS = [[(1,)], [(2,)], [(3,)]]  # three one-token words
+
+
+def _blurred_speaker(seed: int, n: int = 90) -> tuple[list[torch.Tensor], list[int]]:
+    """n one-token utterances, the words equally often; this speaker says word 1 with most of its
+    evidence on word 2's feature (as george's "two" carries the others' "four"), so that the
+    canonical model hears every word-1 utterance as word 2."""
+    rng = np.random.default_rng(seed)
+    feats, words = [], []
+    for i in range(n):
+        word = i % TOKENS + 1
+        x = np.zeros((5, TOKENS + 1), dtype=np.float32)
+        x[[0, 4], 0] = 1.0
+        strength = rng.uniform(0.8, 1.2)
+        if word == 1:
+            x[1:4, 1], x[1:4, 2] = 0.3 * strength, 0.7 * strength
+        else:
+            x[1:4, word] = strength
+        x += rng.normal(0, 0.02, x.shape).astype(np.float32)
+        feats.append(torch.from_numpy(x))
+        words.append(word)
+    return feats, words
+
+
+def _balance(weight: float = 1.0) -> WordBalance:
+    return WordBalance(WORDS, torch.full((TOKENS,), 1.0 / TOKENS), weight)
+
+
+def test_word_balance_undoes_a_confusion_that_fitting_the_hypotheses_confirms():
+    model = FeatureVotes().eval()
+    feats, words = _blurred_speaker(0)
+    before = _errors(model, feats, words)
+    assert before == 30  # every word 1 heard as word 2
+    settings = dict(rounds=3, steps=40, lr=0.05, l2=0.01)
+    transform, _ = adapt_speaker(model, feats, ctc_greedy_decode, **settings)
+    assert _errors(model, feats, words, transform) >= 25  # the hypotheses say "2": fitting them confirms it
+    transform, info = adapt_speaker(model, feats, ctc_greedy_decode, balance=_balance(), **settings)
+    after = _errors(model, feats, words, transform)
+    assert after <= 3, after
+    assert info["changed"] >= before - after and info["distance"] > 0 and info["objective"] == "words"
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_word_balance_leaves_a_few_utterances_of_one_word_alone():
+    """Three utterances all saying word 3 are nothing unlikely under the training frequencies: they
+    are fitted to their hypotheses, not pulled towards the other words."""
+    model = FeatureVotes().eval()
+    feats, words = _speaker(3, offset=0.0, n=40)
+    threes = [(x, w) for x, w in zip(feats, words) if w == 3][:3]
+    feats, words = [x for x, _ in threes], [w for _, w in threes]
+    transform, info = adapt_speaker(model, feats, ctc_greedy_decode, rounds=3, steps=40, lr=0.05, l2=0.01,
+                                    balance=_balance(10.0))
+    assert _errors(model, feats, words, transform) == 0 and info["objective"] == "hypotheses"
+
+
+def test_the_g_test_finds_word_counts_the_training_frequencies_do_not_explain():
+    balance = _balance()
+    assert not words_implausible([[1], [2], [3]] * 10, balance)
+    assert not words_implausible([[3]] * 3, balance)  # three files of one word: 1 in 9 by chance
+    assert words_implausible([[3]] * 12, balance)  # twelve: 1 in 3^11
+    assert words_implausible([[2]] * 20 + [[3]] * 10, balance)  # word 1 never heard in 30
+    assert not words_implausible([[1, 2], [], [9]] * 10, balance)  # no single vocabulary word: no counts
+    skewed = WordBalance(WORDS, torch.tensor([0.1, 0.3, 0.6]), 1.0)
+    assert not words_implausible([[1]] * 3 + [[2]] * 9 + [[3]] * 18, skewed)
+    assert words_implausible([[1], [2], [3]] * 10, skewed)
+
+
+def test_word_log_likelihoods_are_ctc_probabilities_summed_over_spellings():
+    torch.manual_seed(0)
+    log_probs = torch.log_softmax(torch.randn(2, 6, 4), -1)
+    lengths = torch.tensor([6, 2])
+    spellings = [[(1, 2)], [(3,), (1, 3)], [(2, 2, 2)]]
+    scores = word_log_likelihoods(log_probs, lengths, spellings, blank=0)
+    assert scores.shape == (2, 3)
+    for b in range(2):
+        for w, spelled in enumerate(spellings):
+            exact = []
+            for ids in spelled:
+                need = len(ids) + sum(x == y for x, y in zip(ids, ids[1:]))
+                if int(lengths[b]) >= need:
+                    exact.append(-F.ctc_loss(log_probs[b, : int(lengths[b])].unsqueeze(1), torch.tensor([ids]),
+                                             lengths[b:b + 1], torch.tensor([len(ids)]), reduction="sum"))
+            expected = torch.logsumexp(torch.stack(exact), 0) if exact else torch.tensor(_IMPOSSIBLE)
+            torch.testing.assert_close(scores[b, w], expected)
+    assert scores[1, 2] == _IMPOSSIBLE  # three 2s need five frames; the second utterance has two
+
+
+def test_word_balance_is_checked():
+    for value in (-0.5, 101.0, float("nan")):
+        with pytest.raises(ConfigError, match="^eval.adapt_word_balance:"):
+            EvalConfig(adapt_word_balance=value)
+    assert EvalConfig(adapt_word_balance=2.5).adapt_word_balance == 2.5

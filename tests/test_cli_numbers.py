@@ -71,6 +71,9 @@ def test_cli_list_parses_every_item_and_refuses_the_empty_list_unless_allowed():
     (["corpus", "synth", "out", "--utterances", "0"], "--utterances", "an integer >= 3"),
     (["train", "recipe.yaml", "--epochs", "0"], "--epochs", "an integer >= 1"),
     (["eval", "run", "--data", "d", "--adapt-rounds", "-1"], "--adapt-rounds", "an integer >= 0"),
+    (["eval", "run", "--data", "d", "--adapt-word-balance", "inf"], "--adapt-word-balance",
+     "a number >= 0 and <= 100"),
+    (["decode", "run", "a.wav", "--adapt-word-balance", "-1"], "--adapt-word-balance", "a number >= 0 and <= 100"),
     (["compare", "recipe.yaml", "--out", "o", "--learners", "-3"], "--learners", "an integer >= 1"),
     (["demo", "--epochs", "zero"], "--epochs", "an integer >= 1"),
 ])

@@ -49,25 +49,42 @@ def _lines(text: str) -> dict[str, str]:
     return {line.split(maxsplit=1)[0]: (line.split(maxsplit=1) + [""])[1] for line in text.splitlines()}
 
 
-@pytest.mark.parametrize("rounds", [0, 1])
-def test_decode_by_speaker_gives_evals_hypotheses(speaker_run, capsys, rounds):
+@pytest.mark.parametrize("rounds, balance", [(0, "0"), (1, "0"), (1, "1")])
+def test_decode_by_speaker_gives_evals_hypotheses(speaker_run, capsys, rounds, balance):
+    """Also with the words objective (--adapt-word-balance): eval and decode fit the same maps."""
     run, corpus = speaker_run
     test, wavs = _test_files(corpus)
     assert {w.stem for w in wavs} == set(test.utt_ids)  # decode's ids are the corpus' ids here
-    out = run / f"eval{rounds}.json"
-    assert main(["eval", str(run), "--data", str(corpus), "--adapt-rounds", str(rounds), "--out", str(out)]) == 0
-    evaluated = _lines((run / f"eval{rounds}.hyp.txt").read_text())
+    out = run / f"eval{rounds}-{balance}.json"
+    adapt = ["--adapt-rounds", str(rounds), "--adapt-word-balance", balance]
+    assert main(["eval", str(run), "--data", str(corpus), *adapt, "--out", str(out)]) == 0
+    if rounds:
+        adaptation = json.loads(out.read_text())["adaptation"]
+        assert adaptation["word_balance"] == float(balance)
+        assert 0 <= adaptation["speakers_held_to_word_frequencies"] <= (2 if balance == "1" else 0)
+    evaluated = _lines(out.with_suffix(".hyp.txt").read_text())
     utt2spk = run / "utt2spk"
     utt2spk.write_text("".join(f"{u} {test.utterances[u].speaker}\n" for u in reversed(test.utt_ids)) + "other x\n")
     capsys.readouterr()
-    assert main(["decode", str(run), *map(str, wavs), "--utt2spk", str(utt2spk), "--adapt-rounds", str(rounds)]) == 0
+    assert main(["decode", str(run), *map(str, wavs), "--utt2spk", str(utt2spk), *adapt]) == 0
     printed = capsys.readouterr().out
     assert [line.split()[0] for line in printed.splitlines()] == [w.stem for w in wavs]  # the order given
     assert _lines(printed) == evaluated
     # one speaker's files alone, --same-speaker: the same lines as that speaker's in the grouped run
     theo = [w for w in wavs if test.utterances[w.stem].speaker == "theo"]
-    assert main(["decode", str(run), *map(str, theo), "--same-speaker", "--adapt-rounds", str(rounds)]) == 0
+    assert main(["decode", str(run), *map(str, theo), "--same-speaker", *adapt]) == 0
     assert _lines(capsys.readouterr().out) == {w.stem: evaluated[w.stem] for w in theo}
+
+
+def test_word_balance_without_a_vocabulary_fits_the_hypotheses(speaker_run, capsys):
+    run, corpus = speaker_run
+    out = run / "free.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--vocabulary", "none", "--adapt-rounds", "1",
+                 "--adapt-word-balance", "1", "--out", str(out)]) == 0
+    adaptation = json.loads(out.read_text())["adaptation"]
+    assert adaptation["word_balance"] == 0.0 and adaptation["speakers_held_to_word_frequencies"] == 0
+    assert ("note: eval.adapt_word_balance: the decoding has no vocabulary (eval.vocabulary=none); each "
+            "speaker's map is fitted to its hypotheses instead") in capsys.readouterr().err
 
 
 def test_each_file_is_its_own_speaker_by_default(speaker_run, capsys):
@@ -184,6 +201,8 @@ def test_utt2spk_problems_are_one_line(speaker_run, tmp_path, capsys):
         read_utt2spk(tmp_path, ids[:1])
     assert main(["decode", str(run), str(wavs[0]), "--adapt-rounds", "2"]) != 0
     assert "--adapt-rounds: adaptation needs files that share a speaker" in capsys.readouterr().err
+    assert main(["decode", str(run), str(wavs[0]), "--adapt-word-balance", "1"]) != 0
+    assert "--adapt-word-balance: adaptation needs files that share a speaker" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse: one or the other
         main(["decode", str(run), str(wavs[0]), "--same-speaker", "--utt2spk", str(bad)])
     assert exit_info.value.code == 2

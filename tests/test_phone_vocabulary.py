@@ -58,6 +58,10 @@ def test_hypotheses_read_back_as_the_fewest_words(tmp_path: Path, capsys):
     assert search.words([t, uw]) == ["a"] and search.words([t, ah]) == ["a"]
     assert search.words([t, uw, ey]) == ["c"]  # one word rather than "a d"
     assert search.words([t, uw, ey, ey]) == ["c", "d"]  # zz is not in the vocabulary
+    # what speaker adaptation scores each word by (eval.adapt_word_balance): its pronunciations
+    assert {w: sorted(p) for w, p in search.spellings.items()} == {
+        "a": sorted([(t, uw), (t, ah)]), "c": [(t, uw, ey)], "d": [(ey,)]}
+    assert search.word_key("A") == "a"
     assert search.words([t, ey]) == [] and search.words([]) == []
     with pytest.raises(DataError, match="none of its 1 words is in the lexicon"):
         PronouncedSearch(lexicon, ["missing"], beam=4)

@@ -9,9 +9,24 @@ For each speaker of the split, with x -> A x + b starting at A = I, b = 0:
    utterances whose hypothesis is empty or cannot be aligned to their frames sit the round out.
 3. Repeat from 1 for `eval.adapt_rounds` rounds; the final decoding uses the last map.
 A speaker's map is fitted on that speaker alone, so nothing of one test speaker leaks into another.
+
+A model trained on isolated words and decoding with a vocabulary can instead fit the map by
+information maximisation (`eval.adapt_word_balance` > 0; Krause et al. 2010, and Liang et al. 2020
+for adapting a trained model to unlabelled data): every utterance's posterior q_u over the
+vocabulary words (the CTC probability of each word's token sequences, normalised over the words)
+is made certain (the mean entropy of q_u falls) while the speaker's mean posterior q̄ is held to
+the training transcripts' word frequencies p (+ weight x KL(q̄ ‖ p)). Fitting to the hypotheses
+confirms a confusion the speaker's voice causes ("two" heard as "four" half the time); holding the
+speaker's words to p does not let one word absorb another. It assumes a test speaker says the words
+about as often as the training speakers did, so it is used only for a speaker whose first-pass
+word counts are implausible under p (a G-test, 2n KL(counts/n ‖ p) against chi-squared with W - 1
+degrees of freedom, at 1%): a few files of one word, or a speaker the first pass already hears in
+the training proportions, are fitted to their hypotheses as before.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -21,6 +36,9 @@ import torch.nn.functional as F
 # Utterances per forward pass while fitting: bounds memory on long test sets, not the result
 # (the gradient is the sum over all of them before each step).
 _CHUNK_FRAMES = 10_000
+# The log-likelihood given to a word whose tokens need more frames than an utterance has: it never
+# wins, and its gradient is zero (a finite floor: -inf would turn the softmax's gradient into NaN).
+_IMPOSSIBLE = -1e4
 
 
 class SpeakerTransform:
@@ -76,33 +94,157 @@ def _backward_hypothesis_loss(model, transform: SpeakerTransform, feats: Sequenc
         (scale * loss).backward()
 
 
+@dataclass
+class WordBalance:
+    """The vocabulary of the information-maximisation objective: each word's token sequences
+    (`spellings[w]`: a character model's spelling, a phone model's pronunciations), their training
+    frequencies `prior` ([W], summing to 1), and the weight that holds a speaker's words to them."""
+    spellings: list[list[tuple[int, ...]]]
+    prior: torch.Tensor
+    weight: float
+
+
+def word_balance(eval_cfg, search, train_dir: Path) -> WordBalance | None:
+    """The run's WordBalance (`eval.adapt_word_balance` > 0), or None: off, or (with a note) not
+    possible, as the decoding has no vocabulary or the model says more than one word per utterance;
+    the speakers are then fitted to their hypotheses. `search` is the run's VocabularySearch or None."""
+    import sys
+
+    from asrdist.errors import DataError
+    from asrdist.eval.vocabulary import training_transcripts
+
+    if eval_cfg.adapt_word_balance <= 0 or eval_cfg.adapt_rounds <= 0:
+        return None
+    why = ("the decoding has no vocabulary (eval.vocabulary=none)" if search is None else
+           "the model was trained on more than one word per utterance" if not search.one_word else None)
+    if why:
+        print(f"[asrdist] note: eval.adapt_word_balance: {why}; each speaker's map is fitted to its "
+              "hypotheses instead", file=sys.stderr, flush=True)
+        return None
+    words = sorted(search.spellings)
+    counts = torch.ones(len(words), dtype=torch.float64)  # add-one: a vocabulary word training never said
+    try:
+        index = {w: i for i, w in enumerate(words)}
+        for transcript in training_transcripts(train_dir):
+            if len(transcript) == 1 and search.word_key(transcript[0]) in index:
+                counts[index[search.word_key(transcript[0])]] += 1
+    except DataError:
+        print(f"[asrdist] note: eval.adapt_word_balance: the training transcripts ({train_dir}/text) are gone; "
+              "the words are taken as equally frequent", file=sys.stderr, flush=True)
+    return WordBalance([search.spellings[w] for w in words], (counts / counts.sum()).float(),
+                       eval_cfg.adapt_word_balance)
+
+
 def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.ndarray], list[int]], *,
-                  rounds: int, steps: int, lr: float, l2: float) -> tuple[SpeakerTransform, dict]:
+                  rounds: int, steps: int, lr: float, l2: float, balance: WordBalance | None = None
+                  ) -> tuple[SpeakerTransform, dict]:
     """The map for one speaker's utterances `feats` ([T, D] each) and what fitting it did:
-    {rounds, changed (hypotheses that differ from the first pass), distance (|A - I| + |b|)}."""
+    {rounds, changed (hypotheses that differ from the first pass), distance (|A - I| + |b|)}.
+    `balance`: fitted by information maximisation over its words (module docstring), else to the
+    hypotheses."""
     transform = SpeakerTransform(feats[0].shape[1])
     optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
     first = hyps = _decode_all(model, transform, feats, decode)
+    if balance is not None and not words_implausible(hyps, balance):
+        balance = None
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.requires_grad_(False)
     try:
-        for _ in range(rounds):
+        for done in range(1, rounds + 1):
             with torch.enable_grad():  # evaluation runs under no_grad
-                _fit(model, transform, optimizer, feats, hyps, steps, l2)
-            hyps = _decode_all(model, transform, feats, decode)
+                if balance is None:
+                    _fit(model, transform, optimizer, feats, hyps, steps, l2)
+                else:
+                    _fit_words(model, transform, optimizer, feats, balance, steps, l2)
+            if balance is None or done == rounds:  # the words objective reads no hypotheses
+                hyps = _decode_all(model, transform, feats, decode)
     finally:
         for p in trainable:
             p.requires_grad_(True)
     changed = sum(list(a) != list(b) for a, b in zip(first, hyps))
-    return transform, {"rounds": rounds, "changed": changed, "distance": round(transform.distance(), 4)}
+    return transform, {"rounds": rounds, "changed": changed, "distance": round(transform.distance(), 4),
+                       "objective": "hypotheses" if balance is None else "words"}
+
+
+def words_implausible(hyps: Sequence[Sequence[int]], balance: WordBalance, level: float = 0.01) -> bool:
+    """Whether one speaker's first-pass words (`hyps`, token sequences; those that are no single
+    vocabulary word left out) are counts that the training frequencies give less often than `level`
+    (G-test: 2 sum O ln(O / E) is about chi-squared with W - 1 degrees of freedom)."""
+    from scipy.stats import chi2
+
+    index = {tuple(ids): w for w, spelled in enumerate(balance.spellings) for ids in spelled}
+    said = np.array([index[tuple(h)] for h in hyps if tuple(h) in index], dtype=np.int64)
+    counts = np.bincount(said, minlength=len(balance.spellings)).astype(np.float64)
+    n = counts.sum()
+    if n == 0 or len(balance.spellings) < 2:
+        return False
+    expected = n * balance.prior.double().numpy()
+    seen = counts > 0
+    g = 2 * float((counts[seen] * np.log(counts[seen] / expected[seen])).sum())
+    return g > float(chi2.ppf(1 - level, len(balance.spellings) - 1))
 
 
 def adapt_as_recipe(model, feats: Sequence[torch.Tensor], decode: Callable[[np.ndarray], list[int]],
-                    eval_cfg) -> tuple[SpeakerTransform, dict]:
-    """`adapt_speaker` with a run's `eval.adapt_*` settings (`asrdist eval` and `asrdist decode`)."""
+                    eval_cfg, balance: WordBalance | None = None) -> tuple[SpeakerTransform, dict]:
+    """`adapt_speaker` with a run's `eval.adapt_*` settings (`asrdist eval` and `asrdist decode`);
+    `balance` from `word_balance`."""
     return adapt_speaker(model, feats, decode, rounds=eval_cfg.adapt_rounds, steps=eval_cfg.adapt_steps,
-                         lr=eval_cfg.adapt_lr, l2=eval_cfg.adapt_l2)
+                         lr=eval_cfg.adapt_lr, l2=eval_cfg.adapt_l2, balance=balance)
+
+
+def word_log_likelihoods(log_probs: torch.Tensor, out_lengths: torch.Tensor,
+                         spellings: Sequence[Sequence[tuple[int, ...]]], blank: int) -> torch.Tensor:
+    """[B, W]: log P(word | utterance) of each word under a CTC model's [B, T, V] `log_probs`, its
+    token sequences' probabilities summed; `_IMPOSSIBLE` where none fits the utterance's frames."""
+    lp = log_probs.transpose(0, 1)
+    batch = lp.shape[1]
+    out_lengths = torch.as_tensor(out_lengths, dtype=torch.long)
+    columns = []
+    for spelled in spellings:
+        scores = []
+        for ids in spelled:
+            frames_needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # a blank between repeats
+            loss = F.ctc_loss(lp, torch.tensor(list(ids) * batch, dtype=torch.long), out_lengths,
+                              torch.full((batch,), len(ids), dtype=torch.long), blank=blank, reduction="none",
+                              zero_infinity=True)
+            scores.append(torch.where(out_lengths >= frames_needed, -loss, torch.full_like(loss, _IMPOSSIBLE)))
+        columns.append(torch.logsumexp(torch.stack(scores), 0))
+    return torch.stack(columns, 1)
+
+
+def _word_log_posteriors(model, transform: SpeakerTransform, feats, chunk: list[int], balance: WordBalance
+                         ) -> torch.Tensor:
+    """[B', W]: log q_u of the utterances of `chunk` that at least one word fits."""
+    log_probs, out_lengths = model(*_batch(transform, feats, chunk))
+    scores = word_log_likelihoods(log_probs, out_lengths, balance.spellings, model.blank)
+    return torch.log_softmax(scores[(scores > _IMPOSSIBLE).any(1)], 1)
+
+
+def _fit_words(model, transform: SpeakerTransform, optimizer, feats, balance: WordBalance, steps: int,
+               l2: float) -> None:
+    """`steps` Adam steps on mean_u H(q_u) + weight x KL(q̄ ‖ p) + l2 x penalty. The
+    KL term's gradient with respect to q_u is (log q̄ - log p + 1) / n: a first pass without
+    gradients finds q̄, the second takes the gradient chunk by chunk (the +1 adds nothing, as q_u
+    sums to 1)."""
+    chunks = _chunks(feats)
+    log_prior = balance.prior.log()
+    for _ in range(steps):
+        with torch.no_grad():
+            posteriors = [_word_log_posteriors(model, transform, feats, chunk, balance).exp() for chunk in chunks]
+        n = sum(q.shape[0] for q in posteriors)
+        if n == 0:
+            return
+        mean = torch.cat(posteriors).mean(0)
+        direction = mean.clamp_min(1e-12).log() - log_prior
+        optimizer.zero_grad()
+        for chunk in chunks:
+            log_q = _word_log_posteriors(model, transform, feats, chunk, balance)
+            q = log_q.exp()
+            entropy = -(q * log_q).sum()  # log_q is finite: the impossible words' floor
+            ((entropy + balance.weight * (q * direction).sum()) / n).backward()
+        (l2 * transform.penalty()).backward()
+        optimizer.step()
 
 
 def _fit(model, transform: SpeakerTransform, optimizer, feats, hyps, steps: int, l2: float) -> None:

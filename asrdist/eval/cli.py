@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
                         "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
+    _balance_option(p)
     p.set_defaults(func=_eval)
 
     d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)",
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="with --same-speaker or --utt2spk, CTC: rounds of speaker adaptation (0 = off); "
                         "default: the recipe's eval.adapt_rounds")
+    _balance_option(d)
     d.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="decode channel K (0-based) of multi-channel files, which are an error without it "
                         "(mono files are read as they are)")
@@ -60,6 +62,13 @@ def _vocabulary_option(p: argparse.ArgumentParser) -> None:
                    help="CTC: hypotheses only from these words (the training transcripts' or a word list / "
                         "lexicon file's; a phone model pronounces them by the corpus lexicon or PATH, a "
                         "lexicon); default: the recipe's eval.vocabulary")
+
+
+def _balance_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapt-word-balance", type=cli_number(float, at_least=0, at_most=100), default=None,
+                   metavar="X", help="isolated-word CTC models with a vocabulary: > 0 fits each speaker's map by "
+                   "information maximisation, holding the speaker's words to the training word frequencies "
+                   "with weight X (0 = fit to the hypotheses); default: the recipe's eval.adapt_word_balance")
 
 
 def _eval(args):

@@ -92,27 +92,31 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     return result
 
 
-def _speaker_maps(model, store, utt_ids, split_dir, cfg, search) -> tuple[dict, dict]:
+def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[dict, dict]:
     """({utt: its speaker's feature map}, the adaptation's summary for eval.json)."""
     from tqdm import tqdm
 
     from asrdist.corpus.kaldi_dir import read_data_dir
-    from asrdist.eval.adapt import adapt_as_recipe
+    from asrdist.eval.adapt import adapt_as_recipe, word_balance
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
     for utt in utt_ids:
         by_speaker.setdefault(data.utterances[utt].speaker, []).append(utt)
-    maps, changed, distances = {}, 0, []
+    maps, changed, distances, held = {}, 0, [], 0
     e = cfg.eval
+    balance = word_balance(e, constrained, Path(cfg.data.corpus) / "train")
     # disable=None: a bar on a terminal only
     for _, utts in tqdm(sorted(by_speaker.items()), desc="adapting", unit="speaker", disable=None):
         feats = [torch.from_numpy(np.array(store[u])) for u in utts]
-        transform, info = adapt_as_recipe(model, feats, search, e)
+        transform, info = adapt_as_recipe(model, feats, lambda lp: ctc_hypothesis(lp, cfg, constrained), e, balance)
         maps.update({u: transform for u in utts})
         changed += info["changed"]
+        held += info["objective"] == "words"
         distances.append(info["distance"])
     summary = {"speakers": len(by_speaker), "rounds": e.adapt_rounds, "steps": e.adapt_steps,
+               "word_balance": 0.0 if balance is None else balance.weight,
+               "speakers_held_to_word_frequencies": held,
                "hypotheses_changed": changed, "mean_distance": round(float(np.mean(distances)), 4) if distances else 0.0}
     return maps, summary
 
@@ -137,8 +141,7 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         utt_ids = [u for u in utt_ids if u in tokens]  # lexicon targets leave out utterances with unknown words
     maps, adaptation = {}, None
     if adapt and utt_ids:
-        maps, adaptation = _speaker_maps(model, store, utt_ids, split_dir, cfg,
-                                         lambda lp: ctc_hypothesis(lp, cfg, constrained))
+        maps, adaptation = _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained)
     loss_sum, loss_frames, frames, exact = 0.0, 0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:

@@ -53,9 +53,10 @@ def load_state_strictly(model: torch.nn.Module, state: dict, path: Path) -> None
     model.load_state_dict(state, strict=True)
 
 
-def load_run_model(run_dir: Path, vocabulary: str | None = None, adapt_rounds: int | None = None):
-    """(model, config, targets, input_dim) of a finished run; `vocabulary` (none | train | PATH)
-    and `adapt_rounds` replace the recipe's `eval.vocabulary` and `eval.adapt_rounds`."""
+def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
+    """(model, config, targets, input_dim) of a finished run; `eval_overrides` ({key: value}, None
+    values skipped: the command line's --vocabulary, --adapt-rounds, ...) replace the recipe's
+    `eval.KEY` settings."""
     from asrdist.config import config_from_tree
     from asrdist.train.prepare import load_targets
     from asrdist.train.task import build_model_for
@@ -65,7 +66,7 @@ def load_run_model(run_dir: Path, vocabulary: str | None = None, adapt_rounds: i
         raise DataError(f"{path}: missing; has the run in {run_dir} finished?")
     blob = _read_model_file(path)
     tree = blob["config"]
-    overrides = {k: v for k, v in (("vocabulary", vocabulary), ("adapt_rounds", adapt_rounds)) if v is not None}
+    overrides = {k: v for k, v in (eval_overrides or {}).items() if v is not None}
     if overrides:
         tree = {**tree, "eval": {**(tree.get("eval") or {}), **overrides}}
     cfg = config_from_tree(tree)  # the config the model was trained with
@@ -101,17 +102,17 @@ def trained_sample_rate(cfg: RunConfig, targets: dict) -> int | None:
 
 
 def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool = False,
-                 vocabulary: str | None = None, adapt_rounds: int | None = None) -> dict:
+                 eval_overrides: dict | None = None) -> dict:
     """Score the run's model on `data`, whose features are (re-)extracted with the run's recipe
     settings at the rate the model was trained at (other audio is resampled, as `asrdist decode`
     does) when they are missing, other ones, or stale (its whole corpus, for global CMVN
-    statistics); `vocabulary` and `adapt_rounds` replace the recipe's `eval.vocabulary` and
-    `eval.adapt_rounds` (speaker adaptation, `asrdist.eval.adapt`)."""
+    statistics); `eval_overrides` replace recipe settings as in `load_run_model` (the vocabulary,
+    speaker adaptation: `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
     from asrdist.train.prepare import ensure_features, feature_mismatch, split_alignments
 
-    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
+    model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     split = resolve_split(data)
     if targets["kind"] in ("monophone", "tied"):  # before any features are written into the corpus
         split_alignments(split, len(targets["phones"]))
@@ -127,14 +128,19 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     return result
 
 
+def command_line_overrides(args) -> dict:
+    """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
+    return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
+            "adapt_word_balance": args.adapt_word_balance}
+
+
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
     from asrdist.corpus.kaldi_dir import read_data_dir
     from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, worst_utterances
     from asrdist.utils.io import atomic_path
 
-    result = evaluate_run(args.run_dir, args.data, details=True, vocabulary=args.vocabulary,
-                          adapt_rounds=args.adapt_rounds)
+    result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
     records = result.pop("per_utterance")
     result["worst_utterances"] = worst_utterances(records)
     data = read_data_dir(Path(result["data"]), require_text=False)

@@ -182,23 +182,22 @@ def _numbered(ids: list[str]) -> list[str]:
     return out
 
 
-def transcribe(run_dir: Path, wavs: list[Path], vocabulary: str | None = None, speakers: Sequence[str] | None = None,
-               adapt_rounds: int | None = None,
-               channel: int | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None = None, channel: int | None = None,
+               eval_overrides: dict | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
     """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
     audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
     cost the others. Every path is checked (exists, a regular file) before the model loads.
-    `vocabulary` replaces the run's `eval.vocabulary` (none | train | PATH). `speakers` (one label
-    per file) groups the files by speaker, decoded as `asrdist eval` decodes one (module docstring),
-    with `adapt_rounds` in place of the run's `eval.adapt_rounds`; then every file is read before
-    the first line comes. `channel`: the channel read of multi-channel files."""
+    `eval_overrides` replace the run's `eval` settings (`load_run_model`: the vocabulary, speaker
+    adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
+    eval` decodes one (module docstring); then every file is read before the first line comes.
+    `channel`: the channel read of multi-channel files."""
     from asrdist.corpus.audio import check_audio_path
     from asrdist.eval.run import load_run_model
     from asrdist.eval.vocabulary import vocabulary_search
 
     for wav in wavs:
         check_audio_path(wav)
-    model, cfg, targets, input_dim = load_run_model(run_dir, vocabulary=vocabulary, adapt_rounds=adapt_rounds)
+    model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     front = _front_end(run_dir, cfg, targets)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
@@ -226,7 +225,7 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
-    from asrdist.eval.adapt import adapt_as_recipe
+    from asrdist.eval.adapt import adapt_as_recipe, word_balance
     from asrdist.eval.evaluate import ctc_hypothesis
 
     out: list = [None] * len(wavs)
@@ -236,15 +235,17 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
             raw[i] = raw_features(wav, front, channel)
         except DataError as exc:
             out[i] = exc
+    adapt = model.kind == "ctc" and cfg.eval.adapt_rounds > 0
+    balance = word_balance(cfg.eval, constrained, Path(cfg.data.corpus) / "train") if adapt else None
     groups: dict[str, list[int]] = {}
     for i in raw:
         groups.setdefault(speakers[i], []).append(i)
     for members in tqdm(list(groups.values()), desc="decoding", unit="speaker", disable=None, leave=False):
         feats = normalize([raw[i] for i in members], front)
         transform = None
-        if model.kind == "ctc" and cfg.eval.adapt_rounds > 0:
+        if adapt:
             transform, _ = adapt_as_recipe(model, [torch.from_numpy(f) for f in feats],
-                                           lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval)
+                                           lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval, balance)
         for i, f in zip(members, feats):
             out[i] = recognize(model, f, targets, cfg, constrained, transform)
     return out
@@ -273,6 +274,7 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
 def decode_command(args) -> int:
     """Print each file's line as it is decoded; --out gets them all, written only when every file
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
+    from asrdist.eval.run import command_line_overrides
     from asrdist.utils.io import write_text_atomic
 
     speakers = None
@@ -280,11 +282,12 @@ def decode_command(args) -> int:
         speakers = read_utt2spk(args.utt2spk, utterance_ids(args.wavs))
     elif args.same_speaker:
         speakers = ["speaker"] * len(args.wavs)
-    elif args.adapt_rounds:
-        raise ConfigError("--adapt-rounds: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
+    elif args.adapt_rounds or args.adapt_word_balance:
+        option = "--adapt-rounds" if args.adapt_rounds else "--adapt-word-balance"
+        raise ConfigError(f"{option}: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
     lines, failed = [], []
-    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, vocabulary=args.vocabulary, speakers=speakers,
-                                            adapt_rounds=args.adapt_rounds, channel=args.channel):
+    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, speakers=speakers, channel=args.channel,
+                                            eval_overrides=command_line_overrides(args)):
         if error is not None:
             failed.append((wav, error))
             continue

@@ -153,7 +153,9 @@ class VocabularySearch:
     """Constrained search for one run: `search(log_probs)` -> token ids (character models)."""
 
     def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary"):
-        encoded, unusable = set(), 0
+        self.tokenizer = tokenizer
+        self.spellings: dict[str, list[tuple[int, ...]]] = {}  # word (normalised) -> its token sequences
+        unusable = 0
         for word in words:
             text = tokenizer.normalize(word)
             try:
@@ -162,7 +164,8 @@ class VocabularySearch:
                 unusable += 1
                 continue
             if ids and " " not in text:
-                encoded.add(tuple(ids))
+                self.spellings[text] = [tuple(ids)]
+        encoded = {ids for spelled in self.spellings.values() for ids in spelled}
         if not encoded:
             raise DataError(f"{where}: none of its {len(words)} words can be spelled with the model's characters")
         if unusable:
@@ -177,6 +180,10 @@ class VocabularySearch:
 
     def search(self, log_probs: np.ndarray) -> list[int]:
         return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam, one_word=self.one_word)
+
+    def word_key(self, word: str) -> str:
+        """`word` of a transcript as `spellings` names it."""
+        return self.tokenizer.normalize(word)
 
 
 class PronouncedSearch(VocabularySearch):
@@ -200,6 +207,9 @@ class PronouncedSearch(VocabularySearch):
                 pron = tuple(p for p in pron if p != silence)
                 if pron:
                     self.word_of.setdefault(pron, word)  # homophones: the first word in order
+        self.spellings = {}
+        for pron, word in self.word_of.items():
+            self.spellings.setdefault(word, []).append(pron)
         source = f" ({lexicon.source})" if lexicon.source else ""
         if not self.word_of:
             raise DataError(f"{where}: none of its {len(words)} words is in the lexicon{source}")
@@ -209,6 +219,11 @@ class PronouncedSearch(VocabularySearch):
         self.num_words = len(set(self.word_of.values()))
         self.trie = WordTrie(sorted(self.word_of))
         self.separator, self.one_word, self.beam = None, one_word, max(1, beam)
+
+    def word_key(self, word: str) -> str:
+        from asrdist.corpus.lexicon import normalize_word
+
+        return normalize_word(word)
 
     def words(self, tokens: Sequence[int]) -> list[str]:
         """The fewest vocabulary words whose pronunciations spell `tokens` in order ([] if none do)."""
