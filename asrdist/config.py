@@ -229,9 +229,10 @@ class RunConfig:
         if self.eval.vocabulary != "none" and self.data.targets not in ("chars", "phones"):
             raise ConfigError(f"eval.vocabulary: word-constrained decoding is for CTC models (data.targets=chars "
                               f"or phones), not data.targets={self.data.targets}")
-        if self.eval.adapt_rounds and self.model.kind != "ctc":
-            raise ConfigError(f"eval.adapt_rounds: speaker adaptation is for CTC models, not model.name="
-                              f"{self.model.name}")
+        for key in ("adapt_rounds", "adapt_word_balance"):
+            if getattr(self.eval, key) and self.model.kind != "ctc":
+                raise ConfigError(f"eval.{key}: speaker adaptation is for CTC models, not model.name="
+                                  f"{self.model.name}")
         if self.data.edge_crop and self.model.kind != "ctc":
             raise ConfigError(f"data.edge_crop: crops the silence around CTC utterances; model.name="
                               f"{self.model.name} trains frame targets, which it would misalign: set it to 0")

@@ -103,6 +103,8 @@ def test_adaptation_needs_a_ctc_model():
     with pytest.raises(ConfigError, match="^eval.adapt_rounds: .*CTC"):
         RunConfig(model=ModelConfig(name="dnn"), eval=EvalConfig(adapt_rounds=2))
     assert RunConfig(model=ModelConfig(name="ctc"), eval=EvalConfig(adapt_rounds=2)).eval.adapt_rounds == 2
+    with pytest.raises(ConfigError, match="^eval.adapt_word_balance: .*CTC"):
+        RunConfig(model=ModelConfig(name="dnn"), eval=EvalConfig(adapt_word_balance=1.0))
 
 
 # --- information maximisation over isolated words (eval.adapt_word_balance) ---------------------
