@@ -20,8 +20,10 @@ confirms a confusion the speaker's voice causes ("two" heard as "four" half the 
 speaker's words to p does not let one word absorb another. It assumes a test speaker says the words
 about as often as the training speakers did, so it is used only for a speaker whose first-pass
 word counts are implausible under p (a G-test, 2n KL(counts/n ‖ p) against chi-squared with W - 1
-degrees of freedom, at 1%): a few files of one word, or a speaker the first pass already hears in
-the training proportions, are fitted to their hypotheses as before.
+degrees of freedom, at 1%), and its fit is kept only if it changes at most `_MOST_CHANGED` of the
+speaker's first-pass words. Otherwise (a few files of one word, a speaker the first pass already
+hears in the training proportions, a speaker who says only some of the words) the speaker is
+fitted to its hypotheses as before.
 """
 from __future__ import annotations
 
@@ -39,6 +41,11 @@ _CHUNK_FRAMES = 10_000
 # The log-likelihood given to a word whose tokens need more frames than an utterance has: it never
 # wins, and its gradient is zero (a finite floor: -inf would turn the softmax's gradient into NaN).
 _IMPOSSIBLE = -1e4
+# A words-objective fit that changes more than this share of a speaker's first-pass words is
+# refused (the speaker is fitted to the hypotheses instead): a confusion the map undoes is a
+# minority of a voice's words; moving most of them means the speaker's words are not the training
+# frequencies (three digits said 50 times each, none of the others: 73-78% errors held to them).
+_MOST_CHANGED = 0.3
 
 
 class SpeakerTransform:
@@ -139,32 +146,57 @@ def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.nda
                   rounds: int, steps: int, lr: float, l2: float, balance: WordBalance | None = None
                   ) -> tuple[SpeakerTransform, dict]:
     """The map for one speaker's utterances `feats` ([T, D] each) and what fitting it did:
-    {rounds, changed (hypotheses that differ from the first pass), distance (|A - I| + |b|)}.
-    `balance`: fitted by information maximisation over its words (module docstring), else to the
-    hypotheses."""
-    transform = SpeakerTransform(feats[0].shape[1])
-    optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
-    first = hyps = _decode_all(model, transform, feats, decode)
-    if balance is not None and not words_implausible(hyps, balance):
-        balance = None
+    {rounds, changed (hypotheses that differ from the first pass), distance (|A - I| + |b|),
+    objective (hypotheses | words)}. `balance`: fitted by information maximisation over its words
+    (module docstring) where the first pass's words are implausible, else to the hypotheses."""
+    first = _decode_all(model, SpeakerTransform(feats[0].shape[1]), feats, decode)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.requires_grad_(False)
     try:
-        for done in range(1, rounds + 1):
-            with torch.enable_grad():  # evaluation runs under no_grad
-                if balance is None:
-                    _fit(model, transform, optimizer, feats, hyps, steps, l2)
-                else:
-                    _fit_words(model, transform, optimizer, feats, balance, steps, l2)
-            if balance is None or done == rounds:  # the words objective reads no hypotheses
-                hyps = _decode_all(model, transform, feats, decode)
+        if balance is not None and words_implausible(first, balance):
+            transform, hyps = _fitted(model, feats, decode, first, rounds, steps, lr, l2, balance)
+            changed = sum(list(a) != list(b) for a, b in zip(first, hyps))
+            if changed <= _MOST_CHANGED * len(feats):
+                return transform, {"rounds": rounds, "changed": changed,
+                                   "distance": round(transform.distance(), 4), "objective": "words"}
+        transform, hyps = _fitted(model, feats, decode, first, rounds, steps, lr, l2, None)
     finally:
         for p in trainable:
             p.requires_grad_(True)
     changed = sum(list(a) != list(b) for a, b in zip(first, hyps))
     return transform, {"rounds": rounds, "changed": changed, "distance": round(transform.distance(), 4),
-                       "objective": "hypotheses" if balance is None else "words"}
+                       "objective": "hypotheses"}
+
+
+def _fitted(model, feats, decode, first, rounds: int, steps: int, lr: float, l2: float,
+            balance: WordBalance | None) -> tuple[SpeakerTransform, list[list[int]]]:
+    """A map fitted from the identity (to the hypotheses, or by `balance`) and its final hypotheses."""
+    transform = SpeakerTransform(feats[0].shape[1])
+    optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
+    hyps = first
+    for done in range(1, rounds + 1):
+        with torch.enable_grad():  # evaluation runs under no_grad
+            if balance is None:
+                _fit(model, transform, optimizer, feats, hyps, steps, l2)
+            else:
+                _fit_words(model, transform, optimizer, feats, balance, steps, l2)
+        if balance is None or done == rounds:  # the words objective reads no hypotheses
+            hyps = _decode_all(model, transform, feats, decode)
+    return transform, hyps
+
+
+def note_held_speakers(held: Sequence[str], speakers: int) -> None:
+    """One line on stderr naming the speakers whose words were held to the training frequencies,
+    as that rests on an assumption only the user can check."""
+    import sys
+
+    if held:
+        names = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        print(f"[asrdist] note: {len(held)} of {speakers} speaker(s) ({names}) first heard saying some words far "
+              "more often than the training speakers did: adapted with their words held to the training "
+              "frequencies (eval.adapt_word_balance); if they do say those words more often, use "
+              "--adapt-word-balance 0", file=sys.stderr, flush=True)
 
 
 def words_implausible(hyps: Sequence[Sequence[int]], balance: WordBalance, level: float = 0.01) -> bool:

@@ -225,7 +225,7 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
-    from asrdist.eval.adapt import adapt_as_recipe, word_balance
+    from asrdist.eval.adapt import adapt_as_recipe, note_held_speakers, word_balance
     from asrdist.eval.evaluate import ctc_hypothesis
 
     out: list = [None] * len(wavs)
@@ -240,14 +240,18 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     groups: dict[str, list[int]] = {}
     for i in raw:
         groups.setdefault(speakers[i], []).append(i)
-    for members in tqdm(list(groups.values()), desc="decoding", unit="speaker", disable=None, leave=False):
+    held = []
+    for speaker, members in tqdm(list(groups.items()), desc="decoding", unit="speaker", disable=None, leave=False):
         feats = normalize([raw[i] for i in members], front)
         transform = None
         if adapt:
-            transform, _ = adapt_as_recipe(model, [torch.from_numpy(f) for f in feats],
-                                           lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval, balance)
+            transform, info = adapt_as_recipe(model, [torch.from_numpy(f) for f in feats],
+                                              lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval, balance)
+            if info["objective"] == "words":
+                held.append(speaker)
         for i, f in zip(members, feats):
             out[i] = recognize(model, f, targets, cfg, constrained, transform)
+    note_held_speakers(held, len(groups))
     return out
 
 
