@@ -20,7 +20,8 @@ for spk in $SPEAKERS; do
     $ASRDIST train "$ROOT"/configs/fsdd.yaml --data "$OUT/corpus-$spk" --out "$OUT/run-$spk" --no-progress "$@"
   fi
   $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" > /dev/null
-  $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" --vocabulary none --out "$OUT/run-$spk/eval-free.json" > /dev/null
+  $ASRDIST eval "$OUT/run-$spk" --data "$OUT/corpus-$spk" --vocabulary none --adapt-word-balance 0 \
+      --out "$OUT/run-$spk/eval-free.json" > /dev/null
 done
 $PY - "$OUT" $SPEAKERS <<'PY'
 import json, os, sys
