@@ -154,24 +154,23 @@ def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.nda
     for p in trainable:
         p.requires_grad_(False)
     try:
+        objective = "hypotheses"
         if balance is not None and words_implausible(first, balance):
-            transform, hyps = _fitted(model, feats, decode, first, rounds, steps, lr, l2, balance)
-            changed = sum(list(a) != list(b) for a, b in zip(first, hyps))
-            if changed <= _MOST_CHANGED * len(feats):
-                return transform, {"rounds": rounds, "changed": changed,
-                                   "distance": round(transform.distance(), 4), "objective": "words"}
-        transform, hyps = _fitted(model, feats, decode, first, rounds, steps, lr, l2, None)
+            transform, changed = _fitted(model, feats, decode, first, rounds, steps, lr, l2, balance)
+            objective = "words" if changed <= _MOST_CHANGED * len(feats) else objective
+        if objective == "hypotheses":
+            transform, changed = _fitted(model, feats, decode, first, rounds, steps, lr, l2, None)
     finally:
         for p in trainable:
             p.requires_grad_(True)
-    changed = sum(list(a) != list(b) for a, b in zip(first, hyps))
     return transform, {"rounds": rounds, "changed": changed, "distance": round(transform.distance(), 4),
-                       "objective": "hypotheses"}
+                       "objective": objective}
 
 
 def _fitted(model, feats, decode, first, rounds: int, steps: int, lr: float, l2: float,
-            balance: WordBalance | None) -> tuple[SpeakerTransform, list[list[int]]]:
-    """A map fitted from the identity (to the hypotheses, or by `balance`) and its final hypotheses."""
+            balance: WordBalance | None) -> tuple[SpeakerTransform, int]:
+    """A map fitted from the identity (to the hypotheses, or by `balance`) and how many of the
+    first pass's hypotheses `first` it changed."""
     transform = SpeakerTransform(feats[0].shape[1])
     optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
     hyps = first
@@ -183,7 +182,40 @@ def _fitted(model, feats, decode, first, rounds: int, steps: int, lr: float, l2:
                 _fit_words(model, transform, optimizer, feats, balance, steps, l2)
         if balance is None or done == rounds:  # the words objective reads no hypotheses
             hyps = _decode_all(model, transform, feats, decode)
-    return transform, hyps
+    return transform, sum(list(a) != list(b) for a, b in zip(first, hyps))
+
+
+class RecipeAdaptation:
+    """A run's speaker adaptation (`eval.adapt_*`) as `asrdist eval` and `asrdist decode` apply it:
+    `fit(speaker, feats)` for each speaker, then `finish()` names the speakers held to the word
+    frequencies (one note) and returns the summary for eval.json. `constrained`: the run's
+    vocabulary search, or None."""
+
+    def __init__(self, model, cfg, constrained):
+        from asrdist.eval.evaluate import ctc_hypothesis
+
+        self.model, self.settings = model, cfg.eval
+        self.decode = lambda log_probs: ctc_hypothesis(log_probs, cfg, constrained)
+        self.balance = word_balance(cfg.eval, constrained, Path(cfg.data.corpus) / "train")
+        self.changed, self.distances, self.held = 0, [], []
+
+    def fit(self, speaker: str, feats: Sequence[torch.Tensor]) -> SpeakerTransform:
+        e = self.settings
+        transform, info = adapt_speaker(self.model, feats, self.decode, rounds=e.adapt_rounds, steps=e.adapt_steps,
+                                        lr=e.adapt_lr, l2=e.adapt_l2, balance=self.balance)
+        self.changed += info["changed"]
+        self.distances.append(info["distance"])
+        if info["objective"] == "words":
+            self.held.append(speaker)
+        return transform
+
+    def finish(self) -> dict:
+        e, speakers = self.settings, len(self.distances)
+        note_held_speakers(self.held, speakers)
+        return {"speakers": speakers, "rounds": e.adapt_rounds, "steps": e.adapt_steps,
+                "word_balance": 0.0 if self.balance is None else self.balance.weight,
+                "speakers_held_to_word_frequencies": len(self.held), "hypotheses_changed": self.changed,
+                "mean_distance": round(float(np.mean(self.distances)), 4) if self.distances else 0.0}
 
 
 def note_held_speakers(held: Sequence[str], speakers: int) -> None:
@@ -215,14 +247,6 @@ def words_implausible(hyps: Sequence[Sequence[int]], balance: WordBalance, level
     seen = counts > 0
     g = 2 * float((counts[seen] * np.log(counts[seen] / expected[seen])).sum())
     return g > float(chi2.ppf(1 - level, len(balance.spellings) - 1))
-
-
-def adapt_as_recipe(model, feats: Sequence[torch.Tensor], decode: Callable[[np.ndarray], list[int]],
-                    eval_cfg, balance: WordBalance | None = None) -> tuple[SpeakerTransform, dict]:
-    """`adapt_speaker` with a run's `eval.adapt_*` settings (`asrdist eval` and `asrdist decode`);
-    `balance` from `word_balance`."""
-    return adapt_speaker(model, feats, decode, rounds=eval_cfg.adapt_rounds, steps=eval_cfg.adapt_steps,
-                         lr=eval_cfg.adapt_lr, l2=eval_cfg.adapt_l2, balance=balance)
 
 
 def word_log_likelihoods(log_probs: torch.Tensor, out_lengths: torch.Tensor,

@@ -97,30 +97,19 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
     from tqdm import tqdm
 
     from asrdist.corpus.kaldi_dir import read_data_dir
-    from asrdist.eval.adapt import adapt_as_recipe, note_held_speakers, word_balance
+    from asrdist.eval.adapt import RecipeAdaptation
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
     for utt in utt_ids:
         by_speaker.setdefault(data.utterances[utt].speaker, []).append(utt)
-    maps, changed, distances, held = {}, 0, [], []
-    e = cfg.eval
-    balance = word_balance(e, constrained, Path(cfg.data.corpus) / "train")
+    adaptation = RecipeAdaptation(model, cfg, constrained)
+    maps = {}
     # disable=None: a bar on a terminal only
     for speaker, utts in tqdm(sorted(by_speaker.items()), desc="adapting", unit="speaker", disable=None):
-        feats = [torch.from_numpy(np.array(store[u])) for u in utts]
-        transform, info = adapt_as_recipe(model, feats, lambda lp: ctc_hypothesis(lp, cfg, constrained), e, balance)
+        transform = adaptation.fit(speaker, [torch.from_numpy(np.array(store[u])) for u in utts])
         maps.update({u: transform for u in utts})
-        changed += info["changed"]
-        if info["objective"] == "words":
-            held.append(speaker)
-        distances.append(info["distance"])
-    summary = {"speakers": len(by_speaker), "rounds": e.adapt_rounds, "steps": e.adapt_steps,
-               "word_balance": 0.0 if balance is None else balance.weight,
-               "speakers_held_to_word_frequencies": len(held),
-               "hypotheses_changed": changed, "mean_distance": round(float(np.mean(distances)), 4) if distances else 0.0}
-    note_held_speakers(held, len(by_speaker))
-    return maps, summary
+    return maps, adaptation.finish()
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:

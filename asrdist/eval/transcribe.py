@@ -225,8 +225,7 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
-    from asrdist.eval.adapt import adapt_as_recipe, note_held_speakers, word_balance
-    from asrdist.eval.evaluate import ctc_hypothesis
+    from asrdist.eval.adapt import RecipeAdaptation
 
     out: list = [None] * len(wavs)
     raw: dict[int, np.ndarray] = {}
@@ -235,23 +234,18 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
             raw[i] = raw_features(wav, front, channel)
         except DataError as exc:
             out[i] = exc
-    adapt = model.kind == "ctc" and cfg.eval.adapt_rounds > 0
-    balance = word_balance(cfg.eval, constrained, Path(cfg.data.corpus) / "train") if adapt else None
+    adapts = model.kind == "ctc" and cfg.eval.adapt_rounds > 0
+    adaptation = RecipeAdaptation(model, cfg, constrained) if adapts else None
     groups: dict[str, list[int]] = {}
     for i in raw:
         groups.setdefault(speakers[i], []).append(i)
-    held = []
     for speaker, members in tqdm(list(groups.items()), desc="decoding", unit="speaker", disable=None, leave=False):
         feats = normalize([raw[i] for i in members], front)
-        transform = None
-        if adapt:
-            transform, info = adapt_as_recipe(model, [torch.from_numpy(f) for f in feats],
-                                              lambda lp: ctc_hypothesis(lp, cfg, constrained), cfg.eval, balance)
-            if info["objective"] == "words":
-                held.append(speaker)
+        transform = adaptation.fit(speaker, [torch.from_numpy(f) for f in feats]) if adaptation else None
         for i, f in zip(members, feats):
             out[i] = recognize(model, f, targets, cfg, constrained, transform)
-    note_held_speakers(held, len(groups))
+    if adaptation is not None:
+        adaptation.finish()
     return out
 
 
