@@ -223,3 +223,24 @@ def test_speakers_held_to_the_word_frequencies_are_named(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "7 of 9 speaker(s) (s0, s1, s2, s3, s4 and 2 more)" in err
     assert "--adapt-word-balance 0" in err
+
+
+def test_word_balance_takes_the_training_word_frequencies(tmp_path, capsys):
+    from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+    from asrdist.data.targets import CharTokenizer
+    from asrdist.eval.adapt import word_balance
+    from asrdist.eval.vocabulary import VocabularySearch
+
+    said = ["one"] * 5 + ["two"] * 2 + ["One"]  # words match as the tokenizer normalises them
+    write_data_dir(tmp_path / "train", [Utterance(f"u{i}", "s", "x.wav", w) for i, w in enumerate(said)])
+    search = VocabularySearch(["one", "two", "nine"], CharTokenizer(list("eintow")), beam=4)
+    balance = word_balance(EvalConfig(adapt_rounds=1, adapt_word_balance=2.0), search, tmp_path / "train")
+    assert balance.weight == 2.0 and [len(s) for s in balance.spellings] == [1, 1, 1]
+    # nine, one, two (sorted), add-one: 1, 7, 3 of 11
+    torch.testing.assert_close(balance.prior, torch.tensor([1 / 11, 7 / 11, 3 / 11]))
+    assert word_balance(EvalConfig(adapt_rounds=0, adapt_word_balance=2.0), search, tmp_path / "train") is None
+    # the transcripts gone (a vocabulary file, the corpus moved): equal frequencies, said in a note
+    balance = word_balance(EvalConfig(adapt_rounds=1, adapt_word_balance=1.0), search, tmp_path / "gone")
+    torch.testing.assert_close(balance.prior, torch.full((3,), 1 / 3))
+    err = capsys.readouterr().err
+    assert "the training transcripts" in err and "the words are taken as equally frequent" in err
