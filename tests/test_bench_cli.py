@@ -23,6 +23,11 @@ def test_bench_ngsgd_writes_its_contract(tmp_path):
     dnn = result["dnn"]
     assert dnn["hidden_dim"] == 512 and dnn["parameters"] > 1_000_000
     assert dnn["flop_ratio"] > 1.0  # preconditioning adds work, never removes it
+    # the floor is the arithmetic plus the measured eigendecompositions, over the plain step's time
+    assert dnn["floor_ratio"] == pytest.approx(
+        dnn["flop_ratio"] + dnn["phases_ms"]["eigendecomposition"] / dnn["sgd_step_cpu_ms"], abs=2e-4)
+    assert dnn["floor_ratio"] > dnn["flop_ratio"] and result["floor_ratio"] == dnn["floor_ratio"]
+    assert set(result["floor_ratio_by_width"]) == {"512", "64"} and result["floor_ratio_swbd"] > 1.0
     assert set(result["step_time_ratio_by_width"]) == {"512", "64"}
     # A narrow layer pays relatively more for the same ranks.
     assert result["flop_ratio_by_width"]["64"] > result["flop_ratio_by_width"]["512"]

@@ -18,8 +18,10 @@ Timing: after a warm-up past the preconditioners' first 10 statistics updates, s
 blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
 update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
 as wall time and as process CPU time (steadier on a shared machine). `flop_ratio` (beside every
-`step_time_ratio`) is the same ratio in multiply-adds of the affine layers: the floor any
-implementation of these ranks meets.
+`step_time_ratio`) is the same ratio in multiply-adds of the affine layers; `floor_ratio` adds
+the rank×rank eigendecompositions (their measured time over the plain step's): what a step would
+cost if the extra products ran exactly as fast as the plain step's own GEMMs and nothing else were
+added. `step_time_ratio` − `floor_ratio` is the overhead an implementation can still remove.
 
 `phases_ms` says where an NG-SGD step's extra process CPU time (`extra_cpu_ms` = NG-SGD step −
 SGD step) goes, per step, all layers together: each layer's preconditioners are re-run alone on
@@ -130,6 +132,13 @@ def flop_ratio(model: torch.nn.Module, batch: int) -> float:
     return (plain + extra) / plain
 
 
+def floor_ratio(flops: float, eigendecomposition_ms: float, sgd_step_ms: float) -> float:
+    """The step-time ratio left if NG-SGD's extra multiply-adds ran exactly as fast as the plain
+    step's own (`flops`, which prices them at the plain step's rate) and the only other cost were the
+    rank×rank eigendecompositions, measured (ms per step, against the plain step's ms)."""
+    return flops + eigendecomposition_ms / sgd_step_ms
+
+
 def _median_cpu_seconds(fn, repeats: int) -> float:
     return median_seconds(fn, repeats, clock=time.process_time)
 
@@ -202,6 +211,7 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
     extra_ms = (cpu["ngsgd"] - cpu["sgd"]) * 1e3
     phases = phase_breakdown(captured, extra_ms, repeats=max(1, min(5, blocks)))  # as many as the step timing's blocks
     del captured
+    flops = flop_ratio(learners["ngsgd"].model, batch)
     return {"model": f"asrdist.models.registry.build_model(ModelConfig(name='{model_name}', "
                      f"hidden_dim={config.hidden_dim}), {features}, {num_classes})",
             "hidden_dim": config.hidden_dim, "parameters": count_parameters(learners["sgd"].model), "batch": batch,
@@ -210,7 +220,8 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
             "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
             "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4),
-            "flop_ratio": round(flop_ratio(learners["ngsgd"].model, batch), 4),
+            "flop_ratio": round(flops, 4),
+            "floor_ratio": round(floor_ratio(flops, phases["eigendecomposition"], cpu["sgd"] * 1e3), 4),
             "extra_cpu_ms": round(extra_ms, 3), "phases_ms": phases}
 
 
@@ -277,6 +288,7 @@ def run(args) -> dict:
     kernel = "native" if resolve_kernel(args.kernel) else "python"
     dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks, kernel=kernel)
     result = {"step_time_ratio": dnn["step_time_ratio"], "flop_ratio": dnn["flop_ratio"],
+              "floor_ratio": dnn["floor_ratio"],
               "step_time_ratio_target": 1.10, "dnn": dnn}
     widths = args.widths
     if widths:
@@ -288,6 +300,7 @@ def run(args) -> dict:
                                                       args.blocks, hidden_dim=width, kernel=kernel)
         result["step_time_ratio_by_width"] = {w: r["step_time_ratio"] for w, r in by_width.items()}
         result["flop_ratio_by_width"] = {w: r["flop_ratio"] for w, r in by_width.items()}
+        result["floor_ratio_by_width"] = {w: r["floor_ratio"] for w, r in by_width.items()}
         result["phases_ms_by_width"] = {w: r["phases_ms"] for w, r in by_width.items()}
     else:
         by_width = {str(dnn["hidden_dim"]): dnn}
@@ -297,6 +310,7 @@ def run(args) -> dict:
                                   kernel=kernel)
         result["step_time_ratio_swbd"] = swbd["step_time_ratio"]
         result["flop_ratio_swbd"] = swbd["flop_ratio"]
+        result["floor_ratio_swbd"] = swbd["floor_ratio"]
         result["swbd"] = swbd
         measured["swbd"] = swbd["step_time_ratio"]
     targets = {w: step_time_target(2048 if w == "swbd" else int(w)) for w in measured}
