@@ -159,20 +159,21 @@ double add_and_sum_squares(float* v, const float* u, int64_t n) {
     return total;
 }
 
-/* J = Hᵀ X (rank × dim) with the ones column's entries (H's column sums) last when `ones`. */
-Tensor fast_transposed_times(const Tensor& x, const Tensor& H, int64_t dim_, bool ones) {
+/* J = Hᵀ X (rank × dim) with the ones column's entries (H's column sums) last when `ones`; H is
+   given as Hᵀ (rank × N, row-major). */
+Tensor fast_transposed_times(const Tensor& x, const Tensor& Ht, int64_t dim_, bool ones) {
     const int n = static_cast<int>(x.size(0)), cols = static_cast<int>(x.size(1));
-    const int rank = static_cast<int>(H.size(1)), dim = static_cast<int>(dim_);
+    const int rank = static_cast<int>(Ht.size(0)), dim = static_cast<int>(dim_);
     Tensor J = at::empty({rank, dim}, x.options());
     float* j = J.data_ptr<float>();
-    const float* h = H.data_ptr<float>();
+    const float* ht = Ht.data_ptr<float>();
     const float one = 1.0f, zero = 0.0f;
-    // column-major: Jᵀ[:cols] (cols × rank, ld dim) = Xᵀ (cols × n) · H (n × rank)
-    sgemm_("N", "T", &cols, &rank, &n, &one, x.data_ptr<float>(), &cols, h, &rank, &zero, j, &dim);
+    // column-major: Jᵀ[:cols] (cols × rank, ld dim) = Xᵀ (cols × n) · H (n × rank, ld n)
+    sgemm_("N", "N", &cols, &rank, &n, &one, x.data_ptr<float>(), &cols, ht, &n, &zero, j, &dim);
     if (ones)
         for (int i = 0; i < rank; ++i) {
             double sum = 0.0;
-            for (int r = 0; r < n; ++r) sum += h[r * rank + i];
+            for (int r = 0; r < n; ++r) sum += ht[static_cast<int64_t>(i) * n + r];
             j[i * dim + dim - 1] = static_cast<float>(sum);
         }
     return J;
@@ -194,52 +195,54 @@ std::vector<double> fast_gram(const float* m, int rows, int cols, bool of_column
 }
 
 struct Preconditioned {
-    Tensor H, x_hat, last;  // H = X Wᵀ (N × rank); X̂ = X − H W as columns from x; its ones column or undefined
+    Tensor Ht, x_hat, last;  // Hᵀ = (X Wᵀ)ᵀ (rank × N); X̂ = X − H W as columns from x; its ones column or undefined
     double gamma, tr_x;
 };
 
 /* H = X Wᵀ, X̂ = X − H W and the norms for γ, for row-major x (N × cols) and W (rank × dim: its first
    `cols` columns, and the last one, when `ones`, standing for the column of ones): two sgemm calls
-   and one pass that adds X to −H W while summing the squares. (Sweeping row blocks to keep X in
-   cache between the two products was slower: MKL loses more on the small products than the cache
-   saves.) */
+   and one pass that adds X to −H W while summing the squares. H is kept transposed (rank × N): MKL
+   computes the thin product 20-30% faster at rank 20 with the N rows as its long dimension, and
+   H's columns (for the norms, the ones column and J) are then contiguous. (Sweeping row blocks to
+   keep X in cache between the two products was slower: MKL loses more on the small products than
+   the cache saves.) */
 Preconditioned fast_precondition_rows(const Tensor& x, const Tensor& W, const Tensor& two_minus_e, bool ones) {
     const int n = static_cast<int>(x.size(0)), cols = static_cast<int>(x.size(1));
     const int rank = static_cast<int>(W.size(0)), dim = static_cast<int>(W.size(1));
     Preconditioned out;
-    out.H = at::empty({n, rank}, x.options());
+    out.Ht = at::empty({rank, n}, x.options());
     out.x_hat = at::empty({n, cols}, x.options());
-    float* h = out.H.data_ptr<float>();
+    float* ht = out.Ht.data_ptr<float>();
     float* x_hat = out.x_hat.data_ptr<float>();
     const float* xs = x.data_ptr<float>();
     const float* w = W.data_ptr<float>();
     const float one = 1.0f, minus_one = -1.0f, zero = 0.0f;
     if (ones)
-        for (int r = 0; r < n; ++r)
-            for (int i = 0; i < rank; ++i) h[r * rank + i] = w[i * dim + dim - 1];
+        for (int i = 0; i < rank; ++i) std::fill(ht + static_cast<int64_t>(i) * n, ht + static_cast<int64_t>(i + 1) * n,
+                                                 w[i * dim + dim - 1]);
     const float beta = ones ? 1.0f : 0.0f;
-    // column-major: Hᵀ (rank × n) = W[:, :cols] (rank × cols) · Xᵀ (cols × n) [+ the ones column's weights]
-    sgemm_("T", "N", &rank, &n, &cols, &one, w, &dim, xs, &cols, &beta, h, &rank);
+    // column-major: H (n × rank, ld n) = X (n × cols) · W[:, :cols]ᵀ (cols × rank) [+ the ones column's weights]
+    sgemm_("T", "N", &n, &rank, &cols, &one, xs, &cols, w, &dim, &beta, ht, &n);
     // column-major: X̂ᵀ (cols × n) = −W[:, :cols]ᵀ (cols × rank) · Hᵀ (rank × n), then + Xᵀ with the norm
-    sgemm_("N", "N", &cols, &n, &rank, &minus_one, w, &dim, h, &rank, &zero, x_hat, &cols);
+    sgemm_("N", "T", &cols, &n, &rank, &minus_one, w, &dim, ht, &n, &zero, x_hat, &cols);
     double tr_hat = add_and_sum_squares(x_hat, xs, static_cast<int64_t>(n) * cols);
     if (ones) {
         out.last = at::empty({n}, x.options());
         float* last = out.last.data_ptr<float>();
-        for (int r = 0; r < n; ++r) {
-            float dot = 0.0f;
-            for (int i = 0; i < rank; ++i) dot += h[r * rank + i] * w[i * dim + dim - 1];
-            last[r] = 1.0f - dot;
+        std::vector<float> dot(n, 0.0f);
+        for (int i = 0; i < rank; ++i) {
+            const float weight = w[i * dim + dim - 1];
+            const float* column = ht + static_cast<int64_t>(i) * n;
+            for (int r = 0; r < n; ++r) dot[r] += column[r] * weight;
         }
+        for (int r = 0; r < n; ++r) last[r] = 1.0f - dot[r];
         tr_hat += sum_squares(last, n);
     }
     const Tensor tme = two_minus_e.contiguous();  // float32, as x (check_inputs)
     const float* t = tme.data_ptr<float>();
-    std::vector<double> columns(rank, 0.0);
-    for (int r = 0; r < n; ++r)
-        for (int i = 0; i < rank; ++i) columns[i] += static_cast<double>(h[r * rank + i]) * static_cast<double>(h[r * rank + i]);
     double captured = 0.0;
-    for (int i = 0; i < rank; ++i) captured += static_cast<double>(t[i]) * columns[i];
+    for (int i = 0; i < rank; ++i)
+        captured += static_cast<double>(t[i]) * sum_squares(ht + static_cast<int64_t>(i) * n, n);
     out.tr_x = tr_hat + captured;
     out.gamma = tr_hat > 0.0 ? std::sqrt(out.tr_x / tr_hat) : 1.0;
     return out;
@@ -296,15 +299,14 @@ std::tuple<Tensor, Tensor, double, Tensor, Tensor, double, Tensor, Tensor, bool,
                 "ngsgd kernel: d and e must have one entry per row of W");
 
     const bool fast = fast_path(x, W);
-    Tensor H, J;
+    Tensor H, J;  // H: the general path's (the fast one keeps Hᵀ in `projected`)
     std::vector<double> K, L;
     Preconditioned projected;  // the fast path computes X̂ with H (step 5 needs only the current state)
     if (fast) {
         projected = fast_precondition_rows(x, W, two_minus_e, ones);
-        H = projected.H;
-        J = fast_transposed_times(x, H, dim, ones);
+        J = fast_transposed_times(x, projected.Ht, dim, ones);
         K = fast_gram(J.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(dim), false);
-        L = fast_gram(H.data_ptr<float>(), static_cast<int>(H.size(0)), static_cast<int>(rank), true);
+        L = fast_gram(projected.Ht.data_ptr<float>(), static_cast<int>(rank), static_cast<int>(x.size(0)), false);
     } else {
         H = rows.times_transposed(W);
         J = rows.transposed_times(H);
