@@ -29,9 +29,19 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors in one line, like every other asrdist error (argparse prints
+    the whole usage block first); sub-command parsers are of this class too."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("asrdist").strip()
+        where = f"{command}: " if command else ""
+        flat = " ".join(message.split())
+        self.exit(2, f"asrdist: error: {where}{flat} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="asrdist", description="Data-parallel training of speech acoustic models.")
+    parser = _Parser(prog="asrdist", description="Data-parallel training of speech acoustic models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -57,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = list(args.overrides or []) + extra
         else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.exit(2, f"asrdist: error: {args.command}: unrecognized arguments: {' '.join(extra)} "
+                           f"(see asrdist {args.command} --help)\n")
     try:
         rc = args.func(args)
     except AsrdistError as exc:

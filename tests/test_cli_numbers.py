@@ -85,6 +85,20 @@ def test_a_bad_number_is_a_usage_error_naming_the_option(argv, option, expected,
     err = capsys.readouterr().err
     assert f"argument {option}: expected {expected}, got" in err
     assert "Traceback" not in err and list(tmp_path.iterdir()) == []
+    assert len(err.splitlines()) == 1 and err.startswith("asrdist: error: ")  # one line, as every asrdist error
+
+
+@pytest.mark.parametrize("argv, line", [
+    ([], "asrdist: error: the following arguments are required: COMMAND (see asrdist --help)"),
+    (["corpus", "synth"], "asrdist: error: corpus synth: the following arguments are required: out "
+                          "(see asrdist corpus synth --help)"),
+    (["train", "recipe.yaml", "--bogus"], "asrdist: error: train: unrecognized arguments: --bogus "
+                                          "(see asrdist train --help)"),
+])
+def test_a_usage_error_is_one_line_naming_the_command(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines() == [line]
 
 
 def test_bench_ngsgd_refuses_a_global_batch_smaller_than_its_learners_before_timing(capsys, tmp_path):

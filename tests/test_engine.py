@@ -7,6 +7,7 @@ learner takes about three times as many minibatches, with no barrier inside the 
 """
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -153,6 +154,61 @@ def test_close_gets_the_error_and_finalize_is_skipped_when_training_fails(tmp_pa
     with pytest.raises(TrainingError, match="loss is nan"):
         tr.fit()
     assert rec.calls[-1] == "close(TrainingError)" and "finalize" not in rec.calls
+
+
+def test_a_non_finite_validation_loss_stops_the_run_naming_the_epoch(tmp_path):
+    # each minibatch's loss finite, the validated model's not: the weights ran off (averaging at a
+    # large lr did this with a train loss of 2e22); the run must not end as if it had trained
+    losses = iter([0.5, float("nan")])
+
+    def validate(model):
+        return {"valid_loss": next(losses)}
+
+    tr = _trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, epochs=3)
+    with pytest.raises(TrainingError, match=r"rank 0: the model diverged in epoch 1: its validation loss is not "
+                                            r"finite \(train loss [0-9.e+-]+\); lower optim.lr"):
+        tr.fit()
+    assert [h["epoch"] for h in tr.state.history] == [0]  # epoch 0 kept; the diverged one never recorded
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["valid_loss"] for r in records if r["kind"] == "epoch"] == [0.5]
+
+
+def test_metrics_jsonl_writes_non_finite_figures_as_null(tmp_path):
+    from asrdist.train.metrics import MetricsLog
+
+    log = MetricsLog(tmp_path)
+    log.log("epoch", 3, train_loss=float("inf"), valid_loss=float("nan"), by={"a": float("-inf"), "b": 1.5})
+    log.close()
+    line = (tmp_path / "metrics.jsonl").read_text()
+    record = json.loads(line, parse_constant=lambda name: pytest.fail(f"bare {name} in metrics.jsonl"))
+    assert record["train_loss"] is None and record["valid_loss"] is None and record["by"] == {"a": None, "b": 1.5}
+
+
+def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
+    from asrdist.parallel.sync import SyncStrategy
+
+    ctx = learner_context()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    strategy = SyncStrategy()
+    strategy.setup(model, opt, ctx)
+    hooks = TrainerHooks(loss_fn=_loss, validate_fn=lambda m: {"valid_loss": float("nan")}, lr_at=lambda s, e: 0.01)
+    tr = Trainer(model, opt, strategy, ListOrder(4), hooks, ctx, Path(run_dir) / f"r{rank}", epochs=2,
+                 progress=False)
+    try:
+        tr.fit()
+    except TrainingError as e:
+        return str(e)
+    return "trained on"
+
+
+@pytest.mark.slow
+def test_every_learner_stops_on_the_leaders_diverged_validation(tmp_path):
+    # only rank 0 validates: without agreeing on its verdict, rank 1 would wait in the next exchange
+    said = run_distributed(_diverging_learner, 2, tmp_path, str(tmp_path))
+    assert said[0].startswith("rank 0: the model diverged in epoch 0: its validation loss is not finite")
+    assert said[1] == said[0].replace("rank 0", "rank 1", 1)  # the same verdict, the same train loss
 
 
 def test_a_diverging_trial_returns_inf_instead_of_raising(tmp_path):

@@ -416,6 +416,7 @@ class Trainer:
                 model = self.strategy.among_survivors(lambda group, members: consensus_copy(
                     self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
                 record.update(self.hooks.validate_fn(model) if self._leads() else {})
+                self._stop_if_diverged(record)
         leads = self._leads()
         if leads and not self.metrics.enabled:
             self.metrics = MetricsLog(self.run_dir, resume_step=self.state.step)
@@ -430,6 +431,21 @@ class Trainer:
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1
         self.save_checkpoint()
+
+    def _stop_if_diverged(self, record: dict) -> None:
+        """A non-finite validation loss means the model the job would keep has diverged (each
+        minibatch's loss can stay finite while the weights grow without bound): every learner stops
+        with the same line. The leader validates; the survivors agree on its verdict first, so none
+        of them is left waiting in the next exchange."""
+        loss = record.get("valid_loss")
+        verdict = [0.0 if loss is None or math.isfinite(loss) else 1.0]
+        diverged = self.strategy.among_survivors(lambda group, members: job_totals(
+            verdict, world_size=len(members), device=self.ctx.device, group=group, timeout=self.ctx.timeout))[0] > 0
+        if diverged:
+            train_loss = record.get("train_loss")
+            shown = f"{train_loss:.4g}" if train_loss is not None else "none"
+            raise TrainingError(f"rank {self.ctx.job_rank}: the model diverged in epoch {self.state.epoch}: its "
+                                f"validation loss is not finite (train loss {shown}); lower optim.lr or check the data")
 
     def _leads(self) -> bool:
         """Whether this learner speaks for the job: rank 0, or the first survivor once it is lost."""
