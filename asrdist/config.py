@@ -212,8 +212,11 @@ class RunConfig:
         check_field("seed", self.seed, at_least=0, at_most=2**32 - 1)
         learners = self.train.learners
         if self.strategy_name == "single" and learners != 1:
+            from asrdist.parallel import STRATEGIES
+
+            several = ", ".join(name for name in STRATEGIES if name != "single")
             raise ConfigError(f"train.learners: strategy 'single' runs exactly 1 learner, got {learners} "
-                              "(pick a strategy that communicates: sync, onebit, averaging)")
+                              f"(pick one that runs several with --strategy: {several})")
         if self.data.batch_size % learners:
             raise ConfigError(f"data.batch_size: must be a multiple of train.learners = {learners} "
                               f"(each learner takes an equal share), got {self.data.batch_size}")
@@ -383,10 +386,23 @@ def read_config_tree(path: str | Path) -> dict:
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(_yaml_error(path, exc)) from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return check_sections(tree, f"{path}: ")
+
+
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """One line naming the file, the line and what the parser found there (and what it was inside)."""
+    problem, mark = getattr(exc, "problem", None), getattr(exc, "problem_mark", None)
+    if not problem:
+        return f"{path}: invalid YAML ({str(exc).splitlines()[0]})"
+    where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    inside = ""
+    if context:
+        inside = f" ({context}{f' that starts at line {start.line + 1}' if start is not None else ''})"
+    return f"{where}: invalid YAML: {problem}{inside}"
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:

@@ -39,7 +39,14 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     out = capsys.readouterr().out
     assert "asrdist.train.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
     assert {"config.yaml", "targets.pt", "env.json"} <= {p.name for p in run.iterdir()}
-    assert main(args) != 0 and "already used" in capsys.readouterr().err
+    # preparing it again, or starting it with `asrdist train` (new or --resume): one line saying how it starts
+    started_under_torchrun = f"{run}: prepared by `asrdist prepare` and not started yet; its learners start under torchrun"
+    for again in (args, ["train", str(ROOT / "configs/default.yaml"), "--out", str(run)],
+                  ["train", str(ROOT / "configs/default.yaml"), "--resume", str(run)]):
+        assert main(again) != 0
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and started_under_torchrun in err[0] and f"asrdist.train.worker {run}" in err[0], err
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "targets.pt", "env.json"}  # nothing written
     assert main(args[:2] + ["--data", str(tone_corpus), "--out", str(tmp_path / "other"), "optim.nope=1"]) != 0
     assert "optim.nope" in capsys.readouterr().err and not (tmp_path / "other").exists()
 

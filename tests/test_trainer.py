@@ -115,6 +115,15 @@ def test_malformed_recipe_is_a_one_line_error(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_yaml_syntax_error_names_its_line_and_where_the_construct_began(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("data:\n  batch_size: [256\ntrain:\n  epochs: 2\n")
+    assert main(["train", str(recipe), "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"asrdist: error: {recipe}:3: invalid YAML: expected ',' or ']', but got ':' "
+        "(while parsing a flow sequence that starts at line 2)"]
+
+
 def test_features_follow_the_recipe(tmp_path, capsys):
     """A recipe asking for per-speaker CMVN must not train on global-CMVN features: they are
     re-extracted with its settings, and the user is told; features that fit are left alone."""

@@ -99,6 +99,19 @@ def _learner_files(d: Path) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in d.glob("rank-*.pt") if p.stem.split("-")[1].isdigit())
 
 
+def prepared_not_started(run_dir: Path) -> bool:
+    """Whether `run_dir` is as `asrdist prepare` left it: its config and targets, and no checkpoint,
+    summary or log of any start."""
+    return ((run_dir / "targets.pt").is_file() and (run_dir / "config.yaml").is_file()
+            and not any((run_dir / name).exists() for name in ("checkpoints", "summary.json", "launcher.log")))
+
+
+def start_prepared_advice(run_dir: Path) -> str:
+    return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; its learners start under torchrun "
+            f"on every host: torchrun --nnodes A --nproc-per-node B ... -m asrdist.train.worker {run_dir} "
+            f"(README: On a GPU cluster with torchrun)")
+
+
 def check_resumable(run_dir: Path, learners: int) -> Path:
     """The checkpoint `learners` learners would resume from, checked cheaply (pointer, one file per
     learner and no more, each a complete archive) without loading it; else a TrainingError saying
@@ -107,6 +120,8 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     if d is None:
         if _checkpoint_dirs(run_dir):  # `latest` itself was lost
             raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {resume_advice(run_dir, None, learners)}")
+        if prepared_not_started(run_dir):
+            raise TrainingError(start_prepared_advice(run_dir))
         raise TrainingError(f"{run_dir}: no checkpoint to resume from; start it again without --resume")
     # the run's config fixes its learners (rundir.check_resume): other files mean a damaged checkpoint
     ranks = _learner_files(d)

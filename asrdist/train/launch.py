@@ -22,7 +22,7 @@ from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, Stopped, TrainingError
-from asrdist.train import rundir
+from asrdist.train import checkpoint as ckpt, rundir
 from asrdist.utils.io import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
 
@@ -152,6 +152,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
         print(f"[asrdist] note: {run_dir}: a start that failed left only its reports ("
               f"{', '.join(sorted(p.name for p in entries))}); removed, starting again", file=sys.stderr)
     elif entries:
+        if ckpt.prepared_not_started(run_dir):
+            raise AsrdistError(ckpt.start_prepared_advice(run_dir))
         used = any((run_dir / name).exists() for name in ("summary.json", "checkpoints", "config.yaml"))
         what = "run directory already used" if used else "run directory exists and is not empty"
         raise AsrdistError(f"{run_dir}: {what}; {hint}")
