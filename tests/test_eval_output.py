@@ -30,6 +30,10 @@ eval: {beam: 2}
 """
 
 
+def latest_checkpoint(run: Path) -> Path:
+    return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "rank-0.pt"
+
+
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
     """(run dir, corpus, first summary, wall seconds in the checkpoint resumed from)."""
@@ -42,8 +46,7 @@ def resumed_run(tmp_path_factory):
     run = root / "run"
     assert main(["train", str(recipe), "--out", str(run), "--no-progress"]) == 0
     first = json.loads((run / "summary.json").read_text())
-    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip() / "rank-0.pt"
-    checkpoint_wall = torch.load(latest, weights_only=False)["loop"]["wall_seconds"]
+    checkpoint_wall = torch.load(latest_checkpoint(run), weights_only=False)["loop"]["wall_seconds"]
     assert main(["train", str(recipe), "--resume", str(run), "train.epochs=2", "--no-progress"]) == 0
     return run, corpus, first, checkpoint_wall
 
@@ -55,8 +58,12 @@ def test_summary_after_resume_accounts_the_whole_run(resumed_run):
     assert 0 < checkpoint_wall <= first["wall_seconds"]
     assert second["wall_seconds"] == pytest.approx(checkpoint_wall + second["wall_seconds_last_start"], abs=0.5)
     assert second["train_frames"] == 2 * first["train_frames"]  # both epochs, as the wall time
-    train_seconds = max(p["train_seconds"] for p in second["comm"]["per_learner"])
-    assert second["frames_per_second"] == pytest.approx(second["train_frames"] / train_seconds)
+    # throughput is over the epoch loop's time (steps and epoch ends), over both starts
+    (learner,) = second["comm"]["per_learner"]
+    checkpoint_loop = torch.load(latest_checkpoint(run), weights_only=False)["loop"]["loop_seconds"]
+    assert learner["train_seconds"] < learner["loop_seconds"] == pytest.approx(checkpoint_loop, abs=1.0)
+    assert learner["loop_seconds"] > first["comm"]["per_learner"][0]["loop_seconds"]  # the first start's counts too
+    assert second["frames_per_second"] == pytest.approx(second["train_frames"] / learner["loop_seconds"])
 
 
 def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):

@@ -187,7 +187,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
     per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
-                   "train_seconds": state.train_seconds, "compute_seconds": learner.trainer.compute_seconds,
+                   "train_seconds": state.train_seconds, "loop_seconds": state.loop_seconds,
+                   "compute_seconds": learner.trainer.compute_seconds,
                    "skipped_nonfinite": learner.trainer.skipped,
                    **learner.strategy.counters.as_dict()}
     gathered = [per_learner]

@@ -41,7 +41,9 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
             final[key] = final_eval[key]
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     frames = sum(p["frames"] for p in per_learner)
-    train_seconds = max(p["train_seconds"] for p in per_learner)
+    # the job's frames over its longest learner's time in the epoch loop: a lock-step learner waits
+    # for the others inside its steps, adpsgd's at epoch ends; both kinds of waiting count alike
+    train_seconds = max(p.get("loop_seconds") or p["train_seconds"] for p in per_learner)
     n = len(per_learner)  # the learners that finished
     lost = lost_learners or []
     summary = {

@@ -62,6 +62,10 @@ class LoopState:
     """Minibatches trained, each counted as its size over the configured size: the learning-rate
     schedule's clock, so warmup and decay follow the data seen when a batch search changes the
     size (equal to `step` otherwise)."""
+    loop_seconds: float = 0.0
+    """Wall time in the epoch loop (steps, exchanges, epoch ends: everything but set-up and the
+    end of `fit`), over every start: the time the job's throughput is measured against, the same
+    for learners that wait inside their steps (lock-step) and those that wait at epoch ends."""
 
 
 @dataclass
@@ -119,6 +123,8 @@ class Trainer:
         self.metrics: MetricsLog | None = None
         self.compute_seconds = 0.0
         self._started, self._wall_before = time.perf_counter(), 0.0  # this start; earlier starts (resume)
+        self._loop_started: float | None = None  # when this start's epoch loop began
+        self._loop_before = 0.0
         self._synthetic: list[torch.Tensor] | None = None
         self._synthetic_grads: list[torch.Tensor] | None = None
 
@@ -216,8 +222,13 @@ class Trainer:
         return 0.0, int(getattr(batch, "num_frames", 0))
 
     # -- checkpoints ----------------------------------------------------------------------
+    def _clock_loop(self) -> None:
+        if self._loop_started is not None:
+            self.state.loop_seconds = self._loop_before + time.perf_counter() - self._loop_started
+
     def _learner_state(self) -> dict:
         self.state.wall_seconds = self._wall_before + time.perf_counter() - self._started
+        self._clock_loop()
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
                 "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
@@ -297,7 +308,9 @@ class Trainer:
             self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
                                       resume_step=self.state.step if resume else None)
             self._start_line()
+            self._loop_started, self._loop_before = time.perf_counter(), self.state.loop_seconds
             self._train(mid_epoch=resume and self.sampler.state_dict().get("position", 0) > 0)
+            self._clock_loop()
         except BaseException as exc:
             error = exc
             raise
