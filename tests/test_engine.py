@@ -184,6 +184,32 @@ def test_metrics_jsonl_writes_non_finite_figures_as_null(tmp_path):
     assert record["train_loss"] is None and record["valid_loss"] is None and record["by"] == {"a": None, "b": 1.5}
 
 
+def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_store(tmp_path):
+    # adpsgd's learners go on while the leader validates: it leaves its verdict in the job store,
+    # and each of them stops at its next epoch end, before that epoch end's exchanges
+    store = dist.HashStore()
+
+    def learner(rank):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        strategy = Independent()
+        strategy.setup(model, opt, LearnerContext(store=store, job_rank=rank, job_world_size=2))
+        return Trainer(model, opt, strategy, ListOrder(3), TrainerHooks(loss_fn=_loss), strategy.ctx,
+                       tmp_path / str(rank), epochs=2, progress=False)
+
+    leader, other = learner(0), learner(1)
+    other._stop_if_diverged({"train_loss": 0.7}, before_validation=True)  # no verdict yet: goes on
+    with pytest.raises(TrainingError) as said:
+        leader._stop_if_diverged({"train_loss": 0.5, "valid_loss": float("inf")})
+    assert str(said.value) == ("rank 0: the model diverged in epoch 0: its validation loss is not finite "
+                               "(train loss 0.5); lower optim.lr or check the data")
+    other._stop_if_diverged({"train_loss": 0.7})  # not the leader: nothing validated, nothing to say
+    with pytest.raises(TrainingError) as said_too:
+        other._stop_if_diverged({"train_loss": 0.7}, before_validation=True)
+    assert str(said_too.value) == str(said.value).replace("rank 0", "rank 1", 1)
+
+
 def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
     from asrdist.parallel.sync import SyncStrategy
 

@@ -42,6 +42,11 @@ class Sampler(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+DIVERGED_KEY = "run/diverged"
+"""Set in the job store by the leader of learners that do not move in lock step when the model
+it validated had diverged."""
+
+
 @dataclass
 class LoopState:
     epoch: int = 0
@@ -426,6 +431,7 @@ class Trainer:
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
+                self._stop_if_diverged(record, before_validation=True)
                 model = self.strategy.among_survivors(lambda group, members: consensus_copy(
                     self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
                 record.update(self.hooks.validate_fn(model) if self._leads() else {})
@@ -445,20 +451,32 @@ class Trainer:
         self.state.epoch += 1
         self.save_checkpoint()
 
-    def _stop_if_diverged(self, record: dict) -> None:
+    def _stop_if_diverged(self, record: dict, before_validation: bool = False) -> None:
         """A non-finite validation loss means the model the job would keep has diverged (each
         minibatch's loss can stay finite while the weights grow without bound): every learner stops
-        with the same line. The leader validates; the survivors agree on its verdict first, so none
-        of them is left waiting in the next exchange."""
+        with the same line. The leader validates. Lock-step learners would wait for it in their next
+        exchange anyway: they agree on its verdict after it. Learners that go on while it validates
+        (adpsgd) find its verdict in the job store at their next epoch end, before its exchanges."""
+        store = self.ctx.store
+        lockstep = self.strategy.lockstep_now or store is None or self.ctx.job_world_size == 1
+        if before_validation:
+            if not lockstep and store.check([DIVERGED_KEY]):
+                raise TrainingError(f"rank {self.ctx.job_rank}: {store.get(DIVERGED_KEY).decode()}")
+            return
         loss = record.get("valid_loss")
-        verdict = [0.0 if loss is None or math.isfinite(loss) else 1.0]
-        diverged = self.strategy.among_survivors(lambda group, members: job_totals(
-            verdict, world_size=len(members), device=self.ctx.device, group=group, timeout=self.ctx.timeout))[0] > 0
+        diverged = loss is not None and not math.isfinite(loss)
+        if lockstep:
+            diverged = self.strategy.among_survivors(lambda group, members: job_totals(
+                [float(diverged)], world_size=len(members), device=self.ctx.device, group=group,
+                timeout=self.ctx.timeout))[0] > 0
         if diverged:
             train_loss = record.get("train_loss")
             shown = f"{train_loss:.4g}" if train_loss is not None else "none"
-            raise TrainingError(f"rank {self.ctx.job_rank}: the model diverged in epoch {self.state.epoch}: its "
-                                f"validation loss is not finite (train loss {shown}); lower optim.lr or check the data")
+            verdict = (f"the model diverged in epoch {self.state.epoch}: its validation loss is not finite "
+                       f"(train loss {shown}); lower optim.lr or check the data")
+            if not lockstep:
+                store.set(DIVERGED_KEY, verdict)
+            raise TrainingError(f"rank {self.ctx.job_rank}: {verdict}")
 
     def _leads(self) -> bool:
         """Whether this learner speaks for the job: rank 0, or the first survivor once it is lost."""
