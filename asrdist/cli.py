@@ -59,6 +59,14 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # anywhere, the parser's imports of torch and the rest included
+        print("asrdist: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     warnings.formatwarning = _format_warning
     parser = build_parser()
     # `section.key=value` overrides may follow options (asrdist train CONFIG --epochs 2 optim.lr=0.1)
@@ -74,9 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     except AsrdistError as exc:
         print(f"asrdist: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("asrdist: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # The reader of stdout went away (`asrdist decode ... | head`): stop quietly, as `cat` does,
         # with stdout pointed at /dev/null so the interpreter's last flush cannot fail again.

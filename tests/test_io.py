@@ -189,3 +189,33 @@ def test_json_files_are_strict_json_even_after_a_divergence(tmp_path):
     text = (tmp_path / "s.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"loss": None, "curve": [1.0, None], "ok": 2}
+
+
+def _sigint_disposition() -> str:
+    return {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default"}.get(signal.getsignal(signal.SIGINT), "handled")
+
+
+def test_pool_workers_started_inside_leave_ctrl_c_to_the_parent():
+    # Ctrl-C reaches the whole process group: a worker raising KeyboardInterrupt printed a traceback,
+    # and one raising between tasks hung the pool's shutdown (asrdist features, 1 Ctrl-C in 8)
+    from multiprocessing import get_context
+
+    from asrdist.utils.io import interrupts_left_to_parent
+
+    handler = signal.getsignal(signal.SIGINT)
+    with interrupts_left_to_parent():
+        pool = get_context("spawn").Pool(1)
+    with pool:
+        assert pool.apply(_sigint_disposition) == "ignored"
+    assert signal.getsignal(signal.SIGINT) is handler  # the parent's own Ctrl-C is back
+
+
+def test_ctrl_c_while_the_parser_imports_is_one_line(monkeypatch, capsys):
+    from asrdist import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["features", "x"]) == 130
+    assert capsys.readouterr().err.splitlines() == ["asrdist: interrupted"]

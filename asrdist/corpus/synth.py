@@ -32,7 +32,7 @@ from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.corpus.textsource import sentence
 from asrdist.errors import ConfigError, DataError
-from asrdist.utils.io import atomic_dir, write_json_atomic
+from asrdist.utils.io import atomic_dir, interrupts_left_to_parent, write_json_atomic
 
 SAMPLE_RATE = 16000
 SPLITS = ("train", "valid", "test")
@@ -199,7 +199,9 @@ def _results(jobs: list[Job], workers: int):
     if workers <= 1:
         yield map(make_utterance, jobs)
         return
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    with interrupts_left_to_parent():
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+    with pool:
         yield pool.imap_unordered(make_utterance, jobs, chunksize=4)
 
 

@@ -30,6 +30,7 @@ from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
 from asrdist.features.cmvn import MODES, CmvnStats, Normalizer, SpeakerPrior
 from asrdist.features.fbank import check_mel_bins
+from asrdist.utils.io import interrupts_left_to_parent
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
 CMVN_SOURCE_SPLIT = "train"
@@ -151,7 +152,8 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
         if jobs > 1 and len(tasks) > 1:
             # spawned, not forked: a fork copies this process's locks but not the threads that hold
             # them (tqdm's monitor, torch's pools), and a worker stuck on one hung the pool's shutdown
-            pool = stack.enter_context(get_context("spawn").Pool(min(jobs, len(tasks))))
+            with interrupts_left_to_parent():
+                pool = stack.enter_context(get_context("spawn").Pool(min(jobs, len(tasks))))
             results = pool.imap(_compute, tasks, chunksize=max(1, min(16, len(tasks) // (4 * jobs))))
         else:
             results = map(_compute, tasks)

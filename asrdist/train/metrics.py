@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-from asrdist.utils.io import output_errors
+from asrdist.utils.io import finite_or_null, output_errors
 
 TENSORBOARD_FLUSH_SECONDS = 5
 """How often TensorBoard's writer thread wakes to write (its default: 120 s). A stop signal is raised
@@ -17,18 +16,6 @@ writer then waited for the thread's next timed wake-up: a stopped single-learner
 to exit, about 1 stop in 25 under load (2026-11-26, py-spy: the main thread in the writer's join, the
 writer in its queue's timed wait). With 5 s a stop costs at most that, and TensorBoard shows a
 running job's figures within 5 s."""
-
-
-def _finite_or_null(value: Any) -> Any:
-    """`value` with every NaN or infinity as None: JSON has no spelling for them (json.dumps writes a
-    bare NaN that strict readers refuse), and null is what readers of metrics.jsonl expect."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_null(v) for v in value]
-    return value
 
 
 class MetricsLog:
@@ -62,7 +49,7 @@ class MetricsLog:
         seconds = self._seconds_before + time.monotonic() - self._started
         record = {"kind": kind, "step": step, "seconds": round(seconds, 3), **values}
         with output_errors(self.path), open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(_finite_or_null(record)) + "\n")
+            f.write(json.dumps(finite_or_null(record), allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -81,16 +81,17 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def json_text(obj: Any) -> str:
     """`obj` as strict JSON (a diverged run's NaN or inf is null: json.dumps would write the bare
     NaN that JSON readers other than Python's refuse), indented, with a final newline."""
-    return json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return json.dumps(finite_or_null(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
-def _finite(obj: Any) -> Any:
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every NaN or infinity (in nested dicts, lists and tuples too) as None."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite_or_null(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite_or_null(v) for v in obj]
     return obj
 
 
@@ -172,6 +173,22 @@ def signals_raise(make_error: Callable[[int], BaseException],
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def interrupts_left_to_parent() -> Iterator[None]:
+    """Worker processes started inside ignore SIGINT. Ctrl-C reaches the whole process group, and
+    only this process should act on it (it stops its pool and cleans up): a worker raising
+    KeyboardInterrupt mid-task printed a traceback, and one that raised between tasks hung the
+    pool's shutdown. An ignored SIGINT survives spawn's exec, and Python leaves it ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def sigterm_as_exit() -> contextlib.AbstractContextManager:
