@@ -219,3 +219,19 @@ def test_ctrl_c_while_the_parser_imports_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["features", "x"]) == 130
     assert capsys.readouterr().err.splitlines() == ["asrdist: interrupted"]
+
+
+def test_an_output_error_inside_a_temporary_beside_out_names_out(tmp_path):
+    # import-kaldi decodes audio into `.OUT.audio.XXXX` beside OUT: a full disk there named that
+    import errno
+
+    from asrdist.errors import OutputError
+    from asrdist.utils.io import output_errors
+
+    out = tmp_path / "c"
+    with pytest.raises(OutputError) as said, output_errors(out):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".c.audio._8m1l2zr" / "a.wav"))
+    assert str(said.value) == f"{out}: cannot write: No space left on device"
+    with pytest.raises(OutputError) as said, output_errors(out):  # a file that is not OUT's temporary keeps its name
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / ".cc.tmp"))
+    assert str(said.value) == f"{tmp_path / '.cc.tmp'}: cannot write: Read-only file system"

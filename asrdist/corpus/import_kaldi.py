@@ -583,22 +583,26 @@ def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) 
 
 def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
+    from asrdist.utils.io import output_errors
 
     single, mapping = parse_split_options(args.split or [])
-    if (args.src / "wav.scp").is_file() and single is None and not mapping:
-        if args.valid_speakers is not None:
-            raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
-        summary = import_kaldi(args.src, args.out, alignments=args.alignments, skip_bad=args.skip_bad,
-                               overwrite=args.overwrite, channel=args.channel, lexicon=args.lexicon,
-                               sample_rate=args.sample_rate)
+    one_split = (args.src / "wav.scp").is_file() and single is None and not mapping
+    if one_split and args.valid_speakers is not None:
+        raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
+    with output_errors(args.out):  # a full disk or a read-only place names OUT, not a temporary beside it
+        if one_split:
+            summary = import_kaldi(args.src, args.out, alignments=args.alignments, skip_bad=args.skip_bad,
+                                   overwrite=args.overwrite, channel=args.channel, lexicon=args.lexicon,
+                                   sample_rate=args.sample_rate)
+        else:
+            summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
+                                          valid_speakers=args.valid_speakers, alignments=args.alignments,
+                                          skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel,
+                                          lexicon=args.lexicon, sample_rate=args.sample_rate)
+    if one_split:
         print(f"asrdist: note: {args.src} is one Kaldi data directory, so {args.out} is one split directory "
               f"(for `asrdist eval --data` or `asrdist features`); to train, import with --split train, or give "
               f"a directory holding train / dev / test", file=sys.stderr)
-    else:
-        summary = import_kaldi_corpus(args.src, args.out, single_split=single, split_dirs=mapping,
-                                      valid_speakers=args.valid_speakers, alignments=args.alignments,
-                                      skip_bad=args.skip_bad, overwrite=args.overwrite, channel=args.channel,
-                                      lexicon=args.lexicon, sample_rate=args.sample_rate)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -218,10 +218,12 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
 
 def import_lhotse_command(args) -> int:
     from asrdist.corpus.assemble import parse_split_options
+    from asrdist.utils.io import output_errors
 
     single, mapping = parse_split_options(args.split or [])
-    summary = import_lhotse_corpus(args.src, args.out, single_split=single, split_parts=mapping,
-                                   valid_speakers=args.valid_speakers, skip_bad=args.skip_bad,
-                                   overwrite=args.overwrite, sample_rate=args.sample_rate)
+    with output_errors(args.out):  # a full disk or a read-only place names OUT, not a temporary beside it
+        summary = import_lhotse_corpus(args.src, args.out, single_split=single, split_parts=mapping,
+                                       valid_speakers=args.valid_speakers, skip_bad=args.skip_bad,
+                                       overwrite=args.overwrite, sample_rate=args.sample_rate)
     print(json.dumps(summary, indent=2))
     return 0

@@ -33,8 +33,17 @@ def output_errors(path: str | os.PathLike, creating: bool = False) -> Iterator[N
             raise
         from asrdist.errors import OutputError
 
-        where = path if creating else exc.filename or path  # not the temporary name beside it
+        where = exc.filename or path
+        if creating or _inside_temporary_of(path, where):  # not the temporary name beside it
+            where = path
         raise OutputError(f"{where}: cannot write: {exc.strerror or exc}") from None
+
+
+def _inside_temporary_of(path: str | os.PathLike, filename: str | os.PathLike) -> bool:
+    """Whether `filename` is (inside) one of the hidden temporaries asrdist writes beside `path`
+    (`.NAME.something`) before moving them into place."""
+    prefix = f".{Path(path).name}."
+    return any(part.startswith(prefix) for part in Path(filename).parts)
 
 
 def fsync_path(path: str | os.PathLike) -> None:
