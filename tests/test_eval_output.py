@@ -73,6 +73,7 @@ def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):
     test = read_data_dir(corpus / "test")
     lines = (run / "hyp.txt").read_text().splitlines()
     assert [line.split(maxsplit=1)[0] for line in lines] == test.utt_ids == sorted(test.utt_ids)
+    assert result["not_scored"] == {"no_features": [], "no_reference": []}  # every utterance scored
     hyps = {u: (line.split(maxsplit=1) + [""])[1] for u, line in zip(test.utt_ids, lines)}
     worst = result["worst_utterances"]
     assert worst and len(worst) <= 10
@@ -319,3 +320,18 @@ def test_eval_out_never_replaces_a_file_of_the_split_it_reads(tmp_path):
         check_output_file(split / "text", inputs=(split,))
     check_output_file(split / "eval.json", inputs=(split,))  # an earlier eval's own output
     check_output_file(split / "new.json", inputs=(split,))
+
+
+def test_eval_names_the_utterances_its_score_leaves_out(resumed_run, capsys):
+    # features extracted with --skip-bad lack some utterances, lexicon targets others: an error rate
+    # over fewer utterances than the split holds must say so (it scored 38 of 40 silently)
+    run, corpus, _, _ = resumed_run
+    split = corpus / "test"
+    ids = read_data_dir(split).utt_ids
+    assert main(["eval", str(run), "--data", str(split)]) == 0  # the store exists from here on
+    capsys.readouterr()
+    left = eval_run.not_scored(split, ids + ["zz-not-extracted"], set(ids[1:]))
+    assert left == {"no_features": ["zz-not-extracted"], "no_reference": [ids[0]]}
+    assert capsys.readouterr().err.splitlines() == [
+        f"asrdist: note: {split}: 2 of {len(ids) + 1} utterances not scored (1 no features, 1 no reference); "
+        "eval.json's not_scored lists them"]

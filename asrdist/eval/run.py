@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -128,6 +129,24 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     return result
 
 
+def not_scored(split: Path, utt_ids: list[str], scored: set[str]) -> dict:
+    """The split's utterances its score leaves out, by why: `no_features` (the feature store lacks
+    them: `asrdist features --skip-bad` skipped them) and `no_reference` (no targets for them: words
+    outside the lexicon, left out by `asrdist align`). A note says how many when there are any, so
+    an error rate is never read as the whole split's when it is not."""
+    from asrdist.features.store import FeatureStore
+
+    stored = set(FeatureStore(split).utt_ids)
+    missing = [u for u in utt_ids if u not in scored]
+    out = {"no_features": [u for u in missing if u not in stored],
+           "no_reference": [u for u in missing if u in stored]}
+    if missing:
+        why = ", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in out.items() if v)
+        print(f"asrdist: note: {split}: {len(missing)} of {len(utt_ids)} utterances not scored ({why}); "
+              f"eval.json's not_scored lists them", file=sys.stderr)
+    return out
+
+
 def command_line_overrides(args) -> dict:
     """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
@@ -144,6 +163,7 @@ def eval_command(args) -> int:
     records = result.pop("per_utterance")
     result["worst_utterances"] = worst_utterances(records)
     data = read_data_dir(Path(result["data"]), require_text=False)
+    result["not_scored"] = not_scored(Path(result["data"]), data.utt_ids, {r["utt"] for r in records})
     result["speakers"] = speaker_rates(records, {u: d.speaker for u, d in data.utterances.items()})
     result["confusions"] = confusions(records)
     out = args.out or args.run_dir / "eval.json"
