@@ -105,8 +105,12 @@ class _Job:
         end = time.monotonic() + self.deadline
         while not condition():
             if self.proc.poll() is not None:
-                self.finish()
-                raise TrainingError(f"bench faults: the job ended before {what}: {self.last_line()}")
+                code = self.finish()
+                if code == 0:
+                    raise TrainingError(f"bench faults: the job finished before {what}: its corpus is too small "
+                                        f"for the fault to land mid-run; give --data a larger one (the demo corpus)")
+                said = self.last_line() or _last_line(_launcher_log(self)) or "it printed nothing"
+                raise TrainingError(f"bench faults: the job ended before {what} (exit code {code}): {said}")
             if time.monotonic() > end:
                 self.proc.kill()
                 raise TrainingError(f"bench faults: gave up waiting for {what} after {self.deadline:g} s")
@@ -128,8 +132,7 @@ class _Job:
         return self.proc.returncode
 
     def last_line(self) -> str:
-        lines = self.err.strip().splitlines()
-        return lines[-1] if lines else ""
+        return _last_line(self.err)
 
 
 def learner_pids(run_dir: Path) -> dict[int, int]:
@@ -221,6 +224,11 @@ def _went_on_without(job: _Job, lost_ranks: list[int]) -> tuple[int, dict, list[
     summary = json.loads(path.read_text()) if rc == 0 and path.is_file() else {}
     lost = summary.get("lost_learners", [])
     return rc, summary, lost, bool(summary) and sorted(x["rank"] for x in lost) == lost_ranks
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _launcher_log(job: _Job) -> str:
