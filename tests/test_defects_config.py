@@ -175,6 +175,12 @@ def test_resume_without_a_checkpoint_writes_nothing(corpus, tmp_path, capsys):
     cfg = load_config(RECIPE, [f"data.corpus={corpus}", *TINY])
     launch.prepare_run_dir(cfg, run, progress=False)
     before = _snapshot(run)
+    assert _resume(run) != 0  # as `asrdist prepare` leaves it: its learners start under torchrun
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "prepared by `asrdist prepare` and not started yet" in err[0], err
+    assert _snapshot(run) == before
+    (run / "launcher.log").write_text("a start that stopped before its first checkpoint\n")
+    before = _snapshot(run)
     assert _resume(run) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no checkpoint to resume from" in err[0], err
@@ -247,6 +253,27 @@ def test_switching_strategy_names_the_recipe_strategy_settings_it_drops(tmp_path
             in capsys.readouterr().err)
     args.strategy = "adpsgd"  # the recipe's own: kept, nothing to say
     assert resolve_config(args).strategy.pattern == "random" and capsys.readouterr().err == ""
+    # a setting given again on the command line is used, and not named as left out
+    args.strategy, args.overrides = "hierarchical", ["strategy.pattern=random"]
+    assert resolve_config(args).strategy.pattern == "random"
+    assert "adpsgd (delay_by_one) are not used" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, override", [("learners", 3, "train.learners=5"), ("epochs", 2, "train.epochs=2"),
+                                                   ("data", "corpus", "data.corpus=other")])
+def test_a_flag_and_an_override_of_the_same_key_are_refused(tmp_path, flag, value, override):
+    import argparse
+
+    from asrdist.train.launch import resolve_config
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("strategy:\n  name: sync\n")
+    args = argparse.Namespace(config=str(recipe), overrides=[override], data=None, epochs=None, learners=None,
+                              resume=None, strategy=None)
+    setattr(args, flag, value)
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}: given twice, as --{flag} {value} and as {override}; keep one$"):
+        resolve_config(args)
 
 
 def test_a_job_too_large_for_this_machine_is_refused_and_oversubscribed_threads_noted(monkeypatch, capsys):

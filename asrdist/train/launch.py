@@ -49,13 +49,15 @@ def run_config_path(run_dir: Path) -> Path:
 
 def resolve_config(args) -> RunConfig:
     overrides = list(args.overrides or [])
+    given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
     flag_overrides = []
-    if args.data is not None:
-        flag_overrides.append(f"data.corpus={args.data}")
-    if args.epochs is not None:
-        flag_overrides.append(f"train.epochs={args.epochs}")
-    if args.learners is not None:
-        flag_overrides.append(f"train.learners={args.learners}")
+    for flag, key, value in (("--data", "data.corpus", args.data), ("--epochs", "train.epochs", args.epochs),
+                             ("--learners", "train.learners", args.learners)):
+        if value is None:
+            continue
+        if key in given:  # which would win is not for asrdist to guess
+            raise ConfigError(f"{key}: given twice, as {flag} {value} and as {given[key]}; keep one")
+        flag_overrides.append(f"{key}={value}")
     if args.resume is not None:
         first = args.resume / CONFIG_NAME
         if not first.is_file():
@@ -66,7 +68,7 @@ def resolve_config(args) -> RunConfig:
     recipe_strategy = tree.get("strategy") or {}
     if args.strategy is not None and recipe_strategy.get("name") != args.strategy:
         tree["strategy"] = {"name": args.strategy}
-        dropped = sorted(k for k in recipe_strategy if k != "name")
+        dropped = sorted(k for k in recipe_strategy if k != "name" and f"strategy.{k}" not in given)
         if dropped:  # they belong to the recipe's strategy; the new one starts from its defaults
             print(f"[asrdist] note: --strategy {args.strategy}: the recipe's settings of strategy "
                   f"{recipe_strategy.get('name')} ({', '.join(dropped)}) are not used; give strategy.KEY=VALUE "
