@@ -326,6 +326,11 @@ CASES: dict[str, Case] = {
     "resume: a readable checkpoint of something else": Case(
         _resume(lambda run: torch.save({}, _latest_file(run)), "train.max_steps=6"),
         ("step-00000004/rank-0.pt: not this run's checkpoint (no 'model' entry)", "echo step-00000002 >")),
+    "resume: a file of another checkpoint": Case(  # copied by hand: its learners would wait for each other
+        _resume(lambda run: shutil.copy(run / "checkpoints" / "step-00000002" / "rank-0.pt", _latest_file(run)),
+                "train.max_steps=6"),
+        ("step-00000004/rank-0.pt: holds step-00000002, not step-00000004: a file of another checkpoint",
+         "echo step-00000002 >")),
     "resume: a checkpoint with a misshapen tensor": Case(
         _resume(_misshapen_checkpoint, "train.max_steps=6"),
         ("step-00000004/rank-0.pt: not this run's checkpoint", "size mismatch")),

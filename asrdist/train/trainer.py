@@ -298,6 +298,12 @@ class Trainer:
                 " ".join(str(exc).split())[:200] or type(exc).__name__
             raise TrainingError(f"{path}: not this run's checkpoint ({what}); "
                                 f"{ckpt.resume_advice(self.run_dir, path.parent, self.ctx.job_world_size)}") from None
+        checkpoint = ckpt.latest_step_dir(self.run_dir)
+        holds = f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
+        if holds != checkpoint.name:  # its learners would meet at different points and wait for each other
+            path = checkpoint / f"rank-{self.ctx.job_rank}.pt"
+            raise TrainingError(f"{path}: holds {holds}, not {checkpoint.name}: a file of another checkpoint; "
+                                f"{ckpt.resume_advice(self.run_dir, checkpoint, self.ctx.job_world_size)}")
         if self.job_epochs and self.ctx.job_rank == 0:
             print(f"[asrdist] resuming at the start of epoch {self.state.epoch + 1} (the last job checkpoint; "
                   f"an asynchronous strategy does not resume mid-epoch)", flush=True)
