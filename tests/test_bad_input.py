@@ -393,6 +393,12 @@ CASES: dict[str, Case] = {
     # --- output paths: checked before the work, nothing (no NAME.hyp.txt) left behind
     "decode: --out is a directory": Case(_out_is_a_directory("decode"), ("d1: output file is an existing directory",)),
     "eval: --out is a directory": Case(_out_is_a_directory("eval"), ("d1: output file is an existing directory",)),
+    # --- paths that do not exist: named as such, not as a missing file inside them
+    "eval: no such run directory": Case(lambda tmp, corpus, trained: ["eval", str(tmp / "nowhere"), "--data",
+                                                                      str(corpus)],
+                                        ("nowhere: run directory not found",)),
+    "align: no such corpus": Case(lambda tmp, corpus, trained: ["align", str(trained), "--data", str(tmp / "nowhere")],
+                                  ("nowhere: corpus or data directory not found",)),
 }
 
 

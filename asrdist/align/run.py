@@ -132,6 +132,8 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
     run_dir, data = Path(run_dir), Path(data)
     model, cfg, targets, input_dim = load_run_model(run_dir)
     _check_model(targets, run_dir)
+    if not data.is_dir():
+        raise DataError(f"{data}: corpus or data directory not found")
     corpus_lexicon = data / LEXICON_NAME
     # a split directory of a corpus (CORPUS/test) reads its corpus' lexicon
     stored = corpus_lexicon if corpus_lexicon.is_file() or not (data / "wav.scp").is_file() else \

@@ -63,6 +63,8 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     from asrdist.train.task import build_model_for
 
     path = run_dir / "model.pt"
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: run directory not found")
     if not path.is_file():
         raise DataError(f"{path}: missing; has the run in {run_dir} finished?")
     blob = _read_model_file(path)
