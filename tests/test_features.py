@@ -313,8 +313,17 @@ def test_bad_input_fails_cleanly_or_is_skipped(corpus: Path, tmp_path: Path, cap
                 if p.name.startswith(".feats")]
     assert main(["features", str(corpus), "--jobs", "2", "--skip-bad"]) == 0
     meta = FeatureStore(corpus / "test").meta
-    assert meta["skipped"] == 1 and bad_utt in meta["skipped_utterances"][0]
+    assert meta["skipped"] == 1 and bad_utt in meta["skipped_utterances"][0] and meta["skip_bad"] is True
     assert bad_utt not in FeatureStore(corpus / "test") and len(FeatureStore(corpus / "test")) == 1
+    if how in ("corrupt", "long"):  # a recipe's other settings re-extract, skipping what the user skipped
+        from asrdist.config import config_from_tree
+        from asrdist.train.prepare import ensure_features
+
+        capsys.readouterr()
+        ensure_features(corpus, config_from_tree({"data": {"num_mel_bins": 23, "cmvn": "speaker"}}), progress=False)
+        assert "skipping unreadable audio as before (--skip-bad)" in capsys.readouterr().out
+        meta = FeatureStore(corpus / "test").meta
+        assert meta["num_mel_bins"] == 23 and meta["skipped"] == 1 and bad_utt not in FeatureStore(corpus / "test")
 
 
 def test_speaker_cmvn_over_one_utterance_speakers_is_noted(tmp_path, capsys):

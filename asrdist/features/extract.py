@@ -262,7 +262,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
                     "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
                     "audio_sample_rate": audio_rate, "frame_shift": 0.01,
                     "audio_seconds": round(seconds, 3), "channel": channel, "source": sources[name],
-                    "skipped": len(skipped), "skipped_utterances": skipped})
+                    "skip_bad": skip_bad, "skipped": len(skipped), "skipped_utterances": skipped})
                 if export_kaldi:
                     feature_store.export_kaldi(feature_store.FeatureStore(tmps[name]), tmps[name],
                                                final_dir=split_paths[name] / feature_store.FEATS_DIR)

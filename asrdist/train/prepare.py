@@ -85,19 +85,23 @@ def _check_imported(split: Path, store) -> None:
                         f"again, or extract features with `asrdist features {corpus} --overwrite`")
 
 
-def recorded_channel(data: Path) -> int | None:
-    """The channel the corpus' features were extracted from (`asrdist features DATA --channel K`,
-    kept in each split's meta.json), so re-extracting with a recipe's settings reads the same
-    channel of multi-channel audio; None when no store records one."""
+def recorded_choices(data: Path) -> tuple[int | None, bool]:
+    """(channel, skip_bad): what the user chose when extracting the corpus' features (`asrdist
+    features DATA --channel K --skip-bad`, kept in each split's meta.json), so re-extracting with a
+    recipe's settings reads the same channel of multi-channel audio and again skips the audio that
+    cannot be read; (None, False) when no store records them."""
     from asrdist.features.extract import find_splits
     from asrdist.features.store import FeatureStore, has_features
 
+    channel, skip_bad = None, False
     for split in find_splits(data).values():
         if has_features(split):
-            channel = FeatureStore(split).meta.get("channel")
-            if isinstance(channel, int) and not isinstance(channel, bool):
-                return channel
-    return None
+            meta = FeatureStore(split).meta
+            recorded = meta.get("channel")
+            if channel is None and isinstance(recorded, int) and not isinstance(recorded, bool):
+                channel = recorded
+            skip_bad = skip_bad or meta.get("skip_bad") is True or bool(meta.get("skipped"))
+    return channel, skip_bad
 
 
 def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bool = True,
@@ -117,15 +121,16 @@ def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bo
     stale = {name: reason for name, reason in why.items() if reason}
     if not stale:
         return
-    channel = recorded_channel(data)
+    channel, skip_bad = recorded_choices(data)
     said = "; ".join(f"{name}: {reason}" for name, reason in stale.items())
     rate = f", sample_rate={sample_rate}" if sample_rate else ""
     picked = f", channel {channel}" if channel is not None else ""
+    skipping = ", skipping unreadable audio as before (--skip-bad)" if skip_bad else ""
     print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
-          f"cmvn={cfg.data.cmvn}{rate}{picked} ({said})", flush=True)
+          f"cmvn={cfg.data.cmvn}{rate}{picked}{skipping} ({said})", flush=True)
     extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
                      progress=progress, mel_bins_key="data.num_mel_bins", channel=channel,
-                     sample_rate=sample_rate)
+                     sample_rate=sample_rate, skip_bad=skip_bad)
     _drop_augmented(splits.values())
 
 
