@@ -97,6 +97,9 @@ def test_kaldi_split_names_and_explicit_choice(tmp_path: Path, capsys):
     err = _one_error(capsys)
     assert "test_dev93 and test_eval92" in err and "--split test=NAME" in err and not out.exists()
     assert main(["corpus", "import-kaldi", str(src), str(out), "--split", "test=test_eval92"]) == 0
+    # the data directory left out is named, not dropped without a word
+    assert (f"asrdist: note: {src}: test_dev93 not imported (no split took it; choose with --split SPLIT=NAME, "
+            "SPLIT one of train, valid, test)") in capsys.readouterr().err.splitlines()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["splits"]["valid"]["source"].endswith("dev_clean")  # a dev set: nothing carved
     assert "carved_from" not in summary["splits"]["valid"]

@@ -68,6 +68,10 @@ def match_splits(names: list[str], chosen: dict[str, str], where: Path) -> dict[
         if found:
             out[split] = found[0]
             taken.add(found[0])
+    left = [n for n in sorted(names) if n not in taken]
+    if left:  # an outside corpus may name a split its own way: say what was not read
+        print(f"asrdist: note: {where}: {', '.join(left)} not imported (no split took it; choose with "
+              f"--split SPLIT=NAME, SPLIT one of {', '.join(SPLITS)})", file=sys.stderr)
     return out
 
 
