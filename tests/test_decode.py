@@ -252,3 +252,6 @@ def test_decode_ids_are_unique_and_free_of_whitespace(tmp_path):
     assert utterance_ids([Path("x.wav"), Path("x.wav"), Path("w 1.wav"), Path("w_1.wav")]) == \
         ["x", "x-2", "w_1", "w_1-2"]
     assert utterance_ids([Path(".wav")]) == [".wav"]
+    # one recording in several formats: the suffix tells them apart (x-2 would read as x given twice)
+    assert utterance_ids([Path("fmt/x.flac"), Path("fmt/x.ogg"), Path("fmt/x.flac"), Path("fmt/y.wav")]) == \
+        ["x.flac", "x.ogg", "x.flac-2", "y"]

@@ -8,10 +8,11 @@ from asrdist.checks import cli_number
 from asrdist.utils.io import check_output_file
 
 DECODE_EPILOG = """\
-utterance ids: the file's name without .wav, whitespace replaced by '_' (in
-`utt text` lines the first space ends the id). When two files share a name,
-every id is the file's path relative to the files' common directory, without
-.wav (d1/x, d2/x); a file given twice gets -2, -3, ...
+utterance ids: the file's name without its audio suffix (.wav, .flac, ...),
+whitespace replaced by '_' (in `utt text` lines the first space ends the id).
+When two files share a name, every id is the file's path relative to the
+files' common directory, without the suffix (d1/x, d2/x), or with it where
+only the suffix differs (x.flac, x.ogg); a file given twice gets -2, -3, ...
 
 A file that cannot be decoded (unreadable audio, shorter than one frame) does
 not stop the others: they are decoded and printed, then the command exits

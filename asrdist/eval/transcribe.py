@@ -151,13 +151,19 @@ def utterance_ids(wavs: Sequence[Path]) -> list[str]:
     """One id per file, unique, without whitespace (in `utt text` the first space ends the id):
     the file's name without its audio suffix (.wav, .flac, .mp3, ...: AUDIO_SUFFIXES); when two
     names collide, every id is the file's path relative to the files' common directory, without the
-    suffix (d1/x, d2/x), so ids stay readable and stable; any
-    id still taken (one file given twice, names equal once whitespace became '_') gets -2, -3, ..."""
+    suffix (d1/x, d2/x), so ids stay readable and stable; files that then differ only in their
+    suffix keep it (x.flac, x.ogg); any id still taken (one file given twice, names equal once
+    whitespace became '_') gets -2, -3, ..."""
     stems = [_stem(Path(w).name) for w in wavs]
     if len(set(stems)) < len(stems):
         paths = [Path(os.path.abspath(w)) for w in wavs]
         root = Path(os.path.commonpath([p.parent for p in paths]))
-        stems = [_stem(p.relative_to(root).as_posix()) for p in paths]
+        names = [p.relative_to(root).as_posix() for p in paths]
+        stems = [_stem(name) for name in names]
+        suffixed: dict[str, set[str]] = {}
+        for stem, name in zip(stems, names):
+            suffixed.setdefault(stem, set()).add(name)
+        stems = [name if len(suffixed[stem]) > 1 else stem for stem, name in zip(stems, names)]
     return _numbered([re.sub(r"\s", "_", stem) for stem in stems])
 
 
