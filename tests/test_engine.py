@@ -111,11 +111,17 @@ class Recorder(Strategy):
         super().load_state_dict(state)
 
 
-def _trainer(tmp_path, strategy, sampler, *, validate=None, loss=_loss, **kw):
+def _linear(strategy, ctx) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The tests' model (the same initial weights every time) and its optimizer, set up under `strategy`."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    strategy.setup(model, opt, LearnerContext(store=dist.HashStore()))
+    strategy.setup(model, opt, ctx)
+    return model, opt
+
+
+def _trainer(tmp_path, strategy, sampler, *, validate=None, loss=_loss, **kw):
+    model, opt = _linear(strategy, LearnerContext(store=dist.HashStore()))
     hooks = TrainerHooks(loss_fn=loss, validate_fn=validate, lr_at=lambda s, e: 0.01)
     return Trainer(model, opt, strategy, sampler, hooks, strategy.ctx, tmp_path, progress=False, **kw)
 
@@ -190,11 +196,8 @@ def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_stor
     store = dist.HashStore()
 
     def learner(rank):
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
         strategy = Independent()
-        strategy.setup(model, opt, LearnerContext(store=store, job_rank=rank, job_world_size=2))
+        model, opt = _linear(strategy, LearnerContext(store=store, job_rank=rank, job_world_size=2))
         return Trainer(model, opt, strategy, ListOrder(3), TrainerHooks(loss_fn=_loss), strategy.ctx,
                        tmp_path / str(rank), epochs=2, progress=False)
 
@@ -214,11 +217,8 @@ def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
     from asrdist.parallel.sync import SyncStrategy
 
     ctx = learner_context()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     strategy = SyncStrategy()
-    strategy.setup(model, opt, ctx)
+    model, opt = _linear(strategy, ctx)
     hooks = TrainerHooks(loss_fn=_loss, validate_fn=lambda m: {"valid_loss": float("nan")}, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, ListOrder(4), hooks, ctx, Path(run_dir) / f"r{rank}", epochs=2,
                  progress=False)
@@ -286,11 +286,8 @@ class Independent(Strategy):
 
 def _straggler_learner(rank: int, world_size: int, run_dir: str) -> dict:
     ctx = learner_context()
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     strategy = Independent()
-    strategy.setup(model, opt, ctx)
+    model, opt = _linear(strategy, ctx)
     sampler = JobEpochSampler(ListOrder(48), ctx.store, world_size)
     hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=2, progress=False,
