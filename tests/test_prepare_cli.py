@@ -40,7 +40,8 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     assert "asrdist.train.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
     assert {"config.yaml", "targets.pt", "env.json"} <= {p.name for p in run.iterdir()}
     # preparing it again, or starting it with `asrdist train` (new or --resume): one line saying how it starts
-    started_under_torchrun = f"{run}: prepared by `asrdist prepare` and not started yet; its learners start under torchrun"
+    started_under_torchrun = (f"{run}: prepared by `asrdist prepare` and not started yet; "
+                              "its learners start under torchrun")
     for again in (args, ["train", str(ROOT / "configs/default.yaml"), "--out", str(run)],
                   ["train", str(ROOT / "configs/default.yaml"), "--resume", str(run)]):
         assert main(again) != 0

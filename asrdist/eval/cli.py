@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", type=Path, required=True, help="a split directory or a corpus directory (uses test)")
     p.add_argument("--out", type=Path, default=None,
-                   help="output JSON (default RUN_DIR/eval.json); hypotheses go beside it, to NAME.hyp.txt (hyp.txt for eval.json)")
+                   help="output JSON (default RUN_DIR/eval.json); hypotheses go beside it, to NAME.hyp.txt "
+                        "(hyp.txt for eval.json)")
     _vocabulary_option(p)
     p.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "

@@ -195,7 +195,7 @@ std::vector<double> fast_gram(const float* m, int rows, int cols, bool of_column
 }
 
 struct Preconditioned {
-    Tensor Ht, x_hat, last;  // Hᵀ = (X Wᵀ)ᵀ (rank × N); X̂ = X − H W as columns from x; its ones column or undefined
+    Tensor Ht, x_hat, last;  // Hᵀ = (X Wᵀ)ᵀ (rank × N); X̂ = X − H W as columns from x; its ones column or none
     double gamma, tr_x;
 };
 
