@@ -38,6 +38,10 @@ def test_a_bad_number_is_argparse_usage_error_naming_the_option(option, value, c
     (["--cluster", "2x2x2"], "--cluster: expected NODESxPER_NODE"),
     (["--cluster", "100000x8"], "--cluster: at most 65536 learners"),
     (["--cluster", "1x1"], "--cluster: ranking the strategies needs at least 2 learners"),
+    (["--validate", "--cluster", "2x2"], "--validate: runs the source papers' own cases, which --cluster cannot "
+                                         "change; leave it out, or drop --validate"),
+    (["--validate", "--strategy", "sync", "--set", "overlap=true"],
+     "--validate: runs the source papers' own cases, which --strategy and --set cannot change; leave them out"),
     (["--straggler", "3"], "--straggler: expected RANK:SLOWDOWN"),
     (["--straggler", "8:2"], "--straggler: expected RANK:SLOWDOWN with 0 <= RANK < 8"),
     (["--straggler=-1:2"], "--straggler: expected RANK:SLOWDOWN"),

@@ -386,7 +386,7 @@ class _Importer:
             first, last = int(round(start * rate)), int(round(end * rate))
             span = f"{self.where('segments')}: utterance {utt_id}: segment {start:.3f}-{end:.3f} s"
             if last <= first:
-                raise DataError(f"{span} ends before it starts")
+                raise DataError(f"{span} {'is empty' if last == first else 'ends before it starts'}")
             if start < 0 or first >= total or last > total + MAX_OVERSHOOT_S * rate:
                 raise DataError(f"{span} outside the recording ({total / rate:.3f} s; a segment may end at "
                                 f"most {MAX_OVERSHOOT_S} s after it)")

@@ -11,6 +11,9 @@ from asrdist.config import MAX_SLOWDOWN
 from asrdist.errors import ConfigError
 
 
+DEFAULT_CLUSTER = "1x8"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from asrdist.sim.cluster import DEVICES, LINKS, MAX_LEARNER_STEPS, MAX_LEARNERS, MAX_ONEBIT_SPAN, MODELS
 
@@ -20,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sync | onebit | averaging | adpsgd | hierarchical | hybrid (default: rank them all)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy setting, e.g. --set double_buffering=true --set pattern=random")
-    p.add_argument("--cluster", default="1x8",
+    p.add_argument("--cluster", default=None,
                    help=f"NODESxLEARNERS_PER_NODE (default 1x8), at most {MAX_LEARNERS} learners. Learners that move "
                         f"alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
                         f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
@@ -66,12 +69,13 @@ def build_job(args):
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
 
-    nodes, per_node = _cluster(args.cluster)
+    cluster_text = args.cluster or DEFAULT_CLUSTER
+    nodes, per_node = _cluster(cluster_text)
     if args.strategy is not None and args.strategy not in STRATEGY_NAMES:
         raise ConfigError(f"--strategy: unknown strategy {args.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
     if args.strategy is None and nodes * per_node < 2:
         raise ConfigError(f"--cluster: ranking the strategies needs at least 2 learners (or name one with --strategy), "
-                          f"got {args.cluster!r}")
+                          f"got {cluster_text!r}")
     if args.model not in MODELS:
         raise ConfigError(f"--model: unknown model preset {args.model!r} (known: {', '.join(MODELS)})")
     m = MODELS[args.model]
@@ -188,6 +192,12 @@ def run(args) -> int:
         check_output_file(args.json)  # before the simulation, not after it has printed
     if args.validate:
         from asrdist.sim.validate import format_table, validate
+
+        asked = [flag for flag, value in (("--cluster", args.cluster), ("--strategy", args.strategy),
+                                          ("--set", args.settings)) if value]
+        if asked:  # the papers' clusters, strategies and settings are fixed: these would be ignored
+            raise ConfigError(f"--validate: runs the source papers' own cases, which {' and '.join(asked)} cannot "
+                              f"change; leave {'it' if len(asked) == 1 else 'them'} out, or drop --validate")
 
         result = validate()
         print(format_table(result))
