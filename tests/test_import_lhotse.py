@@ -135,6 +135,26 @@ def test_a_supervision_with_bad_times_is_named_or_skipped(tmp_path: Path, capsys
     assert summary["skipped"] == 1 and summary["utterances"] == 11 and "bad times" in summary["skipped_reasons"][0]
 
 
+def test_a_broken_line_or_an_unknown_recording_is_named_where_it_is(tmp_path: Path, capsys):
+    import gzip
+
+    src = tmp_path / "manifests"
+    _manifests(src, "train", ("george", "jackson"))
+    sup = src / "fsdd_supervisions_train.jsonl.gz"
+    _rewrite(sup, lambda entries: entries[3].update(recording_id="nosuch"))
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0  # the supervision names it, not the recordings
+    assert _errors(capsys) == [f"asrdist: error: {sup}: utterance george-1-1-sup: recording 'nosuch' not in the "
+                               f"recordings manifest {src / 'fsdd_recordings_train.jsonl.gz'}"]
+    lines = gzip.open(sup, "rt").read().splitlines()
+    with gzip.open(sup, "wt") as f:
+        f.write("\n".join(lines[:6] + ['{"id": "broken", "recording_id": '] + lines[7:]) + "\n")
+    assert main(["corpus", "import-lhotse", str(src), str(out)]) != 0  # the file's own line number
+    err = _errors(capsys)
+    assert len(err) == 1 and f"{sup}:7: cannot read lhotse supervisions manifest: not a JSON line" in err[0], err
+    assert not out.exists()
+
+
 def test_swapped_or_empty_manifests_are_named(tmp_path: Path, capsys):
     src = tmp_path / "manifests"
     _manifests(src, "train", ("george", "jackson"))

@@ -100,6 +100,10 @@ def _load_manifest(path: Path, kind: str) -> list:
         manifest = manifest_set.from_file(path)
         entries = list(manifest) if manifest is not None else []
     except Exception as exc:  # lhotse raises many types for a malformed manifest
+        bad = _bad_json_line(path)
+        if bad is not None:  # lhotse's JSON error counts lines of one entry, not of the file
+            raise DataError(f"{path}:{bad[0]}: cannot read lhotse {kind} manifest: not a JSON line "
+                            f"({bad[1]})") from None
         raise DataError(f"{path}: cannot read lhotse {kind} manifest ({exc})") from None
     if not entries:
         raise DataError(f"{path}: holds no {kind}")
@@ -108,6 +112,28 @@ def _load_manifest(path: Path, kind: str) -> list:
         raise DataError(f"{path}: not a {kind} manifest: it holds {type(wrong).__name__} entries "
                         f"(recordings and supervisions files swapped?)")
     return entries
+
+
+def _bad_json_line(path: Path) -> tuple[int, str] | None:
+    """(line number, why) of the first line of a JSON-lines manifest (.jsonl or .jsonl.gz) that is not
+    JSON; None when every line is (or the file is not JSON lines at all)."""
+    import gzip
+    import json
+
+    if not path.name.endswith((".jsonl", ".jsonl.gz")):
+        return None
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz")
+              else open(path, encoding="utf-8")) as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        return number, exc.msg
+    except (OSError, UnicodeDecodeError, EOFError):
+        return None
+    return None
 
 
 def _check_times(sup, where: str) -> None:
@@ -144,8 +170,8 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
         try:
             _check_times(sup, where)
             if sup.recording_id not in recordings:
-                raise DataError(f"{recordings_path}: utterance {sup.id}: recording '{sup.recording_id}' "
-                                f"not in the recordings manifest")
+                raise DataError(f"{where}: recording '{sup.recording_id}' not in the recordings manifest "
+                                f"{recordings_path}")
             recording = recordings[sup.recording_id]
             channel = _channel(sup, recording, where)
             key = sup.recording_id if channel is None else f"{sup.recording_id}-ch{channel}"
