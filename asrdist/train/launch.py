@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import platform
-import re
 import signal
 import sys
 import time
@@ -27,23 +26,12 @@ from asrdist.utils.io import file_above, output_errors, signals_raise, write_jso
 
 
 CONFIG_NAME = "config.yaml"
-_RESUME_CONFIG = re.compile(r"^config-resume-(\d+)\.yaml$")
-
-
-def _resume_configs(run_dir: Path) -> dict[int, Path]:
-    found = {}
-    for path in run_dir.glob("config-resume-*.yaml"):
-        m = _RESUME_CONFIG.match(path.name)
-        if m:
-            found[int(m.group(1))] = path
-    return found
-
 
 def run_config_path(run_dir: Path) -> Path:
     """The resolved config the run's latest start was made with, which its learners read:
     `config-resume-K.yaml` of the K-th (latest) `--resume`, else `config.yaml`. config.yaml is
     written once, by the first start, and never rewritten: it records what made the first steps."""
-    resumes = _resume_configs(run_dir)
+    resumes = rundir.resume_configs(run_dir)
     return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME
 
 
@@ -253,7 +241,7 @@ def train_command(args) -> int:
     with stop, contextlib.ExitStack() as held, rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             held.enter_context(rundir.locked(Path(run_dir)))
-            rundir.record_resume(cfg, run_dir, _given_overrides(args), list(_resume_configs(run_dir)))
+            rundir.record_resume(cfg, run_dir, _given_overrides(args), list(rundir.resume_configs(run_dir)))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
             held.enter_context(rundir.locked(Path(run_dir)))

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -70,6 +71,19 @@ def finished(run_dir: Path, cfg: RunConfig) -> bool:
     max_steps = cfg.train.max_steps
     return len(summary.get("history") or []) >= cfg.train.epochs or bool(
         max_steps and (summary.get("steps") or 0) >= max_steps)
+
+
+_RESUME_CONFIG = re.compile(r"^config-resume-(\d+)\.yaml$")
+
+
+def resume_configs(run_dir: Path) -> dict[int, Path]:
+    """K -> `config-resume-K.yaml` of every `--resume` the run has had."""
+    found = {}
+    for path in run_dir.glob("config-resume-*.yaml"):
+        m = _RESUME_CONFIG.match(path.name)
+        if m:
+            found[int(m.group(1))] = path
+    return found
 
 
 def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str], taken: list[int]) -> Path:

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
         resume = args.resume or _restarted(args.run_dir, env)
         check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
+        _record_start(args.run_dir, cfg, rank, resumed=args.resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
         from asrdist.train.learner import run_learner
@@ -74,6 +75,22 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
         what = "finished training (summary.json)" if done else f"has trained (checkpoint {latest.name})"
         raise ConfigError(f"{run_dir}: {what}; continue it with `--resume` after the run directory, or prepare "
                           f"a new one")
+
+
+def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
+    """What `asrdist train` keeps of a start, kept as well when an outside torchrun started this
+    job (asrdist's launcher, which sets NETWORK_ENV, keeps it itself): this learner's report of an
+    earlier failed start goes, and rank 0 records a `--resume` as `config-resume-K.yaml`, which
+    summary.json's `starts` counts."""
+    from asrdist.cluster.process_group import NETWORK_ENV
+
+    if NETWORK_ENV in os.environ:
+        return
+    (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
+    if resumed and rank == 0:
+        from asrdist.train.rundir import record_resume, resume_configs
+
+        record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"], list(resume_configs(run_dir)))
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:
