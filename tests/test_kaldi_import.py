@@ -169,10 +169,11 @@ def _break(src: Path, how: str) -> str:
         command = {"pipe": "sox in.flac -t wav - |", "pipe-output": "echo hello |"}[how]
         (src / "wav.scp").write_text((src / "wav.scp").read_text().replace(
             "spkA-002 ../audio/spkA-002.wav", f"spkA-002 {command}"))
-    elif how in ("nan", "inf", "overshoot", "backwards", "empty-segment"):  # each utterance its recording, one bad
+    elif how in ("nan", "inf", "overshoot", "backwards", "empty-segment", "no-recording"):  # one bad segment
         times = {"nan": "nan nan", "inf": "0 inf", "overshoot": "0 0.8", "backwards": "0.2 0.1",
-                 "empty-segment": "0.1 0.1"}[how]
-        (src / "segments").write_text("".join(f"{u} {u} {times if u == 'spkA-002' else '0 -1'}\n"
+                 "empty-segment": "0.1 0.1", "no-recording": "0 -1"}[how]
+        rec = {u: "nosuchrec" if how == "no-recording" and u == "spkA-002" else u for u in UTTS}
+        (src / "segments").write_text("".join(f"{u} {rec[u]} {times if u == 'spkA-002' else '0 -1'}\n"
                                               for u in sorted(UTTS)))
     elif how == "speaker":  # an id alone on its line
         (src / "utt2spk").write_text((src / "utt2spk").read_text().replace("spkA-002 spkA", "spkA-002"))
@@ -184,10 +185,11 @@ def _break(src: Path, how: str) -> str:
     ("rate", "sample rate 8000 Hz, expected 16000 Hz"), ("transcript", "missing transcript"),
     ("long", "alignment has"), ("short", "alignment has"), ("phone", "unknown phone id 40"),
     ("utf8", "not valid UTF-8"), ("pipe", "command 'sox in.flac -t wav -' failed (exit code"),
-    ("pipe-output", "the output of 'echo hello': corrupt WAV file"), ("nan", "segments: utterance spkA-002: bad times"),
+    ("pipe-output", "the output of 'echo hello': corrupt WAV file (file does not start"), ("nan", "segments: utterance spkA-002: bad times"),
     ("inf", "segments: utterance spkA-002: bad times"),
     ("overshoot", "segment 0.000-0.800 s outside the recording (0.220 s; a segment may end at most 0.5 s after"),
     ("backwards", "segment 0.200-0.100 s ends before it starts"), ("empty-segment", "segment 0.100-0.100 s is empty"),
+    ("no-recording", "segments: utterance spkA-002: recording 'nosuchrec' not in wav.scp"),
     ("speaker", "utt2spk:2: utterance spkA-002: no speaker")])
 def test_bad_input_fails_cleanly_or_is_skipped(tmp_path: Path, capsys, how: str, reason: str):
     src = make_kaldi_dir(tmp_path, "text")

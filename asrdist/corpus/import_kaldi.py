@@ -270,8 +270,8 @@ class _Importer:
             else:
                 rec = utt_id
             wav = self.wav_scp.get(rec)
-            if wav is None:
-                self.fail(utt_id, f"recording '{rec}' not in wav.scp")
+            if wav is None:  # named where the recording id came from
+                self.fail(utt_id, f"recording '{rec}' not in wav.scp", "segments" if self.segments else "wav.scp")
             elif wav_entry_kind(wav) is not None and self.decoded is None:
                 self.fail(utt_id, f"{wav_entry_kind(wav)} '{_short(wav)}' is not supported here; list the audio "
                                   f"files ({READABLE}) instead")
@@ -337,6 +337,8 @@ class _Importer:
         raw.write_bytes(done.stdout)
         try:
             samples, rate = read_wav(raw, where=f"{where}: the output of '{_short(command)}'", channel=self.channel)
+        except DataError as exc:  # the temporary's name means nothing to the user: the command's output was read
+            raise DataError(str(exc).replace(f" {raw.name}", "")) from None
         finally:
             raw.unlink()
         write_wav(path, samples, rate)
