@@ -244,12 +244,16 @@ class Trainer:
     def job_epochs(self) -> bool:
         return isinstance(self.sampler, JobEpochSampler)
 
+    def _checkpoint_tag(self) -> str:
+        """The name of the checkpoint of this learner's state now: epoch-E (job epochs) or step-N."""
+        return f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
+
     def save_checkpoint(self) -> None:
         """This learner's file, then the job checkpoint is published by whichever rank writes the
         last file for it (the job store counts them): no barrier. Nothing once a learner is lost."""
         if self.strategy.lost_learners():
             return  # a job checkpoint needs every learner's file: after a loss none can be completed
-        tag = f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
+        tag = self._checkpoint_tag()
         with self.strategy.paused():
             state = self._learner_state()
         ckpt.save_learner(self.run_dir, tag, self.ctx.job_rank, state)
@@ -289,19 +293,18 @@ class Trainer:
 
     def resume(self) -> None:
         state = ckpt.load_learner(self.run_dir, self.ctx.job_rank, self.ctx.job_world_size)
+        checkpoint = ckpt.latest_step_dir(self.run_dir)
+        path = checkpoint / f"rank-{self.ctx.job_rank}.pt"
         try:
             self.restore_snapshot(state)
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
             # a readable archive with other contents (another run's file, a hand-edited one)
-            path = ckpt.latest_step_dir(self.run_dir) / f"rank-{self.ctx.job_rank}.pt"
             what = f"no '{exc.args[0]}' entry" if isinstance(exc, KeyError) else \
                 " ".join(str(exc).split())[:200] or type(exc).__name__
             raise TrainingError(f"{path}: not this run's checkpoint ({what}); "
-                                f"{ckpt.resume_advice(self.run_dir, path.parent, self.ctx.job_world_size)}") from None
-        checkpoint = ckpt.latest_step_dir(self.run_dir)
-        holds = f"epoch-{self.state.epoch:04d}" if self.job_epochs else ckpt.step_tag(self.state.step)
+                                f"{ckpt.resume_advice(self.run_dir, checkpoint, self.ctx.job_world_size)}") from None
+        holds = self._checkpoint_tag()
         if holds != checkpoint.name:  # its learners would meet at different points and wait for each other
-            path = checkpoint / f"rank-{self.ctx.job_rank}.pt"
             raise TrainingError(f"{path}: holds {holds}, not {checkpoint.name}: a file of another checkpoint; "
                                 f"{ckpt.resume_advice(self.run_dir, checkpoint, self.ctx.job_world_size)}")
         if self.job_epochs and self.ctx.job_rank == 0:
@@ -437,7 +440,7 @@ class Trainer:
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
-                self._stop_if_diverged(record, before_validation=True)
+                self._stop_if_told_diverged()
                 model = self.strategy.among_survivors(lambda group, members: consensus_copy(
                     self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
                 record.update(self.hooks.validate_fn(model) if self._leads() else {})
@@ -457,21 +460,26 @@ class Trainer:
         self.state.epoch += 1
         self.save_checkpoint()
 
-    def _stop_if_diverged(self, record: dict, before_validation: bool = False) -> None:
+    def _verdict_agreed_at_once(self) -> bool:
+        """Whether the learners agree on the leader's validation verdict right away: lock-step
+        learners would wait for the leader in their next exchange anyway. Learners that go on while
+        it validates (adpsgd) find its verdict in the job store at their next epoch end instead."""
+        return self.strategy.lockstep_now or self.ctx.store is None or self.ctx.job_world_size == 1
+
+    def _stop_if_told_diverged(self) -> None:
+        """The leader's verdict of an earlier epoch end, from the job store, before this epoch end's
+        exchanges (learners out of lock step)."""
+        if not self._verdict_agreed_at_once() and self.ctx.store.check([DIVERGED_KEY]):
+            raise TrainingError(f"rank {self.ctx.job_rank}: {self.ctx.store.get(DIVERGED_KEY).decode()}")
+
+    def _stop_if_diverged(self, record: dict) -> None:
         """A non-finite validation loss means the model the job would keep has diverged (each
         minibatch's loss can stay finite while the weights grow without bound): every learner stops
-        with the same line. The leader validates. Lock-step learners would wait for it in their next
-        exchange anyway: they agree on its verdict after it. Learners that go on while it validates
-        (adpsgd) find its verdict in the job store at their next epoch end, before its exchanges."""
-        store = self.ctx.store
-        lockstep = self.strategy.lockstep_now or store is None or self.ctx.job_world_size == 1
-        if before_validation:
-            if not lockstep and store.check([DIVERGED_KEY]):
-                raise TrainingError(f"rank {self.ctx.job_rank}: {store.get(DIVERGED_KEY).decode()}")
-            return
+        with the same line. The leader validates (`record` holds its figures)."""
         loss = record.get("valid_loss")
         diverged = loss is not None and not math.isfinite(loss)
-        if lockstep:
+        at_once = self._verdict_agreed_at_once()
+        if at_once:
             diverged = self.strategy.among_survivors(lambda group, members: job_totals(
                 [float(diverged)], world_size=len(members), device=self.ctx.device, group=group,
                 timeout=self.ctx.timeout))[0] > 0
@@ -480,8 +488,8 @@ class Trainer:
             shown = f"{train_loss:.4g}" if train_loss is not None else "none"
             verdict = (f"the model diverged in epoch {self.state.epoch}: its validation loss is not finite "
                        f"(train loss {shown}); lower optim.lr or check the data")
-            if not lockstep:
-                store.set(DIVERGED_KEY, verdict)
+            if not at_once:
+                self.ctx.store.set(DIVERGED_KEY, verdict)
             raise TrainingError(f"rank {self.ctx.job_rank}: {verdict}")
 
     def _leads(self) -> bool:
