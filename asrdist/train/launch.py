@@ -241,7 +241,7 @@ def train_command(args) -> int:
     with stop, contextlib.ExitStack() as held, rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             held.enter_context(rundir.locked(Path(run_dir)))
-            rundir.record_resume(cfg, run_dir, _given_overrides(args), list(rundir.resume_configs(run_dir)))
+            rundir.record_resume(cfg, run_dir, _given_overrides(args))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
             held.enter_context(rundir.locked(Path(run_dir)))

@@ -86,10 +86,10 @@ def resume_configs(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str], taken: list[int]) -> Path:
-    """Write the next `config-resume-K.yaml` (K > every number in `taken`): the resolved config,
-    headed by a comment with the overrides and flags this resume was given."""
-    path = run_dir / f"config-resume-{max(taken, default=0) + 1}.yaml"
+def record_resume(cfg: RunConfig, run_dir: Path, overrides: list[str]) -> Path:
+    """Write the next `config-resume-K.yaml` (K above every resume recorded so far): the resolved
+    config, headed by a comment with the overrides and flags this resume was given."""
+    path = run_dir / f"config-resume-{max(resume_configs(run_dir), default=0) + 1}.yaml"
     header = "# asrdist train --resume: " + (" ".join(overrides) if overrides else "no overrides") + "\n"
     write_text_atomic(path, header + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     return path

@@ -88,9 +88,9 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
     if resumed and rank == 0:
-        from asrdist.train.rundir import record_resume, resume_configs
+        from asrdist.train.rundir import record_resume
 
-        record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"], list(resume_configs(run_dir)))
+        record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"])
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:
