@@ -34,10 +34,14 @@ class _Parser(argparse.ArgumentParser):
     the whole usage block first); sub-command parsers are of this class too."""
 
     def error(self, message: str):
-        command = self.prog.removeprefix("asrdist").strip()
-        where = f"{command}: " if command else ""
-        flat = " ".join(message.split())
-        self.exit(2, f"asrdist: error: {where}{flat} (see {self.prog} --help)\n")
+        self.exit(2, usage_error_line(self.prog.removeprefix("asrdist").strip(), message))
+
+
+def usage_error_line(command: str, message: str) -> str:
+    """The one line of a usage error of `asrdist COMMAND` (`command` "" for asrdist itself)."""
+    where = f"{command}: " if command else ""
+    flat = " ".join(message.split())
+    return f"asrdist: error: {where}{flat} (see {' '.join(['asrdist', command]).strip()} --help)\n"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,8 +79,7 @@ def _main(argv: list[str] | None) -> int:
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = list(args.overrides or []) + extra
         else:
-            parser.exit(2, f"asrdist: error: {args.command}: unrecognized arguments: {' '.join(extra)} "
-                           f"(see asrdist {args.command} --help)\n")
+            parser.exit(2, usage_error_line(args.command, f"unrecognized arguments: {' '.join(extra)}"))
     try:
         rc = args.func(args)
     except AsrdistError as exc:

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy setting, e.g. --set double_buffering=true --set pattern=random")
     p.add_argument("--cluster", default=None,
-                   help=f"NODESxLEARNERS_PER_NODE (default 1x8), at most {MAX_LEARNERS} learners. Learners that move "
-                        f"alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
+                   help=f"NODESxLEARNERS_PER_NODE (default {DEFAULT_CLUSTER}), at most {MAX_LEARNERS} learners. "
+                        f"Learners that move alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
                         f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
                         f"steps; hierarchical onebit: at most {MAX_ONEBIT_SPAN} learners per node")
     p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}")
