@@ -15,6 +15,7 @@ from asrdist.config import RunConfig
 from asrdist.train.checkpoint import save_model
 from asrdist.train.report import plot_report
 from asrdist.utils.io import write_json_atomic
+from asrdist.utils.throughput import job_frames_per_second
 
 
 def hosts() -> dict:
@@ -41,9 +42,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
             final[key] = final_eval[key]
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     frames = sum(p["frames"] for p in per_learner)
-    # the job's frames over its longest learner's time in the epoch loop: a lock-step learner waits
-    # for the others inside its steps, adpsgd's at epoch ends; both kinds of waiting count alike
-    train_seconds = max(p.get("loop_seconds") or p["train_seconds"] for p in per_learner)
+    loop_seconds = [p.get("loop_seconds") or p["train_seconds"] for p in per_learner]
     n = len(per_learner)  # the learners that finished
     lost = lost_learners or []
     summary = {
@@ -58,7 +57,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "epochs": cfg.train.epochs,
         "steps": state.step,
         "train_frames": frames,
-        "frames_per_second": frames / train_seconds if train_seconds > 0 else 0.0,
+        "frames_per_second": job_frames_per_second([p["frames"] for p in per_learner], loop_seconds),
         "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
         "wall_seconds": max(state.wall_seconds, wall_seconds),
         "wall_seconds_last_start": wall_seconds,
