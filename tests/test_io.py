@@ -26,12 +26,34 @@ def test_sigterm_inside_atomic_dir_leaves_nothing_behind(tmp_path, sig):
             print("ready", flush=True)
             time.sleep(60)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    # the child starts with the signal's default action, as under a terminal: under `nohup` the suite
+    # itself ignores SIGHUP, and a child that inherits that rightly keeps ignoring it (next test)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     assert any(p.name.startswith(".corpus.") for p in tmp_path.iterdir())  # the temporary dir exists
     proc.send_signal(sig)
     assert proc.wait(timeout=30) == 128 + sig
     assert list(tmp_path.iterdir()) == []  # neither the output nor the hidden temporary directory
+
+
+def test_an_ignored_sighup_stays_ignored_inside_atomic_dir(tmp_path):
+    """Under `nohup` SIGHUP is ignored on purpose: atomic_dir must not turn it into an exit."""
+    out = tmp_path / "corpus"
+    script = textwrap.dedent(f"""
+        import signal, sys
+        from asrdist.utils.io import atomic_dir
+        with atomic_dir({str(out)!r}) as tmp:
+            (tmp / "part.txt").write_text("whole")
+            print("ready", flush=True)
+            signal.raise_signal(signal.SIGHUP)  # delivered synchronously, ignored
+            print("alive", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert proc.stdout.read().split() == ["ready", "alive"]
+    assert proc.wait(timeout=30) == 0
+    assert (out / "part.txt").read_text() == "whole"
 
 
 def test_sigterm_handler_is_restored_and_others_are_kept(tmp_path):
