@@ -42,6 +42,10 @@ from asrdist.errors import ConfigError
 
 SYNC_VS_DDP_TARGET = 0.97
 CONTENDERS = ("sync", "ddp", "onebit", "powersgd_rank1", "powersgd_rank4", "averaging", "torch_averaging")
+ASRDIST = ("sync", "onebit", "averaging")
+"""The contenders that count their own bytes (torch's do not)."""
+COMPRESSED = ("onebit", "powersgd_rank1", "powersgd_rank4", "sync")
+"""What `onebit_vs_powersgd` sets side by side (sync: the uncompressed reference)."""
 FEATURE_DIM, CLASSES = 440, 40
 LR, MOMENTUM = 0.1, 0.9
 
@@ -49,8 +53,10 @@ LR, MOMENTUM = 0.1, 0.9
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--networks", default="loopback,1gbit", help="comma-separated: loopback and/or link rates")
     parser.add_argument("--learners", type=cli_number(int, at_least=2), default=2)
-    parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=512, help="default DNN width (4 hidden layers)")
-    parser.add_argument("--local-batch", type=cli_number(int, at_least=1), default=256, help="frames per learner per step")
+    parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=512,
+                        help="default DNN width (4 hidden layers)")
+    parser.add_argument("--local-batch", type=cli_number(int, at_least=1), default=256,
+                        help="frames per learner per step")
     parser.add_argument("--steps", type=cli_number(int, at_least=1), default=40, help="steps per contender per round")
     parser.add_argument("--rounds", type=cli_number(int, at_least=2), default=5)
     parser.add_argument("--period", type=cli_number(int, at_least=1), default=4, help="averaging period in steps")
@@ -86,8 +92,8 @@ def run(args) -> dict[str, Any]:
             "frames_per_second": {k: fps[k] for k in ("onebit", "powersgd_rank1", "powersgd_rank4")},
             "onebit_vs_rank1": fps["onebit"] / fps["powersgd_rank1"],
             "onebit_vs_rank4": fps["onebit"] / fps["powersgd_rank4"],
-            "bytes_per_step": {k: r["bytes_per_step"][k] for k in ("onebit", "powersgd_rank1", "powersgd_rank4", "sync")},
-            "held_out_loss": {k: loss[k] for k in ("onebit", "powersgd_rank1", "powersgd_rank4", "sync")},
+            "bytes_per_step": {k: r["bytes_per_step"][k] for k in COMPRESSED},
+            "held_out_loss": {k: loss[k] for k in COMPRESSED},
             "after_steps": r["steps_per_contender"]}
         out["averaging_vs_torch"][label] = {
             "ratio": fps["averaging"] / fps["torch_averaging"], "period_steps": args.period,
@@ -102,7 +108,8 @@ def run(args) -> dict[str, Any]:
         "model": f"dnn {FEATURE_DIM} -> 4 x {args.hidden_dim} -> {CLASSES}",
         "local_batch_frames": args.local_batch, "steps_per_round": args.steps, "rounds": args.rounds,
         "optimizer": f"SGD lr {LR}, Nesterov momentum {MOMENTUM}",
-        "frames_per_second": "job_frames_per_second: all learners' frames over the longest learner's summed round seconds",
+        "frames_per_second": "job_frames_per_second: all learners' frames over the longest learner's "
+                             "summed round seconds",
         "bytes": "bytes_per_step: counted = asrdist's own count (torch's: none); wire = payload the emulated hosts' "
                  "NICs carried (frames less TCP/IP/Ethernet headers per segment), all hosts",
         "load_average": {"start": load_start, "end": list(os.getloadavg())},
@@ -293,11 +300,12 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "rank": spec.rank, "network": spec.network, "threads": torch.get_num_threads(),
         "frames_per_second": fps,
         "seconds": {name: max(e["seconds"][name] for e in everyone) for name in CONTENDERS},
-        "bytes_per_step": {name: {"counted": per_step("counted", name) if name in ("sync", "onebit", "averaging") else None,
+        "bytes_per_step": {name: {"counted": per_step("counted", name) if name in ASRDIST else None,
                                   "wire": per_step("wire", name) if spec.network != "loopback" else None}
                            for name in CONTENDERS},
         "held_out_loss": losses,
-        "parameter_difference": {"sync_ddp": diff("sync", "ddp"), "averaging_torch": diff("averaging", "torch_averaging")},
+        "parameter_difference": {"sync_ddp": diff("sync", "ddp"),
+                                 "averaging_torch": diff("averaging", "torch_averaging")},
         # a gradient mean in another summation order moves a weight by a few float32 ulps per step
         "rounding_tolerance": float(1e-5 * params["ddp"].abs().max()),
         "steps_per_contender": total_steps,

@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--utterances", type=cli_number(int, at_least=30), default=DEFAULT_UTTERANCES,
                         help="size of the default corpus")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="recipe (default: configs/default.yaml)")
-    parser.add_argument("--epochs", type=cli_number(int, at_least=2), default=6, help="epochs of every run (one validation each)")
+    parser.add_argument("--epochs", type=cli_number(int, at_least=2), default=6,
+                        help="epochs of every run (one validation each)")
     parser.add_argument("--network", default="1gbit",
                         help="link rate between the learners' emulated hosts (root), or loopback (one host)")
     parser.add_argument("--delay-network", default=None,
@@ -64,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slowdown", type=cli_number(float, at_least=1, at_most=MAX_SLOWDOWN), default=3.0)
     parser.add_argument("--target", type=cli_number(float, above=0), default=None,
                         help="validation loss to reach (default: the best every compared run reached)")
-    parser.add_argument("--deadline", type=cli_number(float, above=0), default=1800.0, help="seconds any one run may take")
-    parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here (default: a temporary one)")
+    parser.add_argument("--deadline", type=cli_number(float, above=0), default=1800.0,
+                        help="seconds any one run may take")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the run directories here (default: a temporary one)")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options, for every run (asrdist.cli appends them)
 
 
@@ -92,8 +95,11 @@ def run(args) -> dict[str, Any]:
     slow = [f"train.straggler.ranks=[{straggler}]", f"train.straggler.slowdown={args.slowdown}"]
     with tempfile.TemporaryDirectory(prefix="asrdist-straggler-") as tmp:
         out = args.keep or Path(tmp)
-        job = lambda name, strategy, network, *extra: _train(args, corpus, out / name, strategy, network, list(extra))  # noqa: E731
-        runs = {"sync": job("sync", "sync", args.network), "sync_straggler": job("sync_straggler", "sync", args.network, *slow),
+        def job(name: str, strategy: str, network: str, *extra: str) -> dict[str, Any]:
+            return _train(args, corpus, out / name, strategy, network, list(extra))
+
+        runs = {"sync": job("sync", "sync", args.network),
+                "sync_straggler": job("sync_straggler", "sync", args.network, *slow),
                 "adpsgd": job("adpsgd", "adpsgd", args.network),
                 "adpsgd_straggler": job("adpsgd_straggler", "adpsgd", args.network, *slow)}
         delay_network = args.delay_network or _rate_for_exchange_like_compute(runs["adpsgd"], args.network)
@@ -101,8 +107,8 @@ def run(args) -> dict[str, Any]:
         runs["adpsgd_delay_by_one"] = job("adpsgd_delay_by_one", "adpsgd", delay_network, "strategy.delay_by_one=true")
     target = args.target or _shared_target([runs[k] for k in ("sync", "sync_straggler", "adpsgd", "adpsgd_straggler")])
     target2 = args.target or _shared_target([runs["adpsgd_plain"], runs["adpsgd_delay_by_one"]])
-    ttt = {name: time_to_target(r["validations"], target2 if name in ("adpsgd_plain", "adpsgd_delay_by_one") else target)
-           for name, r in runs.items()}
+    delay_pair = ("adpsgd_plain", "adpsgd_delay_by_one")
+    ttt = {name: time_to_target(r["validations"], target2 if name in delay_pair else target) for name, r in runs.items()}
     ratio = lambda a, b: ttt[a] / ttt[b] if ttt[a] is not None and ttt[b] else None  # noqa: E731
     sync_ratio, adpsgd_ratio = ratio("sync_straggler", "sync"), ratio("adpsgd_straggler", "adpsgd")
     return {

@@ -134,8 +134,8 @@ def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_siz
     config = config or SyncConfig()
     tensors = [torch.empty(s, device="meta") for s in reversed(list(shapes))]  # shapes only, no memory
     hierarchical = group == "world" and hierarchical_in_use(config.hierarchical, world_size, group_size)
-    buckets = [allreduce_traffic(sum(tensors[i].numel() for i in idx), world_size, group_size, hierarchical, group=group)
-               for idx in bucket_layout(tensors, config)]
+    buckets = [allreduce_traffic(sum(tensors[i].numel() for i in idx), world_size, group_size, hierarchical,
+                                 group=group) for idx in bucket_layout(tensors, config)]
     return [b for b in buckets if b]
 
 
