@@ -51,3 +51,24 @@ def test_counted_bytes_that_miss_the_wire_are_caught():
     figures = _wire_figures(r0, 2, 2)
     assert figures["counted_matches_wire"] is False
     assert figures["wire"]["sync"]["counted_vs_wire"] == pytest.approx(0.9)
+
+
+@needs_netns
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")
+def test_a_run_on_emulated_hosts_records_its_wire_bytes(tone_corpus, tmp_path):
+    import json
+
+    from asrdist.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "configs/default.yaml", "model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=126",
+                 "--data", str(tone_corpus), "--learners", "2", "--nodes", "2", "--network", "10gbit",
+                 "--strategy", "sync", "--epochs", "1", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    wire, counted = summary["wire"], summary["comm"]["bytes_sent"]
+    assert [h["node"] for h in wire["hosts"]] == [0, 1]
+    assert wire["payload_bytes"] == sum(h["payload_bytes"] for h in wire["hosts"]) < wire["frame_bytes"]
+    # one learner per host: every counted byte crossed a link (and the job's start, validation and
+    # end added their own)
+    assert wire["payload_bytes"] >= (1 - WIRE_TOLERANCE) * counted > 0
