@@ -1,7 +1,7 @@
 """`asrdist bench peers`: asrdist's strategies beside what a user would pick instead in torch.
 
 In one job per network (`--networks`, default loopback and emulated 1 Gbit/s links, one learner
-per emulated host), every learner (started by `netem_launch.run_learners`) trains six models from
+per emulated host), every learner (started by `netem_launch.run_learners`) trains seven models from
 the same initial weights on the same minibatches (a synthetic 40-class frame task, a fixed random
 linear teacher labelling Gaussian inputs; each learner its own batches), the same optimizer (SGD,
 lr 0.1, Nesterov momentum 0.9):
