@@ -7,6 +7,7 @@ import pytest
 
 from asrdist.bench.straggler import _shared_target, copes_check, time_to_target
 from asrdist.cli import main
+from corpus_fixture import make_tone_corpus
 
 POINTS = [{"wall_seconds": 10.0, "valid_loss": 2.0}, {"wall_seconds": 20.0, "valid_loss": 1.5},
           {"wall_seconds": 30.0, "valid_loss": 1.6}, {"wall_seconds": 40.0, "valid_loss": 1.2}]
@@ -31,9 +32,12 @@ def test_the_adpsgd_check_can_fail():
 
 
 @pytest.mark.slow
-def test_bench_straggler_trains_and_writes_its_keys(tone_corpus, tmp_path):
+@pytest.mark.timeout(900)  # six training jobs, one after another (a hang still ends the test)
+def test_bench_straggler_trains_and_writes_its_keys(tmp_path):
+    corpus = make_tone_corpus(tmp_path / "corpus", utterances_per_speaker=8, speakers=4)  # small: six jobs
+    assert main(["features", str(corpus)]) == 0
     out = tmp_path / "straggler.json"
-    assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--data", str(tone_corpus),
+    assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--data", str(corpus),
                  "--epochs", "2", "--keep", str(tmp_path / "runs"), "model.hidden_dim=64", "model.hidden_layers=2",
                  "data.batch_size=126", "optim.warmup_steps=0"]) == 0
     result = json.loads(out.read_text())
