@@ -31,6 +31,20 @@ def test_the_adpsgd_check_can_fail():
     assert copes_check(None, 1.5, 3.0)["passed"] is None
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "/nonexistent-corpus"], "bench straggler --data /nonexistent-corpus: not a corpus directory"),
+    (["--network", "fast"], "network rate 'fast'"),
+    (["--learners", "2", "--straggler-rank", "2"], "--straggler-rank must be below --learners (2), got 2"),
+    (["--config", "/nonexistent.yaml"], "bench straggler --config /nonexistent.yaml: no such recipe"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["bench", "straggler", "--json", str(out), *argv]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asrdist: error: ") and message in err and "\n" not in err, err
+    assert not out.exists()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # six training jobs, one after another (a hang still ends the test)
 def test_bench_straggler_trains_and_writes_its_keys(tmp_path):

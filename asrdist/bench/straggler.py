@@ -85,16 +85,18 @@ def run(args) -> dict[str, Any]:
             parse_rate(rate)
     if not args.config.is_file():
         raise ConfigError(f"bench straggler --config {args.config}: no such recipe")
+    if args.data is not None and not (args.data / "train").is_dir():
+        raise ConfigError(f"bench straggler --data {args.data}: not a corpus directory (build one with "
+                          f"`asrdist corpus synth`)")
     if any(rate not in (None, "loopback") for rate in (args.network, args.delay_network)):
         ok, reason = available()
         if not ok:
             raise ConfigError(f"bench straggler: the learners run on emulated hosts: {reason} (or --network loopback)")
     corpus = args.data if args.data is not None else cached_corpus(args.utterances)
-    if not (corpus / "train").is_dir():
-        raise ConfigError(f"{corpus}: not a corpus directory (build one with `asrdist corpus synth`)")
     slow = [f"train.straggler.ranks=[{straggler}]", f"train.straggler.slowdown={args.slowdown}"]
     with tempfile.TemporaryDirectory(prefix="asrdist-straggler-") as tmp:
         out = args.keep or Path(tmp)
+
         def job(name: str, strategy: str, network: str, *extra: str) -> dict[str, Any]:
             return _train(args, corpus, out / name, strategy, network, list(extra))
 
