@@ -8,9 +8,7 @@ import pytest
 
 from asrdist.cli import main
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow
 def test_bench_peers_did_the_same_work_as_torch(tmp_path):
     out = tmp_path / "peers.json"
     assert main(["bench", "peers", "--json", str(out), "--networks", "loopback", "--hidden-dim", "64",
@@ -32,6 +30,11 @@ def test_bench_peers_did_the_same_work_as_torch(tmp_path):
         assert 0 < onebit["held_out_loss"][name] < 10, name
 
 
-def test_bench_peers_names_no_network(capsys):
-    assert main(["bench", "peers", "--json", "/dev/null", "--networks", " , "]) != 0
-    assert "asrdist: error: bench peers --networks" in capsys.readouterr().err
+@pytest.mark.parametrize("networks, message", [(" , ", "bench peers --networks ' , ': names no network"),
+                                                ("loopback,fast", "network rate 'fast'")])
+def test_bench_peers_refuses_bad_networks_before_any_job(networks, message, tmp_path, capsys):
+    out = tmp_path / "peers.json"
+    assert main(["bench", "peers", "--json", str(out), "--networks", networks]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asrdist: error: ") and message in err and "\n" not in err, err
+    assert not out.exists()

@@ -74,8 +74,7 @@ def run(args) -> dict[str, Any]:
     job = {"hidden_dim": args.hidden_dim, "local_batch": args.local_batch, "steps": args.steps,
            "rounds": args.rounds, "period": args.period}
     per_network: dict[str, dict] = {}
-    for requested in networks:
-        network, label = resolve_network(requested)
+    for network, label in [resolve_network(n) for n in networks]:  # every name checked before the first job
         if label in per_network:
             continue  # an emulated rate fell back to loopback, measured already
         per_network[label] = run_learners(__name__, "peer_learner", args.learners, None, network, job,
