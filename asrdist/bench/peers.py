@@ -268,6 +268,7 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         contenders = {name: make[name]() for name in CONTENDERS}  # same order everywhere: setups are collective
         reads_wire = spec.network != "loopback" and spec.local_rank == 0
         seconds = {name: 0.0 for name in CONTENDERS}
+        rounds_seconds: dict[str, list[float]] = {name: [] for name in CONTENDERS}
         counted = {name: 0 for name in CONTENDERS}
         wire = {name: 0 for name in CONTENDERS}
         for r in range(rounds):
@@ -278,7 +279,8 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 for batch in sampler.batches[r * steps:(r + 1) * steps]:
                     c.step(batch)
-                seconds[name] += time.perf_counter() - t0
+                rounds_seconds[name].append(time.perf_counter() - t0)
+                seconds[name] += rounds_seconds[name][-1]
                 dist.barrier()  # every sent byte has arrived (bench comm's wire measure)
                 counted[name] += c.counted() - b0
                 if reads_wire:
@@ -289,7 +291,7 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         params = {name: torch.cat([p.detach().reshape(-1) for p in c.model.parameters()])
                   for name, c in contenders.items()}
     everyone: list = [None] * spec.world_size
-    dist.all_gather_object(everyone, {"seconds": seconds, "counted": counted, "wire": wire})
+    dist.all_gather_object(everyone, {"seconds": seconds, "rounds": rounds_seconds, "counted": counted, "wire": wire})
     total_steps = steps * rounds
     fps = {name: job_frames_per_second([local_batch * total_steps] * spec.world_size,
                                        [e["seconds"][name] for e in everyone]) for name in CONTENDERS}
@@ -299,6 +301,9 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "rank": spec.rank, "network": spec.network, "threads": torch.get_num_threads(),
         "frames_per_second": fps,
         "seconds": {name: max(e["seconds"][name] for e in everyone) for name in CONTENDERS},
+        # each round's slowest learner: how much the machine's noise moved a contender's pace
+        "round_seconds": {name: [max(e["rounds"][name][r] for e in everyone) for r in range(rounds)]
+                          for name in CONTENDERS},
         "bytes_per_step": {name: {"counted": per_step("counted", name) if name in ASRDIST else None,
                                   "wire": per_step("wire", name) if spec.network != "loopback" else None}
                            for name in CONTENDERS},
