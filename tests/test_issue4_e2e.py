@@ -119,7 +119,9 @@ def test_bench_comm_runs_both_strategies_side_by_side(tmp_path):
     assert r["network"] == "loopback" and r["learners"] == 2 and r["cores"] == len(os.sched_getaffinity(0))
     assert len(r["sync_seconds"]) == len(r["onebit_seconds"]) == 2
     assert r["onebit_identical_on_all_learners"] and r["sync_mean_correct"]
-    assert r["bytes_ratio"] == r["onebit_bytes_per_exchange"] / r["sync_bytes_per_exchange"] < 0.1
+    # loopback: no NIC of the job's own to read, so no wire figure (tests/test_wire_bytes.py: emulated hosts)
+    assert r["bytes_ratio"] is None and r["wire"] is None and r["counted_matches_wire"] is None
+    assert r["bytes_ratio_counted"] == r["onebit_bytes_per_exchange"] / r["sync_bytes_per_exchange"] < 0.1
     assert r["exchange_speedup"] == r["sync_seconds_median"] / r["onebit_seconds_median"] > 0
     assert r["quantize_vs_copy"] > 0 and r["threads_per_learner"] >= 1
 

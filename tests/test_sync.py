@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
-from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from asrdist.parallel.sync import SyncConfig, SyncStrategy, bucket_layout
 from tests.dist_utils import run_distributed
 from tests.strategy_harness import make_trainer, train_steps
 
@@ -136,10 +136,15 @@ def test_config_is_validated(kwargs):
         SyncConfig(**kwargs)
 
 
-def test_bucket_indices_respect_the_cap_and_order():
-    assert comm.bucket_indices([4, 4, 4, 10, 1], cap_bytes=8) == [[0, 1], [2], [3], [4]]
-    assert comm.bucket_indices([], cap_bytes=8) == []
-    assert comm.bucket_indices([1, 1, 1], cap_bytes=100) == [[0, 1, 2]]
+def test_bucket_layout_is_ddps_small_first_bucket_then_the_cap():
+    half_mib = [torch.zeros(2**20 // 8) for _ in range(6)]  # float32: 0.5 MiB each
+    # a bucket closes once it reaches its limit: the first at first_bucket_mb, the rest at the cap
+    assert bucket_layout(half_mib, SyncConfig(bucket_cap_mb=2, first_bucket_mb=1)) == [[0, 1], [2, 3, 4, 5]]
+    assert bucket_layout(half_mib, SyncConfig(bucket_cap_mb=1.5, first_bucket_mb=0.5)) == [[0], [1, 2, 3], [4, 5]]
+    assert bucket_layout(half_mib, SyncConfig(bucket_cap_mb=0.25)) == [[i] for i in range(6)]  # the cap bounds the first too
+    mixed = [torch.zeros(10), torch.zeros(10, dtype=torch.float64), torch.zeros(10)]
+    assert bucket_layout(mixed, SyncConfig()) == [[0, 2], [1]]  # one kind per flat buffer
+    assert bucket_layout([], SyncConfig()) == []
 
 
 def test_flatten_roundtrip_and_byte_formulas():

@@ -16,12 +16,13 @@ from pathlib import Path
 BENCHMARKS = {
     "data": "feature extraction speed and sampler supply rate",
     "trainer": "asrdist trainer frames/s vs a bare PyTorch loop",
-    "comm": "1-bit vs fp32 gradient exchange on the 46M-parameter swbd shapes",
+    "comm": "1-bit vs fp32 gradient exchange on the 46M-parameter swbd shapes (bytes seen on the wire)",
     "scaling": "frames/s of 1, 2, 4 learners per strategy with compute emulation",
     "ngsgd": "NG-SGD step time vs plain SGD; averaging bytes per sample",
-    "straggler": "throughput kept with one learner 3x slower: sync vs adpsgd; delay-by-one speed-up",
+    "straggler": "time to a target loss with one learner 3x slower, sync vs adpsgd; delay-by-one (real training)",
     "compare": "strategies side by side (PER, frames/s, bytes): finished runs, or --train one per strategy",
     "simulator": "the scaling simulator against asrdist's own runs (1, 2, 4 learners, every strategy)",
+    "peers": "asrdist sync, onebit, averaging beside torch DDP, DDP + PowerSGD, PeriodicModelAverager",
     "faults": "a real train job losing learners: detection times (sync, hung), adpsgd survival by restarts",
 }
 

@@ -9,7 +9,16 @@ all-to-all, dequantize) through the strategies' own `exchange`. The two alternat
 first, each after a barrier, so machine noise hits both alike. A repeat's time is its slowest
 learner's; the figures are medians over repeats.
 
-- `bytes_ratio`: onebit payload bytes on the wire per exchange / sync's (all learners).
+- `bytes_ratio`: onebit / sync payload bytes per exchange *seen on the wire*: on emulated hosts
+  one learner per host reads its NIC's kernel counters (the host end of its veth link: tx bytes
+  and segments) around every timed exchange, which runs between two barriers so that when the
+  second returns every byte of the exchange has crossed its link. The payload is the counted
+  frames less one Ethernet + IPv4 + TCP header (with timestamps: 66 bytes) per counted segment
+  (`netem.payload_on_wire`), less the closing barrier's own payload, measured alone each repeat.
+  On loopback there is no NIC of the job's own to read: `bytes_ratio` is null there.
+  `bytes_ratio_counted` is the same ratio from the strategies' own counts; `wire` holds both per
+  strategy and `counted_matches_wire` whether they agree within 5% (null when learners share a
+  host: their traffic inside it never reaches the wire).
 - `exchange_speedup`: sync exchange time / onebit exchange time (quantization included).
 - `quantize_vs_copy`: quantize + error feedback + pack throughput vs copying the same fp32
   tensors into preallocated buffers, one thread, measured in this process before the learners.
@@ -66,7 +75,7 @@ def run(args) -> dict:
     return {
         "network": r0["network"],
         "requested_network": args.network,
-        "bytes_ratio": r0["onebit_bytes"] / r0["sync_bytes"],
+        **_wire_figures(r0, args.learners, args.nodes or args.learners),
         "exchange_speedup": sync_median / onebit_median,
         "quantize_vs_copy": quant["quantize_vs_copy"],
         "sync_seconds": sync_s,
@@ -89,8 +98,44 @@ def run(args) -> dict:
         "cores_shared_by": f"{args.learners} learners",
         "threads_per_learner": r0["threads"],
         "timing": "median over repeats of the slowest learner's exchange; sync and onebit alternate",
-        "bytes": "payload bytes all learners put on the wire per exchange (ring allreduce 2S(n-1)/n)",
+        "bytes": "per exchange, all hosts: wire = payload the emulated hosts' NICs sent (veth tx counters, "
+                 "less TCP/IP/Ethernet headers per segment and the closing barrier's payload); counted = "
+                 "the strategies' own count (ring allreduce 2S(n-1)/n, all-to-all splits)",
     }
+
+
+WIRE_TOLERANCE = 0.05
+"""Counted and wire payload may differ by this much (relative to the wire) before
+`counted_matches_wire` is false: gloo's message framing, retransmissions, TCP options beyond
+timestamps (SACK blocks on ACKs) are not in the header estimate."""
+
+
+def _wire_figures(r0: dict, learners: int, nodes: int) -> dict[str, Any]:
+    """`bytes_ratio` from the wire (emulated hosts), and the counted bytes beside it."""
+    counted = {"sync": r0["sync_bytes"], "onebit": r0["onebit_bytes"]}
+    out: dict[str, Any] = {"bytes_ratio_counted": counted["onebit"] / counted["sync"]}
+    wire = r0.get("wire")
+    if wire is None:
+        out.update(bytes_ratio=None, wire=None, counted_matches_wire=None,
+                   wire_note="loopback: no emulated NIC to read; bytes_ratio needs --network RATE (root)")
+        return out
+    barrier = wire["barrier"]["payload_bytes"]
+    payload = {name: max(0.0, wire[name]["payload_bytes"] - barrier) for name in counted}
+    out["bytes_ratio"] = payload["onebit"] / payload["sync"] if payload["sync"] > 0 else None
+    out["wire"] = {name: {"payload_bytes_per_exchange": payload[name],
+                          "frame_bytes_per_exchange": wire[name]["bytes"],
+                          "segments_per_exchange": wire[name]["packets"],
+                          "counted_bytes_per_exchange": counted[name],
+                          "counted_vs_wire": counted[name] / payload[name] if payload[name] > 0 else None}
+                   for name in counted}
+    out["wire"]["barrier_payload_bytes"] = barrier
+    if nodes == learners:
+        out["counted_matches_wire"] = all(
+            w["counted_vs_wire"] is not None and abs(w["counted_vs_wire"] - 1) <= WIRE_TOLERANCE
+            for name, w in out["wire"].items() if name in counted)
+    else:  # learners of one host talk over its loopback: counted, not on the wire
+        out["counted_matches_wire"] = None
+    return out
 
 
 def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +143,7 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from asrdist.cluster.netem import interface_counters, payload_on_wire
     from asrdist.cluster.process_group import start_learner
     from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
     from asrdist.parallel.sync import SyncConfig, SyncStrategy
@@ -113,27 +159,52 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         s.setup_exchange(shapes, ctx)
         s.exchange(grads)  # warm-up: connections opened, buffers paged in
     seconds: dict[str, list[float]] = {name: [] for name in strategies}
-    sent: dict[str, int] = {}
+    sent = {name: 0 for name in strategies}
+    # the wire: this host's NIC, read by one learner per emulated host (its node's first)
+    reads_wire = spec.network != "loopback" and spec.local_rank == 0
+    wire = {name: {"bytes": 0, "packets": 0, "payload_bytes": 0} for name in [*strategies, "barrier"]}
     last: dict[str, list] = {}
     names = list(strategies)
     phases: list[dict[str, float]] = []
+
+    def on_wire(name: str, run) -> None:
+        """Run `run()` between two barriers; the NIC's counters before it and after the second
+        barrier (by then every learner's sends of it have arrived: none is queued in a link)."""
+        dist.barrier()
+        c0 = interface_counters() if reads_wire else None
+        run()
+        dist.barrier()
+        if reads_wire:
+            for key, value in payload_on_wire(c0, interface_counters()).items():
+                wire[name][key] += value
+
     for r in range(int(args["repeats"])):
+        on_wire("barrier", lambda: None)  # what the closing barrier alone puts on the wire
         for name in names if r % 2 == 0 else names[::-1]:
             strategy = strategies[name]
             before = strategy.counters.bytes_sent
-            dist.barrier()
-            onebit.phase_seconds = {}
-            t0 = time.perf_counter()
-            last[name] = strategy.exchange(grads)
-            seconds[name].append(time.perf_counter() - t0)
+
+            def timed(name=name, strategy=strategy) -> None:
+                onebit.phase_seconds = {}
+                t0 = time.perf_counter()
+                last[name] = strategy.exchange(grads)
+                seconds[name].append(time.perf_counter() - t0)
+
+            on_wire(name, timed)
             if name == "onebit":
                 phases.append(dict(onebit.phase_seconds))
-            sent[name] = strategy.counters.bytes_sent - before
-    # the slowest learner of each repeat, and the bytes of all learners
+            sent[name] += strategy.counters.bytes_sent - before
+    # the slowest learner of each repeat, and the bytes of all learners (hosts, for the wire)
     slowest = torch.tensor(seconds["sync"] + seconds["onebit"], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    total_bytes = torch.tensor([sent["sync"], sent["onebit"]], dtype=torch.float64)
+    kinds = [*strategies, "barrier"]
+    total_bytes = torch.tensor([sent["sync"], sent["onebit"]]
+                               + [wire[n][k] for n in kinds for k in ("bytes", "packets", "payload_bytes")],
+                               dtype=torch.float64)
     dist.all_reduce(total_bytes)
+    repeats = int(args["repeats"])
+    wire_totals = {n: {k: int(total_bytes[2 + 3 * i + j]) / repeats
+                       for j, k in enumerate(("bytes", "packets", "payload_bytes"))} for i, n in enumerate(kinds)}
     k = len(seconds["sync"])
     return {
         "rank": spec.rank,
@@ -142,8 +213,9 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         "parameters": sum(s.numel() for s in shapes),
         "sync_seconds": slowest[:k].tolist(),
         "onebit_seconds": slowest[k:].tolist(),
-        "sync_bytes": int(total_bytes[0]),
-        "onebit_bytes": int(total_bytes[1]),
+        "sync_bytes": int(total_bytes[0]) / repeats,
+        "onebit_bytes": int(total_bytes[1]) / repeats,
+        "wire": wire_totals if spec.network != "loopback" else None,
         "onebit_phases": phases,
         "onebit_chunks": len(onebit._chunks.slices),
         "onebit_checksum": repr([float(t.double().sum()) for t in last["onebit"]]),

@@ -1,112 +1,262 @@
-"""`asrdist bench straggler`: how much aggregate throughput sync and adpsgd keep when one of
-`--learners` (4) learners is 3x slower, and what delay-by-one buys (DESIGN.md §5.5, §5.8).
+"""`asrdist bench straggler`: time to a target accuracy with one learner s times slower, sync
+against adpsgd, and what delay-by-one buys (DESIGN.md §5.5, §5.8).
 
-Every run is `bench scaling`'s learner (the trainer's own `Trainer.train_step`, compute emulated
-by a sleep and synthetic gradients of the real model's shapes), one learner per emulated host on
-the emulated network (1 Gbit/s; loopback when emulation is unavailable, recorded in `network`).
-The straggler is the trainer's own `train.straggler`: rank `--straggler-rank` sleeps
-(slowdown − 1) x its compute time after every step.
+Every run is a real `asrdist train` job (the launcher, the learners, the trainer): the default
+recipe (`--config`) on a corpus (`--data`; default: the built-in espeak corpus of `--utterances`,
+built once into a cache directory and reused), `--learners` learners (2: one core each on a
+2-core machine), one learner per emulated host joined by `--network` links (1 Gbit/s; needs
+root; `loopback` runs them on one host). `section.key=value` arguments go to every run. The
+straggler is the trainer's own `train.straggler`: after every step learner
+`--straggler-rank` sleeps (slowdown - 1) x the compute time it just measured, so its steps really
+take s times as long (a sleep stands in for the extra compute; the learner's own compute is real).
 
-- `*_kept` = aggregate frames/s with the straggler / without it. Aggregate = the sum of every
-  learner's own frames/s over its timed steps (for lock-step sync that is learners x the slowest
-  pace). Regime 1 (`--compute-ms` 400, default DNN 4 x 512): sync spends at most ~20% of a step
-  communicating, so arithmetic alone caps sync at (C+m)/(3C+m) <= 0.4; the JSON records the
-  measured share (`sync_comm_share`).
-- `adpsgd_delay_by_one_speedup` = frames/s of adpsgd with delay-by-one / without, equal learners,
-  in regime 2 (`--overlap-compute-ms`), where one exchange takes about as long as one step's
-  compute (`exchange_vs_compute` records the measured ratio).
+Time to target: every validation (one per epoch) is a point (wall seconds since the job's
+training began, validation loss); a run's time to target is the wall time of its first validation
+at or below the target. The target (`--target`, a validation loss) defaults to the best loss that
+every run of a comparison reached: the straggler comparison's four runs share one target, the
+delay-by-one pair another.
+
+- `sync_time_to_target_ratio`, `adpsgd_time_to_target_ratio`: with the straggler / without it.
+- `delay_by_one_time_to_target_ratio`: adpsgd with delay-by-one / without, equal learners, on
+  links of `--delay-network` (default: the rate at which one exchange takes about one step's
+  compute, scaled from the equal-learner adpsgd run; `exchange_vs_compute` is the ratio measured
+  in the plain run at that rate).
+- `adpsgd_copes_with_straggler`: the seeds' claim as a check that can fail: adpsgd's ratio must
+  be at most 0.6 x sync's (ADPSGD "copes well with slow learners"; judged at any `--slowdown`,
+  stated for s = 3).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 from asrdist.checks import cli_number
 from asrdist.config import MAX_SLOWDOWN
-from asrdist.errors import ConfigError
+from asrdist.errors import ConfigError, TrainingError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+DEFAULT_UTTERANCES = 150
+COPES_FACTOR = 0.6
+"""adpsgd's time-to-target ratio must be at most this times sync's (issue 34, from the seeds' claim)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--network", default="1gbit", help="1gbit | 10gbit | loopback | any tc rate")
-    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
-    parser.add_argument("--straggler-rank", type=cli_number(int, at_least=0), default=3)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="corpus directory (default: the built-in espeak corpus, built once into a cache)")
+    parser.add_argument("--utterances", type=cli_number(int, at_least=30), default=DEFAULT_UTTERANCES,
+                        help="size of the default corpus")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="recipe (default: configs/default.yaml)")
+    parser.add_argument("--epochs", type=cli_number(int, at_least=2), default=6,
+                        help="epochs of every run (one validation each)")
+    parser.add_argument("--network", default="1gbit",
+                        help="link rate between the learners' emulated hosts (root), or loopback (one host)")
+    parser.add_argument("--delay-network", default=None,
+                        help="links of the delay-by-one pair (default: one exchange ~ one step's compute; "
+                             "on loopback: loopback)")
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=2)
+    parser.add_argument("--straggler-rank", type=cli_number(int, at_least=0), default=None, help="default: the last")
     parser.add_argument("--slowdown", type=cli_number(float, at_least=1, at_most=MAX_SLOWDOWN), default=3.0)
-    parser.add_argument("--hidden-dim", type=cli_number(int, at_least=1), default=512, help="default DNN width (4 hidden layers)")
-    parser.add_argument("--compute-ms", type=cli_number(float, above=0), default=400.0, help="regime 1: emulated compute per step")
-    parser.add_argument("--overlap-compute-ms", type=cli_number(float, at_least=0), default=0.0,
-                        help="regime 2: compute per step ~ one exchange (0: measured from regime 1's adpsgd run)")
-    parser.add_argument("--local-batch", type=cli_number(int, at_least=1), default=256, help="frames per learner per minibatch")
-    parser.add_argument("--steps", type=cli_number(int, at_least=1), default=12, help="timed minibatches per learner")
-    parser.add_argument("--warmup", type=cli_number(int, at_least=0), default=2)
-    parser.add_argument("--timeout", type=cli_number(float, above=0), default=600.0, help="seconds per learner job")
+    parser.add_argument("--target", type=cli_number(float, above=0), default=None,
+                        help="validation loss to reach (default: the best every compared run reached)")
+    parser.add_argument("--deadline", type=cli_number(float, above=0), default=1800.0,
+                        help="seconds any one run may take")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the run directories here (default: a temporary one)")
+    parser.set_defaults(overrides=[])  # `section.key=value` after the options, for every run (asrdist.cli appends them)
 
 
-def _run(job: dict, strategy: str, config: dict, n: int, network: str, timeout: float,
-         straggler: int | None = None, slowdown: float = 1.0) -> dict:
-    from asrdist.cluster.netem_launch import run_learners
+def run(args) -> dict[str, Any]:
+    from asrdist.cluster.netem import available, parse_rate
 
-    args = {**job, "strategy": strategy, "strategy_config": config}
-    if straggler is not None:
-        args.update(straggler_rank=straggler, slowdown=slowdown)
-    results = run_learners("asrdist.bench.scaling_worker", "scaling_learner", n, None, network, args,
-                           timeout=timeout)
-    r0 = results[0]
-    return {"frames_per_second": r0["sum_of_learner_rates"], "parameters": r0["parameters"],
-            "per_learner": [{k: r[k] for k in ("rank", "seconds_per_step", "comm_seconds_per_step",
-                                               "wait_seconds_per_step", "bytes_sent_per_step")} for r in results]}
-
-
-def run(args) -> dict:
-    from asrdist.cluster.netem import resolve_network
-
+    load_start = list(os.getloadavg())
     n = args.learners
-    if args.straggler_rank >= n:
-        raise ConfigError(f"bench straggler: --straggler-rank must be below --learners ({n}), got {args.straggler_rank}")
-    network, label = resolve_network(args.network)
-    model = {"name": "dnn", "hidden_dim": args.hidden_dim, "hidden_layers": 4}
-    job: dict[str, Any] = {"model": model, "feature_dim": 40, "num_classes": 40,
-                           "optim": {"name": "sgd", "lr": 1e-3}, "compute_ms": args.compute_ms,
-                           "local_batch": args.local_batch, "steps": args.steps, "warmup": args.warmup}
-    go = lambda name, cfg, **kw: _run(job, name, cfg, n, network, args.timeout, **kw)  # noqa: E731
-    slow = {"straggler": args.straggler_rank, "slowdown": args.slowdown}
-    runs = {
-        "sync": go("sync", {}), "sync_straggler": go("sync", {}, **slow),
-        "adpsgd": go("adpsgd", {"pattern": "fixed"}), "adpsgd_straggler": go("adpsgd", {"pattern": "fixed"}, **slow),
-        "adpsgd_random": go("adpsgd", {"pattern": "random"}),
-        "adpsgd_random_straggler": go("adpsgd", {"pattern": "random"}, **slow),
-    }
-    kept = lambda name: runs[f"{name}_straggler"]["frames_per_second"] / runs[name]["frames_per_second"]  # noqa: E731
-    sync_learners = runs["sync"]["per_learner"]
-    share = sum(r["comm_seconds_per_step"] / r["seconds_per_step"] for r in sync_learners) / n
-    actives = [r for r in runs["adpsgd"]["per_learner"] if r["rank"] % 2 == 0 and r["rank"] + 1 < n]
-    exchange_s = sum(r["comm_seconds_per_step"] for r in actives) / len(actives)
-    overlap_ms = args.overlap_compute_ms or max(1.0, round(1000 * exchange_s))
-    job2 = {**job, "compute_ms": overlap_ms}
-    plain = _run(job2, "adpsgd", {"pattern": "fixed"}, n, network, args.timeout)
-    delayed = _run(job2, "adpsgd", {"pattern": "fixed", "delay_by_one": True}, n, network, args.timeout)
-    actives2 = [r for r in plain["per_learner"] if r["rank"] % 2 == 0 and r["rank"] + 1 < n]
-    exchange2 = sum(r["comm_seconds_per_step"] for r in actives2) / len(actives2)
+    straggler = n - 1 if args.straggler_rank is None else args.straggler_rank
+    if straggler >= n:
+        raise ConfigError(f"bench straggler: --straggler-rank must be below --learners ({n}), got {straggler}")
+    for rate in (args.network, args.delay_network):
+        if rate not in (None, "loopback"):
+            parse_rate(rate)
+    if not args.config.is_file():
+        raise ConfigError(f"bench straggler --config {args.config}: no such recipe")
+    if args.data is not None and not (args.data / "train").is_dir():
+        raise ConfigError(f"bench straggler --data {args.data}: not a corpus directory (build one with "
+                          f"`asrdist corpus synth`)")
+    if any(rate not in (None, "loopback") for rate in (args.network, args.delay_network)):
+        ok, reason = available()
+        if not ok:
+            raise ConfigError(f"bench straggler: the learners run on emulated hosts: {reason} (or --network loopback)")
+    corpus = args.data if args.data is not None else cached_corpus(args.utterances)
+    slow = [f"train.straggler.ranks=[{straggler}]", f"train.straggler.slowdown={args.slowdown}"]
+    with tempfile.TemporaryDirectory(prefix="asrdist-straggler-") as tmp:
+        out = args.keep or Path(tmp)
+
+        def job(name: str, strategy: str, network: str, *extra: str) -> dict[str, Any]:
+            return _train(args, corpus, out / name, strategy, network, list(extra))
+
+        runs = {"sync": job("sync", "sync", args.network),
+                "sync_straggler": job("sync_straggler", "sync", args.network, *slow),
+                "adpsgd": job("adpsgd", "adpsgd", args.network),
+                "adpsgd_straggler": job("adpsgd_straggler", "adpsgd", args.network, *slow)}
+        delay_network = args.delay_network or _rate_for_exchange_like_compute(runs["adpsgd"], args.network)
+        runs["adpsgd_plain"] = job("adpsgd_plain", "adpsgd", delay_network)
+        runs["adpsgd_delay_by_one"] = job("adpsgd_delay_by_one", "adpsgd", delay_network, "strategy.delay_by_one=true")
+    target = args.target or _shared_target([runs[k] for k in ("sync", "sync_straggler", "adpsgd", "adpsgd_straggler")])
+    target2 = args.target or _shared_target([runs["adpsgd_plain"], runs["adpsgd_delay_by_one"]])
+    delay_pair = ("adpsgd_plain", "adpsgd_delay_by_one")
+    ttt = {name: time_to_target(r["validations"], target2 if name in delay_pair else target) for name, r in runs.items()}
+    ratio = lambda a, b: ttt[a] / ttt[b] if ttt[a] is not None and ttt[b] else None  # noqa: E731
+    sync_ratio, adpsgd_ratio = ratio("sync_straggler", "sync"), ratio("adpsgd_straggler", "adpsgd")
     return {
-        "sync_kept": kept("sync"),
-        "adpsgd_kept": kept("adpsgd"),
-        "adpsgd_random_kept": kept("adpsgd_random"),
-        "adpsgd_delay_by_one_speedup": delayed["frames_per_second"] / plain["frames_per_second"],
-        "sync_comm_share": share,
-        "sync_kept_by_arithmetic": (1 + share / (1 - share)) / (args.slowdown + share / (1 - share)),
-        "exchange_vs_compute": exchange2 / (overlap_ms / 1000.0),
-        "frames_per_second": {name: r["frames_per_second"] for name, r in runs.items()}
-        | {"adpsgd_regime2": plain["frames_per_second"], "adpsgd_delay_by_one_regime2": delayed["frames_per_second"]},
-        "runs": runs | {"adpsgd_regime2": plain, "adpsgd_delay_by_one_regime2": delayed},
-        "network": label,
+        "sync_time_to_target_ratio": sync_ratio,
+        "adpsgd_time_to_target_ratio": adpsgd_ratio,
+        "delay_by_one_time_to_target_ratio": ratio("adpsgd_delay_by_one", "adpsgd_plain"),
+        "exchange_vs_compute": _exchange_vs_compute(runs["adpsgd_plain"]),
+        "adpsgd_copes_with_straggler": copes_check(sync_ratio, adpsgd_ratio, args.slowdown),
+        "target_valid_loss": target,
+        "delay_by_one_target_valid_loss": target2,
+        "time_to_target_seconds": ttt,
+        "frames_per_second": {name: r["frames_per_second"] for name, r in runs.items()},
+        "final_valid_loss": {name: r["validations"][-1]["valid_loss"] if r["validations"] else None
+                             for name, r in runs.items()},
+        "runs": runs,
+        "network": _label(args.network),
+        "delay_by_one_network": _label(delay_network),
+        "overrides": list(args.overrides),
         "learners": n,
         "cores": len(os.sched_getaffinity(0)),
-        "threads_per_learner": max(1, len(os.sched_getaffinity(0)) // n),
-        "model": f"dnn 440 -> 4 x {args.hidden_dim} -> 40 ({runs['sync']['parameters']:,} parameters)",
-        "compute_ms": args.compute_ms,
-        "overlap_compute_ms": overlap_ms,
-        "local_batch_frames": args.local_batch,
-        "straggler": {"rank": args.straggler_rank, "slowdown": args.slowdown},
-        "steps": args.steps,
-        "aggregate": "sum over learners of each learner's frames / its own timed seconds",
+        "threads_per_learner": runs["sync"]["threads_per_learner"],
+        "straggler": {"rank": straggler, "slowdown": args.slowdown,
+                      "how": "sleeps (slowdown - 1) x its measured compute after every step (train.straggler)"},
+        "corpus": str(corpus),
+        "config": str(args.config),
+        "epochs": args.epochs,
+        "time_to_target": "wall seconds of the first validation (one per epoch) at or below the target "
+                          "validation loss; target: the best loss every compared run reached, unless --target",
+        "load_average": {"start": load_start, "end": list(os.getloadavg())},
     }
+
+
+def copes_check(sync_ratio: float | None, adpsgd_ratio: float | None, slowdown: float) -> dict[str, Any]:
+    """The seeds' claim as a check: adpsgd's time-to-target ratio at most COPES_FACTOR x sync's
+    (`passed` None when a run never reached the target: no ratio to judge)."""
+    passed = None if sync_ratio is None or adpsgd_ratio is None else adpsgd_ratio <= COPES_FACTOR * sync_ratio
+    return {"passed": passed, "rule": f"adpsgd_time_to_target_ratio <= {COPES_FACTOR} x sync_time_to_target_ratio",
+            "limit": None if sync_ratio is None else COPES_FACTOR * sync_ratio, "slowdown": slowdown,
+            "why_none": None if passed is not None else "a run did not reach the target"}
+
+
+def _label(network: str) -> str:
+    return network if network == "loopback" else f"emulated-{network}"
+
+
+def cached_corpus(utterances: int) -> Path:
+    """The built-in espeak corpus of `utterances` (seed 0), built once under the user's cache
+    directory (`$XDG_CACHE_HOME/asrdist`, default ~/.cache/asrdist) and reused by later runs."""
+    from asrdist.corpus.synth import synth_command
+
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asrdist"
+    out = root / f"corpus-espeak-{utterances}-seed0"
+    if not (out / "summary.json").is_file():  # synth writes summary.json last: a finished corpus
+        root.mkdir(parents=True, exist_ok=True)
+        synth_command(argparse.Namespace(out=out, utterances=utterances, seed=0, synthesizer="espeak", jobs=0,
+                                         noise_snr=None, skip_bad=False, overwrite=True))
+    return out
+
+
+def _train(args, corpus: Path, run_dir: Path, strategy: str, network: str, extra: list[str]) -> dict[str, Any]:
+    """One `asrdist train` job on emulated hosts; its validations and learners' figures."""
+    hosts = ["--nodes", "1"] if network == "loopback" else ["--nodes", str(args.learners), "--network", network]
+    cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *args.overrides, *extra,
+           "--data", str(corpus), "--learners", str(args.learners), *hosts,
+           "--strategy", strategy, "--epochs", str(args.epochs), "--out", str(run_dir), "--no-progress"]
+    t0 = time.monotonic()
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=args.deadline)
+    except subprocess.TimeoutExpired as e:
+        raise TrainingError(f"bench straggler: {run_dir.name} did not finish within {args.deadline:g} s") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise TrainingError(f"bench straggler: {run_dir.name} failed (exit code {done.returncode}): {last}")
+    return read_run(run_dir) | {"strategy": strategy, "network": network, "extra": extra,
+                                "command_seconds": time.monotonic() - t0}
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """A finished run's validations (wall seconds, loss, PER) and its learners' figures."""
+    from asrdist.utils.throughput import job_frames_per_second
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    learners = summary["comm"]["per_learner"]
+    return {"validations": validations(run_dir, summary),
+            "frames_per_second": job_frames_per_second([p["frames"] for p in learners],
+                                                       [p.get("loop_seconds") or p["train_seconds"] for p in learners]),
+            "threads_per_learner": summary.get("threads_per_learner"),
+            "per_learner": [{k: p.get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
+                                                    "comm_seconds", "wait_seconds", "exchanges", "bytes_sent")}
+                            for p in learners]}
+
+
+def validations(run_dir: Path, summary: dict) -> list[dict[str, Any]]:
+    """(epoch, wall seconds, validation loss, PER) of every validation of a run: the seconds from
+    the record's own `wall_seconds` where the trainer writes it, else from the `seconds` of its
+    line in metrics.jsonl (seconds since the run's metrics log opened, before its first step)."""
+    from asrdist.train.metrics import read_metrics
+
+    logged = {r["epoch"]: r["seconds"] for r in read_metrics(run_dir) if r.get("kind") == "epoch"}
+    out = []
+    for record in summary.get("history", []):
+        if record.get("valid_loss") is None:
+            continue
+        seconds = record.get("wall_seconds", logged.get(record["epoch"]))
+        if seconds is None:
+            raise TrainingError(f"{run_dir}: validation of epoch {record['epoch']} has no wall time")
+        out.append({"epoch": record["epoch"], "wall_seconds": seconds, "valid_loss": record["valid_loss"],
+                    "per": record.get("per")})
+    return out
+
+
+def time_to_target(points: list[dict[str, Any]], target: float) -> float | None:
+    """Wall seconds of the first validation at or below `target`; None if none reached it."""
+    return next((p["wall_seconds"] for p in points if p["valid_loss"] <= target), None)
+
+
+def _shared_target(runs: list[dict[str, Any]]) -> float:
+    """The best validation loss that every run reached (the largest of their best losses)."""
+    bests = [min(p["valid_loss"] for p in r["validations"]) for r in runs if r["validations"]]
+    if len(bests) < len(runs):
+        raise TrainingError("bench straggler: a run recorded no validation; raise --epochs")
+    return max(bests)
+
+
+def _active_exchange_and_compute(run: dict[str, Any]) -> tuple[float, float]:
+    """Seconds per exchange and compute seconds per step of adpsgd's active learners (even ranks
+    with a partner: the ones that start exchanges)."""
+    learners = run["per_learner"]
+    actives = [p for p in learners if p["rank"] % 2 == 0 and p["rank"] + 1 < len(learners)]
+    exchange = sum(p["comm_seconds"] / max(1, p["exchanges"]) for p in actives) / len(actives)
+    compute = sum(p["compute_seconds"] / max(1, p["steps"]) for p in actives) / len(actives)
+    return exchange, compute
+
+
+def _exchange_vs_compute(run: dict[str, Any]) -> float:
+    exchange, compute = _active_exchange_and_compute(run)
+    return exchange / compute if compute > 0 else float("inf")
+
+
+def _rate_for_exchange_like_compute(run: dict[str, Any], network: str) -> str:
+    """A link rate at which one exchange takes about one step's compute: `network` scaled by the
+    exchange / compute ratio measured in `run` (an exchange is mostly bytes over the link)."""
+    from asrdist.cluster.netem import parse_rate
+
+    if network == "loopback":
+        return "loopback"
+    ratio = _exchange_vs_compute(run)
+    mbit = max(1, round(parse_rate(network) * ratio / 1e6))
+    return f"{mbit}mbit"

@@ -77,7 +77,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
         return
     from asrdist.cluster.netem import EmulatedNetwork
-    from asrdist.cluster.netem_launch import _check_layout, _namespace_port
+    from asrdist.cluster.netem_launch import _check_layout, _namespace_port, record_wire
 
     _check_layout(learners, nodes, network)
     with EmulatedNetwork(nodes, rate=network) as net:
@@ -92,6 +92,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
             return lambda: net.popen(node, cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
 
         run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
+        record_wire(net, Path(report_dir))
 
 
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,

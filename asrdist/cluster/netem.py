@@ -198,6 +198,45 @@ def resolve_network(requested: str, delay: str = "0.1ms") -> tuple[str, str]:
     return requested, network_label(requested, delay)
 
 
+TCP_FRAME_HEADER_BYTES = 14 + 20 + 20
+"""Ethernet (14, no FCS: veth counts frames without it) + IPv4 (20) + TCP (20) bytes of every
+segment a veth counter sees; TCP timestamps add 12 more (`tcp_header_bytes`)."""
+COUNTER_NAMES = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
+
+
+def interface_counters(interface: str = NODE_INTERFACE) -> dict[str, int]:
+    """The kernel's byte and packet counters of `interface` in the calling process' own network
+    namespace (inside a learner on an emulated host: its NIC, the host end of its veth link)."""
+    base = f"/sys/class/net/{interface}/statistics"
+    try:
+        return {name: int(open(f"{base}/{name}").read()) for name in COUNTER_NAMES}
+    except (OSError, ValueError) as e:
+        raise TrainingError(f"netem: cannot read the counters of interface {interface}: {e}") from e
+
+
+def tcp_header_bytes() -> int:
+    """Bytes of headers per TCP segment on an emulated link, in the calling namespace: Ethernet +
+    IPv4 + TCP, with the 12 bytes of the timestamp option when the namespace has it on (Linux's
+    default). Pure ACKs are segments too: the estimate removes them whole."""
+    try:
+        timestamps = open("/proc/sys/net/ipv4/tcp_timestamps").read().strip() != "0"
+    except OSError:
+        timestamps = True
+    return TCP_FRAME_HEADER_BYTES + (12 if timestamps else 0)
+
+
+def payload_on_wire(before: Mapping[str, int], after: Mapping[str, int], direction: str = "tx",
+                    header_bytes: int | None = None) -> dict[str, int]:
+    """What an interface carried between two `interface_counters` readings: the frames' bytes,
+    their count, and the payload estimated as bytes - segments x `tcp_header_bytes()` (every frame
+    on an emulated link is a TCP/IPv4 segment of the learners' connections; with segmentation
+    offload one counted frame is a super-segment with one header, which the estimate matches)."""
+    header = tcp_header_bytes() if header_bytes is None else header_bytes
+    frames = after[f"{direction}_bytes"] - before[f"{direction}_bytes"]
+    packets = after[f"{direction}_packets"] - before[f"{direction}_packets"]
+    return {"bytes": frames, "packets": packets, "payload_bytes": max(0, frames - packets * header)}
+
+
 class EmulatedNetwork:
     """`num_nodes` namespaces joined by shaped veth links to a bridge in a switch namespace.
 
@@ -371,6 +410,12 @@ class EmulatedNetwork:
                                 preexec_fn=die_with_parent, **kwargs)
         self._procs.append(proc)
         return proc
+
+    def link_counters(self, i: int) -> dict[str, int]:
+        """`interface_counters` of node i's NIC, read from outside its namespace."""
+        out = _run(["ip", "-s", "-j", "-n", self.namespace(i), "link", "show", "dev", NODE_INTERFACE]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return {f"{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")}
 
     def qdisc_stats(self, i: int) -> dict[str, dict[str, Any]]:
         """The shaping qdisc of node i's link in each direction: kind, rate (bits/s), bytes sent.

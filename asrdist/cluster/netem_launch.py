@@ -201,6 +201,31 @@ def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_siz
     return results
 
 
+def record_wire(net: EmulatedNetwork, run_dir: Path) -> None:
+    """Add to a finished run's summary.json (`asrdist train --nodes`) what its emulated hosts' NICs
+    carried over the whole job, beside the strategy's counted `comm.bytes_sent`: every host's
+    eth0 was created with the job, so its counters are the job's traffic (rendezvous, start-up
+    broadcast, validation and the final gathering included: more than the training exchanges;
+    after a resume, the last start's only)."""
+    from asrdist.cluster.netem import COUNTER_NAMES, payload_on_wire
+
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return  # the job failed or stopped early: nothing to add to
+    summary = json.loads(path.read_text())
+    zero = dict.fromkeys(COUNTER_NAMES, 0)
+    hosts = [{"node": i, **payload_on_wire(zero, net.link_counters(i))} for i in range(net.num_nodes)]
+    summary["wire"] = {
+        "payload_bytes": sum(h["payload_bytes"] for h in hosts),
+        "frame_bytes": sum(h["bytes"] for h in hosts),
+        "segments": sum(h["packets"] for h in hosts),
+        "hosts": hosts,
+        "what": "bytes the emulated hosts' NICs sent over the whole job (veth tx counters); payload = "
+                "frames less one Ethernet + IPv4 + TCP header per segment",
+    }
+    write_json_atomic(path, summary)
+
+
 def _last_line(path: Path) -> str:
     lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1] if lines else "(no stderr)"

@@ -5,7 +5,7 @@
   failure becomes a one-line `CommError` (a `TrainingError`) naming the rank. Launch with `async_op=True` to
   overlap, then `Pending.wait()`.
 - Byte accounting: what this learner puts on the wire (ring allreduce 2·S·(n−1)/n).
-- Flat packing of tensor lists and size-capped bucketing.
+- Flat packing of tensor lists.
 
 Counters: `comm_seconds` is wall time inside communication calls (launching and waiting, in any
 thread); `wait_seconds` is the part during which the training thread was blocked waiting for a
@@ -267,20 +267,3 @@ def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy `flat` back into the tensors it was flattened from."""
     for t, view in zip(tensors, flat_views(flat, [t.shape for t in tensors])):
         t.copy_(view)
-
-
-def bucket_indices(sizes_bytes: Sequence[int], cap_bytes: int) -> list[list[int]]:
-    """Split items, in the given order, into consecutive buckets of at most `cap_bytes` (an item
-    larger than the cap gets a bucket of its own)."""
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    filled = 0
-    for i, size in enumerate(sizes_bytes):
-        if current and filled + size > cap_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-        current.append(i)
-        filled += size
-    if current:
-        buckets.append(current)
-    return buckets

@@ -1,8 +1,11 @@
 """`sync`: synchronous allreduce SGD, the baseline (DESIGN.md §5.1).
 
 1. At setup every learner takes rank 0's parameters and buffers (broadcast).
-2. Parameters are grouped into flat buckets of at most `bucket_cap_mb`, in reverse registration
-   order (roughly the order backward produces their gradients).
+2. Parameters are grouped into flat buckets in reverse registration order (roughly the order
+   backward produces their gradients) by torch's own bucket assignment, the one
+   DistributedDataParallel uses (`torch.distributed._compute_bucket_assignment_by_size`): the
+   first bucket holds at most `first_bucket_mb` (DDP's 1 MiB), so that its allreduce leaves early
+   in backward, the others at most `bucket_cap_mb` (DDP's 25 MB); one kind (device, dtype) per bucket.
 3. During backward a post-accumulate-grad hook copies each gradient into its bucket; when a bucket
    is full its allreduce is launched asynchronously, buckets strictly in index order so that all
    learners issue the same collectives in the same order.
@@ -17,7 +20,10 @@ equals the flat one within float rounding (another summation order).
 
 Why hooks and not DistributedDataParallel: DDP must wrap the module and see its forward, but the
 trainer calls the model it built and only hands the strategy `(model, optimizer, ctx)`. Hooks give
-the same bucketing and overlap behind the common Strategy interface.
+the same bucketing (DDP's layout after its first step, from the same torch function) and overlap
+behind the common Strategy interface; `asrdist bench peers` measures sync beside DDP (`sync_vs_ddp`).
+A single whole-model bucket (what a 25 MB cap alone gives a model under 25 MB) leaves nothing to
+overlap: its allreduce starts only when backward has ended.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+import torch.distributed as dist
 
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
@@ -40,6 +47,9 @@ from asrdist.parallel.hierarchical_allreduce import (
 class SyncConfig:
     bucket_cap_mb: float = 25.0
     """Largest flat bucket, in MB (2**20 bytes); one allreduce per bucket."""
+    first_bucket_mb: float = dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20
+    """Largest first bucket (the gradients backward produces first), as DDP's (1 MiB); at most
+    `bucket_cap_mb`."""
     overlap: bool = True
     """Launch each bucket's allreduce during backward as soon as its gradients are ready;
     False: everything in after_backward."""
@@ -50,6 +60,7 @@ class SyncConfig:
     def __post_init__(self):
         self.hierarchical = check_hierarchical(self.hierarchical)
         check_field("strategy.bucket_cap_mb", self.bucket_cap_mb, float, above=0)
+        check_field("strategy.first_bucket_mb", self.first_bucket_mb, float, above=0)
         check_field("strategy.overlap", self.overlap, bool)
 
 
@@ -69,19 +80,19 @@ class _Bucket:
         self.pending = None
 
 
-def bucket_layout(sizes_bytes: Sequence[int], cap_mb: float) -> list[list[int]]:
-    """Which tensors (of one kind, in launch order) share a bucket: the layout the strategy builds
-    and `exchange_traffic` counts."""
-    return comm.bucket_indices(sizes_bytes, int(cap_mb * 2**20))
+def bucket_layout(tensors: Sequence[torch.Tensor], config: SyncConfig) -> list[list[int]]:
+    """Which tensors (in launch order) share a bucket, in launch order: the layout the strategy
+    builds and `exchange_traffic` counts, by torch's own assignment (DDP's)."""
+    if not tensors:
+        return []
+    cap = int(config.bucket_cap_mb * 2**20)
+    limits = [min(int(config.first_bucket_mb * 2**20), cap), cap]
+    buckets, _ = dist._compute_bucket_assignment_by_size(list(tensors), limits, [False] * len(tensors))
+    return [list(b) for b in buckets]
 
 
-def _build_buckets(tensors: Sequence[torch.Tensor], cap_mb: float, hierarchy: Hierarchy | None) -> list[_Bucket]:
-    buckets = []
-    for same in comm.group_by_kind(list(tensors)).values():
-        sizes = [t.numel() * t.element_size() for t in same]
-        for idx in bucket_layout(sizes, cap_mb):
-            buckets.append(_Bucket([same[i] for i in idx], hierarchy))
-    return buckets
+def _build_buckets(tensors: Sequence[torch.Tensor], config: SyncConfig, hierarchy: Hierarchy | None) -> list[_Bucket]:
+    return [_Bucket([tensors[i] for i in idx], hierarchy) for idx in bucket_layout(tensors, config)]
 
 
 def hierarchical_in_use(setting: str, world_size: int, group_size: int) -> bool:
@@ -121,10 +132,10 @@ def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_siz
     """One step's gradient exchange as one learner sends it: per bucket, in launch order, its
     transfers (float32 gradients of `shapes`, in registration order, as `model.parameters()`)."""
     config = config or SyncConfig()
-    numels = [int(torch.Size(s).numel()) for s in reversed(list(shapes))]
+    tensors = [torch.empty(s, device="meta") for s in reversed(list(shapes))]  # shapes only, no memory
     hierarchical = group == "world" and hierarchical_in_use(config.hierarchical, world_size, group_size)
-    buckets = [allreduce_traffic(sum(numels[i] for i in idx), world_size, group_size, hierarchical, group=group)
-               for idx in bucket_layout([4 * n for n in numels], config.bucket_cap_mb)]
+    buckets = [allreduce_traffic(sum(tensors[i].numel() for i in idx), world_size, group_size, hierarchical,
+                                 group=group) for idx in bucket_layout(tensors, config)]
     return [b for b in buckets if b]
 
 
@@ -151,7 +162,7 @@ class SyncStrategy(Strategy):
         comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
         self._hierarchy = build_hierarchy(ctx) if use_hierarchical(self.config.hierarchical, ctx) else None
         params = list(reversed(parameters_with_grad(model)))
-        self._buckets = _build_buckets(params, self.config.bucket_cap_mb, self._hierarchy)
+        self._buckets = _build_buckets(params, self.config, self._hierarchy)
         self._where = {id(t): (b, k) for b, bucket in enumerate(self._buckets) for k, t in enumerate(bucket.tensors)}
         if self.config.overlap:
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
@@ -201,7 +212,7 @@ class SyncStrategy(Strategy):
         self.ctx = ctx
         self._slots = [torch.empty(s, dtype=dtype, device=ctx.device) for s in shapes]
         self._hierarchy = build_hierarchy(ctx) if use_hierarchical(self.config.hierarchical, ctx) else None
-        self._buckets = _build_buckets(self._slots, self.config.bucket_cap_mb, self._hierarchy)
+        self._buckets = _build_buckets(self._slots, self.config, self._hierarchy)
 
     def exchange(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Mean of `grads` (shaped as given to `setup_exchange`) over the learners by bucketed

@@ -1,0 +1,68 @@
+"""`asrdist bench straggler` (issue 34 item 3): time to target from real runs' validations."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrdist.bench.straggler import _shared_target, copes_check, time_to_target
+from asrdist.cli import main
+from corpus_fixture import make_tone_corpus
+
+POINTS = [{"wall_seconds": 10.0, "valid_loss": 2.0}, {"wall_seconds": 20.0, "valid_loss": 1.5},
+          {"wall_seconds": 30.0, "valid_loss": 1.6}, {"wall_seconds": 40.0, "valid_loss": 1.2}]
+
+
+def test_time_to_target_is_the_first_validation_at_or_below_it():
+    assert time_to_target(POINTS, 1.5) == 20.0
+    assert time_to_target(POINTS, 1.3) == 40.0
+    assert time_to_target(POINTS, 1.0) is None
+
+
+def test_the_shared_target_is_the_best_loss_every_run_reached():
+    other = [{"wall_seconds": 5.0, "valid_loss": 1.8}, {"wall_seconds": 9.0, "valid_loss": 1.4}]
+    assert _shared_target([{"validations": POINTS}, {"validations": other}]) == 1.4
+    assert all(time_to_target(p, 1.4) is not None for p in (POINTS, other))
+
+
+def test_the_adpsgd_check_can_fail():
+    assert copes_check(3.0, 1.5, 3.0)["passed"] is True
+    assert copes_check(3.0, 2.0, 3.0)["passed"] is False  # 2.0 > 0.6 x 3.0
+    assert copes_check(None, 1.5, 3.0)["passed"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "/nonexistent-corpus"], "bench straggler --data /nonexistent-corpus: not a corpus directory"),
+    (["--network", "fast"], "network rate 'fast'"),
+    (["--learners", "2", "--straggler-rank", "2"], "--straggler-rank must be below --learners (2), got 2"),
+    (["--config", "/nonexistent.yaml"], "bench straggler --config /nonexistent.yaml: no such recipe"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(argv, message, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["bench", "straggler", "--json", str(out), *argv]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asrdist: error: ") and message in err and "\n" not in err, err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # six training jobs, one after another (a hang still ends the test)
+def test_bench_straggler_trains_and_writes_its_keys(tmp_path):
+    corpus = make_tone_corpus(tmp_path / "corpus", utterances_per_speaker=8, speakers=4)  # small: six jobs
+    assert main(["features", str(corpus)]) == 0
+    out = tmp_path / "straggler.json"
+    assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--data", str(corpus),
+                 "--epochs", "2", "--keep", str(tmp_path / "runs"), "model.hidden_dim=64", "model.hidden_layers=2",
+                 "data.batch_size=126", "optim.warmup_steps=0"]) == 0
+    result = json.loads(out.read_text())
+    for key in ("sync_time_to_target_ratio", "adpsgd_time_to_target_ratio", "delay_by_one_time_to_target_ratio"):
+        assert result[key] > 0, key
+    assert result["exchange_vs_compute"] > 0
+    assert result["adpsgd_copes_with_straggler"]["passed"] in (True, False)
+    runs = result["runs"]
+    assert set(runs) == {"sync", "sync_straggler", "adpsgd", "adpsgd_straggler", "adpsgd_plain", "adpsgd_delay_by_one"}
+    # every run trained for real: two validations each, and the straggler's steps took longer
+    assert all(len(r["validations"]) == 2 for r in runs.values())
+    slow = {p["rank"]: p for p in runs["sync_straggler"]["per_learner"]}
+    assert slow[1]["compute_seconds"] > 0 and runs["sync_straggler"]["extra"][0] == "train.straggler.ranks=[1]"
+    assert (tmp_path / "runs" / "adpsgd_delay_by_one" / "summary.json").is_file()
