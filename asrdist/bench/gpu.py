@@ -334,6 +334,13 @@ def _pair_learner(rank: int, world: int, store_path: str, result_dir: str, args:
     write_json(Path(result_dir) / f"rank{rank}.json", result)
 
 
+def pair_status(backend: str, reason: str) -> str:
+    """refused: NCCL would not put two ranks on one GPU (its "Duplicate GPU detected", an invalid
+    usage error) -- a limit of the library on one device, not a fault of asrdist; else failed."""
+    refused = backend == "nccl" and any(w in reason.lower() for w in ("duplicate gpu", "invalid usage"))
+    return "refused" if refused else "failed"
+
+
 def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: int,
          timeout_s: float = 120.0) -> dict[str, Any]:
     """Two learners on `device` over `backend`, each a process. A backend that cannot run here
@@ -368,8 +375,7 @@ def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: 
     errors = [r["error"] for r in results if r and "error" in r]
     if None in results or errors:
         reason = errors[0] if errors else f"a learner gave no result within {timeout_s:g} s"
-        refused = backend == "nccl" and any(w in reason.lower() for w in ("duplicate gpu", "invalid usage"))
-        return {**base, "status": "refused" if refused else "failed", "reason": reason}
+        return {**base, "status": pair_status(backend, reason), "reason": reason}
     seconds = max(r["seconds"] for r in results)
     return {**base, "status": "ok", "frames_per_second": sum(r["frames"] for r in results) / seconds,
             "seconds_per_step": max(r["seconds_per_step"] for r in results),
