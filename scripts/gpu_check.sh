@@ -8,15 +8,17 @@
 #
 # The GPU machine reaches no package index: its own python3 holds a CUDA torch (the image's), and
 # asrdist's other dependencies travel as wheels for its Python (3.12, x86_64) that `prepare`
-# downloads here. The check makes a venv over that python3 (--system-site-packages: its CUDA
-# torch, numpy, scipy, matplotlib, pytest...) and installs the wheels into it without an index.
+# downloads here. The check runs that python3 (a venv of the image: CUDA torch, numpy, scipy,
+# matplotlib, pytest...) and installs the wheels without an index into .gpu_check/site, which it
+# puts on PYTHONPATH: the image's venv stays as it is.
 # Elsewhere a CUDA torch comes from PyPI itself (on Linux x86_64 `pip install torch==X` is a CUDA
 # build); asrdist's own setup (make setup) keeps the CPU build.
 #
 # --cpu (or ASRDIST_GPU_CHECK_DEVICE=cpu): the dry run, on this repo's .venv and its CPU torch,
 # with small models and few steps; same JSON keys (GPU memory null, NCCL "unavailable").
 # ASRDIST_GPU_CHECK_CORPUS: a corpus to train on (default .gpu_check/corpus, made when missing).
-# ASRDIST_GPU_CHECK_PYTHON: the interpreter to run (skips the venv).
+# ASRDIST_GPU_CHECK_PYTHON: the interpreter to run as it is (no wheels installed).
+# ASRDIST_GPU_BASE_PYTHON: the python with a CUDA torch (default python3).
 # Exit status: 0 when every step passed; 1 when one failed (the JSON says which); 2 bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,17 +78,18 @@ if [ -n "${ASRDIST_GPU_CHECK_PYTHON:-}" ]; then
 elif [ "$DEVICE" = cpu ]; then
     PY=$ROOT/.venv/bin/python
 else
-    BASE=${ASRDIST_GPU_BASE_PYTHON:-python3}
-    "$BASE" -c 'import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)' \
-        || die "$BASE's torch is not a CUDA build that sees a GPU; install one (pip install torch==2.13.0 on Linux x86_64 is a CUDA build) or set ASRDIST_GPU_BASE_PYTHON"
-    if [ ! -x "$WORK/venv/bin/python" ]; then
-        "$BASE" -m venv --system-site-packages "$WORK/venv" || die "cannot make the venv $WORK/venv"
-    fi
-    PY=$WORK/venv/bin/python
+    PY=${ASRDIST_GPU_BASE_PYTHON:-python3}
+    "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)' \
+        || die "$PY's torch is not a CUDA build that sees a GPU; install one (pip install torch==2.13.0 on Linux x86_64 is a CUDA build) or set ASRDIST_GPU_BASE_PYTHON"
+    PY=$(command -v "$PY")
+    # the image's python3 is itself a venv holding the CUDA torch; asrdist's other dependencies go
+    # beside it, into a folder of this check on PYTHONPATH, so that venv is left as it is
+    SITE=$WORK/site
     if compgen -G "$WORK/wheels/*.whl" >/dev/null; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile "$WORK"/wheels/*.whl \
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WORK"/wheels/*.whl \
             || die "installing the wheels of $WORK/wheels failed"
     fi
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 [ -x "$PY" ] || die "no interpreter at $PY (run make setup first)"
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -110,7 +113,7 @@ if [ "$DEVICE" = cpu ]; then
              --set 'data.speed_perturb=[1.0]')
 else
     QUICK=(); DNN_STEPS=300; CTC_STEPS=200; PAIR_STEPS=30; MODE=cuda
-    DNN_SET=(); CTC_SET=()
+    DNN_SET=(); CTC_SET=(--set train.validate_every_epochs=4)  # the recipe as it is, validated less often
 fi
 step() {  # $1 name, $2 seconds, then the bench's step and arguments
     local name=$1 limit=$2 t=$SECONDS
@@ -119,12 +122,13 @@ step() {  # $1 name, $2 seconds, then the bench's step and arguments
     timeout -k 10 "$limit" "$PY" -m asrdist.bench.gpu --name "$name" --device "$DEVICE" --out "$PARTS/$name.json" "$@"
     echo "asrdist: gpu check: $name: exit $? after $((SECONDS - t)) s"
 }
-step tests 200 tests -- -m cuda tests
-step phases 90 phases "${QUICK[@]}"
-step train_dnn 100 train --recipe configs/default.yaml --data "$CORPUS" --steps $DNN_STEPS "${DNN_SET[@]}"
-step train_ctc_chars 100 train --recipe configs/real_chars.yaml --data "$CORPUS" --steps $CTC_STEPS "${CTC_SET[@]}"
-step pair_gloo 70 pair --backend gloo --steps $PAIR_STEPS "${QUICK[@]}"
-step pair_nccl 70 pair --backend nccl --steps $PAIR_STEPS "${QUICK[@]}"
+# at most 530 s in all (each step's limit), so that the whole check ends inside 10 minutes
+step tests 170 tests -- -m cuda tests
+step phases 60 phases "${QUICK[@]}"
+step train_dnn 90 train --recipe configs/default.yaml --data "$CORPUS" --steps $DNN_STEPS "${DNN_SET[@]}"
+step train_ctc_chars 120 train --recipe configs/real_chars.yaml --data "$CORPUS" --steps $CTC_STEPS "${CTC_SET[@]}"
+step pair_gloo 50 pair --backend gloo --steps $PAIR_STEPS --timeout 40 "${QUICK[@]}"
+step pair_nccl 40 pair --backend nccl --steps $PAIR_STEPS --timeout 30 "${QUICK[@]}"
 "$PY" -m asrdist.bench.gpu merge --mode "$MODE" --out "$OUT_JSON" "$PARTS"/*.json
 status=$?
 echo "asrdist: gpu check: $((SECONDS - T0)) s in all"

@@ -465,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], dest="overrides", help="a recipe override KEY=VALUE")
     p.add_argument("--backend", choices=["gloo", "nccl"])
     p.add_argument("--strategy", default="sync")
+    p.add_argument("--timeout", type=float, default=120.0, help="pair: seconds before its learners are stopped")
     p.add_argument("--mode", default="cuda", choices=["cuda", "cpu-dry-run"])
     p.add_argument("rest", nargs="*", help="merge: part files; tests: pytest arguments (after --)")
     args = p.parse_args(argv)
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.backend:
                 raise ConfigError("pair: --backend is required")
-            part["result"] = pair(device, args.backend, args.strategy, args.quick, args.steps)
+            part["result"] = pair(device, args.backend, args.strategy, args.quick, args.steps, args.timeout)
     except Exception as exc:  # recorded in the check's JSON; the script goes on to the next step
         part["error"] = one_line(exc)
         print(f"asrdist: error: gpu check {name}: {part['error']}", file=sys.stderr)
