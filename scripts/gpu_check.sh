@@ -53,7 +53,7 @@ if [ "${1:-}" = prepare ]; then
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$WORK/wheels" "${WHEELS[@]}" \
         || die "prepare: downloading wheels failed (is PyPI reachable?)"
-    [ -d "$WORK/corpus/train/feats" ] || make_corpus "$PY" "$WORK/corpus" || die "prepare: making the corpus failed"
+    [ -d "$WORK/corpus/train" ] || make_corpus "$PY" "$WORK/corpus" || die "prepare: making the corpus failed"
     du -sh "$WORK"
     exit 0
 fi
@@ -98,7 +98,9 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # asrdist.native's CPU kernels are not built up front: the GPU runs the pure-torch ones (onebit_kernel)
 
 CORPUS=${ASRDIST_GPU_CHECK_CORPUS:-$WORK/corpus}
-if [ ! -d "$CORPUS/train/feats" ]; then
+if [ -d "$CORPUS/train" ] && [ ! -d "$CORPUS/train/feats" ]; then
+    "$PY" -m asrdist.cli features "$CORPUS" >/dev/null || die "extracting the features of $CORPUS failed"
+elif [ ! -d "$CORPUS/train" ]; then
     echo "asrdist: gpu check: making the built-in corpus in $CORPUS"
     make_corpus "$PY" "$CORPUS" || die "making the corpus in $CORPUS failed (espeak-ng missing? run prepare where it is)"
 fi
