@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asrdist.bench import gpu
+from asrdist.bench import gpu, gpu_pair
 from corpus_fixture import make_tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,14 +60,14 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
     ("CommError: rank 0: broadcast failed: Connection closed by peer", "failed"),
 ])
 def test_a_backend_that_refuses_one_device_is_reported_not_failed(reason, status):
-    assert gpu.pair_status("nccl", reason) == status
-    assert gpu.pair_status("gloo", reason) == "failed"
+    assert gpu_pair.pair_status("nccl", reason) == status
+    assert gpu_pair.pair_status("gloo", reason) == "failed"
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("gpu-check")
-    corpus = make_tone_corpus(base / "corpus", utterances_per_speaker=12, speakers=2)
+    corpus = make_tone_corpus(base / "corpus", utterances_per_speaker=10, speakers=4)
     out = base / "out" / "gpu_check.json"
     proc = _run([str(out)], {"ASRDIST_GPU_CHECK_DEVICE": "cpu", "ASRDIST_GPU_CHECK_CORPUS": str(corpus),
                              "ASRDIST_GPU_CHECK_PYTHON": sys.executable})
