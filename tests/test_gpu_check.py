@@ -19,7 +19,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 SIM_KEYS = {"flops", "recurrent_step_cost", "backward_share", "quantize_cost", "dequantize_cost", "copy_cost"}
 
 
-def _run(args, env=None, timeout=900):
+def _run(args, env=None, timeout=2300):
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
@@ -75,6 +75,7 @@ def dry_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the dry run's steps, each under its own limit (scripts/gpu_check.sh); a hang ends here
 def test_the_dry_run_on_the_cpu_writes_the_checks_json(dry_run):
     proc, out = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -159,6 +160,7 @@ def test_a_measured_preset_is_labelled_and_simulated(tmp_path, monkeypatch, caps
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_the_loader_reads_the_dry_runs_json(dry_run, tmp_path, capsys):
     from asrdist.sim import measured
 
