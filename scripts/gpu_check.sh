@@ -132,7 +132,7 @@ step train_dnn 90 train --recipe configs/default.yaml --data "$CORPUS" --steps $
 step train_ctc_chars 120 train --recipe configs/real_chars.yaml --data "$CORPUS" --steps $CTC_STEPS "${CTC_SET[@]}"
 step pair_gloo 50 pair --backend gloo --steps $PAIR_STEPS --timeout $((40 * SCALE)) "${QUICK[@]}"
 step pair_nccl 40 pair --backend nccl --steps $PAIR_STEPS --timeout $((30 * SCALE)) "${QUICK[@]}"
-"$PY" -m asrdist.bench.gpu merge --mode "$MODE" --out "$OUT_JSON" "$PARTS"/*.json
+"$PY" -m asrdist.bench.gpu --mode "$MODE" --out "$OUT_JSON" merge "$PARTS"/*.json
 status=$?
 echo "asrdist: gpu check: $((SECONDS - T0)) s in all"
 exit $status

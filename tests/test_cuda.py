@@ -42,6 +42,21 @@ MODELS = {
 FEATURES, CLASSES = 8, 6
 
 
+def exact_float32() -> None:
+    """No TF32 on a GPU (cuDNN's LSTMs use it by default): device and CPU then agree to float32's
+    rounding, which the comparisons below allow for."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    exact_float32()
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def _batch(cfg: ModelConfig, model: torch.nn.Module, seed: int) -> Batch:
     """A minibatch shaped as the model's sampler makes it (see `Batch`), on the CPU."""
     gen = torch.Generator().manual_seed(seed)
@@ -115,6 +130,7 @@ STEPS = 4
 
 
 def _strategy_run(name: str, device: torch.device, ctx: LearnerContext, rank: int, world_size: int) -> list:
+    exact_float32()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

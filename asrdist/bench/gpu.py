@@ -2,11 +2,11 @@
 real trainings, and two learners sharing the device (`asrdist.bench.gpu_pair`), each written as
 one part of the check's JSON.
 
-    python -m asrdist.bench.gpu phases --device cuda --out parts/phases.json
-    python -m asrdist.bench.gpu train --device cuda --recipe configs/default.yaml --data CORPUS \
-        --steps 300 --out parts/train_dnn.json
-    python -m asrdist.bench.gpu pair --device cuda --backend nccl --out parts/pair_nccl.json
-    python -m asrdist.bench.gpu merge --out gpu_check.json parts/*.json
+    python -m asrdist.bench.gpu --device cuda --out parts/phases.json phases
+    python -m asrdist.bench.gpu --device cuda --recipe configs/default.yaml --data CORPUS \
+        --steps 300 --name train_dnn --out parts/train_dnn.json train
+    python -m asrdist.bench.gpu --device cuda --backend nccl --name pair_nccl --out parts/pair_nccl.json pair
+    python -m asrdist.bench.gpu --out gpu_check.json merge parts/*.json
 
 `phases` times what the simulator's device presets hold (`asrdist.sim.cluster.Device`,
 `asrdist.sim.engine.SimSpec`): forward and backward of the Switchboard DNN at a large minibatch
