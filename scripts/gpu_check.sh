@@ -3,7 +3,7 @@
 # figures), short real trainings (the default DNN, the character CTC recipe) and 2 learners sharing
 # the GPU over gloo and NCCL, written as ONE JSON. docs/gpu.md says what each key means.
 #
-#   scripts/gpu_check.sh prepare           # here: wheels for the GPU machine + the built-in corpus, in .gpu_check/
+#   scripts/gpu_check.sh prepare           # here: wheels for the GPU machine + the built-in corpus, in .gpu_check/ (git-ignored)
 #   scripts/gpu_check.sh [--cpu] [OUT.json] # there (carry .gpu_check); OUT default: $OUT/gpu_check.json
 #
 # The GPU machine reaches no package index: its own python3 holds a CUDA torch (the image's), and
@@ -31,13 +31,6 @@ WHEELS=(kaldi-native-fbank==1.22.4 kaldiio==2.18.1 kaldialign==0.12.0 simpy==4.1
 
 die() { echo "asrdist: error: gpu check: $*" >&2; exit 2; }
 
-exclude_work_dir() {  # the carried folder stays out of git (a worktree has its own info/exclude)
-    local exclude
-    exclude=$(git rev-parse --git-path info/exclude 2>/dev/null) || return 0
-    mkdir -p "$(dirname "$exclude")"
-    grep -qx '/.gpu_check/' "$exclude" 2>/dev/null || echo '/.gpu_check/' >>"$exclude"
-}
-
 make_corpus() {  # $1 python, $2 directory: the built-in corpus (espeak-ng) and its features
     local py=$1 dir=$2 n=${ASRDIST_GPU_CHECK_UTTERANCES:-400}
     "$py" -m asrdist.cli corpus synth "$dir" --utterances "$n" --seed 0 >/dev/null \
@@ -46,7 +39,6 @@ make_corpus() {  # $1 python, $2 directory: the built-in corpus (espeak-ng) and 
 }
 
 if [ "${1:-}" = prepare ]; then
-    exclude_work_dir
     mkdir -p "$WORK/wheels"
     PY=${ASRDIST_GPU_CHECK_PYTHON:-$ROOT/.venv/bin/python}
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -69,7 +61,6 @@ done
 [ "$DEVICE" = cpu ] || [ "$DEVICE" = cuda ] || die "ASRDIST_GPU_CHECK_DEVICE must be cpu or cuda, got '$DEVICE'"
 OUT_JSON=${OUT_JSON:-${OUT:-.}/gpu_check.json}
 mkdir -p "$(dirname "$OUT_JSON")" || die "cannot write $OUT_JSON"
-exclude_work_dir
 T0=$SECONDS
 
 # -- the interpreter: a CUDA torch on the GPU, this repo's CPU torch for the dry run

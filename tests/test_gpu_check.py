@@ -54,6 +54,15 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
     assert merged["two_learners"]["nccl"]["status"] == "refused"  # reported, not a failure
 
 
+def test_merge_from_the_command_line_writes_one_json(tmp_path):
+    parts = [_part(tmp_path, name, result={"status": "ok"}) for name in ("pair_gloo", "pair_nccl")]
+    out = tmp_path / "out" / "check.json"
+    assert gpu.main(["--mode", "cpu-dry-run", "--out", str(out), "merge", *map(str, parts)]) == 1  # parts missing
+    merged = json.loads(out.read_text())
+    assert merged["mode"] == "cpu-dry-run" and merged["two_learners"]["gloo"] == {"status": "ok"}
+    assert "tests" in merged["failed"] and "pair_gloo" not in merged["failed"]
+
+
 @pytest.mark.parametrize("reason,status", [
     ("DistBackendError: NCCL error: invalid usage, Duplicate GPU detected : rank 1 and rank 0 both on CUDA device",
      "refused"),

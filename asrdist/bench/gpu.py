@@ -292,7 +292,7 @@ PARTS = ("tests", "phases", "train_dnn", "train_ctc_chars", "pair_gloo", "pair_n
 def merge(part_paths: list[Path], mode: str) -> dict[str, Any]:
     parts: dict[str, Any] = {}
     for path in part_paths:
-        part = json.loads(path.read_text())
+        part = json.loads(Path(path).read_text())
         parts[part["part"]] = part
     for name in PARTS:
         parts.setdefault(name, {"part": name, "error": "no result (the step crashed or was not run; see the log)"})
