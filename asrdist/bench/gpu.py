@@ -129,19 +129,24 @@ def _parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _forward_backward_seconds(model, inputs, targets, device, repeats) -> tuple[float, float]:
-    """(forward, forward + backward) seconds of one minibatch with cross-entropy, graph and all."""
-    loss_fn = torch.nn.functional.cross_entropy
-
-    def forward():
-        out = model(inputs)
-        return loss_fn(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
-
-    def forward_backward():
+def _forward_backward_seconds(model, inputs, targets, device, repeats: int, warmup: int = 2) -> tuple[float, float]:
+    """Median (forward, backward) seconds of one minibatch with cross-entropy, each timed alone
+    with the device synchronised around it (forward: the graph's construction included)."""
+    forward, backward = [], []
+    for i in range(warmup + max(1, repeats)):
         model.zero_grad(set_to_none=False)
-        forward().backward()
-
-    return median_seconds(forward, device, repeats), median_seconds(forward_backward, device, repeats)
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = model(inputs)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
+        synchronize(device)
+        t1 = time.perf_counter()
+        loss.backward()
+        synchronize(device)
+        if i >= warmup:
+            forward.append(t1 - t0)
+            backward.append(time.perf_counter() - t1)
+    return statistics.median(forward), statistics.median(backward)
 
 
 def frame_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
@@ -153,11 +158,11 @@ def frame_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, A
     x = torch.randn(batch, model.input_dim, generator=gen).to(device)
     y = torch.randint(0, model.num_classes, (batch,), generator=gen).to(device)
     reset_peak(device)
-    forward, both = _forward_backward_seconds(model, x, y, device, repeats)
+    forward, backward = _forward_backward_seconds(model, x, y, device, repeats)
+    both = forward + backward
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     update = median_seconds(opt.step, device, repeats)
     params = _parameters(model)
-    backward = max(both - forward, 0.0)
     return {"model": "dnn 2x256 (quick)" if quick else "swbd", "parameters": params, "frames": batch,
             "forward_seconds": forward, "backward_seconds": backward, "update_seconds": update,
             "seconds_per_frame": both / batch, "flops": 6.0 * params * batch / both,
@@ -178,8 +183,9 @@ def recurrent_phases(device: torch.device, quick: bool, repeats: int, flops: flo
     for b in batches:
         x = torch.randn(b, chunk, model.feature_dim, generator=gen).to(device)
         y = torch.randint(0, model.num_classes, (b, chunk), generator=gen).to(device)
-        forward, both = _forward_backward_seconds(model, x, y, device, repeats)
-        rows.append({"chunks": b, "frames": b * chunk, "forward_seconds": forward, "seconds": both})
+        forward, backward = _forward_backward_seconds(model, x, y, device, repeats)
+        rows.append({"chunks": b, "frames": b * chunk, "forward_seconds": forward, "backward_seconds": backward,
+                     "seconds": forward + backward})
     per_frame = 6.0 * params / flops
     fixed = rows[0]["seconds"] - rows[0]["frames"] * per_frame
     for r in rows:
