@@ -32,7 +32,8 @@ class ConvFrontEnd(nn.Module):
         self.output_dim = channels * (feature_dim // 2 // 2)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        valid = (torch.arange(x.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)[:, None, :, None]
+        frames = torch.arange(x.shape[1], device=x.device)  # on the inputs' device: a GPU's too
+        valid = (frames.unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)[:, None, :, None]
         h = (x.unsqueeze(1) * valid)  # padding may hold anything
         for conv in self.blocks:
             h = torch.nn.functional.max_pool2d(torch.relu(conv(h)), (1, 2)) * valid

@@ -140,13 +140,13 @@ def allreduce(tensor: torch.Tensor, counters: CommCounters, *, group=None, async
 def all_to_all(output: torch.Tensor, input: torch.Tensor, output_splits: Sequence[int],
                input_splits: Sequence[int], counters: CommCounters, *, group=None,
                async_op: bool = False, timeout: timedelta | None = None,
-               stalled: bool = True) -> Pending | None:
+               stalled: bool = True) -> Pending | _Then | None:
     """Send input[split s] to rank s and receive rank s's split into output[split s]."""
     rank = dist.get_rank(group)
     nbytes = all_to_all_bytes([n * input.element_size() for n in input_splits], rank)
-    return _launch("all_to_all", counters, nbytes, timeout, async_op, stalled,
-                   lambda: dist.all_to_all_single(output, input, list(output_splits),
-                                                  list(input_splits), group=group, async_op=True))
+    return _staged("all_to_all", counters, nbytes, timeout, async_op, stalled, output, input, group,
+                   lambda out, inp: dist.all_to_all_single(out, inp, list(output_splits), list(input_splits),
+                                                           group=group, async_op=True))
 
 
 def broadcast(tensor: torch.Tensor, src: int, counters: CommCounters, *, group=None,
@@ -179,6 +179,27 @@ class _Then:
         then()
 
 
+def needs_staging(tensor: torch.Tensor, group=None) -> bool:
+    """gloo moves device (CUDA) tensors itself only in allreduce and broadcast: its all-to-all and
+    all-gather take CPU tensors, so those travel through a CPU copy (torch's backend table)."""
+    return tensor.device.type != "cpu" and dist.get_backend(group) == "gloo"
+
+
+def _staged(what: str, counters: CommCounters, nbytes: int, timeout: timedelta | None, async_op: bool,
+            stalled: bool, output: torch.Tensor, input: torch.Tensor, group, start) -> Pending | _Then | None:
+    """`start(output, input)` as a timed collective; through CPU copies of both where
+    `needs_staging`, the result copied back onto the device once it has arrived."""
+    if not needs_staging(input, group):
+        return _launch(what, counters, nbytes, timeout, async_op, stalled, lambda: start(output, input))
+    host_out, host_in = torch.empty(output.shape, dtype=output.dtype), input.cpu()
+    pending = _launch(what, counters, nbytes, timeout, True, stalled, lambda: start(host_out, host_in))
+    done = _Then(pending, lambda: output.copy_(host_out))
+    if async_op:
+        return done
+    done.wait(stalled)
+    return None
+
+
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, counters: CommCounters, *, group=None,
                    async_op: bool = False, timeout: timedelta | None = None,
                    stalled: bool = True) -> Pending | _Then | None:
@@ -195,8 +216,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, counters: CommCoun
         return _launch("reduce_scatter", counters, nbytes, timeout, async_op, stalled,
                        lambda: _reduce_scatter_single(output, input, group=group, async_op=True))
     parts = torch.empty((n, output.numel()), dtype=input.dtype, device=input.device)
-    pending = _launch("reduce_scatter", counters, nbytes, timeout, True, stalled,
-                      lambda: dist.all_to_all_single(parts, input.view(n, -1), group=group, async_op=True))
+    pending = _staged("reduce_scatter", counters, nbytes, timeout, True, stalled, parts, input.view(n, -1), group,
+                      lambda out, inp: dist.all_to_all_single(out, inp, group=group, async_op=True))
     done = _Then(pending, lambda: torch.sum(parts, dim=0, out=output.view(-1)))
     if async_op:
         return done
@@ -206,14 +227,14 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, counters: CommCoun
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, counters: CommCounters, *, group=None,
                async_op: bool = False, timeout: timedelta | None = None,
-               stalled: bool = True) -> Pending | None:
+               stalled: bool = True) -> Pending | _Then | None:
     """Concatenate every rank's `input`, in rank order, into `output` on all ranks."""
     n = dist.get_world_size(group)
     if output.numel() != n * input.numel():
         raise ValueError(f"all_gather: output has {output.numel()} values, not {n} x {input.numel()}")
     nbytes = reduce_scatter_bytes(output.numel() * output.element_size(), n)
-    return _launch("all_gather", counters, nbytes, timeout, async_op, stalled,
-                   lambda: _all_gather_single(output, input, group=group, async_op=True))
+    return _staged("all_gather", counters, nbytes, timeout, async_op, stalled, output, input, group,
+                   lambda out, inp: _all_gather_single(out, inp, group=group, async_op=True))
 
 
 def broadcast_module(module: torch.nn.Module, counters: CommCounters, *, src: int = 0, group=None,

@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"Learners that move alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
                         f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
                         f"steps; hierarchical onebit: at most {MAX_ONEBIT_SPAN} learners per node")
-    p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}")
+    p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}, or a measured one "
+                                                   f"(python -m asrdist.sim.measured show)")
     p.add_argument("--seconds-per-frame", type=cli_number(float, above=0), default=None,
                    help="measured compute per frame and learner (instead of --device)")
     p.add_argument("--model", default="swbd", help=f"model preset: {', '.join(MODELS)}")
@@ -64,7 +65,7 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import (DEVICES, MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame,
+    from asrdist.sim.cluster import (MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame,
                                      step_overhead)
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
@@ -83,9 +84,12 @@ def build_job(args):
     if args.seconds_per_frame is not None:
         spf, overhead = args.seconds_per_frame, 0.0
     else:
-        if args.device not in DEVICES:
-            raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
-        device = DEVICES[args.device]
+        from asrdist.sim.measured import all_devices
+
+        devices = all_devices()  # the papers' presets and those measured by scripts/gpu_check.sh
+        if args.device not in devices:
+            raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(devices)})")
+        device = devices[args.device]
         if m["recurrent"] and not device.recurrent_step_cost:
             raise ConfigError(f"--device {args.device}: no fixed cost per minibatch of a recurrent model is known for "
                               f"it (its figures are for a DNN), so --model {args.model} would run on it faster than "

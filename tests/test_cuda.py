@@ -1,0 +1,286 @@
+"""The GPU path, written once for any device: every test takes the device as a parameter, so its
+CPU variant runs everywhere and its CUDA variant (marked `cuda`, skipped without a CUDA device)
+runs on a GPU, through `scripts/gpu_check.sh` (`pytest -m cuda`).
+
+Covered: models and minibatches on the device through the trainer's own step; every strategy's
+exchange on device tensors between 2 gloo learners (gloo's all-to-all and all-gather take CPU
+tensors: asrdist stages those through the CPU, which the CPU variant exercises by staging CPU
+tensors as if they lived on a device); a checkpoint written on the device, read on the CPU and
+restored on both; eval and decode, on the CPU, of a run trained on the device.
+"""
+from __future__ import annotations
+
+import json
+import types
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from asrdist.cli import main
+from asrdist.data.batch import IGNORE_INDEX, Batch
+from asrdist.models.registry import ModelConfig, build_model
+from asrdist.parallel import build_strategy, strategy_config_class
+from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.train import checkpoint as ckpt
+from asrdist.train.synthetic import SyntheticSampler
+from asrdist.train.task import SpeechTask
+from asrdist.train.trainer import Trainer, TrainerHooks
+from dist_utils import learner_context, run_distributed
+from strategy_harness import make_trainer, train_steps
+
+NO_CUDA = "needs a CUDA device (scripts/gpu_check.sh runs these on a GPU)"
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])
+DEVICES = ["cpu", CUDA]
+MODELS = {
+    "dnn": ModelConfig(name="dnn", hidden_layers=2, hidden_dim=32, context=2),
+    "blstm": ModelConfig(name="blstm", hidden_layers=1, hidden_dim=16, chunk=7),
+    "ctc": ModelConfig(name="ctc", hidden_layers=1, hidden_dim=16, subsample=2, conv_channels=4),
+}
+FEATURES, CLASSES = 8, 6
+
+
+def exact_float32() -> None:
+    """No TF32 on a GPU (cuDNN's LSTMs use it by default): device and CPU then agree to float32's
+    rounding, which the comparisons below allow for."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    exact_float32()
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _batch(cfg: ModelConfig, model: torch.nn.Module, seed: int) -> Batch:
+    """A minibatch shaped as the model's sampler makes it (see `Batch`), on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    if cfg.kind == "frame":
+        inputs = torch.randn(24, model.input_dim, generator=gen)
+        return Batch(inputs, torch.randint(0, CLASSES, (24,), generator=gen), 24)
+    if cfg.kind == "chunk":
+        targets = torch.randint(0, CLASSES, (4, cfg.chunk), generator=gen)
+        targets[-1, -2:] = IGNORE_INDEX  # the last chunk of an utterance is padded
+        return Batch(torch.randn(4, cfg.chunk, FEATURES, generator=gen), targets, 4 * cfg.chunk - 2,
+                     input_lengths=torch.tensor([cfg.chunk] * 3 + [cfg.chunk - 2]))
+    lengths, target_lengths = torch.tensor([20, 13, 9]), torch.tensor([4, 3, 2])
+    inputs = torch.randn(3, 20, FEATURES, generator=gen) * (torch.arange(20) < lengths[:, None])[..., None]
+    targets = torch.randint(1, CLASSES, (3, 4), generator=gen) * (torch.arange(4) < target_lengths[:, None])
+    return Batch(inputs, targets, int(lengths.sum()), input_lengths=lengths, target_lengths=target_lengths)
+
+
+def _train_on(device: str, name: str, steps: int = 3):
+    """The trainer's own step with the speech task's loss (which moves each minibatch to the
+    model's device) on `steps` minibatches; returns (losses, model)."""
+    cfg = MODELS[name]
+    torch.manual_seed(0)
+    model = build_model(cfg, FEATURES, CLASSES).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    strategy = Strategy()
+    ctx = LearnerContext(device=torch.device(device))
+    strategy.setup(model, opt, ctx)
+    loss_fn = SpeechTask.loss.__get__(types.SimpleNamespace(kind=cfg.kind))
+    trainer = make_trainer(model, opt, strategy, ctx=ctx, loss_fn=loss_fn, lr=0.05)
+    losses = train_steps(trainer, [_batch(cfg, model, seed) for seed in range(steps)])
+    return losses, model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_models_and_minibatches_train_on_the_device(device, name):
+    losses, model = _train_on(device, name)
+    assert all(p.device.type == device for p in model.parameters())
+    assert all(p.grad is None or p.grad.device.type == device for p in model.parameters())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    if device != "cpu":  # the same arithmetic as on the CPU, to float tolerance
+        cpu_losses, cpu_model = _train_on("cpu", name)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-5)
+        for p, q in zip(model.parameters(), cpu_model.parameters()):
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_models_forward_makes_every_tensor_on_its_inputs_device(name):
+    """On the meta device a tensor made on the CPU inside forward (a mask, a range) meets the meta
+    inputs and raises: the CPU catches what would break on a GPU (CTC's lengths stay on the CPU,
+    as pack_padded_sequence wants them)."""
+    cfg = MODELS[name]
+    batch = _batch(cfg, None if cfg.kind != "frame" else build_model(cfg, FEATURES, CLASSES), 0)
+    with torch.device("meta"):
+        model = build_model(cfg, FEATURES, CLASSES)
+    inputs = batch.inputs.to("meta")
+    if cfg.kind == "ctc":  # the convolutional front end alone: the BLSTM packs by CPU lengths
+        out = model.frontend(inputs, batch.input_lengths.to("meta"))
+    else:
+        out = model(inputs)
+    assert out.device.type == "meta"
+
+
+# ------------------------------------------------------------------ strategies, 2 learners
+
+STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
+EXACT = ("sync", "onebit", "averaging")
+"""Lock-step strategies: the same seed gives the same parameters, staged or not."""
+STEPS = 4
+
+
+def _strategy_run(name: str, device: torch.device, ctx: LearnerContext, rank: int, world_size: int) -> list:
+    exact_float32()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config_class = strategy_config_class(name)
+    extra = {"average_every": 32} if name == "averaging" else {}
+    strategy = build_strategy(name, config_class(**extra) if config_class else None)
+    strategy.setup(model, opt, ctx)
+    strategy.start_epoch(0)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(STEPS, 16, 6, generator=gen), torch.randint(0, 3, (STEPS, 16), generator=gen)
+    per = 16 // world_size
+    mine = slice(rank * per, (rank + 1) * per)
+
+    def loss(model, batch):
+        batch = batch.to(next(model.parameters()).device)
+        return torch.nn.functional.cross_entropy(model(batch.inputs), batch.targets), batch.num_frames
+
+    trainer = make_trainer(model, opt, strategy, ctx=ctx, loss_fn=loss, lr=0.1)
+    train_steps(trainer, [(x[t, mine], y[t, mine]) for t in range(STEPS)])
+    strategy.close(None)
+    strategy.finalize()
+    assert all(p.device == device for p in model.parameters()), name
+    return [p.detach().cpu().clone() for p in model.parameters()]
+
+
+def _every_strategy(rank: int, world_size: int, device_name: str) -> dict:
+    from asrdist.cluster.process_group import build_groups
+    from asrdist.parallel import comm
+
+    device = torch.device(device_name)
+    base = learner_context()
+    # two nodes of one learner: hierarchical and hybrid then exchange between nodes too
+    two_nodes = replace(base, groups=build_groups(rank, world_size, 1, timedelta(seconds=30)), group_size=1)
+    unstaged = comm.needs_staging
+    out = {}
+    for name in STRATEGY_NAMES:
+        ctx = replace(two_nodes if name in ("hierarchical", "hybrid") else base, device=device)
+        if device.type == "cpu":  # stage the CPU tensors as if they were a device's, and compare
+            out[f"{name}/unstaged"] = _strategy_run(name, device, ctx, rank, world_size)
+            comm.needs_staging = lambda t, group=None: dist.get_backend(group) == "gloo"
+        try:
+            out[name] = _strategy_run(name, device, ctx, rank, world_size)
+        finally:
+            comm.needs_staging = unstaged
+        if device.type != "cpu" and name in EXACT:
+            out[f"{name}/cpu"] = _strategy_run(name, torch.device("cpu"), replace(ctx, device=torch.device("cpu")),
+                                               rank, world_size)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_strategy_exchanges_device_tensors_over_gloo(tmp_path, device):
+    results = run_distributed(_every_strategy, 2, tmp_path, device)
+    for name in STRATEGY_NAMES:
+        for a, b in zip(results[0][name], results[1][name]):  # the consensus model is everyone's
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+        assert all(torch.isfinite(p).all() for p in results[0][name]), name
+        if name in EXACT:
+            reference = results[0][f"{name}/unstaged" if device == "cpu" else f"{name}/cpu"]
+            for a, b in zip(results[0][name], reference):
+                if device == "cpu":  # staging copies bytes: bit for bit
+                    assert torch.equal(a, b), name
+                else:
+                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+# ------------------------------------------------------------------------------ checkpoints
+
+def _checkpoint_trainer(device: str, run_dir, seed: int) -> Trainer:
+    cfg = MODELS["dnn"]
+    torch.manual_seed(seed)
+    model = build_model(cfg, FEATURES, CLASSES).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ctx = LearnerContext(device=torch.device(device))
+    strategy = Strategy()
+    strategy.setup(model, opt, ctx)
+    loss_fn = SpeechTask.loss.__get__(types.SimpleNamespace(kind=cfg.kind))
+    hooks = TrainerHooks(loss_fn=loss_fn, lr_at=lambda step, epoch: 0.05)
+    sampler = SyntheticSampler(24, 8, _batch(cfg, model, 0))
+    return Trainer(model, opt, strategy, sampler, hooks, ctx, run_dir, epochs=1, progress=False)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def _parameters(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().cpu().clone() for p in trainer.model.parameters()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checkpoint_saved_on_the_device_loads_on_the_cpu_and_back(tmp_path, device):
+    import copy
+
+    trained = _checkpoint_trainer(device, tmp_path / "run", seed=0)
+    batches = [_batch(MODELS["dnn"], trained.model, s) for s in range(3)]
+    train_steps(trained, batches[:2])
+    trained.save_checkpoint()
+    state = ckpt.load_learner(tmp_path / "run", 0, 1)
+    assert all(t.device.type == "cpu" for t in _tensors(state))
+    on_cpu = _checkpoint_trainer("cpu", tmp_path / "cpu", seed=1)  # another start: restoring must overwrite it
+    on_cpu.restore_snapshot(copy.deepcopy(state))
+    back = _checkpoint_trainer(device, tmp_path / "back", seed=1)
+    back.restore_snapshot(copy.deepcopy(state))
+    assert all(p.device.type == device for p in back.model.parameters())
+    assert all(t.device.type == device for t in _tensors(back.optimizer.state_dict()["state"]))
+    for restored in (on_cpu, back):
+        for a, b in zip(_parameters(restored), _parameters(trained)):
+            assert torch.equal(a, b)
+    for trainer in (trained, on_cpu, back):  # all three go on from the same state
+        train_steps(trainer, batches[2:])
+    for a, b in zip(_parameters(back), _parameters(trained)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(_parameters(on_cpu), _parameters(trained)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------- a run trained on the device
+
+TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.log_every=10"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_eval_and_decode_on_the_cpu_of_a_run_trained_on_the_device(tone_corpus, tmp_path, monkeypatch, capsys, device):
+    if device == "cpu":  # asrdist puts one learner on the GPU where there is one: keep this one on the CPU
+        monkeypatch.setattr("asrdist.cluster.process_group.default_backend", lambda: "gloo")
+    out = tmp_path / "run"
+    assert main(["train", "configs/default.yaml", *TINY, "--data", str(tone_corpus), "--epochs", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["comm"]["per_learner"][0]["device"].split(":")[0] == device
+    saved = torch.load(out / "model.pt", map_location="cpu", weights_only=False)
+    assert all(t.device.type == "cpu" for t in _tensors(saved["model"]))
+    # the validation split, on the CPU, from model.pt: what the run's own validation measured
+    assert main(["eval", str(out), "--data", str(tone_corpus / "valid"), "--out", str(tmp_path / "valid.json")]) == 0
+    result = json.loads((tmp_path / "valid.json").read_text())
+    assert result["frame_accuracy"] == pytest.approx(summary["final"]["frame_accuracy"], abs=1e-9)
+    assert result["frame_accuracy"] > 0.5
+    wav = sorted((tone_corpus / "valid").rglob("*.wav"))[0]
+    capsys.readouterr()
+    assert main(["decode", str(out), str(wav)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.split()[0] == wav.stem or str(wav) in line
+    assert len(line.split()) >= 2  # the recording's name, then what was decoded
