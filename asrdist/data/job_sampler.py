@@ -13,6 +13,12 @@ A job epoch resumes from its start (the claims of an interrupted epoch are not r
 With `group_size` g > 1 (hierarchical strategies: a node's learners allreduce every step, so they
 must step together) a claim takes g consecutive minibatches, one per member: the group's first
 learner claims and publishes the claim under a per-group, per-step key, the others read it.
+
+A job that goes on without lost learners (`lost_ranks` set: survival mode) keeps, per learner, what
+it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now, units it finished; one store
+write per claim). Once the epoch's order is used up, the survivors claim again (once each, job-wide)
+the units the lost learners held unfinished and train them in this epoch; `lost_shares` tells the
+epoch's record what the lost learners finished and what was left over.
 """
 from __future__ import annotations
 
@@ -40,6 +46,11 @@ class JobEpochSampler:
         """Minibatches this learner took in the current epoch."""
         self.last_taken = 0
         """Minibatches this learner took in the last epoch it finished."""
+        self.lost_ranks = None
+        """() -> the job ranks lost so far (survival mode; None: no learner is ever left behind)."""
+        self.retrained = 0
+        """Minibatches of lost learners this learner trained again in the current epoch."""
+        self.last_retrained = 0
 
     def __len__(self) -> int:
         """Minibatches in one job epoch (all learners together)."""
@@ -58,7 +69,7 @@ class JobEpochSampler:
         if epoch < 0:
             raise ConfigError(f"JobEpochSampler: epoch must be >= 0, got {epoch}")
         if epoch != self._epoch:
-            self._epoch, self.claimed, self.taken = int(epoch), -1, 0
+            self._epoch, self.claimed, self.taken, self.retrained = int(epoch), -1, 0, 0
 
     def claim(self, epoch: int) -> int:
         """The next unclaimed minibatch of `epoch` for this learner (>= len(self) once the epoch
@@ -70,12 +81,69 @@ class JobEpochSampler:
                 return len(self)
             return (self.taken * groups + self.group) * self.group_size + self.member
         if self.group_size == 1:
-            return int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
-        key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
-        if self.member == 0:
-            self.store.set(key, str(int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1))
-        unit = int(self.store.get(key))
-        return unit * self.group_size + self.member if unit < len(self) // self.group_size else len(self)
+            unit = self._next_unit(epoch)
+        else:
+            key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
+            if self.member == 0:
+                self.store.set(key, str(self._next_unit(epoch)))
+            unit = int(self.store.get(key))
+        units = len(self) // self.group_size
+        if unit >= units and self.lost_ranks is not None and unit != self._END:
+            self.retrained += 1
+            unit -= units  # a lost learner's unit, trained again (see _next_unit)
+        elif unit >= units:
+            self._hold(epoch, -1)
+            return len(self)
+        self._hold(epoch, unit)
+        return unit * self.group_size + self.member
+
+    _END = 1 << 62
+    """The unit that ends an epoch once lost learners' units are claimed again too."""
+
+    def _next_unit(self, epoch: int) -> int:
+        """The group's next unit: the next of the epoch's order; once that is used up, in survival
+        mode, a lost learner's unfinished unit u (given as units + u) that no other survivor took,
+        else `_END`."""
+        units = len(self) // self.group_size
+        unit = int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
+        if unit < units or self.lost_ranks is None:
+            return unit
+        for left in self._lost_units(epoch):
+            if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
+                return units + left
+        return self._END
+
+    def _hold(self, epoch: int, unit: int) -> None:
+        """Record (survival mode) the unit this learner trains now (-1: none) and how many it finished."""
+        if self.lost_ranks is not None:
+            self.store.set(f"holding/{self.group * self.group_size + self.member}",
+                           f"{epoch}:{unit}:{self.taken}")
+
+    def _held(self, rank: int, epoch: int) -> tuple[int, int] | None:
+        """(unit it held unfinished or -1, units it finished) of `rank` in `epoch`; None if it held none."""
+        key = f"holding/{rank}"
+        if not self.store.check([key]):
+            return None
+        e, unit, done = (int(x) for x in self.store.get(key).decode().split(":"))
+        return (unit, done) if e == epoch else None
+
+    def _lost_units(self, epoch: int) -> list[int]:
+        units = set()
+        for rank in self.lost_ranks():
+            held = self._held(rank, epoch)
+            if held is not None and held[0] >= 0:
+                units.add(held[0])
+        return sorted(units)
+
+    def lost_shares(self, epoch: int) -> tuple[dict[int, int], int]:
+        """For the record of `epoch` (survival mode, once it ended): minibatches each lost learner
+        finished in it, and minibatches of the lost learners' unfinished units nobody trained again."""
+        if self.lost_ranks is None:
+            return {}, 0
+        lost = sorted(self.lost_ranks())
+        finished = {rank: held[1] for rank in lost if (held := self._held(rank, epoch)) is not None}
+        left = [u for u in self._lost_units(epoch) if not self.store.check([f"epoch/{epoch}/retrain/{u}"])]
+        return finished, len(left) * self.group_size
 
     def schedule_step(self) -> float:
         """The job's progress, in configured global minibatches, at the last claim. In lock step
@@ -95,7 +163,8 @@ class JobEpochSampler:
             self.claimed, self.taken = k, self.taken + 1
             yield self.order.batch_at(epoch, k)
         self.last_taken = self.taken
-        self._epoch, self.claimed, self.taken = epoch + 1, -1, 0
+        self.last_retrained = self.retrained
+        self._epoch, self.claimed, self.taken, self.retrained = epoch + 1, -1, 0, 0
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "epoch": self._epoch, "position": 0, "learners": self.learners,
@@ -107,4 +176,4 @@ class JobEpochSampler:
             raise ConfigError(f"JobEpochSampler: saved state is for a '{state.get('kind')}' sampler")
         if state.get("learners") != self.learners:
             raise ConfigError(f"JobEpochSampler: saved with {state.get('learners')} learners, now {self.learners}")
-        self._epoch, self.claimed, self.taken = int(state["epoch"]), -1, 0
+        self._epoch, self.claimed, self.taken, self.retrained = int(state["epoch"]), -1, 0, 0

@@ -195,7 +195,7 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
 def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
                      export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
                      progress: bool = True, channel: int | None = None, mel_bins_key: str = "num_mel_bins",
-                     sample_rate: int | None = None) -> dict:
+                     sample_rate: int | None = None, busy_hint: str = "") -> dict:
     """Extract features for a corpus (all splits) or one split directory; returns the summary.
     `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
     an error names `num_mel_bins` (the flag or the config key that set it); `sample_rate` is the
@@ -235,6 +235,8 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     sources = {name: feature_store.source_record(path) for name, path in split_paths.items()}
     summary_splits: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
+        for path in split_paths.values():  # never under another command that reads them (`busy_hint`: else what)
+            stack.enter_context(feature_store.rewriting(path, busy_hint))
         tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
                 for name, path in split_paths.items()}
         built = {}
