@@ -72,6 +72,9 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
     if missing:
         raise TrainingError(f"{d}: checkpoint of rank {missing[0]} missing")
     if len(writers) < world_size:
+        for r in set(range(world_size)) - set(writers):  # what a lost learner left half-written here
+            for stale in d.glob(f".rank-{r}.pt.*.tmp"):
+                stale.unlink(missing_ok=True)
         save_json_atomic(d / MEMBERS_NAME, {"learners": world_size, "members": writers, "group_size": group_size,
                                             "lost": sorted(set(range(world_size)) - set(writers))})
     write_text_atomic(run_dir / "checkpoints" / "latest", d.name + "\n")
