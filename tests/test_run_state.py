@@ -225,3 +225,21 @@ def test_features_are_never_rewritten_under_another_reader(tone_corpus, tmp_path
         reader.wait(timeout=60)
     ensure_features(corpus, other, progress=False)  # nobody reads them now: re-extracted
     assert FeatureStore(corpus / "train").meta["num_mel_bins"] == before["num_mel_bins"] + 3
+
+
+def test_a_full_disk_is_one_line_with_no_progress_bar_left_above_it(tone_corpus, tmp_path, monkeypatch, capsys):
+    """On a terminal (stderr a tty, where the bars are drawn) a failing extraction takes its bar
+    away before the error line: what the terminal shows is that one line."""
+    import shutil
+
+    from test_bad_input import fill_disk
+
+    shutil.copytree(tone_corpus / "train", tmp_path / "split", ignore=shutil.ignore_patterns("feats"))
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    fill_disk(monkeypatch, tmp_path)
+    assert main(["features", str(tmp_path / "split"), "--jobs", "1"]) != 0
+    err = capsys.readouterr().err
+    assert "%|" in err  # the bar was drawn
+    shown = [line.split("\r")[-1].strip() for line in err.split("\n")]
+    shown = [line for line in shown if line]
+    assert len(shown) == 1 and shown[0].startswith("asrdist: error: ") and "No space left" in shown[0], shown
