@@ -136,6 +136,22 @@ def _claimed(order: ListOrder, batch) -> int:
     return next(i for i, b in enumerate(order.batches) if b is batch)
 
 
+def _each_in_a_thread(iters: dict, order: ListOrder, taken: dict[int, list[int]]) -> None:
+    """Survivors run on at once (each in its thread, as learners in their processes): one done with
+    the order waits in the store for the others."""
+    import threading
+
+    def run(rank: int) -> None:
+        taken[rank] += [_claimed(order, b) for b in iters[rank]]
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in iters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)  # only to catch a hang
+        assert not t.is_alive(), "a survivor waited for its peers forever"
+
+
 def test_the_minibatch_a_lost_learner_held_is_trained_again_in_the_survivors_epoch():
     store, order = dist.HashStore(), ListOrder(12)
     samplers = [JobEpochSampler(order, store, 3, rank=r) for r in range(3)]
@@ -148,8 +164,7 @@ def test_the_minibatch_a_lost_learner_held_is_trained_again_in_the_survivors_epo
         taken[r].append(_claimed(order, next(iters[r])))
     held = taken[1].pop()  # never finished
     lost.append(1)
-    for r in (0, 2):
-        taken[r] += [_claimed(order, b) for b in iters[r]]
+    _each_in_a_thread({r: iters[r] for r in (0, 2)}, order, taken)
     assert held in taken[0] + taken[2]
     assert sorted(taken[0] + taken[1] + taken[2]) == list(range(12))  # every minibatch once, none lost
     finished, left = samplers[0].lost_shares(0)
@@ -169,11 +184,7 @@ def test_a_lost_nodes_unit_is_trained_again_by_a_surviving_node():
         taken[r].append(_claimed(order, next(iters[r])))
     held = [taken[2].pop(), taken[3].pop()]  # node 1 dies in its first step
     lost += [2, 3]
-    for step in range(10):
-        for r in (0, 1):
-            b = next(iters[r], None)
-            if b is not None:
-                taken[r].append(_claimed(order, b))
+    _each_in_a_thread({r: iters[r] for r in (0, 1)}, order, taken)
     assert set(held) <= set(taken[0] + taken[1])
     assert sorted(taken[0] + taken[1]) == list(range(12))
     assert [k + 1 for k in taken[0]] == taken[1]  # the node's members still step together
@@ -243,3 +254,37 @@ def test_a_full_disk_is_one_line_with_no_progress_bar_left_above_it(tone_corpus,
     shown = [line.split("\r")[-1].strip() for line in err.split("\n")]
     shown = [line for line in shown if line]
     assert len(shown) == 1 and shown[0].startswith("asrdist: error: ") and "No space left" in shown[0], shown
+
+
+def test_a_loss_found_after_the_others_used_up_the_order_is_still_trained_again():
+    """The survivors done with the order wait for the learner still holding a minibatch; once it
+    is reported lost, one of them trains its minibatch: the epoch loses nothing."""
+    import threading
+    import time
+
+    store, order = dist.HashStore(), ListOrder(9)
+    samplers = [JobEpochSampler(order, store, 3, rank=r) for r in range(3)]
+    lost: list[int] = []
+    for s in samplers:
+        s.lost_ranks = lambda: list(lost)
+    held = _claimed(order, next(iter(samplers[1])))  # rank 1 takes one and hangs with it
+    taken: dict[int, list[int]] = {0: [], 2: []}
+    runs = {r: threading.Thread(target=lambda r=r: taken[r].extend(_claimed(order, b) for b in samplers[r]),
+                                daemon=True) for r in (0, 2)}
+    for t in runs.values():
+        t.start()
+
+    def waiting(rank: int) -> bool:
+        return store.check([f"holding/{rank}"]) and store.get(f"holding/{rank}").decode().startswith("0:-1:")
+
+    end = time.monotonic() + 60
+    while not (waiting(0) and waiting(2)):  # polling the store, as the learners do
+        assert time.monotonic() < end, "the survivors never used up the order"
+        time.sleep(0.01)
+    assert all(t.is_alive() for t in runs.values())  # they wait for rank 1
+    lost.append(1)  # its loss is reported only now
+    for t in runs.values():
+        t.join(timeout=60)
+        assert not t.is_alive()
+    assert sorted(taken[0] + taken[2]) == list(range(9)) and held in taken[0] + taken[2]
+    assert samplers[0].lost_shares(0) == ({1: 0}, 0)

@@ -15,16 +15,23 @@ must step together) a claim takes g consecutive minibatches, one per member: the
 learner claims and publishes the claim under a per-group, per-step key, the others read it.
 
 A job that goes on without lost learners (`lost_ranks` set: survival mode) keeps, per learner, what
-it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now, units it finished; one store
-write per claim). Once the epoch's order is used up, the survivors claim again (once each, job-wide)
-the units the lost learners held unfinished and train them in this epoch; `lost_shares` tells the
-epoch's record what the lost learners finished and what was left over.
+it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now or -1 once done with the
+order, units it finished; one store write per claim). A group done with the order waits until every
+other group is done too or lost (at most `wait_seconds`), meanwhile claiming again (once each,
+job-wide) the units the lost learners held unfinished and training them in this epoch;
+`lost_shares` tells the epoch's record what the lost learners finished and what was left over.
 """
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any, Iterator
 
 from asrdist.errors import ConfigError
+
+
+POLL_S = 0.02
+"""How often a learner done with an epoch's order looks at the store for lost learners' units."""
 
 
 class JobEpochSampler:
@@ -48,6 +55,9 @@ class JobEpochSampler:
         """Minibatches this learner took in the last epoch it finished."""
         self.lost_ranks = None
         """() -> the job ranks lost so far (survival mode; None: no learner is ever left behind)."""
+        self.wait_seconds = 60.0
+        """Survival mode: how long a learner done with the epoch's order waits for the others to be
+        done or lost (the job's `survival_wait`); then the epoch ends without the stragglers' units."""
         self.retrained = 0
         """Minibatches of lost learners this learner trained again in the current epoch."""
         self.last_retrained = 0
@@ -86,6 +96,8 @@ class JobEpochSampler:
             key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
             if self.member == 0:
                 self.store.set(key, str(self._next_unit(epoch)))
+            elif self.lost_ranks is not None:  # the leader may wait out the others' last units first
+                self.store.wait([key], timedelta(seconds=self.wait_seconds + 60))
             unit = int(self.store.get(key))
         units = len(self) // self.group_size
         if unit >= units and self.lost_ranks is not None and unit != self._END:
@@ -108,10 +120,31 @@ class JobEpochSampler:
         unit = int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
         if unit < units or self.lost_ranks is None:
             return unit
-        for left in self._lost_units(epoch):
-            if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
-                return units + left
-        return self._END
+        # the order is used up: until every other group is done with it too (or lost), take what a
+        # lost learner held unfinished; a loss found only later would otherwise leave its unit untrained
+        self._hold(epoch, -1)
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            for left in self._lost_units(epoch):
+                if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
+                    return units + left
+            if self._others_done(epoch) or time.monotonic() > deadline:
+                return self._END
+            time.sleep(POLL_S)  # polling the job store, as `Membership.agree` does
+
+    def _others_done(self, epoch: int) -> bool:
+        """Whether every group that lost nobody has its leader done with `epoch`'s order."""
+        lost = set(self.lost_ranks())
+        for leader in range(0, self.learners, self.group_size):
+            if any(r in lost for r in range(leader, leader + self.group_size)):
+                continue
+            key = f"holding/{leader}"
+            if not self.store.check([key]):
+                return False
+            e, unit, _ = (int(x) for x in self.store.get(key).decode().split(":"))
+            if e < epoch or (e == epoch and unit >= 0):
+                return False
+        return True
 
     def _hold(self, epoch: int, unit: int) -> None:
         """Record (survival mode) the unit this learner trains now (-1: none) and how many it finished."""

@@ -157,12 +157,15 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                           global_batch=cfg.data.batch_size)
     hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
     strategy.setup(model, optimizer, ctx)
+    from asrdist.parallel.membership import survival_wait
+
     membership = getattr(strategy, "membership", None)
     if membership is not None and not strategy.lockstep:  # survival mode: lost learners' minibatches are trained again
         def lost_ranks() -> list[int]:
             membership.refresh()
             return sorted(membership.lost_ranks())
         sampler.lost_ranks = lost_ranks
+        sampler.wait_seconds = survival_wait(ctx.timeout).total_seconds()
     if strategy.wants_batch_search():
         hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
         hooks.base_batch_size = cfg.data.batch_size
