@@ -288,3 +288,24 @@ def test_a_loss_found_after_the_others_used_up_the_order_is_still_trained_again(
         assert not t.is_alive()
     assert sorted(taken[0] + taken[2]) == list(range(9)) and held in taken[0] + taken[2]
     assert samplers[0].lost_shares(0) == ({1: 0}, 0)
+
+
+def test_a_lost_node_member_that_died_between_two_steps_is_not_counted_twice():
+    """Rank 3 finished its node's unit with rank 2 and died before reading the next claim; rank 2
+    claimed it and died in it: the node held one unit, which a surviving node trains again."""
+    store, order = dist.HashStore(), ListOrder(12)
+    samplers = [JobEpochSampler(order, store, 4, group_size=2, rank=r) for r in range(4)]
+    lost: list[int] = []
+    for s in samplers:
+        s.lost_ranks = lambda: list(lost)
+    iters = [iter(s) for s in samplers]
+    taken: dict[int, list[int]] = {r: [] for r in range(4)}
+    for r in (0, 1, 2, 3, 2):  # node 1 finishes a unit; its leader takes the next, its member never does
+        taken[r].append(_claimed(order, next(iters[r])))
+    held = taken[2].pop()
+    lost += [2, 3]
+    _each_in_a_thread({r: iters[r] for r in (0, 1)}, order, taken)
+    assert held in taken[0] and held + 1 in taken[1]
+    finished, left = samplers[0].lost_shares(0)
+    assert finished == {2: 1, 3: 1} and left == 0
+    assert sum(len(v) for v in taken.values()) == 12  # every minibatch once: none lost, none twice

@@ -153,7 +153,14 @@ class JobEpochSampler:
                            f"{epoch}:{unit}:{self.taken}")
 
     def _held(self, rank: int, epoch: int) -> tuple[int, int] | None:
-        """(unit it held unfinished or -1, units it finished) of `rank` in `epoch`; None if it held none."""
+        """(unit it held unfinished or -1, units it finished) of `rank` in `epoch`; None if it held none.
+        A group's members step together, and its leader claims a unit only once the last is finished
+        by all of them: the leader's record speaks for the group (a member's lags by a step when it
+        died between finishing a unit and reading the next claim)."""
+        leader = rank - rank % self.group_size
+        return self._record(leader, epoch) or self._record(rank, epoch)
+
+    def _record(self, rank: int, epoch: int) -> tuple[int, int] | None:
         key = f"holding/{rank}"
         if not self.store.check([key]):
             return None
