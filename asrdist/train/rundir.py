@@ -194,11 +194,16 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
     existed = run_dir.is_dir()
     before = _entries(run_dir) if existed else set()
     latest = _latest_name(run_dir)
+    state = _file_as_it_is(run_dir / STATE_NAME)
     try:
         yield
     except BaseException as exc:
         now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
-        if run_dir.is_dir() and (run_dir / STATE_NAME).is_file():
+        if now_latest == latest or now_latest is None:
+            # nothing this start did stays, its state record included: the run is as it was
+            with contextlib.suppress(OSError):
+                _put_back(run_dir / STATE_NAME, state)
+        elif (run_dir / STATE_NAME).is_file():
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             with contextlib.suppress(OSError):  # a full disk: the error line says why already
                 write_state(run_dir, "failed", reason=reason[:300])
@@ -220,6 +225,25 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
             told.exit_code = exc.exit_code  # a stop by signal keeps its shell status
             raise told from None
         raise
+
+
+def _file_as_it_is(path: Path) -> tuple[bytes, int, int] | None:
+    """(content, atime, mtime in ns) of `path`, None when there is none."""
+    try:
+        st = path.stat()
+        return path.read_bytes(), st.st_atime_ns, st.st_mtime_ns
+    except OSError:
+        return None
+
+
+def _put_back(path: Path, kept: tuple[bytes, int, int] | None) -> None:
+    """Make `path` what `_file_as_it_is` found (content and times); nothing when it found none
+    (a file this start added goes with the start's other entries)."""
+    if kept is None or _file_as_it_is(path) == kept:
+        return
+    content, atime, mtime = kept
+    write_text_atomic(path, content.decode())
+    os.utime(path, ns=(atime, mtime))
 
 
 def _entries(run_dir: Path) -> set[Path]:
