@@ -516,7 +516,8 @@ class Trainer:
         for rank, n in finished.items():
             shares.setdefault(str(rank), n)
         record["minibatches_by_learner"] = {k: shares[k] for k in sorted(shares, key=int)}
-        record["minibatches_in_epoch"] = len(self.sampler)
+        size = self.sampler.group_size  # a node takes whole units of its size: a remainder is never handed out
+        record["minibatches_in_epoch"] = len(self.sampler) // size * size
         record["minibatches_retrained"], record["minibatches_lost"] = retrained, left
 
     def _verdict_agreed_at_once(self) -> bool:
