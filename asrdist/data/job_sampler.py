@@ -125,16 +125,16 @@ class JobEpochSampler:
         self._hold(epoch, -1)
         deadline = time.monotonic() + self.wait_seconds
         while True:
-            for left in self._lost_units(epoch):
+            lost = set(self.lost_ranks())  # one view for both questions: a loss seen only by the
+            for left in self._lost_units(epoch, lost):  # second would end the wait with its unit untrained
                 if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
                     return units + left
-            if self._others_done(epoch) or time.monotonic() > deadline:
+            if self._others_done(epoch, lost) or time.monotonic() > deadline:
                 return self._END
             time.sleep(POLL_S)  # polling the job store, as `Membership.agree` does
 
-    def _others_done(self, epoch: int) -> bool:
-        """Whether every group that lost nobody has its leader done with `epoch`'s order."""
-        lost = set(self.lost_ranks())
+    def _others_done(self, epoch: int, lost: set[int]) -> bool:
+        """Whether every group that lost nobody (of `lost`) has its leader done with `epoch`'s order."""
         for leader in range(0, self.learners, self.group_size):
             if any(r in lost for r in range(leader, leader + self.group_size)):
                 continue
@@ -167,9 +167,9 @@ class JobEpochSampler:
         e, unit, done = (int(x) for x in self.store.get(key).decode().split(":"))
         return (unit, done) if e == epoch else None
 
-    def _lost_units(self, epoch: int) -> list[int]:
+    def _lost_units(self, epoch: int, lost: set[int] | None = None) -> list[int]:
         units = set()
-        for rank in self.lost_ranks():
+        for rank in sorted(self.lost_ranks() if lost is None else lost):
             held = self._held(rank, epoch)
             if held is not None and held[0] >= 0:
                 units.add(held[0])
