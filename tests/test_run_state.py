@@ -309,3 +309,21 @@ def test_a_lost_node_member_that_died_between_two_steps_is_not_counted_twice():
     finished, left = samplers[0].lost_shares(0)
     assert finished == {2: 1, 3: 1} and left == 0
     assert sum(len(v) for v in taken.values()) == 12  # every minibatch once: none lost, none twice
+
+
+def test_a_minibatch_claimed_an_instant_before_its_learner_died_is_still_trained():
+    """Rank 1 claims a minibatch and dies before recording that it holds it: once every survivor
+    is done, the minibatch in nobody's finished record is trained again."""
+    store, order = dist.HashStore(), ListOrder(10)
+    samplers = [JobEpochSampler(order, store, 3, rank=r) for r in range(3)]
+    lost = [1]
+    for s in samplers:
+        s.lost_ranks = lambda: list(lost)
+    first = _claimed(order, next(iter(samplers[1])))
+    store.append("epoch/0/done/1", f"{first},")  # rank 1 finished it (as its next claim records first)
+    stolen = int(store.add("epoch/0/claimed", 1)) - 1  # and claimed the next, dying before recording it
+    taken: dict[int, list[int]] = {0: [], 2: []}
+    _each_in_a_thread({r: iter(samplers[r]) for r in (0, 2)}, order, taken)
+    assert stolen in taken[0] + taken[2] and first not in taken[0] + taken[2]  # trained once each
+    assert sorted(taken[0] + taken[2] + [first]) == list(range(10))
+    assert samplers[0].lost_shares(0) == ({1: 1}, 0)

@@ -16,7 +16,9 @@ learner claims and publishes the claim under a per-group, per-step key, the othe
 
 A job that goes on without lost learners (`lost_ranks` set: survival mode) keeps, per learner, what
 it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now or -1 once done with the
-order, units it finished; one store write per claim). A group done with the order waits until every
+order, units it finished) and the units it finished (`epoch/<e>/done/<rank>`, appended to): two
+store writes per claim. Once every live group is done, a unit in nobody's finished record was held
+by a lost learner (even one claimed an instant before it died, before its holding was written). A group done with the order waits until every
 other group is done too or lost (at most `wait_seconds`), meanwhile claiming again (once each,
 job-wide) the units the lost learners held unfinished and training them in this epoch;
 `lost_shares` tells the epoch's record what the lost learners finished and what was left over.
@@ -60,6 +62,8 @@ class JobEpochSampler:
         done or lost (the job's `survival_wait`); then the epoch ends without the stragglers' units."""
         self.retrained = 0
         """Minibatches of lost learners this learner trained again in the current epoch."""
+        self._unit: int | None = None
+        """Survival mode: the unit this learner (its group) trains now, recorded finished at the next claim."""
         self.last_retrained = 0
 
     def __len__(self) -> int:
@@ -79,7 +83,7 @@ class JobEpochSampler:
         if epoch < 0:
             raise ConfigError(f"JobEpochSampler: epoch must be >= 0, got {epoch}")
         if epoch != self._epoch:
-            self._epoch, self.claimed, self.taken, self.retrained = int(epoch), -1, 0, 0
+            self._epoch, self.claimed, self.taken, self.retrained, self._unit = int(epoch), -1, 0, 0, None
 
     def claim(self, epoch: int) -> int:
         """The next unclaimed minibatch of `epoch` for this learner (>= len(self) once the epoch
@@ -90,6 +94,11 @@ class JobEpochSampler:
             if self.taken >= units // groups:
                 return len(self)
             return (self.taken * groups + self.group) * self.group_size + self.member
+        if self.lost_ranks is not None and self.member == 0 and self._unit is not None:
+            # the last unit is finished: in the record that names every finished unit (a unit a
+            # learner died holding, even one it claimed an instant before, is then found missing)
+            self.store.append(f"epoch/{epoch}/done/{self.group * self.group_size}", f"{self._unit},")
+        self._unit = None
         if self.group_size == 1:
             unit = self._next_unit(epoch)
         else:
@@ -107,6 +116,7 @@ class JobEpochSampler:
             self._hold(epoch, -1)
             return len(self)
         self._hold(epoch, unit)
+        self._unit = unit
         return unit * self.group_size + self.member
 
     _END = 1 << 62
@@ -129,9 +139,30 @@ class JobEpochSampler:
             for left in self._lost_units(epoch, lost):  # second would end the wait with its unit untrained
                 if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
                     return units + left
-            if self._others_done(epoch, lost) or time.monotonic() > deadline:
+            if self._others_done(epoch, lost):
+                # nobody alive holds a unit now: one in no finished record was held by a lost
+                # learner (its record may predate the claim)
+                for left in self._missing_units(epoch):
+                    if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
+                        return units + left
+                return self._END
+            if time.monotonic() > deadline:
                 return self._END
             time.sleep(POLL_S)  # polling the job store, as `Membership.agree` does
+
+    def _done_units(self, leader: int, epoch: int) -> list[int] | None:
+        """The units the group of `leader` finished in `epoch`, in order (None: no record)."""
+        key = f"epoch/{epoch}/done/{leader}"
+        if not self.store.check([key]):
+            return None
+        return [int(u) for u in self.store.get(key).decode().split(",") if u]
+
+    def _missing_units(self, epoch: int) -> list[int]:
+        """The units of `epoch`'s order that no group has finished."""
+        done: set[int] = set()
+        for leader in range(0, self.learners, self.group_size):
+            done.update(self._done_units(leader, epoch) or ())
+        return sorted(set(range(len(self) // self.group_size)) - done)
 
     def _others_done(self, epoch: int, lost: set[int]) -> bool:
         """Whether every group that lost nobody (of `lost`) has its leader done with `epoch`'s order."""
@@ -171,8 +202,9 @@ class JobEpochSampler:
         units = set()
         for rank in sorted(self.lost_ranks() if lost is None else lost):
             held = self._held(rank, epoch)
-            if held is not None and held[0] >= 0:
-                units.add(held[0])
+            if held is not None and held[0] >= 0 and held[0] not in (self._done_units(rank - rank % self.group_size,
+                                                                                     epoch) or ()):
+                units.add(held[0])  # (one it finished and died before claiming the next is no longer held)
         return sorted(units)
 
     def lost_shares(self, epoch: int) -> tuple[dict[int, int], int]:
@@ -180,10 +212,13 @@ class JobEpochSampler:
         finished in it, and minibatches of the lost learners' unfinished units nobody trained again."""
         if self.lost_ranks is None:
             return {}, 0
-        lost = sorted(self.lost_ranks())
-        finished = {rank: held[1] for rank in lost if (held := self._held(rank, epoch)) is not None}
-        left = [u for u in self._lost_units(epoch) if not self.store.check([f"epoch/{epoch}/retrain/{u}"])]
-        return finished, len(left) * self.group_size
+        finished = {}
+        for rank in sorted(self.lost_ranks()):
+            done = self._done_units(rank - rank % self.group_size, epoch)
+            held = self._held(rank, epoch)
+            if done is not None or held is not None:
+                finished[rank] = len(done) if done is not None else held[1]
+        return finished, len(self._missing_units(epoch)) * self.group_size
 
     def schedule_step(self) -> float:
         """The job's progress, in configured global minibatches, at the last claim. In lock step
@@ -216,4 +251,4 @@ class JobEpochSampler:
             raise ConfigError(f"JobEpochSampler: saved state is for a '{state.get('kind')}' sampler")
         if state.get("learners") != self.learners:
             raise ConfigError(f"JobEpochSampler: saved with {state.get('learners')} learners, now {self.learners}")
-        self._epoch, self.claimed, self.taken, self.retrained = int(state["epoch"]), -1, 0, 0
+        self._epoch, self.claimed, self.taken, self.retrained, self._unit = int(state["epoch"]), -1, 0, 0, None
