@@ -8,7 +8,8 @@ outside, as an operator or the kernel would:
   command has exited; `sync_message` is its one line (it must name rank 1).
 - `hang_detect_seconds`: SIGSTOP of learner rank 1 (a hung learner: alive, silent) with
   `train.timeout_seconds` = `--timeout-seconds`, to the exit; `hang_message` must call it hung.
-  The figure is the timeout, plus the launcher's grace (3 s) before it kills the stopped process.
+  The figure is the timeout, plus the launcher's grace (3 s) before it kills the stopped process,
+  plus the agent's and the command's own end (about 2 s measured).
 - `adpsgd_survived`: a `--learners` adpsgd job loses learner rank 1 (SIGKILL) in its second
   epoch (1 of 4 lost), then rank 2 once the others trained on (2 of 4 lost); it survives when the
   command still ends with a model (exit 0, summary.json) and its summary names exactly the killed
