@@ -78,8 +78,9 @@ def test_a_run_killed_in_its_first_epoch_restarts_from_the_start_on_resume(tone_
 
 def test_a_long_first_epoch_is_checkpointed_within_it_and_resumed_from_there(tone_corpus, tmp_path):
     run = tmp_path / "run"
-    # a checkpoint about every 0.6 s, fixed in steps after the first 20 steps: inside the first epoch
-    proc = _train(tone_corpus, run, "data.batch_size=32", "train.checkpoint_minutes=0.01", "--epochs", "50",
+    # a checkpoint every 0.6 ms: once the first 20 steps are timed, one a step (whatever the machine's
+    # speed), well inside the first epoch
+    proc = _train(tone_corpus, run, "data.batch_size=32", "train.checkpoint_minutes=0.00001", "--epochs", "50",
                   "--strategy", "sync", learners=2)
     pointer = run / "checkpoints" / "latest"
     _until(lambda: pointer.is_file() or proc.poll() is not None, "a checkpoint")
@@ -118,10 +119,10 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     epochs = 4
     proc = _train(tone_corpus, run, "data.batch_size=128", "optim.lr=0.05", "train.timeout_seconds=6", *extra,
                   "--strategy", strategy, "--epochs", str(epochs), learners=4)
+    # at once: the others may train a whole epoch while rank 0 validates the last (it then logs nothing)
     _until(lambda: len(_records(run, "epoch")) >= 1 and len(learner_pids(run)) == 4 or proc.poll() is not None,
            "the first epoch's end")
-    seen = len(_records(run, "train"))
-    _until(lambda: len(_records(run, "train")) > seen + 3 or proc.poll() is not None, "training in epoch 2")
+    assert proc.poll() is None, proc.stderr.read()
     os.kill(learner_pids(run)[victim], signal.SIGKILL)
     err = _finish(proc)
     assert proc.returncode == 0, err
