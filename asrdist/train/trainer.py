@@ -42,9 +42,6 @@ class Sampler(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-TIMING_STEPS = 20
-"""Steps of a start that `train.checkpoint_minutes` times to fix its interval in steps."""
-
 DIVERGED_KEY = "run/diverged"
 """Set in the job store by the leader of learners that do not move in lock step when the model
 it validated had diverged."""
@@ -115,9 +112,7 @@ class Trainer:
         self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
         self.epochs, self.max_steps, self.log_every = epochs, max_steps, log_every
         self.checkpoint_every, self.validate_every_epochs = checkpoint_every, validate_every_epochs
-        self.checkpoint_minutes = checkpoint_minutes
-        self._timed: tuple[int, int] | None = None  # (first step, interval in steps) of timed checkpoints
-        self._timing_from: tuple[int, float] | None = None  # (step, time) this start's first step ended
+        self._timed = ckpt.TimedCheckpoints(checkpoint_minutes, ctx.store, ctx.job_rank, ctx.job_world_size)
         self.emulate_compute_ms = emulate_compute_ms
         self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
         self.jitter = straggler_jitter
@@ -274,33 +269,6 @@ class Trainer:
                          group_size=self.ctx.group_size if self.strategy.moves_by_node else 1,
                          progress={"epoch": self.state.epoch, "epochs": self.epochs, "step": self.state.step})
 
-    def _timed_checkpoint_due(self) -> bool:
-        """Whether `train.checkpoint_minutes` asks for a checkpoint after this step (lock-step
-        strategies). Learners must checkpoint at the same step, so the interval is fixed in steps
-        once per start: rank 0 times this start's first TIMING_STEPS steps and puts the interval
-        in the job store, the others read it there at the same step."""
-        if not self.checkpoint_minutes or self.job_epochs:
-            return False
-        if self._timing_from is None:
-            self._timing_from = (self.state.step, time.perf_counter())
-            return False
-        first, started = self._timing_from
-        if self._timed is None:
-            if self.state.step - first < TIMING_STEPS:
-                return False
-            shared = self.ctx.store is not None and self.ctx.job_world_size > 1
-            key = f"checkpoint/timed-interval/{first}"
-            if self.ctx.job_rank == 0 or not shared:
-                per_step = (time.perf_counter() - started) / (self.state.step - first)
-                interval = max(1, round(self.checkpoint_minutes * 60 / max(per_step, 1e-9)))
-                if shared:
-                    self.ctx.store.set(key, str(interval))
-            else:
-                interval = int(self.ctx.store.get(key))  # waits for rank 0, at most the job's timeout
-            self._timed = (self.state.step, interval)
-        anchor, interval = self._timed
-        return self.state.step > anchor and (self.state.step - anchor) % interval == 0
-
     def snapshot(self) -> dict:
         """This learner's whole state (as a checkpoint holds it), copied in memory."""
         with self.strategy.paused():
@@ -445,7 +413,8 @@ class Trainer:
                                  lr=self.optimizer.param_groups[0]["lr"])
                 losses = []
             every = self.checkpoint_every and self.state.step % self.checkpoint_every == 0
-            if (self._timed_checkpoint_due() or every) and not self.job_epochs and done_steps < total:
+            timed = not self.job_epochs and self._timed.due(self.state.step)  # (lock step only)
+            if (timed or every) and not self.job_epochs and done_steps < total:
                 self.save_checkpoint()  # (the epoch's end saves its own)
             if self._done():
                 finished = False
