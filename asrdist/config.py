@@ -116,6 +116,10 @@ class TrainConfig:
     log_every: int = 20
     checkpoint_every: int = 0
     """Atomic checkpoint every K steps (0 = only at epoch end)."""
+    checkpoint_minutes: float = 10.0
+    """Lock-step strategies: a checkpoint about every this many minutes within an epoch as well (the
+    interval is fixed in steps from the time of the first steps of each start), so that a run killed
+    in a long first epoch can be resumed; 0 = only at epoch ends (and `checkpoint_every`)."""
     validate_every_epochs: int = 1
     timeout_seconds: float = 180.0
     """Timeout of every collective and of the whole launch's rendezvous."""
@@ -140,6 +144,7 @@ class TrainConfig:
                              ("checkpoint_every", 0), ("validate_every_epochs", 1), ("threads", 0)):
             check_field(f"train.{key}", getattr(self, key), at_least=minimum)
         check_field("train.timeout_seconds", self.timeout_seconds, float, above=0)
+        check_field("train.checkpoint_minutes", self.checkpoint_minutes, float, at_least=0, at_most=7 * 24 * 60)
         check_field("train.emulate_compute_ms", self.emulate_compute_ms, float, at_least=0)
         check_field("train.group_size", self.group_size, at_least=0)
         if self.nonfinite not in ("stop", "skip"):
@@ -382,14 +387,23 @@ def read_config_tree(path: str | Path) -> dict:
         loader = _RecipeLoader(text)
         loader.name = str(path)
         try:
-            tree = loader.get_single_data() or {}
+            tree = loader.get_single_data()
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error(path, exc)) from None
+    if tree is None:  # an empty file (or only comments) is no recipe, not the default one
+        raise ConfigError(f"{path}: empty recipe (no settings); give a recipe with at least the sections "
+                          f"it changes, e.g. configs/default.yaml")
     if not isinstance(tree, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, ...) at the top level, "
+                          f"found {_yaml_kind(tree)}")
     return check_sections(tree, f"{path}: ")
+
+
+def _yaml_kind(value) -> str:
+    kinds = {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:

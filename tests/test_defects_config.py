@@ -170,21 +170,18 @@ def test_run_config_path_picks_the_latest_resume(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_without_a_checkpoint_writes_nothing(corpus, tmp_path, capsys):
+def test_resume_without_a_checkpoint_trains_from_the_start(corpus, tmp_path, capsys):
+    """A run with no checkpoint (prepared and never started, or killed before its first): --resume
+    trains it from the start and says so (issue 37: it used to point at torchrun, or in a circle)."""
     run = tmp_path / "run"
     cfg = load_config(RECIPE, [f"data.corpus={corpus}", *TINY])
     launch.prepare_run_dir(cfg, run, progress=False)
-    before = _snapshot(run)
-    assert _resume(run) != 0  # as `asrdist prepare` leaves it: its learners start under torchrun
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "prepared by `asrdist prepare` and not started yet" in err[0], err
-    assert _snapshot(run) == before
     (run / "launcher.log").write_text("a start that stopped before its first checkpoint\n")
-    before = _snapshot(run)
-    assert _resume(run) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no checkpoint to resume from" in err[0], err
-    assert _snapshot(run) == before
+    assert _resume(run, "--epochs", "1") == 0
+    err = capsys.readouterr().err
+    assert f"{run}: no checkpoint to resume from (prepared" in err and "training from the start" in err, err
+    assert "asrdist: error" not in err and (run / "summary.json").is_file()
+    assert json.loads((run / "state.json").read_text())["state"] == "finished"
 
 
 # ------------------------------------------------------------------ every numeric field of every section

@@ -137,7 +137,7 @@ def test_a_stop_signal_stops_a_single_learner_with_one_line_and_cleans_up(tone_c
         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL)), run_dir)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=DEADLINE_S)
-    assert proc.returncode == 2, err
+    assert proc.returncode == 128 + sig, err  # the shell's status for a process a signal ended
     assert err.strip().splitlines()[-1].startswith(f"asrdist: error: stopped by {sig.name}"), err
     assert "Traceback" not in err
     if (run_dir / "checkpoints").is_dir():  # a slow machine may reach the end of the first epoch

@@ -38,16 +38,17 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "asrdist.train.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
-    assert {"config.yaml", "targets.pt", "env.json"} <= {p.name for p in run.iterdir()}
-    # preparing it again, or starting it with `asrdist train` (new or --resume): one line saying how it starts
-    started_under_torchrun = (f"{run}: prepared by `asrdist prepare` and not started yet; "
-                              "its learners start under torchrun")
-    for again in (args, ["train", str(ROOT / "configs/default.yaml"), "--out", str(run)],
-                  ["train", str(ROOT / "configs/default.yaml"), "--resume", str(run)]):
+    assert {"config.yaml", "targets.pt", "env.json", "state.json"} <= {p.name for p in run.iterdir()}
+    assert json.loads((run / "state.json").read_text())["state"] == "prepared"
+    # preparing it again, or starting it as a new run: one line saying how it starts (here with
+    # --resume, which trains a run without a checkpoint from the start, or under torchrun)
+    not_started = f"{run}: prepared by `asrdist prepare` and not started yet; start it on this machine with " \
+                  f"`asrdist train --resume {run}`, or under torchrun"
+    for again in (args, ["train", str(ROOT / "configs/default.yaml"), "--out", str(run)]):
         assert main(again) != 0
         err = capsys.readouterr().err.splitlines()
-        assert len(err) == 1 and started_under_torchrun in err[0] and f"asrdist.train.worker {run}" in err[0], err
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "targets.pt", "env.json"}  # nothing written
+        assert len(err) == 1 and not_started in err[0] and f"asrdist.train.worker {run}" in err[0], err
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "targets.pt", "env.json", "state.json"}  # nothing written
     assert main(args[:2] + ["--data", str(tone_corpus), "--out", str(tmp_path / "other"), "optim.nope=1"]) != 0
     assert "optim.nope" in capsys.readouterr().err and not (tmp_path / "other").exists()
 

@@ -8,7 +8,8 @@ outside, as an operator or the kernel would:
   command has exited; `sync_message` is its one line (it must name rank 1).
 - `hang_detect_seconds`: SIGSTOP of learner rank 1 (a hung learner: alive, silent) with
   `train.timeout_seconds` = `--timeout-seconds`, to the exit; `hang_message` must call it hung.
-  The figure is the timeout, plus the launcher's grace (3 s) before it kills the stopped process.
+  The figure is the timeout, plus the launcher's grace (3 s) before it kills the stopped process,
+  plus the agent's and the command's own end (about 2 s measured).
 - `adpsgd_survived`: a `--learners` adpsgd job loses learner rank 1 (SIGKILL) in its second
   epoch (1 of 4 lost), then rank 2 once the others trained on (2 of 4 lost); it survives when the
   command still ends with a model (exit 0, summary.json) and its summary names exactly the killed
@@ -18,9 +19,16 @@ outside, as an operator or the kernel would:
   an active learner was already averaged into its partner; a passive's since its last answer are
   lost too, not counted: a lower bound).
 - `hierarchical_survived`: a `--learners` hierarchical job in nodes of 2 (`train.group_size=2`)
-  loses learner rank 3 (SIGKILL, not a leader) in its second epoch: its node goes (rank 2 stops
+  loses learner rank 3 (SIGKILL, not a leader) once its first epoch ended: its node goes (rank 2 stops
   when its allreduce fails) and the other nodes train on; it survives when the command ends with
   a model and its summary names ranks 2 and 3 (`hierarchical_lost_learners`).
+- For both, `adpsgd` and `hierarchical` hold what the run directory says after the job ended:
+  `checkpoint_after_loss` is true when `checkpoints/latest` names a checkpoint of a later epoch
+  than the one in which the first loss was recorded (`loss_epoch`, `latest_checkpoint`: the
+  survivors published it), and `minibatches_lost` counts, over the epochs from the loss on, the
+  minibatches of each epoch (`minibatches_in_epoch` of its metrics.jsonl record) that no learner's
+  share of the record accounts for (`minibatches_by_learner`: the survivors', the lost learners'
+  finished ones, and those the survivors trained again, `minibatches_retrained`); 0 is the target.
 
 All learners share this machine's cores (`cores`, `learners` in the JSON).
 """
@@ -200,20 +208,43 @@ def _adpsgd(job: _Job, learners: int) -> dict[str, Any]:
         killed.append(rank)
         job.until(lambda: f"learner rank {rank} lost" in _launcher_log(job), f"rank {rank} to be reported lost")
     rc, summary, lost, survived = _went_on_without(job, killed)
-    return {"adpsgd_survived": survived, "adpsgd_frames_lost": len(lost) * batch // learners,
+    return {"adpsgd": after_loss(job), "adpsgd_survived": survived, "adpsgd_frames_lost": len(lost) * batch // learners,
             "adpsgd_restarts": _launcher_log(job).count("[asrdist] restart "), "adpsgd_exit_code": rc,
             "adpsgd_lost_learners": lost, "adpsgd_message": "" if survived else job.last_line(),
             "adpsgd_final": summary.get("final", {}), "adpsgd_killed": killed}
 
 
 def _hierarchical(job: _Job) -> dict[str, Any]:
+    # at once: node 1 trains on while node 0's leader validates, and on a small corpus it may take a
+    # whole epoch meanwhile (node 0 then logs no training record to wait for)
     job.until(lambda: job.records("epoch") and len(job.learners()) >= 4, "the first epoch's end")
-    seen = len(job.records("train"))
-    job.until(lambda: len(job.records("train")) > seen + 5, "training before killing rank 3")
     os.kill(job.learners()[3], signal.SIGKILL)
     rc, summary, lost, survived = _went_on_without(job, [2, 3])
-    return {"hierarchical_survived": survived, "hierarchical_exit_code": rc, "hierarchical_lost_learners": lost,
+    return {"hierarchical": after_loss(job), "hierarchical_survived": survived, "hierarchical_exit_code": rc, "hierarchical_lost_learners": lost,
             "hierarchical_message": "" if survived else job.last_line(), "hierarchical_final": summary.get("final", {})}
+
+
+def after_loss(job: _Job) -> dict[str, Any]:
+    """What the finished job's run directory holds after its first loss (see the module docstring)."""
+    epochs = job.records("epoch")
+    at = next((i for i, r in enumerate(epochs) if r.get("lost_learners")), None)
+    pointer = job.run_dir / "checkpoints" / "latest"
+    latest = pointer.read_text().strip() if pointer.is_file() else None
+    if at is None:
+        return {"checkpoint_after_loss": False, "minibatches_lost": None, "loss_epoch": None,
+                "latest_checkpoint": latest, "why": "no epoch record names a lost learner"}
+    loss_epoch = epochs[at]["epoch"]  # 0-based; its end's checkpoint is epoch-(loss_epoch + 1)
+    number = int(latest.split("-")[1]) if latest and latest.startswith("epoch-") else -1
+    lost, retrained = 0, 0
+    for record in epochs[at:]:
+        total = record.get("minibatches_in_epoch")
+        shares = record.get("minibatches_by_learner") or {}
+        lost += (total if total is not None else 0) - (sum(shares.values()) if total is not None else 0)
+        retrained += record.get("minibatches_retrained") or 0
+    unrecorded = sum(1 for r in epochs[at:] if r.get("minibatches_in_epoch") is None)
+    return {"checkpoint_after_loss": number > loss_epoch, "minibatches_lost": lost if not unrecorded else None,
+            "minibatches_retrained": retrained, "loss_epoch": loss_epoch, "latest_checkpoint": latest,
+            "epochs_recorded": len(epochs), "epochs_without_the_count": unrecorded}
 
 
 def _went_on_without(job: _Job, lost_ranks: list[int]) -> tuple[int, dict, list[dict], bool]:

@@ -215,7 +215,7 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
     previous = {}
 
     def on_signal(signum, _frame):
-        stopped_by.append(signal.Signals(signum).name)
+        stopped_by.append(signum)
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
@@ -244,7 +244,7 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
             for s, handler in previous.items():
                 signal.signal(s, handler)
     if stopped_by:
-        raise Stopped(f"stopped by {stopped_by[0]}: every learner and launcher was stopped")
+        raise stopped_error(stopped_by[0], "every learner and launcher was stopped")
     if codes is None:
         raise TrainingError(f"the job did not finish within {timeout:g} s; every learner was stopped "
                             f"(log: {report_dir / LOG_NAME})")
@@ -254,6 +254,14 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
     failed = [c for c in codes if c != 0]
     if failed:
         raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))
+
+
+def stopped_error(signum: int, what: str = "") -> Stopped:
+    """A stop by signal `signum` as one line; the command exits 128 + signum, the shell's status
+    for a process a signal ended (130 for Ctrl-C, 143 for `kill`), however many learners it ran."""
+    exc = Stopped(f"stopped by {signal.Signals(signum).name}" + (f": {what}" if what else ""))
+    exc.exit_code = 128 + signum
+    return exc
 
 
 def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None,

@@ -13,12 +13,27 @@ A job epoch resumes from its start (the claims of an interrupted epoch are not r
 With `group_size` g > 1 (hierarchical strategies: a node's learners allreduce every step, so they
 must step together) a claim takes g consecutive minibatches, one per member: the group's first
 learner claims and publishes the claim under a per-group, per-step key, the others read it.
+
+A job that goes on without lost learners (`lost_ranks` set: survival mode) keeps, per learner, what
+it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now or -1 once done with the
+order, units it finished) and the units it finished (`epoch/<e>/done/<rank>`, appended to): two
+store writes per claim. Once every live group is done, a unit in nobody's finished record was held
+by a lost learner (even one claimed an instant before it died, before its holding was written). A group done with the order waits until every
+other group is done too or lost (at most `wait_seconds`), meanwhile claiming again (once each,
+job-wide) the units the lost learners held unfinished and training them in this epoch;
+`lost_shares` tells the epoch's record what the lost learners finished and what was left over.
 """
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from typing import Any, Iterator
 
 from asrdist.errors import ConfigError
+
+
+POLL_S = 0.02
+"""How often a learner done with an epoch's order looks at the store for lost learners' units."""
 
 
 class JobEpochSampler:
@@ -40,6 +55,16 @@ class JobEpochSampler:
         """Minibatches this learner took in the current epoch."""
         self.last_taken = 0
         """Minibatches this learner took in the last epoch it finished."""
+        self.lost_ranks = None
+        """() -> the job ranks lost so far (survival mode; None: no learner is ever left behind)."""
+        self.wait_seconds = 60.0
+        """Survival mode: how long a learner done with the epoch's order waits for the others to be
+        done or lost (the job's `survival_wait`); then the epoch ends without the stragglers' units."""
+        self.retrained = 0
+        """Minibatches of lost learners this learner trained again in the current epoch."""
+        self._unit: int | None = None
+        """Survival mode: the unit this learner (its group) trains now, recorded finished at the next claim."""
+        self.last_retrained = 0
 
     def __len__(self) -> int:
         """Minibatches in one job epoch (all learners together)."""
@@ -58,7 +83,7 @@ class JobEpochSampler:
         if epoch < 0:
             raise ConfigError(f"JobEpochSampler: epoch must be >= 0, got {epoch}")
         if epoch != self._epoch:
-            self._epoch, self.claimed, self.taken = int(epoch), -1, 0
+            self._epoch, self.claimed, self.taken, self.retrained, self._unit = int(epoch), -1, 0, 0, None
 
     def claim(self, epoch: int) -> int:
         """The next unclaimed minibatch of `epoch` for this learner (>= len(self) once the epoch
@@ -69,13 +94,131 @@ class JobEpochSampler:
             if self.taken >= units // groups:
                 return len(self)
             return (self.taken * groups + self.group) * self.group_size + self.member
+        if self.lost_ranks is not None and self.member == 0 and self._unit is not None:
+            # the last unit is finished: in the record that names every finished unit (a unit a
+            # learner died holding, even one it claimed an instant before, is then found missing)
+            self.store.append(f"epoch/{epoch}/done/{self.group * self.group_size}", f"{self._unit},")
+        self._unit = None
         if self.group_size == 1:
-            return int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
-        key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
-        if self.member == 0:
-            self.store.set(key, str(int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1))
-        unit = int(self.store.get(key))
-        return unit * self.group_size + self.member if unit < len(self) // self.group_size else len(self)
+            unit = self._next_unit(epoch)
+        else:
+            key = f"epoch/{epoch}/group-{self.group}/step-{self.taken}"
+            if self.member == 0:
+                self.store.set(key, str(self._next_unit(epoch)))
+            elif self.lost_ranks is not None:  # the leader may wait out the others' last units first
+                self.store.wait([key], timedelta(seconds=self.wait_seconds + 60))
+            unit = int(self.store.get(key))
+        units = len(self) // self.group_size
+        if unit >= units and self.lost_ranks is not None and unit != self._END:
+            self.retrained += 1
+            unit -= units  # a lost learner's unit, trained again (see _next_unit)
+        elif unit >= units:
+            self._hold(epoch, -1)
+            return len(self)
+        self._hold(epoch, unit)
+        self._unit = unit
+        return unit * self.group_size + self.member
+
+    _END = 1 << 62
+    """The unit that ends an epoch once lost learners' units are claimed again too."""
+
+    def _next_unit(self, epoch: int) -> int:
+        """The group's next unit: the next of the epoch's order; once that is used up, in survival
+        mode, a lost learner's unfinished unit u (given as units + u) that no other survivor took,
+        else `_END`."""
+        units = len(self) // self.group_size
+        unit = int(self.store.add(f"epoch/{epoch}/claimed", 1)) - 1
+        if unit < units or self.lost_ranks is None:
+            return unit
+        # the order is used up: until every other group is done with it too (or lost), take what a
+        # lost learner held unfinished; a loss found only later would otherwise leave its unit untrained
+        self._hold(epoch, -1)
+        deadline = time.monotonic() + self.wait_seconds
+        while True:
+            lost = set(self.lost_ranks())  # one view for both questions: a loss seen only by the
+            for left in self._lost_units(epoch, lost):  # second would end the wait with its unit untrained
+                if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
+                    return units + left
+            if self._others_done(epoch, lost):
+                # nobody alive holds a unit now: one in no finished record was held by a lost
+                # learner (its record may predate the claim)
+                for left in self._missing_units(epoch):
+                    if int(self.store.add(f"epoch/{epoch}/retrain/{left}", 1)) == 1:
+                        return units + left
+                return self._END
+            if time.monotonic() > deadline:
+                return self._END
+            time.sleep(POLL_S)  # polling the job store, as `Membership.agree` does
+
+    def _done_units(self, leader: int, epoch: int) -> list[int] | None:
+        """The units the group of `leader` finished in `epoch`, in order (None: no record)."""
+        key = f"epoch/{epoch}/done/{leader}"
+        if not self.store.check([key]):
+            return None
+        return [int(u) for u in self.store.get(key).decode().split(",") if u]
+
+    def _missing_units(self, epoch: int) -> list[int]:
+        """The units of `epoch`'s order that no group has finished."""
+        done: set[int] = set()
+        for leader in range(0, self.learners, self.group_size):
+            done.update(self._done_units(leader, epoch) or ())
+        return sorted(set(range(len(self) // self.group_size)) - done)
+
+    def _others_done(self, epoch: int, lost: set[int]) -> bool:
+        """Whether every group that lost nobody (of `lost`) has its leader done with `epoch`'s order."""
+        for leader in range(0, self.learners, self.group_size):
+            if any(r in lost for r in range(leader, leader + self.group_size)):
+                continue
+            key = f"holding/{leader}"
+            if not self.store.check([key]):
+                return False
+            e, unit, _ = (int(x) for x in self.store.get(key).decode().split(":"))
+            if e < epoch or (e == epoch and unit >= 0):
+                return False
+        return True
+
+    def _hold(self, epoch: int, unit: int) -> None:
+        """Record (survival mode) the unit this learner trains now (-1: none) and how many it finished."""
+        if self.lost_ranks is not None:
+            self.store.set(f"holding/{self.group * self.group_size + self.member}",
+                           f"{epoch}:{unit}:{self.taken}")
+
+    def _held(self, rank: int, epoch: int) -> tuple[int, int] | None:
+        """(unit it held unfinished or -1, units it finished) of `rank` in `epoch`; None if it held none.
+        A group's members step together, and its leader claims a unit only once the last is finished
+        by all of them: the leader's record speaks for the group (a member's lags by a step when it
+        died between finishing a unit and reading the next claim)."""
+        leader = rank - rank % self.group_size
+        return self._record(leader, epoch) or self._record(rank, epoch)
+
+    def _record(self, rank: int, epoch: int) -> tuple[int, int] | None:
+        key = f"holding/{rank}"
+        if not self.store.check([key]):
+            return None
+        e, unit, done = (int(x) for x in self.store.get(key).decode().split(":"))
+        return (unit, done) if e == epoch else None
+
+    def _lost_units(self, epoch: int, lost: set[int] | None = None) -> list[int]:
+        units = set()
+        for rank in sorted(self.lost_ranks() if lost is None else lost):
+            held = self._held(rank, epoch)
+            if held is not None and held[0] >= 0 and held[0] not in (self._done_units(rank - rank % self.group_size,
+                                                                                     epoch) or ()):
+                units.add(held[0])  # (one it finished and died before claiming the next is no longer held)
+        return sorted(units)
+
+    def lost_shares(self, epoch: int) -> tuple[dict[int, int], int]:
+        """For the record of `epoch` (survival mode, once it ended): minibatches each lost learner
+        finished in it, and minibatches of the lost learners' unfinished units nobody trained again."""
+        if self.lost_ranks is None:
+            return {}, 0
+        finished = {}
+        for rank in sorted(self.lost_ranks()):
+            done = self._done_units(rank - rank % self.group_size, epoch)
+            held = self._held(rank, epoch)
+            if done is not None or held is not None:
+                finished[rank] = len(done) if done is not None else held[1]
+        return finished, len(self._missing_units(epoch)) * self.group_size
 
     def schedule_step(self) -> float:
         """The job's progress, in configured global minibatches, at the last claim. In lock step
@@ -95,7 +238,8 @@ class JobEpochSampler:
             self.claimed, self.taken = k, self.taken + 1
             yield self.order.batch_at(epoch, k)
         self.last_taken = self.taken
-        self._epoch, self.claimed, self.taken = epoch + 1, -1, 0
+        self.last_retrained = self.retrained
+        self._epoch, self.claimed, self.taken, self.retrained = epoch + 1, -1, 0, 0
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, "epoch": self._epoch, "position": 0, "learners": self.learners,
@@ -107,4 +251,4 @@ class JobEpochSampler:
             raise ConfigError(f"JobEpochSampler: saved state is for a '{state.get('kind')}' sampler")
         if state.get("learners") != self.learners:
             raise ConfigError(f"JobEpochSampler: saved with {state.get('learners')} learners, now {self.learners}")
-        self._epoch, self.claimed, self.taken = int(state["epoch"]), -1, 0
+        self._epoch, self.claimed, self.taken, self.retrained, self._unit = int(state["epoch"]), -1, 0, 0, None

@@ -147,8 +147,10 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
     from tqdm import tqdm
 
     total = sum(len(t[4]) for t in tasks)
-    bar = tqdm(total=total, desc=desc, unit="utt", disable=None if progress else True, file=sys.stderr)
+    # the bar goes when the split is done, or when it fails: an error is one line, with no bars above it
+    bar = tqdm(total=total, desc=desc, unit="utt", disable=None if progress else True, file=sys.stderr, leave=False)
     with contextlib.ExitStack() as stack:
+        stack.callback(bar.close)
         if jobs > 1 and len(tasks) > 1:
             # spawned, not forked: a fork copies this process's locks but not the threads that hold
             # them (tqdm's monitor, torch's pools), and a worker stuck on one hung the pool's shutdown
@@ -160,7 +162,6 @@ def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
         for result in results:
             bar.update(len(result))
             yield from result
-    bar.close()
 
 
 def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: int, skip_bad: bool,
@@ -171,22 +172,24 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
     skipped: list[str] = []
     audio_seconds = 0.0
     scp = d.path / "alignment.scp"
-    for utt_id, feats, error, seconds in _run_tasks(tasks, jobs, progress, f"fbank {name}"):
-        alignment = d.utterances[utt_id].alignment
-        if error is None and alignment is not None:
-            if abs(len(alignment) - len(feats)) > ALIGNMENT_TOLERANCE_FRAMES:
-                error = (f"{scp}: utterance {utt_id}: alignment has {len(alignment)} frames, features "
-                         f"{len(feats)} (tolerance {ALIGNMENT_TOLERANCE_FRAMES})")
-        if error is not None:
-            if not skip_bad:
-                raise DataError(error)
-            skipped.append(error)
-            print(f"asrdist: skipped: {error}", file=sys.stderr)
-            continue
-        writer.add(utt_id, feats)
-        speaker = d.utterances[utt_id].speaker
-        speaker_stats.setdefault(speaker, CmvnStats(num_mel_bins)).accumulate(feats)
-        audio_seconds += seconds
+    # closed at once on an error (not when the traceback goes): its bar is gone before the error line
+    with contextlib.closing(_run_tasks(tasks, jobs, progress, f"fbank {name}")) as results:
+        for utt_id, feats, error, seconds in results:
+            alignment = d.utterances[utt_id].alignment
+            if error is None and alignment is not None:
+                if abs(len(alignment) - len(feats)) > ALIGNMENT_TOLERANCE_FRAMES:
+                    error = (f"{scp}: utterance {utt_id}: alignment has {len(alignment)} frames, features "
+                             f"{len(feats)} (tolerance {ALIGNMENT_TOLERANCE_FRAMES})")
+            if error is not None:
+                if not skip_bad:
+                    raise DataError(error)
+                skipped.append(error)
+                print(f"asrdist: skipped: {error}", file=sys.stderr)
+                continue
+            writer.add(utt_id, feats)
+            speaker = d.utterances[utt_id].speaker
+            speaker_stats.setdefault(speaker, CmvnStats(num_mel_bins)).accumulate(feats)
+            audio_seconds += seconds
     if not len(writer):
         raise DataError(f"{d.path}: no usable utterances")
     return writer, skipped, audio_seconds
@@ -195,7 +198,7 @@ def _extract_split(name: str, d: DataDir, tmp: Path, tasks: list[tuple], jobs: i
 def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", jobs: int = 0,
                      export_kaldi: bool = False, skip_bad: bool = False, overwrite: bool = False,
                      progress: bool = True, channel: int | None = None, mel_bins_key: str = "num_mel_bins",
-                     sample_rate: int | None = None) -> dict:
+                     sample_rate: int | None = None, busy_hint: str = "") -> dict:
     """Extract features for a corpus (all splits) or one split directory; returns the summary.
     `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
     an error names `num_mel_bins` (the flag or the config key that set it); `sample_rate` is the
@@ -235,6 +238,8 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     sources = {name: feature_store.source_record(path) for name, path in split_paths.items()}
     summary_splits: dict[str, dict] = {}
     with contextlib.ExitStack() as stack:
+        for path in split_paths.values():  # never under another command that reads them (`busy_hint`: else what)
+            stack.enter_context(feature_store.rewriting(path, busy_hint))
         tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
                 for name, path in split_paths.items()}
         built = {}

@@ -20,15 +20,25 @@ row read for two utterances, none for nobody), so a damaged or edited index is a
 the file and the utterance instead of training on the wrong frames. Reading an utterance checks
 its values once (NaN or infinity from a damaged shard is an error naming shard and utterance).
 `check_frames` compares the frame counts with a corpus' alignments.
+A store is never rewritten under a reader: a command that reads a split's features (`asrdist
+train`, `decode`, `align`) holds a shared lock on the split directory for as long as it runs
+(`hold_for_reading`; the lock goes with the process however it ends), and writing the split's
+features (`asrdist features`, or a recipe asking for other settings) takes it exclusively, or is
+refused with one line while another command reads them (`rewriting`).
 Frame counts follow `asrdist.corpus.audio.num_frames`. An alignment may differ from its
 features by at most one (edge) frame; the store never changes alignments, readers use
 `min(len(features), len(alignment))` frames.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -44,6 +54,51 @@ def _feats_dir(path: str | Path) -> Path:
     if (path / "meta.json").is_file():
         return path
     return path / FEATS_DIR
+
+
+_READING: dict[str, int] = {}
+"""Split directory -> the descriptor this process holds its shared lock on."""
+
+
+def hold_for_reading(split_dir: str | Path) -> None:
+    """Hold a shared lock on `split_dir` until this process ends, so that no other command rewrites
+    its features meanwhile; waits (saying so) while another command writes them."""
+    key = str(Path(split_dir).resolve())
+    if key in _READING:
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"[asrdist] {split_dir}: waiting for another asrdist command writing its features", file=sys.stderr,
+              flush=True)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    _READING[key] = fd
+
+
+@contextlib.contextmanager
+def rewriting(split_dir: str | Path, hint: str = "") -> Iterator[None]:
+    """Hold `split_dir` exclusively while its features are written; another command reading or
+    writing them is one DataError line (`hint` says what to do instead)."""
+    key = str(Path(split_dir).resolve())
+    fd, own = _READING.get(key), key not in _READING
+    if own:
+        fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not own:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # a failed conversion may have dropped this process' own hold
+            raise DataError(f"{split_dir}: its features are in use by another asrdist command (training, decoding "
+                            f"or extracting on them), and writing them now would change them under it; "
+                            f"{hint or 'run this again when that command has ended'}") from None
+        yield
+    finally:
+        if own:
+            os.close(fd)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def has_features(split_dir: str | Path) -> bool:

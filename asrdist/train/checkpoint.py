@@ -8,12 +8,19 @@ are fsynced before their rename and before `latest` moves, so a crash (or a full
 leaves `latest` pointing at a complete checkpoint; the temporary files of an interrupted write are
 removed when the learner next resumes. A checkpoint that cannot be resumed (empty or truncated file,
 empty `latest`, files of another number of learners) is one line saying what to do.
+
+A job that went on without lost learners (survival mode) publishes checkpoints of its survivors:
+`members.json` in the checkpoint directory lists who wrote (`members`) and who was lost; a resume
+starts every learner again, each lost rank from a survivor's file (`stand_in`), so the job resumes
+with all its learners.
 """
 from __future__ import annotations
 
+import json
 import pickle
 import random
 import shutil
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,9 +29,48 @@ import numpy as np
 import torch
 
 from asrdist.errors import DataError, TrainingError
-from asrdist.utils.io import save_torch_atomic, write_text_atomic
+from asrdist.utils.io import save_torch_atomic, write_json_atomic as save_json_atomic, write_text_atomic
 
 KEEP_LAST = 2
+
+
+TIMING_STEPS = 20
+"""Steps of a start that `train.checkpoint_minutes` times to fix its interval in steps."""
+
+
+class TimedCheckpoints:
+    """`train.checkpoint_minutes` for learners in lock step: they must checkpoint at the same step,
+    so the interval is fixed in steps once per start. Rank 0 times the start's first TIMING_STEPS
+    steps and puts the interval into the job store; the others read it there at the same step."""
+
+    def __init__(self, minutes: float, store, rank: int, world_size: int):
+        self.minutes, self.store, self.rank = minutes, store, rank
+        self.shared = store is not None and world_size > 1
+        self._from: tuple[int, float] | None = None  # (step, time) when this start's first step ended
+        self._every: tuple[int, int] | None = None  # (first step, interval in steps)
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is due after `step` (called after every step of this start)."""
+        if not self.minutes:
+            return False
+        if self._from is None:
+            self._from = (step, time.perf_counter())
+            return False
+        first, started = self._from
+        if self._every is None:
+            if step - first < TIMING_STEPS:
+                return False
+            key = f"checkpoint/timed-interval/{first}"
+            if self.rank == 0 or not self.shared:
+                per_step = (time.perf_counter() - started) / (step - first)
+                interval = max(1, round(self.minutes * 60 / max(per_step, 1e-9)))
+                if self.shared:
+                    self.store.set(key, str(interval))
+            else:
+                interval = int(self.store.get(key))  # waits for rank 0, at most the job's timeout
+            self._every = (step, interval)
+        anchor, interval = self._every
+        return step > anchor and (step - anchor) % interval == 0
 
 
 def rng_state() -> dict[str, Any]:
@@ -49,14 +95,30 @@ def save_learner(run_dir: Path, tag: str | int, rank: int, state: dict[str, Any]
     save_torch_atomic(checkpoint_dir(run_dir, tag) / f"rank-{rank}.pt", state)
 
 
-def publish(run_dir: Path, tag: str | int, world_size: int) -> None:
-    """Point `latest` at the checkpoint `tag` (once every learner saved it); prune older ones.
-    Checkpoints newer than `tag` (a faster learner's next one) are left alone."""
+MEMBERS_NAME = "members.json"
+
+
+def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] | None = None,
+            group_size: int = 1, progress: dict | None = None) -> None:
+    """Point `latest` at the checkpoint `tag` (once every learner of `members`, default all
+    `world_size`, saved it); prune older ones. Checkpoints newer than `tag` (a faster learner's next
+    one) are left alone. A checkpoint of some members records them in members.json first.
+    `progress` ({epoch, epochs}) goes into the run's state record."""
+    from asrdist.train.rundir import write_state
+
     d = checkpoint_dir(run_dir, tag)
-    missing = [r for r in range(world_size) if not (d / f"rank-{r}.pt").is_file()]
+    writers = list(range(world_size)) if members is None else sorted(members)
+    missing = [r for r in writers if not (d / f"rank-{r}.pt").is_file()]
     if missing:
         raise TrainingError(f"{d}: checkpoint of rank {missing[0]} missing")
+    if len(writers) < world_size:
+        for r in set(range(world_size)) - set(writers):  # what a lost learner left half-written here
+            for stale in d.glob(f".rank-{r}.pt.*.tmp"):
+                stale.unlink(missing_ok=True)
+        save_json_atomic(d / MEMBERS_NAME, {"learners": world_size, "members": writers, "group_size": group_size,
+                                            "lost": sorted(set(range(world_size)) - set(writers))})
     write_text_atomic(run_dir / "checkpoints" / "latest", d.name + "\n")
+    write_state(run_dir, "checkpointed", checkpoint=d.name, **(progress or {}))
     kind = d.name.split("-")[0]
     older = sorted(p for p in (run_dir / "checkpoints").glob(f"{kind}-*") if p.is_dir() and p.name < d.name)
     for p in older[:max(0, len(older) - (KEEP_LAST - 1))]:
@@ -99,17 +161,60 @@ def _learner_files(d: Path) -> list[int]:
     return sorted(int(p.stem.split("-")[1]) for p in d.glob("rank-*.pt") if p.stem.split("-")[1].isdigit())
 
 
+def survivors_of(d: Path) -> dict | None:
+    """members.json of a checkpoint written by survivors ({learners, members, group_size, lost}),
+    None for a checkpoint of every learner (or a members.json that is not one)."""
+    try:
+        record = json.loads((d / MEMBERS_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    members = record.get("members") if isinstance(record, dict) else None
+    if not isinstance(members, list) or not members or not all(isinstance(r, int) for r in members):
+        return None
+    return record
+
+
+def stand_in(rank: int, record: dict | None) -> int:
+    """Whose file `rank` resumes from: its own, or, when it was lost, a survivor's in the same place
+    of its node (groups of `group_size`: a node's learners hold equal models)."""
+    if record is None or rank in record["members"]:
+        return rank
+    size = max(1, int(record.get("group_size") or 1))
+    same_place = [m for m in record["members"] if m % size == rank % size] or record["members"]
+    return same_place[(rank // size) % len(same_place)]
+
+
+def _expected_files(d: Path, learners: int) -> list[int]:
+    record = survivors_of(d)
+    return list(range(learners)) if record is None else sorted(record["members"])
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The checkpoint directories holding a complete archive for every learner that wrote them."""
+    found = []
+    for d in _checkpoint_dirs(run_dir):
+        expected = _expected_files(d, 1 + max(_learner_files(d), default=-1))
+        if expected and all(_file_problem(d / f"rank-{r}.pt") is None for r in expected):
+            found.append(d)
+    return found
+
+
 def prepared_not_started(run_dir: Path) -> bool:
-    """Whether `run_dir` is as `asrdist prepare` left it: its config and targets, and no checkpoint,
-    summary or log of any start."""
+    """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
+    older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
+    from asrdist.train.rundir import read_state
+
+    record = read_state(run_dir)
+    if record is not None:
+        return record["state"] == "prepared"
     return ((run_dir / "targets.pt").is_file() and (run_dir / "config.yaml").is_file()
             and not any((run_dir / name).exists() for name in ("checkpoints", "summary.json", "launcher.log")))
 
 
 def start_prepared_advice(run_dir: Path) -> str:
-    return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; its learners start under torchrun "
-            f"on every host: torchrun --nnodes A --nproc-per-node B ... -m asrdist.train.worker {run_dir} "
-            f"(README: On a GPU cluster with torchrun)")
+    return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; start it on this machine with "
+            f"`asrdist train --resume {run_dir}`, or under torchrun on every host: torchrun --nnodes A "
+            f"--nproc-per-node B ... -m asrdist.train.worker {run_dir} (README: On a GPU cluster with torchrun)")
 
 
 def check_resumable(run_dir: Path, learners: int) -> Path:
@@ -120,16 +225,15 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     if d is None:
         if _checkpoint_dirs(run_dir):  # `latest` itself was lost
             raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {resume_advice(run_dir, None, learners)}")
-        if prepared_not_started(run_dir):
-            raise TrainingError(start_prepared_advice(run_dir))
-        raise TrainingError(f"{run_dir}: no checkpoint to resume from; start it again without --resume")
+        raise TrainingError(f"{run_dir}: no checkpoint to resume from; `asrdist train --resume {run_dir}` trains "
+                            f"it from the start")
     # the run's config fixes its learners (rundir.check_resume): other files mean a damaged checkpoint
     ranks = _learner_files(d)
     extra = [r for r in ranks if r >= learners]
     if extra:
         raise TrainingError(f"{d}: holds rank-{extra[0]}.pt, but the run has {learners} learner(s) "
                             f"(rank-0.pt..rank-{learners - 1}.pt); {resume_advice(run_dir, d, learners)}")
-    for rank in range(learners):
+    for rank in _expected_files(d, learners):
         problem = _file_problem(d / f"rank-{rank}.pt")
         if problem:
             raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {resume_advice(run_dir, d, learners)}")
@@ -143,8 +247,8 @@ def resume_advice(run_dir: Path, broken: Path | None, learners: int) -> str:
     for d in reversed(_checkpoint_dirs(run_dir)):
         if broken is not None and (d.name.split("-")[0] != broken.name.split("-")[0] or d.name >= broken.name):
             continue  # only an older checkpoint of the same kind: a newer one is a half-written next one
-        if _learner_files(d) == list(range(learners)) and all(_file_problem(d / f"rank-{r}.pt") is None
-                                                               for r in range(learners)):
+        expected = _expected_files(d, learners)
+        if _learner_files(d) == expected and all(_file_problem(d / f"rank-{r}.pt") is None for r in expected):
             before = "before it " if broken is not None else ""
             return f"resume from the complete checkpoint {before}with `echo {d.name} > {pointer}`"
     return "no complete checkpoint is left: start a new run with --out"
@@ -164,7 +268,7 @@ def remove_stale_temporaries(run_dir: Path, rank: int) -> None:
 def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
     remove_stale_temporaries(run_dir, rank)
     d = check_resumable(run_dir, world_size)
-    path = d / f"rank-{rank}.pt"
+    path = d / f"rank-{stand_in(rank, survivors_of(d))}.pt"
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:

@@ -9,23 +9,59 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable, Iterator
 
 import yaml
 
-from asrdist.cluster.launcher import launch_learners
+from asrdist.cluster.launcher import launch_learners, stopped_error
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, Stopped, TrainingError
+from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import checkpoint as ckpt, rundir
 from asrdist.utils.io import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
 
 CONFIG_NAME = "config.yaml"
+
+_held_notes: list[str] | None = None
+"""While `asrdist train` checks its job, its notes wait here: a note before an error line would
+read as part of the error (`notes_held`); they are printed once the checks have passed."""
+
+
+def _note(text: str) -> None:
+    """`[asrdist] note: text` on stderr, or held until the job's checks have passed."""
+    line = f"[asrdist] note: {text}"
+    if _held_notes is not None:
+        _held_notes.append(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def notes_held() -> Iterator[Callable[[], None]]:
+    """Hold `_note`s inside until the `release` it yields is called (or the block ends without an
+    error): then they are printed; after an error they are dropped."""
+    global _held_notes
+    outer, _held_notes = _held_notes, []
+
+    def release() -> None:
+        global _held_notes
+        held, _held_notes = _held_notes or [], outer
+        for line in held:
+            _note(line.removeprefix("[asrdist] note: "))
+
+    try:
+        yield release
+    except BaseException:
+        _held_notes = outer
+        raise
+    release()
 
 def run_config_path(run_dir: Path) -> Path:
     """The resolved config the run's latest start was made with, which its learners read:
@@ -58,9 +94,8 @@ def resolve_config(args) -> RunConfig:
         tree["strategy"] = {"name": args.strategy}
         dropped = sorted(k for k in recipe_strategy if k != "name" and f"strategy.{k}" not in given)
         if dropped:  # they belong to the recipe's strategy; the new one starts from its defaults
-            print(f"[asrdist] note: --strategy {args.strategy}: the recipe's settings of strategy "
-                  f"{recipe_strategy.get('name')} ({', '.join(dropped)}) are not used; give strategy.KEY=VALUE "
-                  f"to set them", file=sys.stderr)
+            _note(f"--strategy {args.strategy}: the recipe's settings of strategy {recipe_strategy.get('name')} "
+                 f"({', '.join(dropped)}) are not used; give strategy.KEY=VALUE to set them")
     for o in flag_overrides + overrides:
         apply_override(tree, o)
     return config_from_tree(tree)
@@ -98,6 +133,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     save_targets(run_dir, targets)
     write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", environment_record(cfg))
+    rundir.write_state(run_dir, "prepared", learners=cfg.train.learners)
 
 
 def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False) -> None:
@@ -115,9 +151,8 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
             if learns_from_alignments:
                 unaligned = [u for u in store.utt_ids if u not in lengths]
                 if unaligned:
-                    print(f"[asrdist] note: {split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no "
-                          f"alignment in alignment.scp (first: {unaligned[0]}); their targets come from it, so "
-                          f"they are left out", file=sys.stderr)
+                    _note(f"{split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no alignment in "
+                         f"alignment.scp (first: {unaligned[0]}); their targets come from it, so they are left out")
 
 
 def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it") -> None:
@@ -139,11 +174,15 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
         # a start that failed before its first checkpoint left only the reasons: start again here
         for path in entries:
             path.unlink()
-        print(f"[asrdist] note: {run_dir}: a start that failed left only its reports ("
-              f"{', '.join(sorted(p.name for p in entries))}); removed, starting again", file=sys.stderr)
+        _note(f"{run_dir}: a start that failed left only its reports ({', '.join(sorted(p.name for p in entries))}); "
+             f"removed, starting again")
     elif entries:
         if ckpt.prepared_not_started(run_dir):
             raise AsrdistError(ckpt.start_prepared_advice(run_dir))
+        if rundir.read_state(run_dir) is not None and rundir.has_no_checkpoint(run_dir):
+            # a start killed before its first checkpoint (SIGKILL, out of memory): --resume starts it over
+            raise AsrdistError(f"{run_dir}: a run that ended before its first checkpoint ({rundir.describe(run_dir)}); "
+                               f"`asrdist train --resume {run_dir}` trains it again from the start, or pick another --out")
         used = any((run_dir / name).exists() for name in ("summary.json", "checkpoints", "config.yaml"))
         what = "run directory already used" if used else "run directory exists and is not empty"
         raise AsrdistError(f"{run_dir}: {what}; {hint}")
@@ -171,10 +210,10 @@ def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool
     learners = cfg.train.learners
     if (note and cfg.strategy_name in ("hierarchical", "hybrid") and nodes == 1 and learners > 1
             and cfg.train.group_size in (0, learners)):
-        print(f"[asrdist] note: {cfg.strategy_name} with one node of {learners} learners (train.group_size "
-              f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it trains as "
-              f"sync; set train.group_size (e.g. {learners // 2 if learners % 2 == 0 else 1}) or --nodes",
-              file=sys.stderr)
+        _note(f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
+                          f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it "
+                          f"trains as sync; set train.group_size (e.g. {learners // 2 if learners % 2 == 0 else 1}) "
+                          f"or --nodes")
     if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
         raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
                           "restarting; set it to 0")
@@ -196,9 +235,9 @@ def check_this_machine(cfg: RunConfig, note: bool = True) -> None:
                           f"{available / 2 ** 30:.1f} GiB available; start fewer, or spread them over hosts with "
                           f"`asrdist prepare` and torchrun")
     if note and cfg.train.threads and learners * cfg.train.threads > cores:
-        print(f"[asrdist] note: train.threads={cfg.train.threads} x {learners} learner(s) = "
-              f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step slower "
-              f"(train.threads=0 shares the cores out)", file=sys.stderr)
+        _note(f"train.threads={cfg.train.threads} x {learners} learner(s) = "
+                          f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step "
+                          f"slower (train.threads=0 shares the cores out)")
 
 
 def _available_memory() -> int | None:
@@ -213,55 +252,73 @@ def _available_memory() -> int | None:
 
 
 def train_command(args) -> int:
+    with notes_held() as release_notes:  # printed once the job is checked and its run directory prepared
+        return _train(args, release_notes)
+
+
+def _train(args, release_notes: Callable[[], None]) -> int:
     cfg = resolve_config(args)
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
     check_job(cfg, nodes, network)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
+    from_start = False
     if args.resume is not None:
         run_dir = args.resume
         if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
             raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
-        rundir.check_resume(cfg, run_dir, saved)  # nothing is written before this passes
+        from_start = rundir.check_resume(cfg, run_dir, saved) is None  # nothing is written before this passes
         if rundir.finished(run_dir, cfg):
-            print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing to "
-                  f"resume: raise train.epochs (--epochs) or train.max_steps to train on", file=sys.stderr)
+            release_notes()
+            print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing "
+                  f"to resume: raise train.epochs (--epochs) or train.max_steps to train on", file=sys.stderr)
             return 0
-        print(f"[asrdist] note: --resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not "
-              f"read; overrides on this command line apply)", file=sys.stderr)
+        _note(f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
+              f"overrides on this command line apply)")
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir, Path(cfg.data.corpus))
     # a `kill` or a closed terminal ends one learner (in this process) as Ctrl-C does: cleaned up,
     # one line; with several, the launcher's own handler takes over while they run
-    stop = signals_raise(lambda signum: Stopped(f"stopped by {signal.Signals(signum).name}"),
-                         (signal.SIGTERM, signal.SIGHUP))
+    stop = signals_raise(stopped_error, (signal.SIGTERM, signal.SIGHUP))
     # the run directory is held (`rundir.locked`) from before a resume writes anything, or from
     # when a new run has made it, until its failure is undone
     with stop, contextlib.ExitStack() as held, rundir.undone_on_failure(run_dir):
         if args.resume is not None:
             held.enter_context(rundir.locked(Path(run_dir)))
+            if from_start:
+                restart_from_the_start(run_dir)
             rundir.record_resume(cfg, run_dir, _given_overrides(args))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
             held.enter_context(rundir.locked(Path(run_dir)))
-        summary = _start_learners(cfg, run_dir, args, nodes, network)
+        rundir.write_state(run_dir, "started", learners=cfg.train.learners)
+        release_notes()
+        summary = _start_learners(cfg, run_dir, args, nodes, network, resume=args.resume is not None and not from_start)
     print_summary(run_dir, summary)
     return 0
 
 
-def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str) -> dict | None:
+def restart_from_the_start(run_dir: Path) -> None:
+    """`--resume` of a run without a complete checkpoint (killed in its first epoch, or prepared and
+    never started): it trains from the start, and says so. What a killed first checkpoint left
+    half-written goes (no learner could resume from it)."""
+    print(f"[asrdist] {run_dir}: no checkpoint to resume from ({rundir.describe(run_dir)}); training from the "
+          f"start", file=sys.stderr, flush=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+
+
+def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool) -> dict | None:
     progress = not args.no_progress and sys.stderr.isatty()
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
         from asrdist.train.learner import run_learner
 
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
                             timeout=timedelta(seconds=cfg.train.timeout_seconds))
-        summary = run_learner(cfg, run_dir, ctx, resume=args.resume is not None,
-                              progress=progress)
+        summary = run_learner(cfg, run_dir, ctx, resume=resume, progress=progress)
     else:
         prebuild_native_kernels(cfg)
-        summary = run_workers(cfg, run_dir, resume=args.resume is not None, progress=progress,
+        summary = run_workers(cfg, run_dir, resume=resume, progress=progress,
                               nodes=nodes, network=network)
     return summary
 

@@ -157,6 +157,15 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                           global_batch=cfg.data.batch_size)
     hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
     strategy.setup(model, optimizer, ctx)
+    from asrdist.parallel.membership import survival_wait
+
+    membership = getattr(strategy, "membership", None)
+    if membership is not None and not strategy.lockstep:  # survival mode: lost learners' minibatches are trained again
+        def lost_ranks() -> list[int]:
+            membership.refresh()
+            return sorted(membership.lost_ranks())
+        sampler.lost_ranks = lost_ranks
+        sampler.wait_seconds = survival_wait(ctx.timeout).total_seconds()
     if strategy.wants_batch_search():
         hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
         hooks.base_batch_size = cfg.data.batch_size
@@ -164,7 +173,8 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
     tc = cfg.train
     trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir,
                       epochs=tc.epochs, max_steps=tc.max_steps, log_every=tc.log_every,
-                      checkpoint_every=tc.checkpoint_every, validate_every_epochs=tc.validate_every_epochs,
+                      checkpoint_every=tc.checkpoint_every, checkpoint_minutes=tc.checkpoint_minutes,
+                      validate_every_epochs=tc.validate_every_epochs,
                       emulate_compute_ms=tc.emulate_compute_ms, straggler_ranks=tc.straggler.ranks,
                       straggler_slowdown=tc.straggler.slowdown, straggler_jitter=tc.straggler.jitter,
                       progress=progress, nonfinite=tc.nonfinite, max_skips_in_a_row=tc.max_skips_in_a_row)
@@ -206,4 +216,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
         return None
     from asrdist.train.summary import finish_run
 
-    return finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
+    summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
+    from asrdist.train.rundir import write_state
+
+    write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
+    return summary

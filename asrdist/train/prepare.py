@@ -5,6 +5,7 @@ RUN_DIR/targets.pt so every learner (and `asrdist eval`) reads the same label ma
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,25 +114,49 @@ def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bo
     rate, or on yesterday's utterance list, would otherwise quietly mean something else. The
     channel the corpus' stores recorded is read again."""
     from asrdist.features.extract import extract_features, find_splits
+    from asrdist.features.store import hold_for_reading, rewriting
 
     if check:
         check_corpus(data)
     splits = find_splits(data)
+    for path in splits.values():  # this command reads them: no other rewrites them until it ends
+        hold_for_reading(path)
     why = {name: feature_mismatch(path, cfg, sample_rate) for name, path in splits.items()}
     stale = {name: reason for name, reason in why.items() if reason}
     if not stale:
         return
+    stored = _stored_settings(splits.values())
+    asked = f"data.num_mel_bins={cfg.data.num_mel_bins} data.cmvn={cfg.data.cmvn}"
+    keep = f"; or give this recipe the stored settings ({stored})" if stored and stored != asked else ""
+    hint = f"run this recipe when that command has ended{keep}"
     channel, skip_bad = recorded_choices(data)
     said = "; ".join(f"{name}: {reason}" for name, reason in stale.items())
     rate = f", sample_rate={sample_rate}" if sample_rate else ""
     picked = f", channel {channel}" if channel is not None else ""
     skipping = ", skipping unreadable audio as before (--skip-bad)" if skip_bad else ""
-    print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
-          f"cmvn={cfg.data.cmvn}{rate}{picked}{skipping} ({said})", flush=True)
-    extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
-                     progress=progress, mel_bins_key="data.num_mel_bins", channel=channel,
-                     sample_rate=sample_rate, skip_bad=skip_bad)
+    with contextlib.ExitStack() as held:
+        for path in splits.values():  # refused before a word is said while another command reads them
+            held.enter_context(rewriting(path, hint))
+        print(f"[asrdist] {data}: extracting features with the recipe's num_mel_bins={cfg.data.num_mel_bins}, "
+              f"cmvn={cfg.data.cmvn}{rate}{picked}{skipping} ({said})", flush=True)
+        extract_features(data, num_mel_bins=cfg.data.num_mel_bins, cmvn=cfg.data.cmvn, overwrite=True,
+                         progress=progress, mel_bins_key="data.num_mel_bins", channel=channel,
+                         sample_rate=sample_rate, skip_bad=skip_bad, busy_hint=hint)
     _drop_augmented(splits.values())
+
+
+def _stored_settings(splits) -> str:
+    """The recipe keys that would match the features stored now (`data.num_mel_bins=40 data.cmvn=global`)."""
+    from asrdist.features.store import FeatureStore, has_features
+
+    for split in splits:
+        if has_features(split):
+            try:
+                meta = FeatureStore(split).meta
+            except Exception:  # a damaged store: nothing to keep
+                return ""
+            return f"data.num_mel_bins={meta.get('num_mel_bins')} data.cmvn={meta.get('cmvn')}"
+    return ""
 
 
 def _drop_augmented(splits) -> None:

@@ -9,6 +9,11 @@
   directory (config.yaml, env.json, targets.pt, metrics, tensorboard/, a resume's config record),
   keeping only the failure reports (`failed-rank-*`, `*.log`). Once a checkpoint exists the run
   directory stays, to be resumed.
+- `state.json` says what state the run is in, rewritten atomically at each change: `prepared`
+  (config and targets written), `started` (learners started; `starts` counts them), `checkpointed`
+  (`checkpoint`, `epoch` of `epochs`), `finished`, `failed` (`reason`). A process killed outright
+  (SIGKILL, the OOM killer) writes nothing more: its run stays `started` or `checkpointed`, which is
+  what a new start or a `--resume` of it reads (`describe`).
 """
 from __future__ import annotations
 
@@ -18,15 +23,16 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Iterator
 
 import yaml
 
 from asrdist.config import RunConfig
-from asrdist.errors import AsrdistError, ConfigError
+from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import checkpoint as ckpt
-from asrdist.utils.io import write_text_atomic
+from asrdist.utils.io import write_json_atomic, write_text_atomic
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
 # output classes), its optimizer state, its learners, and its samplers' saved positions.
@@ -36,8 +42,61 @@ RESUME_FIXED = (
     "optim.name", "optim.natural_gradient", "train.learners", "strategy.name", "data.batch_size",
     "data.window_utterances", "seed",
 )
+STATE_NAME = "state.json"
+STATES = ("prepared", "started", "checkpointed", "finished", "failed")
+
 # What a failed start leaves behind on purpose: the reasons it failed.
 REPORT_PATTERNS = ("failed-rank-*", "*.log")
+
+
+def read_state(run_dir: Path) -> dict | None:
+    """The run's state record; None when it has none (a run of an older asrdist, or no run) or
+    when it cannot be read (then the run's files speak for it, see `describe`)."""
+    try:
+        record = json.loads((Path(run_dir) / STATE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("state") in STATES else None
+
+
+def write_state(run_dir: Path, state: str, **fields) -> None:
+    """Rewrite the run's state record (atomically); `starts` is carried over from the last one."""
+    if state not in STATES:
+        raise ValueError(f"unknown run state {state!r}")
+    before = read_state(run_dir) or {}
+    starts = before.get("starts", 0) + (state == "started")
+    record = {"state": state, "starts": starts, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
+    if state not in ("started", "prepared") and "checkpoint" not in record and before.get("checkpoint"):
+        record["checkpoint"] = before["checkpoint"]  # a failure or the end keeps naming the last one
+        for key in ("epoch", "epochs"):
+            if key in before:
+                record.setdefault(key, before[key])
+    write_json_atomic(Path(run_dir) / STATE_NAME, record)
+
+
+def describe(run_dir: Path) -> str:
+    """The run's state in a few words, for messages: from its record, else from its files."""
+    record = read_state(run_dir)
+    if record is None:
+        if (run_dir / "summary.json").is_file():
+            return "finished"
+        return "prepared, never started" if ckpt.prepared_not_started(run_dir) else "started"
+    what = record["state"]
+    if what == "checkpointed":
+        what += f" at {record.get('checkpoint')}"
+        if record.get("epochs"):
+            what += f" (epoch {record.get('epoch')} of {record['epochs']})"
+    elif what == "failed" and record.get("reason"):
+        what += f": {record['reason']}"
+    return f"{what}, {record.get('since', '?')}"
+
+
+def has_no_checkpoint(run_dir: Path) -> bool:
+    """Whether the run holds no complete checkpoint: no `latest`, and no checkpoint directory a
+    `latest` could be pointed at (one an interrupted first checkpoint left half-written is none)."""
+    if (run_dir / "checkpoints" / "latest").is_file():
+        return False
+    return not ckpt.complete_checkpoints(run_dir)
 
 
 def _value(tree: dict, key: str):
@@ -46,9 +105,10 @@ def _value(tree: dict, key: str):
     return tree
 
 
-def check_resume(cfg: RunConfig, run_dir: Path, saved: RunConfig) -> Path:
-    """The checkpoint `cfg` resumes `run_dir` from, once `cfg` fits it; else one ConfigError or
-    TrainingError line saying what to do. `saved` is the config the run last started with."""
+def check_resume(cfg: RunConfig, run_dir: Path, saved: RunConfig) -> Path | None:
+    """The checkpoint `cfg` resumes `run_dir` from, once `cfg` fits it (None: the run has none, it
+    trains from the start); else one ConfigError or TrainingError line saying what to do. `saved`
+    is the config the run last started with."""
     now, then = cfg.to_dict(), saved.to_dict()
     for key in RESUME_FIXED:
         if _value(now, key) != _value(then, key):
@@ -58,7 +118,28 @@ def check_resume(cfg: RunConfig, run_dir: Path, saved: RunConfig) -> Path:
             raise ConfigError(f"{key}: {run_dir} was trained with {_value(then, key)!r}, this resume asks for "
                               f"{_value(now, key)!r}; a checkpoint resumes only with the settings it was made "
                               f"with: {hint}, or start a new run with --out")
-    return ckpt.check_resumable(run_dir, cfg.train.learners)
+    if has_no_checkpoint(run_dir):
+        return None
+    d = ckpt.check_resumable(run_dir, cfg.train.learners)
+    check_not_older_than_final(run_dir, d)
+    return d
+
+
+def check_not_older_than_final(run_dir: Path, d: Path) -> None:
+    """A resume from checkpoint `d` must not train again from before the run's final model (a
+    checkpoint older than the end, as survival mode left them before asrdist published checkpoints
+    from the survivors): its end would replace model.pt with a model of less training."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return
+    kind, _, number = d.name.partition("-")
+    done = len(summary.get("history") or []) if kind == "epoch" else summary.get("steps") or 0
+    if number.isdigit() and int(number) < done:
+        what = f"{done} epochs" if kind == "epoch" else f"{done} steps"
+        raise TrainingError(f"{run_dir}: its latest checkpoint {d.name} is older than its final model (model.pt, "
+                            f"{what} in summary.json); a resume would train again from there and replace "
+                            f"model.pt; start a new run with --out")
 
 
 def finished(run_dir: Path, cfg: RunConfig) -> bool:
@@ -113,10 +194,19 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
     existed = run_dir.is_dir()
     before = _entries(run_dir) if existed else set()
     latest = _latest_name(run_dir)
+    state = _file_as_it_is(run_dir / STATE_NAME)
     try:
         yield
     except BaseException as exc:
         now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
+        if now_latest == latest or now_latest is None:
+            # nothing this start did stays, its state record included: the run is as it was
+            with contextlib.suppress(OSError):
+                _put_back(run_dir / STATE_NAME, state)
+        elif (run_dir / STATE_NAME).is_file():
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            with contextlib.suppress(OSError):  # a full disk: the error line says why already
+                write_state(run_dir, "failed", reason=reason[:300])
         if now_latest == latest or now_latest is None:
             for path in (_entries(run_dir) - before) if run_dir.is_dir() else ():
                 if is_report(path):
@@ -130,9 +220,30 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
         elif isinstance(exc, AsrdistError):
             diverged = "non-finite" in str(exc) or "loss is nan" in str(exc) or "loss is inf" in str(exc)
             lower = " with a lower optim.lr: its weights may already be diverging" if diverged else ""
-            raise type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
-                            f"`asrdist train --resume {run_dir}`{lower})") from None
+            told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
+                             f"`asrdist train --resume {run_dir}`{lower})")
+            told.exit_code = exc.exit_code  # a stop by signal keeps its shell status
+            raise told from None
         raise
+
+
+def _file_as_it_is(path: Path) -> tuple[bytes, int, int] | None:
+    """(content, atime, mtime in ns) of `path`, None when there is none."""
+    try:
+        st = path.stat()
+        return path.read_bytes(), st.st_atime_ns, st.st_mtime_ns
+    except OSError:
+        return None
+
+
+def _put_back(path: Path, kept: tuple[bytes, int, int] | None) -> None:
+    """Make `path` what `_file_as_it_is` found (content and times); nothing when it found none
+    (a file this start added goes with the start's other entries)."""
+    if kept is None or _file_as_it_is(path) == kept:
+        return
+    content, atime, mtime = kept
+    write_text_atomic(path, content.decode())
+    os.utime(path, ns=(atime, mtime))
 
 
 def _entries(run_dir: Path) -> set[Path]:

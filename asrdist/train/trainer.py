@@ -101,7 +101,7 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
                  sampler: Sampler, hooks: TrainerHooks, ctx: LearnerContext, run_dir: Path, *,
                  epochs: int, max_steps: int = 0, log_every: int = 20, checkpoint_every: int = 0,
-                 validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
+                 checkpoint_minutes: float = 0.0, validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
                  straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
                  straggler_jitter: float = 0.0, progress: bool = True, nonfinite: str = "stop",
                  max_skips_in_a_row: int = 10):
@@ -112,6 +112,7 @@ class Trainer:
         self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
         self.epochs, self.max_steps, self.log_every = epochs, max_steps, log_every
         self.checkpoint_every, self.validate_every_epochs = checkpoint_every, validate_every_epochs
+        self._timed = ckpt.TimedCheckpoints(checkpoint_minutes, ctx.store, ctx.job_rank, ctx.job_world_size)
         self.emulate_compute_ms = emulate_compute_ms
         self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
         self.jitter = straggler_jitter
@@ -250,16 +251,23 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """This learner's file, then the job checkpoint is published by whichever rank writes the
-        last file for it (the job store counts them): no barrier. Nothing once a learner is lost."""
-        if self.strategy.lost_learners():
-            return  # a job checkpoint needs every learner's file: after a loss none can be completed
+        last file for it (the job store counts them): no barrier. Once learners are lost (survival
+        mode) the survivors agreed at the last sync point (the epoch end's) are the ones that must
+        have written: their checkpoint is published with the list of who wrote it."""
+        members = self.strategy.survivors()[1]
+        lost = len(members) < self.ctx.job_world_size
+        if self.ctx.job_rank not in members:
+            return
         tag = self._checkpoint_tag()
         with self.strategy.paused():
             state = self._learner_state()
         ckpt.save_learner(self.run_dir, tag, self.ctx.job_rank, state)
-        written = int(self.ctx.store.add(f"checkpoint/{tag}", 1)) if self.ctx.store is not None else 1
-        if written == self.ctx.job_world_size:
-            ckpt.publish(self.run_dir, tag, self.ctx.job_world_size)
+        key = f"checkpoint/{tag}" + (f"/members-{','.join(map(str, members))}" if lost else "")
+        written = int(self.ctx.store.add(key, 1)) if self.ctx.store is not None else 1
+        if written == len(members):
+            ckpt.publish(self.run_dir, tag, self.ctx.job_world_size, members=members if lost else None,
+                         group_size=self.ctx.group_size if self.strategy.moves_by_node else 1,
+                         progress={"epoch": self.state.epoch, "epochs": self.epochs, "step": self.state.step})
 
     def snapshot(self) -> dict:
         """This learner's whole state (as a checkpoint holds it), copied in memory."""
@@ -404,9 +412,10 @@ class Trainer:
                                  frames_per_second=job_fps, learner_frames_per_second=learner_fps,
                                  lr=self.optimizer.param_groups[0]["lr"])
                 losses = []
-            if (not self.job_epochs and self.checkpoint_every and self.state.step % self.checkpoint_every == 0
-                    and done_steps < total):  # the epoch's end saves its own
-                self.save_checkpoint()
+            every = self.checkpoint_every and self.state.step % self.checkpoint_every == 0
+            timed = not self.job_epochs and self._timed.due(self.state.step)  # (lock step only)
+            if (timed or every) and not self.job_epochs and done_steps < total:
+                self.save_checkpoint()  # (the epoch's end saves its own)
             if self._done():
                 finished = False
                 break
@@ -424,11 +433,13 @@ class Trainer:
             # the job's loss, frame-weighted over the learners (a learner of a shared epoch may take
             # few minibatches or none while it validates)
             # and, in a job's epoch, every learner's share of it (each adds its own count in its slot)
+            # (and the minibatches of lost learners it trained again, survival mode)
             def totals(group, members):
                 shares = [0.0] * len(members) if self.job_epochs else []
                 if shares:
                     shares[members.index(self.ctx.job_rank)] = float(self.sampler.last_taken)
-                summed = job_totals([self.state.epoch_loss_sum, self.state.epoch_loss_frames, *shares],
+                again = [float(self.sampler.last_retrained)] if self.job_epochs else []
+                summed = job_totals([self.state.epoch_loss_sum, self.state.epoch_loss_frames, *again, *shares],
                                     world_size=len(members), device=self.ctx.device, group=group,
                                     timeout=self.ctx.timeout)
                 return summed, members
@@ -436,7 +447,10 @@ class Trainer:
             (loss_sum, frames, *shares), members = self.strategy.among_survivors(totals)
             record["train_loss"] = loss_sum / frames if frames > 0 else None
             if shares:
+                retrained, *shares = shares
                 record["minibatches_by_learner"] = {str(rank): int(n) for rank, n in zip(members, shares)}
+                if self.strategy.lost_learners():
+                    self._record_lost_minibatches(record, int(retrained))
             record.update(self.strategy.epoch_end_metrics())
         if self.hooks.validate_fn and ((self.state.epoch + 1) % self.validate_every_epochs == 0 or last):
             with self.strategy.paused():
@@ -447,7 +461,9 @@ class Trainer:
                 self._stop_if_diverged(record)
         leads = self._leads()
         if leads and not self.metrics.enabled:
-            self.metrics = MetricsLog(self.run_dir, resume_step=self.state.step)
+            # the first survivor takes over the job's record from a lost rank 0: appended to, never
+            # cut at this learner's own step count (the records are of rank 0's steps)
+            self.metrics = MetricsLog(self.run_dir, resume_step=math.inf)
         if lost := self.strategy.lost_learners():
             record["lost_learners"] = [x["rank"] for x in lost]
         self._warn_if_loss_rose(record)
@@ -459,6 +475,19 @@ class Trainer:
             print(f"[asrdist] {shown}", flush=True)
         self.state.epoch += 1
         self.save_checkpoint()
+
+    def _record_lost_minibatches(self, record: dict, retrained: int) -> None:
+        """Survival mode: what the lost learners finished of this epoch joins their shares; the
+        minibatches they held unfinished were trained again by survivors (`minibatches_retrained`)
+        or, when their loss came too late in the epoch, not (`minibatches_lost`)."""
+        finished, left = self.sampler.lost_shares(self.state.epoch)
+        shares = record["minibatches_by_learner"]
+        for rank, n in finished.items():
+            shares.setdefault(str(rank), n)
+        record["minibatches_by_learner"] = {k: shares[k] for k in sorted(shares, key=int)}
+        size = self.sampler.group_size  # a node takes whole units of its size: a remainder is never handed out
+        record["minibatches_in_epoch"] = len(self.sampler) // size * size
+        record["minibatches_retrained"], record["minibatches_lost"] = retrained, left
 
     def _verdict_agreed_at_once(self) -> bool:
         """Whether the learners agree on the leader's validation verdict right away: lock-step

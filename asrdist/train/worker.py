@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = env.rank
     try:
         cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
-        resume = args.resume or _restarted(args.run_dir, env)
+        resume = (args.resume and not _nothing_to_resume(args.run_dir, rank)) or _restarted(args.run_dir, env)
         check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
         _record_start(args.run_dir, cfg, rank, resumed=args.resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         message = f"learner rank {rank}: {detail}"
         try:
             (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
+            if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
+                from asrdist.train.rundir import write_state
+
+                write_state(args.run_dir, "failed", reason=message[:300])
         except OSError:  # a full disk: the line on stderr still reaches the launcher's log
             pass
         print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
@@ -77,6 +81,18 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
                           f"a new one")
 
 
+def _nothing_to_resume(run_dir: Path, rank: int) -> bool:
+    """`--resume` of a run without a complete checkpoint trains it from the start (rank 0 says so)."""
+    from asrdist.train.rundir import describe, has_no_checkpoint
+
+    if not has_no_checkpoint(run_dir):
+        return False
+    if rank == 0:
+        print(f"[asrdist] {run_dir}: no checkpoint to resume from ({describe(run_dir)}); training from the start",
+              file=sys.stderr, flush=True)
+    return True
+
+
 def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
     """What `asrdist train` keeps of a start, kept as well when an outside torchrun started this
     job (asrdist's launcher, which sets NETWORK_ENV, keeps it itself): this learner's report of an
@@ -87,10 +103,18 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
     if NETWORK_ENV in os.environ:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
-    if resumed and rank == 0:
-        from asrdist.train.rundir import record_resume
+    if rank == 0:
+        from asrdist.train.rundir import record_resume, write_state
 
-        record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"])
+        if resumed:
+            record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"])
+        write_state(run_dir, "started", learners=cfg.train.learners)
+
+
+def _outside_torchrun_started(run_dir: Path) -> bool:
+    from asrdist.cluster.process_group import NETWORK_ENV
+
+    return NETWORK_ENV not in os.environ and (run_dir / "state.json").is_file()
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:
