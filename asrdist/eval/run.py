@@ -158,7 +158,7 @@ def command_line_overrides(args) -> dict:
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
     from asrdist.corpus.kaldi_dir import read_data_dir
-    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, worst_utterances
+    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, speaker_table, worst_utterances
     from asrdist.utils.io import atomic_path
 
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
@@ -180,6 +180,7 @@ def eval_command(args) -> int:
     if records:
         unit = {"words": "word", "phones": "phone"}.get(records[0]["unit"], records[0]["unit"])
         speakers = result["speakers"]
+        print(speaker_table(speakers, records[0]["unit"]), end="")
         worst = max(speakers.items(), key=lambda item: (item[1]["error_rate"], item[0]))
         line = (f"[asrdist] {len(speakers)} speaker{'s' if len(speakers) > 1 else ''}; the worst, {worst[0]}: "
                 f"{unit} error rate {worst[1]['error_rate']}")
