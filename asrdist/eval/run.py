@@ -127,7 +127,8 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
     result = evaluate_split(model, split, targets, cfg, details=details, adapt=cfg.eval.adapt_rounds > 0)
-    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **result}
+    lm = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus} if cfg.eval.lm_weight > 0 else {}
+    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **lm, **result}
     return result
 
 
@@ -152,7 +153,8 @@ def not_scored(split: Path, utt_ids: list[str], scored: set[str]) -> dict:
 def command_line_overrides(args) -> dict:
     """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
-            "adapt_word_balance": args.adapt_word_balance}
+            "adapt_word_balance": args.adapt_word_balance, "lm_weight": args.lm_weight,
+            "word_bonus": args.word_bonus}
 
 
 def eval_command(args) -> int:
