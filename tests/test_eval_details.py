@@ -35,3 +35,20 @@ def test_speaker_table_lists_the_worst_speaker_first_and_pools_them_all():
         ["alice", "2", "3", "1", "0.3333", "0.5000"],
         ["bob", "1", "1", "0", "0.0000", "1.0000"],
         ["all", "4", "6", "2", "0.3333", "0.5000"]]
+
+
+def test_a_corpus_without_test_split_names_the_splits_it_has(tmp_path):
+    import pytest
+
+    from asrdist.errors import DataError
+    from asrdist.eval.run import resolve_split
+
+    for name in ("train", "valid"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "wav.scp").write_text("")
+    with pytest.raises(DataError, match=r"a corpus without a test/ split; give one of its splits "
+                                        r"\(--data \S+/train, --data \S+/valid\)"):
+        resolve_split(tmp_path)
+    assert resolve_split(tmp_path / "valid") == tmp_path / "valid"
+    with pytest.raises(DataError, match="neither a split directory"):
+        resolve_split(tmp_path / "train" / "nothing")

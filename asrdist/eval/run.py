@@ -85,6 +85,10 @@ def resolve_split(data: Path) -> Path:
         return data
     if (data / "test" / "wav.scp").is_file():
         return data / "test"
+    splits = sorted(p.name for p in data.iterdir() if (p / "wav.scp").is_file()) if data.is_dir() else []
+    if splits:  # a corpus without a test split (an import carved only valid): name what it has
+        raise DataError(f"{data}: a corpus without a test/ split; give one of its splits "
+                        f"({', '.join(f'--data {data / name}' for name in splits)}) or a split directory")
     raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus with test/")
 
 
