@@ -73,3 +73,14 @@ def test_lm_settings_are_checked():
     with pytest.raises(ConfigError, match="^eval.lm_weight:"):
         EvalConfig(lm_weight=-1.0, vocabulary="train")
     assert EvalConfig(lm_weight=0.5, vocabulary="train").lm_weight == 0.5
+
+
+def test_a_phone_model_refuses_the_word_bigram(tmp_path):
+    from types import SimpleNamespace
+
+    from asrdist.errors import DataError
+    from asrdist.eval.vocabulary import vocabulary_search
+
+    cfg = SimpleNamespace(eval=EvalConfig(vocabulary="train", lm_weight=0.5), data=SimpleNamespace(corpus=str(tmp_path)))
+    with pytest.raises(DataError, match="^eval.lm_weight / eval.word_bonus: the word bigram is for character CTC"):
+        vocabulary_search(cfg, {"kind": "phones"})

@@ -193,6 +193,9 @@ def training_transcripts(train_dir: Path | None) -> list[list[str]]:
 class VocabularySearch:
     """Constrained search for one run: `search(log_probs)` -> token ids (character models)."""
 
+    lm: "WordScorer | None" = None
+    """The word bigram (`use_bigram`), None without one (and for phone models)."""
+
     def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary"):
         self.tokenizer = tokenizer
         self.spellings: dict[str, list[tuple[int, ...]]] = {}  # word (normalised) -> its token sequences
@@ -218,7 +221,6 @@ class VocabularySearch:
         self.separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
         self.one_word = self.separator is None
         self.beam = max(1, beam)
-        self.lm: WordScorer | None = None
 
     def use_bigram(self, transcripts: Sequence[Sequence[str]], weight: float, bonus: float) -> None:
         """Score hypotheses with a word bigram of `transcripts` (the training split's) too."""
