@@ -1,7 +1,8 @@
 """An epoch's progress as the user watches it: a tqdm bar on a terminal, plain lines elsewhere.
 
 Each shows the minibatches done of the epoch's total, the epoch's training loss so far
-(frame-weighted), frames per second and the time left in the epoch. On a terminal the bar is drawn
+(frame-weighted; with several learners the job's first learner's own, the epoch line after it has
+the job's), frames per second and the time left in the epoch. On a terminal the bar is drawn
 where one is: stderr, or stdout when stderr is not a terminal (a learner under the launcher, whose
 stderr the launcher reads line by line, still has the user's terminal as stdout). Anywhere else (a
 log file, `nohup`, a pipe) a bar's carriage returns would pile up into one endless line, so a plain
