@@ -182,6 +182,11 @@ class EvalConfig:
     maximisation instead of to the hypotheses (each utterance's word made certain while the speaker's
     words, taken together, keep the training transcripts' word frequencies; this weight holds them
     there). It assumes a test speaker says the words about as often as the training speakers did."""
+    lm_weight: float = 0.0
+    """Character CTC with a vocabulary: weight of a word bigram of the training transcripts in the
+    search (`asrdist.eval.wordlm`); 0 = off."""
+    word_bonus: float = 0.0
+    """With the word bigram: added per hypothesised word (longer hypotheses against the LM's cost)."""
 
     def __post_init__(self):
         check_field("eval.min_duration", self.min_duration, at_least=1)
@@ -194,6 +199,11 @@ class EvalConfig:
         check_field("eval.adapt_lr", self.adapt_lr, float, above=0)
         check_field("eval.adapt_l2", self.adapt_l2, float, at_least=0)
         check_field("eval.adapt_word_balance", self.adapt_word_balance, float, at_least=0, at_most=100)
+        check_field("eval.lm_weight", self.lm_weight, float, at_least=0, at_most=100)
+        check_field("eval.word_bonus", self.word_bonus, float, at_least=-100, at_most=100)
+        if (self.lm_weight > 0 or self.word_bonus != 0) and self.vocabulary == "none":
+            raise ConfigError("eval.lm_weight: the word bigram scores vocabulary words; it needs eval.vocabulary "
+                              "(train or a word list)")
         if not isinstance(self.vocabulary, str) or not self.vocabulary.strip():
             raise ConfigError(f"eval.vocabulary: expected none, train or a word-list path, got {self.vocabulary!r}")
         if self.vocabulary not in ("none", "train") and not Path(self.vocabulary).is_file():

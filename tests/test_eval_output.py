@@ -107,6 +107,12 @@ def test_eval_writes_hypotheses_and_the_worst_utterances(resumed_run, capsys):
     assert confusions and [c["count"] for c in confusions] == sorted((c["count"] for c in confusions), reverse=True)
     assert all(c["ref"] != c["hyp"] for c in confusions)
     printed = capsys.readouterr().out
+    table = printed[printed.index("speaker  "):].splitlines()  # the per-speaker table, worst first
+    rows = {line.split()[0]: line.split() for line in table[1:len(by_speaker) + 2]}
+    assert set(rows) == set(by_speaker) | {"all"}
+    for spk, (n, errors, length, exact) in by_speaker.items():
+        assert rows[spk][1:4] == [str(n), str(length), str(errors)]
+    assert rows["all"][3] == str(sum(s[1] for s in by_speaker.values()))
     assert f"the most frequent error: {confusions[0]['ref'] or '(nothing)'} -> {confusions[0]['hyp'] or '(nothing)'}" in printed
     # `--out` elsewhere puts NAME.hyp.txt beside it
     assert main(["eval", str(run), "--data", str(corpus / "test"), "--out", str(run / "other.json")]) == 0

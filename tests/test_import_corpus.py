@@ -253,3 +253,21 @@ def test_splits_that_share_utterances_or_speakers_with_train_are_noted(tmp_path:
     assert valid in (["george"], ["jackson"])
     assert notes == ([f"asrdist: note: {out}: 1 test speaker(s) also speak in train (george): its figures are on "
                       f"seen speakers"] if valid == ["jackson"] else []), notes
+
+
+def test_one_data_directory_with_valid_speakers_is_the_train_split_of_a_corpus(tmp_path: Path, capsys):
+    """`import-kaldi DATA/train OUT --valid-speakers N --lexicon L`, as a user with one Kaldi
+    directory of recordings types it (docs/an4.md): a corpus to train on, valid by whole speakers."""
+    src = make_kaldi_tree(tmp_path, test=()) / "train"
+    lexicon = tmp_path / "digits.dic"
+    lexicon.write_text("ZERO Z IH R OW\nONE W AH N\nTWO T UW\n", encoding="utf-8")
+    out = tmp_path / "corpus"
+    assert main(["corpus", "import-kaldi", str(src), str(out), "--valid-speakers", "1", "--lexicon", str(lexicon)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["lexicon.txt", "phones.txt", "summary.json", "train", "valid"]
+    train, valid = read_data_dir(out / "train"), read_data_dir(out / "valid")
+    assert len(valid.speakers) == 1 and not set(valid.speakers) & set(train.speakers)
+    assert sorted(train.speakers + valid.speakers) == ["george", "jackson", "nicolas"]
+    assert (out / "lexicon.txt").read_text() == "one w ah n\ntwo t uw\nzero z ih r ow\n"
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["splits"]["valid"]["speaker_list"] == valid.speakers
+    assert summary["lexicon"]["missing_words"] == []

@@ -39,7 +39,7 @@ from asrdist.corpus.audio import READABLE, num_frames, pick_channel, read_wav, r
 from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
                                       wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
-from asrdist.errors import ConfigError, DataError
+from asrdist.errors import DataError
 from asrdist.utils.io import sigterm_as_exit
 
 TOLERANCE_FRAMES = 1
@@ -590,7 +590,8 @@ def import_command(args) -> int:
     single, mapping = parse_split_options(args.split or [])
     one_split = (args.src / "wav.scp").is_file() and single is None and not mapping
     if one_split and args.valid_speakers is not None:
-        raise ConfigError("--valid-speakers: needs a corpus; add --split train (SRC is one Kaldi data directory)")
+        # carving a valid set asks for a corpus to train on: SRC, one data directory, is its train split
+        one_split, single = False, "train"
     with output_errors(args.out):  # a full disk or a read-only place names OUT, not a temporary beside it
         if one_split:
             summary = import_kaldi(args.src, args.out, alignments=args.alignments, skip_bad=args.skip_bad,

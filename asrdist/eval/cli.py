@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
                         "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
     _balance_option(p)
+    _lm_options(p)
     p.set_defaults(func=_eval)
 
     d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)",
@@ -53,6 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --same-speaker or --utt2spk, CTC: rounds of speaker adaptation (0 = off); "
                         "default: the recipe's eval.adapt_rounds")
     _balance_option(d)
+    _lm_options(d)
     d.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="decode channel K (0-based) of multi-channel files, which are an error without it "
                         "(mono files are read as they are)")
@@ -64,6 +66,14 @@ def _vocabulary_option(p: argparse.ArgumentParser) -> None:
                    help="CTC: hypotheses only from these words (the training transcripts' or a word list / "
                         "lexicon file's; a phone model pronounces them by the corpus lexicon or PATH, a "
                         "lexicon); default: the recipe's eval.vocabulary")
+
+
+def _lm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lm-weight", type=cli_number(float, at_least=0, at_most=100), default=None, metavar="W",
+                   help="character CTC with a vocabulary: weight of a word bigram of the training transcripts in "
+                        "the search (0 = off); default: the recipe's eval.lm_weight")
+    p.add_argument("--word-bonus", type=cli_number(float, at_least=-100, at_most=100), default=None, metavar="B",
+                   help="with the word bigram: added per hypothesised word; default: the recipe's eval.word_bonus")
 
 
 def _balance_option(p: argparse.ArgumentParser) -> None:

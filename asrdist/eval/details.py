@@ -62,6 +62,25 @@ def speaker_rates(records: list[dict], speaker_of: Mapping[str, str]) -> dict[st
             for spk, s in sorted(out.items())}
 
 
+def speaker_table(speakers: Mapping[str, dict], unit: str) -> str:
+    """`speaker_rates` as a text table, the worst speaker first (ties by name), ending in the
+    pooled row: the lines `asrdist eval` prints."""
+    rows = sorted(speakers.items(), key=lambda item: (-item[1]["error_rate"], item[0]))
+    width = max([len("speaker"), len("all")] + [len(s) for s in speakers])
+    head = f"{'speaker':<{width}}  {'utts':>5}  {unit:>7}  {'errors':>6}  {'error rate':>10}  {'utts right':>10}"
+    lines = [head]
+    for name, s in rows:
+        lines.append(f"{name:<{width}}  {s['utterances']:>5}  {s['ref_length']:>7}  {s['errors']:>6}  "
+                     f"{s['error_rate']:>10.4f}  {s['sentence_accuracy']:>10.4f}")
+    utts = sum(s["utterances"] for s in speakers.values())
+    length = sum(s["ref_length"] for s in speakers.values())
+    errors = sum(s["errors"] for s in speakers.values())
+    right = sum(s["sentence_accuracy"] * s["utterances"] for s in speakers.values())
+    lines.append(f"{'all':<{width}}  {utts:>5}  {length:>7}  {errors:>6}  {errors / max(length, 1):>10.4f}  "
+                 f"{right / max(utts, 1):>10.4f}")
+    return "\n".join(lines) + "\n"
+
+
 def confusions(records: list[dict], count: int = WORST) -> list[dict]:
     """The `count` most frequent errors over every utterance, in the records' unit, from
     kaldialign's alignment of each reference with its hypothesis: {ref, hyp, count}, a

@@ -85,6 +85,10 @@ def resolve_split(data: Path) -> Path:
         return data
     if (data / "test" / "wav.scp").is_file():
         return data / "test"
+    splits = sorted(p.name for p in data.iterdir() if (p / "wav.scp").is_file()) if data.is_dir() else []
+    if splits:  # a corpus without a test split (an import carved only valid): name what it has
+        raise DataError(f"{data}: a corpus without a test/ split; give one of its splits "
+                        f"({', '.join(f'--data {data / name}' for name in splits)}) or a split directory")
     raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus with test/")
 
 
@@ -127,7 +131,8 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
     result = evaluate_split(model, split, targets, cfg, details=details, adapt=cfg.eval.adapt_rounds > 0)
-    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **result}
+    lm = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus} if cfg.eval.lm_weight > 0 else {}
+    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **lm, **result}
     return result
 
 
@@ -152,13 +157,14 @@ def not_scored(split: Path, utt_ids: list[str], scored: set[str]) -> dict:
 def command_line_overrides(args) -> dict:
     """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
-            "adapt_word_balance": args.adapt_word_balance}
+            "adapt_word_balance": args.adapt_word_balance, "lm_weight": args.lm_weight,
+            "word_bonus": args.word_bonus}
 
 
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
     from asrdist.corpus.kaldi_dir import read_data_dir
-    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, worst_utterances
+    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, speaker_table, worst_utterances
     from asrdist.utils.io import atomic_path
 
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
@@ -180,6 +186,7 @@ def eval_command(args) -> int:
     if records:
         unit = {"words": "word", "phones": "phone"}.get(records[0]["unit"], records[0]["unit"])
         speakers = result["speakers"]
+        print(speaker_table(speakers, records[0]["unit"]), end="")
         worst = max(speakers.items(), key=lambda item: (item[1]["error_rate"], item[0]))
         line = (f"[asrdist] {len(speakers)} speaker{'s' if len(speakers) > 1 else ''}; the worst, {worst[0]}: "
                 f"{unit} error rate {worst[1]['error_rate']}")

@@ -66,10 +66,11 @@ def _logadd(a: float, b: float) -> float:
 
 
 def ctc_vocabulary_decode(log_probs: np.ndarray, trie: WordTrie, separator: int | None,
-                          beam: int = 8, blank: int = 0, one_word: bool = False) -> list[int]:
+                          beam: int = 8, blank: int = 0, one_word: bool = False, lm=None) -> list[int]:
     """The most probable token sequence made of trie words joined by `separator` (None: words
     simply follow each other, as phones do; `one_word`: exactly one word) among the `beam`
-    prefixes kept per frame."""
+    prefixes kept per frame. `lm` (`WordScorer`, needs a separator or `one_word`) adds its score
+    of each word a prefix completes (at the separator) and, at the end, of its last word and the end."""
     log_probs = np.asarray(log_probs, dtype=np.float64)
     if log_probs.ndim != 2:
         raise DataError(f"ctc decode: expected [time, vocab] log-probs, got shape {log_probs.shape}")
@@ -100,6 +101,8 @@ def ctc_vocabulary_decode(log_probs: np.ndarray, trie: WordTrie, separator: int 
             for token, children in moves.items():
                 # The last token again is a new occurrence only after a blank.
                 source = p_blank if token == last else total
+                if lm is not None and token == separator:
+                    source += lm.completed(tokens, separator)
                 add(tokens + (token,), NEG_INF, source + frame[token], frozenset(children))
         ranked = sorted(new.items(), key=lambda kv: (-_logadd(kv[1][0], kv[1][1]), kv[0]))
         kept = ranked[:beam]
@@ -109,8 +112,46 @@ def ctc_vocabulary_decode(log_probs: np.ndarray, trie: WordTrie, separator: int 
         beams = {tokens: v for tokens, v in kept if _logadd(v[0], v[1]) > NEG_INF}
         if not beams:
             return []
-    finished = [(_logadd(v[0], v[1]), tokens) for tokens, v in beams.items() if _ends_word(trie, v[2])]
+    finished = [(_logadd(v[0], v[1]) + (lm.ended(tokens, separator) if lm is not None else 0.0), tokens)
+                for tokens, v in beams.items() if _ends_word(trie, v[2])]
     return list(max(finished)[1]) if finished else []
+
+
+class WordScorer:
+    """Word bigram scores for the search, on token sequences: `weight` x log P(word | previous) +
+    `bonus` per completed word, and `weight` x log P(end | last word) at the end
+    (`asrdist.eval.wordlm`)."""
+
+    def __init__(self, bigram, word_of: dict[tuple[int, ...], str], weight: float, bonus: float = 0.0):
+        self.bigram, self.word_of, self.weight, self.bonus = bigram, word_of, weight, bonus
+
+    def _words(self, tokens: tuple[int, ...], separator: int | None) -> list[str]:
+        if separator is None:  # one word per utterance
+            return [self.word_of[tokens]] if tokens else []
+        words, start = [], 0
+        for i, token in enumerate(tokens + (separator,)):
+            if token == separator:
+                if i > start:
+                    words.append(self.word_of[tokens[start:i]])
+                start = i + 1
+        return words
+
+    def completed(self, tokens: tuple[int, ...], separator: int) -> float:
+        """The score of the word `tokens` end in (a separator comes next)."""
+        words = self._words(tokens, separator)
+        previous = words[-2] if len(words) > 1 else None
+        return self.weight * self.bigram.log_prob(previous, words[-1]) + self.bonus
+
+    def ended(self, tokens: tuple[int, ...], separator: int | None) -> float:
+        """The score of a finished hypothesis' last word (not yet scored) and of its end."""
+        from asrdist.eval.wordlm import END
+
+        words = self._words(tokens, separator)
+        if not words:
+            return 0.0
+        last = self.completed(tokens, separator) if separator is not None else (
+            self.weight * self.bigram.log_prob(None, words[-1]) + self.bonus)
+        return last + self.weight * self.bigram.log_prob(words[-1], END)
 
 
 def _ends_word(trie: WordTrie, nodes: frozenset) -> bool:
@@ -152,6 +193,9 @@ def training_transcripts(train_dir: Path | None) -> list[list[str]]:
 class VocabularySearch:
     """Constrained search for one run: `search(log_probs)` -> token ids (character models)."""
 
+    lm: "WordScorer | None" = None
+    """The word bigram (`use_bigram`), None without one (and for phone models)."""
+
     def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary"):
         self.tokenizer = tokenizer
         self.spellings: dict[str, list[tuple[int, ...]]] = {}  # word (normalised) -> its token sequences
@@ -178,8 +222,28 @@ class VocabularySearch:
         self.one_word = self.separator is None
         self.beam = max(1, beam)
 
+    def use_bigram(self, transcripts: Sequence[Sequence[str]], weight: float, bonus: float) -> None:
+        """Score hypotheses with a word bigram of `transcripts` (the training split's) too."""
+        from asrdist.eval.wordlm import WordBigram
+
+        word_of = {spelled[0]: word for word, spelled in self.spellings.items()}
+        known = set(self.spellings)
+        sentences = [[self.word_key(w) for w in words] for words in transcripts]
+        # a sentence with a word outside the vocabulary is cut there (its pairs across it unknown)
+        pieces = []
+        for words in sentences:
+            piece: list[str] = []
+            for w in words + [None]:
+                if w is not None and w in known:
+                    piece.append(w)
+                elif piece:
+                    pieces.append(piece)
+                    piece = []
+        self.lm = WordScorer(WordBigram(pieces, known), word_of, weight, bonus)
+
     def search(self, log_probs: np.ndarray) -> list[int]:
-        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam, one_word=self.one_word)
+        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam, one_word=self.one_word,
+                                     lm=self.lm)
 
     def word_key(self, word: str) -> str:
         """`word` of a transcript as `spellings` names it."""
@@ -254,11 +318,17 @@ def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
     where = f"eval.vocabulary={spec}"
     train_dir = Path(cfg.data.corpus) / "train"
     if targets.get("kind") == "phones":
+        if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
+            raise DataError("eval.lm_weight / eval.word_bonus: the word bigram is for character CTC models "
+                            f"(this run has data.targets=phones); set them to 0")
         return _pronounced_search(spec, targets, train_dir, cfg.eval.beam, where)
     if targets.get("kind") != "chars":
         raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "
                         f"data.targets={targets.get('kind')}); use eval.vocabulary=none")
-    return VocabularySearch(vocabulary_words(spec, train_dir), targets["tokenizer"], cfg.eval.beam, where=where)
+    search = VocabularySearch(vocabulary_words(spec, train_dir), targets["tokenizer"], cfg.eval.beam, where=where)
+    if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
+        search.use_bigram(training_transcripts(train_dir), cfg.eval.lm_weight, cfg.eval.word_bonus)
+    return search
 
 
 def _pronounced_search(spec: str, targets: dict, train_dir: Path, beam: int, where: str) -> PronouncedSearch:

@@ -309,7 +309,7 @@ def restart_from_the_start(run_dir: Path) -> None:
 
 
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool) -> dict | None:
-    progress = not args.no_progress and sys.stderr.isatty()
+    progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
         from asrdist.train.learner import run_learner
 

@@ -32,6 +32,7 @@ from asrdist.parallel.consensus import consensus_copy, job_totals
 from asrdist.parallel.membership import progress_key
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import MetricsLog
+from asrdist.train.progress import EpochProgress
 
 
 class Sampler(Protocol):
@@ -375,12 +376,9 @@ class Trainer:
 
     def _run_epoch(self) -> bool:
         """Train until the epoch's data is used up (True) or training must stop (False)."""
-        from tqdm import tqdm
-
         total = len(self.sampler)
         start = self.sampler.state_dict().get("position", 0)
-        bar = tqdm(total=total, initial=start, desc=f"epoch {self.state.epoch + 1}/{self.epochs}",
-                   unit="step", disable=not self.progress, dynamic_ncols=True, leave=False)
+        shown = EpochProgress(self.state.epoch, self.epochs, total, start, enabled=self.progress)
         window = _RateWindow(self.ctx.store)
         losses: list[float] = []
         if start == 0:
@@ -403,15 +401,16 @@ class Trainer:
             self.state.epoch_loss_frames += frames
             window.add(frames)
             done_steps += 1
-            bar.update(self.sampler.claimed + 1 - bar.n if self.job_epochs else 1)
             if self.state.step % self.log_every == 0:
                 learner_fps, job_fps = window.rates()
                 mean_loss = sum(losses) / len(losses)
-                bar.set_postfix(loss=f"{mean_loss:.3f}", fps=f"{job_fps:,.0f}")
+                shown.window_rate(job_fps)
                 self.metrics.log("train", self.state.step, epoch=self.state.epoch, loss=mean_loss,
                                  frames_per_second=job_fps, learner_frames_per_second=learner_fps,
                                  lr=self.optimizer.param_groups[0]["lr"])
                 losses = []
+            so_far = self.state.epoch_loss_sum / self.state.epoch_loss_frames if self.state.epoch_loss_frames else None
+            shown.update(self.sampler.claimed + 1 if self.job_epochs else done_steps, frames, so_far)
             every = self.checkpoint_every and self.state.step % self.checkpoint_every == 0
             timed = not self.job_epochs and self._timed.due(self.state.step)  # (lock step only)
             if (timed or every) and not self.job_epochs and done_steps < total:
@@ -421,7 +420,7 @@ class Trainer:
                 break
         if not self.job_epochs:
             finished = done_steps >= total
-        bar.close()
+        shown.close()
         return finished
 
     def _end_epoch(self) -> None:
