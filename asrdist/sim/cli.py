@@ -64,8 +64,7 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import (DEVICES, MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame,
-                                     step_overhead)
+    from asrdist.sim.cluster import DEVICES, MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
 
@@ -85,12 +84,7 @@ def build_job(args):
     else:
         if args.device not in DEVICES:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(DEVICES)})")
-        device = DEVICES[args.device]
-        if m["recurrent"] and not device.recurrent_step_cost:
-            raise ConfigError(f"--device {args.device}: no fixed cost per minibatch of a recurrent model is known for "
-                              f"it (its figures are for a DNN), so --model {args.model} would run on it faster than "
-                              f"on a V100; use --device p100 or v100, or give --seconds-per-frame")
-        spf, overhead = seconds_per_frame(device, parameter_count(shapes)), step_overhead(device, m)
+        spf, overhead = seconds_per_frame(DEVICES[args.device], parameter_count(shapes)), 0.0
     cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
