@@ -175,8 +175,31 @@ def test_validation_has_a_calibration_table_and_a_held_out_table():
     assert by_paper["IBM blog 2019"]["gpu_share"].startswith("IBM ICASSP 2019")
     assert by_paper["Seide 2014"]["onebit_cost"].startswith("prior")
     assert by_paper["IBM ICASSP 2019"] == result["presets_set_by"]
+    # the record of validated cases that every prediction's uncertainty comes from holds these rows
+    from asrdist.sim.uncertainty import cases_from_validate, load_cases
+
+    recorded = [c for c in load_cases() if c.device == "gpu"]
+    fresh = cases_from_validate(result)
+    assert [(c.case, c.strategy, c.learners) for c in recorded] == [(c.case, c.strategy, c.learners) for c in fresh]
+    assert [c.relative_error for c in recorded] == pytest.approx([c.relative_error for c in fresh], abs=0.005)
     # the device presets (what `asrdist simulate --device` and the advisor use) are the all-paper fit
     assert GPU_SHARE == pytest.approx(result["presets"]["gpu_share"], rel=0.005)
+
+
+def test_every_prediction_carries_the_error_of_its_nearest_validated_case(tmp_path, capsys):
+    from asrdist.sim.uncertainty import ValidatedCase, nearest
+
+    cases = [ValidatedCase("v", "a", "adpsgd", 16, "gpu", 0.1), ValidatedCase("v", "b", "hierarchical", 64, "gpu", -0.4),
+             ValidatedCase("b", "c", "adpsgd", 4, "cpu", 0.05), ValidatedCase("v", "d", "onebit", 8, "gpu", 0.9)]
+    assert nearest("adpsgd", 64, "gpu", cases).case == "a"  # the same strategy before the same size
+    assert nearest("hybrid", 64, "gpu", cases).case == "b"  # else its family, nearest in size
+    assert nearest("adpsgd", 64, "cpu", cases).case == "c"  # the same kind of learner first
+    assert nearest("sync", 2, "gpu", []) is None
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--cluster", "2x2", "--network", "1gbit", "--json", str(out)]) == 0
+    ranking = json.loads(out.read_text())["ranking"]
+    assert all(p["nearest_validated"]["device"] == "gpu" for p in ranking)
+    assert "[1] simulate --validate" in capsys.readouterr().out
 
 
 def test_cpu_learners_share_the_cores_and_memory_bound_work_gains_little_from_threads():

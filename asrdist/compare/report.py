@@ -7,6 +7,7 @@ import html
 import io
 from pathlib import Path
 
+from asrdist.compare.prediction import nearest_validated, uncertainty_line
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
 from asrdist.errors import AsrdistError
 from asrdist.utils.io import write_json_atomic, write_text_atomic
@@ -61,6 +62,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
         record["prediction"] = f"{note} ({why})" if why and predicted is not None else note
         measured = record["frames_per_second"]
         record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
+        record["prediction_nearest_validated"] = nearest_validated(record)
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
     rows = [[r[key] for key, _, _ in TABLE] for r in runs]
@@ -234,7 +236,7 @@ th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%
 <body><h1>{esc(title)}</h1>
 <p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
 (consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
-comm / wait s: per learner, mean.{esc(simulator_line(summary))}</p>
+comm / wait s: per learner, mean.{esc(simulator_line(summary))}{esc(uncertainty_line(summary))}</p>
 <table id="summary"><thead><tr>{head}</tr></thead><tbody>
 {body}</tbody></table>
 {f'<ul>{notes}</ul>' if notes else ''}

@@ -211,8 +211,9 @@ def validate() -> dict:
     for paper in dict.fromkeys(c.paper for c in CASES):
         k, used = fit(held_out=paper)
         for case in (c for c in CASES if c.paper == paper):
-            simulated = case.value(k)
-            held_out_rows.append({"paper": case.paper, "case": case.what, "reported": case.reported,
+            simulated, job = case.value(k), case.job(k)
+            held_out_rows.append({"paper": case.paper, "case": case.what, "strategy": job.strategy,
+                                  "learners": job.cluster.learners, "reported": case.reported,
                                   "unit": case.unit, "simulated": simulated,
                                   "relative_error": (simulated - case.reported) / case.reported,
                                   "knobs": {n: k[n] for n in source}, "knobs_set_by": used})
