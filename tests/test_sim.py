@@ -335,3 +335,16 @@ def test_hybrid_blends_both_phases_figures():
     assert sync_only.bytes_per_step == pytest.approx(mb[0])
     assert blended.bytes_per_step == pytest.approx((mb[0] + 3 * mb[1]) / 4)
     assert min(p.comm_share for p in phases) <= blended.comm_share <= max(p.comm_share for p in phases)
+
+
+def test_a_comparisons_simulated_runs_carry_their_nearest_validated_case():
+    from asrdist.compare.prediction import nearest_validated, uncertainty_line
+    from asrdist.sim.uncertainty import load_cases, nearest
+
+    record = {"run": "adpsgd", "strategy": "adpsgd", "learners": 4, "predicted_frames_per_second": 1000.0}
+    case = nearest_validated(record)
+    assert case["case"] == nearest("adpsgd", 4, "cpu").case and case["case"] in [c.case for c in load_cases()]
+    assert nearest_validated({**record, "predicted_frames_per_second": None}) is None  # nothing predicted
+    line = uncertainty_line({"runs": [{**record, "prediction_nearest_validated": case}, {"run": "failed"}]})
+    assert f"adpsgd {100 * case['relative_error']:+.0f}%" in line and case["case"] in line
+    assert uncertainty_line({"runs": [{"run": "failed"}]}) == ""

@@ -214,11 +214,20 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
 
 
 def _link_latency(network: str) -> float:
-    """The emulated network's delay: tc's 0.1 ms where the kernel has netem ("nodelay" in the name
-    otherwise), loopback's preset on loopback (a setting of the emulation, not a timing)."""
+    """The emulated network's delay: tc's 0.1 ms where the kernel has netem (20 us otherwise, the
+    veth pair's own), loopback's preset on loopback (a setting of the emulation, not a timing)."""
+    from asrdist.cluster.netem import network_label
     from asrdist.sim.cluster import LINKS
 
-    return LINKS["loopback"].latency if network == "loopback" else 20e-6 if "nodelay" in network else 0.1e-3
+    if network == "loopback":
+        return LINKS["loopback"].latency
+    return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3
+
+
+def _network_label(network: str) -> str:
+    from asrdist.cluster.netem import network_label
+
+    return network_label(network)
 
 
 def _corpus(args) -> Path:
@@ -325,7 +334,7 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
         "all_within_target": worst <= TARGET,
         "throughput": "the job's training frames over its longest learner's loop seconds, epoch ends included "
                       "(asrdist.utils.throughput), for the runs and the simulator alike",
-        "network": args.network,
+        "network": _network_label(args.network),
         "recipe": str(args.config), "overrides": [f"train.epochs={args.epochs}", *args.overrides],
         "corpus": str(corpus),
         "calibration": {

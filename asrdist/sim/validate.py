@@ -234,9 +234,11 @@ def format_table(result: dict) -> str:
     lines += ["", "Every row held out: predicted with the presets fitted on the other papers only:", "",
               "| paper | case | reported | simulated | error | presets from |", "|---|---|---|---|---|---|"]
     for r in result["held_out_rows"]:
-        where = "; ".join(f"{n}={r['knobs'][n]:.4g} ({r['knobs_set_by'][n]})" for n in r["knobs"])
+        where = "; ".join(f"{n} {r['knobs'][n]:.4g} ({r['knobs_set_by'][n].split(':')[0]})" for n in r["knobs"])
         lines.append(f"| {r['paper']} | {r['case']} | {r['reported']:,.4g} {r['unit']} | {r['simulated']:,.4g} "
                      f"{r['unit']} | {100 * r['relative_error']:+.1f}% | {where} |")
-    lines.append(f"\nHeld-out rows within {100 * result['target']:.0f}%: {result['held_out_within_target']} of "
+    lines.append("\n(presets from: the paper whose row set each knob, or its prior: " + "; ".join(
+        f"{k.name}: {k.prior_source}" for k in KNOBS if k.prior is not None) + ")")
+    lines.append(f"Held-out rows within {100 * result['target']:.0f}%: {result['held_out_within_target']} of "
                  f"{result['held_out_count']}; largest error {100 * result['max_relative_error_held_out']:.1f}%")
     return "\n".join(lines)
