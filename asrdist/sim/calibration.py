@@ -120,10 +120,12 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
                      feature_dim=feature_dim, num_classes=num_classes)
     if inputs.learners == 1 and cfg.strategy_name == "onebit":  # a lone onebit learner still codes its gradient
         job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)
-    if nodes > 1:
+    if inputs.learners > 1 and inputs.link_bytes_per_second > 0:  # the measured link, between the hosts or,
+        # all learners on one host, over its loopback
         link = Link(inputs.link_bytes_per_second, inputs.link_latency_seconds, f"{network}, measured",
                     duplex=inputs.link_duplex)
-        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, between=link))
+        where = {"between": link} if nodes > 1 else {"inside": link, "between": link}
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, **where))
     epochs, frames, epoch_end = cfg.train.epochs, inputs.frames_per_epoch, inputs.epoch_end_seconds
     cap = cfg.train.max_steps * job.global_batch  # train.max_steps: every learner stops after that many steps
     if cap and cap < epochs * frames:  # stopped inside an epoch: no epoch's end (its checkpoint aside)
