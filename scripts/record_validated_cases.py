@@ -18,7 +18,10 @@ def main(argv: list[str]) -> int:
     if argv:
         bench = json.loads(Path(argv[0]).read_text())
         cpu = cases_from_bench(bench)
-        note = f"bench rows from {argv[0]} ({bench.get('finished_at', 'time not recorded')})"
+        load = bench.get("load_average", {}).get("before", ["?"])[0]
+        note = (f"bench rows: `asrdist bench simulator` finished {bench.get('finished_at', 'at a time not recorded')} "
+                f"on {bench.get('cores')} cores at a load average of {load}; paper rows: `asrdist simulate --validate` "
+                f"(held out)")
     else:
         cpu = [c for c in load_cases() if c.device == "cpu"] if RECORD.is_file() else []
         note = json.loads(RECORD.read_text()).get("note", "") if RECORD.is_file() else ""
