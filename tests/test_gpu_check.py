@@ -155,7 +155,7 @@ def test_a_measured_preset_is_labelled_and_simulated(tmp_path, monkeypatch, caps
     (tmp_path / "check.json").write_text(json.dumps(_check()))
     assert measured.main(["add", "h100", str(tmp_path / "check.json"), "--dir", str(tmp_path / "p")]) == 0
     preset = measured.measured_devices(tmp_path / "p")["h100"]
-    assert preset.device.flops == 3e13 and preset.device.recurrent_step_cost == 0.004
+    assert preset.device.flops == 3e13 and preset.recurrent_step_cost == 0.004
     assert preset.device.source.startswith("measured by scripts/gpu_check.sh on NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(measured, "MEASURED_DIR", tmp_path / "p")
     capsys.readouterr()

@@ -87,41 +87,6 @@ def test_simulate_cli_writes_json_and_refuses_bad_input(tmp_path, capsys):
     assert not bad.exists()
 
 
-def test_bench_simulator_compares_the_median_of_the_sweeps_with_the_simulator(monkeypatch):
-    """The comparison on recorded sweeps (the sweep itself is `bench scaling`'s, tested there)."""
-    import argparse
-
-    from asrdist.bench import scaling, simulator
-
-    sweeps = iter([{"network": "loopback", "results": {"sync": {"1": 1000.0, "2": 1800.0}},
-                    "details": {"sync": {"1": {"seconds_per_step": 0.07}, "2": {"seconds_per_step": 0.08}}}},
-                   {"network": "loopback", "results": {"sync": {"1": 1100.0, "2": 1500.0}},
-                    "details": {"sync": {"1": {"seconds_per_step": 0.06}, "2": {"seconds_per_step": 0.09}}}},
-                   {"network": "loopback", "results": {"sync": {"1": 900.0, "2": 2000.0}},
-                    "details": {"sync": {"1": {"seconds_per_step": 0.08}, "2": {"seconds_per_step": 0.07}}}}])
-    monkeypatch.setattr(scaling, "run", lambda args: next(sweeps))
-    parser = argparse.ArgumentParser()
-    simulator.add_arguments(parser)
-    args = parser.parse_args(["--model", "dnn", "--hidden-layers", "1", "--hidden-dim", "16", "--num-classes", "4",
-                              "--compute-ms", "50", "--local-batch", "64", "--repeats", "3"])
-    out = simulator.run(args)
-    sync = out["predictions"]["sync"]
-    assert sync["1"]["measured"] == 1000.0 and sync["2"]["measured"] == 1800.0  # medians
-    for case in sync.values():
-        assert case["relative_error"] == pytest.approx((case["predicted"] - case["measured"]) / case["measured"])
-    # one learner: 50 ms emulated compute + the median 20 ms of the rest of a step, 64 frames
-    assert sync["1"]["predicted"] == pytest.approx(64 / 0.070, rel=0.02)
-    assert out["max_relative_error"] == max(abs(c["relative_error"]) for c in sync.values())
-    figures = out["machine_figures"]  # measured in the run, on one learner's work
-    assert figures["thread_speedup"] >= 1.0 and figures["quantize_seconds_per_value"] > 0
-    assert len(out["load_average"]["before"]) == len(out["load_average"]["after"]) == 3
-    # the link between two learners, measured on the same network as the sweeps
-    assert figures["link_bytes_per_second"] > 0 and 0 < figures["link_duplex"] <= 1
-    assert figures["network_cpu_seconds_per_byte"] > 0
-    for key in ("link_measured_before_sweeps", "link_measured_after_sweeps"):
-        assert figures[key]["one_way_seconds"] > 0 and figures[key]["exchange_seconds"] > 0
-
-
 def test_an_exchange_pays_for_a_half_duplex_link_and_cpu_learners_for_their_bytes():
     """A pairwise exchange over a link that keeps half its rate each way while both directions
     carry a message takes twice the wire time; CPU learners that spend CPU on every byte they
@@ -165,36 +130,76 @@ def test_a_fixed_ring_of_nodes_keeps_its_step_time_as_nodes_are_added():
     assert step(32) < 1.2 * step(4)
 
 
-def test_a_recurrent_model_pays_a_fixed_cost_per_minibatch_on_a_gpu():
-    from asrdist.sim.cluster import DEVICES, MODELS, step_overhead
-
-    v100 = DEVICES["v100"]
-    assert step_overhead(v100, MODELS["ibm-lstm"]) == v100.recurrent_step_cost > 0
-    assert step_overhead(v100, MODELS["swbd"]) == 0.0
+def test_a_fixed_cost_per_minibatch_adds_to_every_step():
     one = Cluster(1, 1, LINKS["nvlink"], LINKS["nvlink"])
     result = simulate(SimSpec("single", None, SHAPES, one, 1000, 1e-5, step_overhead=0.05, steps=4))
     assert result.frames_per_second == pytest.approx(1000 / (0.05 + 1000 * 1e-5))
 
 
-def test_validation_predicts_every_reported_figure_within_the_target():
-    from asrdist.sim.validate import CASES, format_table, validate
+def test_frames_per_second_is_the_jobs_frames_over_its_longest_learner():
+    """The one throughput (asrdist.utils.throughput): with a straggler 3x slower in adpsgd, each
+    learner training its own steps, the job's frames/s is all frames over the straggler's end,
+    not the sum of the learners' own rates (which counts the fast learner as if it went on)."""
+    cluster = Cluster(1, 2, LINKS["nvlink"], LINKS["nvlink"])
+    spec = SimSpec("adpsgd", strategy_config("adpsgd"), SHAPES, cluster, 1000, 1e-4, slowdown={1: 3.0}, steps=8,
+                   own_steps=True)
+    result = simulate(spec)
+    frames = sum(result.steps) * 1000
+    straggler_compute = 8 * 3 * 1000 * 1e-4
+    assert result.frames_per_second <= frames / straggler_compute
+    # the sum of rates would be about (1 + 1/3) / 1e-4 frames/s; the job's is about 2 / 3 of 1 / 1e-4
+    assert result.frames_per_second == pytest.approx(frames / straggler_compute, rel=0.1)
+    # an epoch of the simulated window's own frames takes the window's time (pace + tail)
+    assert result.pace_seconds_per_frame * frames + result.tail_seconds == pytest.approx(
+        frames / result.frames_per_second)
+
+
+def test_validation_has_a_calibration_table_and_a_held_out_table():
+    from asrdist.sim.cluster import GPU_SHARE
+    from asrdist.sim.validate import CASES, KNOBS, format_table, validate
 
     result = validate()
-    assert len(result["rows"]) == len(CASES)
-    predicted = [r for r in result["rows"] if not r["calibrated"]]
-    assert len(predicted) >= 5
-    for row in result["rows"]:
-        limit = 0.01 if row["calibrated"] and "follows" not in row["calibrated"] else result["target"]
-        assert abs(row["relative_error"]) <= limit, row
-    assert result["max_relative_error_predicted"] == max(abs(r["relative_error"]) for r in predicted)
-    assert "Largest error of the predicted rows" in format_table(result)
-    # the device presets (what `asrdist simulate --device` and the advisor use) are these values
-    from asrdist.sim.cluster import K20X_SHARE, V100_RECURRENT_STEP_COST, V100_SHARE
+    # every row is predicted once with its own paper held out
+    assert len(result["held_out_rows"]) == len(CASES)
+    for row in result["held_out_rows"]:
+        assert all(row["paper"] not in where for where in row["knobs_set_by"].values()), row
+    # the calibration rows are named with the knob they set and match (they were fitted on)
+    assert [r["knob"] for r in result["calibration_rows"]] == [k.name for k in KNOBS]
+    for row in result["calibration_rows"]:
+        assert abs(row["relative_error"]) <= 0.01, row
+    assert result["max_relative_error_held_out"] == max(abs(r["relative_error"]) for r in result["held_out_rows"])
+    text = format_table(result)
+    assert "Rows that set the presets" in text and "held out" in text
+    # a knob whose row is in the held-out paper is fitted on another paper's row, or takes its prior
+    by_paper = {r["paper"]: r["knobs_set_by"] for r in result["held_out_rows"]}
+    assert by_paper["IBM blog 2019"]["gpu_share"].startswith("IBM ICASSP 2019")
+    assert by_paper["Seide 2014"]["onebit_cost"].startswith("prior")
+    assert by_paper["IBM ICASSP 2019"] == result["presets_set_by"]
+    # the record of validated cases that every prediction's uncertainty comes from holds these rows
+    from asrdist.sim.uncertainty import cases_from_validate, load_cases
 
-    c = result["calibration"]
-    assert V100_SHARE == pytest.approx(c["v100_sustained_share_of_peak"], rel=0.005)
-    assert V100_RECURRENT_STEP_COST == pytest.approx(c["v100_fixed_seconds_per_lstm_minibatch"], rel=0.005)
-    assert K20X_SHARE == pytest.approx(c["k20x_sustained_share_of_peak"], rel=0.005)
+    recorded = [c for c in load_cases() if c.device == "gpu"]
+    fresh = cases_from_validate(result)
+    assert [(c.case, c.strategy, c.learners) for c in recorded] == [(c.case, c.strategy, c.learners) for c in fresh]
+    assert [c.relative_error for c in recorded] == pytest.approx([c.relative_error for c in fresh], abs=0.005)
+    # the device presets (what `asrdist simulate --device` and the advisor use) are the all-paper fit
+    assert GPU_SHARE == pytest.approx(result["presets"]["gpu_share"], rel=0.005)
+
+
+def test_every_prediction_carries_the_error_of_its_nearest_validated_case(tmp_path, capsys):
+    from asrdist.sim.uncertainty import ValidatedCase, nearest
+
+    cases = [ValidatedCase("v", "a", "adpsgd", 16, "gpu", 0.1), ValidatedCase("v", "b", "hierarchical", 64, "gpu", -0.4),
+             ValidatedCase("b", "c", "adpsgd", 4, "cpu", 0.05), ValidatedCase("v", "d", "onebit", 8, "gpu", 0.9)]
+    assert nearest("adpsgd", 64, "gpu", cases).case == "a"  # the same strategy before the same size
+    assert nearest("hybrid", 64, "gpu", cases).case == "b"  # else its family, nearest in size
+    assert nearest("adpsgd", 64, "cpu", cases).case == "c"  # the same kind of learner first
+    assert nearest("sync", 2, "gpu", []) is None
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--cluster", "2x2", "--network", "1gbit", "--json", str(out)]) == 0
+    ranking = json.loads(out.read_text())["ranking"]
+    assert all(p["nearest_validated"]["device"] == "gpu" for p in ranking)
+    assert "[1] simulate --validate" in capsys.readouterr().out
 
 
 def test_cpu_learners_share_the_cores_and_memory_bound_work_gains_little_from_threads():
@@ -330,3 +335,16 @@ def test_hybrid_blends_both_phases_figures():
     assert sync_only.bytes_per_step == pytest.approx(mb[0])
     assert blended.bytes_per_step == pytest.approx((mb[0] + 3 * mb[1]) / 4)
     assert min(p.comm_share for p in phases) <= blended.comm_share <= max(p.comm_share for p in phases)
+
+
+def test_a_comparisons_simulated_runs_carry_their_nearest_validated_case():
+    from asrdist.compare.prediction import nearest_validated, uncertainty_line
+    from asrdist.sim.uncertainty import load_cases, nearest
+
+    record = {"run": "adpsgd", "strategy": "adpsgd", "learners": 4, "predicted_frames_per_second": 1000.0}
+    case = nearest_validated(record)
+    assert case["case"] == nearest("adpsgd", 4, "cpu").case and case["case"] in [c.case for c in load_cases()]
+    assert nearest_validated({**record, "predicted_frames_per_second": None}) is None  # nothing predicted
+    line = uncertainty_line({"runs": [{**record, "prediction_nearest_validated": case}, {"run": "failed"}]})
+    assert f"adpsgd {100 * case['relative_error']:+.0f}%" in line and case["case"] in line
+    assert uncertainty_line({"runs": [{"run": "failed"}]}) == ""

@@ -62,8 +62,6 @@ def test_a_bad_number_is_argparse_usage_error_naming_the_option(option, value, c
     (["--frames-per-epoch", "1000"], "--global-batch: a minibatch of 2048 frames is more than --frames-per-epoch"),
     (["--cluster", "1x1024", "--strategy", "sync", "--global-batch", "2047"],
      "--global-batch: 2047 frames do not split evenly over 1024 learners; use a multiple of 1024, e.g. 1024 or 2048"),
-    (["--strategy", "sync", "--cluster", "1x1", "--model", "ibm-lstm", "--device", "k20x"],
-     "--device k20x: no fixed cost per minibatch of a recurrent model"),
 ])
 def test_bad_input_is_one_line_naming_the_option(args, message, tmp_path, capsys):
     out = tmp_path / "sim.json"

@@ -1,27 +1,21 @@
-"""`asrdist bench simulator`: the simulator against asrdist's own runs on this machine.
+"""`asrdist bench simulator`: the simulator against real `asrdist train` runs it never saw.
 
-1. Measures this machine's figures in one process, on one learner's work (never on the runs
-   being predicted), before and after the sweeps, each the median of max(5, `--repeats`)
-   timings, and keeps the smaller of the two (other jobs only slow a timing): the step's CPU work
-   besides the emulated compute (gradient copy and optimizer update of the bench model) on one
-   thread and on all cores (how well memory-bound work uses threads), and per value on one
-   thread: onebit's quantizer and dequantizer, a parameter average and sync's gradient mean
-   (`machine_figures`); and the link between two learners on the sweeps' network, carrying the
-   model (`measure_link`): its rate one way, the share of it each direction keeps in a pairwise
-   exchange, and the learners' CPU per byte moved (the faster of the two measurements).
-2. Runs `bench scaling`'s sweep (the real strategies through `Trainer.train_step`, compute
-   emulation, swbd shapes, one learner per emulated host on the emulated network) at 1, 2 and 4
-   learners, `--repeats` times, and keeps each figure's median. The one-learner runs (no
-   communication) give the CPU seconds of a lone learner's step: the median over strategies and
-   repeats, onebit's left out; a lone onebit learner still codes its gradient, and the excess of
-   its step scales the microbenchmark's 1-bit costs to what the strategy itself spends
-   (`onebit_coding_scale`).
-3. Simulates every strategy and learner count with these figures: learners run their CPU work
-   (the copies of every byte they move included) on their threads' cores, shared as the
-   scheduler shares them when there are more learners than cores; the emulated compute (a
-   sleep) is not shared; the link is the measured one. Reports measured, predicted and the
-   relative error per case (`predictions`) and the largest (`max_relative_error`), with the load
-   average before and after (`load_average`).
+1. Calibration, before any run trains, in this process: microbenchmarks of one learner alone
+   (`measure_microbenchmarks`): its training step per frame through `Trainer.train_step` on the
+   recipe and corpus at each learner count's share of the global minibatch and threads, an
+   epoch's end (validation and checkpoint), onebit's quantizer and dequantizer, a parameter
+   average and sync's gradient mean per value, and the link between two learners on the emulated
+   network carrying the model (`measure_link`: its rate one way, the share of it each direction
+   keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
+   turns these, and nothing else, into the simulator's inputs.
+2. Prediction: every strategy at every learner count, from its resolved config and those inputs.
+3. Validation: the same runs trained for real (`asrdist train`, the recipe on the corpus, one
+   learner per emulated host on `--network`, a lone learner on loopback), each run's frames/s
+   from its summary.json (`asrdist.utils.throughput`: the job's frames over its longest learner's
+   loop). Each row: measured, predicted, relative error; target: every row within TARGET.
+
+The default corpus is the built-in synthetic one, built once under OUT/corpus and reused (a cache:
+its features and audio never come from the runs).
 """
 from __future__ import annotations
 
@@ -29,26 +23,42 @@ import argparse
 import os
 import statistics
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from asrdist.checks import cli_number
 from asrdist.bench.machine import median_seconds
+from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
-from asrdist.sim.cluster import parameter_count
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
-TARGET = 0.15
+LEARNERS = [1, 2, 4]
+TARGET = 0.20
+DEFAULT_OUT = Path("runs/bench-simulator")
+DEFAULT_CONFIG = Path("configs/default.yaml")
+EPOCH_ENDS = 3
+"""Epoch ends timed per learner count (the median)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from asrdist.bench import scaling
-
-    scaling.add_arguments(parser)
-    parser.set_defaults(strategies=STRATEGIES, learners=[1, 2, 4])
-    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=3,
-                        help="sweeps (default 3); each figure is the median: one disturbed run moves none")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"recipe (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="corpus (default: OUT/corpus, the built-in synthetic corpus, built once)")
+    parser.add_argument("--utterances", type=cli_number(int, at_least=3), default=200,
+                        help="utterances of the built-in corpus when it is built (default: 200)")
+    parser.add_argument("--strategies", default=STRATEGIES, help=f"comma-separated (default: {STRATEGIES})")
+    parser.add_argument("--learners", type=cli_list(int, at_least=1), default=LEARNERS,
+                        help="comma-separated learner counts (default: 1,2,4)")
+    parser.add_argument("--network", default="1gbit", help="between the emulated hosts (default: 1gbit)")
+    parser.add_argument("--epochs", type=cli_number(int, at_least=1), default=1, help="epochs per run (default: 1)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"corpus cache and runs (default: {DEFAULT_OUT})")
+    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=5,
+                        help="timings per microbenchmark (default 5; the median)")
+    parser.add_argument("--timeout", type=cli_number(float, above=0), default=300.0,
+                        help="seconds for the link measurement's learners")
+    parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)
 
 
 def _with_threads(threads: int, fn):
@@ -60,44 +70,24 @@ def _with_threads(threads: int, fn):
         torch.set_num_threads(before)
 
 
-def measure_machine(shapes: list[tuple[int, ...]], cores: int, repeats: int = 5) -> dict[str, float]:
-    """One learner's CPU figures on this machine (see the module docstring), medians of
-    `repeats` timings: `update_seconds_one_thread`, `update_seconds_all_cores`,
-    `thread_speedup` (their ratio), `quantize_seconds_per_value`, `average_seconds_per_value`."""
-    gen = torch.Generator().manual_seed(0)
-    params = [torch.zeros(s, requires_grad=True) for s in shapes]
-    synthetic = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
-    grads = [torch.empty(s) for s in shapes]
-    optimizer = torch.optim.SGD(params, lr=1e-3)
+def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, float]:
+    """Seconds per value on one thread of onebit's quantizer and dequantizer, a parameter average
+    (add, scale) and sync's gradient mean (into the bucket, divide, back), on the model's shapes."""
+    from asrdist.sim.cluster import parameter_count
 
-    def update():  # what the trainer does under compute emulation, besides the sleep
-        for p, g, buf in zip(params, synthetic, grads):
-            buf.copy_(g)
-            p.grad = buf
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    one, full = [], []
-    for _ in range(repeats):  # alternating, so machine noise hits both alike
-        one.append(_with_threads(1, lambda: median_seconds(update, 1)))
-        full.append(_with_threads(cores, lambda: median_seconds(update, 1)))
     values = parameter_count(shapes)
     flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
 
-    def mean():  # sync's arithmetic around the allreduce: into the bucket, divide, back
+    def mean():
         bucket.copy_(other)
         bucket.div_(2)
         flat.copy_(bucket)
 
     average = _with_threads(1, lambda: median_seconds(lambda: flat.add_(other).mul_(0.5), repeats))
     mean_s = _with_threads(1, lambda: median_seconds(mean, repeats))
-    del params, synthetic, grads, optimizer, flat, other, bucket
     quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
-    one_s, full_s = statistics.median(one), statistics.median(full)
-    return {"update_seconds_one_thread": one_s, "update_seconds_all_cores": full_s,
-            "thread_speedup": max(one_s / full_s, 1.0), "quantize_seconds_per_value": quantize / values,
-            "dequantize_seconds_per_value": dequantize / values, "average_seconds_per_value": average / values,
-            "mean_seconds_per_value": mean_s / values, "repeats": repeats, "threads_all_cores": cores}
+    return {"quantize_seconds_per_value": quantize / values, "dequantize_seconds_per_value": dequantize / values,
+            "average_seconds_per_value": average / values, "mean_seconds_per_value": mean_s / values}
 
 
 def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
@@ -193,114 +183,184 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
     return sum(quantize), sum(dequantize)
 
 
-def _onebit_scale(sweeps: list[dict], strategies: list[str], lone_step: float, figures: dict, values: int) -> float:
-    """How the 1-bit coding costs of the microbenchmark compare with the lone onebit learner's
-    (it quantizes, reduces and dequantizes its own gradient: 2 quantize and 2 dequantize passes
-    more than the other lone learners' steps); 1 without a lone onebit run or a positive excess."""
-    if "onebit" not in strategies:
-        return 1.0
-    excess = statistics.median(s["details"]["onebit"]["1"]["seconds_per_step"] for s in sweeps) - lone_step
-    modeled = 2 * (figures["quantize_seconds_per_value"] + figures["dequantize_seconds_per_value"]) * values
-    return excess / modeled if excess > 0 else 1.0
+def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int, timeout: float):
+    """`Microbenchmarks` of one learner of resolved config `cfg` (its corpus' features in place)
+    on this machine: see the module docstring. Reads no run."""
+    from asrdist.compare.stepcost import config_step_seconds_per_frame
+    from asrdist.sim.calibration import Microbenchmarks, threads_of
+    from asrdist.sim.cluster import parameter_count
+    from asrdist.sim.scenario import config_shapes
+    from asrdist.train.prepare import build_targets
+    from asrdist.train.task import SpeechTask, model_kind
+
+    cores = len(os.sched_getaffinity(0))
+    targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
+    requests = {f"{n}x{threads_of(cores, n)}": (cfg, targets, n, threads_of(cores, n)) for n in learners}
+    steps, ends = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS)
+    lone = SpeechTask(cfg, targets, 0, 1)
+    frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
+    shapes = config_shapes(cfg, lone.store.dim, targets["num_classes"])
+    figures = per_value_figures(shapes, repeats)
+    link: dict[str, Any] = {}
+    if any(n > 1 for n in learners):
+        link = measure_link(network, parameter_count(shapes), repeats, timeout)
+    micro = Microbenchmarks(
+        cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],
+        figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
+        figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
+        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network))
+    return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
+                   "num_classes": targets["num_classes"]}
 
 
-def predict(strategy: str, n: int, args, shapes, lone_cpu_seconds: float, link, figures: dict,
-            cores: int) -> float:
-    """Frames/s the simulator predicts for `strategy` on `n` learners of this machine, as `bench
-    scaling` runs them: the emulated compute hands over every gradient at its end (nothing to
-    overlap with), and each learner trains its own warmup + steps minibatches."""
-    from asrdist.sim.cluster import LINKS, Cluster
-    from asrdist.sim.engine import SimSpec, simulate
-    from asrdist.sim.scenario import strategy_config
+def _link_latency(network: str) -> float:
+    """The emulated network's delay: tc's 0.1 ms where the kernel has netem (20 us otherwise, the
+    veth pair's own), loopback's preset on loopback (a setting of the emulation, not a timing)."""
+    from asrdist.cluster.netem import network_label
+    from asrdist.sim.cluster import LINKS
 
-    cluster = Cluster(n, 1, LINKS["loopback"], link, shared_cores=cores, one_machine=True,
-                      thread_speedup=figures["thread_speedup"])
-    alone = n == 1 and strategy != "onebit"  # a lone onebit learner still codes its gradient
-    spec = SimSpec("single" if alone else strategy, None if alone else strategy_config(strategy), shapes, cluster,
-                   args.local_batch, lone_cpu_seconds / args.local_batch, step_overhead=args.compute_ms / 1000,
-                   quantize_cost=figures["quantize_seconds_per_value"],
-                   dequantize_cost=figures["dequantize_seconds_per_value"],
-                   copy_cost=figures["average_seconds_per_value"], mean_cost=figures["mean_seconds_per_value"],
-                   network_cost=figures["network_cpu_seconds_per_byte"],
-                   steps=args.warmup + args.steps, backward_share=0.0, own_steps=True)
-    return simulate(spec).frames_per_second
+    if network == "loopback":
+        return LINKS["loopback"].latency
+    return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3
+
+
+def _network_label(network: str) -> str:
+    from asrdist.cluster.netem import network_label
+
+    return network_label(network)
+
+
+def _corpus(args) -> Path:
+    """--data, or the built-in synthetic corpus under OUT/corpus (built once, then reused)."""
+    if args.data is not None:
+        return args.data
+    out = args.out / "corpus"
+    if not (out / "summary.json").is_file():
+        from asrdist.corpus.synth import synth_command
+
+        synth_command(argparse.Namespace(out=out, utterances=args.utterances, seed=0, synthesizer="espeak", jobs=0,
+                                         noise_snr=None, skip_bad=False, overwrite=out.exists()))
+    return out
+
+
+def _hosts(n: int, network: str):
+    """One learner per emulated host on `network`; a lone learner, or every learner with
+    `--network loopback`, on this machine's loopback."""
+    from asrdist.compare.runs import Hosts
+
+    return Hosts(n, network) if n > 1 and network != "loopback" else Hosts()
+
+
+def resolve_runs(args, corpus: Path, strategies: list[str]) -> dict[tuple[str, int], Any]:
+    """(strategy, learners) -> the run's resolved config, as `asrdist train` resolves it."""
+    from asrdist.compare.runs import resolve_all
+
+    overrides = [f"train.epochs={args.epochs}", *args.overrides]
+    return {(name, n): resolve_all(args.config, [name], n, corpus, overrides, _hosts(n, args.network))[name]
+            for n in args.learners for name in strategies}
+
+
+def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, int], dict]:
+    """Train every run (`asrdist train`) under `out`; (strategy, learners) -> what its summary.json
+    measured: frames/s (the one throughput), frames, longest loop seconds, threads, cores."""
+    from asrdist.compare.runs import load_summary, train_missing
+
+    overrides = [f"train.epochs={args.epochs}", *args.overrides]
+    measured = {}
+    for (name, n), cfg in configs.items():
+        print(f"[bench simulator] training {name} on {n} learner(s)", flush=True)
+        run_dir = train_missing(args.config, {name: cfg}, out / f"learners{n}", corpus, overrides,
+                                hosts=_hosts(n, args.network))[name]
+        summary = load_summary(run_dir)
+        per = summary["comm"]["per_learner"]
+        measured[(name, n)] = {
+            "frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
+            "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
+            "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
+            "network": summary.get("network", "loopback"), "run": str(run_dir)}
+    return measured
 
 
 def run(args) -> dict[str, Any]:
-    from asrdist.bench import scaling
-    from asrdist.sim.cluster import LINKS, Link, model_shapes
+    from asrdist.compare.runs import parse_strategies
+    from asrdist.sim.calibration import calibrate, predict_run
 
-    if args.nodes is not None or args.per_node is not None or args.configs is not None:
-        raise ConfigError("bench simulator: --nodes/--per-node/--configs are not supported (one learner per "
-                          "emulated host)")
-    model = {"name": args.model, "hidden_layers": args.hidden_layers, "hidden_dim": args.hidden_dim}
-    shapes = model_shapes({k: v for k, v in model.items() if v is not None}, args.feature_dim, args.num_classes)
-    cores = len(os.sched_getaffinity(0))
-    values = parameter_count(shapes)
-    repeats = max(5, args.repeats)
+    strategies = parse_strategies(args.strategies)
+    if "single" in strategies:
+        raise ConfigError("bench simulator: --strategies: every strategy runs at each learner count; drop single")
+    corpus = _corpus(args)
+    configs = resolve_runs(args, corpus, strategies)  # every run checked before anything is measured
+    from asrdist.train.prepare import ensure_features
+
+    first = next(iter(configs.values()))
+    ensure_features(corpus, first, progress=False)  # as `asrdist train` does first: the runs' features
     load_before = os.getloadavg()
-    before = measure_machine(shapes, cores, repeats=repeats)
-    link_before = measure_link(args.network, values, repeats, args.timeout)
-    sweeps = [scaling.run(args) for _ in range(args.repeats)]
+    # 1. calibration: microbenchmarks of one learner, before any run trains
+    micro, micro_detail = measure_microbenchmarks(first, sorted(set(args.learners)), args.network, args.repeats,
+                                                  args.timeout)
+    inputs = {n: calibrate(micro, n) for n in sorted(set(args.learners))}
+    # 2. prediction, from the runs' configs and those inputs only
+    predicted = {(name, n): predict_run(cfg, inputs[n], _hosts(n, args.network).nodes, args.network,
+                                        feature_dim=micro_detail["feature_dim"], num_classes=micro_detail["num_classes"])
+                 for (name, n), cfg in configs.items()}
+    # 3. validation: the runs themselves
+    out = args.out / f"runs-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    measured = train_runs(args, corpus, configs, out)
     load_after = os.getloadavg()
-    after = measure_machine(shapes, cores, repeats=repeats)
-    link_after = measure_link(args.network, values, repeats, args.timeout)
-    # the less disturbed measurement of the link: the faster one
-    link_figures = max(link_before, link_after, key=lambda f: f["bytes_per_second"])
-    # other jobs only ever slow a timing down: the less disturbed of the two medians
-    figures = {k: min(v, after[k]) if k.endswith("per_value") or k.startswith("update_") else v
-               for k, v in before.items()}
-    figures["thread_speedup"] = max(figures["update_seconds_one_thread"] / figures["update_seconds_all_cores"], 1.0)
-    figures["network_cpu_seconds_per_byte"] = link_figures["cpu_seconds_per_byte"]
-    network = sweeps[0]["network"]
-    strategies = list(sweeps[0]["results"])
-    # the measured rate and duplex share; tc's 0.1 ms delay only where the kernel has netem (the
-    # label says "nodelay" otherwise), loopback's latency as the preset's
-    delay = LINKS["loopback"].latency if network == "loopback" else 20e-6 if "nodelay" in network else 0.1e-3
-    link = Link(link_figures["bytes_per_second"], delay, f"{network}, measured", duplex=link_figures["duplex"])
+    return result(micro, micro_detail, inputs, predicted, measured, args, corpus,
+                  {"before": list(load_before), "after": list(load_after)})
 
-    def median(strategy: str, n: int, key: str) -> float:
-        if key == "frames_per_second":
-            return statistics.median(s["results"][strategy][str(n)] for s in sweeps)
-        return statistics.median(s["details"][strategy][str(n)][key] for s in sweeps)
 
-    # a lone learner's step besides the emulated compute: the same work in every one-learner run
-    # but onebit's, which still codes its gradient (the simulator adds that)
-    lone_steps = [s["details"][name]["1"]["seconds_per_step"] for s in sweeps for name in strategies
-                  if name != "onebit"] or [s["details"][name]["1"]["seconds_per_step"] for s in sweeps
-                                           for name in strategies]
-    lone_cpu = max(statistics.median(lone_steps) - args.compute_ms / 1000, 1e-6)
-    figures["onebit_coding_scale"] = _onebit_scale(sweeps, strategies, statistics.median(lone_steps), figures,
-                                                   values)
-    for key in ("quantize_seconds_per_value", "dequantize_seconds_per_value"):
-        figures[key] *= figures["onebit_coding_scale"]
-    predictions: dict[str, dict[str, dict[str, float]]] = {}
+def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: dict, args, corpus: Path,
+           load: dict) -> dict[str, Any]:
+    """The bench's JSON: per strategy and learner count measured, predicted, relative error; the
+    calibration's figures and what each was calibrated on."""
+    import dataclasses
+
+    rows: dict[str, dict[str, dict]] = {}
     worst = 0.0
-    for strategy in strategies:
-        predictions[strategy] = {}
-        for n in sorted(int(k) for k in sweeps[0]["results"][strategy]):
-            measured = median(strategy, n, "frames_per_second")
-            predicted = predict(strategy, n, args, shapes, lone_cpu, link, figures, cores)
-            error = (predicted - measured) / measured
-            worst = max(worst, abs(error))
-            predictions[strategy][str(n)] = {"measured": measured, "predicted": predicted, "relative_error": error}
+    for (name, n), m in measured.items():
+        p = predicted[(name, n)]
+        error = (p.frames_per_second - m["frames_per_second"]) / m["frames_per_second"]
+        worst = max(worst, abs(error))
+        rows.setdefault(name, {})[str(n)] = {
+            "measured": m["frames_per_second"], "predicted": p.frames_per_second, "relative_error": error,
+            "within_target": abs(error) <= TARGET, "predicted_comm_share": p.comm_share,
+            "predicted_wait_share": p.wait_share, "measured_run": m}
     return {
-        "predictions": predictions,
+        "predictions": rows,
         "max_relative_error": worst,
         "target": TARGET,
-        "network": network,
-        "machine_figures": {**figures, "measured_before_sweeps": before, "measured_after_sweeps": after,
-                            "compute_ms": args.compute_ms, "cpu_seconds_per_step_one_learner": lone_cpu,
-                            "one_learner_step_seconds": lone_steps, "link_bytes_per_second": link.bandwidth,
-                            "link_latency_seconds": link.latency, "link_duplex": link.duplex,
-                            "link_measured_before_sweeps": link_before, "link_measured_after_sweeps": link_after},
-        "load_average": {"before": list(load_before), "after": list(load_after),
-                         "note": "1, 5 and 15 minute load averages of this machine when the bench started and "
-                                 "after its sweeps; above the core count, other jobs shared the cores"},
-        "repeats": args.repeats,
-        "cores": cores,
-        "learners_share_cores": f"all learners run on this machine's {cores} cores (threads per learner = "
-                                f"max(1, {cores} // learners))",
-        "parameters": parameter_count(shapes),
-        "sweeps": sweeps,
+        "all_within_target": worst <= TARGET,
+        "throughput": "the job's training frames over its longest learner's loop seconds, epoch ends included "
+                      "(asrdist.utils.throughput), for the runs and the simulator alike",
+        "network": _network_label(args.network),
+        "recipe": str(args.config), "overrides": [f"train.epochs={args.epochs}", *args.overrides],
+        "corpus": str(corpus),
+        "calibration": {
+            "microbenchmarks": dataclasses.asdict(micro), "link_measurement": micro_detail["link"],
+            "parameters": micro_detail["parameters"],
+            "inputs_by_learners": {str(n): dataclasses.asdict(i) for n, i in inputs.items()},
+            "calibrated_on": "microbenchmarks of one learner alone in the bench's process (and two learners "
+                             "exchanging the model's size for the link), measured before any predicted run "
+                             "trained; no figure of the predicted runs feeds them",
+        },
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load_average": {**load, "note": "1, 5 and 15 minute load averages before the microbenchmarks and "
+                                          "after the runs; above the core count, other jobs shared the cores"},
+        "cores": micro.cores,
+        "learners_share_cores": f"all learners run on this machine's {micro.cores} cores (threads per learner = "
+                                f"max(1, {micro.cores} // learners))",
     }
+
+
+def format_result(result: dict) -> str:
+    lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'predicted':>10s} {'error':>8s}"]
+    for name, by_n in result["predictions"].items():
+        for n, r in by_n.items():
+            lines.append(f"{name:12s} {n:>8s} {r['measured']:10,.0f} {r['predicted']:10,.0f} "
+                         f"{100 * r['relative_error']:+7.1f}%")
+    lines.append(f"largest error {100 * result['max_relative_error']:.1f}% (target {100 * result['target']:.0f}%), "
+                 f"frames/s on {result['cores']} cores, network {result['network']}, load "
+                 f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}")
+    return "\n".join(lines)

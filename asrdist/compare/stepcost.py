@@ -32,6 +32,20 @@ def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float 
     directory, learners, threads)}: the step of that run's recipe, corpus and targets with
     `learners`' share of the global minibatch on `threads` torch threads, timed alone. Raises
     AsrdistError (a corpus gone, ...) or OSError."""
+    from asrdist.compare.runs import run_config
+    from asrdist.train.prepare import load_targets
+
+    return config_step_seconds_per_frame({key: (run_config(run_dir), load_targets(Path(run_dir)), learners, threads)
+                                          for key, (run_dir, learners, threads) in requests.items()},
+                                         rounds, seconds)[0]
+
+
+def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS,
+                                  epoch_ends: int = 0) -> tuple[dict, dict]:
+    """({key: seconds per frame of one learner's training step}, {key: median seconds of its
+    epoch's end: validation and checkpoint, over `epoch_ends` of them; empty if 0}) for
+    `requests` = {key: (resolved run config, targets, learners, threads)}, timed alone as
+    `step_seconds_per_frame` does. Raises AsrdistError or OSError."""
     import torch
 
     threads_before, rng_state = torch.get_num_threads(), torch.get_rng_state()
@@ -44,38 +58,49 @@ def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float 
             for _ in range(rounds):
                 for key, timer in timers.items():
                     windows[key].append(timer.window(MIN_STEPS, seconds))
+            ends = {key: statistics.median(timer.epoch_end() for _ in range(epoch_ends))
+                    for key, timer in timers.items()} if epoch_ends else {}
     finally:
         torch.set_num_threads(threads_before)
         torch.set_rng_state(rng_state)
-    return {key: statistics.median(w) for key, w in windows.items()}
+    return {key: statistics.median(w) for key, w in windows.items()}, ends
 
 
 class _Timer:
     """One learner of a run's recipe, alone, whose steps are timed window by window."""
 
-    def __init__(self, stack: ExitStack, run_dir: Path, learners: int, threads: int):
+    def __init__(self, stack: ExitStack, cfg, targets: dict, learners: int, threads: int):
         import torch
 
         from asrdist.cluster.process_group import default_backend, device_for_backend
-        from asrdist.compare.runs import run_config
         from asrdist.config import config_from_tree
         from asrdist.parallel.base import LearnerContext
         from asrdist.train.learner import build_learner
-        from asrdist.train.prepare import load_targets
         from asrdist.train.task import SpeechTask
 
-        tree = run_config(run_dir).to_dict()
+        tree = cfg.to_dict()
         tree["strategy"] = {"name": "single"}
         tree["train"].update(learners=1, threads=threads)
         tree["data"]["batch_size"] = tree["data"]["batch_size"] // learners
         cfg = config_from_tree(tree)
         torch.manual_seed(cfg.seed)
-        self.task = SpeechTask(cfg, load_targets(Path(run_dir)), 0, 1)
+        self.task = SpeechTask(cfg, targets, 0, 1)
         self.device = device_for_backend(default_backend(), 0)  # where a lone learner of the run computed
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asrdist-stepcost-")))
         self.trainer = build_learner(cfg, tmp, LearnerContext(device=self.device), self.task).trainer
-        self.threads, self.run_dir = threads, run_dir
+        self.threads, self.corpus = threads, cfg.data.corpus
         self.batches = _batches(self.task.sampler)
+
+    def epoch_end(self) -> float:
+        """Seconds of what an epoch's end costs a lone learner: validating its model on the valid
+        split, and its checkpoint."""
+        import torch
+
+        torch.set_num_threads(self.threads)
+        start = time.perf_counter()
+        self.task.validate(self.trainer.model)
+        self.trainer.save_checkpoint()
+        return time.perf_counter() - start
 
     def window(self, steps: int, seconds: float) -> float:
         """Seconds per frame over the next `steps` steps and at least `seconds` of them."""
@@ -89,7 +114,7 @@ class _Timer:
             if batch is None:
                 from asrdist.errors import DataError
 
-                raise DataError(f"{self.run_dir}: no training minibatch to time")
+                raise DataError(f"{self.corpus}: no training minibatch to time")
             sync()
             start = time.perf_counter()
             _, n = self.trainer.train_step(batch)

@@ -65,8 +65,7 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import (MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame,
-                                     step_overhead)
+    from asrdist.sim.cluster import MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
 
@@ -89,12 +88,7 @@ def build_job(args):
         devices = all_devices()  # the papers' presets and those measured by scripts/gpu_check.sh
         if args.device not in devices:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(devices)})")
-        device = devices[args.device]
-        if m["recurrent"] and not device.recurrent_step_cost:
-            raise ConfigError(f"--device {args.device}: no fixed cost per minibatch of a recurrent model is known for "
-                              f"it (its figures are for a DNN), so --model {args.model} would run on it faster than "
-                              f"on a V100; use --device p100 or v100, or give --seconds-per-frame")
-        spf, overhead = seconds_per_frame(device, parameter_count(shapes)), step_overhead(device, m)
+        spf, overhead = seconds_per_frame(devices[args.device], parameter_count(shapes)), 0.0
     cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
@@ -176,16 +170,36 @@ def _figure(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if value == 0 or 10 ** -decimals <= abs(value) < 1e6 else f"{value:.3g}"
 
 
-def table(predictions) -> str:
-    """One row per strategy; every column right-aligned after at least one space, however wide."""
+def table(predictions, nearest: list | None = None) -> str:
+    """One row per strategy; every column right-aligned after at least one space, however wide.
+    `nearest`: per prediction, its nearest validated case (`asrdist.sim.uncertainty`): its error
+    in a column, the cases named below the table."""
     lines = [f"{'strategy':<26} {'frames/s':>11} {'speed-up':>9} {'h/epoch':>9} {'comm %':>7} {'wait %':>7} "
-             f"{'MB/step':>9}"]
-    for p in predictions:
+             f"{'MB/step':>9}" + (f" {'validated':>10}" if nearest else "")]
+    cases: list = []
+    for i, p in enumerate(predictions):
         fps = f"{p.frames_per_second:,.0f}" if p.frames_per_second >= 1 else _figure(p.frames_per_second, 0)
+        extra = ""
+        if nearest:
+            case = nearest[i]
+            if case is not None and case not in cases:
+                cases.append(case)
+            extra = f" {'-' if case is None else f'{100 * case.relative_error:+.0f}% [{cases.index(case) + 1}]':>10}"
         lines.append(f"{p.name:<26} {fps:>11} {_figure(p.speedup, 2):>9} "
                      f"{_figure(p.epoch_seconds / 3600, 3):>9} {100 * p.comm_share:>7.0f} {100 * p.wait_share:>7.0f} "
-                     f"{_figure(p.bytes_per_step / 1e6, 1):>9}")
+                     f"{_figure(p.bytes_per_step / 1e6, 1):>9}{extra}")
+    if cases:
+        lines.append("validated: the error the simulator made on the nearest validated case (predicted vs measured):")
+        lines += [f"  [{i + 1}] {c.source}: {c.case} ({c.strategy}, {c.learners} learners)"
+                  for i, c in enumerate(cases)]
     return "\n".join(lines)
+
+
+def _nearest(predictions, strategy_of, device: str) -> list:
+    from asrdist.sim.uncertainty import load_cases, nearest
+
+    cases = load_cases()
+    return [nearest(strategy_of(p), p.learners, device, cases) for p in predictions]
 
 
 def run(args) -> int:
@@ -213,18 +227,25 @@ def run(args) -> int:
         head = (f"{args.model} ({parameter_count(job.shapes):,} parameters), {c.nodes}x{c.per_node} "
                 f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
                 f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
+        from asrdist.sim.scenario import ADVISED
+        from asrdist.sim.uncertainty import describe
+
+        device = "gpu" if args.seconds_per_frame is None else "cpu"
         if args.strategy is None:
             ranked, why, left_out = advise(job, progress=True)
+            nearest = _nearest(ranked, lambda p: ADVISED[p.name][0], device)
             print(head)
-            print(table(ranked))
+            print(table(ranked, nearest))
             print(why)
-            result = {"setting": head, "ranking": [p.as_dict() for p in ranked], "why": why,
-                      "not_simulated": left_out}
+            result = {"setting": head, "ranking": [{**p.as_dict(), "nearest_validated": describe(case)}
+                                                   for p, case in zip(ranked, nearest)],
+                      "why": why, "not_simulated": left_out}
         else:
             p = run_job(job)
+            nearest = _nearest([p], lambda p: job.strategy, device)
             print(head)
-            print(table([p]))
-            result = {"setting": head, "prediction": p.as_dict()}
+            print(table([p], nearest))
+            result = {"setting": head, "prediction": {**p.as_dict(), "nearest_validated": describe(nearest[0])}}
     if args.json is not None:
         write_json_atomic(args.json, result)
     return 0

@@ -35,15 +35,9 @@ class Link:
 
 @dataclass(frozen=True)
 class Device:
-    """A learner's compute: sustained FLOP/s on the model's matrix products at a large minibatch,
-    plus a fixed cost per minibatch of a recurrent model (`recurrent_step_cost`)."""
+    """A learner's compute: sustained FLOP/s on the model's matrix products."""
 
     flops: float
-    recurrent_step_cost: float = 0.0
-    """Seconds per minibatch that do not shrink with its size, for a model run in chunks through
-    a recurrence (an LSTM): each of the chunk's time steps waits for the previous one, so a small
-    per-device batch leaves the device latency-bound (step = this + frames x seconds per frame).
-    Feed-forward models: 0 (a minibatch is one large matrix product per layer)."""
     source: str = "assumption"
 
 
@@ -63,30 +57,27 @@ LINKS: dict[str, Link] = {
                                  "(`asrdist bench simulator` measures it)"),
 }
 
-V100_SHARE, V100_RECURRENT_STEP_COST, K20X_SHARE = 0.765, 0.1011, 0.491
-"""Sustained share of fp32 peak and fixed cost per LSTM minibatch, as `simulate --validate`
-calibrates them (`validate.calibrate`); the K20X's share follows from the V100's one-GPU job."""
+GPU_SHARE = 0.4911
+"""Every GPU's sustained share of its fp32 peak, as `simulate --validate` fits it on all the papers
+(the IBM blog's one-V100 week; `validate.fit`)."""
 
 DEVICES: dict[str, Device] = {
-    "k20x": Device(K20X_SHARE * 3.95e12, 0.0, "NVIDIA K20X: 3.95 TFLOP/s fp32 peak (datasheet); assumption: the "
-                                              "share of peak one V100 sustains on IBM's one-GPU LSTM job (blog: "
-                                              "about 1 week), fixed costs included; Seide 2014 trains a DNN"),
-    "p100": Device(V100_SHARE * 10.6e12, V100_RECURRENT_STEP_COST,
-                   "NVIDIA P100 SXM2: 10.6 TFLOP/s fp32 peak (datasheet); assumption: the V100's sustained share "
-                   "and the V100's fixed cost per LSTM minibatch (latency, not FLOP/s, bound)"),
-    "v100": Device(V100_SHARE * 15.7e12, V100_RECURRENT_STEP_COST,
-                   "NVIDIA V100 SXM2: 15.7 TFLOP/s fp32 peak (datasheet); sustained share and fixed cost per LSTM "
-                   "minibatch calibrated on IBM's blog (about 1 week on 1 V100) and ICASSP 2019 (HYBRID, 32 V100, "
-                   "11.5 h): `asrdist simulate --validate`"),
+    "k20x": Device(GPU_SHARE * 3.95e12, "NVIDIA K20X: 3.95 TFLOP/s fp32 peak (datasheet); assumption: the V100's "
+                                        "sustained share of peak"),
+    "p100": Device(GPU_SHARE * 10.6e12, "NVIDIA P100 SXM2: 10.6 TFLOP/s fp32 peak (datasheet); assumption: the "
+                                        "V100's sustained share of peak"),
+    "v100": Device(GPU_SHARE * 15.7e12, "NVIDIA V100 SXM2: 15.7 TFLOP/s fp32 peak (datasheet); sustained share "
+                                        "fitted on IBM's blog (about 1 week on 1 V100): `asrdist simulate "
+                                        "--validate`"),
 }
 
 MODELS: dict[str, dict] = {
     # model config for asrdist.models.registry, input features per frame, output classes
-    "swbd": {"model": {"name": "swbd"}, "feature_dim": 39, "num_classes": 9304, "recurrent": False,
+    "swbd": {"model": {"name": "swbd"}, "feature_dim": 39, "num_classes": 9304,
              "source": "Seide 2014: 46M-parameter Switchboard DNN, 429 inputs (11 x 39), 7 x 2048 sigmoid, "
                        "9304 tied states (asrdist's registry 'swbd')"},
     "ibm-lstm": {"model": {"name": "blstm", "hidden_layers": 6, "hidden_dim": 512, "chunk": 21},
-                 "feature_dim": 260, "num_classes": 32000, "recurrent": True,
+                 "feature_dim": 260, "num_classes": 32000,
                  "source": "IBM SWB2000 LSTM: 32,000 classes (IBM blog 2019), 21-frame chunks (DESIGN.md 5); "
                            "assumption: 6 bidirectional layers of 512 cells per direction, 260 inputs"},
 }
@@ -110,11 +101,6 @@ def parameter_count(shapes) -> int:
 def seconds_per_frame(device: Device, parameters: int) -> float:
     """Compute time of one frame (forward + backward, about 6 FLOP per parameter)."""
     return 6.0 * parameters / device.flops
-
-
-def step_overhead(device: Device, model: dict) -> float:
-    """The fixed compute cost per minibatch of `model` (a `MODELS` preset) on `device`."""
-    return device.recurrent_step_cost if model["recurrent"] else 0.0
 
 
 @dataclass

@@ -46,6 +46,7 @@ from asrdist.parallel.comm import Transfer
 from asrdist.sim.alike import alike_learners, stand_ins
 from asrdist.sim.cluster import Cluster, parameter_count
 from asrdist.sim.resources import Meet, SharedCores, transfer_seconds
+from asrdist.utils.throughput import job_frames_per_second
 
 STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
 MAX_AVERAGING_STEPS = 2000
@@ -117,7 +118,9 @@ class SimSpec:
 @dataclass
 class SimResult:
     frames_per_second: float
-    """The job's frames per second: the sum of each learner's frames over its own time."""
+    """The job's frames per second over the simulated window, as asrdist measures a run
+    (`asrdist.utils.throughput.job_frames_per_second`): all learners' frames over the longest
+    learner's time, the tail of a pool (`tail_seconds`) included."""
     seconds_per_step: float
     """Mean over learners of wall seconds per own minibatch."""
     comm_share: float
@@ -129,10 +132,14 @@ class SimResult:
     bytes_sent: list[int]
     steps: list[int]
     compute_seconds_per_step: float
+    pace_seconds_per_frame: float = 0.0
+    """The job's seconds per frame while its learners are all busy: until the pool ran dry
+    (learners that claim minibatches from a pool), else the whole window. An epoch of F frames
+    takes F x this + `tail_seconds` (for the simulated window itself: 1 / `frames_per_second`)."""
     tail_seconds: float = 0.0
     """Learners that claim minibatches from a pool (adpsgd, hierarchical): from the moment the
     pool ran dry to the last learner's end (a straggler's last minibatch, exchanges in flight).
-    An epoch pays it once, beyond its frames at `frames_per_second`."""
+    An epoch pays it once, beyond its frames at `pace_seconds_per_frame`."""
 
 
 class _Learner:
@@ -492,14 +499,16 @@ class _Simulation:
 
     def _summary(self) -> SimResult:
         ls = [self.learners[r] for r in stand_ins(self.spec)]
-        # each learner's own rate, summed: the job's rate while every learner works. (Frames over
-        # the last learner's end instead let one long event at the end of a short simulated
-        # window, a straggler's last minibatch or an exchange over a slow link, set the figure
-        # for the learners that move at their own pace; in lock step both are the same.)
+        # the one throughput (asrdist.utils.throughput): the job's frames over its longest learner's
+        # time, the end of a pool included; a window's pace before the pool ran dry and its tail
+        # are kept apart so that an epoch of other length is extrapolated from them (`epoch_seconds`)
+        frames = sum(l.frames for l in ls)
         end = max(l.done_at for l in ls)
+        busy = self.dry_at if self.dry_at is not None else end
         return SimResult(
-            frames_per_second=sum(l.frames / l.done_at for l in ls if l.done_at > 0),
-            tail_seconds=max(0.0, end - self.dry_at) if self.dry_at is not None else 0.0,
+            frames_per_second=job_frames_per_second([l.frames for l in ls], [l.done_at for l in ls]),
+            pace_seconds_per_frame=busy / frames if frames else 0.0,
+            tail_seconds=max(0.0, end - busy),
             seconds_per_step=sum(l.done_at / max(l.steps, 1) for l in ls) / len(ls),
             comm_share=sum(min(l.comm / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),
             wait_share=sum(min(l.wait / max(l.done_at, 1e-12), 1.0) for l in ls) / len(ls),

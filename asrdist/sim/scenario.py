@@ -56,6 +56,13 @@ class Job:
     """averaging: optimizer tensors per parameter that an average carries (SimSpec.state_copies)."""
     network_cost: float = 0.0
     """CPU learners: CPU seconds per byte sent or received (SimSpec.network_cost)."""
+    dequantize_cost: float | None = None
+    """Seconds per value of 1-bit dequantization (SimSpec.dequantize_cost; None: `quantize_cost`)."""
+    mean_cost: float = 0.0
+    """Seconds per value of the sync gradient mean's arithmetic (SimSpec.mean_cost)."""
+    epoch_end_seconds: float = 0.0
+    """Seconds of each epoch's end in which the job trains nothing (validation of the consensus
+    model, the checkpoint), paid once per epoch."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -63,7 +70,8 @@ class Job:
         return SimSpec(self.strategy, self.strategy_config, self.shapes, cluster, local, self.seconds_per_frame,
                        step_overhead=self.step_overhead, quantize_cost=self.quantize_cost,
                        copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
-                       state_copies=self.state_copies, network_cost=self.network_cost, **changes)
+                       state_copies=self.state_copies, network_cost=self.network_cost,
+                       dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost, **changes)
 
 
 @dataclass
@@ -112,7 +120,7 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
         async_phase = simulate(job.spec())
         sync_epochs = min(job.strategy_config.sync_epochs, job.epochs)
         phases = [(sync_phase, sync_epochs), (async_phase, job.epochs - sync_epochs)]
-        times = [epochs * epoch_seconds(r, job.frames_per_epoch) for r, epochs in phases]
+        times = [epochs * (epoch_seconds(r, job.frames_per_epoch) + job.epoch_end_seconds) for r, epochs in phases]
         seconds = sum(times)
         result = async_phase if job.epochs > sync_epochs else sync_phase
         fps = job.epochs * job.frames_per_epoch / seconds
@@ -122,7 +130,7 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
         sent = sum(_bytes_per_step(r) * epochs for r, epochs in phases) / job.epochs
     else:
         result = simulate(job.spec())
-        seconds = job.epochs * epoch_seconds(result, job.frames_per_epoch)
+        seconds = job.epochs * (epoch_seconds(result, job.frames_per_epoch) + job.epoch_end_seconds)
         fps = job.epochs * job.frames_per_epoch / seconds
         comm, wait, sent = result.comm_share, result.wait_share, _bytes_per_step(result)
     # the speed-up's base is a healthy learner, whichever rank the straggler is
@@ -133,9 +141,10 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
 
 
 def epoch_seconds(result: SimResult, frames_per_epoch: float) -> float:
-    """An epoch's time: its frames at the simulated rate, and once the end of the pool (the wait
-    for the last minibatches and exchanges in flight when it ran dry)."""
-    return frames_per_epoch / result.frames_per_second + result.tail_seconds
+    """An epoch's time: its frames at the simulated pace while every learner is busy, and once the
+    end of the pool (the wait for the last minibatches and exchanges in flight when it ran dry).
+    The job's frames/s is then its frames over this time: asrdist's one throughput."""
+    return frames_per_epoch * result.pace_seconds_per_frame + result.tail_seconds
 
 
 def _bytes_per_step(result: SimResult) -> float:

@@ -1,0 +1,136 @@
+"""The simulator's inputs for asrdist's own runs on this machine, from microbenchmarks of one
+learner only, never from the runs it predicts.
+
+`Microbenchmarks` holds what one learner measures alone, in one process, before any run of a
+validation trains (`asrdist.bench.simulator.measure_microbenchmarks`): its training step per frame
+at each learner count's share of the minibatch and threads, an epoch's end (validation and
+checkpoint), 1-bit coding, parameter averaging and sync's gradient mean per value, and the link
+between two learners on the emulated network. `calibrate` turns them into one run's simulator
+inputs; its only input is a `Microbenchmarks` (a test poisons the runs' timings and checks that no
+prediction moves). `predict_run` simulates a run's resolved config with them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from asrdist.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Microbenchmarks:
+    """One learner's figures on this machine, measured alone (see the module docstring)."""
+
+    cores: int
+    step_seconds_per_frame: dict[str, float]
+    """"NxT" -> seconds per frame of one learner's training step (`Trainer.train_step` of the
+    recipe on the corpus, strategy single) at the global minibatch over N, on T torch threads."""
+    epoch_end_seconds: dict[str, float]
+    """"NxT" -> seconds of one epoch's end of that learner: validation of the model on the
+    corpus' valid split and the checkpoint, on T threads."""
+    frames_per_epoch: float
+    """Training frames of one epoch of the corpus (the sampler's minibatches x their size: data,
+    not timing)."""
+    quantize_seconds_per_value: float
+    dequantize_seconds_per_value: float
+    average_seconds_per_value: float
+    mean_seconds_per_value: float
+    network: str = "loopback"
+    """The network between the emulated hosts that `link_*` measured."""
+    link_bytes_per_second: float = 0.0
+    link_duplex: float = 1.0
+    link_cpu_seconds_per_byte: float = 0.0
+    link_latency_seconds: float = 0.0
+
+    def __post_init__(self):
+        figures = [*self.step_seconds_per_frame.values(), self.frames_per_epoch]
+        if self.cores < 1 or not figures or not all(v > 0 for v in figures):
+            raise ConfigError("calibration: need cores >= 1 and positive step times and epoch frames")
+
+
+@dataclass(frozen=True)
+class CalibratedInputs:
+    """The simulator's inputs for a run of `learners` learners of `threads` threads each."""
+
+    learners: int
+    threads: int
+    seconds_per_frame: float
+    """A learner's step per frame as if it had every core (the simulator shares the cores out)."""
+    epoch_end_seconds: float
+    frames_per_epoch: float
+    quantize_cost: float
+    dequantize_cost: float
+    copy_cost: float
+    mean_cost: float
+    network_cost: float
+    link_bytes_per_second: float
+    link_duplex: float
+    link_latency_seconds: float
+    sources: dict[str, str] = field(default_factory=dict)
+    """Input -> the microbenchmark it was calibrated on."""
+
+
+def threads_of(cores: int, learners: int) -> int:
+    """Torch threads per learner of asrdist's launcher: its cores over the learners it starts."""
+    return max(1, cores // learners)
+
+
+def calibrate(micro: Microbenchmarks, learners: int) -> CalibratedInputs:
+    """The inputs of a run of `learners` learners on this machine, from `micro` alone."""
+    threads = threads_of(micro.cores, learners)
+    key = f"{learners}x{threads}"
+    if key not in micro.step_seconds_per_frame or key not in micro.epoch_end_seconds:
+        raise ConfigError(f"calibration: no microbenchmark of a learner among {learners} on {threads} thread(s)")
+    # the simulator gives each learner cores / learners of the cores (threads linear): the
+    # measured step on `threads` threads, stated as if it had them all
+    spf = micro.step_seconds_per_frame[key] * threads / micro.cores
+    many = learners > 1
+    step = f"microbenchmark: one learner's training step alone, global minibatch / {learners}, {threads} thread(s)"
+    return CalibratedInputs(
+        learners, threads, spf, micro.epoch_end_seconds[key], micro.frames_per_epoch,
+        micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value, micro.average_seconds_per_value,
+        micro.mean_seconds_per_value, micro.link_cpu_seconds_per_byte if many else 0.0,
+        micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
+        sources={
+            "seconds_per_frame": step,
+            "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
+            "frames_per_epoch": "the corpus: its sampler's minibatches per epoch x their frames (no timing)",
+            "quantize_cost": "microbenchmark: onebit's quantizer on the model's gradients, 1 thread",
+            "dequantize_cost": "microbenchmark: onebit's dequantizer on the model's gradients, 1 thread",
+            "copy_cost": "microbenchmark: a parameter average (add, scale) over the model's values, 1 thread",
+            "mean_cost": "microbenchmark: sync's mean (copy into a bucket, divide, copy back), 1 thread",
+            "network_cost": f"microbenchmark: two learners' CPU per byte of one message over {micro.network}",
+            "link": f"microbenchmark: a message of the model's size one way and a pairwise exchange between "
+                    f"two learners over {micro.network}",
+        })
+
+
+def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feature_dim: int | None = None,
+                num_classes: int | None = None):
+    """The simulator's `Prediction` of the run of resolved config `cfg` on `inputs.learners`
+    learners as `nodes` emulated hosts of this machine joined by `network` (1 node: loopback);
+    the model's input and output sizes from the corpus where given (`config_shapes`)."""
+    from asrdist.sim.cluster import Link
+    from asrdist.sim.scenario import config_job, run_job
+
+    if inputs.learners != cfg.train.learners:
+        raise ConfigError(f"calibration: inputs for {inputs.learners} learners, the run has {cfg.train.learners}")
+    job = config_job(cfg, inputs.learners, inputs.seconds_per_frame, nodes=nodes,
+                     network="loopback" if nodes == 1 else network, network_cost=inputs.network_cost,
+                     feature_dim=feature_dim, num_classes=num_classes)
+    if inputs.learners == 1 and cfg.strategy_name == "onebit":  # a lone onebit learner still codes its gradient
+        job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)
+    if inputs.learners > 1 and inputs.link_bytes_per_second > 0:  # the measured link, between the hosts or,
+        # all learners on one host, over its loopback
+        link = Link(inputs.link_bytes_per_second, inputs.link_latency_seconds, f"{network}, measured",
+                    duplex=inputs.link_duplex)
+        where = {"between": link} if nodes > 1 else {"inside": link, "between": link}
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, **where))
+    epochs, frames, epoch_end = cfg.train.epochs, inputs.frames_per_epoch, inputs.epoch_end_seconds
+    cap = cfg.train.max_steps * job.global_batch  # train.max_steps: every learner stops after that many steps
+    if cap and cap < epochs * frames:  # stopped inside an epoch: no epoch's end (its checkpoint aside)
+        epochs, frames, epoch_end = 1, cap, 0.0
+    job = dataclasses.replace(job, quantize_cost=inputs.quantize_cost, dequantize_cost=inputs.dequantize_cost,
+                              copy_cost=inputs.copy_cost, mean_cost=inputs.mean_cost, epochs=epochs,
+                              frames_per_epoch=frames, epoch_end_seconds=epoch_end)
+    return run_job(job)

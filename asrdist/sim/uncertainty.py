@@ -1,0 +1,86 @@
+"""The simulator's uncertainty: every prediction carries the relative error measured on its nearest
+validated case.
+
+The validated cases are recorded in `validated_cases.json` beside this module: the held-out rows of
+`asrdist simulate --validate` (the papers' GPU clusters, each predicted with the presets fitted on
+the other papers) and the rows of `asrdist bench simulator` (real `asrdist train` runs on a CPU
+machine, predicted from microbenchmarks). `scripts/record_validated_cases.py` rewrites it from a
+bench JSON and a fresh `--validate`; a test checks that its paper rows are what `--validate` gives.
+
+Nearest: the same kind of learner first (GPU presets or measured CPU compute), then the same
+strategy (or one of its family: the asynchronous ADPSGD variants), then the closest learner count
+(in powers of two).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from asrdist.errors import DataError
+
+RECORD = Path(__file__).with_name("validated_cases.json")
+ASYNCHRONOUS = ("adpsgd", "hierarchical", "hybrid")
+
+
+@dataclass(frozen=True)
+class ValidatedCase:
+    source: str
+    """`simulate --validate` (held out) or `bench simulator`."""
+    case: str
+    strategy: str
+    learners: int
+    device: str
+    """gpu (the device presets) or cpu (measured compute per frame)."""
+    relative_error: float
+    """(predicted - measured) / measured."""
+
+
+def load_cases(path: Path = RECORD) -> list[ValidatedCase]:
+    try:
+        rows = json.loads(Path(path).read_text())["cases"]
+        return [ValidatedCase(**row) for row in rows]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not a record of validated cases ({exc})") from None
+
+
+def _distance(case: ValidatedCase, strategy: str, learners: int, device: str) -> float:
+    if case.strategy == strategy:
+        apart = 0.0
+    else:
+        apart = 5.0 if case.strategy in ASYNCHRONOUS and strategy in ASYNCHRONOUS else 10.0
+    return (100.0 if case.device != device else 0.0) + apart + abs(math.log2(case.learners) - math.log2(learners))
+
+
+def nearest(strategy: str, learners: int, device: str, cases: list[ValidatedCase] | None = None
+            ) -> ValidatedCase | None:
+    """The validated case nearest a prediction (see the module docstring); None without cases."""
+    cases = load_cases() if cases is None else cases
+    strategy = "sync" if strategy == "single" else strategy  # a lone learner is validated as any other
+    return min(cases, key=lambda c: _distance(c, strategy, max(learners, 1), device), default=None)
+
+
+def describe(case: ValidatedCase | None) -> dict | None:
+    """A prediction's `nearest_validated` entry."""
+    return None if case is None else asdict(case)
+
+
+def cases_from_validate(result: dict) -> list[ValidatedCase]:
+    """The held-out rows of `asrdist.sim.validate.validate()`."""
+    return [ValidatedCase("simulate --validate (held out)", f"{r['paper']}: {r['case']}", r["strategy"],
+                          r["learners"], "gpu", r["relative_error"]) for r in result["held_out_rows"]]
+
+
+def cases_from_bench(result: dict) -> list[ValidatedCase]:
+    """The rows of an `asrdist bench simulator` JSON."""
+    return [ValidatedCase("bench simulator", f"{name} on {n} learner(s), {result['network']}, {result['cores']} "
+                                             f"cores, load {result['load_average']['before'][0]:.1f}",
+                          name, int(n), "cpu", row["relative_error"])
+            for name, by_n in result["predictions"].items() for n, row in by_n.items()]
+
+
+def record(cases: list[ValidatedCase], path: Path = RECORD, note: str = "") -> None:
+    from asrdist.utils.io import write_json_atomic
+
+    write_json_atomic(path, {"note": note, "cases": [asdict(c) for c in cases]})

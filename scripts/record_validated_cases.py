@@ -1,0 +1,34 @@
+"""Rewrite asrdist/sim/validated_cases.json: the held-out rows of a fresh `asrdist simulate
+--validate` and the rows of an `asrdist bench simulator` JSON (the argument; without it, the bench
+rows already recorded are kept).
+
+    .venv/bin/python scripts/record_validated_cases.py [BENCH_SIMULATOR_JSON]
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from asrdist.sim.uncertainty import RECORD, cases_from_bench, cases_from_validate, load_cases, record
+from asrdist.sim.validate import validate
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        bench = json.loads(Path(argv[0]).read_text())
+        cpu = cases_from_bench(bench)
+        load = bench.get("load_average", {}).get("before", ["?"])[0]
+        note = (f"bench rows: `asrdist bench simulator` finished {bench.get('finished_at', 'at a time not recorded')} "
+                f"on {bench.get('cores')} cores at a load average of {load}; paper rows: `asrdist simulate --validate` "
+                f"(held out)")
+    else:
+        cpu = [c for c in load_cases() if c.device == "cpu"] if RECORD.is_file() else []
+        note = json.loads(RECORD.read_text()).get("note", "") if RECORD.is_file() else ""
+    record(cases_from_validate(validate()) + cpu, note=note)
+    print(f"wrote {RECORD}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,129 @@
+"""`asrdist bench simulator`: calibration apart from validation. The simulator's inputs come from
+microbenchmarks of one learner; the runs it is judged on never feed them."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from asrdist.bench import simulator
+from asrdist.compare import runs as compare_runs
+from asrdist.sim import calibration
+from asrdist.sim.calibration import Microbenchmarks
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+def _micro(cores: int = 2) -> Microbenchmarks:
+    return Microbenchmarks(cores, {"1x2": 20e-6, "2x1": 45e-6}, {"1x2": 0.05, "2x1": 0.08}, 50_000.0,
+                           2e-9, 1e-9, 0.5e-9, 1e-9, "loopback", 1e9, 0.8, 1e-10, 50e-6)
+
+
+def _args(corpus: Path, out: Path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    simulator.add_arguments(parser)
+    return parser.parse_args(["--config", str(CONFIG), "--data", str(corpus), "--out", str(out), "--strategies",
+                              "sync,adpsgd", "--learners", "1,2", "--network", "loopback", *extra])
+
+
+def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatch, spy: list) -> dict:
+    """The bench with its microbenchmarks and its training replaced: each 'run' writes a
+    summary.json whose timings are `scale` times a fixed figure (the measurement to poison)."""
+    def fake_micro(cfg, learners, network, repeats, timeout):
+        spy.append("microbenchmarks")
+        return _micro(), {"link": {}, "parameters": 1, "feature_dim": 40, "num_classes": 9}
+
+    real_calibrate = calibration.calibrate
+
+    def spied_calibrate(micro, learners):
+        spy.append("calibrate")
+        return real_calibrate(micro, learners)
+
+    def fake_train(config, configs, run_out, data, overrides, failed=None, hosts=None):
+        (name, cfg), = configs.items()
+        run_dir = run_out / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        frames, loop = 10_000 * cfg.train.learners, 2.0 / scale
+        per = [{"frames": frames / cfg.train.learners, "loop_seconds": loop, "train_seconds": loop}
+               for _ in range(cfg.train.learners)]
+        (run_dir / "summary.json").write_text(json.dumps({
+            "strategy": name, "learners": cfg.train.learners, "final": {}, "wall_seconds": loop + 1,
+            "frames_per_second": frames / loop, "train_frames": frames, "threads_per_learner": 1,
+            "nodes": 1, "network": "loopback",
+            "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0, "per_learner": per}}))
+        return {name: run_dir}
+
+    real_load = compare_runs.load_summary
+
+    def spied_load(run_dir):
+        spy.append("run read")
+        return real_load(run_dir)
+
+    monkeypatch.setattr(simulator, "measure_microbenchmarks", fake_micro)
+    monkeypatch.setattr(calibration, "calibrate", spied_calibrate)
+    monkeypatch.setattr(compare_runs, "train_missing", fake_train)
+    monkeypatch.setattr(compare_runs, "load_summary", spied_load)
+    return simulator.run(_args(corpus, out))
+
+
+def test_no_timing_of_the_validated_runs_feeds_the_calibration(tone_corpus, tmp_path, monkeypatch):
+    """Poisoned runs (their timings 10x off) move the measured column and the errors, never a
+    prediction or a calibrated figure; and every run is read after the calibration is done."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tone_corpus, corpus)
+    spy: list[str] = []
+    clean = _bench_with_runs_measuring(1.0, corpus, tmp_path / "a", monkeypatch, spy)
+    assert spy.index("run read") > max(i for i, what in enumerate(spy) if what in ("microbenchmarks", "calibrate"))
+    poisoned = _bench_with_runs_measuring(10.0, corpus, tmp_path / "b", monkeypatch, [])
+    assert clean["calibration"] == poisoned["calibration"]
+    for name, by_n in clean["predictions"].items():
+        for n, row in by_n.items():
+            other = poisoned["predictions"][name][n]
+            assert other["predicted"] == row["predicted"]
+            assert other["measured"] == pytest.approx(10 * row["measured"])
+            assert row["relative_error"] == pytest.approx((row["predicted"] - row["measured"]) / row["measured"])
+    assert clean["max_relative_error"] == max(abs(r["relative_error"]) for by_n in clean["predictions"].values()
+                                              for r in by_n.values())
+    # the JSON says what each input was calibrated on: microbenchmarks, or the corpus' size
+    sources = clean["calibration"]["inputs_by_learners"]["2"]["sources"]
+    assert all(s.startswith(("microbenchmark", "the corpus")) for s in sources.values())
+
+
+def test_calibration_is_a_function_of_the_microbenchmarks_alone():
+    import inspect
+
+    assert list(inspect.signature(calibration.calibrate).parameters) == ["micro", "learners"]
+    two = calibration.calibrate(_micro(), 2)
+    # a learner among 2 on 1 of 2 threads: its measured step, as if it had both cores
+    assert two.threads == 1 and two.seconds_per_frame == pytest.approx(45e-6 / 2)
+    assert calibration.calibrate(_micro(), 1).network_cost == 0.0  # a lone learner moves no bytes
+    with pytest.raises(Exception, match="no microbenchmark of a learner among 4"):
+        calibration.calibrate(_micro(), 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_path):
+    """The whole bench on the tone corpus: real microbenchmarks, then real `asrdist train` runs at
+    1 and 2 learners over loopback (short: 20 steps); every row has a measured and a predicted
+    frames/s."""
+    from asrdist.cli import main
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tone_corpus, corpus)
+    out = tmp_path / "sim.json"
+    assert main(["bench", "simulator", "--json", str(out), "--config", str(CONFIG), "--data", str(corpus),
+                 "--out", str(tmp_path / "runs"), "--strategies", "adpsgd", "--learners", "1,2",
+                 "--network", "loopback", "--repeats", "2", "train.max_steps=20"]) == 0
+    result = json.loads(out.read_text())
+    for name in ("adpsgd",):
+        for n in ("1", "2"):
+            row = result["predictions"][name][n]
+            assert row["measured"] > 0 and row["predicted"] > 0
+            assert Path(row["measured_run"]["run"], "summary.json").is_file()
+    micro = result["calibration"]["microbenchmarks"]
+    assert set(micro["step_seconds_per_frame"]) == {"1x2", "2x1"} or micro["cores"] != 2
+    assert micro["link_bytes_per_second"] > 0 and len(result["load_average"]["before"]) == 3
