@@ -122,7 +122,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
             "again), the learners' steps timed here at 2.5 x "
             "its cost per frame and gloo's 0.20 ns of CPU per byte.") in html.unescape(page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in page
-    assert "with its own recipe (configs/recipes/): onebit" in page
+    assert "their own optimizer recipes (configs/recipes/) for onebit" in page
     assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>0\.2200</td>", page)
     assert page.index('<p id="recommendation">') < page.index("<table")  # the page leads with it
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)

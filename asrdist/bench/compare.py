@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help=f"with --train: parent of the runs (default: {DEFAULT_OUT})")
     parser.add_argument("--data", type=Path, default=None, help="with --train: corpus directory (default: the recipe's)")
     parser.add_argument("--same-recipe", action="store_true",
-                        help="with --train: every strategy on CONFIG's optimizer (default: each its own, configs/recipes/)")
+                        help="with --train: every strategy on CONFIG's optimizer "
+                             "(default: each its own, configs/recipes/)")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)
 
 

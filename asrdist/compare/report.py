@@ -176,9 +176,9 @@ def setup_line(summary: dict) -> str:
     runs = sharing_line(summary["runs"], summary["cores"])
     where = (f"as {summary['nodes']} emulated hosts joined by {summary['network']} links (single alone)"
              if (summary.get("nodes") or 1) > 1 else f"talking over {summary['network']}")
-    recipes = ("; every strategy on the same recipe (--same-recipe)" if summary.get("same_recipe") else
-               "; with its own recipe (configs/recipes/): " + ", ".join(sorted(n for n, o in summary["recipes"].items() if o))
-               if any((summary.get("recipes") or {}).values()) else "")
+    own = sorted(name for name, overrides in (summary.get("recipes") or {}).items() if overrides)
+    recipes = ("; every strategy on the same recipe (--same-recipe)" if summary.get("same_recipe")
+               else f"; their own optimizer recipes (configs/recipes/) for {', '.join(own)}" if own else "")
     return (f"{runs}, {where}; recipe "
             f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else "")
             + recipes)
