@@ -25,6 +25,7 @@ def test_each_strategy_gets_its_papers_optimizer(corpus):
     assert configs["single"].optim == default
     onebit = configs["onebit"].optim  # CNTK: AdaGrad, no momentum
     assert (onebit.name, onebit.lr, onebit.momentum, onebit.nesterov) == ("adagrad", 3.0, 0.0, False)
+    assert onebit.adagrad_skip_unseen
     averaging = configs["averaging"]  # Kaldi: NG-SGD, no momentum, max-change, geometric decay
     assert averaging.optim.natural_gradient and averaging.optim.max_change and averaging.optim.momentum == 0.0
     assert (averaging.optim.decay, averaging.optim.final_lr) == ("geometric", 0.04)
