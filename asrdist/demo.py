@@ -2,9 +2,10 @@
 
 Builds the espeak-ng corpus (and a flite corpus as an unseen-synthesizer test set) when absent,
 extracts features, trains the default DNN with one learner (the baseline), evaluates it on the
-held-out speakers and on flite speech next to a prior-only model, then trains the same recipe
-with 4 learners under each strategy (`asrdist compare`) and prints where the report is. Runs
-already finished under the work directory are reused.
+held-out speakers and on flite speech next to a prior-only model, then trains the same model and
+data with 4 learners under each strategy, each with its own optimizer recipe unless --same-recipe
+(`asrdist compare`), and prints which strategy reached the target first and where the report
+is. Runs already finished under the work directory are reused.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=4, help="learners of each strategy in the comparison")
     p.add_argument("--strategies", default=DEMO_STRATEGIES, help=f"compared (default: {DEMO_STRATEGIES})")
     p.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "configs" / "default.yaml")
+    p.add_argument("--same-recipe", action="store_true",
+                   help="every strategy with the default recipe's optimizer (default: each its own, configs/recipes/)")
     p.set_defaults(func=demo_command)
 
 
@@ -61,7 +64,8 @@ def _corpus(out: Path, utterances: int, synthesizer: str) -> None:
 
 def demo_command(args) -> int:
     from asrdist.compare.cli import compare
-    from asrdist.compare.report import format_table
+    from asrdist.compare.report import format_table, target_line
+    from asrdist.compare.recipes import recipes_for
     from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.eval.run import evaluate_run, load_run_model
@@ -74,7 +78,8 @@ def demo_command(args) -> int:
     overrides = [f"train.epochs={args.epochs}", "optim.max_change=true"]
     _corpus(corpus, args.utterances, "espeak")
     _corpus(flite, args.flite_utterances, "flite")
-    resolve_all(args.config, strategies, args.learners, corpus, overrides)  # every run checked before the first
+    recipes = recipes_for(strategies, args.same_recipe)
+    resolve_all(args.config, strategies, args.learners, corpus, overrides, recipes=recipes)  # all checked first
     # the one-learner baseline: the comparison's `single` run
     run_dir = train_missing(args.config, resolve_all(args.config, ["single"], 1, corpus, overrides),
                             out, corpus, overrides)["single"]
@@ -94,8 +99,13 @@ def demo_command(args) -> int:
     print("(flite's voices come from another synthesizer, never seen in training: the gap to the held-out\n"
           " espeak speakers measures that mismatch; PER can exceed 1 when a decoder inserts many phones)")
     print(f"\nbaseline: {run_dir}   table: {work / 'demo.json'}")
-    print(f"\n[demo] the same recipe with {args.learners} learners under {', '.join(strategies[1:])}", flush=True)
-    summary = compare(args.config, ",".join(strategies), args.learners, out, corpus, overrides)
+    print(f"\n[demo] the same model and data with {args.learners} learners under {', '.join(strategies[1:])}"
+          f"{' (one recipe)' if args.same_recipe else ', each with its own recipe'}", flush=True)
+    summary = compare(args.config, ",".join(strategies), args.learners, out, corpus, overrides,
+                      same_recipe=args.same_recipe)
+    print()
+    print(summary["recommendation"])
+    print(target_line(summary))
     print()
     print(format_table(summary))
     print(f"\nreport: {(out / 'report.html').resolve()}   (open it in a browser)   summary: {out / 'summary.json'}")

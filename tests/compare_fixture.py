@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from asrdist.compare.recipes import recipes_for
 from asrdist.compare.runs import resolve_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +29,10 @@ def make_corpus(path: Path) -> Path:
 
 
 def fabricate_runs(out: Path, corpus: Path, strategies: list[str], learners: int = 2,
-                   overrides: list[str] = TINY) -> dict[str, Path]:
-    configs = resolve_all(CONFIG, strategies, learners, corpus, overrides)
+                   overrides: list[str] = TINY, same_recipe: bool = False) -> dict[str, Path]:
+    """Epoch e's validation at wall second (e + 1) x frames / fps / 2, the final one at frames / fps + 1."""
+    configs = resolve_all(CONFIG, strategies, learners, corpus, overrides,
+                          recipes=recipes_for(strategies, same_recipe))
     runs = {}
     for name, cfg in configs.items():
         run, n = out / name, cfg.train.learners
@@ -40,17 +43,19 @@ def fabricate_runs(out: Path, corpus: Path, strategies: list[str], learners: int
         per_learner = [{"rank": r, "steps": 100, "frames": frames // n, "train_seconds": frames / fps,
                         "compute_seconds": spf * frames / n, "bytes_sent": sent // n,
                         "comm_seconds": 0.5 * (n > 1), "wait_seconds": 0.25 * (n > 1)} for r in range(n)]
+        history = [{"epoch": e, "train_loss": 0.5, "wall_seconds": (e + 1) * frames / fps / 2, "valid_loss": 0.6,
+                    "frame_accuracy": 0.8, "per": per} for e, per in enumerate(pers)]
         summary = {"strategy": name, "learners": n, "cores": 2, "threads_per_learner": max(1, 2 // n),
                    "model": "dnn", "parameters": 10_000, "epochs": 2, "steps": 100, "train_frames": frames,
                    "frames_per_second": fps, "wall_seconds": frames / fps + 1.0,
                    "final": {"train_loss": 0.5, "valid_loss": 0.6, "frame_accuracy": 0.8, "per": pers[-1]},
                    "comm": {"bytes_sent": sent, "comm_seconds": 0.5 * (n > 1), "wait_seconds": 0.25 * (n > 1),
                             "per_learner": per_learner},
-                   "history": []}
+                   "history": history}
         (run / "summary.json").write_text(json.dumps(summary))
         records = [{"kind": "train", "step": 25, "seconds": 1.0, "epoch": 0, "loss": 1.0}]
-        records += [{"kind": "epoch", "step": 50 * (e + 1), "seconds": (e + 1) * frames / fps / 2, "epoch": e,
-                     "train_loss": 0.5, "frame_accuracy": 0.8, "per": per} for e, per in enumerate(pers)]
+        records += [{"kind": "epoch", "step": 50 * (e + 1), "seconds": h["wall_seconds"], **h} for e, h in
+                    enumerate(history)]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         runs[name] = run
     return runs

@@ -93,18 +93,43 @@ def test_epoch_start_trials_restore_first_and_weight_by_frames():
         return state["w"], frames
 
     agreed = []
-    trials = EpochStartTrials(train_step, lambda size: iter(batches[:size]), lambda: dict(state),
-                              lambda saved: state.update(saved), minibatches=2,
+    # 512 frames a trial: 2 minibatches at size 256, 1 at 512
+    trials = EpochStartTrials(train_step, lambda size: iter(batches), lambda: dict(state),
+                              lambda saved: state.update(saved), frames=512,
                               agree=lambda loss: agreed.append(loss) or 2 * loss)
     state["w"] = 100.0  # what a previous trial left behind
-    assert trials(3) == 2 * (10 * 1.0 + 30 * 4.0) / 40  # two minibatches, from w = 0
-    assert trials(1) == 2 * 1.0 and agreed == [(10 * 1.0 + 30 * 4.0) / 40, 1.0]
+    assert trials(256) == 2 * (10 * 1.0 + 30 * 4.0) / 40  # two minibatches, from w = 0
+    assert trials(512) == 2 * 1.0 and agreed == [(10 * 1.0 + 30 * 4.0) / 40, 1.0]
     trials.restore()
     assert state == {"w": 0.0}
     with pytest.raises(TrainingError, match="no minibatch of size 0"):
-        trials(0)
+        EpochStartTrials(train_step, lambda size: [], dict, print, frames=64)(0)
     with pytest.raises(ConfigError):
-        EpochStartTrials(train_step, lambda size: [], dict, print, minibatches=0)
+        EpochStartTrials(train_step, lambda size: [], dict, print, frames=0)
+
+
+@pytest.mark.parametrize("base, minibatches", [(256, 10), (128, 3), (64, 4)])
+def test_every_trial_size_trains_on_the_same_frames(base, minibatches):
+    """CNTK tries every size on the same number of samples: a trial at a larger size takes fewer
+    minibatches, never more data (the bias a fixed count of minibatches had toward large sizes)."""
+    seen: dict[int, int] = {}
+
+    def batches_at(size):
+        return iter([size] * 1000)  # minibatches of exactly `size` frames
+
+    def train_step(frames):
+        seen[current] = seen.get(current, 0) + frames
+        return 1.0, frames
+
+    trials = EpochStartTrials(train_step, batches_at, dict, lambda s: None, frames=minibatches * base)
+    for current in trial_sizes(base, 2 * base):  # base, base x sqrt(2)^k ... up to 4 x base
+        trials(current)
+    budget = minibatches * base
+    assert seen[base] == budget
+    for size, frames in seen.items():
+        # round(budget / size) minibatches: within half a minibatch of the budget, at least one
+        assert abs(frames - budget) <= size / 2 and frames >= size
+    assert trials.minibatches_at(2 * base) == max(1, round(minibatches / 2))
 
 
 def test_onebit_config_switch_is_validated():
@@ -184,7 +209,7 @@ def test_search_on_the_tone_corpus_restores_the_epoch_start_between_trials(tone_
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     residuals = [r.clone() for r in trainer.strategy.state_dict()["residuals"]]
     trials = EpochStartTrials(trainer.train_step, lambda size: sampler_at(size, 1), save_state, load_state,
-                              minibatches=3)
+                              frames=3 * 128)  # 3 minibatches at the base size
     log: list = []
     chosen = search_batch_size(trials, 128, 128, log=log)
     sizes = [s for s, _ in log]

@@ -57,12 +57,13 @@ def _check_searches(run: Path, epochs: int) -> list[dict]:
 
 
 def test_two_learners_search_the_batch_size_every_epoch_and_resume_at_the_searched_size(corpus, tmp_path):
-    # plain SGD at lr 0.1: the epoch-1 search on this corpus picks a larger size (256), so the resume below
-    # must rebuild its sampler at 256 before loading the sampler state (it refuses another size)
+    # plain SGD at lr 0.1. Each trial trains on the same frames (CNTK): on this corpus the epoch-1
+    # search keeps 128 (it picked 256 while trials counted minibatches and the larger sizes saw more
+    # data), so the resume below no longer has to rebuild its sampler at another size here
     run = tmp_path / "run"
     assert main(["train", str(ROOT / "configs/onebit.yaml"), *ARGS, "optim.lr=0.1", "optim.momentum=0", "optim.nesterov=false", "--learners", "2",
                  "--data", str(corpus), "--epochs", "2", "--out", str(run), "--no-progress"]) == 0
-    assert _check_searches(run, 2)[0]["chosen"] > 128
+    _check_searches(run, 2)
     assert main(["train", str(ROOT / "configs/onebit.yaml"), "--resume", str(run), "--epochs", "3",
                  "--no-progress"]) == 0
     searches = _check_searches(run, 3)
@@ -79,7 +80,7 @@ def test_two_learners_search_the_batch_size_every_epoch_and_resume_at_the_search
     from asrdist.train.checkpoint import load_learner
     loop = load_learner(run, 0, 2)["loop"]
     assert loop["schedule_step"] == pytest.approx(sum(n * b / 128 for n, b in zip(epoch_steps, sizes)))
-    assert loop["schedule_step"] > loop["step"]
+    # (with a searched size above 128 the clock runs ahead of the step count; this corpus keeps 128 now)
     # the search's traffic is not counted: one exchange per real step on every learner
     for p in summary["comm"]["per_learner"]:
         assert p["exchanges"] == summary["steps"] and p["frames"] == summary["train_frames"] // 2

@@ -38,6 +38,7 @@ def test_table_and_json_from_finished_runs(tmp_path, capsys):
     ([], "give run directories, or --train"),
     (["RUN", "--learners", "2"], "--learners: only with --train"),
     (["RUN", "optim.lr=0.1"], "optim.lr=0.1: only with --train"),
+    (["RUN", "--same-recipe"], "--same-recipe: only with --train"),
     (["--train", "configs/default.yaml", "--strategies", ","], "names no strategy"),
     (["MISSING"], "MISSING/summary.json: missing"),
 ])

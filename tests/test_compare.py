@@ -99,20 +99,73 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
     assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
     assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])
     assert [p["epoch"] for p in sync["curve"]] == [1, 2] and sync["curve"][1]["seconds"] > sync["curve"][0]["seconds"]
+    # time to target: within 5% of the best final PER (single's 0.20), the job's wall seconds to the
+    # first validation at or below it (the fixture's epoch e at (e + 1) x frames / fps / 2)
+    assert summary["target"]["value"] == pytest.approx(0.21) and "single" in summary["target"]["how"]
+    assert single["time_to_target_seconds"] == pytest.approx(20.0) and single["reached_target"] is True
+    assert sync["time_to_target_seconds"] == pytest.approx(20_000 / 1500)
+    assert onebit["time_to_target_seconds"] == "never" and onebit["reached_target"] is False
+    assert summary["recommendation"].startswith("Recommendation: sync reached PER <= 0.2100 first on this machine, "
+                                                "in 13.3 s; then single 20.0 s (1.50x); never: onebit (")
+    assert "2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in summary["recommendation"]
+    assert printed.index(summary["recommendation"]) < printed.index("s to target")  # it leads
     table = summary["table"]
-    assert table["columns"][:3] == ["strategy", "learners", "PER"] and len(table["rows"]) == 3
-    assert table["rows"][2][:3] == ["onebit", 2, FIGURES["onebit"][0][-1]]
+    assert table["columns"][:4] == ["strategy", "learners", "s to target", "PER"] and len(table["rows"]) == 3
+    assert table["rows"][2][:4] == ["onebit", 2, "never", FIGURES["onebit"][0][-1]]
+    # each strategy with its own recipe: onebit's is CNTK's AdaGrad (configs/recipes/onebit.yaml)
+    assert 'optim.name="adagrad"' in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
+    assert summary["same_recipe"] is False
 
     page = (out / "report.html").read_text()
     assert "<title>asrdist compare: single, sync, onebit</title>" in page
     assert ("fed the one-learner run's (single) 1000.0 us per frame of training step (its own row is that figure "
             "again), the learners' steps timed here at 2.5 x "
             "its cost per frame and gloo's 0.20 ns of CPU per byte.") in html.unescape(page)
-    assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) on 2 CPU core(s)" in page
-    assert re.search(r"<td>onebit</td><td>2</td><td>0\.2200</td>", page)
+    assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in page
+    assert "their own optimizer recipes (configs/recipes/) for onebit" in page
+    assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>0\.2200</td>", page)
+    assert page.index('<p id="recommendation">') < page.index("<table")  # the page leads with it
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(pngs) == 2 and all(base64.b64decode(p).startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
     assert not re.search(r"(src|href)=\"(?!data:)", page)  # self-contained: nothing fetched
+
+
+@pytest.mark.parametrize("target, first, never", [("0.35", "onebit", []), ("0.2", "single", ["sync", "onebit"])])
+def test_target_flag_sets_the_target(tmp_path, no_training, fake_simulator, capsys, target, first, never):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["single", "sync", "onebit"])
+    assert _compare(out, corpus, "single,sync,onebit", "--target", target) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target"] == {"metric": "per", "value": float(target), "how": "given (--target)"}
+    assert summary["recommendation"].startswith(f"Recommendation: {first} reached PER <= {float(target):.4f} first")
+    assert [r["run"] for r in summary["runs"] if r["reached_target"] is False] == never
+    if target == "0.35":  # every run there at its first validation: epoch 1 at frames / fps / 2
+        assert [r["time_to_target_seconds"] for r in summary["runs"]] == pytest.approx(
+            [10_000 / FIGURES[n][1] for n in ("single", "sync", "onebit")])
+
+
+def test_no_run_reaching_the_target_is_said(tmp_path, no_training, fake_simulator, capsys):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["sync", "onebit"])
+    assert _compare(out, corpus, "sync,onebit", "--target", "0.1") == 0
+    printed = capsys.readouterr().out
+    assert "No recommendation: no run reached PER <= 0.1000" in printed
+    assert "never" in printed and (out / "report.html").is_file()
+
+
+def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_training, fake_simulator, capsys):
+    corpus = make_corpus(tmp_path / "corpus")
+    own, same = tmp_path / "own", tmp_path / "same"
+    fabricate_runs(own, corpus, ["sync", "onebit"])
+    # runs made with their own recipes are not the runs --same-recipe asks for: refused, nothing trained
+    assert _compare(own, corpus, "sync,onebit", "--same-recipe") == 2
+    assert ("own/onebit: trained with another config (optim.adagrad_skip_unseen: True there, False asked)"
+            in capsys.readouterr().err)
+    fabricate_runs(same, corpus, ["sync", "onebit"], same_recipe=True)
+    assert _compare(same, corpus, "sync,onebit", "--same-recipe") == 0
+    summary = json.loads((same / "summary.json").read_text())
+    assert summary["same_recipe"] is True and summary["recipes"] == {"sync": [], "onebit": []}
+    assert "every strategy on the same recipe (--same-recipe)" in (same / "report.html").read_text()
 
 
 def test_a_rebuilt_report_reuses_the_machine_figures_and_a_failed_measurement_is_said(
@@ -297,7 +350,7 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["nodes"], summary["network"]) == (2, "1gbit")
     assert [c[4:6] for c in fake_simulator] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
-    assert "2 learner(s) x 1 thread(s) on 2 CPU core(s), as 2 emulated hosts joined by 1gbit links" in \
+    assert "2 learner(s) x 1 thread(s) sharing 2 CPU core(s), as 2 emulated hosts joined by 1gbit links" in \
         (out / "report.html").read_text()
     capsys.readouterr()
     for other in (["--nodes", "2", "--network", "10gbit"], []):

@@ -59,6 +59,24 @@ def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, t
     assert onebit["prediction"] == "simulated" and onebit["step_cost_ratio"] == pytest.approx(
         machine["step_seconds_per_frame"]["2x1"] / machine["step_seconds_per_frame"]["1x2"])
     assert "<table id=\"summary\">" in (out / "report.html").read_text()
+    # time to accuracy, end to end: every validation carries the job's wall seconds (summary.json's
+    # history, metrics.jsonl) and the consensus model's loss and PER; the report leads with the
+    # time each run took to the target (default: within 5% of the best final PER)
+    for r in summary["runs"]:
+        history = json.loads((Path(r["path"]) / "summary.json").read_text())["history"]
+        walls = [h["wall_seconds"] for h in history]
+        assert len(walls) == 2 and 0 < walls[0] < walls[1] and [p["wall_seconds"] for p in r["curve"]] == walls
+        assert all(h["valid_loss"] > 0 and h["per"] is not None for h in history)
+        assert r["points"][:2] == [[w, h["per"]] for w, h in zip(walls, history)]
+        assert r["points"][-1][1] == r["error_rate"] and r["points"][-1][0] >= walls[-1]
+    assert summary["target"]["value"] == pytest.approx(1.05 * min(r["error_rate"] for r in summary["runs"]))
+    assert any(r["reached_target"] for r in summary["runs"])
+    assert all(r["time_to_target_seconds"] == "never" or r["time_to_target_seconds"] > 0 for r in summary["runs"])
+    assert summary["recommendation"].startswith("Recommendation: ") and summary["recommendation"] in printed
+    assert printed.index(summary["recommendation"]) < printed.index("s to target")
+    # onebit trained with its own recipe (CNTK's AdaGrad), the baseline with the demo's recipe
+    assert "name: adagrad" in (out / "onebit" / "config.yaml").read_text()
+    assert "name: sgd" in (out / "single" / "config.yaml").read_text()
 
     assert main(["bench", "compare", str(out / "single"), str(out / "onebit")]) == 0
     table = capsys.readouterr().out.splitlines()[-2:]

@@ -64,6 +64,34 @@ def test_random_partners_are_a_shared_matching(n):
     assert seen == set(topo.passive_ranks(n))  # every passive is chosen over rounds, odd n too
 
 
+@pytest.mark.parametrize("n", [4, 5, 8])
+def test_random_pattern_is_a_uniform_matching_round_by_round(n):
+    """The property the docstring claims against the ICASSP 2020 scheme: every round a matching
+    (no passive twice, only actives with passives), each active meeting each passive with
+    probability 1/p: the frequencies over many rounds, and E[W] of the exact expectation."""
+    actives, passives = topo.active_ranks(n), topo.passive_ranks(n)
+    rounds = 3000
+    met = np.zeros((n, n))
+    for t in range(rounds):
+        pairs = topo.partners_of_round(n, t, "random", seed=11)
+        assert len({b for _, b in pairs}) == len(pairs) == len(actives)
+        assert all(a in actives and b in passives for a, b in pairs)
+        for a, b in pairs:
+            met[a, b] += 1
+    frequency = met[np.ix_(actives, passives)] / rounds
+    # binomial standard error sqrt(p(1-p)/rounds) <= 0.0092: 5 of it is a failure, not noise
+    np.testing.assert_allclose(frequency, 1 / len(passives), atol=0.046)
+    # E[W] = E[WᵀW] (each round's W is a symmetric projection): the off-diagonal 1/(2p) per pair
+    expected = topo.expected_wtw(n, "random")
+    np.testing.assert_allclose(expected[np.ix_(actives, passives)], 1 / (2 * len(passives)))
+
+
+def test_random_rounds_are_each_actives_own():
+    """Actives a round apart draw from different matchings: they can ask the same passive at once."""
+    n = 6
+    assert any(topo.partner(0, n, t, "random", 2) == topo.partner(2, n, t + 1, "random", 2) for t in range(20))
+
+
 def test_random_partner_is_pure_and_cheap():
     first = [topo.partner(a, 16, 7, "random", 5) for a in topo.active_ranks(16)]
     topo._passive_permutation.cache_clear()

@@ -9,6 +9,7 @@ import torch
 
 from asrdist.cli import main
 from asrdist.train.checkpoint import latest_step_dir
+from asrdist.train.metrics import read_metrics
 from tests.corpus_fixture import make_tone_corpus
 
 pytestmark = pytest.mark.slow  # end to end: `asrdist train` on a tone corpus
@@ -54,8 +55,17 @@ def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
     assert _train(corpus, tmp_path / "full", "train.checkpoint_every=7") == 0
     assert _train(corpus, tmp_path / "cut", "train.checkpoint_every=7", "train.max_steps=17") == 0
     assert latest_step_dir(tmp_path / "cut").name == "step-00000017"
+    before = torch.load(latest_step_dir(tmp_path / "cut") / "rank-0.pt", weights_only=False)["loop"]
     assert main(["train", "configs/default.yaml", "--resume", str(tmp_path / "cut"),
                  "train.max_steps=0", "--no-progress"]) == 0
+    # every validation's wall time counts from the job's training start, over both starts
+    history = json.loads((tmp_path / "cut" / "summary.json").read_text())["history"]
+    walls = [h["wall_seconds"] for h in history]
+    assert len(walls) == 3 and walls == sorted(walls) and len(set(walls)) == 3
+    assert walls[:len(before["history"])] == [h["wall_seconds"] for h in before["history"]]
+    assert all(w > before["wall_seconds"] for w in walls[len(before["history"]):])
+    epochs = [r for r in read_metrics(tmp_path / "cut") if r["kind"] == "epoch"]
+    assert [r["wall_seconds"] for r in epochs] == walls and all(r["per"] is not None for r in epochs)
     full = torch.load(tmp_path / "full" / "model.pt", weights_only=False)["model"]
     resumed = torch.load(tmp_path / "cut" / "model.pt", weights_only=False)["model"]
     for k in full:

@@ -6,7 +6,7 @@ time communicating of finished runs, read from each run's summary.json:
 or train first, one run per strategy under OUT/<strategy>, then print the table:
 
     asrdist bench compare --train configs/default.yaml --learners 4 --strategies sync,onebit \\
-        --out runs/compare4 [--data CORPUS] [--json OUT] [section.key=value ...]
+        --out runs/compare4 [--data CORPUS] [--same-recipe] [--json OUT] [section.key=value ...]
 
 Training and reading the runs is `asrdist compare`'s (asrdist/compare/runs.py), which also writes
 the HTML report; this is its table only. The table is the output; `--json` is optional here
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from asrdist.checks import cli_number
 from asrdist.compare import runs as compare_runs
+from asrdist.compare.recipes import recipes_for
 from asrdist.errors import ConfigError
 
 JSON_REQUIRED = False
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help=f"with --train (default: {DEFAULT_LEARNERS})")
     parser.add_argument("--out", type=Path, default=None, help=f"with --train: parent of the runs (default: {DEFAULT_OUT})")
     parser.add_argument("--data", type=Path, default=None, help="with --train: corpus directory (default: the recipe's)")
+    parser.add_argument("--same-recipe", action="store_true",
+                        help="with --train: every strategy on CONFIG's optimizer "
+                             "(default: each its own, configs/recipes/)")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)
 
 
@@ -49,11 +53,14 @@ def run(args) -> dict:
         overrides = [*args.runs, *args.overrides]
         strategies = compare_runs.parse_strategies(args.strategies or DEFAULT_STRATEGIES)
         learners = args.learners or DEFAULT_LEARNERS
-        configs = compare_runs.resolve_all(Path(args.train), strategies, learners, args.data, overrides)
+        recipes = recipes_for(strategies, args.same_recipe)  # as `asrdist compare` trains them
+        configs = compare_runs.resolve_all(Path(args.train), strategies, learners, args.data, overrides,
+                                           recipes=recipes)
         runs = list(compare_runs.train_missing(Path(args.train), configs, args.out or DEFAULT_OUT,
-                                               args.data, overrides).values())
+                                               args.data, overrides, recipes=recipes).values())
     else:
         given = [f"--{name}" for name in _TRAIN_ONLY if getattr(args, name) is not None]
+        given += ["--same-recipe"] if args.same_recipe else []
         given += [o for o in [*args.runs, *args.overrides] if "=" in o and not Path(o).is_dir()]
         if given:
             raise ConfigError(f"bench compare: {' '.join(given)}: only with --train CONFIG")

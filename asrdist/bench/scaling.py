@@ -243,10 +243,10 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
         if "exchange" in r0:
             ex = r0.pop("exchange")
         lockstep = bool(r0["lockstep"])
-        results[config] = r0["frames_per_second"] if lockstep else r0["sum_of_learner_rates"]
+        results[config] = r0["frames_per_second"]  # one definition for every strategy (utils.throughput)
         details[config] = {
             "strategy": strategy, "strategy_config": strategy_config, "lockstep": lockstep,
-            "aggregate": "frames / slowest learner's seconds" if lockstep else "sum_of_learner_rates",
+            "aggregate": "the job's frames / its longest learner's seconds (asrdist.utils.throughput)",
             **{k: v for k, v in r0.items() if k not in ("rank", "parameters", "strategy", "lockstep")},
             "per_learner": [{k: r[k] for k in ("rank", "seconds_per_step", "comm_seconds_per_step",
                                                "wait_seconds_per_step", "cpu_seconds_per_step",

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from asrdist.config import RunConfig
+from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
 
 def scaling_config(spec, args: dict[str, Any]) -> RunConfig:
@@ -96,7 +97,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         shapes = [p.shape for p in learner.model.parameters() if p.requires_grad]
         exchange = time_exchanges(ctx, shapes, int(args["exchange_repeats"]), spec.rank)
     totals = torch.tensor([elapsed, frames], dtype=torch.float64)
-    rates = torch.tensor([frames / elapsed], dtype=torch.float64)
+    rates = torch.tensor([learner_frames_per_second(frames, elapsed)], dtype=torch.float64)
     if distributed:
         slowest = totals[:1].clone()
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
@@ -113,8 +114,10 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "lockstep": lockstep,
         "threads": torch.get_num_threads(),
         "parameters": count_parameters(learner.model),
-        "frames_per_second": frames_all / elapsed_max,
-        # each learner's own frames/s, summed: the aggregate when learners move at their own pace
+        # the one definition (asrdist.utils.throughput): the job's frames over its longest learner's
+        # timed window (every learner starts it at the barrier), lock-step or not
+        "frames_per_second": job_frames_per_second([frames_all], [elapsed_max]),
+        # each learner's own frames/s, summed: an extra key, never the job's figure
         "sum_of_learner_rates": float(rates),
         "seconds": elapsed_max,
         "frames": frames_all,

@@ -87,6 +87,7 @@ def _asrdist(sampler, run_dir: Path) -> tuple[int, float, float]:
 
 def run(args) -> dict:
     from asrdist.data.samplers import FrameSampler
+    from asrdist.utils.throughput import job_frames_per_second
 
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -97,11 +98,11 @@ def run(args) -> dict:
         for r in range(args.rounds):
             s1 = FrameSampler(store, labels, batch_size=256, context=5, seed=0)
             f, t, c = _bare(_model(), s1)
-            bare.append(f / t)
+            bare.append(job_frames_per_second([f], [t]))
             bare_cpu.append(f / c)
             s2 = FrameSampler(store, labels, batch_size=256, context=5, seed=0)
             f, t, c = _asrdist(s2, tmp / f"run{r}")
-            ours.append(f / t)
+            ours.append(job_frames_per_second([f], [t]))
             ours_cpu.append(f / c)
     med = statistics.median
     return {

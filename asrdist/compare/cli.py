@@ -1,8 +1,10 @@
 """`asrdist compare CONFIG --strategies sync,onebit,... --learners N --out DIR [--data D] [--nodes A
---network RATE] [section.key=value ...]`
+--network RATE] [--target ERROR] [--same-recipe] [section.key=value ...]`
 
-Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`), skipping runs
-already finished with the same config, then writes DIR/summary.json and DIR/report.html.
+Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`; each strategy
+with its own optimizer recipe, `compare.recipes`, unless --same-recipe), skipping runs already
+finished with the same config, then writes DIR/summary.json and DIR/report.html, led by the wall
+time each strategy took to reach the target error rate (`compare.target`).
 """
 from __future__ import annotations
 
@@ -27,14 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"learners of every run but single's (default: {DEFAULT_LEARNERS})")
     p.add_argument("--out", type=Path, required=True, help="directory of the runs and the report")
     p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    p.add_argument("--target", type=cli_number(float, at_least=0.0), default=None, metavar="ERROR",
+                   help="error rate (the runs' PER, CER or WER) each run's time is measured to (default: within "
+                        "5%% relative of the best final figure among the runs)")
+    p.add_argument("--same-recipe", action="store_true",
+                   help="train every strategy with CONFIG's optimizer (default: each its own, configs/recipes/)")
     add_emulated_cluster_options(p, "every run but single's")
     p.set_defaults(func=compare_command)
 
 
 def compare(config: Path, strategies: str, learners: int, out: Path, data: Path | None,
-            overrides: list[str], nodes: int = 1, network: str = "1gbit") -> dict:
+            overrides: list[str], nodes: int = 1, network: str = "1gbit", target: float | None = None,
+            same_recipe: bool = False) -> dict:
     """Train what is missing, then build the report; returns summary.json's content. With `nodes`
-    > 1 every run but single's runs on that many emulated hosts joined by `network` links."""
+    > 1 every run but single's runs on that many emulated hosts joined by `network` links; each
+    strategy with its own recipe unless `same_recipe`; time to `target` (None: the default)."""
+    from asrdist.compare.recipes import recipes_for
     from asrdist.compare.report import build_summary, write_outputs
     from asrdist.compare.runs import Hosts, parse_strategies, resolve_all, train_missing
 
@@ -42,13 +52,15 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
     hosts = Hosts(nodes, network)
-    configs = resolve_all(config, names, learners, data, overrides, hosts)
+    recipes = recipes_for(names, same_recipe)
+    configs = resolve_all(config, names, learners, data, overrides, hosts, recipes=recipes)
     failed: dict[str, str] = {}
-    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts)
+    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
-             "data": None if data is None else str(data), "overrides": list(overrides)}
+             "data": None if data is None else str(data), "overrides": list(overrides),
+             "same_recipe": same_recipe, "recipes": recipes}
     summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()},
-                            known=_earlier_machine_figures(out))
+                            known=_earlier_machine_figures(out), target=target)
     write_outputs(out, summary)
     if failed:
         name, reason = next(iter(failed.items()))
@@ -70,10 +82,13 @@ def _earlier_machine_figures(out: Path) -> dict | None:
 
 
 def compare_command(args) -> int:
-    from asrdist.compare.report import format_table
+    from asrdist.compare.report import format_table, target_line
 
     summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []),
-                      nodes=args.nodes, network=args.network)
+                      nodes=args.nodes, network=args.network, target=args.target, same_recipe=args.same_recipe)
+    print(summary["recommendation"])
+    print(target_line(summary))
+    print()
     print(format_table(summary))
     print(f"\nreport: {args.out / 'report.html'}   summary: {args.out / 'summary.json'}")
     return 0

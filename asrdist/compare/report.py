@@ -5,20 +5,30 @@ from __future__ import annotations
 import base64
 import html
 import io
+from dataclasses import asdict
 from pathlib import Path
 
 from asrdist.compare.prediction import nearest_validated, ranking_line, time_to_target_check, uncertainty_line
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
+from asrdist.compare.target import Target, default_target, recommendation, time_to_target
 from asrdist.errors import AsrdistError
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
-TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"), ("error_rate", "{metric}", "{:.4f}"),
+TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"),
+         ("time_to_target_seconds", "s to target", "{:.1f}"), ("error_rate", "{metric}", "{:.4f}"),
          ("frame_accuracy", "frame acc", "{:.4f}"), ("frames_per_second", "frames/s", "{:,.0f}"),
          ("predicted_frames_per_second", "simulated frames/s", "{:,.0f}"),
          ("prediction_error", "simulator error", "{:+.1%}"), ("mb_sent", "MB sent", "{:,.1f}"),
          ("comm_seconds", "comm s", "{:.2f}"), ("wait_seconds", "wait s", "{:.2f}"),
          ("wall_seconds", "wall s", "{:.1f}"))
-"""(key in a run's record, column heading, format): the summary table of the page and the JSON."""
+"""(key in a run's record, column heading, format): the summary table of the page and the JSON.
+A run that finished without reaching the target shows `never` as its time to target."""
+NEVER = "never"
+
+
+def cell(value, fmt: str) -> str:
+    """A table cell: '-' for no figure, text as it is (`never`), a number formatted."""
+    return "-" if value is None else value if isinstance(value, str) and fmt != "{}" else fmt.format(value)
 
 
 def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> dict:
@@ -26,16 +36,18 @@ def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> d
     keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame",
                                        "step_seconds_per_frame", "nodes", "network"]
     return {**dict.fromkeys(keys), "run": Path(run_dir).name, "path": str(run_dir), "strategy": strategy,
-            "learners": learners, "curve": [], "failed": reason}
+            "learners": learners, "curve": [], "points": [], "failed": reason}
 
 
 def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str] | None = None,
-                  learners: dict[str, int] | None = None, known: dict | None = None) -> dict:
+                  learners: dict[str, int] | None = None, known: dict | None = None,
+                  target: float | None = None) -> dict:
     """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
     prediction beside the measured frames/s, the summary table, and where the runs of several
     learners trained (`nodes`, `network`: from their summaries; `mixed` if they differ). Runs in
     `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why.
-    `known`: the machine figures of an earlier report on these runs (`measure_machine`)."""
+    `known`: the machine figures of an earlier report on these runs (`measure_machine`). `target`:
+    the error rate each run's time is measured to (None: within 5% of the best final figure)."""
     failed, learners = failed or {}, learners or {}
     runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
             for n, d in run_dirs.items()]
@@ -64,17 +76,35 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
         record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
         record["prediction_nearest_validated"] = nearest_validated(record)
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
+    goal = time_to_targets(runs, metric, target)
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
     rows = [[r[key] for key, _, _ in TABLE] for r in runs]
     hosts = {(r["nodes"], r["network"]) for r in runs if not r["failed"] and r["learners"] != 1}
     nodes, network = next(iter(hosts)) if len(hosts) == 1 else ((None, "mixed") if hosts else (1, "loopback"))
-    return {**setup, "metric": metric, "nodes": nodes, "network": network,
-            "cores": next((r["cores"] for r in runs if r["cores"]), None),
+    cores = next((r["cores"] for r in runs if r["cores"]), None)
+    times = {r["run"]: r["time_to_target_seconds"] for r in runs if not r["failed"]}
+    times = {run: None if t == NEVER else t for run, t in times.items()}
+    return {**setup, "metric": metric, "nodes": nodes, "network": network, "target": goal and asdict(goal),
+            "recommendation": recommendation(goal, times, sharing_line(runs, cores)), "cores": cores,
             "one_learner_compute_seconds_per_frame": lone["compute_seconds_per_frame"] if lone else None,
             "one_learner_step_seconds_per_frame": spf, "one_learner_run": lone["run"] if lone else None,
             "machine": {k: v for k, v in machine.items() if k != "step_cost_ratio"}, "runs": runs,
-            "time_to_target_prediction": time_to_target_check(runs),
+            "time_to_target_prediction": time_to_target_check(runs, goal.value if goal else None),
             "table": {"columns": columns, "rows": rows}}
+
+
+def time_to_targets(runs: list[dict], metric: str, value: float | None) -> Target | None:
+    """Set every run's `time_to_target_seconds` (NEVER when it finished without reaching it, None
+    when it failed) and `reached_target`; returns the target (None: no run has a final figure)."""
+    if value is not None:
+        goal = Target(metric, float(value), "given (--target)")
+    else:
+        goal = default_target({r["run"]: r["error_rate"] for r in runs if not r["failed"]}, metric)
+    for r in runs:
+        seconds = time_to_target(r["points"], goal.value) if goal is not None and not r["failed"] else None
+        r["reached_target"] = None if r["failed"] or goal is None else seconds is not None
+        r["time_to_target_seconds"] = NEVER if r["reached_target"] is False else seconds
+    return goal
 
 
 def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, known: dict | None = None) -> dict:
@@ -121,21 +151,39 @@ def format_table(summary: dict) -> str:
     """The summary table as text (what `asrdist compare` prints)."""
     cells = [summary["table"]["columns"]]
     for row in summary["table"]["rows"]:
-        cells.append(["-" if v is None else fmt.format(v) for v, (_, _, fmt) in zip(row, TABLE)])
+        cells.append([cell(v, fmt) for v, (_, _, fmt) in zip(row, TABLE)])
     widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in cells]
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
+def sharing_line(runs: list[dict], cores: int | None) -> str:
+    """How many learners shared how many cores, with how many threads."""
+    shapes = sorted({(r["learners"], r["threads_per_learner"] or 1) for r in runs if not r["failed"]})
+    return f"{', '.join(f'{n} learner(s) x {t} thread(s)' for n, t in shapes)} sharing {cores} CPU core(s)"
+
+
+def target_line(summary: dict) -> str:
+    """What the time to target measured to, and how the target was set."""
+    goal = summary.get("target")
+    if not goal:
+        return "Time to target: no run has a final error rate to set a target from."
+    return (f"Time to target: the job's wall seconds (since training started) to its first validation, or "
+            f"its final evaluation, with {goal['metric'].upper()} <= {goal['value']:.4f}: {goal['how']}.")
+
+
 def setup_line(summary: dict) -> str:
     """How many learners shared how many cores, with how many threads, on which network."""
-    shapes = sorted({(r["learners"], r["threads_per_learner"]) for r in summary["runs"] if not r["failed"]})
-    runs = ", ".join(f"{n} learner(s) x {t} thread(s)" for n, t in shapes)
+    runs = sharing_line(summary["runs"], summary["cores"])
     where = (f"as {summary['nodes']} emulated hosts joined by {summary['network']} links (single alone)"
              if (summary.get("nodes") or 1) > 1 else f"talking over {summary['network']}")
-    return (f"{runs} on {summary['cores']} CPU core(s), {where}; recipe "
-            f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else ""))
+    own = sorted(name for name, overrides in (summary.get("recipes") or {}).items() if overrides)
+    recipes = ("; every strategy on the same recipe (--same-recipe)" if summary.get("same_recipe")
+               else f"; their own optimizer recipes (configs/recipes/) for {', '.join(own)}" if own else "")
+    return (f"{runs}, {where}; recipe "
+            f"{summary['config']}" + (f" with {' '.join(summary['overrides'])}" if summary["overrides"] else "")
+            + recipes)
 
 
 def simulator_line(summary: dict) -> str:
@@ -181,10 +229,12 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
         if not curve:  # a run that failed has none: no empty legend entry
             continue
         by_epoch.plot([p["epoch"] for p in curve], [p[r["metric"]] for p in curve], "o-", label=r["run"])
-        timed = [p for p in curve if p["seconds"] is not None]
-        by_time.plot([p["seconds"] for p in timed], [p[r["metric"]] for p in timed], "o-", label=r["run"])
+        timed = r["points"]  # the validations' and the final evaluation's wall seconds
+        by_time.plot([t for t, _ in timed], [e for _, e in timed], "o-", label=r["run"])
+    if summary.get("target"):
+        by_time.axhline(summary["target"]["value"], color="0.4", linestyle="--", linewidth=1, label="target")
     by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax, xlabel in ((by_epoch, "epoch"), (by_time, "training time (s)")):
+    for ax, xlabel in ((by_epoch, "epoch"), (by_time, "wall time since training started (s)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"validation {label}")
         ax.grid(alpha=0.3)
@@ -212,7 +262,8 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     costs = _png(fig)
-    return [(f"Validation {label} of the consensus model against epoch and against training time", curves),
+    return [(f"Validation {label} of the consensus model against epoch and against wall time (the last point: "
+             f"the final evaluation; dashed: the target)", curves),
             ("Throughput (measured, and the simulator's prediction from the lone learner's measured time per frame), "
              "bytes sent and time spent communicating / waiting", costs)]
 
@@ -221,7 +272,7 @@ def render_html(summary: dict) -> str:
     esc = html.escape
     title = f"asrdist compare: {', '.join(r['run'] for r in summary['runs'])}"
     head = "".join(f"<th>{esc(c)}</th>" for c in summary["table"]["columns"])
-    body = "".join("<tr>" + "".join(f"<td>{'-' if v is None else esc(fmt.format(v))}</td>"
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell(v, fmt))}</td>"
                                     for v, (_, _, fmt) in zip(row, TABLE)) + "</tr>\n"
                    for row in summary["table"]["rows"])
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
@@ -235,6 +286,8 @@ def render_html(summary: dict) -> str:
 td,th{{border:1px solid #bbb;padding:4px 10px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
 th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%}}</style></head>
 <body><h1>{esc(title)}</h1>
+<p id="recommendation"><strong>{esc(summary['recommendation'])}</strong></p>
+<p>{esc(target_line(summary))}</p>
 <p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
 (consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
 comm / wait s: per learner, mean.{esc(simulator_line(summary))}{esc(uncertainty_line(summary))}{esc(ranking_line(summary))}</p>

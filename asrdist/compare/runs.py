@@ -56,8 +56,10 @@ class Hosts:
 
 
 def resolve_all(config: Path, strategies: list[str], learners: int, data: Path | None,
-                overrides: list[str], hosts: Hosts = Hosts()) -> dict[str, RunConfig]:
-    """The resolved config of every strategy's run, exactly as `asrdist train` would resolve it.
+                overrides: list[str], hosts: Hosts = Hosts(),
+                recipes: dict[str, list[str]] | None = None) -> dict[str, RunConfig]:
+    """The resolved config of every strategy's run, exactly as `asrdist train` would resolve it
+    (`recipes`: strategy -> its recipe's overrides, placed before `overrides`; `compare.recipes`).
     Checks everything before anything is trained: a bad override or strategy fails here, and so
     does a learner count the emulated hosts cannot share."""
     from asrdist.train.launch import check_job, resolve_config
@@ -67,7 +69,8 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
         raise ConfigError(f"expected section.key=value overrides, got {bad[0]!r}")
     configs = {}
     for name in strategies:
-        cfg = resolve_config(_train_args(config, name, learners_of(name, learners), data, overrides, out=None))
+        cfg = resolve_config(_train_args(config, name, learners_of(name, learners), data,
+                                         (recipes or {}).get(name, []) + overrides, out=None))
         cfg.data.corpus = str(Path(cfg.data.corpus).resolve())  # as train_command records it
         where = hosts.of(name)
         try:
@@ -137,7 +140,7 @@ def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
 
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
                   overrides: list[str], failed: dict[str, str] | None = None,
-                  hosts: Hosts = Hosts()) -> dict[str, Path]:
+                  hosts: Hosts = Hosts(), recipes: dict[str, list[str]] | None = None) -> dict[str, Path]:
     """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
     checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
@@ -158,8 +161,8 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
         print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
               f"({learners} learner(s))", flush=True)
         try:
-            train_command(_train_args(config, name, learners, data, overrides, out=run_dir, resume=resume,
-                                      hosts=hosts))
+            train_command(_train_args(config, name, learners, data, (recipes or {}).get(name, []) + overrides,
+                                      out=run_dir, resume=resume, hosts=hosts))
         except TrainingError as exc:
             if failed is None or isinstance(exc, Stopped):  # a stopped run stops the comparison
                 raise
@@ -193,8 +196,10 @@ def error_metric(final: dict) -> str | None:
 
 
 def run_record(run_dir: Path) -> dict:
-    """What the comparison reports of one finished run: the summary's figures and its epoch curves
-    (error rate against epoch and against training seconds, from metrics.jsonl)."""
+    """What the comparison reports of one finished run: the summary's figures, its epoch curves
+    (error rate against epoch and against the job's wall seconds, from metrics.jsonl) and the
+    points time to a target is read from (`compare.target.run_points`)."""
+    from asrdist.compare.target import run_points
     from asrdist.train.metrics import read_metrics
 
     s = load_summary(run_dir)
@@ -204,7 +209,8 @@ def run_record(run_dir: Path) -> dict:
     for r in read_metrics(run_dir):
         if r.get("kind") == "epoch" and metric in r:
             curve.append({"epoch": r["epoch"] + 1, "step": r["step"], "seconds": r.get("seconds"),
-                          metric: r[metric], "frame_accuracy": r.get("frame_accuracy")})
+                          "wall_seconds": r.get("wall_seconds"), metric: r[metric],
+                          "valid_loss": r.get("valid_loss"), "frame_accuracy": r.get("frame_accuracy")})
     per_learner = comm.get("per_learner") or []
     compute = sum(p.get("compute_seconds", 0.0) for p in per_learner)
     stepping = sum(p.get("train_seconds", 0.0) for p in per_learner)
@@ -221,6 +227,7 @@ def run_record(run_dir: Path) -> dict:
         "compute_seconds_per_frame": compute / frames if frames and compute else None,
         "step_seconds_per_frame": stepping / frames if frames and stepping else None,
         "curve": curve,
+        "points": run_points(s.get("history") or [], metric, final.get(metric), s["wall_seconds"]) if metric else [],
     }
 
 

@@ -5,7 +5,9 @@
    long as base x sqrt(2)^k <= 2 x the previous epoch's size (sizes that round to a repeat or
    beyond that limit are skipped).
 2. Each trial restores the epoch-start state (model, optimizer, strategy residuals, RNG), trains
-   a fixed number of minibatches of the epoch at the trial size and reports their mean loss;
+   the same budget of frames of the epoch at the trial size (round(budget / size) minibatches,
+   at least one: as CNTK, which trains every trial on the same number of samples, so a larger
+   size is not judged on more data) and reports their mean loss per frame;
    `train_minibatches(size) -> loss` does both (`EpochStartTrials`), the search only chooses.
 3. The first trial's loss is the base loss. Trials go on while a loss stays <= 1.01 x the base
    loss; the first one above it (or not finite) ends the search, as in CNTK.
@@ -91,7 +93,9 @@ def _check_size(name: str, value: object, multiple: int) -> None:
 
 class EpochStartTrials:
     """`train_minibatches` for a live learner: snapshot the epoch-start state once, then per
-    trial size restore it and train `minibatches` minibatches through the trainer's own step.
+    trial size restore it and train `minibatches_at(size)` minibatches through the trainer's own
+    step: `frames` (global, all learners together) at every size. The count is computed from the
+    nominal sizes, so every learner of a lock-step strategy takes the same number of steps.
 
     train_step(batch) -> (loss, frames): `Trainer.train_step`. batches_at(size): this learner's
     minibatches of the epoch at global size `size` (a sampler built for size // learners, set to
@@ -102,12 +106,12 @@ class EpochStartTrials:
     """
 
     def __init__(self, train_step: Callable[[Any], tuple[float, int]], batches_at: Callable[[int], Iterable[Any]],
-                 save_state: Callable[[], Any], load_state: Callable[[Any], None], minibatches: int,
+                 save_state: Callable[[], Any], load_state: Callable[[Any], None], frames: int,
                  agree: Callable[[float], float] = lambda loss: loss):
-        if isinstance(minibatches, bool) or not isinstance(minibatches, int) or minibatches < 1:
-            raise ConfigError(f"batch-size search: minibatches must be an integer >= 1, got {minibatches!r}")
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+            raise ConfigError(f"batch-size search: the frames of a trial must be an integer >= 1, got {frames!r}")
         self.train_step, self.batches_at, self.load_state = train_step, batches_at, load_state
-        self.minibatches, self.agree = minibatches, agree
+        self.frames, self.agree = frames, agree
         self._snapshot = copy.deepcopy(save_state())  # trials must not write into it
 
     def restore(self) -> None:
@@ -115,11 +119,16 @@ class EpochStartTrials:
         # a copy each time: optimizers may keep the loaded tensors and update them in place
         self.load_state(copy.deepcopy(self._snapshot))
 
+    def minibatches_at(self, size: int) -> int:
+        """The minibatches of global size `size` that make up the trial's frames (at least one)."""
+        return max(1, round(self.frames / size)) if size > 0 else 1
+
     def __call__(self, size: int) -> float:
         self.restore()
         loss_sum, frames_sum, done = 0.0, 0, 0
+        wanted = self.minibatches_at(size)
         for batch in self.batches_at(size):
-            if done == self.minibatches:
+            if done == wanted:
                 break
             loss, frames = self.train_step(batch)
             loss_sum += loss * frames

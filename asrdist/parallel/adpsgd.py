@@ -16,8 +16,13 @@ One exchange between active i and passive j (both sides apply x ← x + (x_other
    update, and the sum of all parameters is preserved exactly by the averaging.
 Partners: `fixed` alternates each active between its two ring neighbours; `random` draws every
 round's partners from a permutation seeded by (strategy.seed, round), so nothing is negotiated.
-`delay_by_one`: the exchange of step k runs on the active's communication thread while step k+1's
-gradient is computed (x_{k+1} = W_k x_k − η g(x_{k−1})).
+`delay_by_one` (an active's steps; IBM ICASSP 2019): x_{k+1} = W_k x_k − η g(x_{k−1}). The
+exchange of x_k runs on the active's communication thread while the trainer computes g(x_k) on
+the unchanged x_k; the update then lands the exchange's half-step first (W_k x_k) and applies the
+gradient held since the previous step, g(x_{k−1}), holding g(x_k) for the next (`apply_update`).
+The first step has no g(x_{−1}) (it only mixes), the last gradient is never applied, and a pause
+(epoch end) lands the exchange in flight before the model is read. Passives already overlap: they
+answer from their thread while they compute, and step with their own current gradient.
 
 While a passive is paused (its trainer checkpoints or validates) it answers by echoing x_i_pre:
 the exchange then changes nothing on either side; an exchange that completes after its pause
@@ -69,7 +74,8 @@ class AdpsgdConfig:
     """fixed: each active alternates between its ring neighbours; random: partners from a
     permutation every learner draws from `seed` and the round (IBM ICASSP 2020)."""
     delay_by_one: bool = False
-    """Overlap the exchange of step k with the gradient of step k+1."""
+    """x_{k+1} = W_k x_k − η g(x_{k−1}) on actives: the exchange of x_k overlaps the computation of
+    g(x_k), which is applied one step later (module docstring)."""
     seed: int = 0
     """Seed of the random pattern's permutations (the same on every learner)."""
 
@@ -164,6 +170,10 @@ class AdpsgdStrategy(Strategy):
         self._group = None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._landing: torch.Tensor | None = None
+        """delay-by-one: the finished exchange's half-step, added when the update takes it (W_k x_k)."""
+        self._held_gradient: list[torch.Tensor | None] | None = None
+        """delay-by-one: g(x_{k−1}), the gradient of the previous step, applied at this one."""
         self._answerer: threading.Thread | None = None
         self._answer_error: BaseException | None = None
         self._said_goodbye = False
@@ -210,8 +220,18 @@ class AdpsgdStrategy(Strategy):
 
     # -- the trainer's hooks ---------------------------------------------------------------
     def apply_update(self, step_fn: Callable[[], None]) -> None:
-        with self._lock:
-            step_fn()
+        if self._executor is None:  # the gradient of the current x, now
+            with self._lock:
+                step_fn()
+            return
+        self._wait_pending()  # W_k x_k: the exchange of x_k, which ran while g(x_k) was computed
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        held, self._held_gradient = self._held_gradient, [p.grad for p in params]  # hold g(x_k)
+        for p, g in zip(params, held or [None] * len(params)):
+            p.grad = g
+        if held is not None:  # no g(x_{-1}) at the first step: x_1 = W_0 x_0
+            with self._lock:
+                step_fn()  # x_{k+1} = W_k x_k - lr g(x_{k-1})
 
     def after_step(self) -> None:
         self._raise_answer_error()
@@ -369,8 +389,11 @@ class AdpsgdStrategy(Strategy):
             self._lose(partner, exc, what)
             return
         delta = theirs.sub_(mine_pre).mul_(0.5).to(self._flat.device)
-        with self._lock:
-            self._flat.add_(delta)
+        if self._executor is not None:  # delay-by-one: lands at the update, never during g(x_k)
+            self._landing = delta
+        else:
+            with self._lock:
+                self._flat.add_(delta)
         dt = time.perf_counter() - t0
         self.counters.bytes_sent += exchange_traffic(mine_pre.numel(), mine_pre.element_size())["exchange"].bytes_sent
         self.counters.exchanges += 1
@@ -384,6 +407,10 @@ class AdpsgdStrategy(Strategy):
             pending, self._pending = self._pending, None
             pending.result()
             self.counters.wait_seconds += time.perf_counter() - t0
+        if self._landing is not None:
+            with self._lock:
+                self._flat.add_(self._landing)
+            self._landing = None
 
     def _say_goodbye(self) -> None:
         if self._said_goodbye or not self.ctx.distributed or not self.active:

@@ -71,10 +71,12 @@ class OneBitConfig:
     auto_batch_size: bool = False
     """CNTK's automatic minibatch-size search (`asrdist.optim.batch_search`) at every epoch start
     after the first: from the epoch-start state, trial global sizes data.batch_size x sqrt(2)^k
-    (multiples of 64, up to 2x the previous epoch's size) each train `batch_search_minibatches`;
+    (multiples of 64, up to 2x the previous epoch's size) each train on the same frames (those of
+    `batch_search_minibatches` at data.batch_size, as CNTK);
     the largest whose loss stays <= 1.01 x the base size's trains the epoch."""
     batch_search_minibatches: int = 10
-    """Minibatches trained per trial size by the search."""
+    """The search's budget per trial: this many minibatches of data.batch_size, in frames; every
+    trial size trains on those frames (fewer, larger minibatches at a larger size)."""
     momentum_correction: bool = True
     """With SGD momentum (or weight decay), each learner folds them into its own gradient before
     quantizing, and the optimizer applies the exchanged result as a plain step (see

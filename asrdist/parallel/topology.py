@@ -17,6 +17,18 @@ One round: every active learner i averages with one passive partner j, x_i, x_j 
     gives active number k the passive perm[k]; every learner computes it alone, nothing is sent.
 Both patterns pair the actives with distinct passives (a matching). Should a passive be asked
 twice, its averages are applied one after the other in ascending active rank (arrival order).
+
+``random`` and the IBM ICASSP 2020 scheme (Zhang et al., "Improving efficiency in large-scale
+decentralized distributed training"; the seeds hold its abstract: a larger spectral gap at the
+same communication cost). What is kept: one partner per exchange, drawn at random each round
+from a seed every learner shares, instead of a fixed ring neighbour. What asrdist does, exactly:
+each round is a uniformly random matching of the actives into the passives (active k meets each
+passive with probability 1/p), the active/passive split kept for deadlock freedom, so two actives
+(or two passives) never meet: the graph of possible partners is complete bipartite, not a ring
+reshuffled each round. Rounds are per active: every active counts its own exchanges
+(`AdpsgdStrategy._round`), so actives a round apart draw from different matchings and may ask
+the same passive at once (answered in arrival order). The matching, and E[WᵀW] below, hold
+round by round, i.e. in wall time only while the actives keep the same pace.
 For odd n the fixed ring never uses the edge n-2 -- n-1 (two passives), so it mixes like a path:
 its gap is about a quarter of the neighbouring even n's.
 """

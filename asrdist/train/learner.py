@@ -72,8 +72,9 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
     def search(tr: Trainer) -> None:
         epoch, previous = tr.state.epoch, tr.state.batch_size or base
         compute_seconds = tr.compute_seconds
+        # every trial size on the same frames: batch_search_minibatches at the base size (CNTK)
         trials = EpochStartTrials(tr.train_step, lambda size: sampler_at(size, epoch), tr.snapshot,
-                                  tr.restore_snapshot, cfg.strategy.batch_search_minibatches, agree)
+                                  tr.restore_snapshot, cfg.strategy.batch_search_minibatches * base, agree)
 
         def train_minibatches(size: int) -> float:
             try:

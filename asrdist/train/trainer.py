@@ -33,6 +33,7 @@ from asrdist.parallel.membership import progress_key
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import MetricsLog
 from asrdist.train.progress import EpochProgress
+from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
 
 class Sampler(Protocol):
@@ -424,7 +425,10 @@ class Trainer:
         return finished
 
     def _end_epoch(self) -> None:
-        record: dict[str, Any] = {"epoch": self.state.epoch, "train_loss": None}
+        # wall_seconds: the job's time to this epoch's model (since training started, every start
+        # summed), taken before validation: what `compare` reads time to a target from
+        record: dict[str, Any] = {"epoch": self.state.epoch, "train_loss": None,
+                                  "wall_seconds": round(self._wall_before + time.perf_counter() - self._started, 3)}
         if self.job_epochs:
             record["minibatches"] = self.sampler.last_taken  # this learner's share of the job's epoch
         last = self.state.epoch == self.epochs - 1 or self._done()
@@ -538,7 +542,8 @@ class Trainer:
 
 class _RateWindow:
     """Frames per second over a logging window: this learner's, and the job's (every learner adds
-    its frames to one counter in the job store; rank 0's rate is the counter's growth)."""
+    its frames to one counter in the job store; rank 0's rate is the counter's growth over its
+    window: the job's frames over wall seconds, `asrdist.utils.throughput`)."""
 
     def __init__(self, store):
         self.store, self.frames, self.t0 = store, 0, time.perf_counter()
@@ -554,7 +559,8 @@ class _RateWindow:
         now = time.perf_counter()
         elapsed = max(now - self.t0, 1e-9)
         total = self._job_total(self.frames)
-        learner = self.frames / elapsed
-        job = (total - self.job0) / elapsed if total is not None and self.job0 is not None else learner
+        learner = learner_frames_per_second(self.frames, elapsed)
+        job = (job_frames_per_second([total - self.job0], [elapsed]) if total is not None and self.job0 is not None
+               else learner)
         self.frames, self.t0, self.job0 = 0, now, total
         return learner, job

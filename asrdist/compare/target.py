@@ -1,0 +1,82 @@
+"""Time to accuracy: how long each run of a comparison took to reach a target error rate.
+
+A run's points are its validations (summary.json's `history`: the consensus model's error rate
+and `wall_seconds`, the job's seconds since training started, every --resume summed) and its
+final evaluation, at the run's `wall_seconds` (the model it evaluates exists when training ends).
+Its time to the target is the wall time of its first point at or below the target; a run with
+no such point never reached it. The target is `--target` or, by default, the best final error
+rate among the runs plus 5% of it (docs/measurements.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MARGIN = 0.05
+"""The default target: within this fraction (relative) of the best final figure among the runs."""
+TIE_SECONDS = 1e-3
+"""Times closer than this are a tie (wall seconds are recorded to the millisecond)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    """The error rate the target is on (per, cer or wer)."""
+    value: float
+    """A run reaches the target at its first point with error rate <= value."""
+    how: str
+    """Where the value came from, in words."""
+
+
+def default_target(finals: dict[str, float | None], metric: str, margin: float = DEFAULT_MARGIN) -> Target | None:
+    """Within `margin` (relative) of the best final error rate among the runs (run -> final figure,
+    None for a run that has none); None when no run has one."""
+    known = {run: value for run, value in finals.items() if value is not None}
+    if not known:
+        return None
+    best_run = min(known, key=known.get)
+    best = known[best_run]
+    return Target(metric, best * (1.0 + margin),
+                  f"within {margin:.0%} relative of the best final {metric.upper()} ({best:.4f}, {best_run})")
+
+
+def run_points(history: list[dict], metric: str, final_value: float | None,
+               final_seconds: float | None) -> list[tuple[float, float]]:
+    """(wall seconds, error rate) of a run's validations in order, then its final evaluation."""
+    points = [(float(r["wall_seconds"]), float(r[metric])) for r in history
+              if r.get("wall_seconds") is not None and r.get(metric) is not None]
+    if final_value is not None and final_seconds is not None:
+        points.append((float(final_seconds), float(final_value)))
+    return points
+
+
+def time_to_target(points: list[tuple[float, float]], target: float) -> float | None:
+    """The wall seconds of the first point (in time order) at or below `target`; None: never reached."""
+    return next((seconds for seconds, value in sorted(points, key=lambda p: p[0]) if value <= target), None)
+
+
+def first_to_target(times: dict[str, float | None]) -> list[str]:
+    """The runs that reached the target first (several when tied within TIE_SECONDS); [] if none did."""
+    reached = {run: t for run, t in times.items() if t is not None}
+    if not reached:
+        return []
+    first = min(reached.values())
+    return [run for run, t in reached.items() if t - first < TIE_SECONDS]
+
+
+def recommendation(target: Target | None, times: dict[str, float | None], setup: str) -> str:
+    """The line that names the strategy that got to the target first, on this machine (`setup`:
+    how many learners shared how many cores)."""
+    if target is None:
+        return "No recommendation: no run has a final error rate to set a target from."
+    goal = f"{target.metric.upper()} <= {target.value:.4f}"
+    winners = first_to_target(times)
+    if not winners:
+        return f"No recommendation: no run reached {goal} ({setup})."
+    seconds = times[winners[0]]
+    who = winners[0] if len(winners) == 1 else " and ".join(winners) + " (tied)"
+    others = sorted((t, run) for run, t in times.items() if t is not None and run not in winners)
+    behind = "; ".join(f"{run} {t:.1f} s ({t / seconds:.2f}x)" if seconds > 0 else f"{run} {t:.1f} s"
+                       for t, run in others)
+    never = [run for run, t in times.items() if t is None]
+    tail = (f"; then {behind}" if behind else "") + (f"; never: {', '.join(never)}" if never else "")
+    return f"Recommendation: {who} reached {goal} first on this machine, in {seconds:.1f} s{tail} ({setup})."

@@ -1,0 +1,59 @@
+"""Per-strategy recipes of `asrdist compare` (configs/recipes/): each strategy's optimizer section
+replaces the compared recipe's whole, its strategy keys are set, the user's overrides still win,
+and a bad recipe file is a one-line error naming it."""
+from __future__ import annotations
+
+import pytest
+
+from asrdist.compare.recipes import recipe_overrides, recipes_for
+from asrdist.compare.runs import resolve_all
+from asrdist.errors import ConfigError
+from tests.compare_fixture import CONFIG, TINY, make_corpus
+
+STRATEGIES = ["single", "sync", "onebit", "averaging", "adpsgd"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return make_corpus(tmp_path / "corpus")
+
+
+def test_each_strategy_gets_its_papers_optimizer(corpus):
+    configs = resolve_all(CONFIG, STRATEGIES, 4, corpus, TINY, recipes=recipes_for(STRATEGIES, same_recipe=False))
+    default = configs["sync"].optim  # no recipe file: the compared recipe's (Nesterov SGD)
+    assert (default.name, default.momentum, default.nesterov) == ("sgd", 0.9, True)
+    assert configs["single"].optim == default
+    onebit = configs["onebit"].optim  # CNTK: AdaGrad, no momentum
+    assert (onebit.name, onebit.lr, onebit.momentum, onebit.nesterov) == ("adagrad", 3.0, 0.0, False)
+    assert onebit.adagrad_skip_unseen
+    averaging = configs["averaging"]  # Kaldi: NG-SGD, no momentum, max-change, geometric decay
+    assert averaging.optim.natural_gradient and averaging.optim.max_change and averaging.optim.momentum == 0.0
+    assert (averaging.optim.decay, averaging.optim.final_lr) == ("geometric", 0.04)
+    assert averaging.optim.anneal_after_epoch is None  # the default recipe's annealing does not leak in
+    assert (averaging.strategy.average_every, averaging.strategy.scale_lr) == (10000, False)
+    adpsgd = configs["adpsgd"].optim  # IBM: warmup, lr scaled with the global batch
+    assert (adpsgd.warmup_steps, adpsgd.lr_scaling, adpsgd.reference_batch) == (200, "linear", 256)
+    # the model and data stay the compared recipe's
+    assert len({(c.model.hidden_dim, c.data.batch_size, c.train.epochs) for c in configs.values()}) == 1
+
+
+def test_same_recipe_and_user_overrides(corpus):
+    same = resolve_all(CONFIG, STRATEGIES, 4, corpus, TINY, recipes=recipes_for(STRATEGIES, same_recipe=True))
+    assert len({repr(c.optim) for c in same.values()}) == 1
+    own = resolve_all(CONFIG, ["onebit"], 4, corpus, [*TINY, "optim.max_change=true", "optim.lr=2.0"],
+                      recipes=recipes_for(["onebit"], same_recipe=False))
+    assert own["onebit"].optim.max_change and own["onebit"].optim.lr == 2.0  # the user's come after the recipe
+    assert own["onebit"].optim.name == "adagrad"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model:\n  name: dnn\n", "unknown recipe section 'model'"),
+    ("optim:\n  learning_rate: 0.1\n", "optim.learning_rate: unknown key"),
+    ("optim: [1\n", "not YAML"),
+])
+def test_a_bad_recipe_file_is_one_line_naming_it(tmp_path, text, message):
+    (tmp_path / "sync.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        recipe_overrides("sync", tmp_path)
+    assert str(tmp_path / "sync.yaml") in str(info.value) and "\n" not in str(info.value)
+    assert recipe_overrides("onebit", tmp_path) == []  # no file: the compared recipe

@@ -1,0 +1,68 @@
+"""Time to accuracy (`asrdist.compare.target`) on synthetic histories: reached at a later validation,
+at the first, never, only by the final evaluation, ties between runs, and the default target."""
+from __future__ import annotations
+
+import pytest
+
+from asrdist.compare.target import (Target, default_target, first_to_target, recommendation, run_points,
+                                    time_to_target)
+
+
+def _history(*points):
+    return [{"epoch": e, "wall_seconds": t, "per": v, "valid_loss": 1.0} for e, (t, v) in enumerate(points)]
+
+
+def test_the_first_validation_at_or_below_the_target_counts():
+    points = run_points(_history((10.0, 0.40), (20.0, 0.25), (30.0, 0.18), (40.0, 0.21)), "per", 0.19, 45.0)
+    assert time_to_target(points, 0.25) == 20.0  # at the target counts as reached
+    assert time_to_target(points, 0.20) == 30.0  # not the later 0.21, nor the final 0.19
+    assert time_to_target(points, 0.249) == 30.0
+
+
+def test_reached_at_the_first_validation():
+    assert time_to_target(run_points(_history((5.5, 0.1), (9.0, 0.05)), "per", 0.05, 10.0), 0.3) == 5.5
+
+
+def test_never_reached_is_none():
+    points = run_points(_history((10.0, 0.40), (20.0, 0.30)), "per", 0.29, 25.0)
+    assert time_to_target(points, 0.2) is None
+    assert time_to_target([], 0.2) is None
+
+
+def test_the_final_evaluation_is_the_last_point():
+    """A run whose consensus model only gets there after its final average reaches it at its end."""
+    points = run_points(_history((10.0, 0.30), (20.0, 0.22)), "per", 0.20, 21.5)
+    assert points[-1] == (21.5, 0.20)
+    assert time_to_target(points, 0.21) == 21.5
+
+
+def test_points_without_a_wall_time_or_the_metric_are_left_out():
+    history = [{"epoch": 0, "per": 0.1}, {"epoch": 1, "wall_seconds": 8.0, "cer": 0.1},
+               {"epoch": 2, "wall_seconds": 12.0, "per": 0.15}]
+    assert run_points(history, "per", None, None) == [(12.0, 0.15)]
+
+
+def test_the_default_target_is_within_five_percent_of_the_best_final_figure():
+    target = default_target({"sync": 0.30, "adpsgd": 0.20, "failed": None}, "per")
+    assert target.value == pytest.approx(0.21)
+    assert target.metric == "per" and "adpsgd" in target.how and "5%" in target.how
+    assert default_target({"a": None}, "per") is None
+    assert default_target({"a": 0.0}, "per").value == 0.0  # a perfect run: the others must be perfect too
+
+
+def test_first_to_target_with_ties_and_without_anyone():
+    assert first_to_target({"sync": 12.0, "adpsgd": 8.0, "onebit": None}) == ["adpsgd"]
+    assert first_to_target({"sync": 8.0, "adpsgd": 8.0, "onebit": 9.0}) == ["sync", "adpsgd"]
+    assert first_to_target({"sync": None, "adpsgd": None}) == []
+
+
+def test_the_recommendation_names_the_first_ties_and_never():
+    target = Target("per", 0.21, "given")
+    setup = "4 learner(s) x 1 thread(s) sharing 2 CPU core(s)"
+    line = recommendation(target, {"sync": 12.0, "adpsgd": 8.0, "onebit": None}, setup)
+    assert line.startswith("Recommendation: adpsgd reached PER <= 0.2100 first on this machine, in 8.0 s")
+    assert "sync 12.0 s (1.50x)" in line and "never: onebit" in line and setup in line
+    tied = recommendation(target, {"sync": 8.0, "adpsgd": 8.0}, setup)
+    assert "sync and adpsgd (tied)" in tied
+    assert recommendation(target, {"sync": None}, setup).startswith("No recommendation: no run reached PER <= 0.2100")
+    assert recommendation(None, {"sync": None}, setup).startswith("No recommendation")
