@@ -144,5 +144,5 @@ def test_a_multi_learner_run_builds_the_kernel_once_before_its_learners_start(mo
                             (OptimConfig(), [("workers",)])):
         events.clear()
         cfg = RunConfig(optim=optim, train=TrainConfig(learners=2), strategy_name="sync")
-        launch._start_learners(cfg, None, args, nodes=1, network="1gbit")
+        launch._start_learners(cfg, None, args, nodes=1, network="1gbit", resume=False)
         assert events == expected
