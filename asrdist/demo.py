@@ -108,5 +108,7 @@ def demo_command(args) -> int:
     print(target_line(summary))
     print()
     print(format_table(summary))
+    for line in summary["behind_sync"]:
+        print(f"note: {line}")
     print(f"\nreport: {(out / 'report.html').resolve()}   (open it in a browser)   summary: {out / 'summary.json'}")
     return 0

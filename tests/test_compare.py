@@ -78,6 +78,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
     summary = json.loads((out / "summary.json").read_text())
     assert summary["strategies"] == ["single", "sync", "onebit"] and summary["learners"] == 2
     assert summary["metric"] == "per" and summary["network"] == "loopback" and summary["cores"] == 2
+    assert summary["behind_sync"] == []  # onebit's 0.22 is 5% above sync's 0.21: within the 10%
     single, sync, onebit = summary["runs"]
     assert (single["learners"], sync["learners"]) == (1, 2)  # single is the one-learner baseline
     # the simulator gets each run's own config and learners, and the lone learner's time per frame

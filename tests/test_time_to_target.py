@@ -66,3 +66,16 @@ def test_the_recommendation_names_the_first_ties_and_never():
     assert "sync and adpsgd (tied)" in tied
     assert recommendation(target, {"sync": None}, setup).startswith("No recommendation: no run reached PER <= 0.2100")
     assert recommendation(None, {"sync": None}, setup).startswith("No recommendation")
+
+
+def test_a_strategy_more_than_ten_percent_behind_sync_is_named_and_others_are_not():
+    from asrdist.compare.target import behind_sync
+
+    runs = [{"run": "sync", "strategy": "sync", "error_rate": 0.05, "epochs": 2, "failed": None},
+            {"run": "onebit", "strategy": "onebit", "error_rate": 0.0555, "epochs": 2, "failed": None},  # +11%
+            {"run": "adpsgd", "strategy": "adpsgd", "error_rate": 0.0545, "epochs": 2, "failed": None},  # +9%
+            {"run": "averaging", "strategy": "averaging", "error_rate": 0.09, "epochs": 4, "failed": None},
+            {"run": "hybrid", "strategy": "hybrid", "error_rate": None, "epochs": 2, "failed": "boom"}]
+    lines = behind_sync(runs, "per")
+    assert len(lines) == 1 and lines[0].startswith("onebit: PER 0.0555 is 11% above sync's 0.0500 after the same 2")
+    assert behind_sync([r for r in runs if r["run"] != "sync"], "per") == []  # nothing to compare with

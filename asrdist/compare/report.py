@@ -10,7 +10,7 @@ from pathlib import Path
 
 from asrdist.compare.prediction import nearest_validated, ranking_line, time_to_target_check, uncertainty_line
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
-from asrdist.compare.target import Target, default_target, recommendation, time_to_target
+from asrdist.compare.target import Target, behind_sync, default_target, recommendation, time_to_target
 from asrdist.errors import AsrdistError
 from asrdist.utils.io import write_json_atomic, write_text_atomic
 
@@ -90,6 +90,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
             "one_learner_step_seconds_per_frame": spf, "one_learner_run": lone["run"] if lone else None,
             "machine": {k: v for k, v in machine.items() if k != "step_cost_ratio"}, "runs": runs,
             "time_to_target_prediction": time_to_target_check(runs, goal.value if goal else None),
+            "behind_sync": behind_sync(runs, metric),
             "table": {"columns": columns, "rows": rows}}
 
 
@@ -278,6 +279,7 @@ def render_html(summary: dict) -> str:
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
+    notes += "".join(f"<li>{esc(line)}</li>" for line in summary.get("behind_sync", []))
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))
     return f"""<!DOCTYPE html>

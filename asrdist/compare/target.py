@@ -80,3 +80,28 @@ def recommendation(target: Target | None, times: dict[str, float | None], setup:
     never = [run for run, t in times.items() if t is None]
     tail = (f"; then {behind}" if behind else "") + (f"; never: {', '.join(never)}" if never else "")
     return f"Recommendation: {who} reached {goal} first on this machine, in {seconds:.1f} s{tail} ({setup})."
+
+
+SYNC_MARGIN = 0.10
+"""DESIGN.md §7: every strategy, with its own recipe, within 10% relative of sync's error rate."""
+
+
+def behind_sync(runs: list[dict], metric: str, margin: float = SYNC_MARGIN) -> list[str]:
+    """A line for each run whose final error rate is more than `margin` (relative) above the sync
+    run's after the same epochs, so that a report never lets such a gap pass unsaid. Runs of other
+    epochs than sync's are not compared (their gap would say nothing about the strategy)."""
+    sync = next((r for r in runs if r.get("strategy") == "sync" and not r.get("failed")
+                 and r.get("error_rate") is not None), None)
+    if sync is None or not sync["error_rate"] > 0:
+        return []
+    lines = []
+    for r in runs:
+        if r is sync or r.get("failed") or r.get("error_rate") is None or r.get("epochs") != sync.get("epochs"):
+            continue
+        gap = r["error_rate"] / sync["error_rate"] - 1
+        if gap > margin:
+            lines.append(f"{r['run']}: {metric.upper()} {r['error_rate']:.4f} is {gap:.0%} above sync's "
+                         f"{sync['error_rate']:.4f} after the same {sync['epochs']} epoch(s), beyond the "
+                         f"{margin:.0%} a strategy's own recipe aims for: its recipe may need more epochs or "
+                         f"other settings (docs/measurements.md)")
+    return lines
