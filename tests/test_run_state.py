@@ -171,14 +171,20 @@ def test_the_minibatch_a_lost_learner_held_is_trained_again_in_the_survivors_epo
     assert samplers[0].last_retrained + samplers[2].last_retrained == 1
 
 
-def test_a_lost_nodes_unit_is_trained_again_by_a_surviving_node():
+def _two_nodes_of_two():
+    """Four learners in nodes of two over one job-wide order of 12 units; `lost` (ranks) is what
+    every sampler's membership view reports, `taken` each rank's claimed units."""
     store, order = dist.HashStore(), ListOrder(12)
     samplers = [JobEpochSampler(order, store, 4, group_size=2, rank=r) for r in range(4)]
     lost: list[int] = []
     for s in samplers:
         s.lost_ranks = lambda: list(lost)
-    iters = [iter(s) for s in samplers]
     taken: dict[int, list[int]] = {r: [] for r in range(4)}
+    return order, samplers, lost, [iter(s) for s in samplers], taken
+
+
+def test_a_lost_nodes_unit_is_trained_again_by_a_surviving_node():
+    order, samplers, lost, iters, taken = _two_nodes_of_two()
     for r in (0, 1, 2, 3):
         taken[r].append(_claimed(order, next(iters[r])))
     held = [taken[2].pop(), taken[3].pop()]  # node 1 dies in its first step
@@ -292,13 +298,7 @@ def test_a_loss_found_after_the_others_used_up_the_order_is_still_trained_again(
 def test_a_lost_node_member_that_died_between_two_steps_is_not_counted_twice():
     """Rank 3 finished its node's unit with rank 2 and died before reading the next claim; rank 2
     claimed it and died in it: the node held one unit, which a surviving node trains again."""
-    store, order = dist.HashStore(), ListOrder(12)
-    samplers = [JobEpochSampler(order, store, 4, group_size=2, rank=r) for r in range(4)]
-    lost: list[int] = []
-    for s in samplers:
-        s.lost_ranks = lambda: list(lost)
-    iters = [iter(s) for s in samplers]
-    taken: dict[int, list[int]] = {r: [] for r in range(4)}
+    order, samplers, lost, iters, taken = _two_nodes_of_two()
     for r in (0, 1, 2, 3, 2):  # node 1 finishes a unit; its leader takes the next, its member never does
         taken[r].append(_claimed(order, next(iters[r])))
     held = taken[2].pop()
