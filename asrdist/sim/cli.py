@@ -81,14 +81,14 @@ def build_job(args):
     m = MODELS[args.model]
     shapes = model_shapes(m["model"], m["feature_dim"], m["num_classes"])
     if args.seconds_per_frame is not None:
-        spf, overhead = args.seconds_per_frame, 0.0
+        spf = args.seconds_per_frame
     else:
         from asrdist.sim.measured import all_devices
 
         devices = all_devices()  # the papers' presets and those measured by scripts/gpu_check.sh
         if args.device not in devices:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(devices)})")
-        spf, overhead = seconds_per_frame(devices[args.device], parameter_count(shapes)), 0.0
+        spf = seconds_per_frame(devices[args.device], parameter_count(shapes))
     cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
@@ -108,7 +108,7 @@ def build_job(args):
         cfg = _strategy_config(args.strategy, settings)
     elif settings:
         raise ConfigError("--set needs --strategy")
-    return Job(args.strategy or "sync", cfg, shapes, cluster, batch, spf, step_overhead=overhead,
+    return Job(args.strategy or "sync", cfg, shapes, cluster, batch, spf,
                quantize_cost=args.quantize_ns * 1e-9, frames_per_epoch=args.frames_per_epoch,
                epochs=args.epochs, slowdown=slowdown, jitter=args.jitter)
 
