@@ -68,7 +68,7 @@ def demo_command(args) -> int:
     from asrdist.compare.recipes import recipes_for
     from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
     from asrdist.eval.evaluate import evaluate_split
-    from asrdist.eval.run import evaluate_run, load_run_model
+    from asrdist.run.evaluate import evaluate_run, load_run_model
 
     strategies = ["single", *[n for n in parse_strategies(args.strategies) if n != "single"]]
     work = args.workdir

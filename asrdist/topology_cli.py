@@ -76,7 +76,7 @@ def _topology(args) -> int:
     if args.json is None and args.plot is None:
         return 0
 
-    from asrdist.utils.io import atomic_path, write_json_atomic
+    from asrdist.io.atomic import atomic_path, write_json_atomic
 
     curve = topology.gap_curve(seed=seed)
     if args.json is not None:

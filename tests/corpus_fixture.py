@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.corpus.audio import num_frames, write_wav
-from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.io.audio import num_frames, write_wav
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.phones import PHONES, PhoneTable
 
 RATE = 16000

@@ -226,7 +226,7 @@ def test_speakers_held_to_the_word_frequencies_are_named(capsys):
 
 
 def test_word_balance_takes_the_training_word_frequencies(tmp_path, capsys):
-    from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+    from asrdist.io.kaldi_dir import Utterance, write_data_dir
     from asrdist.data.targets import CharTokenizer
     from asrdist.eval.adapt import word_balance
     from asrdist.eval.vocabulary import VocabularySearch

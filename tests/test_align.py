@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asrdist.align.graph import build_graph, viterbi_align
+from asrdist.eval.align_graph import build_graph, viterbi_align
 from asrdist.errors import DataError
 
 SIL = 0
@@ -80,7 +80,7 @@ def hybrid_run(tmp_path_factory):
 
 def test_align_cli_recovers_the_corpus_alignments(hybrid_run, tmp_path: Path, capsys):
     from asrdist.cli import main
-    from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
+    from asrdist.io.kaldi_dir import read_alignments, read_data_dir
     from asrdist.corpus.phones import PHONES
 
     corpus, run = hybrid_run
@@ -117,8 +117,8 @@ def test_align_refuses_a_character_model_before_writing(tmp_path: Path, capsys):
     from asrdist.cli import main
     from asrdist.config import load_config
     from asrdist.data.targets import CharTokenizer
-    from asrdist.train.prepare import save_targets
-    from asrdist.train.task import build_model_for
+    from asrdist.run.prepare import save_targets
+    from asrdist.run.task import build_model_for
 
     cfg = load_config("configs/fsdd.yaml")
     targets = {"kind": "chars", "phones": ["sil"], "silence_id": 0,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.kaldi_dir import read_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 AN4 = ROOT.parent / "shared" / "data" / "an4"

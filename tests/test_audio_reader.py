@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asrdist.corpus.audio import read_wav, read_wav_format, write_wav
+from asrdist.io.audio import read_wav, read_wav_format, write_wav
 from asrdist.errors import DataError
 
 RATE = 8000

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asrdist.config import load_config
-from asrdist.corpus.audio import num_frames
+from asrdist.io.audio import num_frames
 from asrdist.data.augment import (AugmentedStore, SpecAugment, add_noise, build_augmented_store, copy_plan,
                                   speed_perturb, stretch_labels, training_store, warp_bins, warp_positions)
 from asrdist.data.batch import Batch
@@ -140,7 +140,7 @@ def test_config_ranges(override: str, key: str):
 
 def test_augmented_store_feeds_the_samplers_with_stretched_labels(tmp_path: Path):
     from asrdist.cli import main
-    from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
+    from asrdist.io.kaldi_dir import read_alignments, read_data_dir
     from asrdist.data.samplers import FrameSampler, UtteranceBatchSampler
     from corpus_fixture import make_tone_corpus
 

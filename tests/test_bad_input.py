@@ -24,8 +24,8 @@ import torch
 import yaml
 
 from asrdist.cli import main
-from asrdist.corpus.audio import read_wav
-from asrdist.corpus.kaldi_dir import read_alignments, write_alignments
+from asrdist.io.audio import read_wav
+from asrdist.io.kaldi_dir import read_alignments, write_alignments
 from asrdist.errors import DataError
 from asrdist.features.store import FeatureStore
 from asrdist.train import checkpoint as ckpt
@@ -518,7 +518,7 @@ def test_a_run_directory_a_failed_start_left_only_reports_in_can_take_a_new_run(
     """A multi-learner start that failed before its first checkpoint leaves its reports (launcher.log,
     failed-rank-K.txt): the same --out starts again, where it was refused as not empty."""
     from asrdist.errors import AsrdistError
-    from asrdist.train.launch import check_new_run_dir
+    from asrdist.run.launch import check_new_run_dir
 
     run = tmp_path / "run"
     run.mkdir()

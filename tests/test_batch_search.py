@@ -163,8 +163,8 @@ def _learner(corpus, tmp_path):
     from asrdist.parallel.base import LearnerContext
     from asrdist.parallel.onebit import OneBitStrategy
     from asrdist.train import checkpoint as ckpt
-    from asrdist.train.prepare import build_targets, frame_labels
-    from asrdist.train.task import SpeechTask
+    from asrdist.run.prepare import build_targets, frame_labels
+    from asrdist.run.task import SpeechTask
     from asrdist.train.trainer import Trainer, TrainerHooks
 
     torch.set_num_threads(1)

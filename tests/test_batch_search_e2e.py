@@ -16,7 +16,7 @@ from asrdist.optim.batch_search import trial_sizes
 from asrdist.optim.build import OptimConfig
 from asrdist.optim.schedules import LRSchedule
 from asrdist.parallel.base import LearnerContext
-from asrdist.train.learner import batch_search_hooks
+from asrdist.run.learner import batch_search_hooks
 from asrdist.train.metrics import read_metrics
 from tests.corpus_fixture import make_tone_corpus
 

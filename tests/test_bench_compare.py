@@ -55,7 +55,7 @@ def test_other_benchmarks_still_require_json():
 def test_train_reuses_finished_runs_of_the_same_recipe(tmp_path, capsys, monkeypatch):
     """`--train` is `asrdist compare`'s training (asrdist/compare/runs.py, trained end to end in
     tests/test_compare.py): finished runs of the same recipe are read, not trained again."""
-    import asrdist.train.launch as launch
+    import asrdist.run.launch as launch
     from tests.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
 
     corpus, out, first = make_corpus(tmp_path / "corpus"), tmp_path / "compare", tmp_path / "first.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import asrdist.train.launch as launch
+import asrdist.run.launch as launch
 from asrdist.cli import build_parser, main
 from asrdist.compare.report import build_summary
 from asrdist.compare.runs import resolve_all, train_missing

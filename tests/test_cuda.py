@@ -26,7 +26,7 @@ from asrdist.parallel import build_strategy, strategy_config_class
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.synthetic import SyntheticSampler
-from asrdist.train.task import SpeechTask
+from asrdist.run.task import SpeechTask
 from asrdist.train.trainer import Trainer, TrainerHooks
 from dist_utils import learner_context, run_distributed
 from strategy_harness import make_trainer, train_steps

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.eval.transcribe import features_of, normalize, raw_features, read_utt2spk
 from asrdist.errors import DataError
 from fsdd_kaldi import FSDD, make_kaldi_tree
@@ -113,7 +113,7 @@ def test_a_lone_file_is_normalised_as_asrdist_features_normalises_a_one_file_spe
     `asrdist decode` of the file alone says what `asrdist eval` says of it as its own speaker."""
     import shutil
 
-    from asrdist.eval.run import load_run_model
+    from asrdist.run.evaluate import load_run_model
     from asrdist.features.store import FeatureStore
 
     run, corpus = speaker_run
@@ -144,9 +144,9 @@ def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_p
     features when they are still the run's (rate, bins, CMVN); otherwise files keep their own."""
     import shutil
 
-    from asrdist.eval.run import load_run_model
+    from asrdist.run.evaluate import load_run_model
     from asrdist.eval.transcribe import _front_end
-    from asrdist.train.prepare import load_targets, save_targets
+    from asrdist.run.prepare import load_targets, save_targets
 
     run, corpus = speaker_run
     old = tmp_path / "run"
@@ -249,7 +249,7 @@ def test_a_channel_of_a_stereo_file_decodes_as_that_channel_alone(speaker_run, t
     it such a file is refused in one line that names the option decode has."""
     import soundfile as sf
 
-    from asrdist.corpus.audio import read_wav
+    from asrdist.io.audio import read_wav
 
     run, corpus = speaker_run
     _, wavs = _test_files(corpus)

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from asrdist.cli import main
 from asrdist.config import config_from_tree
-from asrdist.eval.run import load_run_model
+from asrdist.run.evaluate import load_run_model
 from asrdist.optim.ng_layers import AffineLSTM, apply_natural_gradient
 from asrdist.train.checkpoint import save_model
-from asrdist.train.prepare import save_targets
-from asrdist.train.task import build_model_for
+from asrdist.run.prepare import save_targets
+from asrdist.run.task import build_model_for
 from tests.corpus_fixture import make_tone_corpus
 
 INPUT_DIM, CLASSES, CHUNK = 6, 5, 7

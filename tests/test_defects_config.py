@@ -23,7 +23,7 @@ from asrdist import config as config_module
 from asrdist.config import config_from_tree, load_config
 from asrdist.errors import ConfigError
 from asrdist.parallel import STRATEGIES, strategy_config_class
-from asrdist.train import launch
+from asrdist.run import launch
 from tests.corpus_fixture import make_tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,7 +238,7 @@ def test_switching_strategy_names_the_recipe_strategy_settings_it_drops(tmp_path
     it leaves out are named, so `pattern: random` is not thought to reach hierarchical."""
     import argparse
 
-    from asrdist.train.launch import resolve_config
+    from asrdist.run.launch import resolve_config
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("strategy:\n  name: adpsgd\n  pattern: random\n  delay_by_one: true\n")
@@ -261,7 +261,7 @@ def test_switching_strategy_names_the_recipe_strategy_settings_it_drops(tmp_path
 def test_a_flag_and_an_override_of_the_same_key_are_refused(tmp_path, flag, value, override):
     import argparse
 
-    from asrdist.train.launch import resolve_config
+    from asrdist.run.launch import resolve_config
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("strategy:\n  name: sync\n")
@@ -276,7 +276,7 @@ def test_a_flag_and_an_override_of_the_same_key_are_refused(tmp_path, flag, valu
 def test_a_job_too_large_for_this_machine_is_refused_and_oversubscribed_threads_noted(monkeypatch, capsys):
     from asrdist.config import load_config
     from asrdist.errors import ConfigError
-    from asrdist.train import launch
+    from asrdist.run import launch
 
     cfg = load_config(str(ROOT / "configs/default.yaml"))
     monkeypatch.setattr(launch, "_available_memory", lambda: 24 * 2 ** 30)

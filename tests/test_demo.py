@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import asrdist.train.launch as launch
+import asrdist.run.launch as launch
 from asrdist.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def test_a_corpus_without_test_split_names_the_splits_it_has(tmp_path):
     import pytest
 
     from asrdist.errors import DataError
-    from asrdist.eval.run import resolve_split
+    from asrdist.run.evaluate import resolve_split
 
     for name in ("train", "valid"):
         (tmp_path / name).mkdir()

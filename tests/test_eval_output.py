@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from asrdist.cli import main
-from asrdist.corpus.audio import read_wav, write_wav
-from asrdist.corpus.kaldi_dir import read_data_dir
-from asrdist.eval import run as eval_run
+from asrdist.io.audio import read_wav, write_wav
+from asrdist.io.kaldi_dir import read_data_dir
+from asrdist.run import evaluate as eval_run
 from fsdd_kaldi import FSDD, make_kaldi_tree
 from test_audio_reader import PCM_GUID, fmt_chunk, wav_bytes
 
@@ -316,7 +316,7 @@ def test_eval_out_never_replaces_a_file_of_the_split_it_reads(tmp_path):
     import pytest
 
     from asrdist.errors import OutputError
-    from asrdist.utils.io import check_output_file
+    from asrdist.io.atomic import check_output_file
 
     split = tmp_path / "test"
     split.mkdir()

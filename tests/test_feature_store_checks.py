@@ -19,12 +19,12 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.config import load_config
-from asrdist.corpus.audio import read_wav, resample, write_wav
-from asrdist.corpus.kaldi_dir import read_data_dir, write_data_dir
+from asrdist.io.audio import read_wav, resample, write_wav
+from asrdist.io.kaldi_dir import read_data_dir, write_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features.extract import extract_features
 from asrdist.features.store import FeatureStore
-from asrdist.train.prepare import ensure_features, feature_mismatch
+from asrdist.run.prepare import ensure_features, feature_mismatch
 from tests.corpus_fixture import make_tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,7 +287,7 @@ def test_a_character_outside_the_alphabet_is_noted_with_its_file_and_utterance(t
 
     from asrdist.data.targets import CharTokenizer
     from asrdist.errors import DataError
-    from asrdist.train.prepare import ctc_tokens
+    from asrdist.run.prepare import ctc_tokens
 
     split = tmp_path / "test"
     split.mkdir()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import num_frames, write_wav
-from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.io.audio import num_frames, write_wav
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features.fbank import check_mel_bins, compute_fbank
 from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
@@ -317,7 +317,7 @@ def test_bad_input_fails_cleanly_or_is_skipped(corpus: Path, tmp_path: Path, cap
     assert bad_utt not in FeatureStore(corpus / "test") and len(FeatureStore(corpus / "test")) == 1
     if how in ("corrupt", "long"):  # a recipe's other settings re-extract, skipping what the user skipped
         from asrdist.config import config_from_tree
-        from asrdist.train.prepare import ensure_features
+        from asrdist.run.prepare import ensure_features
 
         capsys.readouterr()
         ensure_features(corpus, config_from_tree({"data": {"num_mel_bins": 23, "cmvn": "speaker"}}), progress=False)

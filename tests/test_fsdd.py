@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import num_frames, read_wav
+from asrdist.io.audio import num_frames, read_wav
 from asrdist.corpus.fsdd import DIGIT_WORDS, build_fsdd
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.corpus.phones import PhoneTable
 
 # ../shared beside the checkout, as in CI and in the project layout

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import read_wav
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.audio import read_wav
+from asrdist.io.kaldi_dir import read_data_dir
 from fsdd_kaldi import FSDD, WORDS, make_kaldi_tree
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
@@ -182,7 +182,7 @@ def test_empty_transcripts_are_counted_in_the_corpus_summary(tmp_path: Path):
 
 
 def test_audio_at_other_rates_is_resampled_on_request_and_a_chosen_channel_stored_as_mono(tmp_path: Path, capsys):
-    from asrdist.corpus.audio import resample, write_wav
+    from asrdist.io.audio import resample, write_wav
     from asrdist.features.extract import extract_features
 
     src = make_kaldi_tree(tmp_path)

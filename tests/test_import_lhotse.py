@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import read_wav
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.audio import read_wav
+from asrdist.io.kaldi_dir import read_data_dir
 from fsdd_kaldi import FSDD, WORDS, copy_recordings
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
@@ -25,7 +25,7 @@ def _manifests(root: Path, part: str, speakers, flac: bool = False, drop_speaker
     recordings, supervisions = [], []
     for utt, spk, digit, path in copy_recordings(root / "audio", speakers):
         if rate is not None:  # recorded at another rate
-            from asrdist.corpus.audio import resample, write_wav
+            from asrdist.io.audio import resample, write_wav
 
             samples, own = read_wav(path)
             write_wav(path, resample(samples, own, rate), rate)
@@ -223,7 +223,7 @@ def test_empty_transcripts_are_kept_and_counted(tmp_path: Path):
 def test_other_rates_are_resampled_on_request_and_overlong_supervisions_cut(tmp_path: Path, capsys):
     """A 16 kHz test part in an 8 kHz corpus: refused, or resampled into the corpus with
     --sample-rate; a supervision ending 50 ms after its recording (rounded times) is cut there."""
-    from asrdist.corpus.audio import resample
+    from asrdist.io.audio import resample
 
     src = tmp_path / "manifests"
     _manifests(src, "train", ("george", "jackson"))

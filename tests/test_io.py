@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asrdist.utils.io import atomic_dir, sigterm_as_exit
+from asrdist.io.atomic import atomic_dir, sigterm_as_exit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_sigterm_inside_atomic_dir_leaves_nothing_behind(tmp_path, sig):
     out = tmp_path / "corpus"
     script = textwrap.dedent(f"""
         import sys, time
-        from asrdist.utils.io import atomic_dir
+        from asrdist.io.atomic import atomic_dir
         with atomic_dir({str(out)!r}) as tmp:
             (tmp / "part.txt").write_text("half")
             print("ready", flush=True)
@@ -42,7 +42,7 @@ def test_an_ignored_sighup_stays_ignored_inside_atomic_dir(tmp_path):
     out = tmp_path / "corpus"
     script = textwrap.dedent(f"""
         import signal, sys
-        from asrdist.utils.io import atomic_dir
+        from asrdist.io.atomic import atomic_dir
         with atomic_dir({str(out)!r}) as tmp:
             (tmp / "part.txt").write_text("whole")
             print("ready", flush=True)
@@ -137,7 +137,7 @@ def test_atomic_files_and_dirs_follow_the_umask(tmp_path):
     import os
     import stat
 
-    from asrdist.utils.io import write_text_atomic
+    from asrdist.io.atomic import write_text_atomic
 
     old = os.umask(0o022)
     try:
@@ -179,7 +179,7 @@ def test_an_output_where_nothing_can_be_created_is_one_error_naming_it():
     import pytest
 
     from asrdist.errors import OutputError
-    from asrdist.utils.io import atomic_path
+    from asrdist.io.atomic import atomic_path
 
     for make in (atomic_dir, atomic_path):
         with pytest.raises(OutputError, match=r"^/proc/asrdist-out: cannot write: No such file or directory$"):
@@ -192,7 +192,7 @@ def test_an_output_directory_inside_an_input_is_not_replaced(tmp_path):
     import pytest
 
     from asrdist.errors import AsrdistError
-    from asrdist.utils.io import check_output_dir
+    from asrdist.io.atomic import check_output_dir
 
     (tmp_path / "src" / "train").mkdir(parents=True)
     (tmp_path / "src" / "train" / "wav.scp").write_text("u1 /a.wav\n")
@@ -205,7 +205,7 @@ def test_an_output_directory_inside_an_input_is_not_replaced(tmp_path):
 def test_json_files_are_strict_json_even_after_a_divergence(tmp_path):
     import json
 
-    from asrdist.utils.io import write_json_atomic
+    from asrdist.io.atomic import write_json_atomic
 
     write_json_atomic(tmp_path / "s.json", {"loss": float("nan"), "curve": [1.0, float("inf")], "ok": 2})
     text = (tmp_path / "s.json").read_text()
@@ -222,7 +222,7 @@ def test_pool_workers_started_inside_leave_ctrl_c_to_the_parent():
     # and one raising between tasks hung the pool's shutdown (asrdist features, 1 Ctrl-C in 8)
     from multiprocessing import get_context
 
-    from asrdist.utils.io import interrupts_left_to_parent
+    from asrdist.io.atomic import interrupts_left_to_parent
 
     handler = signal.getsignal(signal.SIGINT)
     with interrupts_left_to_parent():
@@ -248,7 +248,7 @@ def test_an_output_error_inside_a_temporary_beside_out_names_out(tmp_path):
     import errno
 
     from asrdist.errors import OutputError
-    from asrdist.utils.io import output_errors
+    from asrdist.io.atomic import output_errors
 
     out = tmp_path / "c"
     with pytest.raises(OutputError) as said, output_errors(out):

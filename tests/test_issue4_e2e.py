@@ -14,7 +14,7 @@ import torch
 
 from asrdist.cli import main
 from asrdist.config import load_config
-from asrdist.train.launch import prepare_run_dir
+from asrdist.run.launch import prepare_run_dir
 from tests.corpus_fixture import make_tone_corpus
 from tests.dist_utils import run_distributed
 
@@ -72,7 +72,7 @@ def _learner(rank: int, world_size: int, run_dir: str):
 
     from asrdist.config import config_from_tree
     from asrdist.parallel.base import LearnerContext
-    from asrdist.train.learner import run_learner
+    from asrdist.run.learner import run_learner
 
     cfg = config_from_tree(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
     ctx = LearnerContext(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
-from asrdist.corpus.audio import num_frames, read_wav, write_wav
+from asrdist.io.audio import num_frames, read_wav, write_wav
 from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features.store import FeatureStore
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from asrdist.config import RunConfig, config_from_tree
-from asrdist.train.launch import check_job
+from asrdist.run.launch import check_job
 
 
 def _config(strategy: str, learners: int, group_size: int = 0) -> RunConfig:
@@ -35,7 +35,7 @@ def test_a_failed_start_takes_back_its_tensorboard_file_and_a_divergence_advises
     import pytest
 
     from asrdist.errors import TrainingError
-    from asrdist.train.rundir import undone_on_failure
+    from asrdist.run.rundir import undone_on_failure
 
     run = tmp_path / "run"
     (run / "tensorboard").mkdir(parents=True)
@@ -57,7 +57,7 @@ def test_a_run_directory_is_held_by_one_command_at_a_time(tmp_path):
     import pytest
 
     from asrdist.errors import ConfigError
-    from asrdist.train.rundir import locked
+    from asrdist.run.rundir import locked
 
     with locked(tmp_path):
         with pytest.raises(ConfigError, match="another asrdist command is training this run now"):

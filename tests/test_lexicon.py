@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.lexicon import Lexicon, lexicon_phone_tokens, report_missing, store_lexicon
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
@@ -72,7 +72,7 @@ def test_corpus_lexicon_gives_phone_targets_of_an_unaligned_split(tmp_path: Path
 
 def test_import_kaldi_stores_the_lexicon_and_refuses_a_bad_one_up_front(tmp_path: Path, capsys):
     from asrdist.cli import main
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
     from corpus_fixture import make_tone_corpus
 
     src = make_tone_corpus(tmp_path / "src", utterances_per_speaker=2, speakers=4, seed=0)

@@ -130,7 +130,7 @@ def test_a_multi_learner_run_builds_the_kernel_once_before_its_learners_start(mo
     from types import SimpleNamespace
 
     import asrdist.optim.ngsgd as ngsgd
-    import asrdist.train.launch as launch
+    import asrdist.run.launch as launch
     from asrdist.config import RunConfig, TrainConfig
 
     events = []

@@ -37,7 +37,7 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     args = ["prepare", str(ROOT / "configs/default.yaml"), "--out", str(run), "--data", str(tone_corpus), *TINY]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "asrdist.train.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
+    assert "asrdist.run.worker" in out and json.loads(out[:out.index("}") + 1])["run_dir"] == str(run.resolve())
     assert {"config.yaml", "targets.pt", "env.json", "state.json"} <= {p.name for p in run.iterdir()}
     assert json.loads((run / "state.json").read_text())["state"] == "prepared"
     # preparing it again, or starting it as a new run: one line saying how it starts (here with
@@ -47,7 +47,7 @@ def test_prepare_refuses_a_used_run_dir_and_bad_config(tone_corpus, tmp_path, ca
     for again in (args, ["train", str(ROOT / "configs/default.yaml"), "--out", str(run)]):
         assert main(again) != 0
         err = capsys.readouterr().err.splitlines()
-        assert len(err) == 1 and not_started in err[0] and f"asrdist.train.worker {run}" in err[0], err
+        assert len(err) == 1 and not_started in err[0] and f"asrdist.run.worker {run}" in err[0], err
     assert {p.name for p in run.iterdir()} == {"config.yaml", "targets.pt", "env.json", "state.json"}  # nothing written
     assert main(args[:2] + ["--data", str(tone_corpus), "--out", str(tmp_path / "other"), "optim.nope=1"]) != 0
     assert "optim.nope" in capsys.readouterr().err and not (tmp_path / "other").exists()
@@ -57,7 +57,7 @@ def _worker(run: Path, world_size: int) -> subprocess.CompletedProcess:
     """One learner of a torchrun job of `world_size`, as torchrun's environment describes it."""
     env = dict(os.environ, RANK="0", WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world_size),
                OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "asrdist.train.worker", str(run), "--no-progress"], env=env,
+    return subprocess.run([sys.executable, "-m", "asrdist.run.worker", str(run), "--no-progress"], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -113,8 +113,8 @@ def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_
     # a resume through torchrun kept the failed start's reports and was not counted in `starts`
     from asrdist.cluster.process_group import NETWORK_ENV
     from asrdist.config import config_from_tree
-    from asrdist.train import worker
-    from asrdist.train.rundir import resume_configs
+    from asrdist.run import worker
+    from asrdist.run.rundir import resume_configs
 
     cfg = config_from_tree({})
     for rank in (0, 1):
@@ -129,6 +129,6 @@ def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_
     assert not (tmp_path / "failed-rank-0.txt").exists()
     assert list(resume_configs(tmp_path)) == [1]
     assert (tmp_path / "config-resume-1.yaml").read_text().startswith(
-        "# asrdist train --resume: (asrdist.train.worker under torchrun)")
+        "# asrdist train --resume: (asrdist.run.worker under torchrun)")
     worker._record_start(tmp_path, cfg, 0, resumed=False)  # a first start records nothing
     assert list(resume_configs(tmp_path)) == [1]

@@ -18,8 +18,9 @@ from asrdist.cli import main
 from asrdist.config import config_from_tree, read_config_tree
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError, DataError, TrainingError
-from asrdist.train import checkpoint as ckpt, rundir
-from asrdist.train.launch import check_new_run_dir
+from asrdist.train import checkpoint as ckpt
+from asrdist.run import rundir
+from asrdist.run.launch import check_new_run_dir
 from test_engine import ListOrder
 
 
@@ -218,7 +219,7 @@ def test_features_are_never_rewritten_under_another_reader(tone_corpus, tmp_path
     import shutil
 
     from asrdist.features.store import FeatureStore
-    from asrdist.train.prepare import ensure_features
+    from asrdist.run.prepare import ensure_features
 
     corpus = tmp_path / "corpus"
     shutil.copytree(tone_corpus, corpus)

@@ -351,8 +351,8 @@ def test_bench_data_on_a_tiny_corpus(tmp_path):
     import argparse
 
     from asrdist.bench import data as bench_data
-    from asrdist.corpus.audio import write_wav
-    from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+    from asrdist.io.audio import write_wav
+    from asrdist.io.kaldi_dir import Utterance, write_data_dir
 
     rng = np.random.default_rng(0)
     utts = []

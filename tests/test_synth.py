@@ -10,8 +10,8 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.corpus import espeak, flite, synth
-from asrdist.corpus.audio import num_frames, read_wav
-from asrdist.corpus.kaldi_dir import read_data_dir
+from asrdist.io.audio import num_frames, read_wav
+from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.corpus.textsource import sentence, vocabulary
 from asrdist.errors import AsrdistError, ConfigError, DataError

@@ -58,7 +58,7 @@ def test_frame_task_serves_only_its_own_sampler_size():
 
 def test_synthetic_learner_trains_through_the_builder(tmp_path):
     from asrdist.config import DataConfig, RunConfig, TrainConfig
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
 
     task = SyntheticTask(_dnn(), local_batch=16, steps=4)
     cfg = RunConfig(data=DataConfig(batch_size=16), train=TrainConfig(epochs=2, threads=1))

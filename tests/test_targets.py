@@ -144,9 +144,9 @@ def test_label_priors():
 def test_utterances_too_short_for_their_ctc_labels_are_noted(tmp_path, capsys):
     """CTC emits each label on a frame of its own, with a blank between equal neighbours: 'zero'
     needs 4 output frames and 'three' 6; with subsample 3, 12 input frames give 4."""
-    from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+    from asrdist.io.kaldi_dir import Utterance, write_data_dir
     from asrdist.features.store import FeatureStore, FeatureStoreWriter
-    from asrdist.train.prepare import note_short_utterances
+    from asrdist.run.prepare import note_short_utterances
 
     rows = {"a": ("zero", 12), "b": ("three", 12), "c": ("three", 18), "d": ("zero", 9)}
     write_data_dir(tmp_path, [Utterance(u, "spk", f"{u}.wav", text) for u, (text, _) in rows.items()])

@@ -139,7 +139,7 @@ def test_features_follow_the_recipe(tmp_path, capsys):
     re-extracted with its settings, and the user is told; features that fit are left alone."""
     from asrdist.config import load_config
     from asrdist.features.store import FeatureStore
-    from asrdist.train.prepare import ensure_features
+    from asrdist.run.prepare import ensure_features
     root = Path(__file__).resolve().parents[1]
     corpus = make_tone_corpus(tmp_path / "corpus")
     ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)

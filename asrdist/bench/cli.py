@@ -45,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args) -> int:
-    from asrdist.bench.machine import machine_info
-    from asrdist.utils.io import write_json_atomic
+    from asrdist.utils.machine import machine_info
+    from asrdist.io.atomic import write_json_atomic
 
     module = importlib.import_module(args.bench_module)
     result = module.run(args)

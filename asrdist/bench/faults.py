@@ -156,7 +156,7 @@ def learner_pids(run_dir: Path) -> dict[int, int]:
             state = (entry / "stat").read_text().rsplit(") ", 1)[-1][:1]
         except OSError:
             continue
-        if b"asrdist.train.worker" in cmdline and str(run_dir).encode() in cmdline \
+        if b"asrdist.run.worker" in cmdline and str(run_dir).encode() in cmdline \
                 and b"torch.distributed.run" not in cmdline and state != "Z":
             env = dict(e.split(b"=", 1) for e in environ if b"=" in e)
             if b"RANK" in env:

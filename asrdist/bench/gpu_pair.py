@@ -36,7 +36,7 @@ def _pair_steps(rank: int, world: int, store_path: str, args: dict[str, Any]) ->
 
     from asrdist.cluster.process_group import JobEnv, start_learner
     from asrdist.models.registry import build_model
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import SyntheticTask
 
     device = torch.device(args["device"])

@@ -48,7 +48,7 @@ import torch
 
 from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
-from asrdist.bench.machine import median_seconds
+from asrdist.utils.machine import median_seconds
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
 from asrdist.optim.ng_layers import NaturalGradientLinear
@@ -95,7 +95,7 @@ def build_learners(config: ModelConfig, features: int, num_classes: int, batch: 
     model is built right after `torch.manual_seed(0)`, so both start from identical weights."""
     from asrdist.config import DataConfig, RunConfig, TrainConfig
     from asrdist.parallel.base import LearnerContext
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import SyntheticTask
 
     learners = {}

@@ -173,7 +173,7 @@ def _fresh_model(hidden_dim: int):
 
 def _asrdist(spec, ctx, sampler, run_dir: Path, args: dict, strategy: dict) -> _Contender:
     from asrdist.config import config_from_tree
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import FrameTask
 
     cfg = config_from_tree({

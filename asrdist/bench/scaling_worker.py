@@ -54,7 +54,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
 
     from asrdist.cluster.process_group import start_learner
     from asrdist.models.registry import build_model, count_parameters
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import SyntheticTask
 
     if args["compute_ms"] <= 0:

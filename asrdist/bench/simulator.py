@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from asrdist.bench.machine import median_seconds
+from asrdist.utils.machine import median_seconds
 from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
 
@@ -190,8 +190,8 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
     from asrdist.sim.calibration import Microbenchmarks, threads_of
     from asrdist.sim.cluster import parameter_count
     from asrdist.sim.scenario import config_shapes
-    from asrdist.train.prepare import build_targets
-    from asrdist.train.task import SpeechTask, model_kind
+    from asrdist.run.prepare import build_targets
+    from asrdist.run.task import SpeechTask, model_kind
 
     cores = len(os.sched_getaffinity(0))
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
@@ -290,7 +290,7 @@ def run(args) -> dict[str, Any]:
         raise ConfigError("bench simulator: --strategies: every strategy runs at each learner count; drop single")
     corpus = _corpus(args)
     configs = resolve_runs(args, corpus, strategies)  # every run checked before anything is measured
-    from asrdist.train.prepare import ensure_features
+    from asrdist.run.prepare import ensure_features
 
     first = next(iter(configs.values()))
     ensure_features(corpus, first, progress=False)  # as `asrdist train` does first: the runs' features

@@ -70,7 +70,7 @@ def asrdist_learner(sampler, run_dir: Path):
     from asrdist.config import DataConfig, RunConfig, TrainConfig
     from asrdist.optim.build import OptimConfig
     from asrdist.parallel.base import LearnerContext
-    from asrdist.train.learner import build_learner
+    from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import FrameTask
 
     cfg = RunConfig(data=DataConfig(batch_size=sampler.batch_size), optim=OptimConfig(lr=0.05, momentum=0.9),

@@ -1,6 +1,6 @@
 """The one launcher of learners: torch's own elastic launcher, `torch.distributed.run`.
 
-`launch_learners("asrdist.train.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
+`launch_learners("asrdist.run.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
 `python -m torch.distributed.run --standalone --nproc-per-node n -m MODULE ARGS`, which is exactly
 what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. With `nodes=A` and a `network`
 rate it runs that cluster command on this machine: an `EmulatedNetwork` of A hosts (namespaces
@@ -15,7 +15,7 @@ Supervision:
   tracebacks.
 - SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
   becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
-  so do learners with their agent (`asrdist.train.worker` sets it for itself).
+  so do learners with their agent (`asrdist.run.worker` sets it for itself).
 - A stopped learner (SIGSTOP: alive, silent, deaf to the agent's SIGTERM) is killed by this
   launcher `SHUTDOWN_GRACE_S` after a peer reported its failure (`_StoppedLearners`): torch 2.13's
   agent stops a failed group with a fixed 30 s grace (`_stop_workers` ignores
@@ -427,7 +427,7 @@ asrdist's "(timeout 20 s)" label, which every failed collective carries."""
 
 
 _LEARNER_ERROR = re.compile(r"^asrdist: error: (learner rank \d+: .*)$", re.MULTILINE)
-"""The one line a failing learner prints (asrdist.train.worker), also when its report file could
+"""The one line a failing learner prints (asrdist.run.worker), also when its report file could
 not be written."""
 
 

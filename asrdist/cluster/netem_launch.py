@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from asrdist.checks import cli_number
 from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.utils.io import write_json_atomic
+from asrdist.io.atomic import write_json_atomic
 
 if TYPE_CHECKING:
     from asrdist.cluster.process_group import JobEnv

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from asrdist.checks import cli_number
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.train.cli import add_emulated_cluster_options
+from asrdist.run.train_cli import add_emulated_cluster_options
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
 """With `single`, the one-learner baseline whose time per frame feeds the simulator."""

@@ -12,7 +12,7 @@ from asrdist.compare.prediction import nearest_validated, ranking_line, time_to_
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
 from asrdist.compare.target import Target, behind_sync, default_target, recommendation, time_to_target
 from asrdist.errors import AsrdistError
-from asrdist.utils.io import write_json_atomic, write_text_atomic
+from asrdist.io.atomic import write_json_atomic, write_text_atomic
 
 TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"),
          ("time_to_target_seconds", "s to target", "{:.1f}"), ("error_rate", "{metric}", "{:.4f}"),

@@ -62,7 +62,7 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
     (`recipes`: strategy -> its recipe's overrides, placed before `overrides`; `compare.recipes`).
     Checks everything before anything is trained: a bad override or strategy fails here, and so
     does a learner count the emulated hosts cannot share."""
-    from asrdist.train.launch import check_job, resolve_config
+    from asrdist.run.launch import check_job, resolve_config
 
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
@@ -146,7 +146,7 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
     recorded there (strategy -> reason) and the others still train."""
     from asrdist.train.checkpoint import latest_step_dir
-    from asrdist.train.launch import train_command
+    from asrdist.run.launch import train_command
 
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts
@@ -233,7 +233,7 @@ def run_record(run_dir: Path) -> dict:
 
 def run_config(run_dir: Path) -> RunConfig:
     """The resolved config a run was (last) started with."""
-    from asrdist.train.launch import run_config_path
+    from asrdist.run.launch import run_config_path
 
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
 

@@ -33,7 +33,7 @@ def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float 
     `learners`' share of the global minibatch on `threads` torch threads, timed alone. Raises
     AsrdistError (a corpus gone, ...) or OSError."""
     from asrdist.compare.runs import run_config
-    from asrdist.train.prepare import load_targets
+    from asrdist.run.prepare import load_targets
 
     return config_step_seconds_per_frame({key: (run_config(run_dir), load_targets(Path(run_dir)), learners, threads)
                                           for key, (run_dir, learners, threads) in requests.items()},
@@ -75,8 +75,8 @@ class _Timer:
         from asrdist.cluster.process_group import default_backend, device_for_backend
         from asrdist.config import config_from_tree
         from asrdist.parallel.base import LearnerContext
-        from asrdist.train.learner import build_learner
-        from asrdist.train.task import SpeechTask
+        from asrdist.run.learner import build_learner
+        from asrdist.run.task import SpeechTask
 
         tree = cfg.to_dict()
         tree["strategy"] = {"name": "single"}

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from asrdist.corpus.kaldi_dir import Utterance
+from asrdist.io.kaldi_dir import Utterance
 from asrdist.errors import ConfigError, DataError
 
 SPLITS = ("train", "valid", "test")
@@ -151,7 +151,7 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
     transcript word fails the import with nothing written. OUT never replaces one of `inputs`."""
     from asrdist.corpus.import_kaldi import write_split
     from asrdist.corpus.lexicon import store_lexicon
-    from asrdist.utils.io import atomic_dir, write_json_atomic
+    from asrdist.io.atomic import atomic_dir, write_json_atomic
 
     train = splits["train"]
     rates = {name: s.sample_rate for name, s in splits.items()}
@@ -211,7 +211,7 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     read before the audio and stored as OUT/lexicon.txt."""
     from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
     from asrdist.corpus.lexicon import Lexicon
-    from asrdist.utils.io import check_output_dir
+    from asrdist.io.atomic import check_output_dir
 
     src = Path(src)
     inputs = (src, alignments, lexicon)

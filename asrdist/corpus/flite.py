@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asrdist.corpus.audio import read_wav
+from asrdist.io.audio import read_wav
 from asrdist.corpus.phones import ARPABET, SILENCE
 from asrdist.errors import DataError
 

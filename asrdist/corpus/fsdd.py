@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrdist.corpus.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
-from asrdist.corpus.kaldi_dir import Utterance, write_data_dir
+from asrdist.io.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
@@ -127,7 +127,7 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
     channel of multi-channel recordings (an error without it)."""
     from tqdm import tqdm
 
-    from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
+    from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 
     if sample_rate not in (8000, 16000):
         raise ConfigError(f"--sample-rate: {sample_rate} Hz, expected 8000 or 16000")

@@ -1,6 +1,6 @@
 """Import a Kaldi data directory as an asrdist split directory, and export one back.
 
-Import reads `wav.scp` (paths of audio files, `asrdist.corpus.audio.READABLE`, relative ones tried
+Import reads `wav.scp` (paths of audio files, `asrdist.io.audio.READABLE`, relative ones tried
 against SRC, then the current directory; Kaldi's command pipes `CMD |`, run by the shell in the
 current directory as Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by
 kaldiio; the audio of the last two stored as OUT/audio/REC.wav), `segments` (times kept to the
@@ -35,12 +35,12 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
-from asrdist.corpus.audio import READABLE, num_frames, pick_channel, read_wav, read_wav_format, resample, write_wav
-from asrdist.corpus.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
+from asrdist.io.audio import READABLE, num_frames, pick_channel, read_wav, read_wav_format, resample, write_wav
+from asrdist.io.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
                                       wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
-from asrdist.utils.io import sigterm_as_exit
+from asrdist.io.atomic import sigterm_as_exit
 
 TOLERANCE_FRAMES = 1
 COMMAND_TIMEOUT_S = 600
@@ -511,7 +511,7 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
     from asrdist.corpus.assemble import empty_transcripts
     from asrdist.corpus.lexicon import Lexicon, store_lexicon
-    from asrdist.utils.io import atomic_dir, check_output_dir, write_json_atomic
+    from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 
     src, out = Path(src), Path(out)
     inputs = (src, alignments, lexicon)
@@ -570,7 +570,7 @@ def _export_split(data: DataDir, out: Path, final: Path) -> None:
 def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
     from asrdist.features.extract import find_splits
-    from asrdist.utils.io import atomic_dir, check_output_dir
+    from asrdist.io.atomic import atomic_dir, check_output_dir
 
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))
@@ -585,7 +585,7 @@ def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) 
 
 def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
-    from asrdist.utils.io import output_errors
+    from asrdist.io.atomic import output_errors
 
     single, mapping = parse_split_options(args.split or [])
     one_split = (args.src / "wav.scp").is_file() and single is None and not mapping

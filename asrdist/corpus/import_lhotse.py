@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.corpus.audio import AUDIO_SUFFIXES
+from asrdist.io.audio import AUDIO_SUFFIXES
 from asrdist.errors import ConfigError, DataError
 
 _MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
@@ -49,7 +49,7 @@ def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
 
 
 IN_PLACE_SUFFIXES = tuple(s for s in AUDIO_SUFFIXES if s != ".mp3")
-"""Files asrdist's reader reads as they are (`asrdist.corpus.audio.read_wav`) to the sample lhotse
+"""Files asrdist's reader reads as they are (`asrdist.io.audio.read_wav`) to the sample lhotse
 counts. MP3 is not among them: its length depends on the decoder's handling of encoder delay, so
 lhotse decodes it (to the length its manifest says)."""
 
@@ -69,7 +69,7 @@ def _wav_file(recording, base: Path) -> Path | None:
 
 def _decode(recording, channel: int | None, out: Path) -> None:
     """Decode one channel of `recording` with lhotse into a 16-bit WAV at `out`."""
-    from asrdist.corpus.audio import write_wav
+    from asrdist.io.audio import write_wav
 
     audio = recording.load_audio(channels=channel)
     samples = np.asarray(audio, dtype=np.float64).reshape(-1, audio.shape[-1])[0]
@@ -208,7 +208,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          sample_rate: int | None = None) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
     from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
-    from asrdist.utils.io import check_output_dir
+    from asrdist.io.atomic import check_output_dir
     from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
 
     src, out = Path(src), Path(out)
@@ -244,7 +244,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
 
 def import_lhotse_command(args) -> int:
     from asrdist.corpus.assemble import parse_split_options
-    from asrdist.utils.io import output_errors
+    from asrdist.io.atomic import output_errors
 
     single, mapping = parse_split_options(args.split or [])
     with output_errors(args.out):  # a full disk or a read-only place names OUT, not a temporary beside it

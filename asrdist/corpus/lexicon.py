@@ -120,7 +120,7 @@ class Lexicon:
                        for w in sorted(self.entries) for pron in self.entries[w])
 
     def write(self, path: str | Path) -> None:
-        from asrdist.utils.io import write_text_atomic
+        from asrdist.io.atomic import write_text_atomic
 
         write_text_atomic(path, self.to_text())
 
@@ -193,7 +193,7 @@ def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable
         lexicon = Lexicon.read(lexicon)
     where = str(where if where is not None else corpus)
     if texts is None:
-        from asrdist.corpus.kaldi_dir import read_data_dir
+        from asrdist.io.kaldi_dir import read_data_dir
 
         splits = [Path(corpus)] if (Path(corpus) / "text").is_file() else \
             [d for d in sorted(Path(corpus).iterdir()) if (d / "text").is_file()]
@@ -215,7 +215,7 @@ def lexicon_phone_tokens(split_dir: Path, data=None) -> dict[str, list[int]] | N
     """Phone CTC targets of an unaligned split from its corpus' lexicon (None without one); words
     missing from the lexicon are reported once per split and process, their utterances left out.
     `data`: the split's `DataDir`, when the caller has read it already."""
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
 
     corpus = Path(split_dir).parent
     if not (corpus / LEXICON_NAME).is_file():

@@ -49,7 +49,7 @@ class PhoneTable:
         return "".join(f"{s} {i}\n" for i, s in enumerate(self.symbols))
 
     def write(self, path: str | Path) -> None:
-        from asrdist.utils.io import write_text_atomic
+        from asrdist.io.atomic import write_text_atomic
 
         write_text_atomic(path, self.to_text())
 

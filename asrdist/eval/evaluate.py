@@ -51,7 +51,7 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, A
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.scoring import error_rate
-    from asrdist.train.prepare import frame_labels, phone_sequences, split_alignments
+    from asrdist.run.prepare import frame_labels, phone_sequences, split_alignments
 
     alignments = split_alignments(split_dir, len(targets["phones"]))
     labels = frame_labels(split_dir, targets, alignments)
@@ -96,7 +96,7 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
     """({utt: its speaker's feature map}, the adaptation's summary for eval.json)."""
     from tqdm import tqdm
 
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.eval.adapt import RecipeAdaptation
 
     data = read_data_dir(split_dir, require_text=False)
@@ -113,11 +113,11 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.eval.scoring import error_rate
     from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.models.objectives import ctc_objective
-    from asrdist.train.prepare import ctc_tokens
+    from asrdist.run.prepare import ctc_tokens
 
     constrained = vocabulary_search(cfg, targets)
     chars = targets["kind"] == "chars"

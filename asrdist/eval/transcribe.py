@@ -83,7 +83,7 @@ def _corpus_prior(train: Path, record: dict) -> dict:
 def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
     """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
     to read of a multi-channel file)."""
-    from asrdist.corpus.audio import read_wav, resample
+    from asrdist.io.audio import read_wav, resample
     from asrdist.features.fbank import compute_fbank
 
     samples, rate = read_wav(path, channel=channel)
@@ -168,7 +168,7 @@ def utterance_ids(wavs: Sequence[Path]) -> list[str]:
 
 
 def _stem(name: str) -> str:
-    from asrdist.corpus.audio import AUDIO_SUFFIXES
+    from asrdist.io.audio import AUDIO_SUFFIXES
 
     suffix = next((s for s in AUDIO_SUFFIXES if name.lower().endswith(s) and len(name) > len(s)), "")
     return name[:len(name) - len(suffix)]
@@ -197,8 +197,8 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
     eval` decodes one (module docstring); then every file is read before the first line comes.
     `channel`: the channel read of multi-channel files."""
-    from asrdist.corpus.audio import check_audio_path
-    from asrdist.eval.run import load_run_model
+    from asrdist.io.audio import check_audio_path
+    from asrdist.run.evaluate import load_run_model
     from asrdist.eval.vocabulary import vocabulary_search
 
     for wav in wavs:
@@ -259,7 +259,7 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
     """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines, read as the
     corpus reads its tables; lines for other utterances are allowed). One DataError line for a
     missing file, a duplicate, a line without one speaker, or an utterance the file leaves out."""
-    from asrdist.corpus.kaldi_dir import read_table
+    from asrdist.io.kaldi_dir import read_table
 
     if path.exists() and not path.is_file():
         raise DataError(f"{path}: not a regular file")
@@ -278,8 +278,8 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
 def decode_command(args) -> int:
     """Print each file's line as it is decoded; --out gets them all, written only when every file
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
-    from asrdist.eval.run import command_line_overrides
-    from asrdist.utils.io import write_text_atomic
+    from asrdist.run.evaluate import command_line_overrides
+    from asrdist.io.atomic import write_text_atomic
 
     speakers = None
     if args.utt2spk is not None:

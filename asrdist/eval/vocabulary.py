@@ -181,7 +181,7 @@ def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
 
 def training_transcripts(train_dir: Path | None) -> list[list[str]]:
     """The words of each transcript of the training split `train_dir`; a DataError when they are gone."""
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
 
     if train_dir is None or not (Path(train_dir) / "text").is_file():
         raise DataError(f"eval.vocabulary=train: the run's training transcripts ({train_dir}/text) are gone; "

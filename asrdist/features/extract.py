@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.corpus.kaldi_dir import DataDir, read_data_dir
+from asrdist.io.kaldi_dir import DataDir, read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
 from asrdist.features.cmvn import MODES, CmvnStats, Normalizer, SpeakerPrior
 from asrdist.features.fbank import check_mel_bins
-from asrdist.utils.io import interrupts_left_to_parent
+from asrdist.io.atomic import interrupts_left_to_parent
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
 CMVN_SOURCE_SPLIT = "train"
@@ -51,7 +51,7 @@ def find_splits(data: Path) -> dict[str, Path]:
 
 def _header(path: Path) -> tuple[int, int] | None:
     """(sample rate, channels) of a WAV file's header, None for what is no readable WAV."""
-    from asrdist.corpus.audio import read_wav_format
+    from asrdist.io.audio import read_wav_format
 
     try:
         fmt = read_wav_format(path)
@@ -110,7 +110,7 @@ def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | N
 
 def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, float]]:
     """Worker: [(utt_id, feats or None, error or None, audio_seconds)] for one audio file."""
-    from asrdist.corpus.audio import frame_shift_samples, read_wav, resample
+    from asrdist.io.audio import frame_shift_samples, read_wav, resample
     from asrdist.features.fbank import compute_fbank, fbank_options
 
     path, scp, audio_rate, num_mel_bins, utts, channel, rate = task
@@ -203,7 +203,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
     an error names `num_mel_bins` (the flag or the config key that set it); `sample_rate` is the
     rate the features are computed at (default: the corpus' own; other audio is resampled)."""
-    from asrdist.utils.io import atomic_dir, output_errors
+    from asrdist.io.atomic import atomic_dir, output_errors
 
     if cmvn not in MODES:
         raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")

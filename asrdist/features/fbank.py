@@ -1,7 +1,7 @@
 """Log-mel filterbank features with kaldi-native-fbank, and a measure of their speed.
 
 Settings every asrdist feature shares: 25 ms Povey window, 10 ms shift, `snip_edges=False`
-(so an utterance of N samples gives `asrdist.corpus.audio.num_frames(N, sr)` frames, the rule
+(so an utterance of N samples gives `asrdist.io.audio.num_frames(N, sr)` frames, the rule
 alignments follow), dither 0 (features are deterministic), mel bins from 20 Hz up to the
 Nyquist frequency of the audio's own rate (4 kHz for 8 kHz FSDD, 8 kHz for 16 kHz speech).
 Samples are fed on the int16 scale, as Kaldi does, so log energies match Kaldi's `compute-fbank-feats`.
@@ -15,7 +15,7 @@ import kaldi_native_fbank as knf
 import numpy as np
 
 from asrdist.checks import check_field
-from asrdist.corpus.audio import num_frames, read_wav, resample
+from asrdist.io.audio import num_frames, read_wav, resample
 from asrdist.errors import ConfigError, DataError
 
 FRAME_LENGTH_MS = 25.0

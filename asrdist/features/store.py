@@ -25,7 +25,7 @@ train`, `decode`, `align`) holds a shared lock on the split directory for as lon
 (`hold_for_reading`; the lock goes with the process however it ends), and writing the split's
 features (`asrdist features`, or a recipe asking for other settings) takes it exclusively, or is
 refused with one line while another command reads them (`rewriting`).
-Frame counts follow `asrdist.corpus.audio.num_frames`. An alignment may differ from its
+Frame counts follow `asrdist.io.audio.num_frames`. An alignment may differ from its
 features by at most one (edge) frame; the store never changes alignments, readers use
 `min(len(features), len(alignment))` frames.
 """
@@ -258,7 +258,7 @@ def _digest(parts) -> str:
 def _source(split: Path) -> tuple[dict, list[str]]:
     """(`source_record`, the utterance ids it lists: of `segments` if any, else of `wav.scp`),
     each table read once."""
-    from asrdist.corpus.kaldi_dir import read_table
+    from asrdist.io.kaldi_dir import read_table
 
     wav_scp, segments = read_table(split / "wav.scp", required=False), read_table(split / "segments", required=False)
     ids = sorted(segments or wav_scp)
@@ -322,7 +322,7 @@ class FeatureStoreWriter:
     """Append utterances in any order; `close()` writes the sorted index and `meta.json`.
 
     Writes into `path` directly: the caller builds the store in a temporary directory and
-    renames it (`asrdist.utils.io.atomic_dir`).
+    renames it (`asrdist.io.atomic.atomic_dir`).
     """
 
     def __init__(self, path: str | Path, dim: int, shard_bytes: int = SHARD_BYTES):

@@ -204,7 +204,7 @@ def _nearest(predictions, strategy_of, device: str) -> list:
 
 def run(args) -> int:
     from asrdist.sim.cluster import parameter_count
-    from asrdist.utils.io import check_output_file, write_json_atomic
+    from asrdist.io.atomic import check_output_file, write_json_atomic
 
     if args.json is not None:
         check_output_file(args.json)  # before the simulation, not after it has printed

@@ -81,6 +81,6 @@ def cases_from_bench(result: dict) -> list[ValidatedCase]:
 
 
 def record(cases: list[ValidatedCase], path: Path = RECORD, note: str = "") -> None:
-    from asrdist.utils.io import write_json_atomic
+    from asrdist.io.atomic import write_json_atomic
 
     write_json_atomic(path, {"note": note, "cases": [asdict(c) for c in cases]})

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from asrdist.errors import DataError, TrainingError
-from asrdist.utils.io import save_torch_atomic, write_json_atomic as save_json_atomic, write_text_atomic
+from asrdist.io.atomic import save_torch_atomic, write_json_atomic as save_json_atomic, write_text_atomic
 
 KEEP_LAST = 2
 
@@ -104,7 +104,7 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
     `world_size`, saved it); prune older ones. Checkpoints newer than `tag` (a faster learner's next
     one) are left alone. A checkpoint of some members records them in members.json first.
     `progress` ({epoch, epochs}) goes into the run's state record."""
-    from asrdist.train.rundir import write_state
+    from asrdist.run.rundir import write_state
 
     d = checkpoint_dir(run_dir, tag)
     writers = list(range(world_size)) if members is None else sorted(members)
@@ -202,7 +202,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def prepared_not_started(run_dir: Path) -> bool:
     """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
     older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
-    from asrdist.train.rundir import read_state
+    from asrdist.run.rundir import read_state
 
     record = read_state(run_dir)
     if record is not None:
@@ -214,7 +214,7 @@ def prepared_not_started(run_dir: Path) -> bool:
 def start_prepared_advice(run_dir: Path) -> str:
     return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; start it on this machine with "
             f"`asrdist train --resume {run_dir}`, or under torchrun on every host: torchrun --nnodes A "
-            f"--nproc-per-node B ... -m asrdist.train.worker {run_dir} (README: On a GPU cluster with torchrun)")
+            f"--nproc-per-node B ... -m asrdist.run.worker {run_dir} (README: On a GPU cluster with torchrun)")
 
 
 def check_resumable(run_dir: Path, learners: int) -> Path:

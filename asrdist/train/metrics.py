@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asrdist.utils.io import finite_or_null, output_errors
+from asrdist.io.atomic import finite_or_null, output_errors
 
 TENSORBOARD_FLUSH_SECONDS = 5
 """How often TensorBoard's writer thread wakes to write (its default: 120 s). A stop signal is raised
-in the main thread wherever it is (`asrdist.utils.io.signals_raise`, as Ctrl-C is); raised inside the
+in the main thread wherever it is (`asrdist.io.atomic.signals_raise`, as Ctrl-C is); raised inside the
 writer queue's notify it can leave a stale waiter that swallows the next wake-up, and closing the
 writer then waited for the thread's next timed wake-up: a stopped single-learner run took 2 minutes
 to exit, about 1 stop in 25 under load (2026-11-26, py-spy: the main thread in the writer's join, the

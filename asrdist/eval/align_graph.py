@@ -5,7 +5,7 @@ The graph of an utterance is a left-to-right chain of words with optional silenc
 `min_duration` states (all but the last without a self-loop, so a phone lasts at least that many
 frames). Viterbi over frames keeps, per state, the best of staying (last state of a phone) and
 entering from any predecessor, vectorized over states; the best path ending in a final state gives
-one phone id per frame. Scores are per-frame log scores over phones, [T, P] (see `asrdist.align.run`).
+one phone id per frame. Scores are per-frame log scores over phones, [T, P] (see `asrdist.run.align`).
 """
 from __future__ import annotations
 

@@ -16,5 +16,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _align(args):
-    from asrdist.align.run import align_command
+    from asrdist.run.align import align_command
     return align_command(args)

@@ -9,12 +9,12 @@ import torch
 
 from asrdist.config import RunConfig
 from asrdist.errors import DataError
-from asrdist.utils.io import json_text
+from asrdist.io.atomic import json_text
 
 
 def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
     """`model` as the learners trained it: natural gradient turns a chunk model's `nn.LSTM` into an
-    `AffineLSTM` (other state_dict keys), exactly as `asrdist.train.learner` does before training."""
+    `AffineLSTM` (other state_dict keys), exactly as `asrdist.run.learner` does before training."""
     if cfg.optim.natural_gradient:
         from asrdist.optim.ng_layers import apply_natural_gradient
 
@@ -59,8 +59,8 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     values skipped: the command line's --vocabulary, --adapt-rounds, ...) replace the recipe's
     `eval.KEY` settings."""
     from asrdist.config import config_from_tree
-    from asrdist.train.prepare import load_targets
-    from asrdist.train.task import build_model_for
+    from asrdist.run.prepare import load_targets
+    from asrdist.run.task import build_model_for
 
     path = run_dir / "model.pt"
     if not run_dir.is_dir():
@@ -117,7 +117,7 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     speaker adaptation: `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
-    from asrdist.train.prepare import ensure_features, feature_mismatch, split_alignments
+    from asrdist.run.prepare import ensure_features, feature_mismatch, split_alignments
 
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     split = resolve_split(data)
@@ -163,9 +163,9 @@ def command_line_overrides(args) -> dict:
 
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
-    from asrdist.corpus.kaldi_dir import read_data_dir
+    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, speaker_table, worst_utterances
-    from asrdist.utils.io import atomic_path
+    from asrdist.io.atomic import atomic_path
 
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
     records = result.pop("per_utterance")

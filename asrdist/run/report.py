@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asrdist.train.metrics import read_metrics
-from asrdist.utils.io import atomic_path
+from asrdist.io.atomic import atomic_path
 
 
 def plot_report(run_dir: Path, title: str = "") -> Path:

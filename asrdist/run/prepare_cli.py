@@ -2,7 +2,7 @@
 
 Does everything `asrdist train` does before its learners start (resolve and check the config,
 features with the recipe's settings, targets, config.yaml, env.json) and starts nothing; the
-learners are then `torchrun ... -m asrdist.train.worker RUN_DIR` on every host (the README's
+learners are then `torchrun ... -m asrdist.run.worker RUN_DIR` on every host (the README's
 SLURM script). RUN_DIR and the corpus must lie on storage every host sees.
 """
 from __future__ import annotations
@@ -30,11 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def worker_command(run_dir: Path, learners: int) -> str:
     """The torchrun line to start on every host (A hosts x B learners = `learners`)."""
     return (f"torchrun --nnodes A --nproc-per-node B --rdzv-backend c10d --rdzv-endpoint HOST0:29400 "
-            f"-m asrdist.train.worker {run_dir} --no-progress   # A x B = {learners}")
+            f"-m asrdist.run.worker {run_dir} --no-progress   # A x B = {learners}")
 
 
 def prepare_command(args) -> int:
-    from asrdist.train.launch import check_new_run_dir, prepare_run_dir, resolve_config
+    from asrdist.run.launch import check_new_run_dir, prepare_run_dir, resolve_config
 
     cfg = resolve_config(args)
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())

@@ -1,5 +1,5 @@
 """`asrdist align RUN --data CORPUS [--lexicon FILE]`: frame-level phone alignments of every split of
-CORPUS, by Viterbi through the lexicon (`asrdist.align.graph`) on a trained model's frame scores,
+CORPUS, by Viterbi through the lexicon (`asrdist.eval.align_graph`) on a trained model's frame scores,
 written as `SPLIT/alignment.scp/.ark` (one phone id per 10 ms frame) so hybrid recipes can train.
 
 Frame scores over phones, [T, P]:
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrdist.align.graph import build_graph, viterbi_align
-from asrdist.corpus.kaldi_dir import read_data_dir, write_alignments
+from asrdist.eval.align_graph import build_graph, viterbi_align
+from asrdist.io.kaldi_dir import read_data_dir, write_alignments
 from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
 from asrdist.errors import ConfigError, DataError
 
@@ -124,10 +124,10 @@ def _replace_alignments(split: Path, alignments: dict) -> None:
 
 
 def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True) -> dict:
-    from asrdist.eval.run import load_run_model, trained_sample_rate
+    from asrdist.run.evaluate import load_run_model, trained_sample_rate
     from asrdist.features.extract import find_splits
     from asrdist.features.store import FeatureStore
-    from asrdist.train.prepare import ensure_features
+    from asrdist.run.prepare import ensure_features
 
     run_dir, data = Path(run_dir), Path(data)
     model, cfg, targets, input_dim = load_run_model(run_dir)

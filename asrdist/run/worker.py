@@ -16,11 +16,11 @@ import yaml
 
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import config_from_tree
-from asrdist.train.launch import run_config_path
+from asrdist.run.launch import run_config_path
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="asrdist.train.worker")
+    p = argparse.ArgumentParser(prog="asrdist.run.worker")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         _record_start(args.run_dir, cfg, rank, resumed=args.resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
-        from asrdist.train.learner import run_learner
+        from asrdist.run.learner import run_learner
 
         run_learner(cfg, args.run_dir, ctx, resume=resume, progress=not args.no_progress)
         sys.stdout.flush()
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
             if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
-                from asrdist.train.rundir import write_state
+                from asrdist.run.rundir import write_state
 
                 write_state(args.run_dir, "failed", reason=message[:300])
         except OSError:  # a full disk: the line on stderr still reaches the launcher's log
@@ -83,7 +83,7 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
 
 def _nothing_to_resume(run_dir: Path, rank: int) -> bool:
     """`--resume` of a run without a complete checkpoint trains it from the start (rank 0 says so)."""
-    from asrdist.train.rundir import describe, has_no_checkpoint
+    from asrdist.run.rundir import describe, has_no_checkpoint
 
     if not has_no_checkpoint(run_dir):
         return False
@@ -104,10 +104,10 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
     if rank == 0:
-        from asrdist.train.rundir import record_resume, write_state
+        from asrdist.run.rundir import record_resume, write_state
 
         if resumed:
-            record_resume(cfg, run_dir, ["(asrdist.train.worker under torchrun)"])
+            record_resume(cfg, run_dir, ["(asrdist.run.worker under torchrun)"])
         write_state(run_dir, "started", learners=cfg.train.learners)
 
 

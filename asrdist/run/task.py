@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from asrdist.config import RunConfig
-from asrdist.train.prepare import ctc_tokens, frame_labels
+from asrdist.run.prepare import ctc_tokens, frame_labels
 
 
 def build_model_for(cfg: RunConfig, input_dim: int, targets: dict[str, Any]) -> torch.nn.Module:

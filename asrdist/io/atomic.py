@@ -292,7 +292,7 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     if path.is_dir():
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
     if path.exists() and not path.is_file():
-        from asrdist.corpus.audio import file_kind
+        from asrdist.io.audio import file_kind
 
         raise OutputError(f"{path}: output file exists and is {file_kind(path)}, not a regular file; give a file name")
     for source in inputs:

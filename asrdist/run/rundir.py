@@ -32,7 +32,7 @@ import yaml
 from asrdist.config import RunConfig
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import checkpoint as ckpt
-from asrdist.utils.io import write_json_atomic, write_text_atomic
+from asrdist.io.atomic import write_json_atomic, write_text_atomic
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
 # output classes), its optimizer state, its learners, and its samplers' saved positions.

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from asrdist.config import RunConfig
-from asrdist.corpus.kaldi_dir import read_alignments, read_data_dir
+from asrdist.io.kaldi_dir import read_alignments, read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
-from asrdist.utils.io import save_torch_atomic
+from asrdist.io.atomic import save_torch_atomic
 
 SPLITS = ("train", "valid", "test")
 CTC_TARGETS = ("phones", "chars")

@@ -31,5 +31,5 @@ def add_emulated_cluster_options(p: argparse.ArgumentParser, whose: str) -> None
 
 
 def _train(args):
-    from asrdist.train.launch import train_command
+    from asrdist.run.launch import train_command
     return train_command(args)

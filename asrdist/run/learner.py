@@ -1,6 +1,6 @@
 """One learner's whole run: build everything from the run directory, train, finalize, report.
 
-Called in-process for one learner and by `asrdist.train.worker` under torch.distributed.run.
+Called in-process for one learner and by `asrdist.run.worker` under torch.distributed.run.
 `build_learner` is the one place a learner is put together (runs and benchmarks). With a strategy
 that asks for it (onebit's auto_batch_size), every epoch after the first starts with CNTK's
 minibatch-size search (`asrdist.optim.batch_search`) run by all learners in lock step.
@@ -187,8 +187,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     """Train, finalize, leave the job's process group; the summary on the learner that writes it
     (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere."""
     from asrdist.cluster.process_group import stop_learner
-    from asrdist.train.prepare import load_targets
-    from asrdist.train.task import SpeechTask
+    from asrdist.run.prepare import load_targets
+    from asrdist.run.task import SpeechTask
 
     torch.manual_seed(cfg.seed)  # identical initial model on every learner
     targets = load_targets(run_dir)
@@ -215,10 +215,10 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     stop_learner(group, destroy=not lost)
     if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None
-    from asrdist.train.summary import finish_run
+    from asrdist.run.summary import finish_run
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
-    from asrdist.train.rundir import write_state
+    from asrdist.run.rundir import write_state
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

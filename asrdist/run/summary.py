@@ -13,8 +13,8 @@ import torch
 
 from asrdist.config import RunConfig
 from asrdist.train.checkpoint import save_model
-from asrdist.train.report import plot_report
-from asrdist.utils.io import write_json_atomic
+from asrdist.run.report import plot_report
+from asrdist.io.atomic import write_json_atomic
 from asrdist.utils.throughput import job_frames_per_second
 
 

@@ -1,6 +1,6 @@
 """`asrdist train`: resolve the config, prepare the run directory, start the learners.
 
-One learner runs in this process. N learners run `asrdist.train.worker RUN_DIR` through the
+One learner runs in this process. N learners run `asrdist.run.worker RUN_DIR` through the
 cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as torchrun on a cluster).
 """
 from __future__ import annotations
@@ -23,8 +23,9 @@ from asrdist.cluster.launcher import launch_learners, stopped_error
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.train import checkpoint as ckpt, rundir
-from asrdist.utils.io import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
+from asrdist.train import checkpoint as ckpt
+from asrdist.run import rundir
+from asrdist.io.atomic import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
 
 CONFIG_NAME = "config.yaml"
@@ -106,7 +107,7 @@ def environment_record(cfg: RunConfig) -> dict:
     import torch
 
     from asrdist import __version__
-    from asrdist.bench.machine import machine_info
+    from asrdist.utils.machine import machine_info
 
     return {"asrdist": __version__, "seed": cfg.seed, "argv": sys.argv, "torch": torch.__version__,
             "numpy": numpy.__version__, "python": platform.python_version(), "machine": machine_info(),
@@ -115,9 +116,9 @@ def environment_record(cfg: RunConfig) -> dict:
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     from asrdist.data.augment import build_augmented_store, check_front_end
-    from asrdist.train.prepare import (CTC_TARGETS, build_targets, check_alignment_ids, ensure_features,
+    from asrdist.run.prepare import (CTC_TARGETS, build_targets, check_alignment_ids, ensure_features,
                                        note_short_utterances, save_targets)
-    from asrdist.train.task import model_kind
+    from asrdist.run.task import model_kind
 
     corpus = Path(cfg.data.corpus)
     check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
@@ -140,7 +141,7 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
     """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
     an edited store) would train on misaligned labels: their frame counts must match. Where the
     targets come from the alignments, utterances without one are left out, and a note says so."""
-    from asrdist.corpus.kaldi_dir import read_alignments
+    from asrdist.io.kaldi_dir import read_alignments
     from asrdist.features.store import FeatureStore, has_features
 
     for split in (corpus / "train", corpus / "valid"):
@@ -311,7 +312,7 @@ def restart_from_the_start(run_dir: Path) -> None:
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool) -> dict | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
-        from asrdist.train.learner import run_learner
+        from asrdist.run.learner import run_learner
 
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
                             timeout=timedelta(seconds=cfg.train.timeout_seconds))
@@ -351,7 +352,7 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
     """`cfg.train.learners` workers of the prepared run through the cluster launcher (on `nodes`
     emulated hosts joined by `network` links when nodes > 1); the summary."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
-    launch_learners("asrdist.train.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
+    launch_learners("asrdist.run.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
                     max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes))
     summary = run_dir / "summary.json"
     if not summary.is_file():  # the learners that finished did not include the one that writes it

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
-from asrdist.utils.io import check_output_file
+from asrdist.io.atomic import check_output_file
 
 DECODE_EPILOG = """\
 utterance ids: the file's name without its audio suffix (.wav, .flac, ...),
@@ -85,7 +85,7 @@ def _balance_option(p: argparse.ArgumentParser) -> None:
 
 def _eval(args):
     from asrdist.eval.details import hyp_path
-    from asrdist.eval.run import eval_command
+    from asrdist.run.evaluate import eval_command
 
     out = args.out or args.run_dir / "eval.json"
     run_files = tuple(args.run_dir / name for name in ("model.pt", "targets.pt", "config.yaml"))

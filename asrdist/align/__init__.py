@@ -1,2 +1,0 @@
-"""Forced alignment: frame-level phone alignments of transcribed speech through a lexicon, with a
-trained CTC or hybrid model (`asrdist align`)."""

@@ -1,0 +1,1 @@
+"""Kaldi data directories and audio files, read and written: the layer under corpus, features and eval."""
