@@ -9,8 +9,9 @@ import torch
 
 from asrdist.config import load_config
 from asrdist.io.audio import num_frames
-from asrdist.data.augment import (AugmentedStore, SpecAugment, add_noise, build_augmented_store, copy_plan,
-                                  speed_perturb, stretch_labels, training_store, warp_bins, warp_positions)
+from asrdist.data.augment import SpecAugment, warp_bins, warp_positions
+from asrdist.features.augment import (AugmentedStore, add_noise, build_augmented_store, copy_plan, speed_perturb,
+                                      stretch_labels, training_store)
 from asrdist.data.batch import Batch
 from asrdist.errors import ConfigError
 

@@ -239,7 +239,7 @@ def test_frame_accuracy():
 
 # -- `asrdist decode`'s utterance ids -----------------------------------------------------
 def test_decode_ids_are_unique_and_free_of_whitespace(tmp_path):
-    from asrdist.eval.transcribe import utterance_ids
+    from asrdist.run.decode import utterance_ids
 
     assert utterance_ids([Path("a/one.wav"), Path("b/two.WAV"), Path("three")]) == ["one", "two", "three"]
     assert utterance_ids([Path("cv_1.mp3"), Path("SA1.sph"), Path("x.flac"), Path("y.mp3.txt")]) == \

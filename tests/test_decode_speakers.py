@@ -11,7 +11,8 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.io.kaldi_dir import read_data_dir
-from asrdist.eval.transcribe import features_of, normalize, raw_features, read_utt2spk
+from asrdist.features.frontend import features_of, normalize, raw_features
+from asrdist.run.decode import read_utt2spk
 from asrdist.errors import DataError
 from fsdd_kaldi import FSDD, make_kaldi_tree
 
@@ -145,7 +146,7 @@ def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_p
     import shutil
 
     from asrdist.run.evaluate import load_run_model
-    from asrdist.eval.transcribe import _front_end
+    from asrdist.features.frontend import front_end
     from asrdist.run.prepare import load_targets, save_targets
 
     run, corpus = speaker_run
@@ -156,15 +157,15 @@ def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_p
     save_targets(old, targets)
     model, cfg, targets, _ = load_run_model(old)
     assert "speaker_prior" not in targets["features"]
-    assert _front_end(old, cfg, targets)["speaker_prior"] == prior
+    assert front_end(old, cfg, targets)["speaker_prior"] == prior
     targets["features"]["num_mel_bins"] = 40  # the corpus' features are no longer the run's
-    assert "speaker_prior" not in _front_end(old, cfg, targets)
+    assert "speaker_prior" not in front_end(old, cfg, targets)
 
 
 def test_a_damaged_cmvn_file_is_one_line(speaker_run, tmp_path, capsys):
     import shutil
 
-    from asrdist.eval.transcribe import feature_record
+    from asrdist.features.frontend import feature_record
 
     _, corpus = speaker_run
     train = tmp_path / "train"

@@ -168,7 +168,7 @@ def test_fsdd_features_match_the_frame_rule(source: Path, tmp_path: Path):
 
 
 def test_measure_speed_reports_its_figures(source: Path):
-    from asrdist.features.fbank import measure_speed
+    from asrdist.bench.data import measure_speed
 
     result = measure_speed(source, max_files=5, repeats=1)
     assert result["files"] == 5 and result["sample_rates"] == [8000]

@@ -446,7 +446,7 @@ def test_augmentation_refuses_imported_features_before_making_anything(tmp_path:
     """Speed and noise copies are remade from the audio by asrdist's front end, and the frequency
     warp reads bins as a mel filterbank: neither can match imported Kaldi features (13-dim here)."""
     from asrdist.config import DataConfig
-    from asrdist.data.augment import AUGMENTED_DIR, check_front_end
+    from asrdist.features.augment import AUGMENTED_DIR, check_front_end
 
     src = make_kaldi_dir(tmp_path, None, feats=True)
     out = tmp_path / "split"

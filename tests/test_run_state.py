@@ -18,7 +18,7 @@ from asrdist.cli import main
 from asrdist.config import config_from_tree, read_config_tree
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError, DataError, TrainingError
-from asrdist.train import checkpoint as ckpt
+from asrdist.train import checkpoint as ckpt, state as run_state
 from asrdist.run import rundir
 from asrdist.run.launch import check_new_run_dir
 from test_engine import ListOrder
@@ -49,19 +49,19 @@ def test_checkpoint_minutes_is_a_typed_field_with_a_range():
 def test_the_state_record_follows_a_run_and_a_checkpoint_publishes_its_epoch(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    assert rundir.read_state(run) is None
-    rundir.write_state(run, "prepared", learners=2)
+    assert run_state.read_state(run) is None
+    run_state.write_state(run, "prepared", learners=2)
     assert ckpt.prepared_not_started(run) and rundir.describe(run).startswith("prepared")
-    rundir.write_state(run, "started", learners=2)
-    assert rundir.read_state(run)["starts"] == 1 and not ckpt.prepared_not_started(run)
+    run_state.write_state(run, "started", learners=2)
+    assert run_state.read_state(run)["starts"] == 1 and not ckpt.prepared_not_started(run)
     for rank in range(2):
         ckpt.save_learner(run, "epoch-0001", rank, {"rank": rank})
     ckpt.publish(run, "epoch-0001", 2, progress={"epoch": 1, "epochs": 4})
-    state = rundir.read_state(run)
+    state = run_state.read_state(run)
     assert state["state"] == "checkpointed" and state["checkpoint"] == "epoch-0001" and state["epoch"] == 1
     assert "epoch 1 of 4" in rundir.describe(run)
-    rundir.write_state(run, "failed", reason="learner rank 1: killed")
-    state = rundir.read_state(run)
+    run_state.write_state(run, "failed", reason="learner rank 1: killed")
+    state = run_state.read_state(run)
     assert state["checkpoint"] == "epoch-0001" and state["reason"] == "learner rank 1: killed"
     assert not list(run.glob(".*.tmp"))  # written atomically
 
@@ -73,8 +73,8 @@ def _killed_in_first_epoch(tmp_path: Path) -> Path:
     run.mkdir()
     (run / "config.yaml").write_text("{}\n")
     (run / "targets.pt").write_bytes(b"x")
-    rundir.write_state(run, "prepared", learners=1)
-    rundir.write_state(run, "started", learners=1)
+    run_state.write_state(run, "prepared", learners=1)
+    run_state.write_state(run, "started", learners=1)
     half = run / "checkpoints" / "step-00000040"
     half.mkdir(parents=True)
     (half / ".rank-0.pt.123.tmp").write_bytes(b"partial")

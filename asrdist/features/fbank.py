@@ -8,14 +8,12 @@ Samples are fed on the int16 scale, as Kaldi does, so log energies match Kaldi's
 """
 from __future__ import annotations
 
-import time
-from pathlib import Path
 
 import kaldi_native_fbank as knf
 import numpy as np
 
 from asrdist.checks import check_field
-from asrdist.io.audio import num_frames, read_wav, resample
+from asrdist.io.audio import num_frames
 from asrdist.errors import ConfigError, DataError
 
 FRAME_LENGTH_MS = 25.0
@@ -75,37 +73,3 @@ def compute_fbank(samples: np.ndarray, sample_rate: int, num_mel_bins: int = 40,
     return feats
 
 
-def measure_speed(source: str | Path | None = None, num_mel_bins: int = 40, sample_rate: int | None = None,
-                  max_files: int = 300, repeats: int = 3) -> dict:
-    """Fbank speed on FSDD recordings, one core: audio seconds processed per compute second.
-
-    Reads up to `max_files` recordings (sorted names, so runs compare), resampled to
-    `sample_rate` if given (16000 = the synthetic corpus' rate), then times
-    `compute_fbank` alone over all of them `repeats` times and keeps the fastest pass
-    (the least disturbed by other processes). Returns the JSON-ready figures; the headline
-    is `fbank_x_realtime`. Run it in a process whose torch/BLAS threads are set to 1.
-    """
-    from asrdist.corpus.fsdd import find_recordings, resolve_source
-
-    recordings = find_recordings(resolve_source(source))[:max_files]
-    if not recordings:
-        raise DataError(f"{source}: no FSDD recordings found")
-    audio = [read_wav(r.path) for r in recordings]
-    if sample_rate:
-        audio = [(resample(samples, sr, sample_rate), sample_rate) for samples, sr in audio]
-    audio_seconds = sum(len(s) / sr for s, sr in audio)
-    opts = {sr: fbank_options(sr, num_mel_bins) for _, sr in audio}
-    best = float("inf")
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        for samples, sr in audio:
-            compute_fbank(samples, sr, num_mel_bins, opts[sr])
-        best = min(best, time.perf_counter() - start)
-    return {
-        "fbank_x_realtime": audio_seconds / best,
-        "audio_seconds": audio_seconds,
-        "compute_seconds": best,
-        "files": len(audio),
-        "sample_rates": sorted(opts),
-        "num_mel_bins": num_mel_bins,
-    }

@@ -96,7 +96,7 @@ def _eval(args):
 
 
 def _decode(args):
-    from asrdist.eval.transcribe import decode_command
+    from asrdist.run.decode import decode_command
 
     if args.out is not None:
         extra = (args.utt2spk,) if args.utt2spk is not None else ()

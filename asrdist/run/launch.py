@@ -23,7 +23,7 @@ from asrdist.cluster.launcher import launch_learners, stopped_error
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.train import checkpoint as ckpt
+from asrdist.train import checkpoint as ckpt, state as run_state
 from asrdist.run import rundir
 from asrdist.io.atomic import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
 
@@ -115,7 +115,7 @@ def environment_record(cfg: RunConfig) -> dict:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
-    from asrdist.data.augment import build_augmented_store, check_front_end
+    from asrdist.features.augment import build_augmented_store, check_front_end
     from asrdist.run.prepare import (CTC_TARGETS, build_targets, check_alignment_ids, ensure_features,
                                        note_short_utterances, save_targets)
     from asrdist.run.task import model_kind
@@ -134,7 +134,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     save_targets(run_dir, targets)
     write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     write_json_atomic(run_dir / "env.json", environment_record(cfg))
-    rundir.write_state(run_dir, "prepared", learners=cfg.train.learners)
+    run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
 
 
 def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False) -> None:
@@ -180,7 +180,7 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
     elif entries:
         if ckpt.prepared_not_started(run_dir):
             raise AsrdistError(ckpt.start_prepared_advice(run_dir))
-        if rundir.read_state(run_dir) is not None and rundir.has_no_checkpoint(run_dir):
+        if run_state.read_state(run_dir) is not None and rundir.has_no_checkpoint(run_dir):
             # a start killed before its first checkpoint (SIGKILL, out of memory): --resume starts it over
             raise AsrdistError(f"{run_dir}: a run that ended before its first checkpoint ({rundir.describe(run_dir)}); "
                                f"`asrdist train --resume {run_dir}` trains it again from the start, or pick another --out")
@@ -293,7 +293,7 @@ def _train(args, release_notes: Callable[[], None]) -> int:
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
             held.enter_context(rundir.locked(Path(run_dir)))
-        rundir.write_state(run_dir, "started", learners=cfg.train.learners)
+        run_state.write_state(run_dir, "started", learners=cfg.train.learners)
         release_notes()
         summary = _start_learners(cfg, run_dir, args, nodes, network, resume=args.resume is not None and not from_start)
     print_summary(run_dir, summary)

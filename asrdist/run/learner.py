@@ -218,7 +218,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     from asrdist.run.summary import finish_run
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
-    from asrdist.run.rundir import write_state
+    from asrdist.train.state import write_state
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

@@ -160,12 +160,12 @@ def _stored_settings(splits) -> str:
 
 
 def _drop_augmented(splits) -> None:
-    """Augmented copies (`asrdist.data.augment`) are made from a split's audio and normalized with
+    """Augmented copies (`asrdist.features.augment`) are made from a split's audio and normalized with
     its features' statistics, and are reused while they exist: after a re-extraction they are of
     the old utterances and statistics, so they go, to be made again from the new features."""
     import shutil
 
-    from asrdist.data.augment import AUGMENTED_DIR
+    from asrdist.features.augment import AUGMENTED_DIR
 
     for split in splits:
         if (split / AUGMENTED_DIR).is_dir():
@@ -292,7 +292,7 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> dict[str, An
     """Fit the label side of the run on the training split."""
     from asrdist.data.targets import CharTokenizer, TiedStates, label_priors
     from asrdist.eval.decode import PhoneBigram
-    from asrdist.eval.transcribe import feature_record
+    from asrdist.features.frontend import feature_record
 
     kind = cfg.data.targets
     if (corpus / "phones.txt").is_file():

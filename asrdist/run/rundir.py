@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -32,7 +31,8 @@ import yaml
 from asrdist.config import RunConfig
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
 from asrdist.train import checkpoint as ckpt
-from asrdist.io.atomic import write_json_atomic, write_text_atomic
+from asrdist.train.state import STATE_NAME, read_state, write_state
+from asrdist.io.atomic import write_text_atomic
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
 # output classes), its optimizer state, its learners, and its samplers' saved positions.
@@ -42,36 +42,9 @@ RESUME_FIXED = (
     "optim.name", "optim.natural_gradient", "train.learners", "strategy.name", "data.batch_size",
     "data.window_utterances", "seed",
 )
-STATE_NAME = "state.json"
-STATES = ("prepared", "started", "checkpointed", "finished", "failed")
 
 # What a failed start leaves behind on purpose: the reasons it failed.
 REPORT_PATTERNS = ("failed-rank-*", "*.log")
-
-
-def read_state(run_dir: Path) -> dict | None:
-    """The run's state record; None when it has none (a run of an older asrdist, or no run) or
-    when it cannot be read (then the run's files speak for it, see `describe`)."""
-    try:
-        record = json.loads((Path(run_dir) / STATE_NAME).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("state") in STATES else None
-
-
-def write_state(run_dir: Path, state: str, **fields) -> None:
-    """Rewrite the run's state record (atomically); `starts` is carried over from the last one."""
-    if state not in STATES:
-        raise ValueError(f"unknown run state {state!r}")
-    before = read_state(run_dir) or {}
-    starts = before.get("starts", 0) + (state == "started")
-    record = {"state": state, "starts": starts, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
-    if state not in ("started", "prepared") and "checkpoint" not in record and before.get("checkpoint"):
-        record["checkpoint"] = before["checkpoint"]  # a failure or the end keeps naming the last one
-        for key in ("epoch", "epochs"):
-            if key in before:
-                record.setdefault(key, before[key])
-    write_json_atomic(Path(run_dir) / STATE_NAME, record)
 
 
 def describe(run_dir: Path) -> str:

@@ -27,7 +27,8 @@ def model_kind(cfg: RunConfig) -> str:
 
 class SpeechTask:
     def __init__(self, cfg: RunConfig, targets: dict[str, Any], rank: int, world_size: int):
-        from asrdist.data.augment import SpecAugment, training_store
+        from asrdist.data.augment import SpecAugment
+        from asrdist.features.augment import training_store
 
         self.cfg, self.targets = cfg, targets
         corpus = Path(cfg.data.corpus)
@@ -55,7 +56,7 @@ class SpeechTask:
         """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC);
         `rank=0, world_size=1` gives the whole corpus in one order (job-wide epochs)."""
         from asrdist.data import samplers
-        from asrdist.data.augment import AugmentedStore
+        from asrdist.features.augment import AugmentedStore
 
         cfg, store = self.cfg, self.store
         rank = self.rank if rank is None else rank

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
             if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
-                from asrdist.run.rundir import write_state
+                from asrdist.train.state import write_state
 
                 write_state(args.run_dir, "failed", reason=message[:300])
         except OSError:  # a full disk: the line on stderr still reaches the launcher's log
@@ -104,7 +104,8 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
     if rank == 0:
-        from asrdist.run.rundir import record_resume, write_state
+        from asrdist.run.rundir import record_resume
+        from asrdist.train.state import write_state
 
         if resumed:
             record_resume(cfg, run_dir, ["(asrdist.run.worker under torchrun)"])

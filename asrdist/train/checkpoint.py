@@ -104,7 +104,7 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
     `world_size`, saved it); prune older ones. Checkpoints newer than `tag` (a faster learner's next
     one) are left alone. A checkpoint of some members records them in members.json first.
     `progress` ({epoch, epochs}) goes into the run's state record."""
-    from asrdist.run.rundir import write_state
+    from asrdist.train.state import write_state
 
     d = checkpoint_dir(run_dir, tag)
     writers = list(range(world_size)) if members is None else sorted(members)
@@ -202,7 +202,7 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def prepared_not_started(run_dir: Path) -> bool:
     """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
     older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
-    from asrdist.run.rundir import read_state
+    from asrdist.train.state import read_state
 
     record = read_state(run_dir)
     if record is not None:

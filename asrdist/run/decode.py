@@ -16,135 +16,19 @@ silence and of each sound sets them), so pooling is much the better when the fil
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
+from asrdist.eval.recognize import recognize
+from asrdist.features.frontend import front_end, features_of, normalize, raw_features
+
 from asrdist.errors import ConfigError, DataError
-
-
-def feature_record(train_dir: Path) -> dict | None:
-    """What decoding needs to rebuild the training features: rate, bins, CMVN mode and global
-    statistics. None for imported features (their front end is not asrdist's)."""
-    from asrdist.features.store import FeatureStore
-
-    meta = FeatureStore(train_dir).meta
-    if meta.get("num_mel_bins") is None:
-        return None
-    record = {"sample_rate": int(meta["sample_rate"]), "num_mel_bins": int(meta["num_mel_bins"]),
-              "cmvn": meta.get("cmvn", "none")}
-    if record["cmvn"] not in ("global", "speaker"):
-        return record
-    from asrdist.features.cmvn import SpeakerPrior
-
-    cmvn_file = FeatureStore(train_dir).path / "cmvn.json"
-    try:
-        body = json.loads(cmvn_file.read_text(encoding="utf-8"))
-        if record["cmvn"] == "global":
-            record["mean"], record["std"] = list(body["mean"]), list(body["std"])
-        else:
-            record["speaker_prior"] = SpeakerPrior.of_cmvn_file(body).to_json()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise DataError(f"{cmvn_file}: not a readable {record['cmvn']} CMVN statistics file "
-                        f"({type(exc).__name__}: {exc}); re-extract with `asrdist features --overwrite`") from None
-    return record
-
-
-def _front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
-    record = targets.get("features")
-    if record is None and (Path(cfg.data.corpus) / "train").is_dir():  # a run from before targets kept it
-        record = feature_record(Path(cfg.data.corpus) / "train")
-    if record is None:
-        raise DataError(f"{run_dir}: the run trained on imported features (or its corpus is gone); "
-                        f"`asrdist decode` rebuilds only features asrdist extracted")
-    if record["cmvn"] == "speaker" and "speaker_prior" not in record:  # a run from before the prior
-        record = {**record, **_corpus_prior(Path(cfg.data.corpus) / "train", record)}
-    return record
-
-
-def _corpus_prior(train: Path, record: dict) -> dict:
-    """{"speaker_prior": ...} from the run's corpus when its training features are still the
-    run's (rate, bins, CMVN); {} otherwise: files then keep their own statistics, as before."""
-    try:
-        current = feature_record(train) if (train / "feats" / "cmvn.json").is_file() else None
-    except DataError:
-        return {}
-    if current is None or any(current[k] != record[k] for k in ("sample_rate", "num_mel_bins", "cmvn")):
-        return {}
-    return {"speaker_prior": current["speaker_prior"]}
-
-
-def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
-    """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
-    to read of a multi-channel file)."""
-    from asrdist.io.audio import read_wav, resample
-    from asrdist.features.fbank import compute_fbank
-
-    samples, rate = read_wav(path, channel=channel)
-    try:  # the front end's reasons (audio too short for a frame) name no file
-        samples = resample(samples, rate, front["sample_rate"])
-        return compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
-    except DataError as exc:
-        raise DataError(f"{path}: {exc}") from None
-
-
-def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
-    """One speaker's utterances through the run's CMVN (speaker CMVN: statistics over all of them)."""
-    from asrdist.features.cmvn import CmvnStats
-
-    if front["cmvn"] == "global":
-        mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
-        return [((f - mean) / std).astype(np.float32) for f in feats]
-    if front["cmvn"] == "speaker":
-        from asrdist.features.cmvn import SpeakerPrior
-
-        stats = CmvnStats(feats[0].shape[1])
-        for f in feats:
-            stats.accumulate(f)
-        if "speaker_prior" in front:  # a speaker under a second, as `asrdist features` treats one
-            stats = SpeakerPrior.from_json(front["speaker_prior"]).fill(stats)
-        return [stats.apply(f) for f in feats]
-    return list(feats)
-
-
-def features_of(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
-    """One file's features, the file its own speaker."""
-    return normalize([raw_features(path, front, channel)], front)[0]
-
-
-@torch.no_grad()
-def recognize(model: torch.nn.Module, feats: np.ndarray, targets: dict[str, Any], cfg, constrained=None,
-              transform=None) -> str:
-    """The model's text for one utterance's features: characters, phone symbols, or (a phone model
-    with a vocabulary) words; `constrained` is the run's vocabulary search (`asrdist.eval.vocabulary`),
-    if any; `transform` a CTC model's speaker map (`asrdist.eval.adapt.SpeakerTransform`), if any."""
-    from asrdist.eval.decode import viterbi_decode
-    from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
-
-    if model.kind == "ctc":
-        x = torch.from_numpy(feats)[None]
-        log_probs, lengths = model(transform(x) if transform is not None else x, torch.tensor([len(feats)]))
-        lp = log_probs[0, : int(lengths[0])].double().numpy()
-        tokens = ctc_hypothesis(lp, cfg, constrained)
-        if targets["kind"] == "chars":
-            return " ".join(targets["tokenizer"].decode(tokens).split())
-        if constrained is not None:  # a phone model's hypothesis made of vocabulary words
-            return " ".join(constrained.words(tokens))
-        return " ".join(targets["phones"][t] for t in tokens)
-    priors = np.asarray(targets["priors"], dtype=np.float64)
-    with np.errstate(divide="ignore"):  # unseen classes are left out, as in `asrdist eval`
-        log_priors = np.log(np.where(priors > 1e-6, priors, 0.0))
-    log_post = torch.log_softmax(_frame_logits(model, feats, cfg.model.context), -1).double().numpy()
-    phones = viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets["class_to_phone"],
-                            targets["bigram"], min_duration=cfg.eval.min_duration,
-                            acoustic_scale=cfg.eval.acoustic_scale, silence_id=targets["silence_id"])
-    return " ".join(targets["phones"][p] for p in phones)
 
 
 def utterance_ids(wavs: Sequence[Path]) -> list[str]:
@@ -204,7 +88,7 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     for wav in wavs:
         check_audio_path(wav)
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
-    front = _front_end(run_dir, cfg, targets)
+    front = front_end(run_dir, cfg, targets)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None

@@ -1,0 +1,102 @@
+"""The decode-time front end: a run's own features for new audio files. Resampled to the training
+corpus' rate, fbank with the recipe's bins, and the recipe's CMVN (global: the training split's
+statistics kept in `targets.pt`; speaker: the statistics of the file's speaker, topped up to a
+second's worth by the training speakers' prior, `cmvn.SpeakerPrior`)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from asrdist.errors import DataError
+
+
+def feature_record(train_dir: Path) -> dict | None:
+    """What decoding needs to rebuild the training features: rate, bins, CMVN mode and global
+    statistics. None for imported features (their front end is not asrdist's)."""
+    from asrdist.features.store import FeatureStore
+
+    meta = FeatureStore(train_dir).meta
+    if meta.get("num_mel_bins") is None:
+        return None
+    record = {"sample_rate": int(meta["sample_rate"]), "num_mel_bins": int(meta["num_mel_bins"]),
+              "cmvn": meta.get("cmvn", "none")}
+    if record["cmvn"] not in ("global", "speaker"):
+        return record
+    from asrdist.features.cmvn import SpeakerPrior
+
+    cmvn_file = FeatureStore(train_dir).path / "cmvn.json"
+    try:
+        body = json.loads(cmvn_file.read_text(encoding="utf-8"))
+        if record["cmvn"] == "global":
+            record["mean"], record["std"] = list(body["mean"]), list(body["std"])
+        else:
+            record["speaker_prior"] = SpeakerPrior.of_cmvn_file(body).to_json()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{cmvn_file}: not a readable {record['cmvn']} CMVN statistics file "
+                        f"({type(exc).__name__}: {exc}); re-extract with `asrdist features --overwrite`") from None
+    return record
+
+
+def front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
+    record = targets.get("features")
+    if record is None and (Path(cfg.data.corpus) / "train").is_dir():  # a run from before targets kept it
+        record = feature_record(Path(cfg.data.corpus) / "train")
+    if record is None:
+        raise DataError(f"{run_dir}: the run trained on imported features (or its corpus is gone); "
+                        f"`asrdist decode` rebuilds only features asrdist extracted")
+    if record["cmvn"] == "speaker" and "speaker_prior" not in record:  # a run from before the prior
+        record = {**record, **_corpus_prior(Path(cfg.data.corpus) / "train", record)}
+    return record
+
+
+def _corpus_prior(train: Path, record: dict) -> dict:
+    """{"speaker_prior": ...} from the run's corpus when its training features are still the
+    run's (rate, bins, CMVN); {} otherwise: files then keep their own statistics, as before."""
+    try:
+        current = feature_record(train) if (train / "feats" / "cmvn.json").is_file() else None
+    except DataError:
+        return {}
+    if current is None or any(current[k] != record[k] for k in ("sample_rate", "num_mel_bins", "cmvn")):
+        return {}
+    return {"speaker_prior": current["speaker_prior"]}
+
+
+def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
+    """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
+    to read of a multi-channel file)."""
+    from asrdist.io.audio import read_wav, resample
+    from asrdist.features.fbank import compute_fbank
+
+    samples, rate = read_wav(path, channel=channel)
+    try:  # the front end's reasons (audio too short for a frame) name no file
+        samples = resample(samples, rate, front["sample_rate"])
+        return compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
+
+
+def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
+    """One speaker's utterances through the run's CMVN (speaker CMVN: statistics over all of them)."""
+    from asrdist.features.cmvn import CmvnStats
+
+    if front["cmvn"] == "global":
+        mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
+        return [((f - mean) / std).astype(np.float32) for f in feats]
+    if front["cmvn"] == "speaker":
+        from asrdist.features.cmvn import SpeakerPrior
+
+        stats = CmvnStats(feats[0].shape[1])
+        for f in feats:
+            stats.accumulate(f)
+        if "speaker_prior" in front:  # a speaker under a second, as `asrdist features` treats one
+            stats = SpeakerPrior.from_json(front["speaker_prior"]).fill(stats)
+        return [stats.apply(f) for f in feats]
+    return list(feats)
+
+
+def features_of(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
+    """One file's features, the file its own speaker."""
+    return normalize([raw_features(path, front, channel)], front)[0]
