@@ -87,7 +87,7 @@ def demo_command(args) -> int:
     rows = []
     for name, data in (("espeak, held-out speakers", corpus / "test"), ("flite (unseen synthesizer)", flite / "test")):
         result = evaluate_run(run_dir, data)
-        baseline = evaluate_split(PriorOnlyModel(targets["priors"]), data, targets, cfg)
+        baseline = evaluate_split(PriorOnlyModel(targets.priors), data, targets, cfg)
         rows.append((name, result["utterances"], result["frame_accuracy"], result["per"], baseline["per"]))
     table = {"run": str(run_dir), "rows": [dict(zip(("test set", "utterances", "frame_accuracy", "per",
                                                       "prior_only_per"), r)) for r in rows]}

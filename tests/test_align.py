@@ -116,13 +116,12 @@ def test_align_refuses_a_character_model_before_writing(tmp_path: Path, capsys):
 
     from asrdist.cli import main
     from asrdist.config import load_config
-    from asrdist.data.targets import CharTokenizer
+    from asrdist.data.targets import CharTokenizer, Targets
     from asrdist.run.prepare import save_targets
     from asrdist.run.task import build_model_for
 
     cfg = load_config("configs/fsdd.yaml")
-    targets = {"kind": "chars", "phones": ["sil"], "silence_id": 0,
-               "tokenizer": CharTokenizer.fit(["one"]), "num_classes": 4}
+    targets = Targets(kind="chars", phones=["sil"], silence_id=0, tokenizer=CharTokenizer.fit(["one"]), num_classes=4)
     run = tmp_path / "run"
     run.mkdir()
     save_targets(run, targets)

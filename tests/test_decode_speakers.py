@@ -124,7 +124,7 @@ def test_a_lone_file_is_normalised_as_asrdist_features_normalises_a_one_file_spe
     (copy / "test" / "utt2spk").write_text("".join(f"{u} {u}\n" for u in test.utt_ids))
     (copy / "test" / "spk2utt").write_text("".join(f"{u} {u}\n" for u in test.utt_ids))
     assert main(["features", str(copy), "--cmvn", "speaker", "--num-mel-bins", "23", "--jobs", "1", "--overwrite"]) == 0
-    front = load_run_model(run)[2]["features"]
+    front = load_run_model(run)[2].features
     assert front["speaker_prior"]["frames"] == 100
     store = FeatureStore(copy / "test")
     for wav in wavs[:3]:
@@ -153,13 +153,13 @@ def test_a_run_from_before_the_prior_takes_it_from_its_corpus(speaker_run, tmp_p
     old = tmp_path / "run"
     shutil.copytree(run, old)
     targets = load_targets(old)
-    prior = targets["features"].pop("speaker_prior")
+    prior = targets.features.pop("speaker_prior")
     save_targets(old, targets)
     model, cfg, targets, _ = load_run_model(old)
-    assert "speaker_prior" not in targets["features"]
-    assert front_end(old, cfg, targets)["speaker_prior"] == prior
-    targets["features"]["num_mel_bins"] = 40  # the corpus' features are no longer the run's
-    assert "speaker_prior" not in front_end(old, cfg, targets)
+    assert "speaker_prior" not in targets.features
+    assert front_end(old, cfg, targets.features)["speaker_prior"] == prior
+    targets.features["num_mel_bins"] = 40  # the corpus' features are no longer the run's
+    assert "speaker_prior" not in front_end(old, cfg, targets.features)
 
 
 def test_a_damaged_cmvn_file_is_one_line(speaker_run, tmp_path, capsys):

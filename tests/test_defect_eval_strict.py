@@ -17,6 +17,7 @@ from asrdist.config import config_from_tree
 from asrdist.run.evaluate import load_run_model
 from asrdist.optim.ng_layers import AffineLSTM, apply_natural_gradient
 from asrdist.train.checkpoint import save_model
+from asrdist.data.targets import Targets
 from asrdist.run.prepare import save_targets
 from asrdist.run.task import build_model_for
 from tests.corpus_fixture import make_tone_corpus
@@ -52,7 +53,8 @@ def _trained_run(run_dir: Path, name: str, natural_gradient: bool = True) -> tor
         opt.step()
         opt.zero_grad()
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_targets(run_dir, {"num_classes": CLASSES})
+    save_targets(run_dir, Targets(kind="monophone", phones=[f"p{i}" for i in range(CLASSES)], silence_id=0,
+                                  num_classes=CLASSES))
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": INPUT_DIM})
     return model.eval()
 

@@ -285,9 +285,9 @@ def test_a_character_outside_the_alphabet_is_noted_with_its_file_and_utterance(t
     a split of nothing but such utterances is refused naming its file."""
     import pytest
 
-    from asrdist.data.targets import CharTokenizer
+    from asrdist.data.targets import CharTokenizer, Targets
     from asrdist.errors import DataError
-    from asrdist.run.prepare import ctc_tokens
+    from asrdist.data.labels import ctc_tokens
 
     split = tmp_path / "test"
     split.mkdir()
@@ -295,7 +295,7 @@ def test_a_character_outside_the_alphabet_is_noted_with_its_file_and_utterance(t
     (split / "utt2spk").write_text("u1 s1\nu2 s1\n")
     (split / "text").write_text("u1 one\nu2 café\n")
     tokenizer = CharTokenizer.fit(["one", "cafe"])
-    targets = {"kind": "chars", "tokenizer": tokenizer}
+    targets = Targets(kind="chars", phones=[], silence_id=0, num_classes=tokenizer.vocab_size, tokenizer=tokenizer)
     assert ctc_tokens(split, targets) == {"u1": tokenizer.encode("one")}
     assert "test/text: 1 of 2 utterance(s) hold characters the training transcripts never had ('é'; e.g. " \
            "utterance u2)" in capsys.readouterr().err

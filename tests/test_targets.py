@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from asrdist.data.targets import (CharTokenizer, TiedStates, label_priors, monophone_labels,
+from asrdist.data.targets import (CharTokenizer, Targets, TiedStates, label_priors, monophone_labels,
                                   phone_tokens)
 from asrdist.errors import ConfigError, DataError
 
@@ -146,7 +146,7 @@ def test_utterances_too_short_for_their_ctc_labels_are_noted(tmp_path, capsys):
     needs 4 output frames and 'three' 6; with subsample 3, 12 input frames give 4."""
     from asrdist.io.kaldi_dir import Utterance, write_data_dir
     from asrdist.features.store import FeatureStore, FeatureStoreWriter
-    from asrdist.run.prepare import note_short_utterances
+    from asrdist.data.labels import note_short_utterances
 
     rows = {"a": ("zero", 12), "b": ("three", 12), "c": ("three", 18), "d": ("zero", 9)}
     write_data_dir(tmp_path, [Utterance(u, "spk", f"{u}.wav", text) for u, (text, _) in rows.items()])
@@ -155,7 +155,8 @@ def test_utterances_too_short_for_their_ctc_labels_are_noted(tmp_path, capsys):
         writer.add(u, np.zeros((frames, 3), dtype=np.float32))
     writer.close({})
     assert len(FeatureStore(tmp_path)) == 4
-    targets = {"kind": "chars", "tokenizer": CharTokenizer.fit(["zero", "three"])}
+    tokenizer = CharTokenizer.fit(["zero", "three"])
+    targets = Targets(kind="chars", phones=[], silence_id=0, num_classes=tokenizer.vocab_size, tokenizer=tokenizer)
     assert note_short_utterances(tmp_path, targets, subsample=3) == 2  # b (4 < 6) and d (3 < 4)
     note = capsys.readouterr().err
     assert f"{tmp_path}: 2 of 4 utterance(s) are too short for their transcripts (e.g. b: 4 output frame(s) for 6 CTC " \

@@ -79,8 +79,9 @@ def test_a_phone_model_refuses_the_word_bigram(tmp_path):
     from types import SimpleNamespace
 
     from asrdist.errors import DataError
+    from asrdist.data.targets import Targets
     from asrdist.eval.vocabulary import vocabulary_search
 
     cfg = SimpleNamespace(eval=EvalConfig(vocabulary="train", lm_weight=0.5), data=SimpleNamespace(corpus=str(tmp_path)))
     with pytest.raises(DataError, match="^eval.lm_weight / eval.word_bonus: the word bigram is for character CTC"):
-        vocabulary_search(cfg, {"kind": "phones"})
+        vocabulary_search(cfg, Targets(kind="phones", phones=["sil", "a"], silence_id=0, num_classes=2))

@@ -199,7 +199,7 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
     steps, ends = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS)
     lone = SpeechTask(cfg, targets, 0, 1)
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
-    shapes = config_shapes(cfg, lone.store.dim, targets["num_classes"])
+    shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
     figures = per_value_figures(shapes, repeats)
     link: dict[str, Any] = {}
     if any(n > 1 for n in learners):
@@ -210,7 +210,7 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
         link.get("cpu_seconds_per_byte", 0.0), _link_latency(network))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets["num_classes"]}
+                   "num_classes": targets.num_classes}
 
 
 def _link_latency(network: str) -> float:

@@ -69,7 +69,7 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
 class _Timer:
     """One learner of a run's recipe, alone, whose steps are timed window by window."""
 
-    def __init__(self, stack: ExitStack, cfg, targets: dict, learners: int, threads: int):
+    def __init__(self, stack: ExitStack, cfg, targets: Targets, learners: int, threads: int):
         import torch
 
         from asrdist.cluster.process_group import default_backend, device_for_backend

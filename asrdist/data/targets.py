@@ -14,7 +14,8 @@ hybrid papers, deterministic and fit in one pass):
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -243,3 +244,58 @@ def label_priors(label_arrays: Iterable[np.ndarray], num_classes: int, floor: fl
         raise DataError("label priors: no labelled frames")
     priors = np.maximum(counts / total, floor)
     return priors / priors.sum()
+
+
+@dataclass
+class Targets:
+    """The label side of a run, fitted on its training split (`targets.pt` in the run directory).
+
+    Frame targets (`kind` monophone or tied) carry `class_to_phone`, `priors` (the hybrid decoder's
+    divisor) and `bigram` (the phone bigram its Viterbi search uses); tied ones add `tied`. CTC
+    targets are phone ids (`kind` phones: id 0, silence, doubles as the blank) or characters (`kind`
+    chars: `tokenizer`)."""
+
+    kind: str
+    """monophone, tied, phones or chars (the recipe's `data.targets`)."""
+    phones: list[str]
+    """The corpus' phone symbols, by id (empty for character targets without a phone table)."""
+    silence_id: int
+    num_classes: int
+    """Outputs of the model."""
+    features: dict | None = None
+    """The training features' front end (`asrdist.features.frontend.feature_record`), for decoding."""
+    tied: TiedStates | None = None
+    class_to_phone: np.ndarray | None = None
+    priors: np.ndarray | None = None
+    bigram: Any = None
+    """An `asrdist.eval.decode.PhoneBigram` (kept as it is pickled in run directories)."""
+    tokenizer: CharTokenizer | None = None
+    features_recorded: bool = True
+    """False for the targets of a run from before they kept `features` (its corpus tells)."""
+
+    def to_blob(self) -> dict[str, Any]:
+        """The dict `targets.pt` holds: the fields that are set, tied states and tokenizer as dicts."""
+        blob = {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None and f.name != "features_recorded"}
+        if self.features_recorded:
+            blob["features"] = self.features  # None (imported features) is recorded as such
+        if self.tied is not None:
+            blob["tied"] = self.tied.to_dict()
+        if self.tokenizer is not None:
+            blob["tokenizer"] = self.tokenizer.to_dict()
+        return blob
+
+    @classmethod
+    def from_blob(cls, blob: dict[str, Any], where: str) -> "Targets":
+        """The targets of a `targets.pt` dict (of this asrdist or an older one); `where` names the file."""
+        missing = [key for key in ("kind", "phones", "silence_id", "num_classes") if key not in blob]
+        if missing:
+            raise DataError(f"{where}: not an asrdist targets file (no {', '.join(missing)})")
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in blob.items() if key in known - {"features_recorded"}}
+        values["features_recorded"] = "features" in blob
+        if isinstance(values.get("tied"), dict):
+            values["tied"] = TiedStates.from_dict(values["tied"])
+        if isinstance(values.get("tokenizer"), dict):
+            values["tokenizer"] = CharTokenizer.from_dict(values["tokenizer"])
+        return cls(**values)

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from asrdist.errors import DataError
+from asrdist.data.targets import Targets
 
 
 def ctc_hypothesis(log_probs: np.ndarray, cfg, constrained=None) -> list[int]:
@@ -29,7 +29,7 @@ def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> to
 
 
 @torch.no_grad()
-def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, Any], cfg,
+def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cfg,
                    max_utterances: int | None = None, details: bool = False, adapt: bool = False) -> dict:
     """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
     and errors of every utterance, `asrdist.eval.details`); with `adapt` (CTC models) each speaker's
@@ -51,13 +51,13 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: dict[str, A
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.scoring import error_rate
-    from asrdist.run.prepare import frame_labels, phone_sequences, split_alignments
+    from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
 
-    alignments = split_alignments(split_dir, len(targets["phones"]))
+    alignments = split_alignments(split_dir, len(targets.phones))
     labels = frame_labels(split_dir, targets, alignments)
-    ref_phones = phone_sequences(alignments, targets["silence_id"])
+    ref_phones = phone_sequences(alignments, targets.silence_id)
     utt_ids = [u for u in utt_ids if u in labels]  # `asrdist align` leaves out utterances with unknown words
-    priors = np.asarray(targets["priors"], dtype=np.float64)
+    priors = np.asarray(targets.priors, dtype=np.float64)
     # Classes never seen in training carry only the smoothing floor; dividing by it would favour
     # them by ~16 nats, so they are left out of decoding (log prior -inf).
     with np.errstate(divide="ignore"):
@@ -75,10 +75,10 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
         frames += t
         log_post = torch.log_softmax(logits, -1).double().numpy()
         try:
-            hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets["class_to_phone"],
-                                       targets["bigram"], min_duration=cfg.eval.min_duration,
+            hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets.class_to_phone,
+                                       targets.bigram, min_duration=cfg.eval.min_duration,
                                        acoustic_scale=cfg.eval.acoustic_scale,
-                                       silence_id=targets["silence_id"]))
+                                       silence_id=targets.silence_id))
         except DataError:  # no finite path (e.g. a diverged model): score the utterance as all deletions
             hyps.append([])
         refs.append(ref_phones[utt])
@@ -88,7 +88,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     if details:
         from asrdist.eval.details import phone_details
 
-        result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets["phones"])
+        result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
     return result
 
 
@@ -117,15 +117,15 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
     from asrdist.eval.scoring import error_rate
     from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.models.objectives import ctc_objective
-    from asrdist.run.prepare import ctc_tokens
+    from asrdist.data.labels import ctc_tokens
 
     constrained = vocabulary_search(cfg, targets)
-    chars = targets["kind"] == "chars"
+    chars = targets.kind == "chars"
     # the transcripts scored as text (characters, or words of a vocabulary), read once: also the targets'
     data = read_data_dir(split_dir) if chars or constrained is not None else None
     tokens = ctc_tokens(split_dir, targets, data)
     if chars:  # references from the text, also of utterances whose characters the model never saw (no loss)
-        tok = targets["tokenizer"]
+        tok = targets.tokenizer
         references = {u: tok.normalize(data.utterances[u].text) for u in utt_ids if u in data.utterances}
         utt_ids = [u for u in utt_ids if u in references]
     else:
@@ -157,7 +157,7 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
     if adaptation is not None:
         result["adaptation"] = adaptation
-    if targets["kind"] == "phones" and constrained is not None:
+    if targets.kind == "phones" and constrained is not None:
         # Hypotheses are words: score them as words (a word said with another of its pronunciations
         # is right), and the phones as before.
         from asrdist.corpus.lexicon import normalize_word
@@ -171,12 +171,12 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
             from asrdist.eval.details import text_details
 
             result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
-    elif targets["kind"] == "phones":
+    elif targets.kind == "phones":
         result["per"] = error_rate(refs, hyps)["rate"]
         if details:
             from asrdist.eval.details import phone_details
 
-            result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets["phones"])
+            result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
     else:
         without_loss = [u for u in utt_ids if u not in tokens]
         if without_loss:

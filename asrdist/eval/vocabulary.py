@@ -308,7 +308,7 @@ class PronouncedSearch(VocabularySearch):
         return best[-1] or []
 
 
-def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
+def vocabulary_search(cfg, targets: Targets) -> VocabularySearch | None:
     """The run's constrained search per `cfg.eval.vocabulary`, or None (unconstrained): words
     spelled with a character model's characters, or pronounced with a phone model's phones through
     a lexicon (`train`: the corpus lexicon's entries of the training words; PATH: a lexicon file)."""
@@ -317,25 +317,25 @@ def vocabulary_search(cfg, targets: dict) -> VocabularySearch | None:
         return None
     where = f"eval.vocabulary={spec}"
     train_dir = Path(cfg.data.corpus) / "train"
-    if targets.get("kind") == "phones":
+    if targets.kind == "phones":
         if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
             raise DataError("eval.lm_weight / eval.word_bonus: the word bigram is for character CTC models "
                             f"(this run has data.targets=phones); set them to 0")
         return _pronounced_search(spec, targets, train_dir, cfg.eval.beam, where)
-    if targets.get("kind") != "chars":
+    if targets.kind != "chars":
         raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "
-                        f"data.targets={targets.get('kind')}); use eval.vocabulary=none")
-    search = VocabularySearch(vocabulary_words(spec, train_dir), targets["tokenizer"], cfg.eval.beam, where=where)
+                        f"data.targets={targets.kind}); use eval.vocabulary=none")
+    search = VocabularySearch(vocabulary_words(spec, train_dir), targets.tokenizer, cfg.eval.beam, where=where)
     if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
         search.use_bigram(training_transcripts(train_dir), cfg.eval.lm_weight, cfg.eval.word_bonus)
     return search
 
 
-def _pronounced_search(spec: str, targets: dict, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
+def _pronounced_search(spec: str, targets: Targets, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
     from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon
     from asrdist.corpus.phones import PhoneTable
 
-    table = PhoneTable(targets["phones"])
+    table = PhoneTable(targets.phones)
     path = train_dir.parent / LEXICON_NAME if spec == TRAIN else Path(spec)
     if spec == TRAIN and not path.is_file():
         raise DataError(f"{where}: a phone model's words are pronounced by the corpus lexicon ({path}), "

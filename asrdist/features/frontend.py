@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -40,8 +40,9 @@ def feature_record(train_dir: Path) -> dict | None:
     return record
 
 
-def front_end(run_dir: Path, cfg, targets: dict[str, Any]) -> dict:
-    record = targets.get("features")
+def front_end(run_dir: Path, cfg, record: dict | None) -> dict:
+    """The front end of the run in `run_dir` (`record`: the one its targets keep, None for a run
+    that kept none): what `features_of` and `raw_features` need."""
     if record is None and (Path(cfg.data.corpus) / "train").is_dir():  # a run from before targets kept it
         record = feature_record(Path(cfg.data.corpus) / "train")
     if record is None:

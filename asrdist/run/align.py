@@ -30,9 +30,9 @@ SCORE_FLOOR = -30.0
 SPLITS = ("train", "valid", "test")
 
 
-def frame_scores(model: torch.nn.Module, feats: np.ndarray, targets: dict, cfg) -> np.ndarray:
+def frame_scores(model: torch.nn.Module, feats: np.ndarray, targets: Targets, cfg) -> np.ndarray:
     """[T, P] log scores over phones for one utterance's features [T, dim]."""
-    num_phones = len(targets["phones"])
+    num_phones = len(targets.phones)
     T = len(feats)
     if model.kind == "ctc":
         x = torch.from_numpy(np.array(feats))[None]
@@ -44,9 +44,9 @@ def frame_scores(model: torch.nn.Module, feats: np.ndarray, targets: dict, cfg) 
 
     logits = _frame_logits(model, feats, cfg.model.context)
     log_post = torch.log_softmax(logits, -1).double().numpy()
-    priors = np.asarray(targets["priors"], dtype=np.float64)
+    priors = np.asarray(targets.priors, dtype=np.float64)
     scaled = log_post - cfg.eval.prior_scale * np.log(np.maximum(priors, 1e-10))
-    class_to_phone = np.asarray(targets["class_to_phone"])
+    class_to_phone = np.asarray(targets.class_to_phone)
     out = np.full((T, num_phones), -np.inf)
     for p in range(num_phones):
         cols = np.flatnonzero(class_to_phone == p)
@@ -68,13 +68,13 @@ def align_utterance(scores: np.ndarray, words: list[str], lexicon: Lexicon, min_
     raise AssertionError("unreachable")
 
 
-def _check_model(targets: dict, run_dir: Path) -> None:
-    if targets["kind"] == "chars":
+def _check_model(targets: Targets, run_dir: Path) -> None:
+    if targets.kind == "chars":
         raise ConfigError(f"{run_dir}: a character CTC model cannot align phones; use a phone CTC run "
                           f"(data.targets=phones) or a hybrid run (monophone or tied)")
 
 
-def align_split(model, split: Path, targets: dict, cfg, lexicon: Lexicon, progress: bool) -> tuple[dict, dict]:
+def align_split(model, split: Path, targets: Targets, cfg, lexicon: Lexicon, progress: bool) -> tuple[dict, dict]:
     """(utt -> alignment, summary) for one split with features in place."""
     from tqdm import tqdm
 
@@ -146,7 +146,7 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
     ensure_features(data, cfg, progress=progress, check=False, sample_rate=trained_sample_rate(cfg, targets))
     started = time.perf_counter()
     results, summary = {}, {"run": str(run_dir), "data": str(data), "model": cfg.model.name,
-                            "targets": targets["kind"], "splits": {}}
+                            "targets": targets.kind, "splits": {}}
     for name, split in splits.items():
         dim = FeatureStore(split).dim
         if dim != input_dim:

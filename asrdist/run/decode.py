@@ -88,7 +88,7 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     for wav in wavs:
         check_audio_path(wav)
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
-    front = front_end(run_dir, cfg, targets)
+    front = front_end(run_dir, cfg, targets.features)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None

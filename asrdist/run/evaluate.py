@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from asrdist.config import RunConfig
+from asrdist.data.targets import Targets
 from asrdist.errors import DataError
 from asrdist.io.atomic import json_text
 
@@ -92,14 +93,14 @@ def resolve_split(data: Path) -> Path:
     raise DataError(f"{data}: neither a split directory (wav.scp) nor a corpus with test/")
 
 
-def trained_sample_rate(cfg: RunConfig, targets: dict) -> int | None:
+def trained_sample_rate(cfg: RunConfig, targets: Targets) -> int | None:
     """The sample rate the run's features were computed at: `targets.pt` keeps it (the front end
     `asrdist decode` rebuilds); a run from before it did reads its corpus' training store. None
     for imported features (not asrdist's front end) or a corpus that is gone."""
     from asrdist.features.store import FeatureStore, has_features
 
-    if "features" in targets:
-        record = targets["features"]
+    if targets.features_recorded:
+        record = targets.features
         return int(record["sample_rate"]) if record else None
     train = Path(cfg.data.corpus) / "train"
     if not has_features(train):
@@ -117,12 +118,13 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     speaker adaptation: `asrdist.eval.adapt`)."""
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
-    from asrdist.run.prepare import ensure_features, feature_mismatch, split_alignments
+    from asrdist.data.labels import split_alignments
+    from asrdist.run.prepare import ensure_features, feature_mismatch
 
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     split = resolve_split(data)
-    if targets["kind"] in ("monophone", "tied"):  # before any features are written into the corpus
-        split_alignments(split, len(targets["phones"]))
+    if targets.kind in ("monophone", "tied"):  # before any features are written into the corpus
+        split_alignments(split, len(targets.phones))
     rate = trained_sample_rate(cfg, targets)
     if feature_mismatch(split, cfg, rate):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split

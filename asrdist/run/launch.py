@@ -116,8 +116,8 @@ def environment_record(cfg: RunConfig) -> dict:
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     from asrdist.features.augment import build_augmented_store, check_front_end
-    from asrdist.run.prepare import (CTC_TARGETS, build_targets, check_alignment_ids, ensure_features,
-                                       note_short_utterances, save_targets)
+    from asrdist.data.labels import CTC_TARGETS, check_alignment_ids, note_short_utterances
+    from asrdist.run.prepare import build_targets, ensure_features, save_targets
     from asrdist.run.task import model_kind
 
     corpus = Path(cfg.data.corpus)
@@ -126,8 +126,8 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     check_front_end(corpus / "train", cfg.data)
     build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
-    check_frames_against_alignments(corpus, targets["kind"] in ("monophone", "tied", "phones"))
-    if targets["kind"] in CTC_TARGETS:
+    check_frames_against_alignments(corpus, targets.kind in ("monophone", "tied", "phones"))
+    if targets.kind in CTC_TARGETS:
         note_short_utterances(corpus / "train", targets, cfg.model.subsample)
     with output_errors(run_dir, creating=True):
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -5,18 +5,18 @@ The trainer sees only `model`, `sampler`, `loss(model, batch)` and `validate(mod
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from asrdist.config import RunConfig
-from asrdist.run.prepare import ctc_tokens, frame_labels
+from asrdist.data.labels import ctc_tokens, frame_labels
+from asrdist.data.targets import Targets
 
 
-def build_model_for(cfg: RunConfig, input_dim: int, targets: dict[str, Any]) -> torch.nn.Module:
+def build_model_for(cfg: RunConfig, input_dim: int, targets: Targets) -> torch.nn.Module:
     from asrdist.models.registry import build_model
 
-    return build_model(cfg.model, input_dim, targets["num_classes"])
+    return build_model(cfg.model, input_dim, targets.num_classes)
 
 
 def model_kind(cfg: RunConfig) -> str:
@@ -26,7 +26,7 @@ def model_kind(cfg: RunConfig) -> str:
 
 
 class SpeechTask:
-    def __init__(self, cfg: RunConfig, targets: dict[str, Any], rank: int, world_size: int):
+    def __init__(self, cfg: RunConfig, targets: Targets, rank: int, world_size: int):
         from asrdist.data.augment import SpecAugment
         from asrdist.features.augment import training_store
 
