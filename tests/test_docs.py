@@ -252,6 +252,34 @@ def test_readme_names_the_two_commands():
     assert {"demo", "test"} <= make_targets_named((ROOT / "README.md").read_text())
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(path: Path) -> list[str]:
+    """Relative links of a page whose file or #anchor does not exist."""
+    text = path.read_text()
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        page = (path.parent / file).resolve() if file else path
+        if not page.exists():
+            broken.append(target)
+        elif anchor and page.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M), re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: p.name)
+def test_links_lead_somewhere(path):
+    assert broken_links(path) == []
+
+
 # ---- the checks can fail ---------------------------------------------------------------------
 
 BAD_DOC = """Some prose `asrdist train --not-checked-here`.
@@ -306,6 +334,12 @@ def test_good_lines_pass(parser):
                                               ("topology", "--learners")]
     assert commands[2].argv[-2:] == ("--json", "topo.json")  # the continuation joined
     assert {c.where: check_command(parser, c) for c in commands} == {c.where: [] for c in commands}
+
+
+def test_a_broken_link_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A `title`: here\n\n[ok](#a-title-here) [no](#nowhere) [gone](missing.md) [web](https://x.org)\n")
+    assert broken_links(page) == ["#nowhere", "missing.md"]
 
 
 def test_a_make_target_that_does_not_exist_is_found():
