@@ -1,6 +1,6 @@
 """Multi-learner training end to end: `asrdist train --learners 2`, 1-bit SGD against sync on the
 tone corpus. A killed learner is tests/test_fault_matrix.py's (every strategy); the cluster recipe
-(two torchrun "nodes") is tested by the README's SLURM line (tests/test_prepare_cli.py) and by
+(two torchrun "nodes") is tested by the SLURM line of docs/clusters.md (tests/test_prepare_cli.py) and by
 `asrdist train --nodes` (tests/test_hierarchical.py)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`asrdist prepare` and the README's SLURM script: its torchrun line, as written there, started
+"""`asrdist prepare` and the SLURM script of docs/clusters.md: its torchrun line, as written there, started
 twice on this machine as node 0 and node 1 (c10d rendezvous on 127.0.0.1), trains a prepared run."""
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ TINY = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.timeout_seconds=60", "train.max_steps=6"]
 
 
-def readme_torchrun_argv(env: dict[str, str]) -> list[str]:
-    """The torchrun command of the README's SLURM script, its $VARIABLES taken from `env`."""
-    block = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "README.md").read_text(), re.S)
-    assert block, "README: no SLURM script"
+def docs_torchrun_argv(env: dict[str, str]) -> list[str]:
+    """The torchrun command of the SLURM script in docs/clusters.md, its $VARIABLES from `env`."""
+    block = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", (ROOT / "docs" / "clusters.md").read_text(), re.S)
+    assert block, "docs/clusters.md: no SLURM script"
     script = block.group(1).replace("\\\n", " ")
     line = next(line for line in script.splitlines() if line.startswith("srun torchrun"))
     line = re.sub(r"\$\{?(\w+)\}?", lambda m: env[m.group(1)], line)
@@ -90,7 +90,7 @@ def test_readme_slurm_torchrun_line_on_two_nodes(tone_corpus, tmp_path):
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=150))
     env = {"SLURM_NNODES": "2", "NPROC_PER_NODE": "1", "SLURM_JOB_ID": "test", "HEAD_NODE": "127.0.0.1",
            "PORT": str(store.port), "RUN_DIR": str(run)}
-    argv = readme_torchrun_argv(env)
+    argv = docs_torchrun_argv(env)
     at = argv.index("-m")
     argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:at], "--rdzv-conf", "is_host=0", *argv[at:]]
     agents = [subprocess.Popen(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
