@@ -11,7 +11,7 @@ statistics, a speaker with fewer than `PRIOR_FRAMES` frames gets the rest from a
 the typical speaker of the training split (its speakers' means and variances, frame-weighted),
 moved to the speaker's own level (a gain adds the same constant to every log-mel bin, so the
 speaker's mean over bins says its level whatever it said). Decoding FSDD's held-out speakers one
-file at a time (35-51 frames each), the digit error fell from 0.28-0.43 to 0.06-0.31 (README).
+file at a time (35-51 frames each), the digit error fell from 0.28-0.43 to 0.06-0.31 (docs/evaluation.md).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Does everything `asrdist train` does before its learners start (resolve and check the config,
 features with the recipe's settings, targets, config.yaml, env.json) and starts nothing; the
-learners are then `torchrun ... -m asrdist.run.worker RUN_DIR` on every host (the README's
+learners are then `torchrun ... -m asrdist.run.worker RUN_DIR` on every host (docs/clusters.md has a
 SLURM script). RUN_DIR and the corpus must lie on storage every host sees.
 """
 from __future__ import annotations

@@ -214,7 +214,7 @@ def prepared_not_started(run_dir: Path) -> bool:
 def start_prepared_advice(run_dir: Path) -> str:
     return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; start it on this machine with "
             f"`asrdist train --resume {run_dir}`, or under torchrun on every host: torchrun --nnodes A "
-            f"--nproc-per-node B ... -m asrdist.run.worker {run_dir} (README: On a GPU cluster with torchrun)")
+            f"--nproc-per-node B ... -m asrdist.run.worker {run_dir} (docs/clusters.md)")
 
 
 def check_resumable(run_dir: Path, learners: int) -> Path:

@@ -7,7 +7,7 @@ the trim threshold, so the next step faults the pages in, and the kernel zeroes 
 thresholds also move with the program's history. Measured on this project's 2-core machine (1
 learner, 1 thread): a 4 x 1024 DNN step took 1,600-2,800 page faults and 3-6 ms of system time out
 of 65-75 ms, and with the thresholds fixed high that step ran 8-13% faster and FSDD's CTC recipe
-4% (median of five runs; README, "Benchmarks").
+4% (median of five runs; docs/benchmarks.md).
 
 `keep_freed_memory()` fixes them: blocks up to 32 MiB (glibc's ceiling for the setting on 64-bit)
 come from the heap, and the heap is trimmed only above 1 GiB of free top. The process then keeps
