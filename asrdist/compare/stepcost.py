@@ -19,6 +19,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from asrdist.data.targets import Targets
+
 ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.2, 8
 """Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
 a slower spell of the machine hits all alike), each of at least MIN_STEPS steps and SECONDS, after
@@ -143,6 +145,6 @@ def network_seconds_per_byte(values: int, timeout: float = 120.0) -> float:
     """CPU seconds that a learner on this machine spends per byte it sends or receives through
     gloo (both learners' process CPU over a message of `values` float32, one way, over loopback,
     halved), as `asrdist bench simulator` measures it."""
-    from asrdist.bench.simulator import measure_link
+    from asrdist.sim.link import measure_link
 
     return measure_link("loopback", values, repeats=REPEATS, timeout=timeout)["cpu_seconds_per_byte"]
