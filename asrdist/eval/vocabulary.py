@@ -28,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from asrdist.data.targets import Targets
 from asrdist.errors import DataError
 
 NEG_INF = -math.inf

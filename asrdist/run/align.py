@@ -24,6 +24,7 @@ from asrdist.eval.align_graph import build_graph, viterbi_align
 from asrdist.io.kaldi_dir import read_data_dir, write_alignments
 from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
 from asrdist.errors import ConfigError, DataError
+from asrdist.data.targets import Targets
 
 SCORE_FLOOR = -30.0
 """Log scores below this are clipped, so one frame the model finds impossible cannot veto a path."""
