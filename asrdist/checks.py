@@ -9,6 +9,10 @@ from typing import Any, Callable
 
 from asrdist.errors import ConfigError
 
+MAX_SLOWDOWN = 1000.0
+"""The largest straggler slowdown (and jitter factor) taken: beyond it a step's sleep is no
+emulation of a slow learner but a hang, and far beyond it no clock can hold the deadline."""
+
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true/false"}
 _PLURAL_NAMES = {int: "integers", float: "numbers", bool: "true/false values"}
 

@@ -8,22 +8,8 @@ import os
 import sys
 import warnings
 
+from asrdist.commands import COMMANDS
 from asrdist.errors import AsrdistError
-
-# Each module exposes register(subparsers); the parser it adds sets `func(args) -> int | None`.
-COMMAND_MODULES = (
-    "asrdist.corpus.cli",
-    "asrdist.features.cli",
-    "asrdist.run.train_cli",
-    "asrdist.run.prepare_cli",
-    "asrdist.run.eval_cli",
-    "asrdist.run.align_cli",
-    "asrdist.bench.cli",
-    "asrdist.compare.cli",
-    "asrdist.topology_cli",
-    "asrdist.sim.cli",
-    "asrdist.demo",
-)
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -44,12 +30,34 @@ def usage_error_line(command: str, message: str) -> str:
     return f"asrdist: error: {where}{flat} (see {' '.join(['asrdist', command]).strip()} --help)\n"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of the command line `argv`: every command listed, only the given command's
+    module imported for its arguments (none for `asrdist --help`). `argv` None: every command's
+    arguments (the whole command line, as documentation and tests read it)."""
     parser = _Parser(prog="asrdist", description="Data-parallel training of speech acoustic models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    path = None if argv is None else command_path(argv)
+    chosen = None  # every module
+    if path is not None:
+        chosen = COMMANDS[path[0]][0] if path and path[0] in COMMANDS else ""  # "": no module
+    for name, (module, help_text) in COMMANDS.items():
+        if name in sub.choices:
+            continue  # registered with another command of its module (eval, decode)
+        if chosen is None or module == chosen:
+            importlib.import_module(module).register(sub, path)
+        else:  # listed for `asrdist --help` and for a misspelt command's error; never run
+            sub.add_parser(name, help=help_text)
     return parser
+
+
+def command_path(argv: list[str]) -> list[str]:
+    """The leading words of a command line, before its first option (`bench straggler`)."""
+    path = []
+    for word in argv:
+        if word.startswith("-"):
+            break
+        path.append(word)
+    return path
 
 
 _default_formatwarning = warnings.formatwarning
@@ -72,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     warnings.formatwarning = _format_warning
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     # `section.key=value` overrides may follow options (asrdist train CONFIG --epochs 2 optim.lr=0.1)
     args, extra = parser.parse_known_args(argv)
     if extra:

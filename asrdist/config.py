@@ -16,11 +16,12 @@ from typing import Any
 
 import yaml
 
-from asrdist.checks import check_field
+from asrdist.checks import MAX_SLOWDOWN, check_field
 from asrdist.errors import ConfigError
 from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
 from asrdist.optim.build import OptimConfig
+
 
 @dataclass
 class DataConfig:
@@ -80,9 +81,6 @@ class DataConfig:
         check_field("data.freq_warp", self.freq_warp, float, at_least=0, at_most=0.3)
 
 
-MAX_SLOWDOWN = 1000.0
-"""The largest straggler slowdown (and jitter factor) taken: beyond it a step's sleep is no
-emulation of a slow learner but a hang, and far beyond it no clock can hold the deadline."""
 
 
 @dataclass

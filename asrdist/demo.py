@@ -16,27 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrdist.checks import cli_number
-
-DEMO_STRATEGIES = "sync,onebit,averaging,adpsgd"
-DEMO_EPOCHS = 2
-"""Fewer than the recipe's 4, so that the whole demo (5 runs) stays within 15 minutes on 2 cores."""
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="build the default corpus, train the default DNN, evaluate, compare strategies")
-    p.add_argument("--workdir", type=Path, default=Path("demo"))
-    p.add_argument("--utterances", type=cli_number(int, at_least=3), default=1000, help="espeak corpus size")
-    p.add_argument("--flite-utterances", type=cli_number(int, at_least=3), default=150)
-    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=DEMO_EPOCHS,
-                   help=f"epochs of every run, baseline and comparison alike (default: {DEMO_EPOCHS})")
-    p.add_argument("--learners", type=cli_number(int, at_least=1), default=4, help="learners of each strategy in the comparison")
-    p.add_argument("--strategies", default=DEMO_STRATEGIES, help=f"compared (default: {DEMO_STRATEGIES})")
-    p.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "configs" / "default.yaml")
-    p.add_argument("--same-recipe", action="store_true",
-                   help="every strategy with the default recipe's optimizer (default: each its own, configs/recipes/)")
-    p.set_defaults(func=demo_command)
-
 
 class PriorOnlyModel(torch.nn.Module):
     """A 'model' whose posteriors are the label priors: the baseline every acoustic model must beat."""
@@ -64,8 +43,8 @@ def _corpus(out: Path, utterances: int, synthesizer: str) -> None:
 
 def demo_command(args) -> int:
     from asrdist.compare.cli import compare
-    from asrdist.compare.report import format_table, target_line
     from asrdist.compare.recipes import recipes_for
+    from asrdist.compare.report import format_table, target_line
     from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.run.evaluate import evaluate_run, load_run_model

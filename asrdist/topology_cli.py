@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from asrdist.commands import help_of
 from asrdist.errors import ConfigError
 
 PRINT_MATRIX_MAX = 16  # larger matrices do not fit a terminal
@@ -18,8 +19,8 @@ EXPECTATION = {
 }
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("topology", help="spectral gap of ADPSGD gossip patterns (fixed vs random ring)")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("topology", help=help_of("topology"))
     p.add_argument("--learners", required=True, metavar="N", help="number of learners on the ring (>= 2)")
     p.add_argument("--pattern", required=True, metavar="fixed|random", help="gossip pattern")
     p.add_argument("--seed", default="0", metavar="S", help="shared seed of the random pattern (default 0)")

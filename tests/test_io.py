@@ -235,7 +235,7 @@ def test_pool_workers_started_inside_leave_ctrl_c_to_the_parent():
 def test_ctrl_c_while_the_parser_imports_is_one_line(monkeypatch, capsys):
     from asrdist import cli
 
-    def interrupted():
+    def interrupted(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "build_parser", interrupted)

@@ -13,6 +13,8 @@ import importlib
 import json
 from pathlib import Path
 
+from asrdist.commands import help_of
+
 BENCHMARKS = {
     "data": "feature extraction speed and sampler supply rate",
     "trainer": "asrdist trainer frames/s vs a bare PyTorch loop",
@@ -27,26 +29,26 @@ BENCHMARKS = {
 }
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (JSON out)")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    """`path`: the command line's leading words (`bench straggler`); only the named benchmark's
+    module is imported for its arguments (all of them when `path` is None: the full parser)."""
+    p = sub.add_parser("bench", help=help_of("bench"))
     bsub = p.add_subparsers(dest="bench_name", required=True, metavar="NAME")
+    chosen = path[1] if path is not None and len(path) > 1 else None
     for name, help_text in BENCHMARKS.items():
         b = bsub.add_parser(name, help=help_text)
         b.set_defaults(func=_run, bench_module=f"asrdist.bench.{name}")
-        try:
+        if path is None or name == chosen:
             module = importlib.import_module(f"asrdist.bench.{name}")
-        except ModuleNotFoundError:
-            module = None  # benchmark not built yet
-        required = getattr(module, "JSON_REQUIRED", True)
-        b.add_argument("--json", type=Path, required=required,
-                       help="output JSON file" if required else "also write the result as JSON")
-        if module is not None:
+            required = getattr(module, "JSON_REQUIRED", True)
+            b.add_argument("--json", type=Path, required=required,
+                           help="output JSON file" if required else "also write the result as JSON")
             module.add_arguments(b)
 
 
 def _run(args) -> int:
-    from asrdist.utils.machine import machine_info
     from asrdist.io.atomic import write_json_atomic
+    from asrdist.utils.machine import machine_info
 
     module = importlib.import_module(args.bench_module)
     result = module.run(args)

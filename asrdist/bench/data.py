@@ -74,9 +74,9 @@ def _fbank_speed(data: Path | None) -> dict:
 
 
 def _time_corpus_audio(splits: list[Path], repeats: int = 3) -> dict:
+    from asrdist.features.fbank import compute_fbank, fbank_options
     from asrdist.io.audio import read_wav
     from asrdist.io.kaldi_dir import read_data_dir
-    from asrdist.features.fbank import compute_fbank, fbank_options
 
     audio = []
     for split in splits:

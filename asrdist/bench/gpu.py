@@ -200,8 +200,13 @@ def recurrent_phases(device: torch.device, quick: bool, repeats: int, flops: flo
 def onebit_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
     """1-bit quantize (with error feedback and packing) and dequantize of the Switchboard DNN's
     gradient, and the average x <- (x + y) / 2 of its parameters, in seconds per value."""
-    from asrdist.parallel.onebit_kernel import (SWBD_SHAPES, Residual, as_columns, get_quantizer,
-                                                packed_words)
+    from asrdist.parallel.onebit_kernel import (
+        SWBD_SHAPES,
+        Residual,
+        as_columns,
+        get_quantizer,
+        packed_words,
+    )
 
     shapes = [(512, 256), (256,), (100, 512)] if quick else list(SWBD_SHAPES)
     quantizer = get_quantizer("auto", device)

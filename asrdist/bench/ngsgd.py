@@ -48,12 +48,12 @@ import torch
 
 from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
-from asrdist.utils.machine import median_seconds
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig, build_optimizer
 from asrdist.optim.ng_layers import NaturalGradientLinear
 from asrdist.optim.ngsgd import KERNEL_KINDS, NUM_INITIAL_UPDATES, symmetric_eigh
 from asrdist.parallel.averaging import AveragingConfig
+from asrdist.utils.machine import median_seconds
 
 UPDATE_PERIOD = 4
 DNN_FEATURES, DNN_CLASSES = 40, 40  # default recipe: 40 fbank bins, monophone targets (sil + 39)

@@ -228,7 +228,9 @@ def _ddp(args: dict, powersgd_rank: int = 0) -> _Contender:
 
 
 def _torch_averaging(args: dict) -> _Contender:
-    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.algorithms.model_averaging.averagers import (
+        PeriodicModelAverager,
+    )
 
     model = _fresh_model(args["hidden_dim"])
     period = int(args["period"])

@@ -98,9 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
+    from asrdist.cluster.netem import resolve_network
     from asrdist.models.registry import ModelConfig
     from asrdist.parallel import strategy_config_class
-    from asrdist.cluster.netem import resolve_network
 
     nodes_mode = args.nodes is not None or args.per_node is not None
     sweep = args.learners if args.learners is not None else (None if nodes_mode else DEFAULT_LEARNERS)

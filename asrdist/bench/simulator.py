@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from asrdist.utils.machine import median_seconds
 from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
 from asrdist.sim.link import measure_link
+from asrdist.utils.machine import median_seconds
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
 LEARNERS = [1, 2, 4]
@@ -110,11 +110,11 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
     """`Microbenchmarks` of one learner of resolved config `cfg` (its corpus' features in place)
     on this machine: see the module docstring. Reads no run."""
     from asrdist.compare.stepcost import config_step_seconds_per_frame
+    from asrdist.run.prepare import build_targets
+    from asrdist.run.task import SpeechTask, model_kind
     from asrdist.sim.calibration import Microbenchmarks, threads_of
     from asrdist.sim.cluster import parameter_count
     from asrdist.sim.scenario import config_shapes
-    from asrdist.run.prepare import build_targets
-    from asrdist.run.task import SpeechTask, model_kind
 
     cores = len(os.sched_getaffinity(0))
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))

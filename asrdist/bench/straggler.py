@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asrdist.checks import cli_number
-from asrdist.config import MAX_SLOWDOWN
+from asrdist.checks import MAX_SLOWDOWN, cli_number
 from asrdist.errors import ConfigError, TrainingError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"

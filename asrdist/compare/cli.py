@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.run.train_cli import add_emulated_cluster_options
 
@@ -20,8 +21,8 @@ DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
 DEFAULT_LEARNERS = 4
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="train one recipe under several strategies; HTML report and summary.json")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("compare", help=help_of("compare"))
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides, applied to every run")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES})")

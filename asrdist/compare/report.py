@@ -8,9 +8,20 @@ import io
 from dataclasses import asdict
 from pathlib import Path
 
-from asrdist.compare.prediction import nearest_validated, ranking_line, time_to_target_check, uncertainty_line
+from asrdist.compare.prediction import (
+    nearest_validated,
+    ranking_line,
+    time_to_target_check,
+    uncertainty_line,
+)
 from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
-from asrdist.compare.target import Target, behind_sync, default_target, recommendation, time_to_target
+from asrdist.compare.target import (
+    Target,
+    behind_sync,
+    default_target,
+    recommendation,
+    time_to_target,
+)
 from asrdist.errors import AsrdistError
 from asrdist.io.atomic import write_json_atomic, write_text_atomic
 

@@ -145,8 +145,8 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
     checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
     recorded there (strategy -> reason) and the others still train."""
-    from asrdist.train.checkpoint import latest_step_dir
     from asrdist.run.launch import train_command
+    from asrdist.train.checkpoint import latest_step_dir
 
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts

@@ -14,8 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from asrdist.io.kaldi_dir import Utterance
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.kaldi_dir import Utterance
 
 SPLITS = ("train", "valid", "test")
 SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "dev", "validation", "val", "cv"),

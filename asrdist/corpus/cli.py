@@ -5,10 +5,11 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("corpus", help="build or import a speech corpus")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("corpus", help=help_of("corpus"))
     csub = p.add_subparsers(dest="corpus_command", required=True, metavar="KIND")
 
     s = csub.add_parser("synth", help="synthetic multi-speaker English corpus with exact phone alignments")

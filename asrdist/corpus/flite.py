@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asrdist.io.audio import read_wav
 from asrdist.corpus.phones import ARPABET, SILENCE
 from asrdist.errors import DataError
+from asrdist.io.audio import read_wav
 
 FLITE_BINARY = "flite"
 INSTALL_HINT = "install the Debian package flite (apt-get install flite)"

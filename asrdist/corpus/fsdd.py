@@ -22,11 +22,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from asrdist.io.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
-from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DIGIT_LEXICON = """zero z ih r ow

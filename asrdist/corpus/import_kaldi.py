@@ -35,12 +35,29 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
-from asrdist.io.audio import READABLE, num_frames, pick_channel, read_wav, read_wav_format, resample, write_wav
-from asrdist.io.kaldi_dir import (ARCHIVE_ENTRY, COMMAND_PIPE, DataDir, Segment, Utterance, read_data_dir,
-                                      wav_entry_kind, write_alignments, write_data_dir)
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
 from asrdist.io.atomic import sigterm_as_exit
+from asrdist.io.audio import (
+    READABLE,
+    num_frames,
+    pick_channel,
+    read_wav,
+    read_wav_format,
+    resample,
+    write_wav,
+)
+from asrdist.io.kaldi_dir import (
+    ARCHIVE_ENTRY,
+    COMMAND_PIPE,
+    DataDir,
+    Segment,
+    Utterance,
+    read_data_dir,
+    wav_entry_kind,
+    write_alignments,
+    write_data_dir,
+)
 
 TOLERANCE_FRAMES = 1
 COMMAND_TIMEOUT_S = 600

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.io.audio import AUDIO_SUFFIXES
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.audio import AUDIO_SUFFIXES
 
 _MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
                        r"\.(?:jsonl|json)(?:\.gz)?$")
@@ -207,9 +207,14 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
                          sample_rate: int | None = None) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
-    from asrdist.corpus.assemble import check_valid_speakers, match_splits, require_train, write_corpus
-    from asrdist.io.atomic import check_output_dir
+    from asrdist.corpus.assemble import (
+        check_valid_speakers,
+        match_splits,
+        require_train,
+        write_corpus,
+    )
     from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
+    from asrdist.io.atomic import check_output_dir
 
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from asrdist.corpus import espeak, flite
-from asrdist.io.audio import frame_shift_samples, num_frames, resample, write_wav
-from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.corpus.textsource import sentence
 from asrdist.errors import ConfigError, DataError
 from asrdist.io.atomic import atomic_dir, interrupts_left_to_parent, write_json_atomic
+from asrdist.io.audio import frame_shift_samples, num_frames, resample, write_wav
+from asrdist.io.kaldi_dir import Utterance, write_data_dir
 
 SAMPLE_RATE = 16000
 SPLITS = ("train", "valid", "test")

@@ -31,7 +31,6 @@ from typing import Any, Iterator
 
 from asrdist.errors import ConfigError
 
-
 POLL_S = 0.02
 """How often a learner done with an epoch's order looks at the store for lost learners' units."""
 

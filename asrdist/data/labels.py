@@ -8,11 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.io.kaldi_dir import read_alignments, read_data_dir
 from asrdist.corpus.phones import PhoneTable
 from asrdist.data.targets import Targets, phone_tokens
 from asrdist.errors import DataError
-
+from asrdist.io.kaldi_dir import read_alignments, read_data_dir
 
 CTC_TARGETS = ("phones", "chars")
 

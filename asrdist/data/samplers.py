@@ -10,10 +10,22 @@ on every rank (synchronous learners must take the same number of steps); `state_
   utterances for CTC (samplers_sequence.py);
 - `splice`, `iterate_utterances`: whole utterances for evaluation (samplers_base.py).
 """
-from asrdist.data.samplers_base import (ALIGNMENT_TOLERANCE, EvalUtterance, FrameStore, ShardedSampler,
-                                        iterate_utterances, shard_utterances, splice, utterance_lengths)
+from asrdist.data.samplers_base import (
+                                        ALIGNMENT_TOLERANCE,
+                                        EvalUtterance,
+                                        FrameStore,
+                                        ShardedSampler,
+                                        iterate_utterances,
+                                        shard_utterances,
+                                        splice,
+                                        utterance_lengths,
+)
 from asrdist.data.samplers_frame import FrameSampler
-from asrdist.data.samplers_sequence import ChunkSampler, UtteranceBatchSampler, length_buckets
+from asrdist.data.samplers_sequence import (
+                                        ChunkSampler,
+                                        UtteranceBatchSampler,
+                                        length_buckets,
+)
 
 __all__ = ["ALIGNMENT_TOLERANCE", "ChunkSampler", "EvalUtterance", "FrameSampler", "FrameStore", "ShardedSampler",
            "UtteranceBatchSampler", "iterate_utterances", "length_buckets", "shard_utterances", "splice",

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asrdist.errors import DataError
 from asrdist.data.targets import Targets
+from asrdist.errors import DataError
 
 
 def ctc_hypothesis(log_probs: np.ndarray, cfg, constrained=None) -> list[int]:
@@ -49,9 +49,9 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
 
 
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
+    from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
     from asrdist.eval.decode import viterbi_decode
     from asrdist.eval.scoring import error_rate
-    from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
 
     alignments = split_alignments(split_dir, len(targets.phones))
     labels = frame_labels(split_dir, targets, alignments)
@@ -96,8 +96,8 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
     """({utt: its speaker's feature map}, the adaptation's summary for eval.json)."""
     from tqdm import tqdm
 
-    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.eval.adapt import RecipeAdaptation
+    from asrdist.io.kaldi_dir import read_data_dir
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
@@ -113,11 +113,11 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:
-    from asrdist.io.kaldi_dir import read_data_dir
+    from asrdist.data.labels import ctc_tokens
     from asrdist.eval.scoring import error_rate
     from asrdist.eval.vocabulary import vocabulary_search
+    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.models.objectives import ctc_objective
-    from asrdist.data.labels import ctc_tokens
 
     constrained = vocabulary_search(cfg, targets)
     chars = targets.kind == "chars"

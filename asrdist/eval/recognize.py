@@ -2,11 +2,10 @@
 run's vocabulary) or, for hybrid models, the phone-loop Viterbi of `asrdist eval`."""
 from __future__ import annotations
 
-
 import numpy as np
 import torch
-from asrdist.data.targets import Targets
 
+from asrdist.data.targets import Targets
 
 
 @torch.no_grad()

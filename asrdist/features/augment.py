@@ -12,7 +12,6 @@ import numpy as np
 
 from asrdist.errors import ConfigError, DataError
 
-
 AUGMENTED_DIR = "augmented"
 
 
@@ -96,12 +95,12 @@ def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool =
 
     from tqdm import tqdm
 
-    from asrdist.io.audio import read_wav
-    from asrdist.io.kaldi_dir import read_data_dir
     from asrdist.features.cmvn import CmvnStats, Normalizer, load_global
     from asrdist.features.fbank import compute_fbank, fbank_options
     from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
     from asrdist.io.atomic import atomic_dir
+    from asrdist.io.audio import read_wav
+    from asrdist.io.kaldi_dir import read_data_dir
 
     out = augmented_store_path(train_dir, data_cfg, seed)
     if out is None or has_features(out):

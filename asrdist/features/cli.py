@@ -5,10 +5,11 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("features", help="extract fbank features into the feature store")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("features", help=help_of("features"))
     p.add_argument("data", type=Path, help="a corpus directory (all its splits) or one split directory")
     p.add_argument("--num-mel-bins", type=cli_number(int, at_least=10, at_most=128), default=40,
                    help="filterbank size, 10 to 128 (Kaldi's default is 23; default: %(default)s)")

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from asrdist.io.kaldi_dir import DataDir, read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
 from asrdist.features.cmvn import MODES, CmvnStats, Normalizer, SpeakerPrior
 from asrdist.features.fbank import check_mel_bins
 from asrdist.io.atomic import interrupts_left_to_parent
+from asrdist.io.kaldi_dir import DataDir, read_data_dir
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
 CMVN_SOURCE_SPLIT = "train"
@@ -110,8 +110,8 @@ def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | N
 
 def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, float]]:
     """Worker: [(utt_id, feats or None, error or None, audio_seconds)] for one audio file."""
-    from asrdist.io.audio import frame_shift_samples, read_wav, resample
     from asrdist.features.fbank import compute_fbank, fbank_options
+    from asrdist.io.audio import frame_shift_samples, read_wav, resample
 
     path, scp, audio_rate, num_mel_bins, utts, channel, rate = task
     if len(utts) == 1:

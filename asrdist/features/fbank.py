@@ -8,13 +8,12 @@ Samples are fed on the int16 scale, as Kaldi does, so log energies match Kaldi's
 """
 from __future__ import annotations
 
-
 import kaldi_native_fbank as knf
 import numpy as np
 
 from asrdist.checks import check_field
-from asrdist.io.audio import num_frames
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.audio import num_frames
 
 FRAME_LENGTH_MS = 25.0
 FRAME_SHIFT_MS = 10.0

@@ -68,8 +68,8 @@ def _corpus_prior(train: Path, record: dict) -> dict:
 def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
     """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
     to read of a multi-channel file)."""
-    from asrdist.io.audio import read_wav, resample
     from asrdist.features.fbank import compute_fbank
+    from asrdist.io.audio import read_wav, resample
 
     samples, rate = read_wav(path, channel=channel)
     try:  # the front end's reasons (audio too short for a frame) name no file

@@ -13,7 +13,6 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-
 # errno values that mean "this output cannot be written", whatever the file
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM,
                   errno.ENOTDIR, errno.EISDIR, errno.EEXIST}  # the last three: a file where a directory goes, or back

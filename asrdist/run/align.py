@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
+from asrdist.data.targets import Targets
+from asrdist.errors import ConfigError, DataError
 from asrdist.eval.align_graph import build_graph, viterbi_align
 from asrdist.io.kaldi_dir import read_data_dir, write_alignments
-from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
-from asrdist.errors import ConfigError, DataError
-from asrdist.data.targets import Targets
 
 SCORE_FLOOR = -30.0
 """Log scores below this are clipped, so one frame the model finds impossible cannot veto a path."""
@@ -125,9 +125,9 @@ def _replace_alignments(split: Path, alignments: dict) -> None:
 
 
 def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True) -> dict:
-    from asrdist.run.evaluate import load_run_model, trained_sample_rate
     from asrdist.features.extract import find_splits
     from asrdist.features.store import FeatureStore
+    from asrdist.run.evaluate import load_run_model, trained_sample_rate
     from asrdist.run.prepare import ensure_features
 
     run_dir, data = Path(run_dir), Path(data)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from asrdist.commands import help_of
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("align", help="write frame-level phone alignments into a corpus with a trained model")
+
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("align", help=help_of("align"))
     p.add_argument("run_dir", type=Path, help="a finished run of a phone CTC or hybrid model")
     p.add_argument("--data", type=Path, required=True, help="corpus (every split) or one split directory")
     p.add_argument("--lexicon", type=Path, default=None,

@@ -25,10 +25,9 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from asrdist.eval.recognize import recognize
-from asrdist.features.frontend import front_end, features_of, normalize, raw_features
-
 from asrdist.errors import ConfigError, DataError
+from asrdist.eval.recognize import recognize
+from asrdist.features.frontend import features_of, front_end, normalize, raw_features
 
 
 def utterance_ids(wavs: Sequence[Path]) -> list[str]:
@@ -81,9 +80,9 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
     eval` decodes one (module docstring); then every file is read before the first line comes.
     `channel`: the channel read of multi-channel files."""
+    from asrdist.eval.vocabulary import vocabulary_search
     from asrdist.io.audio import check_audio_path
     from asrdist.run.evaluate import load_run_model
-    from asrdist.eval.vocabulary import vocabulary_search
 
     for wav in wavs:
         check_audio_path(wav)
@@ -162,8 +161,8 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
 def decode_command(args) -> int:
     """Print each file's line as it is decoded; --out gets them all, written only when every file
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
-    from asrdist.run.evaluate import command_line_overrides
     from asrdist.io.atomic import write_text_atomic
+    from asrdist.run.evaluate import command_line_overrides
 
     speakers = None
     if args.utt2spk is not None:

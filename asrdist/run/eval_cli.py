@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 from asrdist.io.atomic import check_output_file
 
 DECODE_EPILOG = """\
@@ -20,8 +21,8 @@ non-zero with one line naming the bad file, and --out is not written. A path
 that is missing or not a regular file stops it before anything is decoded."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a trained run on a data split (writes eval.json)")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("eval", help=help_of("eval"))
     p.add_argument("run_dir", type=Path)
     p.add_argument("--data", type=Path, required=True, help="a split directory or a corpus directory (uses test)")
     p.add_argument("--out", type=Path, default=None,
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _lm_options(p)
     p.set_defaults(func=_eval)
 
-    d = sub.add_parser("decode", help="transcribe WAV files with a trained run (prints `utt text` lines)",
+    d = sub.add_parser("decode", help=help_of("decode"),
                        epilog=DECODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("run_dir", type=Path)
     d.add_argument("wavs", type=Path, nargs="+", metavar="WAV")

@@ -116,9 +116,9 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     does) when they are missing, other ones, or stale (its whole corpus, for global CMVN
     statistics); `eval_overrides` replace recipe settings as in `load_run_model` (the vocabulary,
     speaker adaptation: `asrdist.eval.adapt`)."""
+    from asrdist.data.labels import split_alignments
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.features.store import FeatureStore
-    from asrdist.data.labels import split_alignments
     from asrdist.run.prepare import ensure_features, feature_mismatch
 
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
@@ -165,9 +165,16 @@ def command_line_overrides(args) -> dict:
 
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
-    from asrdist.io.kaldi_dir import read_data_dir
-    from asrdist.eval.details import confusions, hyp_lines, hyp_path, speaker_rates, speaker_table, worst_utterances
+    from asrdist.eval.details import (
+        confusions,
+        hyp_lines,
+        hyp_path,
+        speaker_rates,
+        speaker_table,
+        worst_utterances,
+    )
     from asrdist.io.atomic import atomic_path
+    from asrdist.io.kaldi_dir import read_data_dir
 
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
     records = result.pop("per_utterance")

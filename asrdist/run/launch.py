@@ -23,10 +23,16 @@ from asrdist.cluster.launcher import launch_learners, stopped_error
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
-from asrdist.train import checkpoint as ckpt, state as run_state
+from asrdist.io.atomic import (
+    file_above,
+    output_errors,
+    signals_raise,
+    write_json_atomic,
+    write_text_atomic,
+)
 from asrdist.run import rundir
-from asrdist.io.atomic import file_above, output_errors, signals_raise, write_json_atomic, write_text_atomic
-
+from asrdist.train import checkpoint as ckpt
+from asrdist.train import state as run_state
 
 CONFIG_NAME = "config.yaml"
 
@@ -115,8 +121,12 @@ def environment_record(cfg: RunConfig) -> dict:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
+    from asrdist.data.labels import (
+        CTC_TARGETS,
+        check_alignment_ids,
+        note_short_utterances,
+    )
     from asrdist.features.augment import build_augmented_store, check_front_end
-    from asrdist.data.labels import CTC_TARGETS, check_alignment_ids, note_short_utterances
     from asrdist.run.prepare import build_targets, ensure_features, save_targets
     from asrdist.run.task import model_kind
 
@@ -141,8 +151,8 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
     """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
     an edited store) would train on misaligned labels: their frame counts must match. Where the
     targets come from the alignments, utterances without one are left out, and a note says so."""
-    from asrdist.io.kaldi_dir import read_alignments
     from asrdist.features.store import FeatureStore, has_features
+    from asrdist.io.kaldi_dir import read_alignments
 
     for split in (corpus / "train", corpus / "valid"):
         if (split / "alignment.scp").is_file() and has_features(split):

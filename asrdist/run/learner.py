@@ -132,8 +132,11 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
     if cfg.optim.natural_gradient:
-        from asrdist.optim.ng_layers import (apply_natural_gradient, load_natural_gradient_state,
-                                             natural_gradient_state)
+        from asrdist.optim.ng_layers import (
+            apply_natural_gradient,
+            load_natural_gradient_state,
+            natural_gradient_state,
+        )
 
         apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed,
                                kernel=cfg.optim.natural_gradient_kernel)

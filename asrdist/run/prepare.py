@@ -12,7 +12,12 @@ import numpy as np
 
 from asrdist.config import RunConfig
 from asrdist.corpus.phones import PhoneTable
-from asrdist.data.labels import CTC_TARGETS, frame_labels, phone_sequences, split_alignments
+from asrdist.data.labels import (
+    CTC_TARGETS,
+    frame_labels,
+    phone_sequences,
+    split_alignments,
+)
 from asrdist.data.targets import CharTokenizer, Targets, TiedStates, label_priors
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.decode import PhoneBigram

@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="prepare a run directory for torchrun / SLURM (starts no learner)")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("prepare", help=help_of("prepare"))
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
     p.add_argument("--out", type=Path, required=True, help="run directory (on storage every host sees)")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asrdist.train.metrics import read_metrics
 from asrdist.io.atomic import atomic_path
+from asrdist.train.metrics import read_metrics
 
 
 def plot_report(run_dir: Path, title: str = "") -> Path:

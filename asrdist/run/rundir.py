@@ -30,9 +30,9 @@ import yaml
 
 from asrdist.config import RunConfig
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.io.atomic import write_text_atomic
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.state import STATE_NAME, read_state, write_state
-from asrdist.io.atomic import write_text_atomic
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
 # output classes), its optimizer state, its learners, and its samplers' saved positions.

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from asrdist.config import RunConfig
-from asrdist.train.checkpoint import save_model
-from asrdist.run.report import plot_report
 from asrdist.io.atomic import write_json_atomic
+from asrdist.run.report import plot_report
+from asrdist.train.checkpoint import save_model
 from asrdist.utils.throughput import job_frames_per_second
 
 

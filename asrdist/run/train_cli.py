@@ -5,10 +5,11 @@ import argparse
 from pathlib import Path
 
 from asrdist.checks import cli_number
+from asrdist.commands import help_of
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train an acoustic model with N learners")
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    p = sub.add_parser("train", help=help_of("train"))
     p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
     p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/CONFIG-YYYYmmdd-HHMMSS)")

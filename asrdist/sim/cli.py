@@ -6,18 +6,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrdist.checks import cli_number
-from asrdist.config import MAX_SLOWDOWN
+from asrdist.checks import MAX_SLOWDOWN, cli_number
+from asrdist.commands import help_of
 from asrdist.errors import ConfigError
-
 
 DEFAULT_CLUSTER = "1x8"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from asrdist.sim.cluster import DEVICES, LINKS, MAX_LEARNER_STEPS, MAX_LEARNERS, MAX_ONEBIT_SPAN, MODELS
+def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    from asrdist.sim.cluster import (
+        DEVICES,
+        LINKS,
+        MAX_LEARNER_STEPS,
+        MAX_LEARNERS,
+        MAX_ONEBIT_SPAN,
+        MODELS,
+    )
 
-    p = sub.add_parser("simulate", help="scaling simulator and strategy advisor (--validate: the papers' figures)")
+    p = sub.add_parser("simulate", help=help_of("simulate"))
     p.add_argument("--validate", action="store_true", help="print the source documents' figures vs the simulator's")
     p.add_argument("--strategy", default=None,
                    help="sync | onebit | averaging | adpsgd | hierarchical | hybrid (default: rank them all)")
@@ -65,7 +71,13 @@ def _value(text: str):
 
 
 def build_job(args):
-    from asrdist.sim.cluster import MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame
+    from asrdist.sim.cluster import (
+        MODELS,
+        Cluster,
+        model_shapes,
+        parameter_count,
+        seconds_per_frame,
+    )
     from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
 
@@ -203,8 +215,8 @@ def _nearest(predictions, strategy_of, device: str) -> list:
 
 
 def run(args) -> int:
-    from asrdist.sim.cluster import parameter_count
     from asrdist.io.atomic import check_output_file, write_json_atomic
+    from asrdist.sim.cluster import parameter_count
 
     if args.json is not None:
         check_output_file(args.json)  # before the simulation, not after it has printed

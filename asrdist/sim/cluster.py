@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
-
 from asrdist.errors import ConfigError
 
 
@@ -85,6 +83,9 @@ MODELS: dict[str, dict] = {
 
 def model_shapes(model: dict, feature_dim: int, num_classes: int) -> list[tuple[int, ...]]:
     """Parameter shapes of a registry model, built on the meta device (no memory)."""
+    # torch only here: `asrdist simulate --help` reads this module's tables (start-up time)
+    import torch
+
     from asrdist.models.registry import ModelConfig, build_model
 
     cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)

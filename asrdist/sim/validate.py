@@ -20,7 +20,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from asrdist.sim.cluster import DEVICES, LINKS, MODELS, Cluster, model_shapes, parameter_count, seconds_per_frame
+from asrdist.sim.cluster import (
+    DEVICES,
+    LINKS,
+    MODELS,
+    Cluster,
+    model_shapes,
+    parameter_count,
+    seconds_per_frame,
+)
 from asrdist.sim.scenario import Job, Prediction, run_job, strategy_config
 
 SWB300_FRAMES = 309 * 360_000

@@ -7,9 +7,7 @@ import json
 import time
 from pathlib import Path
 
-
 from asrdist.io.atomic import write_json_atomic
-
 
 STATE_NAME = "state.json"
 
