@@ -233,7 +233,7 @@ def run_record(run_dir: Path) -> dict:
 
 def run_config(run_dir: Path) -> RunConfig:
     """The resolved config a run was (last) started with."""
-    from asrdist.run.launch import run_config_path
+    from asrdist.run.rundir import run_config_path
 
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
 

@@ -31,10 +31,10 @@ from asrdist.io.atomic import (
     write_text_atomic,
 )
 from asrdist.run import rundir
+from asrdist.run.rundir import CONFIG_NAME, run_config_path
 from asrdist.train import checkpoint as ckpt
 from asrdist.train import state as run_state
 
-CONFIG_NAME = "config.yaml"
 
 _held_notes: list[str] | None = None
 """While `asrdist train` checks its job, its notes wait here: a note before an error line would
@@ -69,13 +69,6 @@ def notes_held() -> Iterator[Callable[[], None]]:
         _held_notes = outer
         raise
     release()
-
-def run_config_path(run_dir: Path) -> Path:
-    """The resolved config the run's latest start was made with, which its learners read:
-    `config-resume-K.yaml` of the K-th (latest) `--resume`, else `config.yaml`. config.yaml is
-    written once, by the first start, and never rewritten: it records what made the first steps."""
-    resumes = rundir.resume_configs(run_dir)
-    return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME
 
 
 def resolve_config(args) -> RunConfig:

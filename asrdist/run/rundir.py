@@ -242,3 +242,14 @@ def locked(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+CONFIG_NAME = "config.yaml"
+
+
+def run_config_path(run_dir: Path) -> Path:
+    """The resolved config the run's latest start was made with, which its learners read:
+    `config-resume-K.yaml` of the K-th (latest) `--resume`, else `config.yaml`. config.yaml is
+    written once, by the first start, and never rewritten: it records what made the first steps."""
+    resumes = resume_configs(run_dir)
+    return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME

@@ -16,7 +16,7 @@ import yaml
 
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import config_from_tree
-from asrdist.run.launch import run_config_path
+from asrdist.run.rundir import run_config_path
 
 
 def main(argv: list[str] | None = None) -> int:
