@@ -21,6 +21,7 @@ from asrdist.errors import ConfigError
 from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
 from asrdist.optim.build import OptimConfig
+from asrdist.parallel import strategy_config_class
 
 
 @dataclass
@@ -441,8 +442,6 @@ def config_sections() -> dict[str, type]:
 
 
 def config_from_tree(tree: dict) -> RunConfig:
-    from asrdist.parallel import strategy_config_class
-
     known = {"seed", "data", "model", "optim", "train", "strategy", "eval"}
     check_sections(tree, "")
     unknown = sorted(map(str, set(tree) - known))

@@ -16,6 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.compare.cli import compare
+from asrdist.compare.recipes import recipes_for
+from asrdist.compare.report import format_table, target_line
+from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
+from asrdist.corpus.synth import synth_command
+from asrdist.eval.evaluate import evaluate_split
+from asrdist.run.evaluate import evaluate_run, load_run_model
+
 
 class PriorOnlyModel(torch.nn.Module):
     """A 'model' whose posteriors are the label priors: the baseline every acoustic model must beat."""
@@ -31,8 +39,6 @@ class PriorOnlyModel(torch.nn.Module):
 
 
 def _corpus(out: Path, utterances: int, synthesizer: str) -> None:
-    from asrdist.corpus.synth import synth_command
-
     if (out / "summary.json").is_file():
         print(f"[demo] using existing corpus {out}")
         return
@@ -42,13 +48,6 @@ def _corpus(out: Path, utterances: int, synthesizer: str) -> None:
 
 
 def demo_command(args) -> int:
-    from asrdist.compare.cli import compare
-    from asrdist.compare.recipes import recipes_for
-    from asrdist.compare.report import format_table, target_line
-    from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
-    from asrdist.eval.evaluate import evaluate_split
-    from asrdist.run.evaluate import evaluate_run, load_run_model
-
     strategies = ["single", *[n for n in parse_strategies(args.strategies) if n != "single"]]
     work = args.workdir
     corpus, flite, out = work / "corpus", work / "flite", work / "compare"

@@ -24,15 +24,15 @@ def test_asrdist_help_imports_the_command_table_alone():
     assert ours - {"asrdist.__main__"} == {"asrdist", "asrdist.cli", "asrdist.commands", "asrdist.errors"}, ours
 
 
-@pytest.mark.parametrize("words", [[name] for name in COMMANDS] + [["bench", "straggler"], ["corpus", "synth"]],
+@pytest.mark.parametrize("words", [[name] for name in COMMANDS] + [["corpus", "synth"]],
                          ids=lambda words: " ".join(words))
 def test_command_help_imports_no_torch(words):
     modules = _imports(*words)
     assert not {m for m in modules if m.split(".")[0] in ("torch", "numpy", "matplotlib", "simpy", "lhotse")}, \
         sorted(m for m in modules if m.split(".")[0] in ("torch", "numpy", "matplotlib", "simpy", "lhotse"))[:5]
+    # (`asrdist bench NAME --help` imports that benchmark's module, which defines its arguments)
     working = {m for m in modules if m.startswith("asrdist.")
                and not m.endswith(("cli", ".commands", ".errors", ".checks")) and m.count(".") > 1}
     allowed = {"asrdist.io.atomic"}  # output-file checks used as argument types
-    allowed |= {f"asrdist.bench.{words[1]}"} if words[0] == "bench" and len(words) > 1 else set()
     allowed |= {"asrdist.sim.cluster"} if words[0] == "simulate" else set()  # its tables of models, devices, links
     assert working <= allowed, sorted(working - allowed)

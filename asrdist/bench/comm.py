@@ -38,6 +38,12 @@ from datetime import timedelta
 from typing import Any
 
 from asrdist.checks import cli_number
+from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import start_learner
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
+from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
+from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
 DEFAULT_NETWORK = "1gbit"
 TINY_SHAPES = ((64, 429), (64,), (64, 64), (64,), (93, 64), (93,))
@@ -59,10 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
-    from asrdist.cluster.netem import resolve_network
-    from asrdist.cluster.netem_launch import run_learners
-    from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
-
     shapes = SWBD_SHAPES if args.shapes == "swbd" else TINY_SHAPES
     network, _ = resolve_network(args.network)
     quant = measure_quantize_vs_copy(shapes, kind=args.kernel)
@@ -143,10 +145,6 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from asrdist.cluster.netem import interface_counters, payload_on_wire
-    from asrdist.cluster.process_group import start_learner
-    from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
-    from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
     ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")

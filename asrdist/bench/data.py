@@ -18,9 +18,13 @@ import numpy as np
 import torch
 
 from asrdist.checks import cli_number
+from asrdist.corpus.fsdd import find_recordings, resolve_source
+from asrdist.data.samplers import ChunkSampler, FrameSampler, UtteranceBatchSampler
 from asrdist.errors import DataError
 from asrdist.features.fbank import compute_fbank, fbank_options
+from asrdist.features.store import FeatureStore, FeatureStoreWriter
 from asrdist.io.audio import read_wav, resample
+from asrdist.io.kaldi_dir import read_data_dir
 
 DIM = 40
 MIN_UTTERANCES = 16
@@ -74,10 +78,6 @@ def _fbank_speed(data: Path | None) -> dict:
 
 
 def _time_corpus_audio(splits: list[Path], repeats: int = 3) -> dict:
-    from asrdist.features.fbank import compute_fbank, fbank_options
-    from asrdist.io.audio import read_wav
-    from asrdist.io.kaldi_dir import read_data_dir
-
     audio = []
     for split in splits:
         data = read_data_dir(split, require_text=False)
@@ -99,9 +99,6 @@ def _time_corpus_audio(splits: list[Path], repeats: int = 3) -> dict:
 
 
 def _sampler_speed(num_utterances: int, epochs: int) -> dict:
-    from asrdist.data.samplers import ChunkSampler, FrameSampler, UtteranceBatchSampler
-    from asrdist.features.store import FeatureStore, FeatureStoreWriter
-
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory(prefix="asrdist-bench-data-") as tmp:
         writer = FeatureStoreWriter(Path(tmp) / "feats", DIM)
@@ -148,8 +145,6 @@ def measure_speed(source: str | Path | None = None, num_mel_bins: int = 40, samp
     (the least disturbed by other processes). Returns the JSON-ready figures; the headline
     is `fbank_x_realtime`. Run it in a process whose torch/BLAS threads are set to 1.
     """
-    from asrdist.corpus.fsdd import find_recordings, resolve_source
-
     recordings = find_recordings(resolve_source(source))[:max_files]
     if not recordings:
         raise DataError(f"{source}: no FSDD recordings found")

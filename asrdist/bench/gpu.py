@@ -23,15 +23,26 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from asrdist.errors import ConfigError
+from asrdist.models.registry import ModelConfig, build_model
+from asrdist.parallel.onebit_kernel import (
+    SWBD_SHAPES,
+    Residual,
+    as_columns,
+    get_quantizer,
+    packed_words,
+)
+from asrdist.sim.cluster import MODELS
 
 SCHEMA = "asrdist-gpu-check/1"
 LSTM_BATCHES = (80, 256)
@@ -103,9 +114,6 @@ def device_info(device: torch.device) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- phases
 
 def _frame_model(device: torch.device, quick: bool):
-    from asrdist.models.registry import ModelConfig, build_model
-    from asrdist.sim.cluster import MODELS
-
     m = MODELS["swbd"]
     cfg = ModelConfig(name="dnn", hidden_layers=2, hidden_dim=256) if quick else ModelConfig(**m["model"])
     torch.manual_seed(0)
@@ -113,9 +121,6 @@ def _frame_model(device: torch.device, quick: bool):
 
 
 def _lstm_model(device: torch.device, quick: bool):
-    from asrdist.models.registry import ModelConfig, build_model
-    from asrdist.sim.cluster import MODELS
-
     m = MODELS["ibm-lstm"]
     cfg = dict(m["model"])
     if quick:
@@ -200,14 +205,6 @@ def recurrent_phases(device: torch.device, quick: bool, repeats: int, flops: flo
 def onebit_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
     """1-bit quantize (with error feedback and packing) and dequantize of the Switchboard DNN's
     gradient, and the average x <- (x + y) / 2 of its parameters, in seconds per value."""
-    from asrdist.parallel.onebit_kernel import (
-        SWBD_SHAPES,
-        Residual,
-        as_columns,
-        get_quantizer,
-        packed_words,
-    )
-
     shapes = [(512, 256), (256,), (100, 512)] if quick else list(SWBD_SHAPES)
     quantizer = get_quantizer("auto", device)
     gen = torch.Generator().manual_seed(0)
@@ -279,9 +276,6 @@ def train(device: torch.device, recipe: str, data: str, steps: int, overrides: l
 
 def run_tests(pytest_args: list[str]) -> dict[str, Any]:
     """`pytest -m cuda` (and whatever else is asked) in a child process; its counts from JUnit XML."""
-    import subprocess
-    import xml.etree.ElementTree as ET
-
     with tempfile.TemporaryDirectory(prefix="asrdist-gpu-tests-") as tmp:
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *pytest_args]

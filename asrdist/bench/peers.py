@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from asrdist.checks import cli_number
+from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import start_learner
+from asrdist.config import config_from_tree
+from asrdist.data.batch import Batch
 from asrdist.errors import ConfigError
+from asrdist.models.registry import ModelConfig, build_model
+from asrdist.run.learner import build_learner
+from asrdist.train.synthetic import FrameTask
+from asrdist.utils.throughput import job_frames_per_second
 
 SYNC_VS_DDP_TARGET = 0.97
 CONTENDERS = ("sync", "ddp", "onebit", "powersgd_rank1", "powersgd_rank4", "averaging", "torch_averaging")
@@ -64,9 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict[str, Any]:
-    from asrdist.cluster.netem import resolve_network
-    from asrdist.cluster.netem_launch import run_learners
-
     load_start = list(os.getloadavg())
     networks = [n.strip() for n in args.networks.split(",") if n.strip()]
     if not networks:
@@ -126,7 +132,6 @@ class _TeacherBatches:
     def __init__(self, rank: int, count: int, frames: int):
         import torch
 
-        from asrdist.data.batch import Batch
 
         teacher = torch.randn(FEATURE_DIM, CLASSES, generator=torch.Generator().manual_seed(7))
         gen = torch.Generator().manual_seed(1000 + rank)
@@ -165,17 +170,12 @@ class _Contender:
 def _fresh_model(hidden_dim: int):
     import torch
 
-    from asrdist.models.registry import ModelConfig, build_model
 
     torch.manual_seed(0)  # the same initial weights for every contender, on every learner
     return build_model(ModelConfig(name="dnn", hidden_dim=hidden_dim, hidden_layers=4), FEATURE_DIM // 11, CLASSES)
 
 
 def _asrdist(spec, ctx, sampler, run_dir: Path, args: dict, strategy: dict) -> _Contender:
-    from asrdist.config import config_from_tree
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import FrameTask
-
     cfg = config_from_tree({
         "seed": 0, "model": {"name": "dnn", "hidden_dim": args["hidden_dim"], "hidden_layers": 4},
         "optim": {"name": "sgd", "lr": LR, "momentum": MOMENTUM, "nesterov": True},
@@ -246,9 +246,6 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from asrdist.cluster.netem import interface_counters, payload_on_wire
-    from asrdist.cluster.process_group import start_learner
-    from asrdist.utils.throughput import job_frames_per_second
 
     ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")

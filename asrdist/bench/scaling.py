@@ -41,10 +41,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from typing import Any
 
 from asrdist.checks import cli_list, cli_number
+from asrdist.cluster import netem, netem_launch
+from asrdist.cluster.netem import parse_rate, resolve_network
 from asrdist.errors import ConfigError
+from asrdist.models.registry import ModelConfig
+from asrdist.parallel import strategy_config_class
 
 SWBD = {"name": "swbd"}
 DEFAULT_LEARNERS = [1, 2, 4]
@@ -98,10 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
-    from asrdist.cluster.netem import resolve_network
-    from asrdist.models.registry import ModelConfig
-    from asrdist.parallel import strategy_config_class
-
     nodes_mode = args.nodes is not None or args.per_node is not None
     sweep = args.learners if args.learners is not None else (None if nodes_mode else DEFAULT_LEARNERS)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -151,17 +152,13 @@ def run(args) -> dict:
 
 
 def _fallback_reason(requested: str) -> str:
-    from asrdist.cluster.netem import available
-
-    _, reason = available()
+    _, reason = netem.available()
     return f"network '{requested}' unavailable ({reason}); every learner ran on loopback"
 
 
 def _run_sweep(job: dict[str, Any], strategies: list[str], learners: list[int], network: str,
                timeout: float) -> dict[str, Any]:
     """The learner-count sweep: 1, 2, 4 (`learners`) learners per strategy, one per emulated host."""
-    from asrdist.cluster.netem_launch import run_learners
-
     counts = sorted(set(learners) | {1})
     results: dict[str, dict[str, float]] = {}
     details: dict[str, dict[str, dict]] = {}
@@ -169,7 +166,7 @@ def _run_sweep(job: dict[str, Any], strategies: list[str], learners: list[int], 
     for name in strategies:
         results[name], details[name] = {}, {}
         for n in counts:
-            r0 = run_learners(__package__ + ".scaling_worker", "scaling_learner", n, None,
+            r0 = netem_launch.run_learners(__package__ + ".scaling_worker", "scaling_learner", n, None,
                               network if n > 1 else "loopback", {**job, "strategy": name},
                               timeout=timeout)[0]
             results[name][str(n)] = r0["frames_per_second"]
@@ -222,11 +219,6 @@ def node_configs(text: str | None) -> list[str]:
 
 def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, label: str, args) -> dict[str, Any]:
     """`--nodes` mode: NODE_CONFIGS at nodes x per_node learners, and the allreduce speed-up."""
-    import statistics
-
-    from asrdist.cluster.netem import parse_rate
-    from asrdist.cluster.netem_launch import run_learners
-
     world = nodes * per_node
     results: dict[str, float] = {}
     details: dict[str, Any] = {}
@@ -235,7 +227,7 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
     for config in node_configs(args.configs):
         strategy, strategy_config = NODE_CONFIGS[config]
         extra = {"exchange_repeats": args.exchange_repeats} if config == EXCHANGE_JOB else {}
-        rs = run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
+        rs = netem_launch.run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
                           {**job, "strategy": strategy, "strategy_config": strategy_config, **extra},
                           timeout=args.timeout)
         runs[config] = rs

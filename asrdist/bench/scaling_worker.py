@@ -26,15 +26,18 @@ from typing import Any
 
 import torch
 
-from asrdist.config import RunConfig
+from asrdist.cluster.process_group import start_learner
+from asrdist.config import RunConfig, config_from_tree
+from asrdist.models.registry import build_model, count_parameters
+from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from asrdist.run.learner import build_learner
+from asrdist.train.synthetic import SyntheticTask
 from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
 
 def scaling_config(spec, args: dict[str, Any]) -> RunConfig:
     """The run config of one learner: args' model, optimizer and strategy, one epoch, compute
     emulation and the optional straggler, `local_batch` frames per learner."""
-    from asrdist.config import config_from_tree
-
     straggler = args.get("straggler_rank")
     return config_from_tree({
         "seed": 0,
@@ -52,10 +55,6 @@ def scaling_config(spec, args: dict[str, Any]) -> RunConfig:
 def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import start_learner
-    from asrdist.models.registry import build_model, count_parameters
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import SyntheticTask
 
     if args["compute_ms"] <= 0:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
@@ -144,7 +143,6 @@ def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> di
     learner's; bytes are all learners'."""
     import torch.distributed as dist
 
-    from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
     gen = torch.Generator().manual_seed(1000 + rank)
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]

@@ -20,6 +20,7 @@ its features and audio never come from the runs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,8 +29,19 @@ from typing import Any
 import torch
 
 from asrdist.checks import cli_list, cli_number
+from asrdist.cluster.netem import network_label
+from asrdist.compare import runs as compare_runs
+from asrdist.compare.runs import Hosts, parse_strategies, resolve_all
+from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.errors import ConfigError
+from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
+from asrdist.run.prepare import build_targets, ensure_features
+from asrdist.run.task import SpeechTask, model_kind
+from asrdist.sim import calibration
+from asrdist.sim.calibration import Microbenchmarks, predict_run, threads_of
+from asrdist.sim.cluster import LINKS, parameter_count
 from asrdist.sim.link import measure_link
+from asrdist.sim.scenario import config_shapes
 from asrdist.utils.machine import median_seconds
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
@@ -72,8 +84,6 @@ def _with_threads(threads: int, fn):
 def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, float]:
     """Seconds per value on one thread of onebit's quantizer and dequantizer, a parameter average
     (add, scale) and sync's gradient mean (into the bucket, divide, back), on the model's shapes."""
-    from asrdist.sim.cluster import parameter_count
-
     values = parameter_count(shapes)
     flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
 
@@ -92,8 +102,6 @@ def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, 
 def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
     """Median seconds of 1-bit quantization (with error feedback and packing) and of
     dequantization of gradients of `shapes`, with onebit's own quantizer."""
-    from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
-
     quantizer = get_quantizer("auto")
     gen = torch.Generator().manual_seed(0)
     quantize, dequantize = [], []
@@ -109,13 +117,6 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
 def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int, timeout: float):
     """`Microbenchmarks` of one learner of resolved config `cfg` (its corpus' features in place)
     on this machine: see the module docstring. Reads no run."""
-    from asrdist.compare.stepcost import config_step_seconds_per_frame
-    from asrdist.run.prepare import build_targets
-    from asrdist.run.task import SpeechTask, model_kind
-    from asrdist.sim.calibration import Microbenchmarks, threads_of
-    from asrdist.sim.cluster import parameter_count
-    from asrdist.sim.scenario import config_shapes
-
     cores = len(os.sched_getaffinity(0))
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
     requests = {f"{n}x{threads_of(cores, n)}": (cfg, targets, n, threads_of(cores, n)) for n in learners}
@@ -139,17 +140,12 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
 def _link_latency(network: str) -> float:
     """The emulated network's delay: tc's 0.1 ms where the kernel has netem (20 us otherwise, the
     veth pair's own), loopback's preset on loopback (a setting of the emulation, not a timing)."""
-    from asrdist.cluster.netem import network_label
-    from asrdist.sim.cluster import LINKS
-
     if network == "loopback":
         return LINKS["loopback"].latency
     return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3
 
 
 def _network_label(network: str) -> str:
-    from asrdist.cluster.netem import network_label
-
     return network_label(network)
 
 
@@ -169,15 +165,11 @@ def _corpus(args) -> Path:
 def _hosts(n: int, network: str):
     """One learner per emulated host on `network`; a lone learner, or every learner with
     `--network loopback`, on this machine's loopback."""
-    from asrdist.compare.runs import Hosts
-
     return Hosts(n, network) if n > 1 and network != "loopback" else Hosts()
 
 
 def resolve_runs(args, corpus: Path, strategies: list[str]) -> dict[tuple[str, int], Any]:
     """(strategy, learners) -> the run's resolved config, as `asrdist train` resolves it."""
-    from asrdist.compare.runs import resolve_all
-
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
     return {(name, n): resolve_all(args.config, [name], n, corpus, overrides, _hosts(n, args.network))[name]
             for n in args.learners for name in strategies}
@@ -186,15 +178,13 @@ def resolve_runs(args, corpus: Path, strategies: list[str]) -> dict[tuple[str, i
 def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, int], dict]:
     """Train every run (`asrdist train`) under `out`; (strategy, learners) -> what its summary.json
     measured: frames/s (the one throughput), frames, longest loop seconds, threads, cores."""
-    from asrdist.compare.runs import load_summary, train_missing
-
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
     measured = {}
     for (name, n), cfg in configs.items():
         print(f"[bench simulator] training {name} on {n} learner(s)", flush=True)
-        run_dir = train_missing(args.config, {name: cfg}, out / f"learners{n}", corpus, overrides,
+        run_dir = compare_runs.train_missing(args.config, {name: cfg}, out / f"learners{n}", corpus, overrides,
                                 hosts=_hosts(n, args.network))[name]
-        summary = load_summary(run_dir)
+        summary = compare_runs.load_summary(run_dir)
         per = summary["comm"]["per_learner"]
         measured[(name, n)] = {
             "frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
@@ -205,15 +195,11 @@ def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, 
 
 
 def run(args) -> dict[str, Any]:
-    from asrdist.compare.runs import parse_strategies
-    from asrdist.sim.calibration import calibrate, predict_run
-
     strategies = parse_strategies(args.strategies)
     if "single" in strategies:
         raise ConfigError("bench simulator: --strategies: every strategy runs at each learner count; drop single")
     corpus = _corpus(args)
     configs = resolve_runs(args, corpus, strategies)  # every run checked before anything is measured
-    from asrdist.run.prepare import ensure_features
 
     first = next(iter(configs.values()))
     ensure_features(corpus, first, progress=False)  # as `asrdist train` does first: the runs' features
@@ -221,7 +207,7 @@ def run(args) -> dict[str, Any]:
     # 1. calibration: microbenchmarks of one learner, before any run trains
     micro, micro_detail = measure_microbenchmarks(first, sorted(set(args.learners)), args.network, args.repeats,
                                                   args.timeout)
-    inputs = {n: calibrate(micro, n) for n in sorted(set(args.learners))}
+    inputs = {n: calibration.calibrate(micro, n) for n in sorted(set(args.learners))}
     # 2. prediction, from the runs' configs and those inputs only
     predicted = {(name, n): predict_run(cfg, inputs[n], _hosts(n, args.network).nodes, args.network,
                                         feature_dim=micro_detail["feature_dim"], num_classes=micro_detail["num_classes"])
@@ -238,8 +224,6 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
            load: dict) -> dict[str, Any]:
     """The bench's JSON: per strategy and learner count measured, predicted, relative error; the
     calibration's figures and what each was calibrated on."""
-    import dataclasses
-
     rows: dict[str, dict[str, dict]] = {}
     worst = 0.0
     for (name, n), m in measured.items():

@@ -38,7 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.checks import MAX_SLOWDOWN, cli_number
+from asrdist.cluster.netem import available, parse_rate
+from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.train.metrics import read_metrics
+from asrdist.utils.throughput import job_frames_per_second
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 DEFAULT_UTTERANCES = 150
@@ -72,8 +76,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict[str, Any]:
-    from asrdist.cluster.netem import available, parse_rate
-
     load_start = list(os.getloadavg())
     n = args.learners
     straggler = n - 1 if args.straggler_rank is None else args.straggler_rank
@@ -158,8 +160,6 @@ def _label(network: str) -> str:
 def cached_corpus(utterances: int) -> Path:
     """The built-in espeak corpus of `utterances` (seed 0), built once under the user's cache
     directory (`$XDG_CACHE_HOME/asrdist`, default ~/.cache/asrdist) and reused by later runs."""
-    from asrdist.corpus.synth import synth_command
-
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asrdist"
     out = root / f"corpus-espeak-{utterances}-seed0"
     if not (out / "summary.json").is_file():  # synth writes summary.json last: a finished corpus
@@ -189,8 +189,6 @@ def _train(args, corpus: Path, run_dir: Path, strategy: str, network: str, extra
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """A finished run's validations (wall seconds, loss, PER) and its learners' figures."""
-    from asrdist.utils.throughput import job_frames_per_second
-
     summary = json.loads((run_dir / "summary.json").read_text())
     learners = summary["comm"]["per_learner"]
     return {"validations": validations(run_dir, summary),
@@ -206,8 +204,6 @@ def validations(run_dir: Path, summary: dict) -> list[dict[str, Any]]:
     """(epoch, wall seconds, validation loss, PER) of every validation of a run: the seconds from
     the record's own `wall_seconds` where the trainer writes it, else from the `seconds` of its
     line in metrics.jsonl (seconds since the run's metrics log opened, before its first step)."""
-    from asrdist.train.metrics import read_metrics
-
     logged = {r["epoch"]: r["seconds"] for r in read_metrics(run_dir) if r.get("kind") == "epoch"}
     out = []
     for record in summary.get("history", []):
@@ -252,8 +248,6 @@ def _exchange_vs_compute(run: dict[str, Any]) -> float:
 def _rate_for_exchange_like_compute(run: dict[str, Any], network: str) -> str:
     """A link rate at which one exchange takes about one step's compute: `network` scaled by the
     exchange / compute ratio measured in `run` (an exchange is mostly bytes over the link)."""
-    from asrdist.cluster.netem import parse_rate
-
     if network == "loopback":
         return "loopback"
     ratio = _exchange_vs_compute(run)

@@ -19,6 +19,15 @@ import numpy as np
 import torch
 
 from asrdist.checks import cli_number
+from asrdist.config import DataConfig, RunConfig, TrainConfig
+from asrdist.data.samplers import FrameSampler
+from asrdist.features.store import FeatureStore, FeatureStoreWriter
+from asrdist.models.registry import ModelConfig, build_model
+from asrdist.optim.build import OptimConfig
+from asrdist.parallel.base import LearnerContext
+from asrdist.run.learner import build_learner
+from asrdist.train.synthetic import FrameTask
+from asrdist.utils.throughput import job_frames_per_second
 
 DIM, CLASSES = 40, 40
 
@@ -30,8 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _store(tmp: Path, n: int):
-    from asrdist.features.store import FeatureStore, FeatureStoreWriter
-
     rng = np.random.default_rng(0)
     writer = FeatureStoreWriter(tmp / "feats", DIM)
     labels = {}
@@ -45,8 +52,6 @@ def _store(tmp: Path, n: int):
 
 
 def _model():
-    from asrdist.models.registry import ModelConfig, build_model
-
     torch.manual_seed(0)
     return build_model(ModelConfig(name="dnn"), DIM, CLASSES)
 
@@ -67,12 +72,6 @@ def _bare(model: torch.nn.Module, sampler) -> tuple[int, float, float]:
 def asrdist_learner(sampler, run_dir: Path):
     """The asrdist side: `build_learner` on `_model()` and `sampler`, with the bare loop's optimizer
     (SGD, lr 0.05, momentum 0.9, constant rate), so both loops do the same work."""
-    from asrdist.config import DataConfig, RunConfig, TrainConfig
-    from asrdist.optim.build import OptimConfig
-    from asrdist.parallel.base import LearnerContext
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import FrameTask
-
     cfg = RunConfig(data=DataConfig(batch_size=sampler.batch_size), optim=OptimConfig(lr=0.05, momentum=0.9),
                     train=TrainConfig(epochs=1, log_every=50, threads=torch.get_num_threads()))
     return build_learner(cfg, run_dir, LearnerContext(), FrameTask(_model(), sampler))
@@ -86,9 +85,6 @@ def _asrdist(sampler, run_dir: Path) -> tuple[int, float, float]:
 
 
 def run(args) -> dict:
-    from asrdist.data.samplers import FrameSampler
-    from asrdist.utils.throughput import job_frames_per_second
-
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     bare, ours, bare_cpu, ours_cpu = [], [], [], []

@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from asrdist.checks import cli_number
-from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
+from asrdist.cluster.netem import (
+    EmulatedNetwork,
+    available,
+    die_with_parent,
+    parse_rate,
+    stop_process,
+)
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
 

@@ -3,13 +3,15 @@ simulator made on its nearest validated case (`asrdist.sim.uncertainty`: the run
 bench simulator` on a CPU machine, predicted from microbenchmarks)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from asrdist.errors import AsrdistError
+from asrdist.sim.uncertainty import describe, nearest
 
 
 def nearest_validated(record: dict) -> dict | None:
     """A run record's nearest validated case, or None (no prediction, or no record of cases)."""
-    from asrdist.sim.uncertainty import describe, nearest
-
     if record.get("predicted_frames_per_second") is None or not record.get("learners"):
         return None
     try:
@@ -79,9 +81,6 @@ def time_to_target_check(runs: list[dict], target: float | None = None) -> dict 
 
 
 def _train_frames(run_dir: str) -> float | None:
-    import json
-    from pathlib import Path
-
     try:
         return json.loads((Path(run_dir) / "summary.json").read_text()).get("train_frames")
     except (OSError, ValueError, AttributeError):

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from asrdist.errors import ConfigError
+from asrdist.optim.build import OptimConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 _SECTIONS = ("optim", "strategy")
@@ -21,8 +22,6 @@ _SECTIONS = ("optim", "strategy")
 
 def recipe_overrides(strategy: str, recipes_dir: Path = RECIPES_DIR) -> list[str]:
     """`strategy`'s recipe as overrides ([] without a recipe file)."""
-    from asrdist.optim.build import OptimConfig
-
     path = recipes_dir / f"{strategy}.yaml"
     if not path.is_file():
         return []

@@ -8,6 +8,7 @@ import io
 from dataclasses import asdict
 from pathlib import Path
 
+from asrdist.compare import stepcost
 from asrdist.compare.prediction import (
     nearest_validated,
     ranking_line,
@@ -127,8 +128,6 @@ def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, kno
     {"LxT": seconds per frame of a learner among L with T threads}, "network_cpu_seconds_per_byte":
     gloo's CPU per byte or None, "step_cost_ratio": {run: (its step's cost per frame over the lone
     learner's, None) or (None, why it was not measured)}}."""
-    from asrdist.compare import stepcost
-
     known = known or {}
     many = [(r, d) for r, d in zip(runs, run_dirs.values()) if not r["failed"] and r["learners"] > 1]
     if not many:

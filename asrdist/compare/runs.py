@@ -13,8 +13,15 @@ from pathlib import Path
 
 import yaml
 
+from asrdist.compare.target import run_points
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
 from asrdist.errors import AsrdistError, ConfigError, DataError, Stopped, TrainingError
+from asrdist.parallel import STRATEGIES
+from asrdist.run import launch
+from asrdist.run.launch import check_job, resolve_config
+from asrdist.run.rundir import run_config_path
+from asrdist.train.checkpoint import latest_step_dir
+from asrdist.train.metrics import read_metrics
 
 ERROR_METRICS = ("per", "wer", "cer")
 """The first of these a run's final evaluation holds is its error rate (hybrid: PER; CTC: WER/CER)."""
@@ -24,8 +31,6 @@ _COMM_KEYS = ("bytes_sent", "comm_seconds", "wait_seconds")
 
 def parse_strategies(text: str) -> list[str]:
     """`sync,onebit,...` -> names, each a known strategy, none twice."""
-    from asrdist.parallel import STRATEGIES
-
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ConfigError("--strategies names no strategy")
@@ -62,8 +67,6 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
     (`recipes`: strategy -> its recipe's overrides, placed before `overrides`; `compare.recipes`).
     Checks everything before anything is trained: a bad override or strategy fails here, and so
     does a learner count the emulated hosts cannot share."""
-    from asrdist.run.launch import check_job, resolve_config
-
     bad = [o for o in overrides if "=" not in o or o.startswith("-")]
     if bad:
         raise ConfigError(f"expected section.key=value overrides, got {bad[0]!r}")
@@ -145,9 +148,6 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
     checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
     recorded there (strategy -> reason) and the others still train."""
-    from asrdist.run.launch import train_command
-    from asrdist.train.checkpoint import latest_step_dir
-
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts
         check_same_recipe(run_dir, configs[name])
@@ -161,7 +161,7 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
         print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
               f"({learners} learner(s))", flush=True)
         try:
-            train_command(_train_args(config, name, learners, data, (recipes or {}).get(name, []) + overrides,
+            launch.train_command(_train_args(config, name, learners, data, (recipes or {}).get(name, []) + overrides,
                                       out=run_dir, resume=resume, hosts=hosts))
         except TrainingError as exc:
             if failed is None or isinstance(exc, Stopped):  # a stopped run stops the comparison
@@ -199,9 +199,6 @@ def run_record(run_dir: Path) -> dict:
     """What the comparison reports of one finished run: the summary's figures, its epoch curves
     (error rate against epoch and against the job's wall seconds, from metrics.jsonl) and the
     points time to a target is read from (`compare.target.run_points`)."""
-    from asrdist.compare.target import run_points
-    from asrdist.train.metrics import read_metrics
-
     s = load_summary(run_dir)
     final, comm = s["final"], s["comm"]
     metric = error_metric(final)
@@ -233,8 +230,6 @@ def run_record(run_dir: Path) -> dict:
 
 def run_config(run_dir: Path) -> RunConfig:
     """The resolved config a run was (last) started with."""
-    from asrdist.run.rundir import run_config_path
-
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
 
 

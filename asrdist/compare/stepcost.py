@@ -19,7 +19,15 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from asrdist.cluster.process_group import default_backend, device_for_backend
+from asrdist.compare.runs import run_config
+from asrdist.config import config_from_tree
 from asrdist.data.targets import Targets
+from asrdist.parallel.base import LearnerContext
+from asrdist.run.learner import build_learner
+from asrdist.run.prepare import load_targets
+from asrdist.run.task import SpeechTask
+from asrdist.sim.link import measure_link
 
 ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.2, 8
 """Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
@@ -34,9 +42,6 @@ def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float 
     directory, learners, threads)}: the step of that run's recipe, corpus and targets with
     `learners`' share of the global minibatch on `threads` torch threads, timed alone. Raises
     AsrdistError (a corpus gone, ...) or OSError."""
-    from asrdist.compare.runs import run_config
-    from asrdist.run.prepare import load_targets
-
     return config_step_seconds_per_frame({key: (run_config(run_dir), load_targets(Path(run_dir)), learners, threads)
                                           for key, (run_dir, learners, threads) in requests.items()},
                                          rounds, seconds)[0]
@@ -74,11 +79,6 @@ class _Timer:
     def __init__(self, stack: ExitStack, cfg, targets: Targets, learners: int, threads: int):
         import torch
 
-        from asrdist.cluster.process_group import default_backend, device_for_backend
-        from asrdist.config import config_from_tree
-        from asrdist.parallel.base import LearnerContext
-        from asrdist.run.learner import build_learner
-        from asrdist.run.task import SpeechTask
 
         tree = cfg.to_dict()
         tree["strategy"] = {"name": "single"}
@@ -145,6 +145,4 @@ def network_seconds_per_byte(values: int, timeout: float = 120.0) -> float:
     """CPU seconds that a learner on this machine spends per byte it sends or receives through
     gloo (both learners' process CPU over a message of `values` float32, one way, over loopback,
     halved), as `asrdist bench simulator` measures it."""
-    from asrdist.sim.link import measure_link
-
     return measure_link("loopback", values, repeats=REPEATS, timeout=timeout)["cpu_seconds_per_byte"]

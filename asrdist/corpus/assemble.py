@@ -14,7 +14,15 @@ import shutil
 import sys
 from pathlib import Path
 
+from asrdist.corpus.import_kaldi import (
+    decoded_audio,
+    import_split,
+    move_decoded,
+    write_split,
+)
+from asrdist.corpus.lexicon import Lexicon, store_lexicon
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 from asrdist.io.kaldi_dir import Utterance
 
 SPLITS = ("train", "valid", "test")
@@ -149,10 +157,6 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
     `extra_dirs` (name -> directory) are moved into OUT under their names (decoded audio). A
     `lexicon` (`Lexicon`) is stored as OUT/lexicon.txt in the same step, so one that covers no
     transcript word fails the import with nothing written. OUT never replaces one of `inputs`."""
-    from asrdist.corpus.import_kaldi import write_split
-    from asrdist.corpus.lexicon import store_lexicon
-    from asrdist.io.atomic import atomic_dir, write_json_atomic
-
     train = splits["train"]
     rates = {name: s.sample_rate for name, s in splits.items()}
     if len(set(rates.values())) > 1:
@@ -209,10 +213,6 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
     `alignments` (a file for any utterances) must cover the training split. `lexicon` (a file) is
     read before the audio and stored as OUT/lexicon.txt."""
-    from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
-    from asrdist.corpus.lexicon import Lexicon
-    from asrdist.io.atomic import check_output_dir
-
     src = Path(src)
     inputs = (src, alignments, lexicon)
     check_output_dir(out, overwrite, inputs)  # before any audio is read

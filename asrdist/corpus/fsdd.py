@@ -16,6 +16,7 @@ Any checkout works: speakers and takes are discovered from the file names.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
+from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 from asrdist.io.audio import AUDIO_SUFFIXES, num_frames, read_wav, resample, write_wav
 from asrdist.io.kaldi_dir import Utterance, write_data_dir
 
@@ -127,7 +129,6 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
     channel of multi-channel recordings (an error without it)."""
     from tqdm import tqdm
 
-    from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 
     if sample_rate not in (8000, 16000):
         raise ConfigError(f"--sample-rate: {sample_rate} Hz, expected 8000 or 16000")
@@ -208,8 +209,6 @@ def _summary(source: Path, sample_rate: int, split: str, test_speaker: str | Non
 
 
 def fsdd_command(args) -> int:
-    import json
-
     summary = build_fsdd(args.out, source=args.source, test_speaker=args.test_speaker,
                          split=args.split, sample_rate=args.sample_rate, skip_bad=args.skip_bad,
                          overwrite=args.overwrite, channel=args.channel)

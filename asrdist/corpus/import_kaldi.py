@@ -35,9 +35,23 @@ from typing import Iterator
 import kaldiio
 import numpy as np
 
+from asrdist.corpus.lexicon import Lexicon, store_lexicon
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
-from asrdist.io.atomic import sigterm_as_exit
+from asrdist.features.extract import find_splits
+from asrdist.features.store import (
+    FeatureStore,
+    FeatureStoreWriter,
+    export_kaldi,
+    has_features,
+)
+from asrdist.io.atomic import (
+    atomic_dir,
+    check_output_dir,
+    output_errors,
+    sigterm_as_exit,
+    write_json_atomic,
+)
 from asrdist.io.audio import (
     READABLE,
     num_frames,
@@ -507,8 +521,6 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
 def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utterance]) -> dict:
     """Write `utts` of `split` as a split directory at `tmp` (to be renamed to `final`): Kaldi
     tables with absolute paths, and its imported features in the feature store. Returns its stats."""
-    from asrdist.features.store import FeatureStoreWriter
-
     write_data_dir(tmp, utts, final_dir=final)
     if split.features:
         writer = FeatureStoreWriter(tmp / "feats", next(iter(split.features.values())).shape[1])
@@ -527,8 +539,6 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     OUT is checked before any audio is read; `lexicon` (a file) is stored as OUT/lexicon.txt.
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
     from asrdist.corpus.assemble import empty_transcripts
-    from asrdist.corpus.lexicon import Lexicon, store_lexicon
-    from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 
     src, out = Path(src), Path(out)
     inputs = (src, alignments, lexicon)
@@ -565,8 +575,6 @@ def _phone_table_of(split: Path) -> PhoneTable:
 
 def _export_split(data: DataDir, out: Path, final: Path) -> None:
     """Write `data` into `out` as a plain Kaldi dir whose paths are absolute at `final`."""
-    from asrdist.features.store import FeatureStore, export_kaldi, has_features
-
     utts = []
     for utt_id in data.utt_ids:
         u = data.utterances[utt_id]
@@ -586,9 +594,6 @@ def _export_split(data: DataDir, out: Path, final: Path) -> None:
 
 def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
-    from asrdist.features.extract import find_splits
-    from asrdist.io.atomic import atomic_dir, check_output_dir
-
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))
     splits = find_splits(src)
@@ -602,7 +607,6 @@ def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) 
 
 def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
-    from asrdist.io.atomic import output_errors
 
     single, mapping = parse_split_options(args.split or [])
     one_split = (args.src / "wav.scp").is_file() and single is None and not mapping

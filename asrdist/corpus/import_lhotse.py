@@ -12,6 +12,7 @@ naming the manifest.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -20,8 +21,22 @@ from pathlib import Path
 
 import numpy as np
 
+from asrdist.corpus.assemble import (
+    check_valid_speakers,
+    match_splits,
+    parse_split_options,
+    require_train,
+    write_corpus,
+)
+from asrdist.corpus.import_kaldi import (
+    _resolve,
+    decoded_audio,
+    import_split,
+    move_decoded,
+)
 from asrdist.errors import ConfigError, DataError
-from asrdist.io.audio import AUDIO_SUFFIXES
+from asrdist.io.atomic import check_output_dir, output_errors
+from asrdist.io.audio import AUDIO_SUFFIXES, write_wav
 
 _MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
                        r"\.(?:jsonl|json)(?:\.gz)?$")
@@ -58,8 +73,6 @@ def _wav_file(recording, base: Path) -> Path | None:
     """The recording's own file when asrdist can read it in place: one mono file with a suffix of
     IN_PLACE_SUFFIXES that lhotse plays as it is (no transforms such as speed perturbation or
     resampling)."""
-    from asrdist.corpus.import_kaldi import _resolve
-
     sources = recording.sources
     if len(sources) != 1 or sources[0].type != "file" or recording.num_channels != 1 or recording.transforms:
         return None
@@ -69,8 +82,6 @@ def _wav_file(recording, base: Path) -> Path | None:
 
 def _decode(recording, channel: int | None, out: Path) -> None:
     """Decode one channel of `recording` with lhotse into a 16-bit WAV at `out`."""
-    from asrdist.io.audio import write_wav
-
     audio = recording.load_audio(channels=channel)
     samples = np.asarray(audio, dtype=np.float64).reshape(-1, audio.shape[-1])[0]
     write_wav(out, np.clip(samples * 32768.0, -32768, 32767), recording.sampling_rate)
@@ -117,9 +128,6 @@ def _load_manifest(path: Path, kind: str) -> list:
 def _bad_json_line(path: Path) -> tuple[int, str] | None:
     """(line number, why) of the first line of a JSON-lines manifest (.jsonl or .jsonl.gz) that is not
     JSON; None when every line is (or the file is not JSON lines at all)."""
-    import gzip
-    import json
-
     if not path.name.endswith((".jsonl", ".jsonl.gz")):
         return None
     try:
@@ -207,15 +215,6 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
                          sample_rate: int | None = None) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
-    from asrdist.corpus.assemble import (
-        check_valid_speakers,
-        match_splits,
-        require_train,
-        write_corpus,
-    )
-    from asrdist.corpus.import_kaldi import decoded_audio, import_split, move_decoded
-    from asrdist.io.atomic import check_output_dir
-
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
     if not src.is_dir():
@@ -248,9 +247,6 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
 
 
 def import_lhotse_command(args) -> int:
-    from asrdist.corpus.assemble import parse_split_options
-    from asrdist.io.atomic import output_errors
-
     single, mapping = parse_split_options(args.split or [])
     with output_errors(args.out):  # a full disk or a read-only place names OUT, not a temporary beside it
         summary = import_lhotse_corpus(args.src, args.out, single_split=single, split_parts=mapping,

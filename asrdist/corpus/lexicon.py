@@ -17,6 +17,8 @@ from typing import Iterable, Mapping
 
 from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.errors import DataError
+from asrdist.io.atomic import write_text_atomic
+from asrdist.io.kaldi_dir import read_data_dir
 
 LEXICON_NAME = "lexicon.txt"
 PHONE_ALIASES = {
@@ -120,8 +122,6 @@ class Lexicon:
                        for w in sorted(self.entries) for pron in self.entries[w])
 
     def write(self, path: str | Path) -> None:
-        from asrdist.io.atomic import write_text_atomic
-
         write_text_atomic(path, self.to_text())
 
     def restricted_to(self, words: Iterable[str]) -> "Lexicon":
@@ -215,8 +215,6 @@ def lexicon_phone_tokens(split_dir: Path, data=None) -> dict[str, list[int]] | N
     """Phone CTC targets of an unaligned split from its corpus' lexicon (None without one); words
     missing from the lexicon are reported once per split and process, their utterances left out.
     `data`: the split's `DataDir`, when the caller has read it already."""
-    from asrdist.io.kaldi_dir import read_data_dir
-
     corpus = Path(split_dir).parent
     if not (corpus / LEXICON_NAME).is_file():
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asrdist.errors import DataError
+from asrdist.io.atomic import write_text_atomic
 
 SILENCE = "sil"
 ARPABET = (
@@ -49,8 +50,6 @@ class PhoneTable:
         return "".join(f"{s} {i}\n" for i, s in enumerate(self.symbols))
 
     def write(self, path: str | Path) -> None:
-        from asrdist.io.atomic import write_text_atomic
-
         write_text_atomic(path, self.to_text())
 
     @classmethod

@@ -33,13 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from asrdist.data.batch import Batch
+from asrdist.features.fbank import LOW_FREQ_HZ
 
 
 def warp_positions(num_bins: int, sample_rate: float, factor: float) -> np.ndarray:
     """Step 5: for each mel bin of a filterbank (centres as `asrdist.features.fbank` places them,
     from its low frequency to Nyquist), the fractional bin holding frequency centre / factor."""
-    from asrdist.features.fbank import LOW_FREQ_HZ
-
     def mel(hz):
         return 1127.0 * np.log1p(np.asarray(hz) / 700.0)
 

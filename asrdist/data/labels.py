@@ -11,6 +11,7 @@ import numpy as np
 from asrdist.corpus.phones import PhoneTable
 from asrdist.data.targets import Targets, phone_tokens
 from asrdist.errors import DataError
+from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_alignments, read_data_dir
 
 CTC_TARGETS = ("phones", "chars")
@@ -80,8 +81,6 @@ def note_short_utterances(split_dir: Path, targets: Targets, subsample: int) -> 
     """CTC must emit each label on a frame of its own (a blank between two equal ones): an
     utterance with fewer output frames has no path, its loss is zeroed and it teaches nothing.
     Says how many of the split's utterances are so (one note); returns the count."""
-    from asrdist.features.store import FeatureStore
-
     store = FeatureStore(split_dir)
     short = []
     tokens = ctc_tokens(split_dir, targets)

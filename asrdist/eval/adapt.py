@@ -27,6 +27,7 @@ fitted to its hypotheses as before.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -34,6 +35,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from asrdist.errors import DataError
+from asrdist.eval.evaluate import ctc_hypothesis
+from asrdist.eval.vocabulary import training_transcripts
 
 # Utterances per forward pass while fitting: bounds memory on long test sets, not the result
 # (the gradient is the sum over all of them before each step).
@@ -115,11 +120,6 @@ def word_balance(eval_cfg, search, train_dir: Path) -> WordBalance | None:
     """The run's WordBalance (`eval.adapt_word_balance` > 0), or None: off, or (with a note) not
     possible, as the decoding has no vocabulary or the model says more than one word per utterance;
     the speakers are then fitted to their hypotheses. `search` is the run's VocabularySearch or None."""
-    import sys
-
-    from asrdist.errors import DataError
-    from asrdist.eval.vocabulary import training_transcripts
-
     if eval_cfg.adapt_word_balance <= 0 or eval_cfg.adapt_rounds <= 0:
         return None
     why = ("the decoding has no vocabulary (eval.vocabulary=none)" if search is None else
@@ -192,8 +192,6 @@ class RecipeAdaptation:
     vocabulary search, or None."""
 
     def __init__(self, model, cfg, constrained):
-        from asrdist.eval.evaluate import ctc_hypothesis
-
         self.model, self.settings = model, cfg.eval
         self.decode = lambda log_probs: ctc_hypothesis(log_probs, cfg, constrained)
         self.balance = word_balance(cfg.eval, constrained, Path(cfg.data.corpus) / "train")
@@ -221,8 +219,6 @@ class RecipeAdaptation:
 def note_held_speakers(held: Sequence[str], speakers: int) -> None:
     """One line on stderr naming the speakers whose words were held to the training frequencies,
     as that rests on an assumption only the user can check."""
-    import sys
-
     if held:
         names = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
         print(f"[asrdist] note: {len(held)} of {speakers} speaker(s) ({names}) first heard saying some words far "

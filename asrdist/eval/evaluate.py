@@ -6,23 +6,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.data.labels import (
+    ctc_tokens,
+    frame_labels,
+    phone_sequences,
+    split_alignments,
+)
+from asrdist.data.samplers import splice
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
+from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode, viterbi_decode
+from asrdist.eval.scoring import error_rate
+from asrdist.eval.vocabulary import vocabulary_search
+from asrdist.features.store import FeatureStore
+from asrdist.io.kaldi_dir import read_data_dir
+from asrdist.models.objectives import ctc_objective
 
 
 def ctc_hypothesis(log_probs: np.ndarray, cfg, constrained=None) -> list[int]:
     """Token ids of one utterance: the vocabulary-constrained search when the run has one
     (`asrdist.eval.vocabulary`), else prefix beam search (`eval.beam` > 1) or greedy."""
-    from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode
-
     if constrained is not None:
         return constrained.search(log_probs)
     return ctc_beam_decode(log_probs, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(log_probs)
 
 
 def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> torch.Tensor:
-    from asrdist.data.samplers import splice
-
     if model.kind == "chunk":
         return model(torch.from_numpy(np.array(feats))[None])[0]
     return model(torch.from_numpy(splice(feats, context)))
@@ -34,8 +43,6 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
     """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
     and errors of every utterance, `asrdist.eval.details`); with `adapt` (CTC models) each speaker's
     features first pass through the map `asrdist.eval.adapt` fits to them (`eval.adapt_*`)."""
-    from asrdist.features.store import FeatureStore
-
     was_training = model.training
     model.eval()
     try:
@@ -49,10 +56,6 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
 
 
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
-    from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
-    from asrdist.eval.decode import viterbi_decode
-    from asrdist.eval.scoring import error_rate
-
     alignments = split_alignments(split_dir, len(targets.phones))
     labels = frame_labels(split_dir, targets, alignments)
     ref_phones = phone_sequences(alignments, targets.silence_id)
@@ -97,7 +100,6 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
     from tqdm import tqdm
 
     from asrdist.eval.adapt import RecipeAdaptation
-    from asrdist.io.kaldi_dir import read_data_dir
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
@@ -113,12 +115,6 @@ def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[d
 
 
 def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool = False, adapt: bool = False) -> dict:
-    from asrdist.data.labels import ctc_tokens
-    from asrdist.eval.scoring import error_rate
-    from asrdist.eval.vocabulary import vocabulary_search
-    from asrdist.io.kaldi_dir import read_data_dir
-    from asrdist.models.objectives import ctc_objective
-
     constrained = vocabulary_search(cfg, targets)
     chars = targets.kind == "chars"
     # the transcripts scored as text (characters, or words of a vocabulary), read once: also the targets'

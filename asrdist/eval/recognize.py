@@ -6,6 +6,8 @@ import numpy as np
 import torch
 
 from asrdist.data.targets import Targets
+from asrdist.eval.decode import viterbi_decode
+from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
 
 
 @torch.no_grad()
@@ -14,9 +16,6 @@ def recognize(model: torch.nn.Module, feats: np.ndarray, targets: Targets, cfg, 
     """The model's text for one utterance's features: characters, phone symbols, or (a phone model
     with a vocabulary) words; `constrained` is the run's vocabulary search (`asrdist.eval.vocabulary`),
     if any; `transform` a CTC model's speaker map (`asrdist.eval.adapt.SpeakerTransform`), if any."""
-    from asrdist.eval.decode import viterbi_decode
-    from asrdist.eval.evaluate import _frame_logits, ctc_hypothesis
-
     if model.kind == "ctc":
         x = torch.from_numpy(feats)[None]
         log_probs, lengths = model(transform(x) if transform is not None else x, torch.tensor([len(feats)]))

@@ -28,8 +28,12 @@ from typing import Sequence
 
 import numpy as np
 
+from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word
+from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
+from asrdist.eval.wordlm import END, WordBigram
+from asrdist.io.kaldi_dir import read_data_dir
 
 NEG_INF = -math.inf
 OFF, TRAIN = "none", "train"
@@ -145,8 +149,6 @@ class WordScorer:
 
     def ended(self, tokens: tuple[int, ...], separator: int | None) -> float:
         """The score of a finished hypothesis' last word (not yet scored) and of its end."""
-        from asrdist.eval.wordlm import END
-
         words = self._words(tokens, separator)
         if not words:
             return 0.0
@@ -182,8 +184,6 @@ def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
 
 def training_transcripts(train_dir: Path | None) -> list[list[str]]:
     """The words of each transcript of the training split `train_dir`; a DataError when they are gone."""
-    from asrdist.io.kaldi_dir import read_data_dir
-
     if train_dir is None or not (Path(train_dir) / "text").is_file():
         raise DataError(f"eval.vocabulary=train: the run's training transcripts ({train_dir}/text) are gone; "
                         "give a word list instead (eval.vocabulary=PATH or --vocabulary PATH)")
@@ -225,8 +225,6 @@ class VocabularySearch:
 
     def use_bigram(self, transcripts: Sequence[Sequence[str]], weight: float, bonus: float) -> None:
         """Score hypotheses with a word bigram of `transcripts` (the training split's) too."""
-        from asrdist.eval.wordlm import WordBigram
-
         word_of = {spelled[0]: word for word, spelled in self.spellings.items()}
         known = set(self.spellings)
         sentences = [[self.word_key(w) for w in words] for words in transcripts]
@@ -258,9 +256,6 @@ class PronouncedSearch(VocabularySearch):
 
     def __init__(self, lexicon, words: Sequence[str], beam: int, one_word: bool = False,
                  where: str = "eval.vocabulary"):
-        from asrdist.corpus.lexicon import normalize_word
-        from asrdist.corpus.phones import SILENCE
-
         silence = lexicon.table.silence_id if SILENCE in lexicon.table else None
         self.word_of: dict[tuple[int, ...], str] = {}
         missing = 0
@@ -286,8 +281,6 @@ class PronouncedSearch(VocabularySearch):
         self.separator, self.one_word, self.beam = None, one_word, max(1, beam)
 
     def word_key(self, word: str) -> str:
-        from asrdist.corpus.lexicon import normalize_word
-
         return normalize_word(word)
 
     def words(self, tokens: Sequence[int]) -> list[str]:
@@ -333,9 +326,6 @@ def vocabulary_search(cfg, targets: Targets) -> VocabularySearch | None:
 
 
 def _pronounced_search(spec: str, targets: Targets, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
-    from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon
-    from asrdist.corpus.phones import PhoneTable
-
     table = PhoneTable(targets.phones)
     path = train_dir.parent / LEXICON_NAME if spec == TRAIN else Path(spec)
     if spec == TRAIN and not path.is_file():

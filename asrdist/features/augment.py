@@ -4,13 +4,21 @@ describes every augmentation) into `train/augmented/KEY/`, and reused by later r
 from __future__ import annotations
 
 import json
+import sys
 import zlib
+from fractions import Fraction
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from asrdist.errors import ConfigError, DataError
+from asrdist.features.cmvn import CmvnStats, Normalizer, load_global
+from asrdist.features.fbank import compute_fbank, fbank_options
+from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
+from asrdist.io.atomic import atomic_dir
+from asrdist.io.audio import read_wav
+from asrdist.io.kaldi_dir import read_data_dir
 
 AUGMENTED_DIR = "augmented"
 
@@ -28,8 +36,6 @@ def copy_plan(speed_perturb: Sequence[float], noise_snr: float | None) -> list[t
 
 def speed_perturb(samples: np.ndarray, factor: float) -> np.ndarray:
     """Audio played `factor` times faster (sox `speed`): polyphase resampling by 1/factor."""
-    from fractions import Fraction
-
     from scipy.signal import resample_poly
 
     if factor == 1.0:
@@ -75,8 +81,6 @@ def check_front_end(train_dir: Path, data_cfg) -> None:
     """Copies made from the audio (speed, noise) and the frequency warp (which reads the bins as a
     mel filterbank) need asrdist's own features: imported Kaldi features (MFCCs, say) cannot be
     matched. ConfigError before anything is made."""
-    from asrdist.features.store import FeatureStore, has_features
-
     if not has_features(train_dir) or FeatureStore(train_dir).meta.get("num_mel_bins") is not None:
         return
     used = [f"data.{key}" for key, on in (("speed_perturb", bool(copy_plan(data_cfg.speed_perturb, None))),
@@ -91,16 +95,8 @@ def check_front_end(train_dir: Path, data_cfg) -> None:
 
 def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool = True) -> Path | None:
     """Make the copies of steps 1-2 for `train_dir` unless they exist; returns the store path."""
-    import sys
-
     from tqdm import tqdm
 
-    from asrdist.features.cmvn import CmvnStats, Normalizer, load_global
-    from asrdist.features.fbank import compute_fbank, fbank_options
-    from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
-    from asrdist.io.atomic import atomic_dir
-    from asrdist.io.audio import read_wav
-    from asrdist.io.kaldi_dir import read_data_dir
 
     out = augmented_store_path(train_dir, data_cfg, seed)
     if out is None or has_features(out):
@@ -201,8 +197,6 @@ class AugmentedStore:
 def training_store(train_dir: Path, data_cfg, seed: int):
     """The store a learner trains on: the split's own, plus the augmented copies when configured
     (built beforehand by `build_augmented_store`)."""
-    from asrdist.features.store import FeatureStore, has_features
-
     base = FeatureStore(train_dir)
     path = augmented_store_path(train_dir, data_cfg, seed)
     if path is None:

@@ -28,8 +28,9 @@ import numpy as np
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
 from asrdist.features.cmvn import MODES, CmvnStats, Normalizer, SpeakerPrior
-from asrdist.features.fbank import check_mel_bins
-from asrdist.io.atomic import interrupts_left_to_parent
+from asrdist.features.fbank import check_mel_bins, compute_fbank, fbank_options
+from asrdist.io.atomic import atomic_dir, interrupts_left_to_parent, output_errors
+from asrdist.io.audio import frame_shift_samples, read_wav, read_wav_format, resample
 from asrdist.io.kaldi_dir import DataDir, read_data_dir
 
 ALIGNMENT_TOLERANCE_FRAMES = 1
@@ -51,8 +52,6 @@ def find_splits(data: Path) -> dict[str, Path]:
 
 def _header(path: Path) -> tuple[int, int] | None:
     """(sample rate, channels) of a WAV file's header, None for what is no readable WAV."""
-    from asrdist.io.audio import read_wav_format
-
     try:
         fmt = read_wav_format(path)
     except DataError:  # read_wav reports it, naming the utterance, when the file is read
@@ -110,9 +109,6 @@ def _tasks(name: str, d: DataDir, rate: int, num_mel_bins: int, channel: int | N
 
 def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, float]]:
     """Worker: [(utt_id, feats or None, error or None, audio_seconds)] for one audio file."""
-    from asrdist.features.fbank import compute_fbank, fbank_options
-    from asrdist.io.audio import frame_shift_samples, read_wav, resample
-
     path, scp, audio_rate, num_mel_bins, utts, channel, rate = task
     if len(utts) == 1:
         label = f"{scp}: utterance {utts[0][0]}"
@@ -203,8 +199,6 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     `channel` picks one channel of multi-channel audio (an error without it); `mel_bins_key` is how
     an error names `num_mel_bins` (the flag or the config key that set it); `sample_rate` is the
     rate the features are computed at (default: the corpus' own; other audio is resampled)."""
-    from asrdist.io.atomic import atomic_dir, output_errors
-
     if cmvn not in MODES:
         raise ConfigError(f"cmvn: unknown mode '{cmvn}' (expected {', '.join(MODES)})")
     _check_jobs(jobs)

@@ -11,13 +11,15 @@ from typing import Sequence
 import numpy as np
 
 from asrdist.errors import DataError
+from asrdist.features.cmvn import CmvnStats, SpeakerPrior
+from asrdist.features.fbank import compute_fbank
+from asrdist.features.store import FeatureStore
+from asrdist.io.audio import read_wav, resample
 
 
 def feature_record(train_dir: Path) -> dict | None:
     """What decoding needs to rebuild the training features: rate, bins, CMVN mode and global
     statistics. None for imported features (their front end is not asrdist's)."""
-    from asrdist.features.store import FeatureStore
-
     meta = FeatureStore(train_dir).meta
     if meta.get("num_mel_bins") is None:
         return None
@@ -25,7 +27,6 @@ def feature_record(train_dir: Path) -> dict | None:
               "cmvn": meta.get("cmvn", "none")}
     if record["cmvn"] not in ("global", "speaker"):
         return record
-    from asrdist.features.cmvn import SpeakerPrior
 
     cmvn_file = FeatureStore(train_dir).path / "cmvn.json"
     try:
@@ -68,9 +69,6 @@ def _corpus_prior(train: Path, record: dict) -> dict:
 def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
     """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
     to read of a multi-channel file)."""
-    from asrdist.features.fbank import compute_fbank
-    from asrdist.io.audio import read_wav, resample
-
     samples, rate = read_wav(path, channel=channel)
     try:  # the front end's reasons (audio too short for a frame) name no file
         samples = resample(samples, rate, front["sample_rate"])
@@ -81,8 +79,6 @@ def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndar
 
 def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
     """One speaker's utterances through the run's CMVN (speaker CMVN: statistics over all of them)."""
-    from asrdist.features.cmvn import CmvnStats
-
     if front["cmvn"] == "global":
         mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
         return [((f - mean) / std).astype(np.float32) for f in feats]

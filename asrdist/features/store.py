@@ -43,6 +43,7 @@ from typing import Iterator
 import numpy as np
 
 from asrdist.errors import DataError
+from asrdist.io.kaldi_dir import read_table
 
 FORMAT_VERSION = 1
 SHARD_BYTES = 256 << 20
@@ -258,8 +259,6 @@ def _digest(parts) -> str:
 def _source(split: Path) -> tuple[dict, list[str]]:
     """(`source_record`, the utterance ids it lists: of `segments` if any, else of `wav.scp`),
     each table read once."""
-    from asrdist.io.kaldi_dir import read_table
-
     wav_scp, segments = read_table(split / "wav.scp", required=False), read_table(split / "segments", required=False)
     ids = sorted(segments or wav_scp)
     tables = [(split / name).read_bytes() if (split / name).is_file() else b"-"

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from asrdist.errors import AsrdistError, OutputError
+
 # errno values that mean "this output cannot be written", whatever the file
 _OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM,
                   errno.ENOTDIR, errno.EISDIR, errno.EEXIST}  # the last three: a file where a directory goes, or back
@@ -224,8 +226,6 @@ def check_output_dir(path: str | os.PathLike, overwrite: bool = False,
     delete one of the command's `inputs` (it is one of them or holds one; None entries: inputs not
     given), or it exists inside one of them (replacing it would delete part of that input).
     Commands call it before any long work, so a wrong output fails at once."""
-    from asrdist.errors import AsrdistError, OutputError
-
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise AsrdistError(f"{path}: output directory is an existing file")
@@ -285,8 +285,6 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     renamed onto `path`), so `path` must be a regular file or nothing: renaming onto /dev/null
     would replace the device. `inputs` are files the command reads, which it must not replace, and
     directories it reads, in which it must not replace a file."""
-    from asrdist.errors import OutputError
-
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
@@ -307,8 +305,6 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
 def _probe_directory(path: Path) -> None:
     """Create and delete a file where `path` will be made (its nearest existing directory): the
     only sure test of writability (a read-only or virtual file system such as /proc, permissions)."""
-    from asrdist.errors import OutputError
-
     above = file_above(path)
     if above is not None:
         raise OutputError(f"{path}: cannot write: {above} is a file, not a directory")

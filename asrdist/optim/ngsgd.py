@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from asrdist.errors import ConfigError, DataError
+from asrdist.native import NativeBuildError
 
 EPSILON = 1.0e-10
 """Absolute floor on ρ and D (keeps all-zero inputs from collapsing F)."""
@@ -78,7 +79,6 @@ def resolve_kernel(kind: str) -> bool:
         raise ConfigError(f"optim.natural_gradient_kernel: unknown kernel '{kind}' (known: {', '.join(KERNEL_KINDS)})")
     if kind == "python":
         return False
-    from asrdist.native import NativeBuildError
 
     try:
         native_kernel()

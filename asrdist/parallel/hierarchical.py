@@ -36,7 +36,12 @@ import torch
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
-from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_group, flat_parameters
+from asrdist.parallel.adpsgd import (
+    AdpsgdConfig,
+    AdpsgdStrategy,
+    exchange_group,
+    flat_parameters,
+)
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
 from asrdist.parallel.membership import Membership, NodeMembership

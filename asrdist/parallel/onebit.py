@@ -49,12 +49,19 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.hierarchical_allreduce import (
-    ColumnShards, build_hierarchy, check_hierarchical, use_hierarchical,
-)
-from asrdist.parallel.onebit_kernel import (
-    KERNEL_KINDS, Residual, as_columns, get_quantizer, packed_words,
+    ColumnShards,
+    build_hierarchy,
+    check_hierarchical,
+    use_hierarchical,
 )
 from asrdist.parallel.momentum import MomentumCorrection
+from asrdist.parallel.onebit_kernel import (
+    KERNEL_KINDS,
+    Residual,
+    as_columns,
+    get_quantizer,
+    packed_words,
+)
 from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan  # noqa: F401 (tests use _Plan)
 
 

@@ -38,7 +38,12 @@ from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.hierarchical_allreduce import (
-    Hierarchy, build_hierarchy, check_hierarchical, finish_all, hierarchical_allreduce, padded_numel,
+    Hierarchy,
+    build_hierarchy,
+    check_hierarchical,
+    finish_all,
+    hierarchical_allreduce,
+    padded_numel,
     use_hierarchical,
 )
 

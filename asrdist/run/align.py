@@ -24,7 +24,12 @@ from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report
 from asrdist.data.targets import Targets
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.align_graph import build_graph, viterbi_align
+from asrdist.eval.evaluate import _frame_logits
+from asrdist.features.extract import find_splits
+from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir, write_alignments
+from asrdist.run.evaluate import load_run_model, trained_sample_rate
+from asrdist.run.prepare import ensure_features
 
 SCORE_FLOOR = -30.0
 """Log scores below this are clipped, so one frame the model finds impossible cannot veto a path."""
@@ -41,7 +46,6 @@ def frame_scores(model: torch.nn.Module, feats: np.ndarray, targets: Targets, cf
         lp = log_probs[0, : int(out_lengths[0])].double().numpy()
         lp = np.repeat(lp, model.subsample, axis=0)[:T]
         return np.maximum(lp[:, :num_phones], SCORE_FLOOR)
-    from asrdist.eval.evaluate import _frame_logits
 
     logits = _frame_logits(model, feats, cfg.model.context)
     log_post = torch.log_softmax(logits, -1).double().numpy()
@@ -79,7 +83,6 @@ def align_split(model, split: Path, targets: Targets, cfg, lexicon: Lexicon, pro
     """(utt -> alignment, summary) for one split with features in place."""
     from tqdm import tqdm
 
-    from asrdist.features.store import FeatureStore
 
     data = read_data_dir(split)
     store = FeatureStore(split)
@@ -125,11 +128,6 @@ def _replace_alignments(split: Path, alignments: dict) -> None:
 
 
 def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True) -> dict:
-    from asrdist.features.extract import find_splits
-    from asrdist.features.store import FeatureStore
-    from asrdist.run.evaluate import load_run_model, trained_sample_rate
-    from asrdist.run.prepare import ensure_features
-
     run_dir, data = Path(run_dir), Path(data)
     model, cfg, targets, input_dim = load_run_model(run_dir)
     _check_model(targets, run_dir)

@@ -26,8 +26,15 @@ import numpy as np
 import torch
 
 from asrdist.errors import ConfigError, DataError
+from asrdist.eval.adapt import RecipeAdaptation
 from asrdist.eval.recognize import recognize
+from asrdist.eval.vocabulary import vocabulary_search
 from asrdist.features.frontend import features_of, front_end, normalize, raw_features
+from asrdist.io.atomic import write_text_atomic
+from asrdist.io.audio import AUDIO_SUFFIXES, check_audio_path
+from asrdist.io.kaldi_dir import read_table
+from asrdist.run import evaluate as run_evaluate
+from asrdist.run.evaluate import command_line_overrides
 
 
 def utterance_ids(wavs: Sequence[Path]) -> list[str]:
@@ -51,8 +58,6 @@ def utterance_ids(wavs: Sequence[Path]) -> list[str]:
 
 
 def _stem(name: str) -> str:
-    from asrdist.io.audio import AUDIO_SUFFIXES
-
     suffix = next((s for s in AUDIO_SUFFIXES if name.lower().endswith(s) and len(name) > len(s)), "")
     return name[:len(name) - len(suffix)]
 
@@ -80,13 +85,9 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
     eval` decodes one (module docstring); then every file is read before the first line comes.
     `channel`: the channel read of multi-channel files."""
-    from asrdist.eval.vocabulary import vocabulary_search
-    from asrdist.io.audio import check_audio_path
-    from asrdist.run.evaluate import load_run_model
-
     for wav in wavs:
         check_audio_path(wav)
-    model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
+    model, cfg, targets, input_dim = run_evaluate.load_run_model(run_dir, eval_overrides)
     front = front_end(run_dir, cfg, targets.features)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
@@ -114,7 +115,6 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
     from tqdm import tqdm
 
-    from asrdist.eval.adapt import RecipeAdaptation
 
     out: list = [None] * len(wavs)
     raw: dict[int, np.ndarray] = {}
@@ -142,8 +142,6 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
     """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines, read as the
     corpus reads its tables; lines for other utterances are allowed). One DataError line for a
     missing file, a duplicate, a line without one speaker, or an utterance the file leaves out."""
-    from asrdist.io.kaldi_dir import read_table
-
     if path.exists() and not path.is_file():
         raise DataError(f"{path}: not a regular file")
     table = read_table(path)
@@ -161,9 +159,6 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
 def decode_command(args) -> int:
     """Print each file's line as it is decoded; --out gets them all, written only when every file
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
-    from asrdist.io.atomic import write_text_atomic
-    from asrdist.run.evaluate import command_line_overrides
-
     speakers = None
     if args.utt2spk is not None:
         speakers = read_utt2spk(args.utt2spk, utterance_ids(args.wavs))

@@ -7,10 +7,25 @@ from pathlib import Path
 
 import torch
 
-from asrdist.config import RunConfig
+from asrdist.config import RunConfig, config_from_tree
+from asrdist.data.labels import split_alignments
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
-from asrdist.io.atomic import json_text
+from asrdist.eval.details import (
+    confusions,
+    hyp_lines,
+    hyp_path,
+    speaker_rates,
+    speaker_table,
+    worst_utterances,
+)
+from asrdist.eval.evaluate import evaluate_split
+from asrdist.features.store import FeatureStore, has_features
+from asrdist.io.atomic import atomic_path, json_text
+from asrdist.io.kaldi_dir import read_data_dir
+from asrdist.run.prepare import ensure_features, feature_mismatch, load_targets
+from asrdist.run.task import build_model_for
+from asrdist.train.checkpoint import read_torch_file
 
 
 def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
@@ -24,8 +39,6 @@ def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Mod
 
 
 def _read_model_file(path: Path) -> dict:
-    from asrdist.train.checkpoint import read_torch_file
-
     blob = read_torch_file(path, "model file")
     if not isinstance(blob, dict):
         raise DataError(f"{path}: not an asrdist model file (a {type(blob).__name__}, expected a mapping)")
@@ -59,10 +72,6 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     """(model, config, targets, input_dim) of a finished run; `eval_overrides` ({key: value}, None
     values skipped: the command line's --vocabulary, --adapt-rounds, ...) replace the recipe's
     `eval.KEY` settings."""
-    from asrdist.config import config_from_tree
-    from asrdist.run.prepare import load_targets
-    from asrdist.run.task import build_model_for
-
     path = run_dir / "model.pt"
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: run directory not found")
@@ -97,8 +106,6 @@ def trained_sample_rate(cfg: RunConfig, targets: Targets) -> int | None:
     """The sample rate the run's features were computed at: `targets.pt` keeps it (the front end
     `asrdist decode` rebuilds); a run from before it did reads its corpus' training store. None
     for imported features (not asrdist's front end) or a corpus that is gone."""
-    from asrdist.features.store import FeatureStore, has_features
-
     if targets.features_recorded:
         record = targets.features
         return int(record["sample_rate"]) if record else None
@@ -116,11 +123,6 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     does) when they are missing, other ones, or stale (its whole corpus, for global CMVN
     statistics); `eval_overrides` replace recipe settings as in `load_run_model` (the vocabulary,
     speaker adaptation: `asrdist.eval.adapt`)."""
-    from asrdist.data.labels import split_alignments
-    from asrdist.eval.evaluate import evaluate_split
-    from asrdist.features.store import FeatureStore
-    from asrdist.run.prepare import ensure_features, feature_mismatch
-
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     split = resolve_split(data)
     if targets.kind in ("monophone", "tied"):  # before any features are written into the corpus
@@ -143,8 +145,6 @@ def not_scored(split: Path, utt_ids: list[str], scored: set[str]) -> dict:
     them: `asrdist features --skip-bad` skipped them) and `no_reference` (no targets for them: words
     outside the lexicon, left out by `asrdist align`). A note says how many when there are any, so
     an error rate is never read as the whole split's when it is not."""
-    from asrdist.features.store import FeatureStore
-
     stored = set(FeatureStore(split).utt_ids)
     missing = [u for u in utt_ids if u not in scored]
     out = {"no_features": [u for u in missing if u not in stored],
@@ -165,17 +165,6 @@ def command_line_overrides(args) -> dict:
 
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
-    from asrdist.eval.details import (
-        confusions,
-        hyp_lines,
-        hyp_path,
-        speaker_rates,
-        speaker_table,
-        worst_utterances,
-    )
-    from asrdist.io.atomic import atomic_path
-    from asrdist.io.kaldi_dir import read_data_dir
-
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
     records = result.pop("per_utterance")
     result["worst_utterances"] = worst_utterances(records)

@@ -19,10 +19,19 @@ from typing import Callable, Iterator
 
 import yaml
 
+from asrdist import __version__
 from asrdist.cluster.launcher import launch_learners, stopped_error
+from asrdist.cluster.netem import available, parse_rate
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
+from asrdist.data.labels import (
+    CTC_TARGETS,
+    check_alignment_ids,
+    note_short_utterances,
+)
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.features.augment import build_augmented_store, check_front_end
+from asrdist.features.store import FeatureStore, has_features
 from asrdist.io.atomic import (
     file_above,
     output_errors,
@@ -30,11 +39,16 @@ from asrdist.io.atomic import (
     write_json_atomic,
     write_text_atomic,
 )
+from asrdist.io.kaldi_dir import read_alignments
 from asrdist.run import rundir
+from asrdist.run.prepare import build_targets, ensure_features, save_targets
 from asrdist.run.rundir import CONFIG_NAME, run_config_path
+from asrdist.run.task import model_kind
+from asrdist.sim.cluster import parameter_count
+from asrdist.sim.scenario import config_shapes
 from asrdist.train import checkpoint as ckpt
 from asrdist.train import state as run_state
-
+from asrdist.utils.machine import machine_info
 
 _held_notes: list[str] | None = None
 """While `asrdist train` checks its job, its notes wait here: a note before an error line would
@@ -105,8 +119,6 @@ def environment_record(cfg: RunConfig) -> dict:
     import numpy
     import torch
 
-    from asrdist import __version__
-    from asrdist.utils.machine import machine_info
 
     return {"asrdist": __version__, "seed": cfg.seed, "argv": sys.argv, "torch": torch.__version__,
             "numpy": numpy.__version__, "python": platform.python_version(), "machine": machine_info(),
@@ -114,15 +126,6 @@ def environment_record(cfg: RunConfig) -> dict:
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
-    from asrdist.data.labels import (
-        CTC_TARGETS,
-        check_alignment_ids,
-        note_short_utterances,
-    )
-    from asrdist.features.augment import build_augmented_store, check_front_end
-    from asrdist.run.prepare import build_targets, ensure_features, save_targets
-    from asrdist.run.task import model_kind
-
     corpus = Path(cfg.data.corpus)
     check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
     ensure_features(corpus, cfg, progress=progress)
@@ -144,9 +147,6 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
     """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
     an edited store) would train on misaligned labels: their frame counts must match. Where the
     targets come from the alignments, utterances without one are left out, and a note says so."""
-    from asrdist.features.store import FeatureStore, has_features
-    from asrdist.io.kaldi_dir import read_alignments
-
     for split in (corpus / "train", corpus / "valid"):
         if (split / "alignment.scp").is_file() and has_features(split):
             lengths = {utt: len(a) for utt, a in read_alignments(split).items()}
@@ -227,9 +227,6 @@ def check_this_machine(cfg: RunConfig, note: bool = True) -> None:
     """`asrdist train` starts every learner on this machine: refuse a job whose learners cannot fit
     in its memory (300 learners filled 24 GiB, and the kernel's OOM killer ended the job), and say
     (`note`) when their threads outnumber its cores."""
-    from asrdist.sim.cluster import parameter_count
-    from asrdist.sim.scenario import config_shapes
-
     learners, cores = cfg.train.learners, os.cpu_count() or 1
     per_learner = LEARNER_MIB * 2 ** 20 + 4 * 4 * parameter_count(config_shapes(cfg))  # weights, grads, 2 states
     available = _available_memory()
@@ -340,8 +337,6 @@ def prebuild_native_kernels(cfg: RunConfig) -> None:
 
 def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:
     """`--nodes A --network RATE`, checked before anything is written."""
-    from asrdist.cluster.netem import available, parse_rate
-
     if nodes < 1 or learners % nodes:
         raise ConfigError(f"--nodes: {learners} learners cannot be split evenly into {nodes} emulated hosts")
     parse_rate(network)

@@ -17,20 +17,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asrdist.cluster.process_group import THREADS_ENV, stop_learner
 from asrdist.config import RunConfig
+from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
+from asrdist.optim.batch_search import MULTIPLE, EpochStartTrials, search_batch_size
+from asrdist.optim.build import build_optimizer
+from asrdist.optim.schedules import LRSchedule
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import job_totals
+from asrdist.parallel.membership import survival_wait
+from asrdist.run.prepare import load_targets
+from asrdist.run.summary import finish_run
+from asrdist.run.task import SpeechTask
+from asrdist.train.state import write_state
 from asrdist.train.trainer import Trainer, TrainerHooks
+from asrdist.utils.memory import keep_freed_memory
 
 
 def set_threads(threads: int, local_world_size: int) -> int:
     """Torch threads for this learner: `train.threads` if set; else the share asrdist's launcher
     gave (THREADS_ENV: its cores over all the learners it started here); else, under torchrun on
     a real node, this process' cores over the node's learners."""
-    from asrdist.cluster.process_group import THREADS_ENV
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = threads or int(os.environ.get(THREADS_ENV, 0) or 0) or max(1, cores // max(1, local_world_size))
     torch.set_num_threads(n)
@@ -55,8 +64,6 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
     Trials start from an in-memory snapshot of the epoch start (model, optimizer, strategy
     residuals and byte counters, RNG), so neither their updates nor their traffic count.
     """
-    from asrdist.optim.batch_search import MULTIPLE, EpochStartTrials, search_batch_size
-
     base, n = cfg.data.batch_size, ctx.world_size
     if base % MULTIPLE or MULTIPLE % n:
         raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} "
@@ -121,11 +128,6 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
     optimizer, schedule, strategy, sampler (per-learner for lock-step strategies, the job's shared
     order otherwise) and the trainer. `task` supplies the model, samplers, loss and validation
     (`SpeechTask`, or a benchmark's synthetic task)."""
-    from asrdist.data.job_sampler import JobEpochSampler
-    from asrdist.optim.build import build_optimizer
-    from asrdist.optim.schedules import LRSchedule
-    from asrdist.utils.memory import keep_freed_memory
-
     keep_freed_memory()
     threads = set_threads(cfg.train.threads, ctx.local_world_size)
     ctx = replace(ctx, samples_per_step=getattr(task, "samples_per_step", 0))
@@ -161,7 +163,6 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                           global_batch=cfg.data.batch_size)
     hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
     strategy.setup(model, optimizer, ctx)
-    from asrdist.parallel.membership import survival_wait
 
     membership = getattr(strategy, "membership", None)
     if membership is not None and not strategy.lockstep:  # survival mode: lost learners' minibatches are trained again
@@ -189,10 +190,6 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
                 progress: bool = True) -> dict | None:
     """Train, finalize, leave the job's process group; the summary on the learner that writes it
     (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere."""
-    from asrdist.cluster.process_group import stop_learner
-    from asrdist.run.prepare import load_targets
-    from asrdist.run.task import SpeechTask
-
     torch.manual_seed(cfg.seed)  # identical initial model on every learner
     targets = load_targets(run_dir)
     task = SpeechTask(cfg, targets, ctx.job_rank, ctx.job_world_size)
@@ -218,10 +215,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     stop_learner(group, destroy=not lost)
     if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None
-    from asrdist.run.summary import finish_run
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
-    from asrdist.train.state import write_state
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

@@ -6,6 +6,7 @@ RUN_DIR/targets.pt so every learner (and `asrdist eval`) reads the same label ma
 from __future__ import annotations
 
 import contextlib
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,16 @@ from asrdist.data.labels import (
 from asrdist.data.targets import CharTokenizer, Targets, TiedStates, label_priors
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.decode import PhoneBigram
+from asrdist.features.augment import AUGMENTED_DIR
+from asrdist.features.extract import extract_features, find_splits
 from asrdist.features.frontend import feature_record
+from asrdist.features.store import (
+    FeatureStore,
+    has_features,
+    hold_for_reading,
+    rewriting,
+    source_change,
+)
 from asrdist.io.atomic import save_torch_atomic
 from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.train.checkpoint import read_torch_file
@@ -53,8 +63,6 @@ def feature_mismatch(split: Path, cfg: RunConfig, sample_rate: int | None = None
     settings, another sample rate than `sample_rate` (a model's; default: the audio's own), or
     stale (the split's utterances or audio changed since extraction). Imported Kaldi features (no
     `num_mel_bins` recorded) are taken as they are, as long as they still cover the split."""
-    from asrdist.features.store import FeatureStore, has_features, source_change
-
     if not has_features(split):
         return "it has none"
     store = FeatureStore(split)
@@ -84,8 +92,6 @@ def _rate_mismatch(meta: dict, sample_rate: int | None) -> str | None:
 def _check_imported(split: Path, store) -> None:
     """Imported features cannot be re-extracted the way they were made: a split that changed
     since its import is an error rather than training or scoring only the old utterances."""
-    from asrdist.features.store import source_change
-
     why = source_change(split, store)
     if why:
         corpus = split.parent if (split.parent / "train" / "wav.scp").is_file() else split
@@ -98,9 +104,6 @@ def recorded_choices(data: Path) -> tuple[int | None, bool]:
     features DATA --channel K --skip-bad`, kept in each split's meta.json), so re-extracting with a
     recipe's settings reads the same channel of multi-channel audio and again skips the audio that
     cannot be read; (None, False) when no store records them."""
-    from asrdist.features.extract import find_splits
-    from asrdist.features.store import FeatureStore, has_features
-
     channel, skip_bad = None, False
     for split in find_splits(data).values():
         if has_features(split):
@@ -120,9 +123,6 @@ def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bo
     from a split that changed since. Training or decoding on another CMVN, filterbank size or
     rate, or on yesterday's utterance list, would otherwise quietly mean something else. The
     channel the corpus' stores recorded is read again."""
-    from asrdist.features.extract import extract_features, find_splits
-    from asrdist.features.store import hold_for_reading, rewriting
-
     if check:
         check_corpus(data)
     splits = find_splits(data)
@@ -154,8 +154,6 @@ def ensure_features(data: Path, cfg: RunConfig, progress: bool = True, check: bo
 
 def _stored_settings(splits) -> str:
     """The recipe keys that would match the features stored now (`data.num_mel_bins=40 data.cmvn=global`)."""
-    from asrdist.features.store import FeatureStore, has_features
-
     for split in splits:
         if has_features(split):
             try:
@@ -170,10 +168,6 @@ def _drop_augmented(splits) -> None:
     """Augmented copies (`asrdist.features.augment`) are made from a split's audio and normalized with
     its features' statistics, and are reused while they exist: after a re-extraction they are of
     the old utterances and statistics, so they go, to be made again from the new features."""
-    import shutil
-
-    from asrdist.features.augment import AUGMENTED_DIR
-
     for split in splits:
         if (split / AUGMENTED_DIR).is_dir():
             shutil.rmtree(split / AUGMENTED_DIR)

@@ -4,32 +4,33 @@ The trainer sees only `model`, `sampler`, `loss(model, batch)` and `validate(mod
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 
 from asrdist.config import RunConfig
+from asrdist.data import samplers
+from asrdist.data.augment import SpecAugment
 from asrdist.data.labels import ctc_tokens, frame_labels
 from asrdist.data.targets import Targets
+from asrdist.eval.evaluate import evaluate_split
+from asrdist.features.augment import AugmentedStore, training_store
+from asrdist.models import objectives
+from asrdist.models.registry import build_model
+from asrdist.models.registry import model_kind as kind_of
 
 
 def build_model_for(cfg: RunConfig, input_dim: int, targets: Targets) -> torch.nn.Module:
-    from asrdist.models.registry import build_model
-
     return build_model(cfg.model, input_dim, targets.num_classes)
 
 
 def model_kind(cfg: RunConfig) -> str:
-    from asrdist.models.registry import model_kind as kind_of
-
     return kind_of(cfg.model)
 
 
 class SpeechTask:
     def __init__(self, cfg: RunConfig, targets: Targets, rank: int, world_size: int):
-        from asrdist.data.augment import SpecAugment
-        from asrdist.features.augment import training_store
-
         self.cfg, self.targets = cfg, targets
         corpus = Path(cfg.data.corpus)
         self.train_dir, self.valid_dir = corpus / "train", corpus / "valid"
@@ -55,9 +56,6 @@ class SpeechTask:
     def sampler_for(self, local_batch: int, rank: int | None = None, world_size: int | None = None):
         """This learner's training sampler at `local_batch` (frames, chunks, or max frames for CTC);
         `rank=0, world_size=1` gives the whole corpus in one order (job-wide epochs)."""
-        from asrdist.data import samplers
-        from asrdist.features.augment import AugmentedStore
-
         cfg, store = self.cfg, self.store
         rank = self.rank if rank is None else rank
         world_size = self.world_size if world_size is None else world_size
@@ -83,8 +81,6 @@ class SpeechTask:
         return sampler
 
     def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
-        from asrdist.models import objectives
-
         batch = batch.to(next(model.parameters()).device)
         if self.kind == "ctc":
             log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
@@ -95,10 +91,6 @@ class SpeechTask:
         return loss, batch.num_frames
 
     def validate(self, model: torch.nn.Module) -> dict:
-        import copy
-
-        from asrdist.eval.evaluate import evaluate_split
-
         if next(model.parameters()).device.type != "cpu":  # decoding runs on the CPU
             model = copy.deepcopy(model).cpu()
         result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from asrdist.cluster.process_group import JobEnv, start_learner
+from asrdist.cluster.netem import die_with_parent
+from asrdist.cluster.process_group import NETWORK_ENV, JobEnv, start_learner
 from asrdist.config import config_from_tree
-from asrdist.run.rundir import run_config_path
+from asrdist.errors import ConfigError
+from asrdist.run.rundir import describe, has_no_checkpoint, run_config_path
+from asrdist.train.checkpoint import latest_step_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +67,6 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
     """Before joining the job: torchrun started as many learners as the run was prepared for, and
     a run that already trained is continued (--resume), never trained again over its results (a
     requeued cluster job started without --resume would otherwise discard its progress)."""
-    from asrdist.errors import ConfigError
-    from asrdist.train.checkpoint import latest_step_dir
-
     if world_size != learners:
         raise ConfigError(f"{run_dir}: prepared for {learners} learner(s), torchrun started {world_size}; start "
                           f"nodes x --nproc-per-node = {learners} learners, or prepare the run again with "
@@ -83,8 +83,6 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
 
 def _nothing_to_resume(run_dir: Path, rank: int) -> bool:
     """`--resume` of a run without a complete checkpoint trains it from the start (rank 0 says so)."""
-    from asrdist.run.rundir import describe, has_no_checkpoint
-
     if not has_no_checkpoint(run_dir):
         return False
     if rank == 0:
@@ -98,8 +96,6 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
     job (asrdist's launcher, which sets NETWORK_ENV, keeps it itself): this learner's report of an
     earlier failed start goes, and rank 0 records a `--resume` as `config-resume-K.yaml`, which
     summary.json's `starts` counts."""
-    from asrdist.cluster.process_group import NETWORK_ENV
-
     if NETWORK_ENV in os.environ:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
@@ -113,16 +109,12 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
 
 
 def _outside_torchrun_started(run_dir: Path) -> bool:
-    from asrdist.cluster.process_group import NETWORK_ENV
-
     return NETWORK_ENV not in os.environ and (run_dir / "state.json").is_file()
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:
     """Whether torch's launcher restarted this learner (`train.max_restarts`) and a checkpoint
     exists to resume from; without one the restart trains from the start."""
-    from asrdist.train.checkpoint import latest_step_dir
-
     if env.restart == 0:
         return False
     latest = latest_step_dir(run_dir)
@@ -135,8 +127,6 @@ def _restarted(run_dir: Path, env: JobEnv) -> bool:
 def _die_with_parent() -> None:
     """A learner never trains unsupervised: it gets SIGKILL when its launcher agent dies (even
     by SIGKILL), and leaves at once if the agent is already gone."""
-    from asrdist.cluster.netem import die_with_parent
-
     parent = os.getppid()
     die_with_parent()
     if os.getppid() != parent or parent == 1:

@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from asrdist.errors import ConfigError
+from asrdist.sim.cluster import Link
+from asrdist.sim.scenario import config_job, run_job
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,6 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
     """The simulator's `Prediction` of the run of resolved config `cfg` on `inputs.learners`
     learners as `nodes` emulated hosts of this machine joined by `network` (1 node: loopback);
     the model's input and output sizes from the corpus where given (`config_shapes`)."""
-    from asrdist.sim.cluster import Link
-    from asrdist.sim.scenario import config_job, run_job
-
     if inputs.learners != cfg.train.learners:
         raise ConfigError(f"calibration: inputs for {inputs.learners} learners, the run has {cfg.train.learners}")
     job = config_job(cfg, inputs.learners, inputs.seconds_per_frame, nodes=nodes,

@@ -83,10 +83,10 @@ MODELS: dict[str, dict] = {
 
 def model_shapes(model: dict, feature_dim: int, num_classes: int) -> list[tuple[int, ...]]:
     """Parameter shapes of a registry model, built on the meta device (no memory)."""
-    # torch only here: `asrdist simulate --help` reads this module's tables (start-up time)
+    # torch and the models only here: `asrdist simulate --help` reads this module's tables (start-up time)
     import torch
 
-    from asrdist.models.registry import ModelConfig, build_model
+    from asrdist.models.registry import ModelConfig, build_model  # (same reason)
 
     cfg = model if isinstance(model, ModelConfig) else ModelConfig(**model)
     with torch.device("meta"):
@@ -179,6 +179,6 @@ def parse_cluster(text: str) -> tuple[int, int]:
 def link_named(name: str) -> Link:
     if name in LINKS:
         return LINKS[name]
-    from asrdist.cluster.netem import parse_rate
+    from asrdist.cluster.netem import parse_rate  # as torch above: `simulate --help` stays light
 
     return Link(parse_rate(name) / 8, 0.1e-3, f"tc-shaped {name}, 0.1 ms")

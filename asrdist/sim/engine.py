@@ -42,6 +42,9 @@ from typing import Any
 import simpy
 
 from asrdist.errors import ConfigError
+from asrdist.parallel import averaging, hierarchical, onebit, sync, topology
+from asrdist.parallel.adpsgd import exchange_traffic
+from asrdist.parallel.averaging import steps_between_averages
 from asrdist.parallel.comm import Transfer
 from asrdist.sim.alike import alike_learners, stand_ins
 from asrdist.sim.cluster import Cluster, parameter_count
@@ -167,8 +170,6 @@ def averaging_period(spec: SimSpec) -> tuple[int, float]:
     minibatch stays what the real period gives; only the spread of the learners' compute over a
     period (jitter) is that of the shorter one. With `own_steps` (a run of exactly `steps`
     minibatches, as `bench scaling` times) the period is the real one."""
-    from asrdist.parallel.averaging import steps_between_averages
-
     every = steps_between_averages(spec.strategy_config, spec.local_batch)
     if spec.own_steps:  # a run of exactly `steps` minibatches: its averages fall where they fall
         return every, 1.0
@@ -348,8 +349,6 @@ class _Simulation:
     def adpsgd_unit(self, members: list[_Learner], leader_rank: int, unit: int, units: int, node_traffic,
                     broadcast: Transfer | None, overlap: bool):
         """One ADPSGD participant: a learner, or (hierarchical) a node moving in lock step."""
-        from asrdist.parallel import topology
-
         s, cfg = self.spec, self.spec.strategy_config
         active = units > 1 and topology.is_active(unit, units)
         pending = None
@@ -449,9 +448,6 @@ class _Simulation:
 
     # -- running ------------------------------------------------------------------------
     def run(self) -> SimResult:
-        from asrdist.parallel import averaging, hierarchical, onebit, sync
-        from asrdist.parallel.adpsgd import exchange_traffic
-
         s, c, env = self.spec, self.cluster, self.env
         cfg = s.strategy_config
         name = s.strategy

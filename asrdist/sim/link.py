@@ -3,11 +3,16 @@ byte of the model's message, on loopback or the emulated cluster network. The si
 figures come from here (`asrdist bench simulator`, `compare`'s step cost)."""
 from __future__ import annotations
 
+import resource
 import statistics
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
+
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import start_learner
 
 
 def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
@@ -16,12 +21,8 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     exchanges as ADPSGD's (a header, then both learners' messages at once, one each way). Returns
     this learner's wall seconds (the receiver's for one-way messages) and its process CPU seconds
     (all threads: gloo's and the kernel's copies) of every message."""
-    import resource
-    from datetime import timedelta
-
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import start_learner
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -72,8 +73,6 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     exchange sends both ways at once: 1 on a full-duplex link), and `cpu_seconds_per_byte` (both
     learners' process CPU per byte one sends and the other receives, halved: a learner's CPU per
     byte it sends or receives). Medians of `repeats`."""
-    from asrdist.cluster.netem_launch import run_learners
-
     sender, receiver = run_learners("asrdist.sim.link", "link_timing", 2, network=network,
                                     args={"floats": values, "repeats": repeats}, timeout=timeout)
     size = 4 * values

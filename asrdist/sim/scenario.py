@@ -3,12 +3,25 @@ epoch; and the advisor that ranks every strategy for one cluster."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from asrdist.errors import ConfigError
+from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
+from asrdist.models.registry import model_kind
+from asrdist.parallel import strategy_config_class
+from asrdist.parallel.sync import hierarchical_in_use
 from asrdist.sim.alike import simulated_learners
-from asrdist.sim.cluster import MAX_LEARNER_STEPS, MAX_ONEBIT_SPAN, Cluster
+from asrdist.sim.cluster import (
+    LINKS,
+    MAX_LEARNER_STEPS,
+    MAX_ONEBIT_SPAN,
+    Cluster,
+    link_named,
+    model_shapes,
+)
 from asrdist.sim.engine import SimResult, SimSpec, simulate, simulated_steps
 
 ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
@@ -27,8 +40,6 @@ ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def strategy_config(name: str, settings: dict[str, Any] | None = None) -> Any:
-    from asrdist.parallel import strategy_config_class
-
     cls = strategy_config_class(name)
     return None if cls is None else cls(**(settings or {}))
 
@@ -96,8 +107,6 @@ class Prediction:
 
 def check_size(job: Job, ranked: bool = False) -> None:
     """A one-line ConfigError up front if simulating `job` would take minutes (see the limits)."""
-    from asrdist.parallel.sync import hierarchical_in_use
-
     c = job.cluster
     where = f"--cluster {c.nodes}x{c.per_node}: {job.strategy}{' (ranked without --strategy)' if ranked else ''}"
     for spec in [job.spec()] + ([job.spec(synchronous=True)] if job.strategy == "hybrid" else []):
@@ -158,8 +167,6 @@ def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = No
     """Every strategy variant of `ADVISED` on `job`'s cluster that is small enough to simulate
     (`check_size`), fastest epoch first; why the winner wins; and {variant: why not simulated}
     for the others (a ConfigError when none is left). `progress`: a bar on stderr (a terminal's)."""
-    import sys
-
     from tqdm import tqdm
 
     if job.cluster.learners < 2:
@@ -215,9 +222,6 @@ CPU_COPY_COST = 0.5e-9
 def config_shapes(cfg, feature_dim: int | None = None, num_classes: int | None = None) -> list[tuple[int, ...]]:
     """Parameter shapes of `cfg.model` from the registry; features per frame and classes from the
     config (swbd: the paper's 39 and 9304) unless given."""
-    from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
-    from asrdist.sim.cluster import model_shapes
-
     swbd = cfg.model.name == "swbd"
     if feature_dim is None:
         feature_dim = SWBD_FEATURE_DIM if swbd else cfg.data.num_mel_bins
@@ -233,11 +237,6 @@ def config_job(cfg, learners: int, seconds_per_frame: float, *, nodes: int = 1, 
     """The simulated job of run config `cfg` on this machine: `learners` CPU learners sharing its
     cores (`nodes` emulated hosts joined by `network`, loopback inside one), each spending
     `network_cost` CPU seconds per byte it moves."""
-    import os
-
-    from asrdist.models.registry import model_kind
-    from asrdist.sim.cluster import LINKS, link_named
-
     if learners < 1 or nodes < 1 or learners % nodes:
         raise ConfigError(f"simulate: {learners} learners do not split into {nodes} equal nodes")
     cores = cores or len(os.sched_getaffinity(0))

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from asrdist.errors import DataError
+from asrdist.io.atomic import write_json_atomic
 
 RECORD = Path(__file__).with_name("validated_cases.json")
 ASYNCHRONOUS = ("adpsgd", "hierarchical", "hybrid")
@@ -81,6 +82,4 @@ def cases_from_bench(result: dict) -> list[ValidatedCase]:
 
 
 def record(cases: list[ValidatedCase], path: Path = RECORD, note: str = "") -> None:
-    from asrdist.io.atomic import write_json_atomic
-
     write_json_atomic(path, {"note": note, "cases": [asdict(c) for c in cases]})

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from asrdist.errors import DataError, TrainingError
-from asrdist.io.atomic import save_torch_atomic, write_json_atomic as save_json_atomic, write_text_atomic
+from asrdist.io.atomic import save_torch_atomic, write_text_atomic
+from asrdist.io.atomic import write_json_atomic as save_json_atomic
 
 KEEP_LAST = 2
 

@@ -13,6 +13,7 @@ import torch
 
 from asrdist.data.batch import Batch
 from asrdist.errors import ConfigError
+from asrdist.models.objectives import frame_cross_entropy
 
 
 def random_frames(frames: int, input_dim: int, num_classes: int, seed: int = 0) -> Batch:
@@ -76,8 +77,6 @@ class FrameTask:
         return self.sampler
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
-        from asrdist.models.objectives import frame_cross_entropy
-
         batch = batch.to(next(model.parameters()).device)
         loss, _ = frame_cross_entropy(model(batch.inputs), batch.targets)
         return loss, batch.num_frames
