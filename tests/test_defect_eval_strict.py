@@ -23,6 +23,7 @@ from asrdist.run.task import build_model_for
 from tests.corpus_fixture import make_tone_corpus
 
 INPUT_DIM, CLASSES, CHUNK = 6, 5, 7
+TARGETS = Targets(kind="monophone", phones=[f"p{i}" for i in range(CLASSES)], silence_id=0, num_classes=CLASSES)
 
 
 def _config(name: str, natural_gradient: bool):
@@ -41,7 +42,7 @@ def _inputs(kind: str) -> tuple:
 def _trained_run(run_dir: Path, name: str, natural_gradient: bool = True) -> torch.nn.Module:
     """A few NG-SGD steps on random data, then model.pt and targets.pt as the trainer writes them."""
     cfg = _config(name, natural_gradient)
-    model = build_model_for(cfg, INPUT_DIM, {"num_classes": CLASSES})
+    model = build_model_for(cfg, INPUT_DIM, TARGETS)
     if natural_gradient:
         apply_natural_gradient(model, convert_lstm=model.kind == "chunk", seed=cfg.seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -53,8 +54,7 @@ def _trained_run(run_dir: Path, name: str, natural_gradient: bool = True) -> tor
         opt.step()
         opt.zero_grad()
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_targets(run_dir, Targets(kind="monophone", phones=[f"p{i}" for i in range(CLASSES)], silence_id=0,
-                                  num_classes=CLASSES))
+    save_targets(run_dir, TARGETS)
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": INPUT_DIM})
     return model.eval()
 
