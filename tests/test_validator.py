@@ -3,6 +3,7 @@ diverged verdict reaches learners that do not wait for the leader (the job store
 from __future__ import annotations
 
 from contextlib import contextmanager
+from datetime import timedelta
 
 import pytest
 import torch
@@ -60,6 +61,7 @@ def test_the_leader_validates_the_model_while_paused_and_the_others_add_nothing(
 
 def test_learners_out_of_lock_step_read_the_leaders_verdict_from_the_store():
     store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=10))  # a verdict never written fails the test, not hangs it
     leader, _ = _validator(0, 2, store, lockstep=False)
     other, _ = _validator(1, 2, store, lockstep=False)
     other.stop_if_told_diverged()  # no verdict yet: goes on
