@@ -91,6 +91,28 @@ class TrainerHooks:
     sampler when a loaded loop state has another batch_size (a sampler refuses another size's state)."""
 
 
+class RunClock:
+    """A run's wall seconds and its epoch loop's seconds (`LoopState.wall_seconds`, `loop_seconds`):
+    this start's time plus what the loop state carried in from the run's earlier starts."""
+
+    def __init__(self, wall_before: float = 0.0):
+        self.started, self.wall_before = time.perf_counter(), wall_before
+        self.loop_started: float | None = None  # when this start's epoch loop began
+        self.loop_before = 0.0
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+    def enter_loop(self, loop_before: float) -> None:
+        self.loop_started, self.loop_before = time.perf_counter(), loop_before
+
+    def stamp(self, state: LoopState) -> None:
+        """Bring `state`'s wall and loop seconds up to now."""
+        state.wall_seconds = self.wall()
+        if self.loop_started is not None:
+            state.loop_seconds = self.loop_before + time.perf_counter() - self.loop_started
+
+
 def _kept_by_stepper(name: str) -> property:
     """A Trainer attribute that its `Stepper` keeps (read and set by batch search, summaries, tests)."""
     return property(lambda self: getattr(self.stepper, name), lambda self, value: setattr(self.stepper, name, value))
@@ -128,25 +150,15 @@ class Trainer:
         self.progress = progress and ctx.job_rank == 0
         self.state = LoopState()
         self.metrics: MetricsLog | None = None
-        self._started, self._wall_before = time.perf_counter(), 0.0  # this start; earlier starts (resume)
-        self._loop_started: float | None = None  # when this start's epoch loop began
-        self._loop_before = 0.0
+        self.clock = RunClock()
 
     def train_step(self, batch: Any) -> tuple[float, int]:
         """One minibatch on this learner; returns (loss, frames). Benchmarks call this too."""
         return self.stepper.run(batch, self.state, self.metrics)
 
     # -- the learner's state: checkpoints and snapshots ---------------------------------------
-    def _wall(self) -> float:
-        return self._wall_before + time.perf_counter() - self._started
-
-    def _clock_loop(self) -> None:
-        if self._loop_started is not None:
-            self.state.loop_seconds = self._loop_before + time.perf_counter() - self._loop_started
-
     def _learner_state(self) -> dict:
-        self.state.wall_seconds = self._wall()
-        self._clock_loop()
+        self.clock.stamp(self.state)
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
                 "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
@@ -189,17 +201,17 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> LoopState:
         error: BaseException | None = None
-        self._started = time.perf_counter()
+        self.clock = RunClock()
         try:
             if resume:
                 self.resume()
-                self._wall_before = self.state.wall_seconds
+                self.clock.wall_before = self.state.wall_seconds
             self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
                                       resume_step=self.state.step if resume else None)
             self.coordinator.start()
-            self._loop_started, self._loop_before = time.perf_counter(), self.state.loop_seconds
+            self.clock.enter_loop(self.state.loop_seconds)
             self._train(mid_epoch=resume and self.sampler.state_dict().get("position", 0) > 0)
-            self._clock_loop()
+            self.clock.stamp(self.state)
         except BaseException as exc:
             error = exc
             raise
@@ -208,7 +220,7 @@ class Trainer:
                 self.metrics.close()
             self.strategy.close(error)
         self.strategy.finalize()
-        self.state.wall_seconds = self._wall()
+        self.state.wall_seconds = self.clock.wall()
         return self.state
 
     def _train(self, mid_epoch: bool) -> None:
@@ -268,7 +280,7 @@ class Trainer:
         state = self.state
         # wall_seconds: the job's time to this epoch's model (since training started, every start
         # summed), taken before validation: what `compare` reads time to a target from
-        record: dict[str, Any] = {"epoch": state.epoch, "train_loss": None, "wall_seconds": round(self._wall(), 3)}
+        record: dict[str, Any] = {"epoch": state.epoch, "train_loss": None, "wall_seconds": round(self.clock.wall(), 3)}
         last = state.epoch == self.epochs - 1 or self._done()
         with self.strategy.paused():
             self.coordinator.end_epoch(record, state, self.sampler)
