@@ -119,6 +119,9 @@ def _kept_by_stepper(name: str) -> property:
 
 
 class Trainer:
+    """One learner's training: the loop over its parts (module docstring). `train_step` is the one
+    step benches and strategy tests train through; `fit` runs the epochs."""
+
     trial = _kept_by_stepper("trial")
     compute_seconds = _kept_by_stepper("compute_seconds")
     skipped = _kept_by_stepper("skipped")
