@@ -202,14 +202,14 @@ def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_stor
                        tmp_path / str(rank), epochs=2, progress=False)
 
     leader, other = learner(0), learner(1)
-    other._stop_if_told_diverged()  # no verdict yet: goes on
+    other.validator.stop_if_told_diverged()  # no verdict yet: goes on
     with pytest.raises(TrainingError) as said:
-        leader._stop_if_diverged({"train_loss": 0.5, "valid_loss": float("inf")})
+        leader.validator.stop_if_diverged({"train_loss": 0.5, "valid_loss": float("inf")}, epoch=0)
     assert str(said.value) == ("rank 0: the model diverged in epoch 0: its validation loss is not finite "
                                "(train loss 0.5); lower optim.lr or check the data")
-    other._stop_if_diverged({"train_loss": 0.7})  # not the leader: nothing validated, nothing to say
+    other.validator.stop_if_diverged({"train_loss": 0.7}, epoch=0)  # not the leader: nothing validated, nothing to say
     with pytest.raises(TrainingError) as said_too:
-        other._stop_if_told_diverged()
+        other.validator.stop_if_told_diverged()
     assert str(said_too.value) == str(said.value).replace("rank 0", "rank 1", 1)
 
 

@@ -1,20 +1,18 @@
 """onebit warns, with advice, when its training loss rises over an epoch; other strategies stay quiet."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from asrdist.parallel.onebit import OneBitStrategy
 from asrdist.parallel.sync import SyncStrategy
-from asrdist.train.trainer import Trainer
+from asrdist.train.metrics import warn_if_loss_rose
 
 
 def _end_epochs(strategy, losses: list[float]) -> list[dict]:
-    trainer = SimpleNamespace(strategy=strategy, ctx=SimpleNamespace(job_rank=0), state=SimpleNamespace(history=[]))
+    history: list[dict] = []
     for epoch, loss in enumerate(losses):
         record = {"epoch": epoch, "train_loss": loss}
-        Trainer._warn_if_loss_rose(trainer, record)
-        trainer.state.history.append(record)
-    return trainer.state.history
+        warn_if_loss_rose(record, history, strategy, rank=0)
+        history.append(record)
+    return history
 
 
 def test_onebit_warns_once_the_loss_rises(capsys):

@@ -1,10 +1,15 @@
-"""MetricsLog's TensorBoard writer shuts down promptly even after a lost wake-up."""
+"""MetricsLog's TensorBoard writer shuts down promptly even after a lost wake-up; a logging
+window's `train` record counts the job's frames through the job store."""
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
-from asrdist.train.metrics import MetricsLog, read_metrics
+import torch.distributed as dist
+
+from asrdist.train import metrics as metrics_module
+from asrdist.train.metrics import FRAMES_KEY, MetricsLog, TrainWindow, read_metrics
 
 
 def test_closing_after_a_lost_wake_up_waits_one_flush_period_not_two_minutes(tmp_path: Path):
@@ -27,3 +32,25 @@ def test_closing_after_a_lost_wake_up_waits_one_flush_period_not_two_minutes(tmp
     closer.start()
     assert closed.wait(timeout=60), "MetricsLog.close waited for TensorBoard's two-minute flush"
     assert [r["loss"] for r in read_metrics(tmp_path)] == [1.0]
+
+
+def test_a_windows_job_rate_counts_every_learners_frames_through_the_store(tmp_path: Path, monkeypatch):
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(metrics_module, "time", SimpleNamespace(perf_counter=lambda: clock.now,
+                                                                monotonic=lambda: clock.now))
+    store = dist.HashStore()
+    leader, other = TrainWindow(store), TrainWindow(store)
+    other.add(1.0, 300)
+    clock.now = 1.0
+    other.rates()  # the other learner's window ends first: its 300 frames go into the job's counter
+    leader.add(0.5, 100)
+    leader.add(1.5, 100)
+    clock.now = 2.0
+    log = MetricsLog(tmp_path, enabled=True)
+    job_fps = leader.log(log, step=4, epoch=0, lr=0.1)
+    log.close()
+    record = read_metrics(tmp_path)[0]
+    assert job_fps == record["frames_per_second"] == 250.0  # (300 + 200) frames over the leader's 2 s
+    assert record["learner_frames_per_second"] == 100.0 and record["loss"] == 1.0 and record["lr"] == 0.1
+    assert store.add(FRAMES_KEY, 0) == 500 and leader.losses == [] and leader.frames == 0
+    assert TrainWindow(None).rates() == (0.0, 0.0)  # one learner, no store: its own rate is the job's

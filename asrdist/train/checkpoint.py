@@ -20,7 +20,6 @@ import json
 import pickle
 import random
 import shutil
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -33,45 +32,6 @@ from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
 
 KEEP_LAST = 2
-
-
-TIMING_STEPS = 20
-"""Steps of a start that `train.checkpoint_minutes` times to fix its interval in steps."""
-
-
-class TimedCheckpoints:
-    """`train.checkpoint_minutes` for learners in lock step: they must checkpoint at the same step,
-    so the interval is fixed in steps once per start. Rank 0 times the start's first TIMING_STEPS
-    steps and puts the interval into the job store; the others read it there at the same step."""
-
-    def __init__(self, minutes: float, store, rank: int, world_size: int):
-        self.minutes, self.store, self.rank = minutes, store, rank
-        self.shared = store is not None and world_size > 1
-        self._from: tuple[int, float] | None = None  # (step, time) when this start's first step ended
-        self._every: tuple[int, int] | None = None  # (first step, interval in steps)
-
-    def due(self, step: int) -> bool:
-        """Whether a checkpoint is due after `step` (called after every step of this start)."""
-        if not self.minutes:
-            return False
-        if self._from is None:
-            self._from = (step, time.perf_counter())
-            return False
-        first, started = self._from
-        if self._every is None:
-            if step - first < TIMING_STEPS:
-                return False
-            key = f"checkpoint/timed-interval/{first}"
-            if self.rank == 0 or not self.shared:
-                per_step = (time.perf_counter() - started) / (step - first)
-                interval = max(1, round(self.minutes * 60 / max(per_step, 1e-9)))
-                if self.shared:
-                    self.store.set(key, str(interval))
-            else:
-                interval = int(self.store.get(key))  # waits for rank 0, at most the job's timeout
-            self._every = (step, interval)
-        anchor, interval = self._every
-        return step > anchor and (step - anchor) % interval == 0
 
 
 def rng_state() -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Metrics out: JSON lines (the record) and TensorBoard (the view). Rank 0 only."""
+"""Metrics out: JSON lines (the record) and TensorBoard (the view). Rank 0 only.
+
+Also what the trainer's records hold: a logging window's `train` record (`TrainWindow`, whose job
+rate comes from the job store's `frames` counter), and the epoch record's rising-loss warning.
+"""
 from __future__ import annotations
 
 import json
@@ -7,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.io.atomic import finite_or_null, output_errors
+from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
 TENSORBOARD_FLUSH_SECONDS = 5
 """How often TensorBoard's writer thread wakes to write (its default: 120 s). A stop signal is raised
@@ -58,6 +63,69 @@ class MetricsLog:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+FRAMES_KEY = "frames"
+"""The job store's counter of every learner's frames trained (each adds its own at its window ends)."""
+
+
+class TrainWindow:
+    """One logging window of `train.log_every` steps: its mean loss, and frames per second, this
+    learner's and the job's (every learner adds its frames to one counter in the job store; rank
+    0's rate is the counter's growth over its window: the job's frames over wall seconds,
+    `asrdist.utils.throughput`)."""
+
+    def __init__(self, store):
+        self.store, self.frames, self.t0 = store, 0, time.perf_counter()
+        self.losses: list[float] = []
+        self.job0 = self._job_total(0)
+
+    def _job_total(self, add: int) -> int | None:
+        return int(self.store.add(FRAMES_KEY, add)) if self.store is not None else None
+
+    def add(self, loss: float, frames: int) -> None:
+        self.losses.append(loss)
+        self.frames += frames
+
+    def rates(self) -> tuple[float, float]:
+        """(this learner's, the job's) frames per second since the window began; starts the next."""
+        now = time.perf_counter()
+        elapsed = max(now - self.t0, 1e-9)
+        total = self._job_total(self.frames)
+        learner = learner_frames_per_second(self.frames, elapsed)
+        job = (job_frames_per_second([total - self.job0], [elapsed]) if total is not None and self.job0 is not None
+               else learner)
+        self.frames, self.t0, self.job0 = 0, now, total
+        return learner, job
+
+    def log(self, metrics: MetricsLog, step: int, epoch: int, lr: float) -> float:
+        """Close the window into a `train` record at `step`; returns the job's frames per second."""
+        learner_fps, job_fps = self.rates()
+        mean_loss = sum(self.losses) / len(self.losses)
+        metrics.log("train", step, epoch=epoch, loss=mean_loss, frames_per_second=job_fps,
+                    learner_frames_per_second=learner_fps, lr=lr)
+        self.losses = []
+        return job_fps
+
+
+def warn_if_loss_rose(record: dict, history: list[dict], strategy, rank: int) -> None:
+    """A strategy with advice for it (onebit) warns when an epoch's training loss (`record`) is
+    above the last one's (`history[-1]`); the record notes it, rank 0 says it."""
+    advice = strategy.rising_loss_advice
+    previous = history[-1]["train_loss"] if history else None
+    if advice is None or previous is None or record["train_loss"] is None or not record["train_loss"] > previous:
+        return
+    record["loss_rose"] = True
+    if rank == 0:
+        print(f"[asrdist] warning: {strategy.name}: train loss rose from {previous:.4f} to "
+              f"{record['train_loss']:.4f} in epoch {record['epoch']}; {advice}", flush=True)
+
+
+def epoch_line(record: dict) -> str:
+    """The epoch record as the leader prints it (the per-learner shares: metrics.jsonl only)."""
+    shown = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+                      if k != "minibatches_by_learner")
+    return f"[asrdist] {shown}"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

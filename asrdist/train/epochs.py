@@ -1,0 +1,160 @@
+"""Whose epochs the trainer runs: each learner's own, or the job's.
+
+Lock-step strategies (`LearnerEpochs`) keep per-learner samplers: every learner takes the same
+number of minibatches an epoch, checkpoints may fall at any step (step-N) and a resume is exact,
+mid-epoch included. The others (`JobEpochs`) get a `JobEpochSampler`: the epoch belongs to the
+job, a fast learner takes more of its minibatches than a slow one, checkpoints fall at epoch ends
+only (epoch-E) and a resume starts at the beginning of the last completed epoch.
+
+The trainer calls each method of its coordinator once, in the same places for both; what differs
+is here. The job-store protocols of job epochs:
+- `start/ready`, `start/go`: every learner adds 1 to `start/ready` before its first epoch; the one
+  whose add reaches the number of learners sets `start/go`, which all wait for (a learner's slower
+  set-up does not hand the first epoch to the others);
+- `progress/RANK` (`asrdist.parallel.membership.progress_key`): the job step this learner finished
+  last, set after every step: who was lost when (survival mode).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from asrdist.data.job_sampler import JobEpochSampler
+from asrdist.parallel.consensus import job_totals
+from asrdist.parallel.membership import progress_key
+from asrdist.train import checkpoint as ckpt
+
+START_READY, START_GO = "start/ready", "start/go"
+
+
+class LearnerEpochs:
+    """Each learner's own epochs (lock-step strategies); the base of `JobEpochs`."""
+
+    mid_epoch_checkpoints = True
+
+    def __init__(self, strategy: Any, ctx: Any, base_batch_size: int = 0):
+        self.strategy, self.ctx, self.base_batch_size = strategy, ctx, base_batch_size
+
+    def tag(self, loop: Any) -> str:
+        """The name of the checkpoint of loop state `loop`."""
+        return ckpt.step_tag(loop.step)
+
+    def resumed(self, loop: Any) -> None:
+        """Said once the learner resumed from a checkpoint of `loop`."""
+
+    def start(self) -> None:
+        """Before the first epoch of this start."""
+
+    def begin_epoch(self, sampler: Any) -> None:
+        """At an epoch's start, after `strategy.start_epoch`."""
+
+    def before_step(self, loop: Any, sampler: Any) -> None:
+        """After the sampler handed out a minibatch, before it is trained."""
+
+    def after_step(self, loop: Any) -> None:
+        """After a step (`loop.step` counts it): the schedule's clock counts the minibatch as its
+        size over the configured one (1 unless a batch search changed the size)."""
+        size, base = loop.batch_size, self.base_batch_size
+        loop.schedule_step += size / base if size and base else 1.0
+
+    def shown_done(self, sampler: Any, done_steps: int) -> int:
+        """Minibatches of the epoch done, for its progress display."""
+        return done_steps
+
+    def finished(self, stopped: bool, done_steps: int, total: int) -> bool:
+        """Whether the epoch's data was used up (`stopped`: training stopped after a step of it)."""
+        return done_steps >= total
+
+    def end_epoch(self, record: dict, loop: Any, sampler: Any) -> None:
+        """The epoch's record, on every learner inside `strategy.paused()`: the job's training loss,
+        frame-weighted over the learners (a learner of a job's epoch may take few minibatches or
+        none while it validates), and what `_counts` adds to the same sum."""
+        def totals(group, members):
+            summed = job_totals([loop.epoch_loss_sum, loop.epoch_loss_frames, *self._counts(sampler, members)],
+                                world_size=len(members), device=self.ctx.device, group=group,
+                                timeout=self.ctx.timeout)
+            return summed, members
+
+        (loss_sum, frames, *counts), members = self.strategy.among_survivors(totals)
+        record["train_loss"] = loss_sum / frames if frames > 0 else None
+        self._record_counts(record, counts, members, sampler)
+
+    def _counts(self, sampler: Any, members: list[int]) -> list[float]:
+        return []
+
+    def _record_counts(self, record: dict, counts: list[float], members: list[int], sampler: Any) -> None:
+        pass
+
+
+class JobEpochs(LearnerEpochs):
+    """Epochs that belong to the job (`JobEpochSampler`; module docstring)."""
+
+    mid_epoch_checkpoints = False
+
+    def tag(self, loop: Any) -> str:
+        return f"epoch-{loop.epoch:04d}"
+
+    def resumed(self, loop: Any) -> None:
+        if self.ctx.job_rank == 0:
+            print(f"[asrdist] resuming at the start of epoch {loop.epoch + 1} (the last job checkpoint; "
+                  f"an asynchronous strategy does not resume mid-epoch)", flush=True)
+
+    def _shared(self) -> bool:
+        return self.ctx.store is not None and self.ctx.job_world_size > 1
+
+    def start(self) -> None:
+        if self._shared():
+            if int(self.ctx.store.add(START_READY, 1)) == self.ctx.job_world_size:
+                self.ctx.store.set(START_GO, "1")
+            self.ctx.store.wait([START_GO], self.ctx.timeout)
+
+    def begin_epoch(self, sampler: JobEpochSampler) -> None:
+        sampler.lockstep = self.strategy.lockstep_now  # a strategy's synchronous phase takes turns
+
+    def before_step(self, loop: Any, sampler: JobEpochSampler) -> None:
+        loop.schedule_step = sampler.schedule_step()  # the job's clock: minibatches claimed by anyone
+
+    def after_step(self, loop: Any) -> None:
+        if self._shared():
+            self.ctx.store.set(progress_key(self.ctx.job_rank), str(loop.step))
+
+    def shown_done(self, sampler: JobEpochSampler, done_steps: int) -> int:
+        return sampler.claimed + 1
+
+    def finished(self, stopped: bool, done_steps: int, total: int) -> bool:
+        return not stopped
+
+    def end_epoch(self, record: dict, loop: Any, sampler: JobEpochSampler) -> None:
+        record["minibatches"] = sampler.last_taken  # this learner's share of the job's epoch
+        super().end_epoch(record, loop, sampler)
+
+    def _counts(self, sampler: JobEpochSampler, members: list[int]) -> list[float]:
+        # the minibatches of lost learners this one trained again (survival mode), and every
+        # learner's share of the epoch: each adds its own count in its slot
+        shares = [0.0] * len(members)
+        shares[members.index(self.ctx.job_rank)] = float(sampler.last_taken)
+        return [float(sampler.last_retrained), *shares]
+
+    def _record_counts(self, record: dict, counts: list[float], members: list[int], sampler: JobEpochSampler) -> None:
+        retrained, *shares = counts
+        record["minibatches_by_learner"] = {str(rank): int(n) for rank, n in zip(members, shares)}
+        if self.strategy.lost_learners():
+            self._record_lost_minibatches(record, int(retrained), sampler)
+
+    def _record_lost_minibatches(self, record: dict, retrained: int, sampler: JobEpochSampler) -> None:
+        """Survival mode: what the lost learners finished of this epoch joins their shares; the
+        minibatches they held unfinished were trained again by survivors (`minibatches_retrained`)
+        or, when their loss came too late in the epoch, not (`minibatches_lost`)."""
+        finished, left = sampler.lost_shares(record["epoch"])
+        shares = record["minibatches_by_learner"]
+        for rank, n in finished.items():
+            shares.setdefault(str(rank), n)
+        record["minibatches_by_learner"] = {k: shares[k] for k in sorted(shares, key=int)}
+        size = sampler.group_size  # a node takes whole units of its size: a remainder is never handed out
+        record["minibatches_in_epoch"] = len(sampler) // size * size
+        record["minibatches_retrained"], record["minibatches_lost"] = retrained, left
+
+
+def epochs_for(sampler: Any, strategy: Any, ctx: Any, base_batch_size: int = 0) -> LearnerEpochs:
+    """The coordinator of `sampler`'s epochs: the job's for a `JobEpochSampler`, else the learner's."""
+    kind = JobEpochs if isinstance(sampler, JobEpochSampler) else LearnerEpochs
+    return kind(strategy, ctx, base_batch_size)

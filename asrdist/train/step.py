@@ -1,0 +1,134 @@
+"""One minibatch on one learner: the step every strategy, benchmark and test trains through.
+
+learning rate (schedule x `strategy.lr_scale()`) -> forward/backward (or emulated compute) ->
+strategy.after_backward -> strategy.apply_update(max-change, optimizer.step, zero_grad) ->
+strategy.after_step -> straggler delay. A non-finite loss or gradient stops the run naming the
+step (`train.nonfinite: stop`) or drops the minibatch on every learner of a lock-step exchange
+together (`skip`), up to `max_skips_in_a_row`.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any, Iterable
+
+import torch
+
+from asrdist.errors import TrainingError
+
+
+def gradients_finite(model: torch.nn.Module) -> bool:
+    """Whether every gradient the update would use is finite (after the strategy's exchange)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    # A sum is finite when every term is (NaN and inf propagate): one cheap reduction per
+    # tensor on the common path; only a non-finite sum (or an overflowing one) looks closer.
+    return (not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
+            or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()))
+
+
+class Stepper:
+    """The step of `Trainer.train_step`; `hooks` are the trainer's (loss_fn, lr_at, before_optimizer_step)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Any, hooks: Any,
+                 ctx: Any, *, emulate_compute_ms: float = 0.0, straggler_ranks: Iterable[int] = (),
+                 straggler_slowdown: float = 1.0, straggler_jitter: float = 0.0, nonfinite: str = "stop",
+                 max_skips_in_a_row: int = 10):
+        self.model, self.optimizer, self.strategy, self.hooks, self.ctx = model, optimizer, strategy, hooks, ctx
+        self.emulate_compute_ms = emulate_compute_ms
+        self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
+        self.jitter = straggler_jitter
+        self.jitter_rng = random.Random(ctx.seed * 1000 + ctx.rank)
+        self.nonfinite, self.max_skips_in_a_row = nonfinite, max_skips_in_a_row
+        self.skipped = 0
+        """Minibatches dropped for a non-finite loss or gradient (`nonfinite: skip`)."""
+        self._skips_in_a_row = 0
+        self.trial = False
+        """Batch-size search trials: a non-finite loss is returned (the trial is rejected), not raised,
+        so every learner still reaches the strategy's collectives."""
+        self.compute_seconds = 0.0
+        self._synthetic: list[torch.Tensor] | None = None
+        self._synthetic_grads: list[torch.Tensor] | None = None
+
+    def run(self, batch: Any, loop: Any, metrics: Any = None) -> tuple[float, int]:
+        """Train `batch` at loop state `loop` (its step, epoch and schedule clock; not advanced
+        here); returns (loss, frames). `metrics` records skipped minibatches."""
+        lr = self.hooks.lr_at(loop.schedule_step, loop.epoch) * self.strategy.lr_scale()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        if self.emulate_compute_ms > 0:
+            loss_value, frames = self._emulated_compute(batch)
+        else:
+            self.model.train()
+            loss, frames = self.hooks.loss_fn(self.model, batch)
+            loss_value = float(loss.detach())
+            if math.isfinite(loss_value):
+                loss.backward()
+            elif self.nonfinite == "skip" or self.trial:
+                self._poison_gradients()
+            else:
+                raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {loop.step} "
+                                    f"(epoch {loop.epoch}); lower optim.lr or check the data "
+                                    f"(or train.nonfinite=skip)")
+        compute = time.perf_counter() - t0
+        self.compute_seconds += compute
+        self.strategy.note_samples(frames)
+        if math.isfinite(loss_value):
+            self.strategy.note_loss(loss_value)
+        self.strategy.after_backward()
+        if self.trial or self.emulate_compute_ms > 0 or gradients_finite(self.model):
+            self._skips_in_a_row = 0
+            self.strategy.apply_update(lambda: self._update_parameters(lr))
+        else:
+            self._skip_step(loss_value, loop, metrics)
+        self.strategy.after_step()
+        delay = (self.slowdown - 1.0) * compute
+        if self.jitter > 0:
+            delay += self.jitter_rng.uniform(0.0, self.jitter) * compute
+        if delay > 0:
+            time.sleep(delay)
+        return loss_value, frames
+
+    def _poison_gradients(self) -> None:
+        """A non-finite loss becomes NaN gradients: a lock-step exchange (a sum) then hands every
+        learner of the step a non-finite result, so all of them drop the minibatch together."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.full_like(p, math.nan)
+
+    def _skip_step(self, loss_value: float, loop: Any, metrics: Any) -> None:
+        where = f"at step {loop.step} (epoch {loop.epoch})"
+        if self.nonfinite != "skip":
+            raise TrainingError(f"rank {self.ctx.job_rank}: non-finite gradient {where} (loss {loss_value:g}); "
+                                f"lower optim.lr or check the data (or train.nonfinite=skip)")
+        self.skipped += 1
+        self._skips_in_a_row += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.strategy.discard_step()
+        if metrics is not None:
+            metrics.log("skipped", loop.step, epoch=loop.epoch, loss=loss_value, skipped=self.skipped)
+        if self._skips_in_a_row >= self.max_skips_in_a_row:
+            raise TrainingError(f"rank {self.ctx.job_rank}: {self._skips_in_a_row} minibatches in a row had a "
+                                f"non-finite loss or gradient (last {where}); train.nonfinite=skip gives up: "
+                                f"lower optim.lr or check the data")
+
+    def _update_parameters(self, lr: float) -> None:
+        if self.hooks.before_optimizer_step is not None:
+            self.hooks.before_optimizer_step(lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _emulated_compute(self, batch: Any) -> tuple[float, int]:
+        time.sleep(self.emulate_compute_ms / 1000.0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self._synthetic is None:
+            # Drawn once: a fresh randn of a 46M-parameter model per step costs more than the
+            # compute it emulates. Strategies write p.grad in place, so refill a separate buffer.
+            gen = torch.Generator().manual_seed(self.ctx.seed * 7919 + self.ctx.rank * 104729)
+            self._synthetic = [(torch.randn(p.shape, generator=gen) * 1e-3).to(p.device) for p in params]
+            self._synthetic_grads = [torch.empty_like(p) for p in params]
+        for p, g, buf in zip(params, self._synthetic, self._synthetic_grads):
+            buf.copy_(g)
+            p.grad = buf
+        return 0.0, int(getattr(batch, "num_frames", 0))
