@@ -1,27 +1,24 @@
-"""The one process-group set-up of asrdist, and the one reader of torchrun's environment.
+"""The one set-up of a learner, and the one reader of torchrun's environment.
 
 `JobEnv.from_environ()` reads what torchrun (or `torch.distributed.run`) tells a learner;
-`start_learner(...)` joins the default process group through a c10d store, builds the job's
-process groups in the same order on every rank, and returns the `LearnerContext` everything
-below receives. Nothing else in asrdist calls `init_process_group` or reads RANK / WORLD_SIZE.
-
-Groups (`ProcessGroups`): `world`; `node`, this learner's group of `group_size` consecutive ranks
-(torchrun's LOCAL_WORLD_SIZE unless `train.group_size` says otherwise: the allreduce inside a
-"super learner" of the hierarchical strategies); `leaders`, the first rank of every node (None
-on other ranks and when there is only one node).
+`start_learner(...)` joins the job through a c10d store, has `asrdist.parallel.groups` build the
+job's process groups (the one module that builds any), and returns the `LearnerContext`
+everything below receives. Nothing else in asrdist reads RANK / WORLD_SIZE.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
 from asrdist.errors import ConfigError
 from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.groups import build_groups, check_group_size, init_job
+from asrdist.parallel.membership import survival_wait
 
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
@@ -60,16 +57,6 @@ class JobEnv:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 
 
-@dataclass(frozen=True)
-class ProcessGroups:
-    world: Any
-    node: Any
-    leaders: Any
-    group_size: int
-    node_timeout: timedelta | None = None
-    """The node group's timeout, when not the job's (see `build_groups`)."""
-
-
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
 
@@ -80,43 +67,6 @@ def device_for_backend(backend: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def check_group_size(group_size: int, world_size: int) -> None:
-    if group_size < 1 or world_size % group_size:
-        raise ConfigError(f"train.group_size: {group_size} does not divide {world_size} learners into equal groups")
-
-
-def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta,
-                 node_timeout: timedelta | None = None) -> ProcessGroups:
-    """Every rank calls this in the same order (torch requires it for every new group).
-    `node_timeout`: a longer timeout inside the nodes, for a job that goes on without lost nodes
-    (a node's learners wait for their leader while it waits out a hung peer of another node)."""
-    check_group_size(group_size, world_size)
-    world = dist.group.WORLD
-    if group_size == world_size:
-        return ProcessGroups(world=world, node=world, leaders=None, group_size=group_size)
-    node = None
-    for first in range(0, world_size, group_size):
-        g = dist.new_group(list(range(first, first + group_size)), timeout=node_timeout or timeout)
-        if first <= rank < first + group_size:
-            node = g
-    return ProcessGroups(world=world, node=node, leaders=across_nodes(rank, world_size, group_size, timeout),
-                         group_size=group_size, node_timeout=node_timeout)
-
-
-def across_nodes(rank: int, world_size: int, group_size: int, timeout: timedelta, **kwargs) -> Any:
-    """The leaders' group (the first learner of every node) on a leader, None elsewhere. Every
-    learner joins the group of its own place in the node (the k-th learners of all nodes), so that
-    every learner is a member of as many groups as any other: torch names a group made with
-    `use_local_synchronization` (the survivors' group of `asrdist.parallel.membership`) after the
-    number of groups its maker belongs to, and the survivors must agree on that name."""
-    mine = None
-    for k in range(group_size):
-        g = dist.new_group(list(range(k, world_size, group_size)), timeout=timeout, **kwargs)
-        if rank % group_size == k:
-            mine = g
-    return mine if rank % group_size == 0 else None
 
 
 def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,
@@ -140,10 +90,7 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     _wait_for_everyone(store, env, max(timeout, JOIN_TIMEOUT))
     backend = backend or default_backend()
     device = device_for_backend(backend, env.local_rank)
-    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                            device_id=device if backend == "nccl" else None)
-    from asrdist.parallel.membership import survival_wait
-
+    init_job(backend, store, env.rank, env.world_size, timeout, device)
     groups = build_groups(env.rank, env.world_size, group_size, timeout,
                           node_timeout=survival_wait(timeout) if env.survive_lost else None)
     return LearnerContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,

@@ -36,7 +36,7 @@ once ("Connection closed by peer") and only that pair: the group goes on for eve
 gloo operation that times out closes every pair of its group ("Application timeout caused pair
 closure"; both measured on torch 2.13), so in a job that survives losses (`ctx.survive_lost`: the
 launcher supervises every learner) its waits pass the passives' wait of a day instead of the
-timeout (the group itself is built within the timeout, `exchange_group`) and a watchdog reports a
+timeout (the group itself is built within the timeout, `groups.exchange_group`) and a watchdog reports a
 partner that misses the deadline as hung; the launcher then stops it, which ends the
 wait. An exchange that fails or gets no answer within the timeout marks the partner lost: an active then takes the next live passive on the ring instead, a passive
 stops expecting the lost active's goodbye. Epoch-end metrics and the final average run over the
@@ -60,6 +60,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import POLL_S as STORE_POLL_S
 from asrdist.parallel.membership import Membership
 
@@ -91,22 +92,6 @@ def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transf
     (two int64) and parameters, the passive's reply. The strategy counts exactly these."""
     return {"exchange": comm.Transfer("exchange", "pair", 2, 2 * 8 + numel * element_size, numel),
             "answer": comm.Transfer("answer", "pair", 2, numel * element_size, numel)}
-
-
-def exchange_group(ranks: list[int] | None, timeout: timedelta, across: tuple[int, int, int] | None = None):
-    """The gloo group pairwise exchanges travel on (every rank of the job must call this): over
-    `ranks`, or with `across` = (rank, world size, group size) between the leaders of the nodes
-    (`asrdist.cluster.process_group.across_nodes`; None on the other learners). Its members connect
-    within `timeout` (gloo's timeout of the group): a learner lost while the group forms fails it
-    then, in one line, where a group made with the passives' wait of a day waited a day for it.
-    Every wait on the group gives its own timeout (`_wait`, `_receive_header`)."""
-    from asrdist.cluster.process_group import across_nodes
-
-    def build():
-        if across is not None:
-            return across_nodes(*across, timeout=timeout, backend="gloo")
-        return dist.new_group(ranks, timeout=timeout, backend="gloo")
-    return comm.guarded("building the exchange group", build)
 
 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:

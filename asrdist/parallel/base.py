@@ -60,7 +60,8 @@ class LearnerContext:
     `group` is the process group a strategy works on (None: the whole world), and `rank` /
     `world_size` are this learner's place in it; `on_group(g)` gives the context of a strategy
     working inside `g` (e.g. sync inside a node). `groups` holds the job's groups and `store` the
-    job's c10d store, built once per job by `asrdist.cluster.process_group.start_learner`.
+    job's c10d store, built once per job by `asrdist.cluster.process_group.start_learner` (the
+    groups by `asrdist.parallel.groups`).
     """
 
     rank: int = 0
@@ -72,7 +73,7 @@ class LearnerContext:
     seed: int = 0
     group: Any = None
     groups: Any = None
-    """`asrdist.cluster.process_group.ProcessGroups` (world, node, leaders) or None for one learner."""
+    """`asrdist.parallel.groups.ProcessGroups` (world, node, leaders) or None for one learner."""
     store: Any = None
     """The job's c10d store (keys under asrdist/), for coordination without a collective."""
     group_size: int = 1

@@ -36,9 +36,10 @@ import torch
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
-from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_group, flat_parameters
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import Membership, NodeMembership
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.groups import copy_group
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards, build_hierarchy, check_hierarchical, use_hierarchical,
 )
@@ -365,8 +365,7 @@ class OneBitStrategy(Strategy):
         else:
             self._shards = None
             shapes2d, n, rank = self._full_shapes, ctx.world_size, ctx.rank
-            ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
-            self._group = dist.new_group(ranks, timeout=ctx.timeout) if ctx.distributed else None
+            self._group = copy_group(ctx.group, ctx.timeout) if ctx.distributed else None
         self._plan = plan = _Plan(shapes2d, n, rank)
         self._chunks = chunks = _Chunks(plan, self.chunks) if shapes2d else _Chunks(plan, 1)
         self._quantizer = get_quantizer(self.config.kernel, ctx.device)
