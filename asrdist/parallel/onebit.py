@@ -468,7 +468,7 @@ class OneBitStrategy(Strategy):
         if targets is None:
             for pending in gathers:
                 self._timed("gather_wait", self._finish, pending, stalled)
-        self.counters.exchanges += 1
+        self.counters.add(exchanges=1)
 
     def _quantize_chunk(self, sources: list[torch.Tensor], buffer: int, c: int) -> None:
         """Step 1 for chunk c: its columns of every matrix (plus residual) into the send buffer."""
@@ -526,7 +526,7 @@ class OneBitStrategy(Strategy):
         try:
             self._inflight.result()
         finally:
-            self.counters.wait_seconds += time.perf_counter() - t0
+            self.counters.add(wait_seconds=time.perf_counter() - t0)
             self._inflight = None
         self._result_ready = True
 
