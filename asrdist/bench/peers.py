@@ -248,7 +248,7 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     from asrdist.cluster.process_group import start_learner
     from asrdist.utils.throughput import job_frames_per_second
 
-    ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")
     steps, rounds, local_batch = int(args["steps"]), int(args["rounds"]), int(args["local_batch"])
     sampler = _TeacherBatches(spec.rank, steps * rounds, local_batch)

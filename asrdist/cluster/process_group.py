@@ -33,7 +33,9 @@ machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE cou
 
 @dataclass(frozen=True)
 class JobEnv:
-    """What the launcher tells one learner about itself."""
+    """Who one learner is and how it joins its job: what its launcher tells it, from the launcher
+    (torchrun, `launch_learners`, `netem_launch.run_learners`) to the learner (`start_learner`).
+    Strategies see it as the `LearnerContext` that `start_learner` builds from it."""
 
     rank: int
     world_size: int
@@ -43,18 +45,66 @@ class JobEnv:
     """How many times torch's launcher restarted the job's learners (TORCHELASTIC_RESTART_COUNT)."""
     survive_lost: bool = False
     """asrdist's launcher goes on without lost learners (SURVIVE_ENV, set by `launch_learners`)."""
+    node_rank: int = -1
+    """This learner's host (torchrun's GROUP_RANK); -1: rank // local_world_size."""
+    num_nodes: int = -1
+    """Hosts of the job (torchrun's GROUP_WORLD_SIZE); -1: world_size // local_world_size."""
+    master_addr: str = ""
+    """Where the job's store is (MASTER_ADDR, MASTER_PORT); "" when the launcher did not say."""
+    master_port: int = 0
+    init_method: str = "env://"
+    """How `start_learner` meets the others: 'env://' (torchrun's store, at MASTER_ADDR:MASTER_PORT)
+    or 'tcp://ADDR:PORT' (`run_learners`)."""
+    network: str | None = None
+    """The link between the job's hosts as asrdist's launchers set it up ('loopback' on one
+    machine, the emulated label otherwise; NETWORK_ENV); None: not asrdist's to know."""
+    num_threads: int = 0
+    """Torch threads for this learner, as its launcher shares out the machine's cores (THREADS_ENV);
+    0: the launcher did not say."""
+    timeout_s: float = 0.0
+    """How long the launcher gives the job (`run_learners`' learner functions wait that long for
+    their peers); 0: no deadline given."""
+
+    def __post_init__(self):
+        if self.node_rank < 0:
+            object.__setattr__(self, "node_rank", self.rank // self.local_world_size)
+        if self.num_nodes < 0:
+            object.__setattr__(self, "num_nodes", self.world_size // self.local_world_size)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
+        """The learner torchrun (or asrdist's launcher, which sets the same variables) started."""
         env = os.environ if environ is None else environ
         try:
             world = int(env["WORLD_SIZE"])
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+            threads = int(env.get(THREADS_ENV, 0) or 0) or max(1, len(os.sched_getaffinity(0)) // local_world)
             return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
-                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                       survive_lost=env.get(SURVIVE_ENV) == "1")
+                       local_world_size=local_world,
+                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0),
+                       survive_lost=env.get(SURVIVE_ENV) == "1",
+                       node_rank=int(env.get("GROUP_RANK", -1)), num_nodes=int(env.get("GROUP_WORLD_SIZE", -1)),
+                       master_addr=env.get("MASTER_ADDR", ""), master_port=int(env.get("MASTER_PORT", 0)),
+                       network=env.get(NETWORK_ENV), num_threads=threads)
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
+
+    @classmethod
+    def of_this_process(cls) -> "JobEnv":
+        """This process' place in its job: `from_environ` when a launcher started it, else one
+        learner alone (`asrdist train --learners 1` trains in its own process)."""
+        return cls.from_environ() if "WORLD_SIZE" in os.environ else cls(0, 1, 0, 1)
+
+    def as_environ(self) -> dict[str, str]:
+        """The variables torchrun gives this learner (`from_environ` reads them back), for a
+        launcher that starts learners itself."""
+        env = {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+               "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
+               "GROUP_WORLD_SIZE": str(self.num_nodes), "MASTER_ADDR": self.master_addr,
+               "MASTER_PORT": str(self.master_port), "TORCHELASTIC_RESTART_COUNT": str(self.restart)}
+        if self.survive_lost:
+            env[SURVIVE_ENV] = "1"
+        return env
 
 
 def default_backend() -> str:
@@ -70,7 +120,7 @@ def device_for_backend(backend: str, local_rank: int) -> torch.device:
 
 
 def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,
-                  init_method: str = "env://", group_size: int = 0, backend: str | None = None) -> LearnerContext:
+                  init_method: str | None = None, group_size: int = 0, backend: str | None = None) -> LearnerContext:
     """Join the job and return this learner's context (one learner: no process group at all).
 
     The store is the launcher's own c10d store (`env://` under torchrun) unless a test passes one
@@ -84,7 +134,8 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     if not 0 <= env.rank < env.world_size:
         raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
     if store is None:
-        store, _, _ = next(dist.rendezvous(init_method, env.rank, env.world_size, timeout=timeout))
+        store, _, _ = next(dist.rendezvous(init_method or env.init_method, env.rank, env.world_size,
+                                           timeout=timeout))
         if env.restart:  # the launcher's store outlives a restart: the earlier learners' keys stay behind
             store = dist.PrefixStore(f"restart-{env.restart}/", store)
     _wait_for_everyone(store, env, max(timeout, JOIN_TIMEOUT))
