@@ -3,6 +3,8 @@ their own typed config (every `AdpsgdConfig` field reaches it) and share one set
 with the strategies they hold, which two threads may update at once."""
 from __future__ import annotations
 
+import copy
+import pickle
 import sys
 import threading
 from dataclasses import asdict, fields, replace
@@ -39,6 +41,14 @@ def test_composed_strategies_share_one_set_of_counters():
     saved = CommCounters(bytes_sent=5, exchanges=2, comm_seconds=1.5).as_dict()
     hybrid.load_state_dict({"counters": saved})  # a resume keeps them shared
     assert hybrid.inner.counters is hybrid.counters and hybrid.everyone.counters.as_dict() == saved
+
+
+def test_counters_pickle_and_copy_without_their_lock():
+    counters = CommCounters(bytes_sent=7, comm_seconds=0.25, exchanges=3)
+    for twin in (pickle.loads(pickle.dumps(counters)), copy.deepcopy(counters)):
+        assert twin == counters and twin._lock is not counters._lock
+        twin.add(exchanges=1)  # a lock of its own
+        assert twin.exchanges == 4 and counters.exchanges == 3
 
 
 def _between_nodes_config(rank: int, world_size: int):

@@ -69,6 +69,12 @@ class CommCounters:
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
+    def __getstate__(self) -> dict[str, Any]:  # pickled and copied without the lock
+        return self.as_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
     def load(self, values: dict[str, Any]) -> None:
         """Take the counts of a checkpoint (`as_dict`), in place: strategies composed of others share
         one set of counters."""
