@@ -45,7 +45,7 @@ def _sum(flat: torch.Tensor) -> torch.Tensor:
 
 def _spread(rank, world_size, pattern, rounds):
     strategy, model, ctx = _strategy(pattern)
-    flat = strategy._flat
+    flat = strategy.flat
     with torch.no_grad():  # every learner starts somewhere else
         flat.add_(torch.randn(flat.shape, generator=torch.Generator().manual_seed(rank)))
     start = flat.clone()
@@ -91,7 +91,7 @@ def test_averaging_is_the_mixing_matrices_and_shrinks_the_spread_as_the_spectral
 
 def _busy(rank, world_size, rounds, delay_by_one):
     strategy, model, ctx = _strategy("random", delay_by_one)
-    flat = strategy._flat
+    flat = strategy.flat
     rng = random.Random(rank)
     total0 = _sum(flat)
     update = torch.randn(flat.shape, generator=torch.Generator().manual_seed(100 + rank)) * 1e-3

@@ -37,8 +37,8 @@ def _learner(rank, world_size, run_dir, steps, delay_by_one):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     strategy = AdpsgdStrategy(AdpsgdConfig(delay_by_one=delay_by_one))
     strategy.setup(model, opt, ctx)
-    _start(strategy._flat, rank)
-    start = strategy._flat.clone()
+    _start(strategy.flat, rank)
+    start = strategy.flat.clone()
     dist.barrier(group=ctx.group)  # both starting points set before the first exchange
     if strategy.active:
         sampler = ListOrder(steps)
@@ -48,7 +48,7 @@ def _learner(rank, world_size, run_dir, steps, delay_by_one):
             trainer.train_step(batch)
     strategy.end_exchanges()  # the last exchange lands; the passive hears the goodbye
     strategy.await_goodbyes([0, 1])
-    return {"start": start, "end": strategy._flat.clone(), "active": strategy.active}
+    return {"start": start, "end": strategy.flat.clone(), "active": strategy.active}
 
 
 def _flat_grad(model: torch.nn.Module, x: torch.Tensor, batch) -> torch.Tensor:

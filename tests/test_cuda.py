@@ -157,7 +157,7 @@ def _strategy_run(name: str, device: torch.device, ctx: LearnerContext, rank: in
 
 
 def _every_strategy(rank: int, world_size: int, device_name: str) -> dict:
-    from asrdist.cluster.process_group import build_groups
+    from asrdist.parallel.groups import build_groups
     from asrdist.parallel import comm
 
     device = torch.device(device_name)

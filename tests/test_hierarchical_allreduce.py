@@ -10,14 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asrdist.cluster.process_group import build_groups
 from asrdist.config import from_dict
 from asrdist.errors import ConfigError
 from asrdist.parallel import comm
 from asrdist.parallel.base import CommCounters, LearnerContext
+from asrdist.parallel.groups import build_groups, rail_ranks
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards, Hierarchy, build_hierarchy, chunk_bounds, deal_columns, finish_all, hierarchical_allreduce, padded_numel,
-    rail_ranks, use_hierarchical,
+    use_hierarchical,
 )
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, as_columns, packed_words

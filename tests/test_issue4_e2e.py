@@ -133,10 +133,10 @@ def test_bench_comm_runs_both_strategies_side_by_side(tmp_path):
 def test_bench_scaling_learner_drives_the_trainer_step():
     """One learner in this process (the launcher's multi-learner path is the comm test's)."""
     from asrdist.bench.scaling_worker import scaling_learner
-    from asrdist.cluster.netem_launch import LearnerSpec
+    from asrdist.cluster.process_group import JobEnv
 
-    spec = LearnerSpec(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
-                       master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1, timeout_s=30)
+    spec = JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                  master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1, timeout_s=30)
     args = {"model": {"name": "dnn", "hidden_layers": 1, "hidden_dim": 16}, "feature_dim": 8, "num_classes": 10,
             "optim": {"name": "sgd", "lr": 0.1}, "compute_ms": 5.0, "local_batch": 64, "steps": 3, "warmup": 1,
             "strategy": "onebit"}

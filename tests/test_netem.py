@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ import pytest
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.cluster import netem
 from asrdist.cluster.netem import EmulatedNetwork, parse_delay, parse_rate
-from asrdist.cluster.netem_launch import LearnerSpec, run_learners
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV, JobEnv
 
 ROOT_OK, ROOT_REASON = netem.available()
 needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"emulated network unavailable: {ROOT_REASON}")
@@ -47,16 +49,15 @@ def _ns_json(ns: str | None, *argv: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------- learner functions (run in workers)
-def _join(spec: LearnerSpec) -> None:
+def _join(spec: JobEnv) -> None:
     from datetime import timedelta
 
     from asrdist.cluster.process_group import start_learner
 
-    start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
-                  backend="gloo")
+    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
 
 
-def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
+def learner_allreduce(spec: JobEnv, args: dict) -> dict:
     """Allreduce rank-dependent values; rank 0 also reads its link's qdisc counters around it."""
     import torch
     import torch.distributed as dist
@@ -78,14 +79,14 @@ def learner_allreduce(spec: LearnerSpec, args: dict) -> dict:
             "checksum": float(x.double().sum()), "qdisc_before": before, "qdisc_after": after}
 
 
-def learner_fails(spec: LearnerSpec, args: dict) -> dict:
+def learner_fails(spec: JobEnv, args: dict) -> dict:
     if spec.rank == args["bad_rank"]:
         raise ValueError(f"injected failure on rank {spec.rank}")
     _join(spec)  # the others wait here for the dead one
     return {}
 
 
-def learner_hangs(spec: LearnerSpec, args: dict) -> dict:
+def learner_hangs(spec: JobEnv, args: dict) -> dict:
     if spec.rank == args["bad_rank"]:
         time.sleep(3600)
     return {"rank": spec.rank}
@@ -114,18 +115,25 @@ def test_bad_layouts_and_subnets():
         EmulatedNetwork(3, subnet="10.213.0.0/30")
 
 
-def test_spec_from_torchrun_environment():
-    from asrdist.cluster.process_group import JobEnv
-
+def test_one_environment_type_from_the_launcher_to_the_learner():
+    """What torchrun sets is what `JobEnv.from_environ` reads, and what asrdist's own launchers
+    write (`as_environ`) reads back as the same learner."""
     environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
-    spec = LearnerSpec.from_torchrun_env(environ, "cluster", 60.0)
-    assert (spec.rank, spec.world_size, spec.local_rank, spec.local_world_size) == (3, 4, 1, 2)
-    assert (spec.node_rank, spec.num_nodes, spec.master_addr, spec.master_port) == (1, 2, "10.0.0.1", 29500)
-    assert spec.init_method == "env://" and spec.job_env() == JobEnv(3, 4, 1, 2)
-    for missing in ("RANK", "MASTER_PORT"):
+    env = JobEnv.from_environ(environ)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
+    assert (env.node_rank, env.num_nodes, env.master_addr, env.master_port) == (1, 2, "10.0.0.1", 29500)
+    assert env.init_method == "env://" and env.network is None and env.num_threads >= 1
+    assert env.restart == 0 and not env.survive_lost
+    for written in (env, JobEnv(2, 6, 0, 3, restart=2, survive_lost=True, master_addr="127.0.0.1", master_port=1234,
+                                network="loopback", num_threads=3)):
+        back = JobEnv.from_environ({**written.as_environ(), NETWORK_ENV: str(written.network),
+                                    THREADS_ENV: str(written.num_threads)})
+        assert replace(back, network=written.network) == written
+    assert JobEnv(5, 8, 1, 2).node_rank == 2 and JobEnv(5, 8, 1, 2).num_nodes == 4  # torchrun's layout
+    for missing in ("RANK", "WORLD_SIZE"):
         with pytest.raises(ConfigError, match=f"'{missing}' not set"):
-            LearnerSpec.from_torchrun_env({k: v for k, v in environ.items() if k != missing}, "cluster", 60.0)
+            JobEnv.from_environ({k: v for k, v in environ.items() if k != missing})
 
 
 def test_resolve_network_falls_back_to_loopback(monkeypatch):

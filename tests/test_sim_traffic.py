@@ -52,7 +52,7 @@ def _consensus_bytes(strategy: str, rank: int, world: int, group: int, copies: i
 
 
 def _learn(rank: int, world: int) -> dict[str, int]:
-    from asrdist.cluster.process_group import build_groups
+    from asrdist.parallel.groups import build_groups
 
     base = learner_context()
     node_groups = build_groups(rank, world, 2, base.timeout)  # every rank, same order

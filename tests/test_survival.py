@@ -19,6 +19,7 @@ import torch.distributed as dist
 from asrdist.bench.faults import learner_pids
 from asrdist.errors import CommError, TrainingError
 from asrdist.parallel import comm
+from asrdist.parallel import groups as groups_module
 from asrdist.parallel import membership as membership_module
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import CommCounters, LearnerContext
@@ -48,7 +49,7 @@ def test_the_first_report_of_a_loss_stands_and_records_the_last_step(tmp_path):
 def test_survivors_agree_on_one_member_list_and_build_one_group(monkeypatch):
     store = _store()
     made = []
-    monkeypatch.setattr(membership_module.dist, "new_group",
+    monkeypatch.setattr(groups_module.dist, "new_group",
                         lambda ranks, **kw: made.append((ranks, kw["use_local_synchronization"])) or "group")
     views = [Membership(store, r, 4, timedelta(seconds=30)) for r in range(4)]
     for r in (0, 1, 3):  # rank 2 never arrives: the launcher reports it
@@ -68,7 +69,7 @@ def test_a_learner_that_arrives_nowhere_within_the_timeout_is_declared_hung_and_
     fast = Membership(store, 0, 2, timedelta(seconds=0.2))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(membership_module, "AGREE_MARGIN_S", 0.1)
-        mp.setattr(membership_module.dist, "new_group", lambda ranks, **kw: "group")
+        mp.setattr(groups_module.dist, "new_group", lambda ranks, **kw: "group")
         assert fast.agree() == [0]
     assert fast.lost[1]["reason"].startswith("hung: reached no sync point")
     late = Membership(store, 1, 2, timedelta(seconds=0.2))
@@ -110,7 +111,7 @@ def test_a_learner_that_hangs_inside_the_survivors_collective_is_left_out_and_th
 
 
 def test_a_collective_failing_with_nobody_else_to_blame_is_not_retried(monkeypatch):
-    monkeypatch.setattr(membership_module.dist, "new_group", lambda ranks, **kw: "group")
+    monkeypatch.setattr(groups_module.dist, "new_group", lambda ranks, **kw: "group")
     membership = Membership(_store(), 0, 1, timedelta(seconds=1))
     calls = []
 
@@ -151,7 +152,7 @@ def test_a_node_lives_or_dies_whole_and_its_leaders_see_nodes():
         store.set(f"sync/1/{r}", "1")
     report_lost(store, 3, "killed by signal 9", by="launcher")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(membership_module.dist, "new_group", lambda ranks, **kw: ("group", tuple(ranks)))
+        mp.setattr(groups_module.dist, "new_group", lambda ranks, **kw: ("group", tuple(ranks)))
         assert all(view.agree() == [0, 1, 4, 5] for view in views.values())  # rank 2 was never waited for
     assert views[0].group == ("group", (0, 1, 4, 5))
     assert json.loads(store.get("lost/2"))["reason"] == "its node lost rank 3"

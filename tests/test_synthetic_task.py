@@ -71,11 +71,11 @@ def test_synthetic_learner_trains_through_the_builder(tmp_path):
 # ------------------------------------------------------------------------ bench scaling
 
 def _spec(world_size: int = 1, rank: int = 0):
-    from asrdist.cluster.netem_launch import LearnerSpec
+    from asrdist.cluster.process_group import JobEnv
 
-    return LearnerSpec(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size, node_rank=0,
-                       num_nodes=1, master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1,
-                       timeout_s=30)
+    return JobEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size, node_rank=0,
+                  num_nodes=1, master_addr="127.0.0.1", master_port=0, network="loopback", num_threads=1,
+                  timeout_s=30)
 
 
 _ARGS = {"model": {"name": "dnn", "hidden_layers": 1, "hidden_dim": 16}, "feature_dim": 8, "num_classes": 10,

@@ -146,7 +146,7 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
 
-    ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")
     shapes = [torch.Size(s) for s in args["shapes"]]
     gen = torch.Generator().manual_seed(1000 + spec.rank)

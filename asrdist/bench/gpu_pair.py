@@ -1,11 +1,10 @@
 """Two learners on one device for `scripts/gpu_check.sh` (`python -m asrdist.bench.gpu pair`):
-each a process, joined over gloo (the device's tensors then staged through the CPU where gloo
-needs it) or NCCL, timing the trainer's own step on a fixed synthetic minibatch."""
+each a process started by `netem_launch.run_learners` (on loopback), as every bench's learners
+are, joined over gloo (the device's tensors then staged through the CPU where gloo needs it) or
+NCCL, timing the trainer's own step on a fixed synthetic minibatch."""
 from __future__ import annotations
 
-import json
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -13,7 +12,8 @@ from typing import Any
 
 import torch
 
-from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize, write_json
+from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize
+from asrdist.errors import TrainingError
 
 
 def _pair_config(model: dict, strategy: str, local_batch: int, world: int, threads: int, timeout_s: float):
@@ -25,7 +25,7 @@ def _pair_config(model: dict, strategy: str, local_batch: int, world: int, threa
         "train": {"epochs": 1, "learners": world, "threads": threads, "timeout_seconds": timeout_s}})
 
 
-def _pair_steps(rank: int, world: int, store_path: str, args: dict[str, Any]) -> dict[str, Any]:
+def _pair_steps(spec, args: dict[str, Any]) -> dict[str, Any]:
     """One learner: joins over `args['backend']`, computes on `args['device']` (gloo included: its
     tensors are then CUDA tensors, which asrdist's collectives stage through the CPU where gloo
     needs it), and times `steps` of the trainer's own step on a fixed synthetic minibatch."""
@@ -34,18 +34,17 @@ def _pair_steps(rank: int, world: int, store_path: str, args: dict[str, Any]) ->
 
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import JobEnv, start_learner
+    from asrdist.cluster.process_group import start_learner
     from asrdist.models.registry import build_model
     from asrdist.run.learner import build_learner
     from asrdist.train.synthetic import SyntheticTask
 
     device = torch.device(args["device"])
-    threads = max(1, (os.cpu_count() or 1) // world)
+    rank, world, threads = spec.rank, spec.world_size, spec.num_threads
     cfg = _pair_config(args["model"], args["strategy"], args["local_batch"], world, threads, args["timeout_s"])
-    store = dist.FileStore(store_path, world)
     # every learner on the one device: local rank 0 (NCCL then sees two ranks on one GPU)
-    ctx = start_learner(JobEnv(rank, world, 0, world), seed=0, timeout=timedelta(seconds=args["timeout_s"]),
-                        store=store, backend=args["backend"])
+    ctx = start_learner(replace(spec, local_rank=0), seed=0, timeout=timedelta(seconds=args["timeout_s"]),
+                        backend=args["backend"])
     ctx = replace(ctx, device=device)
     warmup, steps = args["warmup"], args["steps"]
     torch.manual_seed(0)
@@ -77,12 +76,12 @@ def _pair_steps(rank: int, world: int, store_path: str, args: dict[str, Any]) ->
             **peak_memory(device)}
 
 
-def _pair_learner(rank: int, world: int, store_path: str, result_dir: str, args: dict[str, Any]) -> None:
+def pair_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
+    """Learner function (run by `run_learners`): its figures, or its failure as one line."""
     try:
-        result = _pair_steps(rank, world, store_path, args)
+        return _pair_steps(spec, args)
     except BaseException as exc:  # reported by the parent as this learner's one line
-        result = {"rank": rank, "error": one_line(exc)}
-    write_json(Path(result_dir) / f"rank{rank}.json", result)
+        return {"rank": spec.rank, "error": one_line(exc)}
 
 
 def pair_status(backend: str, reason: str) -> str:
@@ -98,8 +97,8 @@ def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: 
     (NCCL without CUDA, or refusing two ranks on one GPU, as NCCL >= 2.5 does) is reported with
     its reason as `status` refused or unavailable, not raised: the check goes on."""
     import torch.distributed as dist
-    import torch.multiprocessing as mp
 
+    from asrdist.cluster.netem_launch import run_learners
     from asrdist.sim.cluster import MODELS
 
     if backend == "nccl" and not (device.type == "cuda" and dist.is_nccl_available()):
@@ -111,21 +110,10 @@ def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: 
     args = {"device": str(device), "backend": backend, "strategy": strategy, "model": model,
             "feature_dim": m["feature_dim"], "num_classes": 500 if quick else m["num_classes"],
             "local_batch": 256 if quick else 1024, "warmup": 3, "steps": steps, "timeout_s": timeout_s / 2}
-    with tempfile.TemporaryDirectory(prefix="asrdist-gpu-pair-") as tmp:
-        ctx = mp.start_processes(_pair_learner, args=(2, str(Path(tmp) / "store"), tmp, args), nprocs=2,
-                                 join=False, start_method="spawn")
-        deadline, ended = time.monotonic() + timeout_s, None
-        try:
-            while not ctx.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline:
-                    break
-        except Exception as exc:  # a learner killed by its library (NCCL aborts): the other may hang
-            ended = one_line(exc)
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        results = [json.loads(p.read_text()) if p.exists() else None
-                   for p in (Path(tmp) / f"rank{r}.json" for r in range(2))]
+    try:
+        results, ended = run_learners(__name__, "pair_learner", 2, 1, "loopback", args, timeout=timeout_s), None
+    except TrainingError as exc:  # a learner killed by its library (NCCL aborts), or one that hung
+        results, ended = [None, None], one_line(exc)
     base = {"backend": backend, "strategy": strategy, "device": str(device), "model": model["name"]}
     errors = [r["error"] for r in results if r and "error" in r]
     if None in results or errors:

@@ -9,7 +9,8 @@
   width 512, 1.10 from width 1024 — and whether it was; `step_time_ratio_target` is DESIGN.md's 1.10.
 - `bytes_per_sample_ratio`: bytes each learner sends per training sample, `averaging` (default
   `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
-  `--learners` processes splitting the global batch (no training: only the communication calls).
+  `--learners` processes (started by `netem_launch.run_learners`, on loopback) splitting the global
+  batch, each learner from `build_learner` taking the trainer's own steps.
 
 `kernel`: the natural-gradient preconditioner that ran (`--kernel`: `native`, the compiled one of
 asrdist/native/ngsgd_kernel.cpp, by default where it builds; `python` for the reference).
@@ -49,7 +50,7 @@ import torch
 from asrdist.checks import cli_list, cli_number
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
-from asrdist.optim.build import OptimConfig, build_optimizer
+from asrdist.optim.build import OptimConfig
 from asrdist.optim.ng_layers import NaturalGradientLinear
 from asrdist.optim.ngsgd import KERNEL_KINDS, NUM_INITIAL_UPDATES, symmetric_eigh
 from asrdist.parallel.averaging import AveragingConfig
@@ -227,50 +228,50 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
 
 # ------------------------------------------------------------------------ bytes per sample
 
-def _bytes_learner(rank: int, world_size: int, store_path: str, out_dir: str, local_batch: int,
-                   average_every: int, features: int, num_classes: int) -> None:
-    import torch.distributed as dist
+def bytes_learner(spec, args: dict) -> dict:
+    """Learner function (run by `netem_launch.run_learners`, as every bench's learners are): the
+    bytes this learner sends per training sample under `averaging` (two averages) and under
+    `sync` (three steps), each a learner from `build_learner` taking the trainer's own steps on one
+    fixed synthetic minibatch of `local_batch` frames."""
+    from asrdist.cluster.process_group import start_learner
+    from asrdist.config import DataConfig, RunConfig, TrainConfig
+    from asrdist.parallel.sync import SyncConfig
+    from asrdist.run.learner import build_learner
+    from asrdist.train.synthetic import SyntheticTask
 
-    from asrdist.cluster.process_group import JobEnv, start_learner
-    from asrdist.parallel.averaging import AveragingStrategy
-    from asrdist.parallel.sync import SyncStrategy
-
-    torch.set_num_threads(1)
-    env = JobEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size)
-    ctx = start_learner(env, seed=0, timeout=timedelta(seconds=120), store=dist.FileStore(store_path, world_size),
-                        backend="gloo")
-    try:
-        model = build_model(ModelConfig(name="dnn"), features, num_classes)
-        optimizer = build_optimizer(OptimConfig(), model.parameters())
-        result = {}
-        averaging = AveragingStrategy(AveragingConfig(average_every=average_every))
-        averaging.setup(model, optimizer, ctx)
-        start = averaging.counters.bytes_sent
-        steps = 2 * math.ceil(average_every / local_batch)  # exactly two averages
-        for _ in range(steps):
-            averaging.note_samples(local_batch)
-            averaging.after_step()
-        result["averaging"] = ((averaging.counters.bytes_sent - start) / (steps * local_batch),
-                               averaging.num_averages)
-        sync = SyncStrategy()
-        sync.setup(model, optimizer, ctx)
-        start = sync.counters.bytes_sent
-        for _ in range(3):
-            sync.after_backward()
-        result["sync"] = ((sync.counters.bytes_sent - start) / (3 * local_batch), 3)
-        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    local_batch, average_every = int(args["local_batch"]), int(args["average_every"])
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
+    result = {}
+    for name, strategy, steps in (
+            ("averaging", AveragingConfig(average_every=average_every), 2 * math.ceil(average_every / local_batch)),
+            ("sync", SyncConfig(), 3)):
+        cfg = RunConfig(model=ModelConfig(name="dnn"), data=DataConfig(batch_size=local_batch * spec.world_size),
+                        optim=OptimConfig(natural_gradient=False), strategy=strategy, strategy_name=name,
+                        train=TrainConfig(epochs=1, learners=spec.world_size, threads=spec.num_threads,
+                                          timeout_seconds=float(spec.timeout_s)))
+        torch.manual_seed(0)  # the same initial model on every learner
+        task = SyntheticTask(build_model(cfg.model, args["features"], args["num_classes"]), local_batch, steps)
+        with tempfile.TemporaryDirectory(prefix="asrdist-bench-ngsgd-") as run_dir:
+            learner = build_learner(cfg, Path(run_dir), ctx, task)
+            start = learner.strategy.counters.bytes_sent
+            for batch in task.sampler:
+                learner.trainer.train_step(batch)
+                learner.trainer.state.step += 1
+            sent = learner.strategy.counters.bytes_sent - start
+            exchanges = getattr(learner.strategy, "num_averages", steps)
+            learner.strategy.close(None)
+            learner.strategy.finalize()
+        result[name] = (sent / (steps * local_batch), exchanges)
+    return result
 
 
 def bytes_per_sample(learners: int, global_batch: int, average_every: int, features: int, num_classes: int) -> dict:
-    import torch.multiprocessing as mp
+    from asrdist.cluster.netem_launch import run_learners
 
     local_batch = global_batch // learners
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_bytes_learner, args=(learners, str(Path(tmp) / "store"), tmp, local_batch, average_every,
-                                       features, num_classes), nprocs=learners, join=True)
-        per_rank = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(learners)]
+    per_rank = run_learners(__name__, "bytes_learner", learners, 1, "loopback",
+                            {"local_batch": local_batch, "average_every": average_every, "features": features,
+                             "num_classes": num_classes})
     avg = statistics.mean(r["averaging"][0] for r in per_rank)
     sync = statistics.mean(r["sync"][0] for r in per_rank)
     return {"learners": learners, "local_batch": local_batch, "average_every": average_every,

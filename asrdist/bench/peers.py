@@ -247,7 +247,7 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     import torch.nn.functional as F
 
 
-    ctx = start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s),
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")
     steps, rounds, local_batch = int(args["steps"]), int(args["rounds"]), int(args["local_batch"])
     sampler = _TeacherBatches(spec.rank, steps * rounds, local_batch)

@@ -60,7 +60,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
     cfg = scaling_config(spec, args)
     distributed = spec.world_size > 1
-    ctx = start_learner(spec.job_env(), seed=cfg.seed, timeout=timedelta(seconds=spec.timeout_s),
+    ctx = start_learner(spec, seed=cfg.seed, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")
     warmup, steps = int(args["warmup"]), int(args["steps"])
     torch.manual_seed(cfg.seed)  # the same initial model everywhere, as run_learner does

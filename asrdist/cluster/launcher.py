@@ -102,16 +102,15 @@ def _launch_survivable(module: str, args: list[str], learners: int, report_dir: 
 
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import STORE_PREFIX, SURVIVE_ENV
+    from asrdist.cluster.process_group import STORE_PREFIX, JobEnv
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
-               WORLD_SIZE=str(learners), LOCAL_WORLD_SIZE=str(learners), GROUP_RANK="0", GROUP_WORLD_SIZE="1",
-               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0", **{SURVIVE_ENV: "1"})
+    env = dict(env, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_MAX_RESTARTS="0")
     cmd = [sys.executable, "-m", module, *args]
 
     def learner(rank: int) -> Callable[[], subprocess.Popen]:
-        return lambda: _popen(cmd, dict(env, RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank)))
+        job = JobEnv(rank, learners, rank, learners, survive_lost=True, master_addr="127.0.0.1", master_port=store.port)
+        return lambda: _popen(cmd, dict(env, ROLE_RANK=str(rank), **job.as_environ()))
 
     run_agents([learner(r) for r in range(learners)], report_dir, timeout,
                survival=_Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))

@@ -2,11 +2,11 @@
 
 `run_learners(module, name, world_size, nodes, network, args, timeout)` starts `world_size`
 processes of `python -m asrdist.cluster.netem_launch --worker SPEC`, each calling
-`module.name(spec: LearnerSpec, args: dict) -> dict` and returning that JSON-able dict through a
+`module.name(spec: JobEnv, args: dict) -> dict` and returning that JSON-able dict through a
 file. Ranks are grouped into `nodes` like torchrun does (rank = node * per_node + local_rank);
 learners of one node share its namespace and loopback, like GPUs in one server. A learner joins
-the job through the one process-group set-up, `start_learner(spec.job_env(), ...,
-init_method=spec.init_method)` (TCP rendezvous on node 0's address), and gloo binds to the node's
+the job through the one process-group set-up, `start_learner(spec, ...)` (TCP rendezvous on node
+0's address: `spec.init_method`), and gloo binds to the node's
 NIC through GLOO_SOCKET_IFNAME. A learner that fails or hangs stops them all within `timeout`, and
 a TrainingError names its rank and its last stderr line.
 
@@ -33,74 +33,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any
 
 from asrdist.checks import cli_number
-from asrdist.cluster.netem import (
-    EmulatedNetwork,
-    available,
-    die_with_parent,
-    parse_rate,
-    stop_process,
-)
+from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
+from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
-
-if TYPE_CHECKING:
-    from asrdist.cluster.process_group import JobEnv
 
 _POLL_S = 0.05
 # Rendezvous ports (in a fresh namespace, and on loopback): below Linux's ephemeral range
 # (32768-60999), where gloo's own sockets and every connection's local port land.
 _NAMESPACE_PORT_RANGE = (20000, 29999)
-
-
-@dataclass(frozen=True)
-class LearnerSpec:
-    """What a launched learner is told about itself (mirrors torchrun's environment)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    num_nodes: int
-    master_addr: str
-    master_port: int
-    network: str
-    """'loopback' or the emulated label, e.g. 'emulated-1gbit-0.1ms'."""
-    num_threads: int
-    timeout_s: float
-    init_method: str = ""
-    """'tcp://ADDR:PORT' from run_learners; 'env://' under torchrun (it may host the store itself)."""
-
-    @classmethod
-    def from_torchrun_env(cls, environ: Mapping[str, str], network: str, timeout_s: float) -> "LearnerSpec":
-        """The spec of a learner started by torchrun: ranks from `JobEnv.from_environ`, the node
-        and the rendezvous address from the rest of what torchrun sets."""
-        from asrdist.cluster.process_group import JobEnv
-
-        job = JobEnv.from_environ(environ)
-        try:
-            node_rank, master_addr, master_port = (int(environ["GROUP_RANK"]), environ["MASTER_ADDR"],
-                                                   int(environ["MASTER_PORT"]))
-        except KeyError as e:
-            raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
-        return cls(rank=job.rank, world_size=job.world_size, local_rank=job.local_rank,
-                   local_world_size=job.local_world_size, node_rank=node_rank,
-                   num_nodes=job.world_size // job.local_world_size, master_addr=master_addr,
-                   master_port=master_port, network=network,
-                   num_threads=max(1, len(os.sched_getaffinity(0)) // job.local_world_size),
-                   timeout_s=timeout_s, init_method="env://")
-
-    def job_env(self) -> "JobEnv":
-        """This learner as `start_learner` takes it."""
-        from asrdist.cluster.process_group import JobEnv
-
-        return JobEnv(rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
-                      local_world_size=self.local_world_size)
 
 
 def _free_loopback_port() -> int:
@@ -171,18 +117,15 @@ def _launch(net: EmulatedNetwork | None, fn_module: str, fn_name: str, world_siz
     procs, logs = [], []
     try:
         for rank in range(world_size):
-            spec = LearnerSpec(rank=rank, world_size=world_size, local_rank=rank % per_node,
-                               local_world_size=per_node, node_rank=rank // per_node, num_nodes=nodes,
-                               master_addr=master_addr, master_port=master_port, network=label,
-                               num_threads=threads, timeout_s=timeout,
-                               init_method=f"tcp://{master_addr}:{master_port}")
+            spec = JobEnv(rank=rank, world_size=world_size, local_rank=rank % per_node,
+                          local_world_size=per_node, node_rank=rank // per_node, num_nodes=nodes,
+                          master_addr=master_addr, master_port=master_port, network=label,
+                          num_threads=threads, timeout_s=timeout,
+                          init_method=f"tcp://{master_addr}:{master_port}")
             spec_path = tmp / f"spec{rank}.json"
             write_json_atomic(spec_path, {"spec": asdict(spec), "module": fn_module, "function": fn_name,
                                           "args": args, "result": str(tmp / f"result{rank}.json")})
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME=ifname,
-                       MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(spec.local_rank),
-                       LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(spec.node_rank))
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), GLOO_SOCKET_IFNAME=ifname, **spec.as_environ())
             argv = [sys.executable, "-m", "asrdist.cluster.netem_launch", "--worker", str(spec_path)]
             # stdout is inherited, as under torchrun; stderr is kept to name a failure's cause
             log = open(tmp / f"stderr{rank}.log", "wb")
@@ -257,7 +200,7 @@ def _supervise(procs: list, tmp: Path, timeout: float, label: str) -> None:
         time.sleep(_POLL_S)
 
 
-def _call_learner(spec: LearnerSpec, fn_module: str, fn_name: str, args: dict[str, Any]) -> dict[str, Any]:
+def _call_learner(spec: JobEnv, fn_module: str, fn_name: str, args: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -270,7 +213,7 @@ def _call_learner(spec: LearnerSpec, fn_module: str, fn_name: str, args: dict[st
 
 def _worker(spec_path: str) -> None:
     job = json.loads(Path(spec_path).read_text())
-    result = _call_learner(LearnerSpec(**job["spec"]), job["module"], job["function"], job["args"])
+    result = _call_learner(JobEnv(**job["spec"]), job["module"], job["function"], job["args"])
     write_json_atomic(job["result"], result)
 
 
@@ -280,7 +223,7 @@ def _torchrun_learner(function: str, args_json: str, result_dir: str | None, net
     fn_module, _, fn_name = function.partition(":")
     if not fn_name:
         raise ConfigError(f"--function '{function}': expected MODULE:NAME")
-    spec = LearnerSpec.from_torchrun_env(dict(os.environ), network, timeout_s)
+    spec = replace(JobEnv.from_environ(), network=network, timeout_s=timeout_s)
     result = _call_learner(spec, fn_module, fn_name, json.loads(args_json))
     if result_dir:
         write_json_atomic(Path(result_dir) / f"result{spec.rank}.json", result)
@@ -288,7 +231,7 @@ def _torchrun_learner(function: str, args_json: str, result_dir: str | None, net
         print(json.dumps(result), flush=True)
 
 
-def allreduce_timing(spec: LearnerSpec, args: dict[str, Any]) -> dict[str, Any]:
+def allreduce_timing(spec: JobEnv, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function: time `repeats` gloo allreduces of `floats` float32 values (after a warm-up).
 
     Returns seconds per allreduce (the slowest learner's, agreed through an allreduce of the max)
@@ -298,10 +241,7 @@ def allreduce_timing(spec: LearnerSpec, args: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import start_learner
-
-    start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
-                  backend="gloo")
+    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     tensor = torch.empty(int(args["floats"]), dtype=torch.float32)
     tensor.fill_(spec.rank + 1)
     dist.all_reduce(tensor[: min(len(tensor), 1 << 16)])  # warm-up: connections established

@@ -1,27 +1,24 @@
-"""The one process-group set-up of asrdist, and the one reader of torchrun's environment.
+"""The one set-up of a learner, and the one reader of torchrun's environment.
 
 `JobEnv.from_environ()` reads what torchrun (or `torch.distributed.run`) tells a learner;
-`start_learner(...)` joins the default process group through a c10d store, builds the job's
-process groups in the same order on every rank, and returns the `LearnerContext` everything
-below receives. Nothing else in asrdist calls `init_process_group` or reads RANK / WORLD_SIZE.
-
-Groups (`ProcessGroups`): `world`; `node`, this learner's group of `group_size` consecutive ranks
-(torchrun's LOCAL_WORLD_SIZE unless `train.group_size` says otherwise: the allreduce inside a
-"super learner" of the hierarchical strategies); `leaders`, the first rank of every node (None
-on other ranks and when there is only one node).
+`start_learner(...)` joins the job through a c10d store, has `asrdist.parallel.groups` build the
+job's process groups (the one module that builds any), and returns the `LearnerContext`
+everything below receives. Nothing else in asrdist reads RANK / WORLD_SIZE.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
 
 from asrdist.errors import ConfigError
 from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.groups import build_groups, check_group_size, init_job
+from asrdist.parallel.membership import survival_wait
 
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
@@ -36,7 +33,9 @@ machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE cou
 
 @dataclass(frozen=True)
 class JobEnv:
-    """What the launcher tells one learner about itself."""
+    """Who one learner is and how it joins its job: what its launcher tells it, from the launcher
+    (torchrun, `launch_learners`, `netem_launch.run_learners`) to the learner (`start_learner`).
+    Strategies see it as the `LearnerContext` that `start_learner` builds from it."""
 
     rank: int
     world_size: int
@@ -46,28 +45,66 @@ class JobEnv:
     """How many times torch's launcher restarted the job's learners (TORCHELASTIC_RESTART_COUNT)."""
     survive_lost: bool = False
     """asrdist's launcher goes on without lost learners (SURVIVE_ENV, set by `launch_learners`)."""
+    node_rank: int = -1
+    """This learner's host (torchrun's GROUP_RANK); -1: rank // local_world_size."""
+    num_nodes: int = -1
+    """Hosts of the job (torchrun's GROUP_WORLD_SIZE); -1: world_size // local_world_size."""
+    master_addr: str = ""
+    """Where the job's store is (MASTER_ADDR, MASTER_PORT); "" when the launcher did not say."""
+    master_port: int = 0
+    init_method: str = "env://"
+    """How `start_learner` meets the others: 'env://' (torchrun's store, at MASTER_ADDR:MASTER_PORT)
+    or 'tcp://ADDR:PORT' (`run_learners`)."""
+    network: str | None = None
+    """The link between the job's hosts as asrdist's launchers set it up ('loopback' on one
+    machine, the emulated label otherwise; NETWORK_ENV); None: not asrdist's to know."""
+    num_threads: int = 0
+    """Torch threads for this learner, as its launcher shares out the machine's cores (THREADS_ENV);
+    0: the launcher did not say."""
+    timeout_s: float = 0.0
+    """How long the launcher gives the job (`run_learners`' learner functions wait that long for
+    their peers); 0: no deadline given."""
+
+    def __post_init__(self):
+        if self.node_rank < 0:
+            object.__setattr__(self, "node_rank", self.rank // self.local_world_size)
+        if self.num_nodes < 0:
+            object.__setattr__(self, "num_nodes", self.world_size // self.local_world_size)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
+        """The learner torchrun (or asrdist's launcher, which sets the same variables) started."""
         env = os.environ if environ is None else environ
         try:
             world = int(env["WORLD_SIZE"])
+            local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+            threads = int(env.get(THREADS_ENV, 0) or 0) or max(1, len(os.sched_getaffinity(0)) // local_world)
             return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
-                       local_world_size=int(env.get("LOCAL_WORLD_SIZE", world)),
-                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                       survive_lost=env.get(SURVIVE_ENV) == "1")
+                       local_world_size=local_world,
+                       restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0),
+                       survive_lost=env.get(SURVIVE_ENV) == "1",
+                       node_rank=int(env.get("GROUP_RANK", -1)), num_nodes=int(env.get("GROUP_WORLD_SIZE", -1)),
+                       master_addr=env.get("MASTER_ADDR", ""), master_port=int(env.get("MASTER_PORT", 0)),
+                       network=env.get(NETWORK_ENV), num_threads=threads)
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 
+    @classmethod
+    def of_this_process(cls) -> "JobEnv":
+        """This process' place in its job: `from_environ` when a launcher started it, else one
+        learner alone (`asrdist train --learners 1` trains in its own process)."""
+        return cls.from_environ() if "WORLD_SIZE" in os.environ else cls(0, 1, 0, 1)
 
-@dataclass(frozen=True)
-class ProcessGroups:
-    world: Any
-    node: Any
-    leaders: Any
-    group_size: int
-    node_timeout: timedelta | None = None
-    """The node group's timeout, when not the job's (see `build_groups`)."""
+    def as_environ(self) -> dict[str, str]:
+        """The variables torchrun gives this learner (`from_environ` reads them back), for a
+        launcher that starts learners itself."""
+        env = {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+               "LOCAL_WORLD_SIZE": str(self.local_world_size), "GROUP_RANK": str(self.node_rank),
+               "GROUP_WORLD_SIZE": str(self.num_nodes), "MASTER_ADDR": self.master_addr,
+               "MASTER_PORT": str(self.master_port), "TORCHELASTIC_RESTART_COUNT": str(self.restart)}
+        if self.survive_lost:
+            env[SURVIVE_ENV] = "1"
+        return env
 
 
 def default_backend() -> str:
@@ -82,45 +119,8 @@ def device_for_backend(backend: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def check_group_size(group_size: int, world_size: int) -> None:
-    if group_size < 1 or world_size % group_size:
-        raise ConfigError(f"train.group_size: {group_size} does not divide {world_size} learners into equal groups")
-
-
-def build_groups(rank: int, world_size: int, group_size: int, timeout: timedelta,
-                 node_timeout: timedelta | None = None) -> ProcessGroups:
-    """Every rank calls this in the same order (torch requires it for every new group).
-    `node_timeout`: a longer timeout inside the nodes, for a job that goes on without lost nodes
-    (a node's learners wait for their leader while it waits out a hung peer of another node)."""
-    check_group_size(group_size, world_size)
-    world = dist.group.WORLD
-    if group_size == world_size:
-        return ProcessGroups(world=world, node=world, leaders=None, group_size=group_size)
-    node = None
-    for first in range(0, world_size, group_size):
-        g = dist.new_group(list(range(first, first + group_size)), timeout=node_timeout or timeout)
-        if first <= rank < first + group_size:
-            node = g
-    return ProcessGroups(world=world, node=node, leaders=across_nodes(rank, world_size, group_size, timeout),
-                         group_size=group_size, node_timeout=node_timeout)
-
-
-def across_nodes(rank: int, world_size: int, group_size: int, timeout: timedelta, **kwargs) -> Any:
-    """The leaders' group (the first learner of every node) on a leader, None elsewhere. Every
-    learner joins the group of its own place in the node (the k-th learners of all nodes), so that
-    every learner is a member of as many groups as any other: torch names a group made with
-    `use_local_synchronization` (the survivors' group of `asrdist.parallel.membership`) after the
-    number of groups its maker belongs to, and the survivors must agree on that name."""
-    mine = None
-    for k in range(group_size):
-        g = dist.new_group(list(range(k, world_size, group_size)), timeout=timeout, **kwargs)
-        if rank % group_size == k:
-            mine = g
-    return mine if rank % group_size == 0 else None
-
-
 def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,
-                  init_method: str = "env://", group_size: int = 0, backend: str | None = None) -> LearnerContext:
+                  init_method: str | None = None, group_size: int = 0, backend: str | None = None) -> LearnerContext:
     """Join the job and return this learner's context (one learner: no process group at all).
 
     The store is the launcher's own c10d store (`env://` under torchrun) unless a test passes one
@@ -134,16 +134,14 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     if not 0 <= env.rank < env.world_size:
         raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
     if store is None:
-        store, _, _ = next(dist.rendezvous(init_method, env.rank, env.world_size, timeout=timeout))
+        store, _, _ = next(dist.rendezvous(init_method or env.init_method, env.rank, env.world_size,
+                                           timeout=timeout))
         if env.restart:  # the launcher's store outlives a restart: the earlier learners' keys stay behind
             store = dist.PrefixStore(f"restart-{env.restart}/", store)
     _wait_for_everyone(store, env, max(timeout, JOIN_TIMEOUT))
     backend = backend or default_backend()
     device = device_for_backend(backend, env.local_rank)
-    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout,
-                            device_id=device if backend == "nccl" else None)
-    from asrdist.parallel.membership import survival_wait
-
+    init_job(backend, store, env.rank, env.world_size, timeout, device)
     groups = build_groups(env.rank, env.world_size, group_size, timeout,
                           node_timeout=survival_wait(timeout) if env.survive_lost else None)
     return LearnerContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank,

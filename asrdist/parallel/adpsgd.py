@@ -36,7 +36,7 @@ once ("Connection closed by peer") and only that pair: the group goes on for eve
 gloo operation that times out closes every pair of its group ("Application timeout caused pair
 closure"; both measured on torch 2.13), so in a job that survives losses (`ctx.survive_lost`: the
 launcher supervises every learner) its waits pass the passives' wait of a day instead of the
-timeout (the group itself is built within the timeout, `exchange_group`) and a watchdog reports a
+timeout (the group itself is built within the timeout, `groups.exchange_group`) and a watchdog reports a
 partner that misses the deadline as hung; the launcher then stops it, which ends the
 wait. An exchange that fails or gets no answer within the timeout marks the partner lost: an active then takes the next live passive on the ring instead, a passive
 stops expecting the lost active's goodbye. Epoch-end metrics and the final average run over the
@@ -58,10 +58,11 @@ import torch.distributed as dist
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
-from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.base import CommCounters, LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import POLL_S as STORE_POLL_S
-from asrdist.parallel.membership import Membership
+from asrdist.parallel.membership import Membership, NodeMembership
 
 _HEADER, _PAYLOAD, _REPLY = 1, 2, 3  # message tags
 _EXCHANGE, _GOODBYE = 1, 2  # header kinds
@@ -91,22 +92,6 @@ def exchange_traffic(numel: int, element_size: int = 4) -> dict[str, comm.Transf
     (two int64) and parameters, the passive's reply. The strategy counts exactly these."""
     return {"exchange": comm.Transfer("exchange", "pair", 2, 2 * 8 + numel * element_size, numel),
             "answer": comm.Transfer("answer", "pair", 2, numel * element_size, numel)}
-
-
-def exchange_group(ranks: list[int] | None, timeout: timedelta, across: tuple[int, int, int] | None = None):
-    """The gloo group pairwise exchanges travel on (every rank of the job must call this): over
-    `ranks`, or with `across` = (rank, world size, group size) between the leaders of the nodes
-    (`asrdist.cluster.process_group.across_nodes`; None on the other learners). Its members connect
-    within `timeout` (gloo's timeout of the group): a learner lost while the group forms fails it
-    then, in one line, where a group made with the passives' wait of a day waited a day for it.
-    Every wait on the group gives its own timeout (`_wait`, `_receive_header`)."""
-    from asrdist.cluster.process_group import across_nodes
-
-    def build():
-        if across is not None:
-            return across_nodes(*across, timeout=timeout, backend="gloo")
-        return dist.new_group(ranks, timeout=timeout, backend="gloo")
-    return comm.guarded("building the exchange group", build)
 
 
 def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
@@ -159,10 +144,15 @@ class AdpsgdStrategy(Strategy):
     config_class = AdpsgdConfig
     lockstep = False
     survives_lost_learners = True
-    """Go on without a learner that died or hung (False: fail fast, as when nested in hierarchical)."""
+    """Go on without a learner that died or hung, when the job does (`ctx.survive_lost`)."""
 
-    def __init__(self, config: AdpsgdConfig | None = None):
-        super().__init__(config)
+    def __init__(self, config: AdpsgdConfig | None = None, *, counters: CommCounters | None = None,
+                 exchange_group=None, membership: Membership | NodeMembership | None = None):
+        """Nested in another strategy (hierarchical's node leaders): `exchange_group` is the group
+        exchanges travel on, which the outer strategy built on every rank; `membership` says who is
+        lost as the outer strategy sees it (None: fail fast). A nested adpsgd builds neither."""
+        super().__init__(config, counters=counters)
+        self.nested = exchange_group is not None
         self._lock = threading.Lock()
         self._paused = False
         self._round = 0
@@ -183,13 +173,10 @@ class AdpsgdStrategy(Strategy):
         self._deferred: torch.Tensor | None = None
         """A passive's half of exchanges that completed while paused, added when the pause ends."""
         self._heard = threading.Condition()
-        self.membership: Membership | None = None
-        """Who is lost (made at setup when the job survives losses; hierarchical gives its leaders a
-        `NodeMembership` instead)."""
+        self.membership = membership
+        """Who is lost (made at setup when the job survives losses, unless nested)."""
         self._watchdog: _Watchdog | None = None
-        self.p2p_group = None
-        """The group exchanges travel on (default: made at setup over the strategy's learners);
-        a hierarchical strategy makes it on every rank, leaders only take part."""
+        self._exchange_group = exchange_group
 
     # -- set-up ----------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
@@ -201,10 +188,11 @@ class AdpsgdStrategy(Strategy):
         self._flat = flat_parameters(model)
         if not ctx.distributed:
             return
-        self._group = self.p2p_group or exchange_group(
+        self._group = self._exchange_group or exchange_group(
             None if ctx.group is None else dist.get_process_group_ranks(ctx.group), ctx.timeout)
         self.active = topology.is_active(ctx.rank, ctx.world_size)
-        if self.membership is None and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
+        if (self.membership is None and not self.nested and self.survives_lost_learners and ctx.survive_lost
+                and ctx.store is not None):
             self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
         if self.membership is not None:
             self._watchdog = _Watchdog(self.membership, ctx.timeout)
@@ -215,8 +203,15 @@ class AdpsgdStrategy(Strategy):
             self._answerer.start()
 
     @property
-    def _cpu(self) -> bool:
-        return self._flat is not None and self._flat.device.type == "cpu"
+    def flat(self) -> torch.Tensor | None:
+        """Every parameter in one flat buffer (the parameters are views of it; made at setup)."""
+        return self._flat
+
+    @property
+    def parameter_lock(self) -> threading.Lock:
+        """Held while anything writes the parameters (an update, an exchange landing): hold it to
+        read them while the answering thread runs."""
+        return self._lock
 
     # -- the trainer's hooks ---------------------------------------------------------------
     def apply_update(self, step_fn: Callable[[], None]) -> None:
@@ -395,18 +390,15 @@ class AdpsgdStrategy(Strategy):
             with self._lock:
                 self._flat.add_(delta)
         dt = time.perf_counter() - t0
-        self.counters.bytes_sent += exchange_traffic(mine_pre.numel(), mine_pre.element_size())["exchange"].bytes_sent
-        self.counters.exchanges += 1
-        self.counters.comm_seconds += dt
-        if stalled:
-            self.counters.wait_seconds += dt
+        self.counters.add(bytes_sent=exchange_traffic(mine_pre.numel(), mine_pre.element_size())["exchange"].bytes_sent,
+                          exchanges=1, comm_seconds=dt, wait_seconds=dt if stalled else 0.0)
 
     def _wait_pending(self) -> None:
         if self._pending is not None:
             t0 = time.perf_counter()
             pending, self._pending = self._pending, None
             pending.result()
-            self.counters.wait_seconds += time.perf_counter() - t0
+            self.counters.add(wait_seconds=time.perf_counter() - t0)
         if self._landing is not None:
             with self._lock:
                 self._flat.add_(self._landing)
@@ -450,10 +442,9 @@ class AdpsgdStrategy(Strategy):
                     self._lose(source, exc, f"adpsgd answer to rank {source}")
                     theirs, mine = self._staging(), self._staging()  # the lost exchange may still hold the old ones
                     continue
-                self.counters.answer_seconds += time.perf_counter() - t0
-                self.counters.comm_seconds += time.perf_counter() - t0
-                self.counters.bytes_sent += exchange_traffic(theirs.numel(), theirs.element_size())["answer"].bytes_sent
-                self.counters.exchanges += 1
+                dt = time.perf_counter() - t0
+                sent = exchange_traffic(theirs.numel(), theirs.element_size())["answer"].bytes_sent
+                self.counters.add(answer_seconds=dt, comm_seconds=dt, exchanges=1, bytes_sent=sent)
         except BaseException as exc:  # reported to the training thread at its next step
             with self._heard:
                 self._answer_error = exc

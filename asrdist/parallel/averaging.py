@@ -203,7 +203,7 @@ class AveragingStrategy(Strategy):
             if self.config.exclude_threshold is not None:
                 included = self._included_learners()
             self._allreduce_average(included)
-            self.counters.exchanges += 1
+            self.counters.add(exchanges=1)
         self.last_included = included
         self.num_averages += 1
         self.samples_since_average = 0

@@ -23,9 +23,10 @@ A strategy knows nothing of speech: it sees a `torch.nn.Module`, its optimizer a
 """
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -37,7 +38,11 @@ T = TypeVar("T")
 @dataclass
 class CommCounters:
     """Per-learner communication cost. `bytes_sent` counts payload bytes this learner puts on the
-    wire (for an allreduce of S bytes over n learners, ring cost 2·S·(n−1)/n)."""
+    wire (for an allreduce of S bytes over n learners, ring cost 2·S·(n−1)/n).
+
+    A training thread and a communication thread (adpsgd's answers, onebit's exchanges) count into
+    the same counters: every update goes through `add`, under the counters' lock, and `as_dict`
+    reads them under it."""
 
     bytes_sent: int = 0
     comm_seconds: float = 0.0
@@ -48,9 +53,35 @@ class CommCounters:
     """Gradient exchanges (collective strategies) or pairwise averagings (adpsgd)."""
     answer_seconds: float = 0.0
     """Seconds a communication thread spent answering partners (adpsgd's passive learners)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def add(self, *, bytes_sent: int = 0, comm_seconds: float = 0.0, wait_seconds: float = 0.0,
+            exchanges: int = 0, answer_seconds: float = 0.0) -> None:
+        """Count one communication (any thread)."""
+        with self._lock:
+            self.bytes_sent += bytes_sent
+            self.comm_seconds += comm_seconds
+            self.wait_seconds += wait_seconds
+            self.exchanges += exchanges
+            self.answer_seconds += answer_seconds
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled and copied without the lock
+        return self.as_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def load(self, values: dict[str, Any]) -> None:
+        """Take the counts of a checkpoint (`as_dict`), in place: strategies composed of others share
+        one set of counters."""
+        with self._lock:
+            for f in fields(self):
+                if f.init:
+                    setattr(self, f.name, values.get(f.name, f.default))
 
 
 @dataclass(frozen=True)
@@ -60,7 +91,8 @@ class LearnerContext:
     `group` is the process group a strategy works on (None: the whole world), and `rank` /
     `world_size` are this learner's place in it; `on_group(g)` gives the context of a strategy
     working inside `g` (e.g. sync inside a node). `groups` holds the job's groups and `store` the
-    job's c10d store, built once per job by `asrdist.cluster.process_group.start_learner`.
+    job's c10d store, built once per job by `asrdist.cluster.process_group.start_learner` (the
+    groups by `asrdist.parallel.groups`).
     """
 
     rank: int = 0
@@ -72,7 +104,7 @@ class LearnerContext:
     seed: int = 0
     group: Any = None
     groups: Any = None
-    """`asrdist.cluster.process_group.ProcessGroups` (world, node, leaders) or None for one learner."""
+    """`asrdist.parallel.groups.ProcessGroups` (world, node, leaders) or None for one learner."""
     store: Any = None
     """The job's c10d store (keys under asrdist/), for coordination without a collective."""
     group_size: int = 1
@@ -119,7 +151,8 @@ class Strategy:
     rising_loss_advice: str | None = None
     """What to try when the training loss rises over an epoch (the trainer warns with it); None = no warning."""
 
-    def __init__(self, config: Any = None):
+    def __init__(self, config: Any = None, *, counters: CommCounters | None = None):
+        """`counters`: count into these (a strategy composed of others shares its own with them)."""
         if self.config_class is not None:
             config = self.config_class() if config is None else config
             if not isinstance(config, self.config_class):
@@ -128,7 +161,7 @@ class Strategy:
                 raise ConfigError(f"strategy {self.name}: expected a config of type {self.config_class.__name__}, "
                                   f"got {type(config).__name__}")
         self.config = config
-        self.counters = CommCounters()
+        self.counters = CommCounters() if counters is None else counters
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.ctx = LearnerContext()
@@ -221,7 +254,7 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         c = state.get("counters")
         if c:
-            self.counters = CommCounters(**c)
+            self.counters.load(c)
 
     @contextmanager
     def timed_comm(self, waiting: bool = False) -> Iterator[None]:
@@ -231,9 +264,7 @@ class Strategy:
             yield
         finally:
             dt = time.perf_counter() - t0
-            self.counters.comm_seconds += dt
-            if waiting:
-                self.counters.wait_seconds += dt
+            self.counters.add(comm_seconds=dt, wait_seconds=dt if waiting else 0.0)
 
 
 def parameters_with_grad(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -86,9 +86,7 @@ class Pending:
                    lambda: self._work.wait(self._timeout))
         finally:
             dt = time.perf_counter() - t0
-            self._counters.comm_seconds += dt
-            if stalled:
-                self._counters.wait_seconds += dt
+            self._counters.add(comm_seconds=dt, wait_seconds=dt if stalled else 0.0)
             self._done = True
 
 
@@ -119,8 +117,7 @@ def _launch(what: str, counters: CommCounters, nbytes: int, timeout: timedelta |
             async_op: bool, stalled: bool, start) -> Pending | None:
     t0 = time.perf_counter()
     work = guarded(what, start)
-    counters.comm_seconds += time.perf_counter() - t0
-    counters.bytes_sent += nbytes
+    counters.add(comm_seconds=time.perf_counter() - t0, bytes_sent=nbytes)
     pending = Pending(work, counters, what, timeout or DEFAULT_TIMEOUT)
     if async_op:
         return pending

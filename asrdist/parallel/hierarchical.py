@@ -28,7 +28,7 @@ nodes), then ADPSGD between nodes (asynchronous, for speed).
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Iterator
 
 import torch
@@ -36,21 +36,21 @@ import torch
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
-from asrdist.parallel.adpsgd import (
-    AdpsgdConfig,
-    AdpsgdStrategy,
-    exchange_group,
-    flat_parameters,
-)
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import Membership, NodeMembership
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 
 
 @dataclass
 class HierarchicalConfig(AdpsgdConfig):
-    """The ADPSGD settings between nodes (pattern, delay_by_one, seed); inside a node: sync."""
+    """The ADPSGD settings between nodes (every field of `AdpsgdConfig`); inside a node: sync."""
+
+    def adpsgd(self) -> AdpsgdConfig:
+        """The config of the ADPSGD between the nodes' leaders: every `AdpsgdConfig` field as set here."""
+        return AdpsgdConfig(**{f.name: getattr(self, f.name) for f in fields(AdpsgdConfig) if f.init})
 
 
 def step_traffic(shapes, world_size: int, group_size: int, rank: int, *, synchronous: bool = False,
@@ -88,8 +88,9 @@ class HierarchicalStrategy(Strategy):
 
     def __init__(self, config: HierarchicalConfig | None = None):
         super().__init__(config)
-        self.inner = SyncStrategy(SyncConfig(overlap=self.overlap_inner))
+        self.inner = SyncStrategy(SyncConfig(overlap=self.overlap_inner), counters=self.counters)
         self.outer: AdpsgdStrategy | None = None
+        """The ADPSGD between nodes, on a node's leader (built at setup, from `config.adpsgd()`)."""
         self._flat: torch.Tensor | None = None
         self.membership: Membership | None = None
 
@@ -102,24 +103,18 @@ class HierarchicalStrategy(Strategy):
         if ctx.distributed and groups.node_timeout is not None:  # the node waits for its leader's exchanges
             inner = replace(inner, timeout=groups.node_timeout)
         self.inner.setup(model, optimizer, inner)
-        self.counters = self.inner.counters  # one set of counters for the learner
         nodes = ctx.world_size // ctx.group_size if ctx.distributed else 1
         self.leader = ctx.rank % ctx.group_size == 0
         if nodes > 1 and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
             self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout, group_size=ctx.group_size)
         if nodes > 1:  # every rank creates the exchange group; leaders alone use it
             group = exchange_group(None, ctx.timeout, across=(ctx.rank, ctx.world_size, ctx.group_size))
-            if self.leader:
-                self.outer = AdpsgdStrategy(AdpsgdConfig(pattern=self.config.pattern,
-                                                         delay_by_one=self.config.delay_by_one,
-                                                         seed=self.config.seed))
-                self.outer.p2p_group = group
-                self.outer.survives_lost_learners = False  # the node's membership, if any, decides
-                if self.membership is not None:
-                    self.outer.membership = NodeMembership(self.membership)
+            if self.leader:  # the node's membership, if any, decides who is lost
+                nodes_lost = None if self.membership is None else NodeMembership(self.membership)
+                self.outer = AdpsgdStrategy(self.config.adpsgd(), counters=self.counters, exchange_group=group,
+                                            membership=nodes_lost)
                 self.outer.setup(model, optimizer, ctx.on_group(groups.leaders))
-                self.outer.counters = self.counters
-                self._flat = self.outer._flat
+                self._flat = self.outer.flat
         if self._flat is None:
             self._flat = flat_parameters(model)
 
@@ -200,18 +195,16 @@ class HierarchicalStrategy(Strategy):
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.inner.counters = self.counters
         if self.outer is not None and "outer" in state:
             self.outer.load_state_dict(state["outer"])
-            self.outer.counters = self.counters
+        super().load_state_dict(state)  # the counters last: the learner's own, which inner and outer share
 
     def _share_leaders_parameters(self) -> None:
         """Every member takes its leader's parameters (after the leader's exchange)."""
         if not self.ctx.distributed or self.ctx.group_size == 1:
             return
         # on the leader, the answering thread must not write while the node reads
-        with self.outer._lock if self.outer is not None else nullcontext():
+        with self.outer.parameter_lock if self.outer is not None else nullcontext():
             comm.broadcast(self._flat, 0, self.counters, group=self.ctx.groups.node,
                            timeout=self.ctx.groups.node_timeout or self.ctx.timeout)
 
@@ -234,13 +227,12 @@ class HybridStrategy(HierarchicalStrategy):
 
     def __init__(self, config: HybridConfig | None = None):
         super().__init__(config)
-        self.everyone = SyncStrategy(SyncConfig(overlap=False))
+        self.everyone = SyncStrategy(SyncConfig(overlap=False), counters=self.counters)
         self._synchronous = True
 
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         self.everyone.setup(model, optimizer, ctx)  # all learners, hierarchical across nodes
         super().setup(model, optimizer, ctx)
-        self.everyone.counters = self.counters
 
     def start_epoch(self, epoch: int) -> None:
         self._synchronous = epoch < self.config.sync_epochs

@@ -25,11 +25,11 @@ from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from asrdist.errors import ConfigError
 from asrdist.parallel import comm
 from asrdist.parallel.base import CommCounters, LearnerContext
+from asrdist.parallel.groups import build_rails
 
 HIERARCHICAL_SETTINGS = ("auto", "true", "false")
 
@@ -58,25 +58,6 @@ def use_hierarchical(setting: str, ctx: LearnerContext) -> bool:
     return setting == "true" or (ctx.groups.group_size > 1 and ctx.job_world_size // ctx.groups.group_size > 1)
 
 
-# ------------------------------------------------------------------------------ groups
-
-def rail_ranks(world_size: int, group_size: int) -> list[list[int]]:
-    """Rail l: the ranks with local rank l on every node, l, l + g, l + 2g, ... (g = group_size)."""
-    return [list(range(local, world_size, group_size)) for local in range(group_size)]
-
-
-def build_rails(rank: int, world_size: int, group_size: int, timeout: timedelta) -> Any:
-    """Create the group_size rail groups and return this rank's. Every rank of the job must call
-    this at the same point of its sequence of `new_group` calls (torch requires every rank to take
-    part in creating every group); it creates one group per local rank, never one per pair."""
-    mine = None
-    for ranks in rail_ranks(world_size, group_size):
-        group = dist.new_group(ranks, timeout=timeout)
-        if rank in ranks:
-            mine = group
-    return mine
-
-
 @dataclass(frozen=True)
 class Hierarchy:
     """This learner's place in a two-level job: its node group and its rail."""
@@ -92,7 +73,7 @@ class Hierarchy:
 
 def build_hierarchy(ctx: LearnerContext) -> Hierarchy:
     """The node group from `ctx.groups` and newly built rails (every rank calls this; see
-    `build_rails`). Each call builds its own rails: a strategy's private groups."""
+    `groups.build_rails`). Each call builds its own rails: a strategy's private groups."""
     size, rank, world = ctx.groups.group_size, ctx.job_rank, ctx.job_world_size
     num_nodes = world // size
     rail = build_rails(rank, world, size, ctx.timeout) if num_nodes > 1 else None

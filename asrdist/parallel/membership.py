@@ -32,10 +32,9 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
 
-import torch.distributed as dist
 
 from asrdist.errors import CommError, TrainingError
-from asrdist.parallel.comm import guarded
+from asrdist.parallel.groups import survivors_group
 
 T = TypeVar("T")
 
@@ -159,8 +158,7 @@ class Membership:
             self.report(r, self._node_loss(r) or "lost: reached no sync point in time")
         if members != self.members or self._group_failed:
             self.members, self._group_failed = members, True  # until it is built
-            self._group = guarded(f"building the group of the survivors {members}", lambda: dist.new_group(
-                members, timeout=self.timeout, use_local_synchronization=True))
+            self._group = survivors_group(members, self.timeout)
             self._group_failed = False
         return members
 

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-import torch.distributed as dist
 
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.groups import copy_group
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards,
     build_hierarchy,
@@ -372,8 +372,7 @@ class OneBitStrategy(Strategy):
         else:
             self._shards = None
             shapes2d, n, rank = self._full_shapes, ctx.world_size, ctx.rank
-            ranks = None if ctx.group is None else dist.get_process_group_ranks(ctx.group)
-            self._group = dist.new_group(ranks, timeout=ctx.timeout) if ctx.distributed else None
+            self._group = copy_group(ctx.group, ctx.timeout) if ctx.distributed else None
         self._plan = plan = _Plan(shapes2d, n, rank)
         self._chunks = chunks = _Chunks(plan, self.chunks) if shapes2d else _Chunks(plan, 1)
         self._quantizer = get_quantizer(self.config.kernel, ctx.device)
@@ -476,7 +475,7 @@ class OneBitStrategy(Strategy):
         if targets is None:
             for pending in gathers:
                 self._timed("gather_wait", self._finish, pending, stalled)
-        self.counters.exchanges += 1
+        self.counters.add(exchanges=1)
 
     def _quantize_chunk(self, sources: list[torch.Tensor], buffer: int, c: int) -> None:
         """Step 1 for chunk c: its columns of every matrix (plus residual) into the send buffer."""
@@ -534,7 +533,7 @@ class OneBitStrategy(Strategy):
         try:
             self._inflight.result()
         finally:
-            self.counters.wait_seconds += time.perf_counter() - t0
+            self.counters.add(wait_seconds=time.perf_counter() - t0)
             self._inflight = None
         self._result_ready = True
 

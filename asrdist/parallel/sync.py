@@ -36,7 +36,7 @@ import torch.distributed as dist
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
-from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.base import CommCounters, LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.hierarchical_allreduce import (
     Hierarchy,
     build_hierarchy,
@@ -150,8 +150,8 @@ class SyncStrategy(Strategy):
     name = "sync"
     config_class = SyncConfig
 
-    def __init__(self, config: SyncConfig | None = None):
-        super().__init__(config)
+    def __init__(self, config: SyncConfig | None = None, *, counters: CommCounters | None = None):
+        super().__init__(config, counters=counters)
         self._buckets: list[_Bucket] = []
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket, slot)
         self._next_launch = 0
@@ -194,7 +194,7 @@ class SyncStrategy(Strategy):
                 bucket.ready[k] = False
             bucket.pending = None
         self._next_launch = 0
-        self.counters.exchanges += 1
+        self.counters.add(exchanges=1)
 
     def finalize(self) -> None:
         """Parameters are identical already; buffers (e.g. batch-norm statistics) are not, so
@@ -242,7 +242,7 @@ class SyncStrategy(Strategy):
             bucket.pending = None
             bucket.flat.div_(self.ctx.world_size)
             mean_of.update({id(t): v for t, v in zip(bucket.tensors, bucket.views)})
-        self.counters.exchanges += 1
+        self.counters.add(exchanges=1)
         return [mean_of[id(slot)] for slot in slots]
 
     # --------------------------------------------------------------------------- helpers

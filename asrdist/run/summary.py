@@ -22,15 +22,17 @@ def hosts() -> dict:
     """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
     between them as asrdist's launcher set it up (`loopback` on one machine; None where another
     launcher started the job: a real cluster's network is not asrdist's to know)."""
-    from asrdist.cluster.process_group import NETWORK_ENV
+    from asrdist.cluster.process_group import JobEnv
 
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    return {"nodes": nodes, "network": os.environ.get(NETWORK_ENV, "loopback" if nodes == 1 else None)}
+    env = JobEnv.of_this_process()
+    return {"nodes": env.num_nodes, "network": env.network if env.network is not None else
+            "loopback" if env.num_nodes == 1 else None}
 
 
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None) -> dict:
+    from asrdist.cluster.process_group import JobEnv
     from asrdist.eval.evaluate import evaluate_split
     from asrdist.models.registry import count_parameters
 
@@ -63,7 +65,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "wall_seconds_last_start": wall_seconds,
         # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
         "starts": (1 + len(list(run_dir.glob("config-resume-*.yaml")))
-                   + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)),
+                   + JobEnv.of_this_process().restart),
         "final": final,
         "comm": {
             "bytes_sent": sum(p["bytes_sent"] for p in per_learner),

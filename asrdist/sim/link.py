@@ -28,7 +28,7 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    start_learner(spec.job_env(), seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
+    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
                   backend="gloo")
     mine, theirs = torch.ones(int(args["floats"])), torch.empty(int(args["floats"]))
     header = torch.zeros(2, dtype=torch.int64)
