@@ -7,18 +7,25 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import start_learner
+from asrdist.config import config_from_tree
 from asrdist.errors import TrainingError
+from asrdist.models.registry import build_model
+from asrdist.run.learner import build_learner
+from asrdist.sim.cluster import MODELS
+from asrdist.train.synthetic import SyntheticTask
 
 
 def _pair_config(model: dict, strategy: str, local_batch: int, world: int, threads: int, timeout_s: float):
-    from asrdist.config import config_from_tree
-
     return config_from_tree({
         "seed": 0, "model": model, "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9},
         "strategy": {"name": strategy}, "data": {"batch_size": local_batch * world},
@@ -29,15 +36,8 @@ def _pair_steps(spec, args: dict[str, Any]) -> dict[str, Any]:
     """One learner: joins over `args['backend']`, computes on `args['device']` (gloo included: its
     tensors are then CUDA tensors, which asrdist's collectives stage through the CPU where gloo
     needs it), and times `steps` of the trainer's own step on a fixed synthetic minibatch."""
-    from dataclasses import replace
-    from datetime import timedelta
-
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import start_learner
-    from asrdist.models.registry import build_model
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import SyntheticTask
 
     device = torch.device(args["device"])
     rank, world, threads = spec.rank, spec.world_size, spec.num_threads
@@ -98,8 +98,6 @@ def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: 
     its reason as `status` refused or unavailable, not raised: the check goes on."""
     import torch.distributed as dist
 
-    from asrdist.cluster.netem_launch import run_learners
-    from asrdist.sim.cluster import MODELS
 
     if backend == "nccl" and not (device.type == "cuda" and dist.is_nccl_available()):
         return {"backend": backend, "status": "unavailable",

@@ -48,12 +48,19 @@ from pathlib import Path
 import torch
 
 from asrdist.checks import cli_list, cli_number
+from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.process_group import start_learner
+from asrdist.config import DataConfig, RunConfig, TrainConfig
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig, build_model, count_parameters
 from asrdist.optim.build import OptimConfig
 from asrdist.optim.ng_layers import NaturalGradientLinear
-from asrdist.optim.ngsgd import KERNEL_KINDS, NUM_INITIAL_UPDATES, symmetric_eigh
+from asrdist.optim.ngsgd import KERNEL_KINDS, NUM_INITIAL_UPDATES, resolve_kernel, symmetric_eigh
 from asrdist.parallel.averaging import AveragingConfig
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.sync import SyncConfig
+from asrdist.run.learner import build_learner
+from asrdist.train.synthetic import SyntheticTask
 from asrdist.utils.machine import median_seconds
 
 UPDATE_PERIOD = 4
@@ -94,11 +101,6 @@ def build_learners(config: ModelConfig, features: int, num_classes: int, batch: 
     """{"sgd": plain learner, "ngsgd": natural-gradient learner}, both from `build_learner` with the
     same optimizer (plain SGD, lr 0.01) and the same fixed synthetic batch of `batch` frames. Each
     model is built right after `torch.manual_seed(0)`, so both start from identical weights."""
-    from asrdist.config import DataConfig, RunConfig, TrainConfig
-    from asrdist.parallel.base import LearnerContext
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import SyntheticTask
-
     learners = {}
     for name, natural_gradient in (("sgd", False), ("ngsgd", True)):
         cfg = RunConfig(model=config, data=DataConfig(batch_size=batch),
@@ -233,12 +235,6 @@ def bytes_learner(spec, args: dict) -> dict:
     bytes this learner sends per training sample under `averaging` (two averages) and under
     `sync` (three steps), each a learner from `build_learner` taking the trainer's own steps on one
     fixed synthetic minibatch of `local_batch` frames."""
-    from asrdist.cluster.process_group import start_learner
-    from asrdist.config import DataConfig, RunConfig, TrainConfig
-    from asrdist.parallel.sync import SyncConfig
-    from asrdist.run.learner import build_learner
-    from asrdist.train.synthetic import SyntheticTask
-
     local_batch, average_every = int(args["local_batch"]), int(args["average_every"])
     ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     result = {}
@@ -266,8 +262,6 @@ def bytes_learner(spec, args: dict) -> dict:
 
 
 def bytes_per_sample(learners: int, global_batch: int, average_every: int, features: int, num_classes: int) -> dict:
-    from asrdist.cluster.netem_launch import run_learners
-
     local_batch = global_batch // learners
     per_rank = run_learners(__name__, "bytes_learner", learners, 1, "loopback",
                             {"local_batch": local_batch, "average_every": average_every, "features": features,
@@ -284,7 +278,6 @@ def run(args) -> dict:
         raise ConfigError(f"bench ngsgd: --global-batch ({args.global_batch}) must give each of the "
                           f"{args.learners} learners at least one sample")
     torch.set_num_threads(args.threads)
-    from asrdist.optim.ngsgd import resolve_kernel
 
     kernel = "native" if resolve_kernel(args.kernel) else "python"
     dnn = compare_step_times("dnn", DNN_FEATURES, args.num_classes, args.batch, args.blocks, kernel=kernel)

@@ -41,10 +41,15 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
+from asrdist.cluster.netem import EmulatedNetwork, die_with_parent, stop_process
+from asrdist.cluster.netem_launch import _check_layout, _namespace_port, record_wire
+from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
 from asrdist.errors import Stopped, TrainingError
+from asrdist.parallel.membership import lost_key, report_lost
 
 LOG_NAME = "launcher.log"
 STOP_GRACE_S = 30.0
@@ -62,8 +67,6 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
     all up to `max_restarts` times (the module resumes: TORCHELASTIC_RESTART_COUNT); raise
     TrainingError on failure. `survive_lost` (nodes 1): the job goes on without failed learners
     and fails only when none finishes."""
-    from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
-
     threads = max(1, len(os.sched_getaffinity(0)) // learners)  # every learner, of every emulated node, is here
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
                **{THREADS_ENV: str(threads), NETWORK_ENV: network if nodes > 1 else "loopback"})
@@ -76,8 +79,6 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
                "--nproc-per-node", str(learners), *common, "-m", module, *args]
         run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
         return
-    from asrdist.cluster.netem import EmulatedNetwork
-    from asrdist.cluster.netem_launch import _check_layout, _namespace_port, record_wire
 
     _check_layout(learners, nodes, network)
     with EmulatedNetwork(nodes, rate=network) as net:
@@ -98,11 +99,8 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,
                        env: dict) -> None:
     """One process per learner, the job's store hosted here (see the module docstring)."""
-    from datetime import timedelta
-
     import torch.distributed as dist
 
-    from asrdist.cluster.process_group import STORE_PREFIX, JobEnv
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     env = dict(env, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_MAX_RESTARTS="0")
@@ -137,8 +135,6 @@ class _Survival:
 
     def wait(self, procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
         """Until every learner has exited (their codes), a stop signal came, or the deadline passed."""
-        from asrdist.parallel.membership import lost_key
-
         while not stop.is_set():
             codes = [p.poll() for p in procs]
             for rank, code in enumerate(codes):
@@ -158,8 +154,6 @@ class _Survival:
         return [p.poll() or 0 for p in procs]
 
     def _lose(self, rank: int, code: int, learners: int) -> None:
-        from asrdist.parallel.membership import lost_key, report_lost
-
         report = _first_line(self.report_dir / f"failed-rank-{rank}.txt")
         if not report and rank < len(self.outputs):  # no report file (a full disk): the line it printed
             self.pumps[rank].join(2.0)  # its last lines: the pipe closes as the process exits
@@ -195,8 +189,6 @@ class _Survival:
 
 
 def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
-    from asrdist.cluster.netem import die_with_parent
-
     return subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1,
                             start_new_session=True, preexec_fn=die_with_parent)
 
@@ -339,8 +331,6 @@ def _descendants(roots: list[int]) -> list[int]:
 
 def _stop(procs: list[subprocess.Popen]) -> None:
     """SIGTERM every agent's process group (the agent stops its learners), SIGKILL after the grace."""
-    from asrdist.cluster.netem import stop_process
-
     for p in procs:
         if p.poll() is None:
             try:

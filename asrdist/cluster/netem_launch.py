@@ -34,11 +34,20 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from asrdist.checks import cli_number
-from asrdist.cluster.netem import EmulatedNetwork, available, die_with_parent, parse_rate, stop_process
+from asrdist.cluster.netem import (
+    COUNTER_NAMES,
+    EmulatedNetwork,
+    available,
+    die_with_parent,
+    parse_rate,
+    payload_on_wire,
+    stop_process,
+)
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
@@ -156,8 +165,6 @@ def record_wire(net: EmulatedNetwork, run_dir: Path) -> None:
     eth0 was created with the job, so its counters are the job's traffic (rendezvous, start-up
     broadcast, validation and the final gathering included: more than the training exchanges;
     after a resume, the last start's only)."""
-    from asrdist.cluster.netem import COUNTER_NAMES, payload_on_wire
-
     path = run_dir / "summary.json"
     if not path.is_file():
         return  # the job failed or stopped early: nothing to add to
@@ -236,8 +243,6 @@ def allreduce_timing(spec: JobEnv, args: dict[str, Any]) -> dict[str, Any]:
 
     Returns seconds per allreduce (the slowest learner's, agreed through an allreduce of the max)
     and a checksum: element 0 after the last allreduce, which must equal the sum of the ranks+1."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from asrdist.errors import ConfigError
 from asrdist.parallel.base import CommCounters, LearnerContext, Strategy
 
 # name -> (module, strategy class, config dataclass or None)
@@ -19,8 +20,6 @@ STRATEGIES: dict[str, tuple[str, str, str | None]] = {
 
 
 def strategy_config_class(name: str) -> type | None:
-    from asrdist.errors import ConfigError
-
     if name not in STRATEGIES:
         raise ConfigError(f"strategy.name: unknown strategy '{name}' (known: {', '.join(STRATEGIES)})")
     module, _, cfg = STRATEGIES[name]

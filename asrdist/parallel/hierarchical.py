@@ -35,13 +35,14 @@ import torch
 
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
-from asrdist.parallel import comm
-from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, flat_parameters
+from asrdist.parallel import comm, sync
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_traffic, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
 from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import Membership, NodeMembership
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from asrdist.parallel.topology import is_active
 
 
 @dataclass
@@ -59,10 +60,6 @@ def step_traffic(shapes, world_size: int, group_size: int, rank: int, *, synchro
     synchronous phase's allreduce over all learners (hybrid), or the allreduce inside the node,
     an active leader's exchange with another node's leader (`adpsgd.exchange_traffic`; a passive
     leader's answers come with its partners' exchanges) and the leader's broadcast to its node."""
-    from asrdist.parallel import sync
-    from asrdist.parallel.adpsgd import exchange_traffic
-    from asrdist.parallel.topology import is_active
-
     if synchronous:
         return [t for bucket in sync.exchange_traffic(shapes, world_size, group_size, SyncConfig(overlap=False))
                 for t in bucket]

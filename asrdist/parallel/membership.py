@@ -32,7 +32,6 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, TypeVar
 
-
 from asrdist.errors import CommError, TrainingError
 from asrdist.parallel.groups import survivors_group
 

@@ -50,6 +50,7 @@ from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.groups import copy_group
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards,
+    Hierarchy,
     build_hierarchy,
     check_hierarchical,
     use_hierarchical,
@@ -63,6 +64,7 @@ from asrdist.parallel.onebit_kernel import (
     packed_words,
 )
 from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan  # noqa: F401 (tests use _Plan)
+from asrdist.parallel.sync import hierarchical_in_use
 
 
 @dataclass
@@ -156,9 +158,6 @@ def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_siz
     reduce-scatter and all-gather inside the node around them. Built from the same plan,
     chunks and column shards the run uses (on the meta device: no memory); group "rail" is the
     world when there is one node per learner."""
-    from asrdist.parallel.hierarchical_allreduce import Hierarchy
-    from asrdist.parallel.sync import hierarchical_in_use
-
     config = config or OneBitConfig()
     full = [tuple(as_columns(torch.empty(tuple(s), device="meta")).shape) for s in shapes]
     full = [s for s in full if s[0] * s[1] > 0]

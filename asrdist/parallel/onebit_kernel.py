@@ -26,6 +26,7 @@ from typing import Sequence
 import torch
 
 from asrdist.errors import ConfigError
+from asrdist.native import NativeBuildError, load
 
 KERNEL_KINDS = ("auto", "fused", "reference")
 SWBD_SHAPES: tuple[tuple[int, ...], ...] = (
@@ -184,8 +185,6 @@ class ReferenceQuantizer:
 
 def _load_kernel():
     """The compiled kernels (asrdist/native/onebit_kernel.cpp, built by torch.utils.cpp_extension)."""
-    from asrdist.native import NativeBuildError, load
-
     try:
         return load("onebit_kernel")
     except NativeBuildError as e:

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import torch
 
+from asrdist.cluster.process_group import JobEnv
 from asrdist.config import RunConfig
+from asrdist.eval.evaluate import evaluate_split
 from asrdist.io.atomic import write_json_atomic
+from asrdist.models.registry import count_parameters
 from asrdist.run.report import plot_report
 from asrdist.train.checkpoint import save_model
 from asrdist.utils.throughput import job_frames_per_second
@@ -22,8 +25,6 @@ def hosts() -> dict:
     """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
     between them as asrdist's launcher set it up (`loopback` on one machine; None where another
     launcher started the job: a real cluster's network is not asrdist's to know)."""
-    from asrdist.cluster.process_group import JobEnv
-
     env = JobEnv.of_this_process()
     return {"nodes": env.num_nodes, "network": env.network if env.network is not None else
             "loopback" if env.num_nodes == 1 else None}
@@ -32,10 +33,6 @@ def hosts() -> dict:
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None) -> dict:
-    from asrdist.cluster.process_group import JobEnv
-    from asrdist.eval.evaluate import evaluate_split
-    from asrdist.models.registry import count_parameters
-
     final_eval = evaluate_split(model, task.valid_dir, targets, cfg)
     train_loss = state.history[-1]["train_loss"] if state.history else None
     final = {"train_loss": train_loss, "valid_loss": final_eval["loss"]}

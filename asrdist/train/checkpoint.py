@@ -30,6 +30,7 @@ import torch
 from asrdist.errors import DataError, TrainingError
 from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
+from asrdist.train.state import read_state, write_state
 
 KEEP_LAST = 2
 
@@ -65,8 +66,6 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
     `world_size`, saved it); prune older ones. Checkpoints newer than `tag` (a faster learner's next
     one) are left alone. A checkpoint of some members records them in members.json first.
     `progress` ({epoch, epochs}) goes into the run's state record."""
-    from asrdist.train.state import write_state
-
     d = checkpoint_dir(run_dir, tag)
     writers = list(range(world_size)) if members is None else sorted(members)
     missing = [r for r in writers if not (d / f"rank-{r}.pt").is_file()]
@@ -163,8 +162,6 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
 def prepared_not_started(run_dir: Path) -> bool:
     """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
     older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
-    from asrdist.train.state import read_state
-
     record = read_state(run_dir)
     if record is not None:
         return record["state"] == "prepared"
