@@ -20,8 +20,9 @@ from asrdist.checks import MAX_SLOWDOWN, check_field
 from asrdist.errors import ConfigError
 from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
+from asrdist.optim.batch_search import MULTIPLE
 from asrdist.optim.build import OptimConfig
-from asrdist.parallel import strategy_config_class
+from asrdist.parallel import STRATEGIES, strategy_config_class
 
 
 @dataclass
@@ -226,8 +227,6 @@ class RunConfig:
         check_field("seed", self.seed, at_least=0, at_most=2**32 - 1)
         learners = self.train.learners
         if self.strategy_name == "single" and learners != 1:
-            from asrdist.parallel import STRATEGIES
-
             several = ", ".join(name for name in STRATEGIES if name != "single")
             raise ConfigError(f"train.learners: strategy 'single' runs exactly 1 learner, got {learners} "
                               f"(pick one that runs several with --strategy: {several})")
@@ -238,8 +237,6 @@ class RunConfig:
             raise ConfigError(f"train.group_size: {self.train.group_size} does not divide train.learners = "
                               f"{learners} into equal groups")
         if getattr(self.strategy, "auto_batch_size", False):
-            from asrdist.optim.batch_search import MULTIPLE
-
             if self.data.batch_size % MULTIPLE or MULTIPLE % learners:
                 raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
                                   f"{self.data.batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")

@@ -50,6 +50,7 @@ def _check_writable(path: Path, option: str) -> None:
 
 
 def _topology(args) -> int:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.parallel import topology
 
     learners = _int_option(args.learners, "--learners")
@@ -69,7 +70,7 @@ def _topology(args) -> int:
     print(f"learners {learners}, pattern {args.pattern}: spectral gap of E[W^T W] = "
           f"{gaps[args.pattern]:.6g} ({other}: {gaps[other]:.6g})")
     if learners <= PRINT_MATRIX_MAX:
-        import numpy as np
+        import numpy as np  # imported when the command runs: `--help` stays light
 
         print(f"mixing matrix W of round 0 (pairs {topology.partners_of_round(learners, 0, args.pattern, seed)}):")
         print(np.array2string(topology.mixing_matrix(learners, 0, args.pattern, seed), precision=3,
@@ -77,7 +78,7 @@ def _topology(args) -> int:
     if args.json is None and args.plot is None:
         return 0
 
-    from asrdist.io.atomic import atomic_path, write_json_atomic
+    from asrdist.io.atomic import atomic_path, write_json_atomic  # imported when the command runs: `--help` stays light
 
     curve = topology.gap_curve(seed=seed)
     if args.json is not None:
@@ -100,6 +101,7 @@ def _output_errors(path: Path, option: str) -> Iterator[None]:
 
 
 def _result(pattern: str, learners: int, seed: int, gaps: dict, curve: list[dict]) -> dict:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.parallel import topology
 
     result = {
@@ -119,11 +121,12 @@ def _result(pattern: str, learners: int, seed: int, gaps: dict, curve: list[dict
 
 
 def _plot(tmp: Path, learners: int, gaps: dict, curve: list[dict]) -> None:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # imported when the command runs: `--help` stays light
+    import numpy as np  # imported when the command runs: `--help` stays light
 
     ns = np.array([row["learners"] for row in curve])
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -144,3 +144,42 @@ def test_the_reader_sees_imports_inside_functions(tmp_path, monkeypatch):
     fake.write_text("def f():\n    from asrdist.corpus.lexicon import Lexicon\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "asrdist")
     assert [(n, top) for n, _, top in imports(fake)] == [("asrdist.corpus.lexicon", False)]
+
+
+def unexplained_inner_imports(path: Path) -> list[str]:
+    """Imports inside functions with no comment saying why: on the import's line, or on the line
+    above it or above the imports it is grouped with."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines), filename=str(path))
+    import_lines = {i for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for i in range(n.lineno, n.end_lineno + 1)}
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for n in ast.walk(fn):
+            if not isinstance(n, (ast.Import, ast.ImportFrom)):
+                continue
+            if any("#" in lines[i - 1] for i in range(n.lineno, n.end_lineno + 1)):
+                continue
+            above = n.lineno - 1
+            while above in import_lines and "#" not in lines[above - 1]:
+                above -= 1
+            if not lines[above - 1].strip().startswith("#") and "#" not in lines[above - 1]:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{n.lineno}: {lines[n.lineno - 1].strip()}")
+    return found
+
+
+def test_imports_inside_functions_say_why():
+    """DESIGN.md §3: imports at module top, unless a comment says why (a cycle, start-up time, an
+    optional dependency)."""
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in unexplained_inner_imports(path)]
+    assert not found, "\n".join(found)
+
+
+def test_an_unexplained_inner_import_is_found(tmp_path, monkeypatch):
+    module = tmp_path / "asrdist" / "m.py"
+    module.parent.mkdir()
+    module.write_text("def f():\n    # why\n    import json\n    import os\n\n\ndef g():\n    import re\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "asrdist")
+    assert unexplained_inner_imports(module) == ["asrdist/m.py:8: import re"]

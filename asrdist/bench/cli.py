@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
 
 
 def _run(args) -> int:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.io.atomic import write_json_atomic
     from asrdist.utils.machine import machine_info
 

@@ -37,6 +37,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from asrdist.checks import cli_number
 from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.netem_launch import run_learners
@@ -142,9 +145,6 @@ def _wire_figures(r0: dict, learners: int, nodes: int) -> dict[str, Any]:
 
 def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function (run by run_learners): time sync and onebit exchanges side by side."""
-    import torch
-    import torch.distributed as dist
-
 
     ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")
@@ -235,8 +235,6 @@ def _phase_medians(per_learner: list[list[dict[str, float]]]) -> dict[str, float
 def _sync_mean_error(out, shapes, world_size: int) -> float:
     """Largest deviation of sync's result from the true mean of every learner's gradient (the
     gradients are regenerated from their seeds; only the first tensor is checked, for time)."""
-    import torch
-
     expected = torch.zeros(shapes[0])
     for rank in range(world_size):
         gen = torch.Generator().manual_seed(1000 + rank)

@@ -248,13 +248,13 @@ def sim_device(part: dict[str, Any]) -> dict[str, float]:
 def train(device: torch.device, recipe: str, data: str, steps: int, overrides: list[str]) -> dict[str, Any]:
     """`asrdist train RECIPE` for `steps` minibatches, one learner in this process (on CUDA when
     there is one, as asrdist picks it), read back from its summary.json."""
-    from asrdist.cli import main
+    from asrdist.cli import main as asrdist_main  # here: this module has a main of its own
 
     with tempfile.TemporaryDirectory(prefix="asrdist-gpu-train-") as tmp:
         out = Path(tmp) / "run"
         reset_peak(device)
         t0 = time.perf_counter()
-        code = main(["train", recipe, "--data", data, "--out", str(out), "--no-progress",
+        code = asrdist_main(["train", recipe, "--data", data, "--out", str(out), "--no-progress",
                      f"train.max_steps={steps}", "train.learners=1", *overrides])
         wall = time.perf_counter() - t0
         if code != 0:
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.backend:
                 raise ConfigError("pair: --backend is required")
-            from asrdist.bench.gpu_pair import pair
+            from asrdist.bench.gpu_pair import pair  # here, not at the top: gpu_pair imports this module
 
             part["result"] = pair(device, args.backend, args.strategy, args.quick, args.steps, args.timeout)
     except Exception as exc:  # recorded in the check's JSON; the script goes on to the next step

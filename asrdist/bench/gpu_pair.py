@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize
 from asrdist.cluster.netem_launch import run_learners
@@ -36,8 +37,6 @@ def _pair_steps(spec, args: dict[str, Any]) -> dict[str, Any]:
     """One learner: joins over `args['backend']`, computes on `args['device']` (gloo included: its
     tensors are then CUDA tensors, which asrdist's collectives stage through the CPU where gloo
     needs it), and times `steps` of the trainer's own step on a fixed synthetic minibatch."""
-    import torch.distributed as dist
-
 
     device = torch.device(args["device"])
     rank, world, threads = spec.rank, spec.world_size, spec.num_threads
@@ -96,8 +95,6 @@ def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: 
     """Two learners on `device` over `backend`, each a process. A backend that cannot run here
     (NCCL without CUDA, or refusing two ranks on one GPU, as NCCL >= 2.5 does) is reported with
     its reason as `status` refused or unavailable, not raised: the check goes on."""
-    import torch.distributed as dist
-
 
     if backend == "nccl" and not (device.type == "cuda" and dist.is_nccl_available()):
         return {"backend": backend, "status": "unavailable",

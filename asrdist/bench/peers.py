@@ -37,6 +37,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+from torch.distributed.algorithms.model_averaging.averagers import (
+    PeriodicModelAverager,
+)
+from torch.nn.parallel import DistributedDataParallel
+
 from asrdist.checks import cli_number
 from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.netem_launch import run_learners
@@ -130,8 +139,6 @@ class _TeacherBatches:
     sampler protocol (one epoch = every minibatch once)."""
 
     def __init__(self, rank: int, count: int, frames: int):
-        import torch
-
 
         teacher = torch.randn(FEATURE_DIM, CLASSES, generator=torch.Generator().manual_seed(7))
         gen = torch.Generator().manual_seed(1000 + rank)
@@ -168,8 +175,6 @@ class _Contender:
 
 
 def _fresh_model(hidden_dim: int):
-    import torch
-
 
     torch.manual_seed(0)  # the same initial weights for every contender, on every learner
     return build_model(ModelConfig(name="dnn", hidden_dim=hidden_dim, hidden_layers=4), FEATURE_DIM // 11, CLASSES)
@@ -194,8 +199,6 @@ def _asrdist(spec, ctx, sampler, run_dir: Path, args: dict, strategy: dict) -> _
 
 
 def _torch_step(model, optimizer, after: Callable[[], None] | None = None) -> Callable:
-    import torch.nn.functional as F
-
     def step(batch) -> None:
         F.cross_entropy(model(batch.inputs), batch.targets).backward()
         optimizer.step()
@@ -207,15 +210,10 @@ def _torch_step(model, optimizer, after: Callable[[], None] | None = None) -> Ca
 
 
 def _sgd(params):
-    import torch
-
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, nesterov=True)
 
 
 def _ddp(args: dict, powersgd_rank: int = 0) -> _Contender:
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-    from torch.nn.parallel import DistributedDataParallel
-
     model = _fresh_model(args["hidden_dim"])
     if not powersgd_rank:
         ddp = DistributedDataParallel(model)
@@ -228,10 +226,6 @@ def _ddp(args: dict, powersgd_rank: int = 0) -> _Contender:
 
 
 def _torch_averaging(args: dict) -> _Contender:
-    from torch.distributed.algorithms.model_averaging.averagers import (
-        PeriodicModelAverager,
-    )
-
     model = _fresh_model(args["hidden_dim"])
     period = int(args["period"])
     # torch averages after its steps w, w + K, ... (0-based); asrdist after every K-th minibatch
@@ -242,10 +236,6 @@ def _torch_averaging(args: dict) -> _Contender:
 
 def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function (run by run_learners): every contender, rounds alternating."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
 
     ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
                         init_method=spec.init_method, backend="gloo")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import RunConfig, config_from_tree
@@ -53,8 +54,6 @@ def scaling_config(spec, args: dict[str, Any]) -> RunConfig:
 
 
 def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed as dist
-
 
     if args["compute_ms"] <= 0:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
@@ -141,8 +140,6 @@ def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> di
     holds random gradients; per repeat each exchange runs once after a barrier, the two
     alternating which goes first so machine noise hits both alike. A repeat's time is its slowest
     learner's; bytes are all learners'."""
-    import torch.distributed as dist
-
 
     gen = torch.Generator().manual_seed(1000 + rank)
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]

@@ -33,6 +33,7 @@ from asrdist.cluster.netem import network_label
 from asrdist.compare import runs as compare_runs
 from asrdist.compare.runs import Hosts, parse_strategies, resolve_all
 from asrdist.compare.stepcost import config_step_seconds_per_frame
+from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError
 from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
 from asrdist.run.prepare import build_targets, ensure_features
@@ -155,8 +156,6 @@ def _corpus(args) -> Path:
         return args.data
     out = args.out / "corpus"
     if not (out / "summary.json").is_file():
-        from asrdist.corpus.synth import synth_command
-
         synth_command(argparse.Namespace(out=out, utterances=args.utterances, seed=0, synthesizer="espeak", jobs=0,
                                          noise_snr=None, skip_bad=False, overwrite=out.exists()))
     return out

@@ -45,6 +45,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch.distributed as dist
+
 from asrdist.cluster.netem import EmulatedNetwork, die_with_parent, stop_process
 from asrdist.cluster.netem_launch import _check_layout, _namespace_port, record_wire
 from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
@@ -99,8 +101,6 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,
                        env: dict) -> None:
     """One process per learner, the job's store hosted here (see the module docstring)."""
-    import torch.distributed as dist
-
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
     env = dict(env, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_MAX_RESTARTS="0")

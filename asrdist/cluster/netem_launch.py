@@ -38,6 +38,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from asrdist.checks import cli_number
 from asrdist.cluster.netem import (
     COUNTER_NAMES,
@@ -208,9 +211,6 @@ def _supervise(procs: list, tmp: Path, timeout: float, label: str) -> None:
 
 
 def _call_learner(spec: JobEnv, fn_module: str, fn_name: str, args: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
     torch.set_num_threads(spec.num_threads)
     result = getattr(importlib.import_module(fn_module), fn_name)(spec, args)
     if dist.is_initialized():
@@ -243,9 +243,6 @@ def allreduce_timing(spec: JobEnv, args: dict[str, Any]) -> dict[str, Any]:
 
     Returns seconds per allreduce (the slowest learner's, agreed through an allreduce of the max)
     and a checksum: element 0 after the last allreduce, which must equal the sum of the ranks+1."""
-    import torch
-    import torch.distributed as dist
-
     start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     tensor = torch.empty(int(args["floats"]), dtype=torch.float32)
     tensor.fill_(spec.rank + 1)

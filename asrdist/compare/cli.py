@@ -45,6 +45,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     """Train what is missing, then build the report; returns summary.json's content. With `nodes`
     > 1 every run but single's runs on that many emulated hosts joined by `network` links; each
     strategy with its own recipe unless `same_recipe`; time to `target` (None: the default)."""
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.compare.recipes import recipes_for
     from asrdist.compare.report import build_summary, write_outputs
     from asrdist.compare.runs import Hosts, parse_strategies, resolve_all, train_missing
@@ -73,6 +74,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
 def _earlier_machine_figures(out: Path) -> dict | None:
     """The machine figures an earlier report on OUT measured (its summary.json's `machine`), so that
     a rebuilt report predicts what that one did; None if there is none or it is unreadable."""
+    # the command's work, imported when it runs: `asrdist --help` stays light
     import json
 
     try:
@@ -83,6 +85,7 @@ def _earlier_machine_figures(out: Path) -> dict | None:
 
 
 def compare_command(args) -> int:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.compare.report import format_table, target_line
 
     summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []),

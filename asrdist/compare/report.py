@@ -148,6 +148,7 @@ def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, kno
     network_cost = known.get("network_cpu_seconds_per_byte")
     if network_cost is None:
         try:
+            # optional: without the simulator the page predicts nothing and says why
             from asrdist.sim.cluster import parameter_count
             from asrdist.sim.scenario import config_shapes
 
@@ -216,7 +217,7 @@ def simulator_line(summary: dict) -> str:
 
 
 def _png(fig) -> str:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib only where a figure is drawn: a second of import time
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
@@ -226,11 +227,12 @@ def _png(fig) -> str:
 
 def _figures(summary: dict) -> list[tuple[str, str]]:
     """(caption, base64 PNG) of each plot."""
+    # matplotlib only where a figure is drawn (a second of import time), its file backend chosen first
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # after the file backend is chosen
+    from matplotlib.ticker import MaxNLocator  # after the file backend is chosen
 
     runs, label = summary["runs"], summary["metric"].upper()
     names = [r["run"] for r in runs]

@@ -244,7 +244,7 @@ def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: f
     if seconds_per_frame is None:
         return None, "no one-learner step time (add single to --strategies)"
     try:
-        from asrdist.sim import predict_frames_per_second as simulate
+        from asrdist.sim import predict_frames_per_second as simulate  # optional: the report says when it is missing
 
         cfg = run_config(run_dir)
         if not (nodes > 1 and network):  # one machine: train.group_size's nodes, talking over loopback

@@ -19,10 +19,13 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import torch
+
 from asrdist.cluster.process_group import default_backend, device_for_backend
 from asrdist.compare.runs import run_config
 from asrdist.config import config_from_tree
 from asrdist.data.targets import Targets
+from asrdist.errors import DataError
 from asrdist.parallel.base import LearnerContext
 from asrdist.run.learner import build_learner
 from asrdist.run.prepare import load_targets
@@ -53,8 +56,6 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
     epoch's end: validation and checkpoint, over `epoch_ends` of them; empty if 0}) for
     `requests` = {key: (resolved run config, targets, learners, threads)}, timed alone as
     `step_seconds_per_frame` does. Raises AsrdistError or OSError."""
-    import torch
-
     threads_before, rng_state = torch.get_num_threads(), torch.get_rng_state()
     try:
         with ExitStack() as stack:
@@ -77,8 +78,6 @@ class _Timer:
     """One learner of a run's recipe, alone, whose steps are timed window by window."""
 
     def __init__(self, stack: ExitStack, cfg, targets: Targets, learners: int, threads: int):
-        import torch
-
 
         tree = cfg.to_dict()
         tree["strategy"] = {"name": "single"}
@@ -96,8 +95,6 @@ class _Timer:
     def epoch_end(self) -> float:
         """Seconds of what an epoch's end costs a lone learner: validating its model on the valid
         split, and its checkpoint."""
-        import torch
-
         torch.set_num_threads(self.threads)
         start = time.perf_counter()
         self.task.validate(self.trainer.model)
@@ -106,16 +103,12 @@ class _Timer:
 
     def window(self, steps: int, seconds: float) -> float:
         """Seconds per frame over the next `steps` steps and at least `seconds` of them."""
-        import torch
-
         torch.set_num_threads(self.threads)
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         timed, frames, done = 0.0, 0, 0
         while done < steps or timed < seconds:
             batch = next(self.batches, None)
             if batch is None:
-                from asrdist.errors import DataError
-
                 raise DataError(f"{self.corpus}: no training minibatch to time")
             sync()
             start = time.perf_counter()

@@ -81,25 +81,30 @@ def _add_split_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _synth(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.synth import synth_command
     return synth_command(args)
 
 
 def _fsdd(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.fsdd import fsdd_command
     return fsdd_command(args)
 
 
 def _import_kaldi(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.import_kaldi import import_command
     return import_command(args)
 
 
 def _import_lhotse(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.import_lhotse import import_lhotse_command
     return import_lhotse_command(args)
 
 
 def _export_kaldi(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.import_kaldi import export_command
     return export_command(args)

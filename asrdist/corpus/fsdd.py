@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from asrdist.corpus.lexicon import LEXICON_NAME
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
@@ -127,8 +129,6 @@ def build_fsdd(out: str | Path, source: str | Path | None = None, test_speaker: 
                overwrite: bool = False, progress: bool = True, channel: int | None = None) -> dict:
     """Build the FSDD corpus in `out` (atomically) and return its summary; `channel` picks the
     channel of multi-channel recordings (an error without it)."""
-    from tqdm import tqdm
-
 
     if sample_rate not in (8000, 16000):
         raise ConfigError(f"--sample-rate: {sample_rate} Hz, expected 8000 or 16000")

@@ -34,6 +34,7 @@ from typing import Iterator
 
 import kaldiio
 import numpy as np
+from tqdm import tqdm
 
 from asrdist.corpus.lexicon import Lexicon, store_lexicon
 from asrdist.corpus.phones import PhoneTable
@@ -317,8 +318,6 @@ class _Importer:
     def read_audio(self, rec_of: dict[str, str]) -> tuple[dict[str, tuple[Path, int, int]], int, Counter]:
         """rec -> (path, samples, rate) for every readable recording, the corpus rate and the
         count of recordings at each rate."""
-        from tqdm import tqdm
-
         audio, first_utt = {}, {}
         for utt_id, rec in rec_of.items():
             first_utt.setdefault(rec, utt_id)
@@ -538,7 +537,7 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     """Import Kaldi data dir `src` into asrdist split directory `out`; returns the summary.
     OUT is checked before any audio is read; `lexicon` (a file) is stored as OUT/lexicon.txt.
     (`asrdist.corpus.assemble.import_kaldi_corpus` builds a whole corpus.)"""
-    from asrdist.corpus.assemble import empty_transcripts
+    from asrdist.corpus.assemble import empty_transcripts  # here, not at the top: assemble imports this module
 
     src, out = Path(src), Path(out)
     inputs = (src, alignments, lexicon)
@@ -606,7 +605,7 @@ def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) 
 
 
 def import_command(args) -> int:
-    from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options
+    from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options  # (as above)
 
     single, mapping = parse_split_options(args.split or [])
     one_split = (args.src / "wav.scp").is_file() and single is None and not mapping

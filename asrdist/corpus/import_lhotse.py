@@ -103,7 +103,7 @@ def _load_manifest(path: Path, kind: str) -> list:
     """The entries of one manifest, `kind` "recordings" or "supervisions". lhotse reads a file by
     what each line holds, not by the set asked for, so a swapped pair of files (or a cuts
     manifest) is caught here by the entries' type; an empty file reads as None."""
-    from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet
+    from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet  # seconds to import: here only
 
     manifest_set, entry = {"recordings": (RecordingSet, Recording),
                            "supervisions": (SupervisionSet, SupervisionSegment)}[kind]

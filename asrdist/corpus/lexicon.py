@@ -193,8 +193,6 @@ def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable
         lexicon = Lexicon.read(lexicon)
     where = str(where if where is not None else corpus)
     if texts is None:
-        from asrdist.io.kaldi_dir import read_data_dir
-
         splits = [Path(corpus)] if (Path(corpus) / "text").is_file() else \
             [d for d in sorted(Path(corpus).iterdir()) if (d / "text").is_file()]
         texts = [u.text for d in splits for u in read_data_dir(d).utterances.values()]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from asrdist.corpus import espeak, flite
 from asrdist.corpus.phones import PhoneTable
@@ -223,8 +224,6 @@ def build_corpus(out: Path, utterances: int, seed: int = 0, synthesizer: str = "
     With jobs != 1 the workers are spawned processes: a script calling this needs the usual
     `if __name__ == "__main__":` guard.
     """
-    from tqdm import tqdm
-
     if jobs < 0:
         raise ConfigError(f"--jobs: must be >= 0, got {jobs}")
     if noise_snr is not None and not math.isfinite(noise_snr):

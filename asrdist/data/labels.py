@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asrdist.corpus.lexicon import lexicon_phone_tokens
 from asrdist.corpus.phones import PhoneTable
 from asrdist.data.targets import Targets, phone_tokens
 from asrdist.errors import DataError
@@ -66,8 +67,6 @@ def ctc_tokens(split_dir: Path, targets: Targets, data=None) -> dict[str, list[i
     the caller has read it already (targets from transcripts read it otherwise)."""
     if targets.kind == "phones":
         if not (split_dir / "alignment.scp").is_file():
-            from asrdist.corpus.lexicon import lexicon_phone_tokens
-
             tokens = lexicon_phone_tokens(split_dir, data)
             if tokens is None:
                 raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (CORPUS/lexicon.txt, "

@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import chi2
 
 from asrdist.errors import DataError
 from asrdist.eval.evaluate import ctc_hypothesis
@@ -231,8 +232,6 @@ def words_implausible(hyps: Sequence[Sequence[int]], balance: WordBalance, level
     """Whether one speaker's first-pass words (`hyps`, token sequences; those that are no single
     vocabulary word left out) are counts that the training frequencies give less often than `level`
     (G-test: 2 sum O ln(O / E) is about chi-squared with W - 1 degrees of freedom)."""
-    from scipy.stats import chi2
-
     index = {tuple(ids): w for w, spelled in enumerate(balance.spellings) for ids in spelled}
     said = np.array([index[tuple(h)] for h in hyps if tuple(h) in index], dtype=np.int64)
     counts = np.bincount(said, minlength=len(balance.spellings)).astype(np.float64)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrdist.data.labels import (
     ctc_tokens,
@@ -16,6 +17,7 @@ from asrdist.data.samplers import splice
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
 from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode, viterbi_decode
+from asrdist.eval.details import phone_details, text_details
 from asrdist.eval.scoring import error_rate
 from asrdist.eval.vocabulary import vocabulary_search
 from asrdist.features.store import FeatureStore
@@ -89,17 +91,13 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     result = {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),
               "per": per["rate"], "utterances": len(utt_ids), "frames": frames}
     if details:
-        from asrdist.eval.details import phone_details
-
         result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
     return result
 
 
 def _speaker_maps(model, store, utt_ids, split_dir, cfg, constrained) -> tuple[dict, dict]:
     """({utt: its speaker's feature map}, the adaptation's summary for eval.json)."""
-    from tqdm import tqdm
-
-    from asrdist.eval.adapt import RecipeAdaptation
+    from asrdist.eval.adapt import RecipeAdaptation  # here, not at the top: adapt imports this module
 
     data = read_data_dir(split_dir, require_text=False)
     by_speaker: dict[str, list[str]] = {}
@@ -164,14 +162,10 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         result["per"] = error_rate(refs, hyps)["rate"]
         result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
         if details:
-            from asrdist.eval.details import text_details
-
             result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
     elif targets.kind == "phones":
         result["per"] = error_rate(refs, hyps)["rate"]
         if details:
-            from asrdist.eval.details import phone_details
-
             result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
     else:
         without_loss = [u for u in utt_ids if u not in tokens]
@@ -184,7 +178,5 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         result["cer"] = error_rate([list(r) for r in ref_text], [list(h) for h in hyp_text])["rate"]
         result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
         if details:
-            from asrdist.eval.details import text_details
-
             result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
     return result

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.signal import resample_poly
+from tqdm import tqdm
 
 from asrdist.errors import ConfigError, DataError
 from asrdist.features.cmvn import CmvnStats, Normalizer, load_global
@@ -36,8 +38,6 @@ def copy_plan(speed_perturb: Sequence[float], noise_snr: float | None) -> list[t
 
 def speed_perturb(samples: np.ndarray, factor: float) -> np.ndarray:
     """Audio played `factor` times faster (sox `speed`): polyphase resampling by 1/factor."""
-    from scipy.signal import resample_poly
-
     if factor == 1.0:
         return np.asarray(samples)
     ratio = Fraction(factor).limit_denominator(100)
@@ -95,8 +95,6 @@ def check_front_end(train_dir: Path, data_cfg) -> None:
 
 def build_augmented_store(train_dir: Path, data_cfg, seed: int, progress: bool = True) -> Path | None:
     """Make the copies of steps 1-2 for `train_dir` unless they exist; returns the store path."""
-    from tqdm import tqdm
-
 
     out = augmented_store_path(train_dir, data_cfg, seed)
     if out is None or has_features(out):

@@ -25,5 +25,6 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
 
 
 def _features(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.features.extract import features_command
     return features_command(args)

@@ -24,6 +24,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from asrdist.errors import ConfigError, DataError
 from asrdist.features import store as feature_store
@@ -140,8 +141,6 @@ def _compute(task: tuple) -> list[tuple[str, np.ndarray | None, str | None, floa
 
 def _run_tasks(tasks: list[tuple], jobs: int, progress: bool, desc: str):
     """Yield worker results in task order, from a process pool unless jobs == 1."""
-    from tqdm import tqdm
-
     total = sum(len(t[4]) for t in tasks)
     # the bar goes when the split is done, or when it fails: an error is one line, with no bars above it
     bar = tqdm(total=total, desc=desc, unit="utt", disable=None if progress else True, file=sys.stderr, leave=False)

@@ -83,8 +83,6 @@ def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
         mean, std = np.asarray(front["mean"]), np.asarray(front["std"])
         return [((f - mean) / std).astype(np.float32) for f in feats]
     if front["cmvn"] == "speaker":
-        from asrdist.features.cmvn import SpeakerPrior
-
         stats = CmvnStats(feats[0].shape[1])
         for f in feats:
             stats.accumulate(f)

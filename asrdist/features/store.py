@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import kaldiio
 import numpy as np
 
 from asrdist.errors import DataError
@@ -390,8 +391,6 @@ def export_kaldi(store: FeatureStore, out_dir: str | Path, final_dir: str | Path
     `final_dir` is where `out_dir` will live once renamed: the scp names that absolute path,
     since Kaldi tools resolve scp paths against their working directory, not the scp's.
     """
-    import kaldiio
-
     out_dir = Path(out_dir)
     final = Path(final_dir or out_dir).resolve() / "feats.ark"
     ark = out_dir / "feats.ark"

@@ -32,7 +32,6 @@ def output_errors(path: str | os.PathLike, creating: bool = False) -> Iterator[N
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRNOS and not (creating and exc.errno == errno.ENOENT):
             raise
-        from asrdist.errors import OutputError
 
         where = exc.filename or path
         if creating or _inside_temporary_of(path, where):  # not the temporary name beside it
@@ -63,8 +62,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     delete it. Unwritable output (disk full, ...) is one OutputError naming `path`."""
     path = Path(path)
     if path.is_dir():
-        from asrdist.errors import OutputError
-
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
     with output_errors(path, creating=True):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +109,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 def save_torch_atomic(path: str | os.PathLike, obj: Any) -> None:
     """`torch.save` through atomic_path. It writes into a Python file object: given a file name,
     torch reports a full disk as a RuntimeError from its C++ writer, without errno or file."""
-    import torch
+    import torch  # only here: `asrdist COMMAND --help` checks its outputs with this module
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         try:
@@ -289,6 +286,7 @@ def check_output_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     if path.is_dir():
         raise OutputError(f"{path}: output file is an existing directory; give a file name")
     if path.exists() and not path.is_file():
+        # the audio module (numpy, soundfile) only on this error: `asrdist COMMAND --help` checks outputs with this module
         from asrdist.io.audio import file_kind
 
         raise OutputError(f"{path}: output file exists and is {file_kind(path)}, not a regular file; give a file name")

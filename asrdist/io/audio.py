@@ -14,6 +14,8 @@ from math import gcd
 from pathlib import Path
 
 import numpy as np
+import soundfile
+from scipy.signal import resample_poly
 
 from asrdist.errors import DataError
 
@@ -202,8 +204,6 @@ def _check_sphere(head, path: Path, label: str) -> None:
 def _sound_info(path: Path, label: str, kind: str, head):
     """libsndfile's header of a file of container `kind` (its `soundfile.info`); `head`: the
     file's first bytes, as read to tell its kind."""
-    import soundfile
-
     if kind == "NIST SPHERE":
         _check_sphere(head, path, label)
 
@@ -228,8 +228,6 @@ def _read_sndfile(path: Path, label: str, kind: str, head) -> tuple[np.ndarray, 
     """([frames, channels] int16, format) of a libsndfile container (`_sndfile_kind`); a file
     that ends early or fails to decode is one DataError line, as a truncated WAV is. (An MP3's
     length in the header is libsndfile's estimate where the encoder wrote none: not checked.)"""
-    import soundfile
-
     info = _sound_info(path, label, kind, head)
     fmt = _sndfile_format(info, path, label, kind)
     try:
@@ -434,8 +432,6 @@ def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     """Polyphase resampling (scipy) of int16 or float audio; returns the input dtype."""
     if rate_in == rate_out:
         return samples
-    from scipy.signal import resample_poly
-
     g = gcd(rate_in, rate_out)
     out = resample_poly(samples.astype(np.float64), rate_out // g, rate_in // g)
     if samples.dtype == np.int16:

@@ -73,7 +73,7 @@ def _ensure_ninja() -> None:
     if shutil.which("ninja"):
         return
     try:
-        import ninja
+        import ninja  # optional until a kernel is built: installed below when missing
     except ImportError:
         raise NativeBuildError("ninja not found (pip install ninja, as pyproject.toml pins it)") from None
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
@@ -90,7 +90,7 @@ def _build(stem: str, flags: tuple[str, ...]):
     if shutil.which(cxx) is None:
         raise NativeBuildError(f"no C++ compiler: {cxx!r} not found (install g++ or set CXX)")
     _ensure_ninja()
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # only when a kernel is built (a cached one loads without it)
 
     source = SOURCE_DIR / f"{stem}.cpp"
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())

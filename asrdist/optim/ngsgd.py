@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from asrdist.errors import ConfigError, DataError
-from asrdist.native import NativeBuildError
+from asrdist.native import NativeBuildError, load
 
 EPSILON = 1.0e-10
 """Absolute floor on ρ and D (keeps all-zero inputs from collapsing F)."""
@@ -66,8 +66,6 @@ def native_kernel():
     asrdist.native.NativeBuildError with a one-line reason where it cannot be built."""
     global _kernel_module
     if _kernel_module is None:
-        from asrdist.native import load
-
         _kernel_module = load("ngsgd_kernel")
     return _kernel_module
 

@@ -31,6 +31,9 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
+import torch.distributed as dist
+
+from asrdist.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -131,8 +134,6 @@ class LearnerContext:
 
     def on_group(self, group: Any) -> "LearnerContext":
         """The context of a strategy that communicates inside `group` only."""
-        import torch.distributed as dist
-
         return replace(self, group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group))
 
 
@@ -156,8 +157,6 @@ class Strategy:
         if self.config_class is not None:
             config = self.config_class() if config is None else config
             if not isinstance(config, self.config_class):
-                from asrdist.errors import ConfigError
-
                 raise ConfigError(f"strategy {self.name}: expected a config of type {self.config_class.__name__}, "
                                   f"got {type(config).__name__}")
         self.config = config

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
 from asrdist.data.targets import Targets
@@ -81,8 +82,6 @@ def _check_model(targets: Targets, run_dir: Path) -> None:
 
 def align_split(model, split: Path, targets: Targets, cfg, lexicon: Lexicon, progress: bool) -> tuple[dict, dict]:
     """(utt -> alignment, summary) for one split with features in place."""
-    from tqdm import tqdm
-
 
     data = read_data_dir(split)
     store = FeatureStore(split)

@@ -18,5 +18,6 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
 
 
 def _align(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.align import align_command
     return align_command(args)

@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.adapt import RecipeAdaptation
@@ -113,8 +114,6 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
 def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speakers: list[str],
                 channel: int | None = None) -> list:
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
-    from tqdm import tqdm
-
 
     out: list = [None] * len(wavs)
     raw: dict[int, np.ndarray] = {}

@@ -85,6 +85,7 @@ def _balance_option(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.eval.details import hyp_path
     from asrdist.run.evaluate import eval_command
 
@@ -97,6 +98,7 @@ def _eval(args):
 
 
 def _decode(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.decode import decode_command
 
     if args.out is not None:

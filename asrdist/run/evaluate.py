@@ -23,6 +23,7 @@ from asrdist.eval.evaluate import evaluate_split
 from asrdist.features.store import FeatureStore, has_features
 from asrdist.io.atomic import atomic_path, json_text
 from asrdist.io.kaldi_dir import read_data_dir
+from asrdist.optim.ng_layers import apply_natural_gradient
 from asrdist.run.prepare import ensure_features, feature_mismatch, load_targets
 from asrdist.run.task import build_model_for
 from asrdist.train.checkpoint import read_torch_file
@@ -32,8 +33,6 @@ def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Mod
     """`model` as the learners trained it: natural gradient turns a chunk model's `nn.LSTM` into an
     `AffineLSTM` (other state_dict keys), exactly as `asrdist.run.learner` does before training."""
     if cfg.optim.natural_gradient:
-        from asrdist.optim.ng_layers import apply_natural_gradient
-
         apply_natural_gradient(model, convert_lstm=model.kind == "chunk", seed=cfg.seed)
     return model
 

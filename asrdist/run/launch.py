@@ -17,6 +17,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy
+import torch
 import yaml
 
 from asrdist import __version__
@@ -40,7 +42,9 @@ from asrdist.io.atomic import (
     write_text_atomic,
 )
 from asrdist.io.kaldi_dir import read_alignments
+from asrdist.optim.ngsgd import resolve_kernel
 from asrdist.run import rundir
+from asrdist.run.learner import run_learner
 from asrdist.run.prepare import build_targets, ensure_features, save_targets
 from asrdist.run.rundir import CONFIG_NAME, run_config_path
 from asrdist.run.task import model_kind
@@ -116,9 +120,6 @@ def resolve_config(args) -> RunConfig:
 
 
 def environment_record(cfg: RunConfig) -> dict:
-    import numpy
-    import torch
-
 
     return {"asrdist": __version__, "seed": cfg.seed, "argv": sys.argv, "torch": torch.__version__,
             "numpy": numpy.__version__, "python": platform.python_version(), "machine": machine_info(),
@@ -312,8 +313,6 @@ def restart_from_the_start(run_dir: Path) -> None:
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool) -> dict | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
-        from asrdist.run.learner import run_learner
-
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
                             timeout=timedelta(seconds=cfg.train.timeout_seconds))
         summary = run_learner(cfg, run_dir, ctx, resume=resume, progress=progress)
@@ -330,8 +329,6 @@ def prebuild_native_kernels(cfg: RunConfig) -> None:
     at their first minibatch, one building and the others waiting on its lock. Without a compiler
     `native` stops the run here with its one-line error; `auto` warns here."""
     if cfg.optim.natural_gradient and cfg.optim.natural_gradient_kernel != "python":
-        from asrdist.optim.ngsgd import resolve_kernel
-
         resolve_kernel(cfg.optim.natural_gradient_kernel)
 
 

@@ -23,6 +23,12 @@ from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
 from asrdist.optim.batch_search import MULTIPLE, EpochStartTrials, search_batch_size
 from asrdist.optim.build import build_optimizer
+from asrdist.optim.max_change import clip_change
+from asrdist.optim.ng_layers import (
+    apply_natural_gradient,
+    load_natural_gradient_state,
+    natural_gradient_state,
+)
 from asrdist.optim.schedules import LRSchedule
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
@@ -134,20 +140,12 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
     if cfg.optim.natural_gradient:
-        from asrdist.optim.ng_layers import (
-            apply_natural_gradient,
-            load_natural_gradient_state,
-            natural_gradient_state,
-        )
-
         apply_natural_gradient(model, convert_lstm=task.kind == "chunk", seed=cfg.seed,
                                kernel=cfg.optim.natural_gradient_kernel)
         hooks.extra_state = lambda: {"natural_gradient": natural_gradient_state(model)}
         hooks.load_extra_state = lambda s: load_natural_gradient_state(model, s["natural_gradient"])
     model.to(ctx.device)
     if cfg.optim.max_change:
-        from asrdist.optim.max_change import clip_change
-
         hooks.before_optimizer_step = lambda lr: clip_change(model, lr)
     optimizer = build_optimizer(cfg.optim, model.parameters())
     strategy = build_strategy(cfg.strategy_name, cfg.strategy)

@@ -35,6 +35,7 @@ def worker_command(run_dir: Path, learners: int) -> str:
 
 
 def prepare_command(args) -> int:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.launch import check_new_run_dir, prepare_run_dir, resolve_config
 
     cfg = resolve_config(args)

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+
 from asrdist.io.atomic import atomic_path
 from asrdist.train.metrics import read_metrics
 
 
 def plot_report(run_dir: Path, title: str = "") -> Path:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     records = read_metrics(run_dir)
     train = [r for r in records if r["kind"] == "train"]

@@ -14,6 +14,7 @@ from asrdist.data import samplers
 from asrdist.data.augment import SpecAugment
 from asrdist.data.labels import ctc_tokens, frame_labels
 from asrdist.data.targets import Targets
+from asrdist.errors import ConfigError
 from asrdist.eval.evaluate import evaluate_split
 from asrdist.features.augment import AugmentedStore, training_store
 from asrdist.models import objectives
@@ -41,8 +42,6 @@ class SpeechTask:
         self.model = build_model_for(cfg, self.store.dim, targets)
         self.kind = self.model.kind
         if cfg.data.batch_size % world_size:
-            from asrdist.errors import ConfigError
-
             raise ConfigError(f"data.batch_size: {cfg.data.batch_size} is not divisible by {world_size} learners")
         self.rank, self.world_size = rank, world_size
         self.local_batch = cfg.data.batch_size // world_size

@@ -32,5 +32,6 @@ def add_emulated_cluster_options(p: argparse.ArgumentParser, whose: str) -> None
 
 
 def _train(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.launch import train_command
     return train_command(args)

@@ -18,8 +18,10 @@ from asrdist.cluster.netem import die_with_parent
 from asrdist.cluster.process_group import NETWORK_ENV, JobEnv, start_learner
 from asrdist.config import config_from_tree
 from asrdist.errors import ConfigError
-from asrdist.run.rundir import describe, has_no_checkpoint, run_config_path
+from asrdist.run.learner import run_learner
+from asrdist.run.rundir import describe, has_no_checkpoint, record_resume, run_config_path
 from asrdist.train.checkpoint import latest_step_dir
+from asrdist.train.state import write_state
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         _record_start(args.run_dir, cfg, rank, resumed=args.resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
-        from asrdist.run.learner import run_learner
 
         run_learner(cfg, args.run_dir, ctx, resume=resume, progress=not args.no_progress)
         sys.stdout.flush()
@@ -52,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
             if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
-                from asrdist.train.state import write_state
 
                 write_state(args.run_dir, "failed", reason=message[:300])
         except OSError:  # a full disk: the line on stderr still reaches the launcher's log
@@ -100,9 +100,6 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
         return
     (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
     if rank == 0:
-        from asrdist.run.rundir import record_resume
-        from asrdist.train.state import write_state
-
         if resumed:
             record_resume(cfg, run_dir, ["(asrdist.run.worker under torchrun)"])
         write_state(run_dir, "started", learners=cfg.train.learners)

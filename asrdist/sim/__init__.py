@@ -10,6 +10,7 @@ def predict_frames_per_second(cfg, learners: int, seconds_per_frame: float, *, n
     (measured compute time per frame on this machine, as if one learner had all its cores; the
     learners of one machine share them). `network`: the link between nodes (loopback, 1gbit, ...);
     `network_cost`: CPU seconds a learner spends per byte it sends or receives (0: free)."""
+    # the package stays light: `asrdist simulate --help` reads asrdist.sim.cluster's tables
     from asrdist.sim.scenario import simulate_config
 
     return simulate_config(cfg, learners, seconds_per_frame, nodes=nodes, network=network,

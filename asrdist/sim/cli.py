@@ -14,6 +14,7 @@ DEFAULT_CLUSTER = "1x8"
 
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.cluster import (
         DEVICES,
         LINKS,
@@ -71,6 +72,7 @@ def _value(text: str):
 
 
 def build_job(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.cluster import (
         MODELS,
         Cluster,
@@ -95,7 +97,7 @@ def build_job(args):
     if args.seconds_per_frame is not None:
         spf = args.seconds_per_frame
     else:
-        from asrdist.sim.measured import all_devices
+        from asrdist.sim.measured import all_devices  # imported when the command runs: `--help` stays light
 
         devices = all_devices()  # the papers' presets and those measured by scripts/gpu_check.sh
         if args.device not in devices:
@@ -126,12 +128,14 @@ def build_job(args):
 
 
 def _cluster(text: str):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.cluster import parse_cluster
 
     return parse_cluster(text)
 
 
 def _link(option: str, text: str):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.cluster import LINKS, link_named
 
     try:
@@ -154,10 +158,11 @@ def _straggler(text: str, learners: int) -> dict[int, float]:
 
 
 def _strategy_config(name: str, settings: dict):
+    # the command's work, imported when it runs: `asrdist --help` stays light
     import dataclasses
 
-    from asrdist.parallel import strategy_config_class
-    from asrdist.sim.scenario import strategy_config
+    from asrdist.parallel import strategy_config_class  # imported when the command runs: `--help` stays light
+    from asrdist.sim.scenario import strategy_config  # imported when the command runs: `--help` stays light
 
     known = [f.name for f in dataclasses.fields(strategy_config_class(name))]
     unknown = sorted(set(settings) - set(known))
@@ -208,6 +213,7 @@ def table(predictions, nearest: list | None = None) -> str:
 
 
 def _nearest(predictions, strategy_of, device: str) -> list:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.uncertainty import load_cases, nearest
 
     cases = load_cases()
@@ -215,13 +221,14 @@ def _nearest(predictions, strategy_of, device: str) -> list:
 
 
 def run(args) -> int:
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.io.atomic import check_output_file, write_json_atomic
     from asrdist.sim.cluster import parameter_count
 
     if args.json is not None:
         check_output_file(args.json)  # before the simulation, not after it has printed
     if args.validate:
-        from asrdist.sim.validate import format_table, validate
+        from asrdist.sim.validate import format_table, validate  # imported when the command runs: `--help` stays light
 
         asked = [flag for flag, value in (("--cluster", args.cluster), ("--strategy", args.strategy),
                                           ("--set", args.settings)) if value]
@@ -232,15 +239,15 @@ def run(args) -> int:
         result = validate()
         print(format_table(result))
     else:
-        from asrdist.sim.scenario import advise, run_job
+        from asrdist.sim.scenario import advise, run_job  # imported when the command runs: `--help` stays light
 
         job = build_job(args)
         c = job.cluster
         head = (f"{args.model} ({parameter_count(job.shapes):,} parameters), {c.nodes}x{c.per_node} "
                 f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
                 f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
-        from asrdist.sim.scenario import ADVISED
-        from asrdist.sim.uncertainty import describe
+        from asrdist.sim.scenario import ADVISED  # imported when the command runs: `--help` stays light
+        from asrdist.sim.uncertainty import describe  # imported when the command runs: `--help` stays light
 
         device = "gpu" if args.seconds_per_frame is None else "cpu"
         if args.strategy is None:

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from asrdist.cluster.netem_launch import run_learners
 from asrdist.cluster.process_group import start_learner
@@ -21,8 +22,6 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     exchanges as ADPSGD's (a header, then both learners' messages at once, one each way). Returns
     this learner's wall seconds (the receiver's for one-way messages) and its process CPU seconds
     (all threads: gloo's and the kernel's copies) of every message."""
-    import torch.distributed as dist
-
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -8,6 +8,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from tqdm import tqdm
+
 from asrdist.errors import ConfigError
 from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
 from asrdist.models.registry import model_kind
@@ -167,8 +169,6 @@ def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = No
     """Every strategy variant of `ADVISED` on `job`'s cluster that is small enough to simulate
     (`check_size`), fastest epoch first; why the winner wins; and {variant: why not simulated}
     for the others (a ConfigError when none is left). `progress`: a bar on stderr (a terminal's)."""
-    from tqdm import tqdm
-
     if job.cluster.learners < 2:
         raise ConfigError("simulate: the advisor needs at least 2 learners")
     jobs = {name: dataclasses.replace(job, strategy=strategy, strategy_config=strategy_config(strategy, settings))

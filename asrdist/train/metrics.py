@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+
 from asrdist.io.atomic import finite_or_null, output_errors
 from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
@@ -42,6 +43,7 @@ class MetricsLog:
         elif self.path.exists():
             self.path.unlink()
         try:
+            # rank 0 alone writes TensorBoard: the other learners do not pay its second of import time
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=TENSORBOARD_FLUSH_SECONDS)

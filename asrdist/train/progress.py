@@ -20,6 +20,8 @@ import sys
 import time
 from typing import TextIO
 
+from tqdm import tqdm
+
 PLAIN_INTERVAL_S = 60.0
 """Longest quiet spell between two plain progress lines (an epoch of hours still says it lives)."""
 PLAIN_STEPS = 10
@@ -62,8 +64,6 @@ class EpochProgress:
         self._next_fraction = (start * PLAIN_STEPS // total + 1) if total else PLAIN_STEPS
         self.bar = None
         if self.enabled and self.terminal is not None:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, initial=start, desc=self.label, unit="minibatch", file=self.terminal,
                             dynamic_ncols=True, leave=False)
 
