@@ -42,7 +42,7 @@ from asrdist.io.atomic import (
     write_text_atomic,
 )
 from asrdist.io.kaldi_dir import read_alignments
-from asrdist.optim.ngsgd import resolve_kernel
+from asrdist.optim import ngsgd
 from asrdist.run import rundir
 from asrdist.run.learner import run_learner
 from asrdist.run.prepare import build_targets, ensure_features, save_targets
@@ -329,7 +329,7 @@ def prebuild_native_kernels(cfg: RunConfig) -> None:
     at their first minibatch, one building and the others waiting on its lock. Without a compiler
     `native` stops the run here with its one-line error; `auto` warns here."""
     if cfg.optim.natural_gradient and cfg.optim.natural_gradient_kernel != "python":
-        resolve_kernel(cfg.optim.natural_gradient_kernel)
+        ngsgd.resolve_kernel(cfg.optim.natural_gradient_kernel)
 
 
 def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from asrdist.cluster.process_group import JobEnv
 from asrdist.config import RunConfig
+from asrdist.data.targets import Targets
 from asrdist.eval.evaluate import evaluate_split
 from asrdist.io.atomic import write_json_atomic
 from asrdist.models.registry import count_parameters
@@ -30,7 +31,7 @@ def hosts() -> dict:
             "loopback" if env.num_nodes == 1 else None}
 
 
-def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: dict,
+def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None) -> dict:
     final_eval = evaluate_split(model, task.valid_dir, targets, cfg)
