@@ -362,6 +362,7 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     assert "--nodes: 2 learners cannot be split evenly into 3 emulated hosts" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
 def test_compare_trains_on_emulated_hosts_and_each_run_says_where(tmp_path):
     """The real thing, small: single alone, sync on 2 emulated hosts of 1 learner each."""
