@@ -2,9 +2,12 @@
 browser and no network namespace (`pytest -m "not slow"` must stay a few minutes on 2 cores).
 
 `refusal(argv)` says why a command line is one of those (None when it is not); `install(patch,
-report)` makes every process start of this interpreter (`subprocess.Popen`, so `subprocess.run`
-too), torch's `spawn` / `start_processes` and asrdist's learner launchers raise
-`QuickLoopViolation` after calling `report(message)`. conftest.py installs it around each test not
+report)` makes every such process start of this interpreter raise `QuickLoopViolation` after
+calling `report(message)`: through `subprocess.Popen` (so `subprocess.run` too), which every
+launcher of asrdist's uses (torch.distributed.run, the survivable launcher, the emulated hosts'
+`ip netns`), and through torch's `spawn` / `start_processes` (the benches' and tests' gloo
+learners), which start processes without Popen. A test may still call a launcher with fakes
+beneath it (no process started): the rule is about processes, not functions. conftest.py installs it around each test not
 marked slow, and exports `GUARD_ENV` + `PYTHONPATH` so that the Python processes such a test starts
 (and theirs) install it too (`quick_loop_site/sitecustomize.py`) and write what they refused into
 the file `GUARD_ENV` names, which conftest.py reads back: a child that swallowed the error still
@@ -69,7 +72,8 @@ def refusal(argv: str | bytes | os.PathLike | Sequence) -> str | None:
         return None
     for i, word in enumerate(words):
         module = words[i + 1] if word == "-m" and i + 1 < len(words) else None
-        if module is not None and _LEARNER_MODULE.match(module):
+        if module is not None and (_LEARNER_MODULE.match(module)
+                                   or module.startswith("asrdist.") and "--worker" in words[i + 2:]):
             return f"learner processes ({shown})"
         is_cli = module in _ASRDIST_MODULES or (i == 0 and program == "asrdist")
         after = i + 2 if module is not None else i + 1
@@ -81,8 +85,9 @@ def refusal(argv: str | bytes | os.PathLike | Sequence) -> str | None:
 def install(patch, report: Callable[[str], None], torch_too: bool = True) -> None:
     """Guard this interpreter: `patch` is a pytest MonkeyPatch (or anything with its `setattr`);
     `report(message)` is called before each refusal is raised. `torch_too`: also guard
-    torch.multiprocessing and asrdist's launchers (imports torch; child processes skip it, since
-    they start learners through Popen and must not pay torch's import for nothing)."""
+    torch.multiprocessing (imports torch; child processes skip it: a child that starts learners
+    is an asrdist command, refused by its command line, or a launcher, refused at its Popen, and
+    must not pay torch's import for nothing)."""
 
     def refuse(what: str):
         message = (f"quick-loop guard: a test not marked @pytest.mark.slow started {what}; mark it slow, "
@@ -103,8 +108,6 @@ def install(patch, report: Callable[[str], None], torch_too: bool = True) -> Non
         return
     import torch.multiprocessing
 
-    from asrdist.cluster import launcher, netem_launch
-
     def refusing(what: str):
         def start(*args, **kwargs):
             refuse(what)
@@ -113,5 +116,3 @@ def install(patch, report: Callable[[str], None], torch_too: bool = True) -> Non
     patch.setattr(torch.multiprocessing, "spawn", refusing("learner processes (torch.multiprocessing.spawn)"))
     patch.setattr(torch.multiprocessing, "start_processes",
                   refusing("learner processes (torch.multiprocessing.start_processes)"))
-    patch.setattr(launcher, "launch_learners", refusing("learner processes (launch_learners)"))
-    patch.setattr(netem_launch, "run_learners", refusing("learners on emulated hosts (run_learners)"))

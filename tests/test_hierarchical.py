@@ -90,6 +90,7 @@ def test_two_nodes_of_two_train_as_well_as_sync_and_a_straggler_slows_its_node_o
     assert steps[2] == steps[3] and steps[0] > 1.5 * steps[3], steps  # node 0 keeps its pace
 
 
+@pytest.mark.slow  # test_launcher.py checks the same share in-process
 @pytest.mark.skipif(not EMULATED, reason=WHY_NOT)
 def test_learners_of_emulated_hosts_share_this_machines_cores(corpus, tmp_path):
     """Two emulated hosts of one learner each run on one machine: each learner takes half its

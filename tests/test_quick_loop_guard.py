@@ -23,6 +23,7 @@ PY = sys.executable
     (["torchrun", "--nproc-per-node", "2", "train.py"], "learner processes"),
     ([PY, "-m", "asrdist.run.worker", "RUN"], "learner processes"),
     ([PY, "-m", "asrdist.bench.scaling_worker", "x"], "learner processes"),
+    ([PY, "-m", "asrdist.cluster.netem_launch", "--worker", "spec0.json"], "learner processes"),
     ([PY, "-m", "asrdist.cli", "train", "configs/default.yaml", "--learners", "2"], "an asrdist command that trains"),
     ([PY, "-m", "asrdist", "compare", "configs/default.yaml"], "an asrdist command that trains"),
     (["/venv/bin/asrdist", "bench", "comm", "--json", "x"], "an asrdist command that trains"),
