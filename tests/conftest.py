@@ -24,6 +24,18 @@ def tone_corpus(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def emulated_network_available():
+    """Skips a test where this machine cannot build the emulated network (root, iproute2, tc). The
+    probe builds a throwaway namespace, so it runs when a test that needs it is set up (only tests
+    marked slow do), never while modules are collected for the quick loop."""
+    from asrdist.cluster.netem import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+
+
 def pytest_configure(config):
     config.quick_loop_dir = tempfile.mkdtemp(prefix="asrdist-quick-loop-")
 

@@ -19,8 +19,7 @@ from asrdist.cluster import netem
 from asrdist.cluster.netem import EmulatedNetwork, parse_delay, parse_rate
 from asrdist.cluster.netem_launch import LearnerSpec, run_learners
 
-ROOT_OK, ROOT_REASON = netem.available()
-needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"emulated network unavailable: {ROOT_REASON}")
+needs_netns = pytest.mark.usefixtures("emulated_network_available")
 pytestmark = pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")
 MODULE = "test_netem"  # the workers import this file's learner functions through PYTHONPATH
 HANG_S = 120  # generous: these limits only catch hangs, never pace a test
