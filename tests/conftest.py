@@ -1,8 +1,16 @@
-"""Fixtures shared by test modules."""
+"""Fixtures shared by test modules, and the quick loop's guard (quick_loop_guard.py): a test not
+marked slow that starts a learner process, a browser or a network namespace fails, naming what."""
 from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
+import quick_loop_guard
 from asrdist.cli import main
 from corpus_fixture import make_tone_corpus
 
@@ -14,3 +22,67 @@ def tone_corpus(tmp_path_factory):
     path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus", utterances_per_speaker=60, speakers=4)
     assert main(["features", str(path)]) == 0
     return path
+
+
+@pytest.fixture
+def emulated_network_available():
+    """Skips a test where this machine cannot build the emulated network (root, iproute2, tc). The
+    probe builds a throwaway namespace, so it runs when a test that needs it is set up (only tests
+    marked slow do), never while modules are collected for the quick loop."""
+    from asrdist.cluster.netem import available
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(f"emulated network unavailable: {why}")
+
+
+def pytest_configure(config):
+    config.quick_loop_dir = tempfile.mkdtemp(prefix="asrdist-quick-loop-")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, "quick_loop_dir", ""), ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quick_loop_guard(item: pytest.Item, phase: str):
+    """Around one phase of a test not marked slow (its set-up too, so that a module or session
+    fixture it is the first to need is guarded as well): refuse learners, browsers, namespaces here
+    and in every Python process started meanwhile; fail the test when any was refused."""
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    refused: list[str] = []
+    children = Path(item.config.quick_loop_dir) / f"{os.getpid()}-{phase}.txt"
+    children.unlink(missing_ok=True)
+    patch = pytest.MonkeyPatch()
+    try:
+        patch.setenv(quick_loop_guard.GUARD_ENV, str(children))
+        patch.setenv("PYTHONPATH", quick_loop_guard.SITE_DIR, prepend=os.pathsep)
+        quick_loop_guard.install(patch, refused.append)
+        yield
+    finally:
+        patch.undo()
+        if children.exists():
+            refused += children.read_text().splitlines()
+            children.unlink()
+        if refused:  # replaces whatever the refusal became inside the code under test
+            pytest.fail("\n".join(dict.fromkeys(refused)), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _quick_loop_guard(item, "setup"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _quick_loop_guard(item, "call"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _quick_loop_guard(item, "teardown"):
+        return (yield)

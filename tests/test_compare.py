@@ -333,17 +333,16 @@ def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys, fake_
 
 # -- on emulated hosts ----------------------------------------------------------------------------
 
-EMULATED, WHY_NOT = __import__("asrdist.cluster.netem", fromlist=["available"]).available()
-
-
 def _on_hosts(run: Path, nodes: int, network: str) -> None:
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network}))
 
 
-@pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
 def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tmp_path, no_training,
-                                                                              fake_simulator, capsys):
+                                                                              fake_simulator, capsys, monkeypatch):
+    import asrdist.cluster.netem
+
+    monkeypatch.setattr(asrdist.cluster.netem, "available", lambda: (True, ""))  # nothing is trained here
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     runs = fabricate_runs(out, corpus, ["single", "sync"])
     _on_hosts(runs["sync"], 2, "1gbit")  # as `asrdist train --nodes 2 --network 1gbit` records it
@@ -362,7 +361,8 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     assert "--nodes: 2 learners cannot be split evenly into 3 emulated hosts" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
+@pytest.mark.slow
+@pytest.mark.usefixtures("emulated_network_available")
 def test_compare_trains_on_emulated_hosts_and_each_run_says_where(tmp_path):
     """The real thing, small: single alone, sync on 2 emulated hosts of 1 learner each."""
     corpus = tmp_path / "corpus"

@@ -15,6 +15,7 @@ from tests.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
 BROWSER = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
 WIDTH, HEIGHT = 1280, 1600
 PLOT_BLUE = (31, 119, 180)  # matplotlib's first colour: the curves and bars
+pytestmark = pytest.mark.slow  # starts a browser; test_compare.py checks the same page's HTML quickly
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

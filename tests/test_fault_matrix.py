@@ -103,11 +103,10 @@ def test_a_stopped_learner_is_named_as_hung_within_its_timeout(tone_corpus, tmp_
         _nothing_half_written(run_dir)
 
 
-EMULATED, WHY_NOT = netem.available()
 SLOW_LINK = "50mbit"
 
 
-@pytest.mark.skipif(not EMULATED, reason=f"emulated network unavailable: {WHY_NOT}")
+@pytest.mark.usefixtures("emulated_network_available")
 def test_a_slow_link_only_slows_the_job(tone_corpus, tmp_path):
     """Per strategy, two emulated hosts of one learner each joined by SLOW_LINK links (the jobs run
     side by side, each on its own network): every job trains all its steps and ends with a model,

@@ -58,8 +58,9 @@ def corpus(tone_corpus):
 
 # two emulated hosts of two learners (namespaces, 1 Gbit/s between hosts) where this machine can
 # build them, else the same layout on loopback through train.group_size
-EMULATED, WHY_NOT = available()
-TWO_HOSTS = ["--nodes", "2", "--network", "1gbit"] if EMULATED else []
+def _two_hosts() -> list[str]:
+    """Asked by the tests that train (slow), not at collection: the probe builds a namespace."""
+    return ["--nodes", "2", "--network", "1gbit"] if available()[0] else []
 
 
 def _train(corpus, out, *extra) -> dict:
@@ -79,7 +80,7 @@ def sync(corpus, tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_nodes_of_two_train_as_well_as_sync_and_a_straggler_slows_its_node_only(corpus, sync, tmp_path):
-    hier = _train(corpus, tmp_path / "hier", "--strategy", "hierarchical", *TWO_HOSTS)
+    hier = _train(corpus, tmp_path / "hier", "--strategy", "hierarchical", *_two_hosts())
     assert_per_as_good_as(hier, sync)
     steps = {p["rank"]: p["steps"] for p in hier["comm"]["per_learner"]}
     assert steps[0] == steps[1] and steps[2] == steps[3]  # lock step inside a node
@@ -90,19 +91,20 @@ def test_two_nodes_of_two_train_as_well_as_sync_and_a_straggler_slows_its_node_o
     assert steps[2] == steps[3] and steps[0] > 1.5 * steps[3], steps  # node 0 keeps its pace
 
 
-@pytest.mark.skipif(not EMULATED, reason=WHY_NOT)
+@pytest.mark.slow  # test_launcher.py checks the same share in-process
+@pytest.mark.usefixtures("emulated_network_available")
 def test_learners_of_emulated_hosts_share_this_machines_cores(corpus, tmp_path):
     """Two emulated hosts of one learner each run on one machine: each learner takes half its
     cores, not all of them as one learner per real host would (LOCAL_WORLD_SIZE is 1 there)."""
     assert main(["train", "configs/default.yaml", *TINY, "--data", str(corpus), "--learners", "2", "--epochs", "1",
-                 "--strategy", "adpsgd", *TWO_HOSTS, "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+                 "--strategy", "adpsgd", *_two_hosts(), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["threads_per_learner"] == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 @pytest.mark.slow
 def test_hybrid_starts_synchronous_then_goes_asynchronous(corpus, sync, tmp_path):
-    run = _train(corpus, tmp_path / "hybrid", "--strategy", "hybrid", "strategy.sync_epochs=1", *TWO_HOSTS)
+    run = _train(corpus, tmp_path / "hybrid", "--strategy", "hybrid", "strategy.sync_epochs=1", *_two_hosts())
     assert_per_as_good_as(run, sync)
     assert run["final"]["frame_accuracy"] > 0.9, run["final"]
     assert not _ours()  # the emulated hosts are gone

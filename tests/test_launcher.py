@@ -166,3 +166,59 @@ def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys
         _pump(SimpleNamespace(stderr=iter(lines)), tail, log)
     assert capsys.readouterr().err == "[asrdist] epoch=0\n[asrdist] learner rank 1 lost at step 3\n"
     assert (tmp_path / "launcher.log").read_text() == "".join(lines) and tail == lines
+
+
+def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_them(tmp_path, monkeypatch):
+    """In-process, with the emulated network and the agents faked (test_hierarchical.py trains on
+    the real thing, marked slow): `launch_learners` on 2 hosts of 1 learner each gives every agent
+    a share of this machine's cores for all 2 learners, and a learner takes that share, not all
+    the cores its host's LOCAL_WORLD_SIZE of 1 would give it on a real cluster."""
+    import os
+
+    import torch
+
+    from asrdist.cluster import launcher, netem, netem_launch
+    from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
+    from asrdist.run.learner import set_threads
+
+    started = []
+
+    class FakeHosts:
+        interface = "eth0"
+
+        def __init__(self, nodes, rate):
+            self.nodes, self.rate = nodes, rate
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def node_address(self, i):
+            return f"10.213.0.{i + 1}"
+
+        def popen(self, node, cmd, env, **kwargs):
+            started.append((node, cmd, env))
+
+    monkeypatch.setattr(netem, "EmulatedNetwork", FakeHosts)
+    monkeypatch.setattr(netem_launch, "record_wire", lambda net, run_dir: None)
+    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
+    launcher.launch_learners("asrdist.run.worker", ["RUN"], 2, tmp_path, nodes=2, network="1gbit")
+    cores = len(os.sched_getaffinity(0))
+    share = str(max(1, cores // 2))
+    assert [node for node, _, _ in started] == [0, 1]
+    for node, cmd, env in started:
+        assert cmd[cmd.index("--nproc-per-node") + 1] == "1" and cmd[cmd.index("--node-rank") + 1] == str(node)
+        assert cmd[cmd.index("--master-addr") + 1] == "10.213.0.1"
+        assert env[THREADS_ENV] == env["OMP_NUM_THREADS"] == share and env[NETWORK_ENV] == "1gbit"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv(THREADS_ENV, share)
+        assert set_threads(0, local_world_size=1) == int(share) == torch.get_num_threads()
+        assert set_threads(1, local_world_size=1) == 1  # train.threads, when set, wins
+        monkeypatch.delenv(THREADS_ENV)
+        assert set_threads(0, local_world_size=1) == cores  # a real host's learner: all its cores
+    finally:
+        torch.set_num_threads(before)

@@ -37,6 +37,7 @@ def _faults_per_step(env: dict) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two processes, each building a learner and training it for 13 steps
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
 def test_learners_stop_refaulting_the_pages_they_free():
     env = {k: v for k, v in os.environ.items() if k not in memory.USER_VARIABLES}

@@ -21,8 +21,7 @@ from asrdist.cluster.netem import EmulatedNetwork, parse_delay, parse_rate
 from asrdist.cluster.netem_launch import run_learners
 from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV, JobEnv
 
-ROOT_OK, ROOT_REASON = netem.available()
-needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"emulated network unavailable: {ROOT_REASON}")
+needs_netns = pytest.mark.usefixtures("emulated_network_available")
 pytestmark = pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")
 MODULE = "test_netem"  # the workers import this file's learner functions through PYTHONPATH
 HANG_S = 120  # generous: these limits only catch hangs, never pace a test
@@ -146,6 +145,7 @@ def test_resolve_network_falls_back_to_loopback(monkeypatch):
 
 
 @needs_netns
+@pytest.mark.slow
 def test_resolve_network_labels_the_emulation():
     network, label = netem.resolve_network("10gbit", "0.1ms")
     assert network == "10gbit"
@@ -171,8 +171,105 @@ def test_hanging_learner_is_killed_and_named(workers_import_tests):
     assert time.monotonic() - t0 < HANG_S  # only guards against waiting for the 1 h sleep
 
 
+# ----------------------------------------------- the same bookkeeping in-process, `ip` and `tc` recorded
+class _FakeIp:
+    """Stands in for netem's `_run`: records every `ip` / `tc` command and keeps the set of
+    namespaces the commands would leave, so the bookkeeping is checked without root or namespaces
+    (the tests marked slow below build the real thing)."""
+
+    def __init__(self, existing=()):
+        self.commands: list[list[str]] = []
+        self.namespaces: set[str] = set(existing)
+
+    def __call__(self, argv, check=True):
+        argv = list(argv)
+        self.commands.append(argv)
+        out = ""
+        if argv[:3] == ["ip", "netns", "add"]:
+            assert argv[3] not in self.namespaces, argv
+            self.namespaces.add(argv[3])
+        elif argv[:3] == ["ip", "netns", "delete"]:
+            self.namespaces.discard(argv[3])
+        elif argv[:3] == ["ip", "netns", "list"]:
+            out = "".join(f"{ns} (id: {i})\n" for i, ns in enumerate(sorted(self.namespaces)))
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    def outside_namespaces(self) -> list[list[str]]:
+        """Commands that would change the root namespace: every other one names its namespace."""
+        own = ("add", "delete", "list", "pids")
+        return [c for c in self.commands if not (c[:2] == ["ip", "netns"] and c[2] in own) and "-n" not in c]
+
+
+@pytest.fixture
+def fake_ip(monkeypatch):
+    fake = _FakeIp()
+    monkeypatch.setattr(netem, "_run", fake)
+    monkeypatch.setattr(netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(netem, "netem_supported", lambda: True)
+    return fake
+
+
+def test_network_commands_stay_in_its_own_namespaces_and_all_are_deleted(fake_ip):
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with EmulatedNetwork(2, rate="1gbit", delay="0.1ms") as net:
+        names = net.namespaces()
+        assert len(set(names)) == 3 and set(names) == fake_ip.namespaces
+        assert all(n.startswith(f"{netem.PREFIX}-{os.getpid()}-") for n in names)
+        assert net.node_address(0) != net.node_address(1) and net.delay_applied
+    assert not fake_ip.namespaces and not fake_ip.outside_namespaces()
+    shaped = [c for c in fake_ip.commands if c[0] == "tc" and "tbf" in c]
+    # both directions of both links: the node's eth0 and the switch's port
+    assert sorted((c[2], c[c.index("dev") + 1]) for c in shaped) == sorted(
+        [(names[1], "eth0"), (names[2], "eth0"), (names[0], "p0"), (names[0], "p1")])
+    assert all(c[c.index("rate") + 1] == f"{10**9}bit" for c in shaped)
+    assert sum("netem" in c for c in fake_ip.commands) == 4
+    deletes = [c[3] for c in fake_ip.commands if c[:3] == ["ip", "netns", "delete"]]
+    assert deletes[-1] == names[0]  # the switch last: the nodes' veth ends go with the nodes
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_network_is_deleted_when_the_body_or_the_build_raises(fake_ip, monkeypatch):
+    with pytest.raises(RuntimeError, match="body failed"):
+        with EmulatedNetwork(2):
+            assert len(fake_ip.namespaces) == 3
+            raise RuntimeError("body failed")
+    assert not fake_ip.namespaces
+    record = fake_ip.__call__
+
+    def fail_on_the_second_link(argv, check=True):
+        if argv[:2] == ["tc", "-n"] and argv[2].endswith("-n1"):
+            raise TrainingError("netem: `tc` failed: injected")
+        return record(argv, check)
+
+    monkeypatch.setattr(netem, "_run", fail_on_the_second_link)
+    with pytest.raises(TrainingError, match="injected"):
+        EmulatedNetwork(2).open()
+    assert not fake_ip.namespaces
+
+
+def test_cleanup_stale_removes_only_namespaces_of_dead_creators(monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    stale = f"{netem.PREFIX}-{dead.pid}-abcdef-n0"
+    mine = f"{netem.PREFIX}-{os.getpid()}-abcdef-sw"
+    alive = f"{netem.PREFIX}-{os.getppid()}-abcdef-n1"
+    fake = _FakeIp([stale, mine, alive, "someone-elses"])
+    monkeypatch.setattr(netem, "_run", fake)
+    assert netem.cleanup_stale() == [stale]
+    assert fake.namespaces == {mine, alive, "someone-elses"}
+
+
+def test_resolve_network_labels_the_emulation_by_what_the_kernel_applies(monkeypatch):
+    monkeypatch.setattr(netem, "available", lambda: (True, ""))
+    for supported, label in [(True, "emulated-10gbit-0.1ms"), (False, "emulated-10gbit-nodelay")]:
+        monkeypatch.setattr(netem, "netem_supported", lambda supported=supported: supported)
+        assert netem.resolve_network("10gbit", "0.1ms") == ("10gbit", label)
+    assert netem.resolve_network("10gbit", "0ms") == ("10gbit", "emulated-10gbit")
+
+
 # ------------------------------------------------------------------------------------ needs root
 @needs_netns
+@pytest.mark.slow
 def test_network_built_and_fully_removed():
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     root_links = {link["ifname"] for link in _ns_json(None, "ip", "link", "show")}
@@ -200,6 +297,7 @@ def test_network_built_and_fully_removed():
 
 
 @needs_netns
+@pytest.mark.slow
 def test_network_removed_when_body_raises():
     with pytest.raises(RuntimeError, match="body failed"):
         with EmulatedNetwork(2) as net:
@@ -375,6 +473,7 @@ def test_signal_removes_everything(sig):
 
 
 @needs_netns
+@pytest.mark.slow
 def test_cleanup_stale_removes_only_dead_creators():
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from asrdist.cli import main
+from asrdist.errors import ConfigError
+from asrdist.run.worker import check_start
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
@@ -61,6 +63,7 @@ def _worker(run: Path, world_size: int) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # one learner process each time; test_worker_start_check_* is the same check in-process
 def test_the_worker_refuses_another_world_size_and_a_run_that_already_trained(tone_corpus, tmp_path, capsys):
     """Before joining any job: torchrun must start the prepared number of learners, and a run with
     results or checkpoints is continued with --resume, not trained again over them (a requeued
@@ -132,3 +135,19 @@ def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_
         "# asrdist train --resume: (asrdist.run.worker under torchrun)")
     worker._record_start(tmp_path, cfg, 0, resumed=False)  # a first start records nothing
     assert list(resume_configs(tmp_path)) == [1]
+
+
+def test_worker_start_check_refuses_another_world_size_and_a_run_that_already_trained(tmp_path):
+    """The check the worker makes before joining any job (its process: the test above, slow)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(ConfigError, match=r"prepared for 2 learner\(s\), torchrun started 3; start nodes x "
+                                          r"--nproc-per-node = 2 learners, or prepare the run again with --learners 3"):
+        check_start(run, 2, 3, resume=False)
+    check_start(run, 2, 2, resume=False)  # a fresh run of the right size starts
+    (run / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"finished training \(summary.json\); continue it with `--resume`"):
+        check_start(run, 2, 2, resume=False)
+    check_start(run, 2, 2, resume=True)  # --resume continues it
+    with pytest.raises(ConfigError, match="torchrun started 1"):
+        check_start(run, 2, 1, resume=True)  # the size is checked on a resume too

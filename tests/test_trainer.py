@@ -30,9 +30,18 @@ def _train(corpus, out, *extra, epochs=3):
                  "--epochs", str(epochs), "--out", str(out), "--no-progress"])
 
 
-def test_dnn_learns_and_writes_run_outputs(corpus, tmp_path):
-    assert _train(corpus, tmp_path / "run") == 0
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+@pytest.fixture(scope="module")
+def full_run(corpus, tmp_path_factory):
+    """Three epochs, checkpointed every 7 steps: the run whose outputs are checked, and the
+    uninterrupted reference of the resume test (trained once for both)."""
+    run = tmp_path_factory.mktemp("full") / "run"
+    assert _train(corpus, run, "train.checkpoint_every=7") == 0
+    return run
+
+
+def test_dnn_learns_and_writes_run_outputs(corpus, full_run):
+    run = full_run
+    summary = json.loads((run / "summary.json").read_text())
     for key in ("strategy", "learners", "model", "parameters", "epochs", "train_frames",
                 "frames_per_second", "wall_seconds", "final", "comm"):
         assert key in summary
@@ -44,15 +53,14 @@ def test_dnn_learns_and_writes_run_outputs(corpus, tmp_path):
     assert final["per"] < 0.35, final
     assert summary["history"][-1]["train_loss"] < summary["history"][0]["train_loss"]
     for name in ("report.png", "metrics.jsonl", "config.yaml", "env.json", "model.pt", "targets.pt"):
-        assert (tmp_path / "run" / name).is_file(), name
+        assert (run / name).is_file(), name
     # eval on held-out speakers writes eval.json with the contract keys
-    assert main(["eval", str(tmp_path / "run"), "--data", str(corpus)]) == 0
-    ev = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert main(["eval", str(run), "--data", str(corpus)]) == 0
+    ev = json.loads((run / "eval.json").read_text())
     assert {"frame_accuracy", "per", "utterances"} <= set(ev) and ev["utterances"] == 12
 
 
-def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
-    assert _train(corpus, tmp_path / "full", "train.checkpoint_every=7") == 0
+def test_resume_reproduces_uninterrupted_run(corpus, full_run, tmp_path):
     assert _train(corpus, tmp_path / "cut", "train.checkpoint_every=7", "train.max_steps=17") == 0
     assert latest_step_dir(tmp_path / "cut").name == "step-00000017"
     before = torch.load(latest_step_dir(tmp_path / "cut") / "rank-0.pt", weights_only=False)["loop"]
@@ -66,7 +74,7 @@ def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
     assert all(w > before["wall_seconds"] for w in walls[len(before["history"]):])
     epochs = [r for r in read_metrics(tmp_path / "cut") if r["kind"] == "epoch"]
     assert [r["wall_seconds"] for r in epochs] == walls and all(r["per"] is not None for r in epochs)
-    full = torch.load(tmp_path / "full" / "model.pt", weights_only=False)["model"]
+    full = torch.load(full_run / "model.pt", weights_only=False)["model"]
     resumed = torch.load(tmp_path / "cut" / "model.pt", weights_only=False)["model"]
     for k in full:
         assert torch.equal(full[k], resumed[k]), k

@@ -12,8 +12,7 @@ from asrdist.bench.comm import WIRE_TOLERANCE, _wire_figures
 from asrdist.cluster import netem
 from asrdist.cluster.netem_launch import run_learners
 
-ROOT_OK, ROOT_REASON = netem.available()
-needs_netns = pytest.mark.skipif(not ROOT_OK, reason=f"needs the emulated network (root, netns): {ROOT_REASON}")
+needs_netns = pytest.mark.usefixtures("emulated_network_available")
 # A DNN 440 -> 512 -> 512 -> 40: ~510k gradients, enough payload per exchange that gloo's framing
 # (a preamble of tens of bytes per message, not in the header estimate) stays far below 5%
 SHAPES = [[512, 440], [512], [512, 512], [512], [40, 512], [40]]

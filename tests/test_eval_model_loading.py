@@ -1,7 +1,7 @@
 """`asrdist eval` loads a run's model strictly, in the architecture the learners trained.
 
-Defect: eval loaded model.pt with strict=False into a plain model, so an NG-SGD LSTM run (whose
-nn.LSTM became an AffineLSTM, with other state_dict keys) was scored with random LSTM weights.
+A loose load (strict=False into a plain model) would score an NG-SGD LSTM run, whose nn.LSTM
+became an AffineLSTM with other state_dict keys, with random LSTM weights: every key must match.
 """
 from __future__ import annotations
 
