@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.checks import MAX_SLOWDOWN, cli_number
-from asrdist.cluster.netem import available, parse_rate
+from asrdist.cluster import netem
+from asrdist.cluster.netem import parse_rate
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.train.metrics import read_metrics
@@ -90,7 +91,7 @@ def run(args) -> dict[str, Any]:
         raise ConfigError(f"bench straggler --data {args.data}: not a corpus directory (build one with "
                           f"`asrdist corpus synth`)")
     if any(rate not in (None, "loopback") for rate in (args.network, args.delay_network)):
-        ok, reason = available()
+        ok, reason = netem.available()
         if not ok:
             raise ConfigError(f"bench straggler: the learners run on emulated hosts: {reason} (or --network loopback)")
     corpus = args.data if args.data is not None else cached_corpus(args.utterances)

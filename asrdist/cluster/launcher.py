@@ -47,8 +47,9 @@ from typing import Callable, Sequence
 
 import torch.distributed as dist
 
-from asrdist.cluster.netem import EmulatedNetwork, die_with_parent, stop_process
-from asrdist.cluster.netem_launch import _check_layout, _namespace_port, record_wire
+from asrdist.cluster import netem, netem_launch
+from asrdist.cluster.netem import die_with_parent, stop_process
+from asrdist.cluster.netem_launch import _check_layout, _namespace_port
 from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
 from asrdist.errors import Stopped, TrainingError
 from asrdist.parallel.membership import lost_key, report_lost
@@ -83,7 +84,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         return
 
     _check_layout(learners, nodes, network)
-    with EmulatedNetwork(nodes, rate=network) as net:
+    with netem.EmulatedNetwork(nodes, rate=network) as net:
         env["GLOO_SOCKET_IFNAME"] = net.interface
         port = _namespace_port()
 
@@ -95,7 +96,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
             return lambda: net.popen(node, cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
 
         run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
-        record_wire(net, Path(report_dir))
+        netem_launch.record_wire(net, Path(report_dir))
 
 
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,

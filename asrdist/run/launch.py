@@ -22,8 +22,9 @@ import torch
 import yaml
 
 from asrdist import __version__
+from asrdist.cluster import netem
 from asrdist.cluster.launcher import launch_learners, stopped_error
-from asrdist.cluster.netem import available, parse_rate
+from asrdist.cluster.netem import parse_rate
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.data.labels import (
@@ -337,7 +338,7 @@ def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:
     if nodes < 1 or learners % nodes:
         raise ConfigError(f"--nodes: {learners} learners cannot be split evenly into {nodes} emulated hosts")
     parse_rate(network)
-    ok, reason = available()
+    ok, reason = netem.available()
     if not ok:
         raise ConfigError(f"--nodes {nodes}: the emulated network is unavailable here: {reason}")
 
