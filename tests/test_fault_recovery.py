@@ -32,7 +32,10 @@ def _train(corpus: Path, run_dir: Path, *extra: str, learners: int = 1, resume: 
     return subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, *extra,
                              *where, "--learners", str(learners), "--no-progress"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: a Ctrl-C reaches all of it
+                            start_new_session=True,  # its own process group: a Ctrl-C reaches all of it
+                            # Ctrl-C as at a terminal: a suite started in the background (`nohup make test &`)
+                            # passes SIGINT on ignored, which asrdist rightly keeps (it would never stop here)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _records(run_dir: Path, kind: str) -> list[dict]:
