@@ -11,19 +11,14 @@ import argparse
 import json
 from pathlib import Path
 
-from asrdist.checks import cli_number
 from asrdist.commands import help_of
+from asrdist.run.train_cli import add_job_arguments
 
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
     p = sub.add_parser("prepare", help=help_of("prepare"))
-    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
-    p.add_argument("--out", type=Path, required=True, help="run directory (on storage every host sees)")
-    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
-    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
-    p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="learners in the whole job (nodes x per node)")
-    p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
+    add_job_arguments(p, out=dict(required=True, help="run directory (on storage every host sees)"),
+                      learners_help="learners in the whole job (nodes x per node)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=prepare_command, resume=None)
 

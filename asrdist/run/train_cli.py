@@ -10,13 +10,8 @@ from asrdist.commands import help_of
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
     p = sub.add_parser("train", help=help_of("train"))
-    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
-    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/CONFIG-YYYYmmdd-HHMMSS)")
-    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
-    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
-    p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help="number of local learners")
-    p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
+    add_job_arguments(p, out=dict(default=None, help="run directory (default: runs/CONFIG-YYYYmmdd-HHMMSS)"),
+                      learners_help="number of local learners")
     p.add_argument("--resume", type=Path, default=None, help="resume RUN_DIR from its last checkpoint")
     add_emulated_cluster_options(p, "the learners")
     p.add_argument("--no-progress", action="store_true")
@@ -35,3 +30,15 @@ def _train(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.launch import train_command
     return train_command(args)
+
+
+def add_job_arguments(p: argparse.ArgumentParser, out: dict, learners_help: str) -> None:
+    """What `train` and `prepare` share: the recipe, its overrides, the run directory (`out`: its
+    argparse settings), the corpus, epochs, learners and strategy."""
+    p.add_argument("config", type=Path, help="YAML recipe, e.g. configs/default.yaml")
+    p.add_argument("overrides", nargs="*", default=[], help="section.key=value overrides")
+    p.add_argument("--out", type=Path, **out)
+    p.add_argument("--data", type=Path, default=None, help="corpus directory (overrides the recipe's)")
+    p.add_argument("--epochs", type=cli_number(int, at_least=1), default=None)
+    p.add_argument("--learners", type=cli_number(int, at_least=1), default=None, help=learners_help)
+    p.add_argument("--strategy", default=None, help="sync | onebit | averaging | ...")
