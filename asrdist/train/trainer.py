@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.checkpointer import Checkpointer
 from asrdist.train.epochs import epochs_for
-from asrdist.train.metrics import MetricsLog, TrainWindow, epoch_line, warn_if_loss_rose
+from asrdist.train.metrics import MetricsLog, TrainWindow, epoch_line, read_metrics, warn_if_loss_rose
 from asrdist.train.progress import EpochProgress
 from asrdist.train.step import Stepper
 from asrdist.train.validator import Validator
@@ -279,6 +280,17 @@ class Trainer:
         shown.close()
         return self.coordinator.finished(stopped, done_steps, total)
 
+    def _record_epochs_the_lost_leader_did_not(self) -> None:
+        """Rank 0 lost after an epoch's end and before its record (while it validated, which only
+        it does) leaves that epoch unrecorded: the learner taking over records it from its own
+        history, the job's figures without the validation rank 0 did not finish."""
+        recorded = {r.get("epoch") for r in read_metrics(self.run_dir) if r.get("kind") == "epoch"}
+        for past in self.state.history:
+            if past["epoch"] not in recorded:
+                self.metrics.log("epoch", self.state.step, **past)
+                print(f"[asrdist] note: epoch {past['epoch']}: recorded by rank {self.ctx.job_rank}, without "
+                      f"validation: rank 0 was lost before it recorded the epoch", file=sys.stderr, flush=True)
+
     def _end_epoch(self) -> None:
         state = self.state
         # wall_seconds: the job's time to this epoch's model (since training started, every start
@@ -295,6 +307,7 @@ class Trainer:
             # the first survivor takes over the job's record from a lost rank 0: appended to, never
             # cut at this learner's own step count (the records are of rank 0's steps)
             self.metrics = MetricsLog(self.run_dir, resume_step=math.inf)
+            self._record_epochs_the_lost_leader_did_not()
         if lost := self.strategy.lost_learners():
             record["lost_learners"] = [x["rank"] for x in lost]
         warn_if_loss_rose(record, state.history, self.strategy, self.ctx.job_rank)
