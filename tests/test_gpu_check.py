@@ -185,3 +185,16 @@ def test_the_loader_reads_the_dry_runs_json(dry_run, tmp_path, capsys):
     preset = measured.measured_devices(tmp_path)["cpu-dry"]
     assert preset.device.flops == check["sim_device"]["flops"] and preset.mode == "cpu-dry-run"
     assert preset.device.source.startswith("measured in a CPU dry run by scripts/gpu_check.sh on cpu")
+
+
+def test_the_shipped_h200_preset_is_the_gpu_checks_measurement():
+    """The `h200` preset is what the check measured on the H200 (docs/measured/gpu_check_h200.json),
+    labelled measured, and `asrdist simulate --device h200` takes it."""
+    from asrdist.sim import measured
+
+    preset = measured.measured_devices()["h200"]
+    check = json.loads((ROOT / "docs" / "measured" / "gpu_check_h200.json").read_text())
+    assert check["mode"] == "cuda" and check["host"]["name"] == "NVIDIA H200" and not check["failed"]
+    assert preset.mode == "cuda" and preset.device.source.startswith("measured by scripts/gpu_check.sh on NVIDIA H200")
+    assert preset.device.flops == check["sim_device"]["flops"]
+    assert measured.all_devices()["h200"] == preset.device

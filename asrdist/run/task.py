@@ -4,7 +4,6 @@ The trainer sees only `model`, `sampler`, `loss(model, batch)` and `validate(mod
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -90,7 +89,5 @@ class SpeechTask:
         return loss, batch.num_frames
 
     def validate(self, model: torch.nn.Module) -> dict:
-        if next(model.parameters()).device.type != "cpu":  # decoding runs on the CPU
-            model = copy.deepcopy(model).cpu()
         result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)
         return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items() if k != "utterances"}

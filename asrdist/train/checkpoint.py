@@ -35,14 +35,23 @@ from asrdist.train.state import read_state, write_state
 KEEP_LAST = 2
 
 
-def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The generators a learner draws from: CPU torch, numpy, Python, and the CUDA generator of
+    `device` when the learner computes there (its dropout masks come from it)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore `rng_state`'s generators. A CUDA state goes to `device` when that is a GPU; a learner
+    restoring on the CPU has no CUDA generator to draw from, so a GPU's state is not needed there."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if "cuda" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def step_tag(step: int) -> str:

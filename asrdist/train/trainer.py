@@ -165,7 +165,7 @@ class Trainer:
         self.clock.stamp(self.state)
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
-                "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(),
+                "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(self.ctx.device),
                 "jitter_rng": self.stepper.jitter_rng.getstate(),
                 "extra": self.hooks.extra_state() if self.hooks.extra_state else None}
 
@@ -192,7 +192,7 @@ class Trainer:
                 self.sampler = self.hooks.sampler_at(loop.batch_size)  # self.sampler runs at state.batch_size
             self.sampler.load_state_dict(state["sampler"])
             self.state = loop
-            ckpt.set_rng_state(state["rng"])
+            ckpt.set_rng_state(state["rng"], self.ctx.device)
             self.stepper.jitter_rng.setstate(state["jitter_rng"])
             if self.hooks.load_extra_state and state.get("extra") is not None:
                 self.hooks.load_extra_state(state["extra"])
