@@ -187,14 +187,15 @@ def test_the_loader_reads_the_dry_runs_json(dry_run, tmp_path, capsys):
     assert preset.device.source.startswith("measured in a CPU dry run by scripts/gpu_check.sh on cpu")
 
 
-def test_the_shipped_h200_preset_is_the_gpu_checks_measurement():
-    """The `h200` preset is what the check measured on the H200 (docs/measured/gpu_check_h200.json),
-    labelled measured, and `asrdist simulate --device h200` takes it."""
+@pytest.mark.parametrize("name,gpu", [("h100", "NVIDIA H100"), ("h200", "NVIDIA H200")])
+def test_a_shipped_preset_is_the_gpu_checks_measurement(name, gpu):
+    """Each shipped preset is what the check measured on that GPU (docs/measured/gpu_check_NAME.json,
+    every step passed), labelled measured, and `asrdist simulate --device NAME` takes it."""
     from asrdist.sim import measured
 
-    preset = measured.measured_devices()["h200"]
-    check = json.loads((ROOT / "docs" / "measured" / "gpu_check_h200.json").read_text())
-    assert check["mode"] == "cuda" and check["host"]["name"] == "NVIDIA H200" and not check["failed"]
-    assert preset.mode == "cuda" and preset.device.source.startswith("measured by scripts/gpu_check.sh on NVIDIA H200")
+    preset = measured.measured_devices()[name]
+    check = json.loads((ROOT / "docs" / "measured" / f"gpu_check_{name}.json").read_text())
+    assert check["mode"] == "cuda" and check["host"]["name"].startswith(gpu) and not check["failed"]
+    assert preset.mode == "cuda" and preset.device.source.startswith(f"measured by scripts/gpu_check.sh on {gpu}")
     assert preset.device.flops == check["sim_device"]["flops"]
-    assert measured.all_devices()["h200"] == preset.device
+    assert measured.all_devices()[name] == preset.device
