@@ -1,7 +1,7 @@
 """The launcher's one-line failure message names the learner whose failure came first."""
 from __future__ import annotations
 
-from asrdist.cluster.launcher import failure_message
+from asrdist.cluster.supervisor import failure_message
 
 OUTPUT = """[1]:
   time      : 2026-11-22_14:52:30
@@ -48,7 +48,7 @@ def test_empty_reports_from_a_full_disk_are_skipped(tmp_path):
 
 
 def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
-    from asrdist.cluster.launcher import _launcher_noise
+    from asrdist.cluster.supervisor import _launcher_noise
 
     assert _launcher_noise("E1122 16:16:07.961000 5991 torch/distributed/elastic/multiprocessing/api.py:1002] failed\n")
     assert _launcher_noise("asrdist: error: learner rank 0: loss is nan\n")  # the launcher prints the one line
@@ -58,7 +58,7 @@ def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
 def test_the_launcher_stops_on_sigterm_sigint_and_sighup():
     import signal
 
-    from asrdist.cluster.launcher import _STOP_SIGNALS
+    from asrdist.cluster.supervisor import _STOP_SIGNALS
 
     assert set(_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
@@ -80,7 +80,7 @@ def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, mo
     import sys
     import time
 
-    from asrdist.cluster import launcher
+    from asrdist.cluster import supervisor
 
     agent = subprocess.Popen([sys.executable, "-c", "import subprocess; "
                               "kids = [subprocess.Popen(['sleep', '120']) for _ in range(2)]; "
@@ -90,17 +90,17 @@ def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, mo
     try:
         os.kill(stopped, signal.SIGSTOP)
         end = time.monotonic() + 60
-        while launcher._state(stopped) != "T" and time.monotonic() < end:
+        while supervisor._state(stopped) != "T" and time.monotonic() < end:
             time.sleep(0.01)  # polling /proc until the kernel has stopped it
-        monkeypatch.setattr(launcher, "SHUTDOWN_GRACE_S", 0)
-        watch = launcher._StoppedLearners([agent], tmp_path)
+        monkeypatch.setattr(supervisor, "SHUTDOWN_GRACE_S", 0)
+        watch = supervisor._StoppedLearners([agent], tmp_path)
         watch.check()  # no failure reported yet: nothing happens
-        assert launcher._state(stopped) == "T"
+        assert supervisor._state(stopped) == "T"
         (tmp_path / "failed-rank-0.txt").write_text("learner rank 0: allreduce (timeout 3 s) failed: timed out\n")
         watch.check()  # the failure is seen
         watch.check()  # the grace (0 s) is over: the stopped learner is killed, the agent's wait ends
         assert agent.wait(60) == 0
-        assert launcher._state(running) not in ("", "Z", "T")
+        assert supervisor._state(running) not in ("", "Z", "T")
     finally:
         for pid in (stopped, running):
             try:
@@ -141,7 +141,7 @@ def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path
     import pytest
     import torch.distributed as dist
 
-    from asrdist.cluster.launcher import _Survival, run_agents
+    from asrdist.cluster.supervisor import Survival, run_agents
     from asrdist.errors import TrainingError
 
     (tmp_path / "launcher.log").symlink_to("/dev/full")
@@ -149,7 +149,7 @@ def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path
     with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device$"):
         run_agents([_failing_learner(line)], tmp_path, timeout=120)
     with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device; no learner"):
-        run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=_Survival(dist.HashStore(), tmp_path))
+        run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=Survival(dist.HashStore(), tmp_path))
 
 
 def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys):
@@ -157,7 +157,7 @@ def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys
     before its traceback; the terminal gets the learners' own lines only, the log everything."""
     from types import SimpleNamespace
 
-    from asrdist.cluster.launcher import _pump, _ReportLog
+    from asrdist.cluster.supervisor import _pump, _ReportLog
 
     lines = ["[asrdist] epoch=0\n", "Exception in thread Thread-1 (_run):\n", "Traceback (most recent call last):\n",
              "OSError: [Errno 28] No space left on device\n", "[asrdist] learner rank 1 lost at step 3\n"]
@@ -177,7 +177,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
 
     import torch
 
-    from asrdist.cluster import launcher, netem, netem_launch
+    from asrdist.cluster import launcher, netem
     from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
     from asrdist.run.learner import set_threads
 
@@ -186,8 +186,8 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
     class FakeHosts:
         interface = "eth0"
 
-        def __init__(self, nodes, rate):
-            self.nodes, self.rate = nodes, rate
+        def __init__(self, nodes, rate, delay):
+            self.nodes, self.rate, self.delay = nodes, rate, delay
 
         def __enter__(self):
             return self
@@ -202,7 +202,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
             started.append((node, cmd, env))
 
     monkeypatch.setattr(netem, "EmulatedNetwork", FakeHosts)
-    monkeypatch.setattr(netem_launch, "record_wire", lambda net, run_dir: None)
+    monkeypatch.setattr(launcher, "record_wire", lambda net, run_dir: None)
     monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 2, tmp_path, nodes=2, network="1gbit")
     cores = len(os.sched_getaffinity(0))
