@@ -222,3 +222,71 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
         assert set_threads(0, local_world_size=1) == cores  # a real host's learner: all its cores
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp_path):
+    """The learner side of the report protocol (`netem_launch` under run_learners): an asrdist
+    error is its own message, any other error names its type; the supervisor's line is its first."""
+    from asrdist.cluster.supervisor import write_failure_report
+    from asrdist.errors import ConfigError
+
+    for rank, exc, line in [(1, ValueError("injected failure on rank 1\nsecond line"),
+                             "learner rank 1: ValueError: injected failure on rank 1"),
+                            (0, KeyError("floats"), "learner rank 0: KeyError: 'floats'"),
+                            (2, ConfigError("rank 2: bench: --floats must be > 0"), "learner rank 2: bench: --floats must be > 0"),
+                            (3, RuntimeError(), "learner rank 3: RuntimeError")]:
+        try:
+            raise exc
+        except Exception as caught:
+            assert write_failure_report(tmp_path, rank, caught) == line
+        report = (tmp_path / f"failed-rank-{rank}.txt").read_text()
+        assert report.startswith(line + "\nTraceback (most recent call last):")
+    (tmp_path / "failed-rank-0.txt").unlink()
+    (tmp_path / "failed-rank-2.txt").unlink()
+    (tmp_path / "failed-rank-3.txt").unlink()
+    assert failure_message(tmp_path, "", 1) == "learner rank 1: ValueError: injected failure on rank 1"
+
+
+def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, monkeypatch):
+    """In-process, the agents faked (tests/test_netem.py runs the real thing, marked slow): hosts on
+    loopback are one torch.distributed.run agent each, static rendezvous on 127.0.0.1; run_learners
+    hands launch_learners the learner side, the label, the deadline and the link's delay."""
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from asrdist.cluster import launcher, netem
+    from asrdist.errors import ConfigError
+
+    started = []
+    monkeypatch.setattr(launcher, "_popen", lambda cmd, env: started.append((cmd, env)))
+    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
+    launcher.launch_learners("asrdist.run.worker", ["RUN"], 4, tmp_path, nodes=2, network="loopback")
+    assert len(started) == 2
+    for node, (cmd, env) in enumerate(started):
+        assert cmd[cmd.index("-m") + 1] == "torch.distributed.run" and cmd[cmd.index("--node-rank") + 1] == str(node)
+        assert cmd[cmd.index("--rdzv-backend") + 1] == "static" and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
+        assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert started[0][0][started[0][0].index("--master-port") + 1] == started[1][0][started[1][0].index("--master-port") + 1]
+
+    calls = []
+
+    def fake_launch(module, args, learners, report_dir, timeout, nodes, network, delay):
+        calls.append((module, args, learners, timeout, nodes, network, delay))
+        result_dir = Path(args[args.index("--result-dir") + 1])
+        for rank in range(learners):
+            (result_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank}))
+
+    monkeypatch.setattr(launcher, "launch_learners", fake_launch)
+    monkeypatch.setattr(netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(netem, "netem_supported", lambda: True)
+    assert launcher.run_learners("m", "f", 4, 2, "1gbit", {"x": 1}, 30, delay="2ms") == [{"rank": r} for r in range(4)]
+    module, args, learners, timeout, nodes, network, delay = calls[-1]
+    assert (module, learners, timeout, nodes, network, delay) == ("asrdist.cluster.netem_launch", 4, 30, 2, "1gbit", "2ms")
+    assert args[args.index("--function") + 1] == "m:f" and json.loads(args[args.index("--args") + 1]) == {"x": 1}
+    assert args[args.index("--label") + 1] == "emulated-1gbit-2ms" and float(args[args.index("--timeout") + 1]) == 30
+    launcher.run_learners("m", "f", 2, 1, "1gbit")  # one host: this machine, no network
+    assert calls[-1][5] == "loopback" and calls[-1][1][calls[-1][1].index("--label") + 1] == "loopback"
+    with pytest.raises(ConfigError, match="split evenly"):
+        launcher.run_learners("m", "f", 3, 2, "loopback")
