@@ -118,6 +118,17 @@ def test_bad_layouts_and_subnets():
         EmulatedNetwork(3, subnet="10.213.0.0/30")
 
 
+def test_the_allreduce_timing_refuses_bad_input_in_one_line_before_any_learner(capsys):
+    from asrdist.cluster.netem_launch import main
+
+    for argv, what in [(["--learners", "3", "--nodes", "2", "--network", "loopback"], "cannot be split evenly"),
+                       (["--learners", "2", "--network", "fast"], "network rate 'fast'"),
+                       (["--learners", "2", "--network", "1gbit", "--delay", "1 hour"], "network delay '1 hour'")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("asrdist: error: ") and what in err and err.count("\n") == 1, err
+
+
 def test_one_environment_type_from_the_launcher_to_the_learner():
     """What torchrun sets is what `JobEnv.from_environ` reads, and what asrdist's own launchers
     write (`as_environ`) reads back as the same learner."""

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from asrdist.cluster import netem
-from asrdist.cluster.netem import COUNTER_NAMES, die_with_parent, parse_rate, payload_on_wire
+from asrdist.cluster.netem import COUNTER_NAMES, die_with_parent, parse_delay, parse_rate, payload_on_wire
 from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
 from asrdist.errors import ConfigError, TrainingError
@@ -119,6 +119,7 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
     if nodes == 1:
         network = "loopback"
     if network != "loopback":
+        parse_delay(delay)  # bad input is refused before the probe builds a namespace
         ok, reason = netem.available()
         if not ok:
             raise ConfigError(f"network '{network}': {reason} (use network 'loopback')")

@@ -39,7 +39,7 @@ from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.netem import die_with_parent
 from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.cluster.supervisor import write_failure_report
-from asrdist.errors import ConfigError
+from asrdist.errors import AsrdistError, ConfigError
 from asrdist.io.atomic import write_json_atomic
 
 
@@ -121,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.learners < 2:
         p.error(f"--learners: an allreduce needs at least 2 learners, got {a.learners}")
-    results = run_learners("asrdist.cluster.netem_launch", "allreduce_timing", a.learners, a.nodes, a.network,
-                           {"floats": a.floats, "repeats": a.repeats}, a.timeout, a.delay)
+    try:
+        results = run_learners("asrdist.cluster.netem_launch", "allreduce_timing", a.learners, a.nodes, a.network,
+                               {"floats": a.floats, "repeats": a.repeats}, a.timeout, a.delay)
+    except AsrdistError as exc:  # bad input or a failed job: one line, as every asrdist command
+        print(f"asrdist: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     r0 = results[0]
     print(json.dumps({"network": r0["network"], "learners": a.learners, "nodes": a.nodes or a.learners,
                       "megabytes": a.floats * 4 / 1e6, "seconds": r0["seconds"],
