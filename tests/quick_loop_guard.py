@@ -31,7 +31,7 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quick_loop_
 
 # Learners: torch's launcher (what `asrdist train` and torchrun run) and asrdist's learner entry
 # points (`python -m asrdist.<package>.worker`, the scaling bench's worker, the learner side of
-# learner functions, `asrdist.cluster.netem_launch`, which also starts learners as a script).
+# learner functions, `asrdist.cluster.netem_launch`, which starts learners as a script too).
 _LEARNER_MODULE = re.compile(r"^(torch\.distributed\.run|asrdist(\.\w+)*\.\w*worker|asrdist\.cluster\.netem_launch)$")
 _LAUNCHERS = {"torchrun"}
 _BROWSERS = {"chromium", "chromium-browser", "chrome", "google-chrome", "google-chrome-stable", "headless_shell",

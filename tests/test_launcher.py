@@ -233,7 +233,8 @@ def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp
     for rank, exc, line in [(1, ValueError("injected failure on rank 1\nsecond line"),
                              "learner rank 1: ValueError: injected failure on rank 1"),
                             (0, KeyError("floats"), "learner rank 0: KeyError: 'floats'"),
-                            (2, ConfigError("rank 2: bench: --floats must be > 0"), "learner rank 2: bench: --floats must be > 0"),
+                            (2, ConfigError("rank 2: bench: --floats must be > 0"),
+                             "learner rank 2: bench: --floats must be > 0"),
                             (3, RuntimeError(), "learner rank 3: RuntimeError")]:
         try:
             raise exc
@@ -268,7 +269,8 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
         assert cmd[cmd.index("-m") + 1] == "torch.distributed.run" and cmd[cmd.index("--node-rank") + 1] == str(node)
         assert cmd[cmd.index("--rdzv-backend") + 1] == "static" and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
         assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
-    assert started[0][0][started[0][0].index("--master-port") + 1] == started[1][0][started[1][0].index("--master-port") + 1]
+    ports = {cmd[cmd.index("--master-port") + 1] for cmd, _ in started}
+    assert len(ports) == 1  # both agents meet at host 0's
 
     calls = []
 
@@ -283,7 +285,8 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
     monkeypatch.setattr(netem, "netem_supported", lambda: True)
     assert launcher.run_learners("m", "f", 4, 2, "1gbit", {"x": 1}, 30, delay="2ms") == [{"rank": r} for r in range(4)]
     module, args, learners, timeout, nodes, network, delay = calls[-1]
-    assert (module, learners, timeout, nodes, network, delay) == ("asrdist.cluster.netem_launch", 4, 30, 2, "1gbit", "2ms")
+    assert module == "asrdist.cluster.netem_launch"
+    assert (learners, timeout, nodes, network, delay) == (4, 30, 2, "1gbit", "2ms")
     assert args[args.index("--function") + 1] == "m:f" and json.loads(args[args.index("--args") + 1]) == {"x": 1}
     assert args[args.index("--label") + 1] == "emulated-1gbit-2ms" and float(args[args.index("--timeout") + 1]) == 30
     launcher.run_learners("m", "f", 2, 1, "1gbit")  # one host: this machine, no network

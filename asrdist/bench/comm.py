@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 
 from asrdist.checks import cli_number
-from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.launcher import run_learners
+from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.process_group import start_learner
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy

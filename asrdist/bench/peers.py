@@ -47,8 +47,8 @@ from torch.distributed.algorithms.model_averaging.averagers import (
 from torch.nn.parallel import DistributedDataParallel
 
 from asrdist.checks import cli_number
-from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.launcher import run_learners
+from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import config_from_tree
 from asrdist.data.batch import Batch

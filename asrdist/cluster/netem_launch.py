@@ -70,7 +70,8 @@ def _torchrun_learner(function: str, args_json: str, result_dir: str | None, net
         else:
             print(json.dumps(result), flush=True)
     except Exception as exc:  # this learner's own failure, named by its rank, then exit non-zero
-        message = write_failure_report(Path(result_dir), spec.rank, exc) if result_dir else f"learner rank {spec.rank}: {exc}"
+        message = (write_failure_report(Path(result_dir), spec.rank, exc) if result_dir
+                   else f"learner rank {spec.rank}: {exc}")
         print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "(else print)")
     p.add_argument("--label", default="cluster", help="under torchrun: the `network` the spec reports")
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=4)
-    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=None, help="emulated hosts (default: one per learner)")
+    p.add_argument("--nodes", type=cli_number(int, at_least=1), default=None,
+                   help="emulated hosts (default: one per learner)")
     p.add_argument("--network", default="1gbit", help="loopback | 1gbit | 10gbit | any tc rate")
     p.add_argument("--delay", default="0.1ms", help="delay of every emulated link (default 0.1ms)")
     p.add_argument("--floats", type=cli_number(int, at_least=1), default=46_000_000)
