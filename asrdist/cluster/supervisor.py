@@ -41,7 +41,6 @@ SHUTDOWN_GRACE_S = 3
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-
 class JobTimedOut(TrainingError):
     """The learners did not finish within the job's deadline; every one was stopped."""
 
@@ -51,10 +50,10 @@ def write_failure_report(report_dir: Path, rank: int, exc: BaseException) -> str
     directory (its one line, then the traceback). Returns the line; an asrdist error is its own
     message, any other names its type (a bare KeyError says only the key)."""
     text = str(exc).strip()
-    detail = text.splitlines()[0] if text else ""
-    if not isinstance(exc, AsrdistError):
+    detail = (text.splitlines()[0] if text else "").removeprefix(f"rank {rank}: ")
+    if not isinstance(exc, AsrdistError) or not detail:
         detail = f"{type(exc).__name__}: {detail}".rstrip(": ")
-    message = f"learner rank {rank}: {detail.removeprefix(f'rank {rank}: ') or type(exc).__name__}"
+    message = f"learner rank {rank}: {detail}"
     try:
         (Path(report_dir) / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
     except OSError:  # a full disk: the learner's stderr line still reaches the launcher's log
