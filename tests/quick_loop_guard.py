@@ -30,8 +30,9 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quick_loop_
 """Holds the sitecustomize.py that installs the guard in child Python processes."""
 
 # Learners: torch's launcher (what `asrdist train` and torchrun run) and asrdist's learner entry
-# points (`python -m asrdist.<package>.worker`, the scaling bench's worker).
-_LEARNER_MODULE = re.compile(r"^(torch\.distributed\.run|asrdist(\.\w+)*\.\w*worker)$")
+# points (`python -m asrdist.<package>.worker`, the scaling bench's worker, the learner side of
+# learner functions, `asrdist.cluster.netem_launch`, which starts learners as a script too).
+_LEARNER_MODULE = re.compile(r"^(torch\.distributed\.run|asrdist(\.\w+)*\.\w*worker|asrdist\.cluster\.netem_launch)$")
 _LAUNCHERS = {"torchrun"}
 _BROWSERS = {"chromium", "chromium-browser", "chrome", "google-chrome", "google-chrome-stable", "headless_shell",
              "firefox"}
@@ -72,8 +73,7 @@ def refusal(argv: str | bytes | os.PathLike | Sequence) -> str | None:
         return None
     for i, word in enumerate(words):
         module = words[i + 1] if word == "-m" and i + 1 < len(words) else None
-        if module is not None and (_LEARNER_MODULE.match(module)
-                                   or module.startswith("asrdist.") and "--worker" in words[i + 2:]):
+        if module is not None and _LEARNER_MODULE.match(module):
             return f"learner processes ({shown})"
         is_cli = module in _ASRDIST_MODULES or (i == 0 and program == "asrdist")
         after = i + 2 if module is not None else i + 1

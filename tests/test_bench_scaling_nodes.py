@@ -82,7 +82,7 @@ def test_nodes_mode_falls_back_to_loopback_and_says_so(tmp_path, monkeypatch):
     """Without network emulation the run goes on loopback, and the JSON says so (learner jobs
     replaced by a stand-in that records how they were asked for)."""
     import asrdist.cluster.netem as netem
-    import asrdist.cluster.netem_launch as netem_launch
+    import asrdist.cluster.launcher as launcher
 
     calls = []
 
@@ -103,7 +103,7 @@ def test_nodes_mode_falls_back_to_loopback_and_says_so(tmp_path, monkeypatch):
         return rs
 
     monkeypatch.setattr(netem, "available", lambda: (False, "needs root"))
-    monkeypatch.setattr(netem_launch, "run_learners", fake_run_learners)
+    monkeypatch.setattr(launcher, "run_learners", fake_run_learners)
     out = tmp_path / "fallback.json"
     with pytest.warns(RuntimeWarning, match="falling back to loopback"):
         assert main(["bench", "scaling", "--json", str(out), "--per-node", "2", "--exchange-repeats", "3"]) == 0

@@ -17,7 +17,7 @@ import pytest
 
 from asrdist.bench.faults import learner_pids
 from asrdist.cluster import netem
-from asrdist.cluster.launcher import SHUTDOWN_GRACE_S
+from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S
 from asrdist.train.checkpoint import check_resumable
 from test_faults import DEADLINE_S, TINY, _launch, _started, _until
 

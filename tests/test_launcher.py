@@ -1,7 +1,7 @@
 """The launcher's one-line failure message names the learner whose failure came first."""
 from __future__ import annotations
 
-from asrdist.cluster.launcher import failure_message
+from asrdist.cluster.supervisor import failure_message
 
 OUTPUT = """[1]:
   time      : 2026-11-22_14:52:30
@@ -48,7 +48,7 @@ def test_empty_reports_from_a_full_disk_are_skipped(tmp_path):
 
 
 def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
-    from asrdist.cluster.launcher import _launcher_noise
+    from asrdist.cluster.supervisor import _launcher_noise
 
     assert _launcher_noise("E1122 16:16:07.961000 5991 torch/distributed/elastic/multiprocessing/api.py:1002] failed\n")
     assert _launcher_noise("asrdist: error: learner rank 0: loss is nan\n")  # the launcher prints the one line
@@ -58,7 +58,7 @@ def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
 def test_the_launcher_stops_on_sigterm_sigint_and_sighup():
     import signal
 
-    from asrdist.cluster.launcher import _STOP_SIGNALS
+    from asrdist.cluster.supervisor import _STOP_SIGNALS
 
     assert set(_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
@@ -80,7 +80,7 @@ def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, mo
     import sys
     import time
 
-    from asrdist.cluster import launcher
+    from asrdist.cluster import supervisor
 
     agent = subprocess.Popen([sys.executable, "-c", "import subprocess; "
                               "kids = [subprocess.Popen(['sleep', '120']) for _ in range(2)]; "
@@ -90,17 +90,17 @@ def test_a_stopped_learner_is_killed_once_a_peer_reported_a_failure(tmp_path, mo
     try:
         os.kill(stopped, signal.SIGSTOP)
         end = time.monotonic() + 60
-        while launcher._state(stopped) != "T" and time.monotonic() < end:
+        while supervisor._state(stopped) != "T" and time.monotonic() < end:
             time.sleep(0.01)  # polling /proc until the kernel has stopped it
-        monkeypatch.setattr(launcher, "SHUTDOWN_GRACE_S", 0)
-        watch = launcher._StoppedLearners([agent], tmp_path)
+        monkeypatch.setattr(supervisor, "SHUTDOWN_GRACE_S", 0)
+        watch = supervisor._StoppedLearners([agent], tmp_path)
         watch.check()  # no failure reported yet: nothing happens
-        assert launcher._state(stopped) == "T"
+        assert supervisor._state(stopped) == "T"
         (tmp_path / "failed-rank-0.txt").write_text("learner rank 0: allreduce (timeout 3 s) failed: timed out\n")
         watch.check()  # the failure is seen
         watch.check()  # the grace (0 s) is over: the stopped learner is killed, the agent's wait ends
         assert agent.wait(60) == 0
-        assert launcher._state(running) not in ("", "Z", "T")
+        assert supervisor._state(running) not in ("", "Z", "T")
     finally:
         for pid in (stopped, running):
             try:
@@ -141,7 +141,7 @@ def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path
     import pytest
     import torch.distributed as dist
 
-    from asrdist.cluster.launcher import _Survival, run_agents
+    from asrdist.cluster.supervisor import Survival, run_agents
     from asrdist.errors import TrainingError
 
     (tmp_path / "launcher.log").symlink_to("/dev/full")
@@ -149,7 +149,7 @@ def test_a_launcher_log_on_a_full_disk_does_not_hide_the_learners_error(tmp_path
     with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device$"):
         run_agents([_failing_learner(line)], tmp_path, timeout=120)
     with pytest.raises(TrainingError, match="^learner rank 0: checkpoint: No space left on device; no learner"):
-        run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=_Survival(dist.HashStore(), tmp_path))
+        run_agents([_failing_learner(line)], tmp_path, timeout=120, survival=Survival(dist.HashStore(), tmp_path))
 
 
 def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys):
@@ -157,7 +157,7 @@ def test_a_thread_traceback_of_a_learner_stays_off_the_terminal(tmp_path, capsys
     before its traceback; the terminal gets the learners' own lines only, the log everything."""
     from types import SimpleNamespace
 
-    from asrdist.cluster.launcher import _pump, _ReportLog
+    from asrdist.cluster.supervisor import _pump, _ReportLog
 
     lines = ["[asrdist] epoch=0\n", "Exception in thread Thread-1 (_run):\n", "Traceback (most recent call last):\n",
              "OSError: [Errno 28] No space left on device\n", "[asrdist] learner rank 1 lost at step 3\n"]
@@ -177,7 +177,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
 
     import torch
 
-    from asrdist.cluster import launcher, netem, netem_launch
+    from asrdist.cluster import launcher, netem
     from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
     from asrdist.run.learner import set_threads
 
@@ -186,8 +186,8 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
     class FakeHosts:
         interface = "eth0"
 
-        def __init__(self, nodes, rate):
-            self.nodes, self.rate = nodes, rate
+        def __init__(self, nodes, rate, delay):
+            self.nodes, self.rate, self.delay = nodes, rate, delay
 
         def __enter__(self):
             return self
@@ -202,7 +202,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
             started.append((node, cmd, env))
 
     monkeypatch.setattr(netem, "EmulatedNetwork", FakeHosts)
-    monkeypatch.setattr(netem_launch, "record_wire", lambda net, run_dir: None)
+    monkeypatch.setattr(launcher, "record_wire", lambda net, run_dir: None)
     monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 2, tmp_path, nodes=2, network="1gbit")
     cores = len(os.sched_getaffinity(0))
@@ -222,3 +222,74 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
         assert set_threads(0, local_world_size=1) == cores  # a real host's learner: all its cores
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp_path):
+    """The learner side of the report protocol (`netem_launch` under run_learners): an asrdist
+    error is its own message, any other error names its type; the supervisor's line is its first."""
+    from asrdist.cluster.supervisor import write_failure_report
+    from asrdist.errors import ConfigError
+
+    for rank, exc, line in [(1, ValueError("injected failure on rank 1\nsecond line"),
+                             "learner rank 1: ValueError: injected failure on rank 1"),
+                            (0, KeyError("floats"), "learner rank 0: KeyError: 'floats'"),
+                            (2, ConfigError("rank 2: bench: --floats must be > 0"),
+                             "learner rank 2: bench: --floats must be > 0"),
+                            (3, RuntimeError(), "learner rank 3: RuntimeError")]:
+        try:
+            raise exc
+        except Exception as caught:
+            assert write_failure_report(tmp_path, rank, caught) == line
+        report = (tmp_path / f"failed-rank-{rank}.txt").read_text()
+        assert report.startswith(line + "\nTraceback (most recent call last):")
+    (tmp_path / "failed-rank-0.txt").unlink()
+    (tmp_path / "failed-rank-2.txt").unlink()
+    (tmp_path / "failed-rank-3.txt").unlink()
+    assert failure_message(tmp_path, "", 1) == "learner rank 1: ValueError: injected failure on rank 1"
+
+
+def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, monkeypatch):
+    """In-process, the agents faked (tests/test_netem.py runs the real thing, marked slow): hosts on
+    loopback are one torch.distributed.run agent each, static rendezvous on 127.0.0.1; run_learners
+    hands launch_learners the learner side, the label, the deadline and the link's delay."""
+    import json
+    from pathlib import Path
+
+    import pytest
+
+    from asrdist.cluster import launcher, netem
+    from asrdist.errors import ConfigError
+
+    started = []
+    monkeypatch.setattr(launcher, "_popen", lambda cmd, env: started.append((cmd, env)))
+    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
+    launcher.launch_learners("asrdist.run.worker", ["RUN"], 4, tmp_path, nodes=2, network="loopback")
+    assert len(started) == 2
+    for node, (cmd, env) in enumerate(started):
+        assert cmd[cmd.index("-m") + 1] == "torch.distributed.run" and cmd[cmd.index("--node-rank") + 1] == str(node)
+        assert cmd[cmd.index("--rdzv-backend") + 1] == "static" and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
+        assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    ports = {cmd[cmd.index("--master-port") + 1] for cmd, _ in started}
+    assert len(ports) == 1  # both agents meet at host 0's
+
+    calls = []
+
+    def fake_launch(module, args, learners, report_dir, timeout, nodes, network, delay):
+        calls.append((module, args, learners, timeout, nodes, network, delay))
+        result_dir = Path(args[args.index("--result-dir") + 1])
+        for rank in range(learners):
+            (result_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank}))
+
+    monkeypatch.setattr(launcher, "launch_learners", fake_launch)
+    monkeypatch.setattr(netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(netem, "netem_supported", lambda: True)
+    assert launcher.run_learners("m", "f", 4, 2, "1gbit", {"x": 1}, 30, delay="2ms") == [{"rank": r} for r in range(4)]
+    module, args, learners, timeout, nodes, network, delay = calls[-1]
+    assert module == "asrdist.cluster.netem_launch"
+    assert (learners, timeout, nodes, network, delay) == (4, 30, 2, "1gbit", "2ms")
+    assert args[args.index("--function") + 1] == "m:f" and json.loads(args[args.index("--args") + 1]) == {"x": 1}
+    assert args[args.index("--label") + 1] == "emulated-1gbit-2ms" and float(args[args.index("--timeout") + 1]) == 30
+    launcher.run_learners("m", "f", 2, 1, "1gbit")  # one host: this machine, no network
+    assert calls[-1][5] == "loopback" and calls[-1][1][calls[-1][1].index("--label") + 1] == "loopback"
+    with pytest.raises(ConfigError, match="split evenly"):
+        launcher.run_learners("m", "f", 3, 2, "loopback")

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from asrdist.errors import ConfigError, TrainingError
 from asrdist.cluster import netem
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.netem import EmulatedNetwork, parse_delay, parse_rate
-from asrdist.cluster.netem_launch import run_learners
 from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV, JobEnv
+from asrdist.cluster.supervisor import JobTimedOut
+from asrdist.errors import ConfigError, TrainingError
 
 needs_netns = pytest.mark.usefixtures("emulated_network_available")
 pytestmark = pytest.mark.filterwarnings("ignore:emulated network. kernel has no netem")
@@ -73,9 +74,12 @@ def learner_allreduce(spec: JobEnv, args: dict) -> dict:
     before = uplink()
     dist.all_reduce(x)
     after = uplink()
+    parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
     return {"rank": spec.rank, "node": spec.node_rank, "local_rank": spec.local_rank,
             "master": spec.master_addr, "threads": torch.get_num_threads(), "sum_head": x[:5].tolist(),
-            "checksum": float(x.double().sum()), "qdisc_before": before, "qdisc_after": after}
+            "checksum": float(x.double().sum()), "qdisc_before": before, "qdisc_after": after,
+            "network": spec.network, "timeout_s": spec.timeout_s, "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "agent": [w.decode() for w in parent if w]}
 
 
 def learner_fails(spec: JobEnv, args: dict) -> dict:
@@ -114,6 +118,17 @@ def test_bad_layouts_and_subnets():
         EmulatedNetwork(3, subnet="10.213.0.0/30")
 
 
+def test_the_allreduce_timing_refuses_bad_input_in_one_line_before_any_learner(capsys):
+    from asrdist.cluster.netem_launch import main
+
+    for argv, what in [(["--learners", "3", "--nodes", "2", "--network", "loopback"], "cannot be split evenly"),
+                       (["--learners", "2", "--network", "fast"], "network rate 'fast'"),
+                       (["--learners", "2", "--network", "1gbit", "--delay", "1 hour"], "network delay '1 hour'")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("asrdist: error: ") and what in err and err.count("\n") == 1, err
+
+
 def test_one_environment_type_from_the_launcher_to_the_learner():
     """What torchrun sets is what `JobEnv.from_environ` reads, and what asrdist's own launchers
     write (`as_environ`) reads back as the same learner."""
@@ -122,7 +137,7 @@ def test_one_environment_type_from_the_launcher_to_the_learner():
     env = JobEnv.from_environ(environ)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (3, 4, 1, 2)
     assert (env.node_rank, env.num_nodes, env.master_addr, env.master_port) == (1, 2, "10.0.0.1", 29500)
-    assert env.init_method == "env://" and env.network is None and env.num_threads >= 1
+    assert env.network is None and env.num_threads >= 1
     assert env.restart == 0 and not env.survive_lost
     for written in (env, JobEnv(2, 6, 0, 3, restart=2, survive_lost=True, master_addr="127.0.0.1", master_port=1234,
                                 network="loopback", num_threads=3)):
@@ -153,18 +168,43 @@ def test_resolve_network_labels_the_emulation():
 
 
 @pytest.mark.slow
-def test_loopback_allreduce_two_learners(workers_import_tests):
-    res = run_learners(MODULE, "learner_allreduce", 2, None, "loopback", {"floats": 1000}, 60)
+@pytest.mark.parametrize("nodes", [1, None])
+def test_loopback_learners_are_started_by_torch_distributed_run(workers_import_tests, nodes):
+    """run_learners is launch_learners underneath: every learner is a child of a
+    torch.distributed.run agent (one for the machine, or one per host: `nodes` None is one host per
+    learner, here on loopback) and reads torchrun's environment, laid out as torchrun lays hosts."""
+    res = run_learners(MODULE, "learner_allreduce", 2, nodes, "loopback", {"floats": 1000}, 60)
     expected = [3.0 * i for i in range(5)]
     assert [r["rank"] for r in res] == [0, 1]
-    assert all(r["sum_head"] == expected and r["master"] == "127.0.0.1" for r in res)
+    assert all(r["sum_head"] == expected and r["master"] == res[0]["master"] for r in res)
     assert all(r["threads"] == max(1, len(os.sched_getaffinity(0)) // 2) for r in res)
+    assert all(r["network"] == "loopback" and r["timeout_s"] == 60 and r["gloo_ifname"] == "lo" for r in res)
+    for r in res:
+        assert r["run_id"], r  # set by torch's elastic agent, by nothing else
+        agent = r["agent"]
+        assert agent[1:3] == ["-m", "torch.distributed.run"], agent
+        assert agent[agent.index("-m", 3) + 1] == "asrdist.cluster.netem_launch", agent
+    if nodes == 1:
+        assert [(r["node"], r["local_rank"]) for r in res] == [(0, 0), (0, 1)]
+        assert "--standalone" in res[0]["agent"]
+    else:
+        assert [(r["node"], r["local_rank"]) for r in res] == [(0, 0), (1, 0)]
+        assert res[0]["master"] == "127.0.0.1"  # host 0's agent, on this machine's loopback
+        assert [r["agent"][r["agent"].index("--node-rank") + 1] for r in res] == ["0", "1"]
+
+
+@pytest.mark.slow
+def test_a_learner_functions_error_is_one_line_naming_its_rank(workers_import_tests):
+    with pytest.raises(TrainingError) as err:
+        run_learners(MODULE, "learner_fails", 2, 1, "loopback", {"bad_rank": 1}, HANG_S)
+    assert str(err.value) == "learner rank 1: ValueError: injected failure on rank 1"
+    assert not isinstance(err.value, JobTimedOut)
 
 
 @pytest.mark.slow
 def test_hanging_learner_is_killed_and_named(workers_import_tests):
     t0 = time.monotonic()
-    with pytest.raises(TrainingError, match=r"did not finish within 6 s") as err:
+    with pytest.raises(JobTimedOut, match=r"^learners did not finish within 6 s \(network loopback") as err:
         run_learners(MODULE, "learner_hangs", 2, None, "loopback", {"bad_rank": 1}, 6)
     # rank 0 normally finished; on a loaded machine it may still be starting, so both are named
     assert re.search(r"unfinished ranks: (0, )?1\)", str(err.value)), err.value
@@ -413,7 +453,7 @@ def test_torchrun_two_nodes_on_the_emulated_network(tmp_path, workers_import_tes
 @needs_netns
 @pytest.mark.slow
 def test_failing_learner_is_named_and_everything_removed(workers_import_tests):
-    with pytest.raises(TrainingError, match=r"rank 1 failed .*ValueError: injected failure on rank 1"):
+    with pytest.raises(TrainingError, match=r"^learner rank 1: ValueError: injected failure on rank 1$"):
         run_learners(MODULE, "learner_fails", 2, 2, "1gbit", {"bad_rank": 1}, 60)
     assert not _our_namespaces()
 

@@ -198,7 +198,7 @@ def test_a_lost_nodes_unit_is_trained_again_by_a_surviving_node():
 
 
 def test_a_stop_by_signal_exits_with_the_shells_status():
-    from asrdist.cluster.launcher import stopped_error
+    from asrdist.cluster.supervisor import stopped_error
 
     assert stopped_error(signal.SIGINT).exit_code == 130
     assert stopped_error(signal.SIGTERM).exit_code == 143

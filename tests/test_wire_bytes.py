@@ -10,7 +10,7 @@ import pytest
 
 from asrdist.bench.comm import WIRE_TOLERANCE, _wire_figures
 from asrdist.cluster import netem
-from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.launcher import run_learners
 
 needs_netns = pytest.mark.usefixtures("emulated_network_available")
 # A DNN 440 -> 512 -> 512 -> 40: ~510k gradients, enough payload per exchange that gloo's framing

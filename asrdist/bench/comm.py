@@ -1,6 +1,6 @@
 """`asrdist bench comm`: 1-bit vs fp32 gradient exchange on the 46M-parameter `swbd` shapes.
 
-N learners (default 4, one emulated host each) are started by `netem_launch.run_learners` on the
+N learners (default 4, one emulated host each) are started by `launcher.run_learners` on the
 emulated network (default 1 Gbit/s links; loopback when emulation is unavailable, recorded in
 `network`). Every learner holds random gradients of Seide et al.'s Switchboard DNN and, per
 repeat, times one `sync` exchange (bucketed fp32 allreduce, then the mean) and one `onebit`
@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 
 from asrdist.checks import cli_number
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
-from asrdist.cluster.netem_launch import run_learners
 from asrdist.cluster.process_group import start_learner
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
@@ -146,8 +146,7 @@ def _wire_figures(r0: dict, learners: int, nodes: int) -> dict[str, Any]:
 def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function (run by run_learners): time sync and onebit exchanges side by side."""
 
-    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
-                        init_method=spec.init_method, backend="gloo")
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     shapes = [torch.Size(s) for s in args["shapes"]]
     gen = torch.Generator().manual_seed(1000 + spec.rank)
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]

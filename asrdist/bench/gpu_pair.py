@@ -1,5 +1,5 @@
 """Two learners on one device for `scripts/gpu_check.sh` (`python -m asrdist.bench.gpu pair`):
-each a process started by `netem_launch.run_learners` (on loopback), as every bench's learners
+each a process started by `launcher.run_learners` (on loopback), as every bench's learners
 are, joined over gloo (the device's tensors then staged through the CPU where gloo needs it) or
 NCCL, timing the trainer's own step on a fixed synthetic minibatch."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize
-from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import config_from_tree
 from asrdist.errors import TrainingError

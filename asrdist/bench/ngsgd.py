@@ -9,7 +9,7 @@
   width 512, 1.10 from width 1024 — and whether it was; `step_time_ratio_target` is DESIGN.md's 1.10.
 - `bytes_per_sample_ratio`: bytes each learner sends per training sample, `averaging` (default
   `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
-  `--learners` processes (started by `netem_launch.run_learners`, on loopback) splitting the global
+  `--learners` processes (started by `launcher.run_learners`, on loopback) splitting the global
   batch, each learner from `build_learner` taking the trainer's own steps.
 
 `kernel`: the natural-gradient preconditioner that ran (`--kernel`: `native`, the compiled one of
@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from asrdist.checks import cli_list, cli_number
-from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import DataConfig, RunConfig, TrainConfig
 from asrdist.errors import ConfigError
@@ -231,7 +231,7 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
 # ------------------------------------------------------------------------ bytes per sample
 
 def bytes_learner(spec, args: dict) -> dict:
-    """Learner function (run by `netem_launch.run_learners`, as every bench's learners are): the
+    """Learner function (run by `launcher.run_learners`, as every bench's learners are): the
     bytes this learner sends per training sample under `averaging` (two averages) and under
     `sync` (three steps), each a learner from `build_learner` taking the trainer's own steps on one
     fixed synthetic minibatch of `local_batch` frames."""

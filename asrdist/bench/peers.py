@@ -1,7 +1,7 @@
 """`asrdist bench peers`: asrdist's strategies beside what a user would pick instead in torch.
 
 In one job per network (`--networks`, default loopback and emulated 1 Gbit/s links, one learner
-per emulated host), every learner (started by `netem_launch.run_learners`) trains seven models from
+per emulated host), every learner (started by `launcher.run_learners`) trains seven models from
 the same initial weights on the same minibatches (a synthetic 40-class frame task, a fixed random
 linear teacher labelling Gaussian inputs; each learner its own batches), the same optimizer (SGD,
 lr 0.1, Nesterov momentum 0.9):
@@ -47,8 +47,8 @@ from torch.distributed.algorithms.model_averaging.averagers import (
 from torch.nn.parallel import DistributedDataParallel
 
 from asrdist.checks import cli_number
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
-from asrdist.cluster.netem_launch import run_learners
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import config_from_tree
 from asrdist.data.batch import Batch
@@ -237,8 +237,7 @@ def _torch_averaging(args: dict) -> _Contender:
 def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function (run by run_learners): every contender, rounds alternating."""
 
-    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s),
-                        init_method=spec.init_method, backend="gloo")
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     steps, rounds, local_batch = int(args["steps"]), int(args["rounds"]), int(args["local_batch"])
     sampler = _TeacherBatches(spec.rank, steps * rounds, local_batch)
     period = int(args["period"])

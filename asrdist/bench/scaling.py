@@ -45,7 +45,7 @@ import statistics
 from typing import Any
 
 from asrdist.checks import cli_list, cli_number
-from asrdist.cluster import netem, netem_launch
+from asrdist.cluster import launcher, netem
 from asrdist.cluster.netem import parse_rate, resolve_network
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig
@@ -166,7 +166,7 @@ def _run_sweep(job: dict[str, Any], strategies: list[str], learners: list[int], 
     for name in strategies:
         results[name], details[name] = {}, {}
         for n in counts:
-            r0 = netem_launch.run_learners(__package__ + ".scaling_worker", "scaling_learner", n, None,
+            r0 = launcher.run_learners(__package__ + ".scaling_worker", "scaling_learner", n, None,
                               network if n > 1 else "loopback", {**job, "strategy": name},
                               timeout=timeout)[0]
             results[name][str(n)] = r0["frames_per_second"]
@@ -227,7 +227,7 @@ def _run_nodes(job: dict[str, Any], nodes: int, per_node: int, network: str, lab
     for config in node_configs(args.configs):
         strategy, strategy_config = NODE_CONFIGS[config]
         extra = {"exchange_repeats": args.exchange_repeats} if config == EXCHANGE_JOB else {}
-        rs = netem_launch.run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
+        rs = launcher.run_learners(__package__ + ".scaling_worker", "scaling_learner", world, nodes, network,
                           {**job, "strategy": strategy, "strategy_config": strategy_config, **extra},
                           timeout=args.timeout)
         runs[config] = rs

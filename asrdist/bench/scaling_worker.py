@@ -1,7 +1,7 @@
 """One learner of `asrdist bench scaling`: the real model, optimizer, strategy and `Trainer`, fed
 synthetic minibatches, with the trainer's compute emulation (DESIGN.md §5.8).
 
-`scaling_learner(spec, args)` is run by `netem_launch.run_learners`. It builds the learner with
+`scaling_learner(spec, args)` is run by `launcher.run_learners`. It builds the learner with
 `build_learner`, the way `run_learner` does (same seed on every learner, the strategy's `setup`),
 from a `RunConfig` made of its args and a `SyntheticTask`, then calls the trainer's own
 `Trainer.train_step` on `warmup + steps` minibatches of `local_batch` frames and times the last
@@ -59,8 +59,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("scaling benchmark: compute_ms must be > 0")
     cfg = scaling_config(spec, args)
     distributed = spec.world_size > 1
-    ctx = start_learner(spec, seed=cfg.seed, timeout=timedelta(seconds=spec.timeout_s),
-                        init_method=spec.init_method, backend="gloo")
+    ctx = start_learner(spec, seed=cfg.seed, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     warmup, steps = int(args["warmup"]), int(args["steps"])
     torch.manual_seed(cfg.seed)  # the same initial model everywhere, as run_learner does
     model = build_model(cfg.model, args["feature_dim"], args["num_classes"])

@@ -1,3 +1,4 @@
-"""Where learners run: the one process-group set-up (`process_group.py`), the one launcher of
-local learners (`launcher.py`, torch.distributed.run), and the emulated cluster network
-(`netem.py`) with the learners launched on it (`netem_launch.py`)."""
+"""Where learners run: the one process-group set-up (`process_group.py`), the one launch path
+(`launcher.py`: torch.distributed.run under asrdist's supervisor, `supervisor.py`, on this machine
+or on the emulated cluster network of `netem.py`), and the learner side of learner functions
+(`netem_launch.py`)."""

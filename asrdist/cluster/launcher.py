@@ -1,78 +1,72 @@
-"""The one launcher of learners: torch's own elastic launcher, `torch.distributed.run`.
+"""The one launch path of learners: torch's own elastic launcher, `torch.distributed.run`, under
+asrdist's supervisor (`asrdist.cluster.supervisor`), the emulated network an option of it.
 
 `launch_learners("asrdist.run.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
 `python -m torch.distributed.run --standalone --nproc-per-node n -m MODULE ARGS`, which is exactly
-what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. With `nodes=A` and a `network`
-rate it runs that cluster command on this machine: an `EmulatedNetwork` of A hosts (namespaces
-joined by shaped links), one `torch.distributed.run` agent per host, c10d rendezvous on host 0.
-Each learner gets `cores / n` threads.
+what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. With `nodes=A` it runs that
+cluster command on this machine, one `torch.distributed.run` agent per host with a static
+rendezvous on host 0: on an `EmulatedNetwork` of A hosts (namespaces joined by links shaped to the
+`network` rate and `delay`), or, with `network` 'loopback', A agents on this machine's loopback
+(hosts without a network between them: the layout of A hosts, nothing shaped). Each learner gets
+`cores / n` threads, whatever host it emulates: they all share this machine.
 
-Supervision:
-- A learner that fails writes `failed-rank-R.txt` (its one-line error, then the traceback) into the
-  report directory; a failed job becomes one `TrainingError` line naming the learner that failed
-  first (`failure_message`). Everything the agents print on stderr goes to `launcher.log` in the
-  report directory; the terminal gets the learners' own output without torch's launcher
-  tracebacks.
-- SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
-  becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
-  so do learners with their agent (`asrdist.run.worker` sets it for itself).
-- A stopped learner (SIGSTOP: alive, silent, deaf to the agent's SIGTERM) is killed by this
-  launcher `SHUTDOWN_GRACE_S` after a peer reported its failure (`_StoppedLearners`): torch 2.13's
-  agent stops a failed group with a fixed 30 s grace (`_stop_workers` ignores
-  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which only its other shutdowns honour), so a hang took its
-  timeout + 30 s to report.
+`run_learners(module, name, n, nodes, network, args, timeout)` runs a learner function,
+`module.name(env: JobEnv, args: dict) -> dict`, in n learners through `launch_learners`: each is
+`python -m asrdist.cluster.netem_launch --function module:name ...` under torch.distributed.run,
+and their results come back by rank. Benches and tests start their learners this way.
 
 A job that survives lost learners (`survive_lost`: adpsgd on one machine) cannot run under
 torch's agent: an agent stops all its learners when one fails, an agent per learner waits 300 s
 in its exit barrier for a failed peer's agent (not settable from torchrun's command line), and the
 learners' c10d store lives in agent 0 (torch 2.13). Here the launcher is the agent: it hosts the
 job's TCPStore, starts each learner as its own process with the environment torchrun gives it
-(every learner a client of that store: TORCHELASTIC_USE_AGENT_STORE), and supervises them itself
-(`_Survival`): a learner that fails or that its peers declared lost (hung) is reported in one line
-and recorded in the store; the job succeeds when at least one learner finishes.
+(every learner a client of that store: TORCHELASTIC_USE_AGENT_STORE), and the supervisor watches
+them itself (`Survival`): a learner that fails or that its peers declared lost (hung) is reported
+in one line and recorded in the store; the job succeeds when at least one learner finishes.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-import signal
+import secrets
+import socket
 import subprocess
 import sys
-import threading
-import time
+import tempfile
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable
 
 import torch.distributed as dist
 
-from asrdist.cluster import netem, netem_launch
-from asrdist.cluster.netem import die_with_parent, stop_process
-from asrdist.cluster.netem_launch import _check_layout, _namespace_port
+from asrdist.cluster import netem
+from asrdist.cluster.netem import COUNTER_NAMES, die_with_parent, parse_delay, parse_rate, payload_on_wire
 from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
-from asrdist.errors import Stopped, TrainingError
-from asrdist.parallel.membership import lost_key, report_lost
+from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.io.atomic import write_json_atomic
 
-LOG_NAME = "launcher.log"
-STOP_GRACE_S = 30.0
-"""How long stopped agents get to stop their learners before they are killed."""
-SHUTDOWN_GRACE_S = 3
-"""How long an agent waits for a learner it stopped (SIGTERM) before it kills it (SIGKILL)."""
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+LEARNER_MODULE = "asrdist.cluster.netem_launch"
+"""The learner side of `run_learners`: runs one learner function under torch.distributed.run."""
+# Rendezvous ports (in a fresh namespace, and on loopback): below Linux's ephemeral range
+# (32768-60999), where gloo's own sockets and every connection's local port land.
+_NAMESPACE_PORT_RANGE = (20000, 29999)
 
 
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
                     timeout: float | None = None, nodes: int = 1, network: str = "1gbit",
-                    max_restarts: int = 0, survive_lost: bool = False) -> None:
+                    max_restarts: int = 0, survive_lost: bool = False, delay: str = "0.1ms") -> None:
     """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
-    emulated hosts joined by `network` links; when a learner fails, torch's launcher restarts them
-    all up to `max_restarts` times (the module resumes: TORCHELASTIC_RESTART_COUNT); raise
-    TrainingError on failure. `survive_lost` (nodes 1): the job goes on without failed learners
-    and fails only when none finishes."""
+    hosts joined by `network` links (a rate, with `delay`, emulated; or 'loopback'); when a learner
+    fails, torch's launcher restarts them all up to `max_restarts` times (the module resumes:
+    TORCHELASTIC_RESTART_COUNT); raise TrainingError on failure, JobTimedOut past `timeout`.
+    `survive_lost` (nodes 1): the job goes on without failed learners and fails only when none
+    finishes."""
     threads = max(1, len(os.sched_getaffinity(0)) // learners)  # every learner, of every emulated node, is here
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
                **{THREADS_ENV: str(threads), NETWORK_ENV: network if nodes > 1 else "loopback"})
+    if nodes == 1 or network == "loopback":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every learner is on this machine
     if survive_lost and nodes == 1:
         _launch_survivable(module, args, learners, report_dir, timeout, env)
         return
@@ -83,20 +77,106 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
         return
 
-    _check_layout(learners, nodes, network)
-    with netem.EmulatedNetwork(nodes, rate=network) as net:
+    check_layout(learners, nodes, network)
+
+    def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+                "--nproc-per-node", str(learners // nodes), "--node-rank", str(node),
+                "--rdzv-backend", "static", "--master-addr", master_addr, "--master-port", str(port),
+                *common, "-m", module, *args]
+
+    if network == "loopback":
+        port = _free_loopback_port()
+        run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), env) for k in range(nodes)],
+                   report_dir, timeout)
+        return
+    with netem.EmulatedNetwork(nodes, rate=network, delay=delay) as net:
         env["GLOO_SOCKET_IFNAME"] = net.interface
         port = _namespace_port()
 
         def agent(node: int) -> Callable[[], subprocess.Popen]:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
-                   "--nproc-per-node", str(learners // nodes), "--node-rank", str(node),
-                   "--rdzv-backend", "static", "--master-addr", net.node_address(0), "--master-port", str(port),
-                   *common, "-m", module, *args]
+            cmd = agent_cmd(node, net.node_address(0), port)
             return lambda: net.popen(node, cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
 
         run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
-        netem_launch.record_wire(net, Path(report_dir))
+        record_wire(net, Path(report_dir))
+
+
+def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | None = None,
+                 network: str = "loopback", args: dict[str, Any] | None = None,
+                 timeout: float = 120.0, delay: str = "0.1ms") -> list[dict[str, Any]]:
+    """Run learner function `fn_module.fn_name(env, args)` in `world_size` learners through
+    `launch_learners`; their results (JSON-able dicts) by rank.
+
+    nodes: hosts, `world_size / nodes` learners each (default one per learner); network:
+    'loopback' (every host on this machine's loopback) or a link rate such as '1gbit' (an
+    EmulatedNetwork with `delay` per link; needs root, see netem.available()). One host is this
+    machine: no network at all. A learner's `env.network` is the label ('loopback' or
+    'emulated-RATE-DELAY'), `env.timeout_s` the job's `timeout`. Raises one TrainingError line
+    naming the learner whose failure came first, or the unfinished ranks of a job that outlived
+    `timeout`."""
+    nodes = check_layout(world_size, nodes, network)
+    if nodes == 1:
+        network = "loopback"
+    if network != "loopback":
+        parse_delay(delay)  # bad input is refused before the probe builds a namespace
+        ok, reason = netem.available()
+        if not ok:
+            raise ConfigError(f"network '{network}': {reason} (use network 'loopback')")
+    label = "loopback" if network == "loopback" else netem.network_label(network, delay)
+    with tempfile.TemporaryDirectory(prefix="asrdist-learners-") as tmp:
+        out = Path(tmp)
+        cli = ["--function", f"{fn_module}:{fn_name}", "--args", json.dumps(args or {}), "--result-dir", tmp,
+               "--label", label, "--timeout", repr(float(timeout))]
+        try:
+            launch_learners(LEARNER_MODULE, cli, world_size, out, timeout, nodes, network, delay=delay)
+        except JobTimedOut:
+            unfinished = [str(r) for r in range(world_size) if not (out / f"result{r}.json").is_file()]
+            raise JobTimedOut(f"learners did not finish within {timeout:g} s (network {label}; unfinished ranks: "
+                              f"{', '.join(unfinished) or 'none'}); every learner was stopped") from None
+        results = []
+        for rank in range(world_size):
+            path = out / f"result{rank}.json"
+            if not path.is_file():
+                raise TrainingError(f"learner rank {rank} exited without writing its result")
+            results.append(json.loads(path.read_text()))
+    return results
+
+
+def check_layout(world_size: int, nodes: int | None, network: str) -> int:
+    """`nodes` (None: one per learner) once `world_size` learners split evenly into them and
+    `network` is 'loopback' or a rate."""
+    if world_size < 1:
+        raise ConfigError(f"learners: world_size must be >= 1, got {world_size}")
+    if network != "loopback":
+        parse_rate(network)
+    nodes = world_size if nodes is None else nodes
+    if not 1 <= nodes <= world_size or world_size % nodes:
+        raise ConfigError(f"learners: {world_size} learners cannot be split evenly into {nodes} nodes")
+    return nodes
+
+
+def record_wire(net: netem.EmulatedNetwork, run_dir: Path) -> None:
+    """Add to a finished run's summary.json (`asrdist train --nodes`) what its emulated hosts' NICs
+    carried over the whole job, beside the strategy's counted `comm.bytes_sent`: every host's
+    eth0 was created with the job, so its counters are the job's traffic (rendezvous, start-up
+    broadcast, validation and the final gathering included: more than the training exchanges;
+    after a resume, the last start's only)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return  # the job failed or stopped early (or ran learner functions): nothing to add to
+    summary = json.loads(path.read_text())
+    zero = dict.fromkeys(COUNTER_NAMES, 0)
+    hosts = [{"node": i, **payload_on_wire(zero, net.link_counters(i))} for i in range(net.num_nodes)]
+    summary["wire"] = {
+        "payload_bytes": sum(h["payload_bytes"] for h in hosts),
+        "frame_bytes": sum(h["bytes"] for h in hosts),
+        "segments": sum(h["packets"] for h in hosts),
+        "hosts": hosts,
+        "what": "bytes the emulated hosts' NICs sent over the whole job (veth tx counters); payload = "
+                "frames less one Ethernet + IPv4 + TCP header per segment",
+    }
+    write_json_atomic(path, summary)
 
 
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,
@@ -112,81 +192,8 @@ def _launch_survivable(module: str, args: list[str], learners: int, report_dir: 
         return lambda: _popen(cmd, dict(env, ROLE_RANK=str(rank), **job.as_environ()))
 
     run_agents([learner(r) for r in range(learners)], report_dir, timeout,
-               survival=_Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))
+               survival=Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))
 
-
-_DYING_S = 1.0
-"""How long a learner its peers reported lost may take to exit by itself before it is killed as hung."""
-
-
-class _Survival:
-    """Supervision of a job that goes on without lost learners; process k is learner rank k."""
-
-    def __init__(self, store, report_dir: Path):
-        self.store, self.report_dir = store, report_dir
-        self.log: _ReportLog | None = None
-        """The launcher's log (set by `run_agents`)."""
-        self.outputs: list[list[str]] = []
-        """Each learner's last stderr lines, and the threads that read them (set by `run_agents`)."""
-        self.pumps: list[threading.Thread] = []
-        self.lost: dict[int, str] = {}
-        """rank -> the one line that says why it was lost."""
-        self._declared: dict[int, float] = {}  # rank -> when its peers' report was seen, it still running
-        self._stopped: set[int] = set()
-
-    def wait(self, procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
-        """Until every learner has exited (their codes), a stop signal came, or the deadline passed."""
-        while not stop.is_set():
-            codes = [p.poll() for p in procs]
-            for rank, code in enumerate(codes):
-                if code is None and self.store.check([lost_key(rank)]):  # its peers gave up on it
-                    seen = self._declared.setdefault(rank, time.monotonic())
-                    if time.monotonic() - seen > _DYING_S:  # not a process on its way out: hung
-                        self._stopped.add(rank)
-                        procs[rank].kill()
-                        codes[rank] = procs[rank].wait()
-                if codes[rank] not in (None, 0) and rank not in self.lost:
-                    self._lose(rank, codes[rank], len(procs))
-            if all(c is not None for c in codes):
-                return codes
-            if deadline is not None and time.monotonic() > deadline:
-                return None
-            stop.wait(0.2)
-        return [p.poll() or 0 for p in procs]
-
-    def _lose(self, rank: int, code: int, learners: int) -> None:
-        report = _first_line(self.report_dir / f"failed-rank-{rank}.txt")
-        if not report and rank < len(self.outputs):  # no report file (a full disk): the line it printed
-            self.pumps[rank].join(2.0)  # its last lines: the pipe closes as the process exits
-            said = [m for m in _LEARNER_ERROR.findall("".join(self.outputs[rank]))
-                    if m.startswith(f"learner rank {rank}: ")]
-            report = said[0] if said else ""
-        report = report.removeprefix(f"learner rank {rank}: ")
-        how = report or (f"killed by signal {-code}" if code < 0 else f"exit code {code}")
-        record = report_lost(self.store, rank, how, by="launcher")
-        if rank in self._stopped:  # alive, but its peers gave up on it
-            how = f"{record['reason']}; stopped by the launcher"
-        elif record["by"] != "launcher":
-            # a peer got there first with what it inferred (a closed connection, a node that lost
-            # someone); how the process ended is the fact, and the run's summary should say it
-            record = {**record, "reason": how, "by": "launcher"}
-            self.store.set(lost_key(rank), json.dumps(record))
-        self.lost[rank] = how
-        left = learners - len(self.lost)
-        at = f" at step {record['step']}" if record.get("step") is not None else " before its first step"
-        goes_on = f"the job goes on with {left} learner{'s' * (left != 1)}" if left else "no learner is left"
-        line = f"[asrdist] learner rank {rank} lost{at} ({how}); {goes_on}\n"
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        if self.log is not None:
-            self.log.write(line)
-
-    def outcome(self, codes: list[int]) -> None:
-        """Nothing when a learner finished; else one line naming the learner lost first."""
-        if any(c == 0 for c in codes):
-            return
-        rank, how = next(iter(self.lost.items()))
-        raise TrainingError(f"learner rank {rank}: {how}; no learner finished")
 
 
 def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -194,266 +201,24 @@ def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
                             start_new_session=True, preexec_fn=die_with_parent)
 
 
-def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: Path, timeout: float | None,
-               survival: _Survival | None = None) -> None:
-    """Start the launcher agents, echo their learners' output, log all of it, and turn a failure
-    (or a stop signal) into one line naming the rank. With `survival` the processes are the
-    learners themselves and the job goes on without lost ones."""
-    report_dir = Path(report_dir)
-    for f in report_dir.glob("failed-rank-*.txt"):
-        f.unlink()
-    stop = threading.Event()
-    stopped_by: list[str] = []
-    previous = {}
 
-    def on_signal(signum, _frame):
-        stopped_by.append(signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        previous = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS}
-    procs: list[subprocess.Popen] = []
-    outputs: list[list[str]] = []
-    pumps: list[threading.Thread] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _ReportLog(report_dir / LOG_NAME) as log:
-        if survival is not None:
-            survival.log, survival.outputs, survival.pumps = log, outputs, pumps
-        try:
-            for start in starters:
-                proc = start()
-                procs.append(proc)
-                outputs.append([])
-                pumps.append(threading.Thread(target=_pump, args=(proc, outputs[-1], log), daemon=True))
-                pumps[-1].start()
-            codes = (survival.wait(procs, stop, deadline) if survival is not None
-                     else _wait(procs, stop, deadline, report_dir))
-        finally:
-            if any(p.poll() is None for p in procs):
-                _stop(procs)
-            for t in pumps:
-                t.join(5)
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-    if stopped_by:
-        raise stopped_error(stopped_by[0], "every learner and launcher was stopped")
-    if codes is None:
-        raise TrainingError(f"the job did not finish within {timeout:g} s; every learner was stopped "
-                            f"(log: {report_dir / LOG_NAME})")
-    if survival is not None:
-        survival.outcome(codes)
-        return
-    failed = [c for c in codes if c != 0]
-    if failed:
-        raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))
-
-
-def stopped_error(signum: int, what: str = "") -> Stopped:
-    """A stop by signal `signum` as one line; the command exits 128 + signum, the shell's status
-    for a process a signal ended (130 for Ctrl-C, 143 for `kill`), however many learners it ran."""
-    exc = Stopped(f"stopped by {signal.Signals(signum).name}" + (f": {what}" if what else ""))
-    exc.exit_code = 128 + signum
-    return exc
-
-
-def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None,
-          report_dir: Path) -> list[int] | None:
-    """Wait until every agent has exited (their codes), one has failed and the others have had a
-    grace period to fail too, a stop signal came, or the deadline passed (None)."""
-    failed_at = None
-    stopped = _StoppedLearners(procs, report_dir)
-    while not stop.is_set():
-        stopped.check()
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            return codes
-        now = time.monotonic()
-        if failed_at is None and any(c not in (None, 0) for c in codes):
-            failed_at = now  # the other hosts' learners fail on their own within their timeout
-        if failed_at is not None and now - failed_at > STOP_GRACE_S:
-            _stop(procs)
-            return [p.wait() for p in procs]
-        if deadline is not None and now > deadline:
-            return None
-        stop.wait(0.2)
-    return [p.poll() or 0 for p in procs]
-
-
-class _StoppedLearners:
-    """Kills the learners that cannot stop by themselves once the job is failing: SHUTDOWN_GRACE_S
-    after the first learner's failure report, every stopped (state T) descendant of the agents."""
-
-    def __init__(self, agents: list[subprocess.Popen], report_dir: Path):
-        self.agents, self.report_dir = agents, report_dir
-        self._failed_at: float | None = None
-
-    def check(self) -> None:
-        if self._failed_at is None:
-            if any(_first_line(p) for p in self.report_dir.glob("failed-rank-*.txt")):
-                self._failed_at = time.monotonic()
-            return
-        if time.monotonic() - self._failed_at < SHUTDOWN_GRACE_S:
-            return
-        for pid in _descendants([a.pid for a in self.agents if a.poll() is None]):
-            if _state(pid) == "T":
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-
-def _proc_stat(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name (state, ppid, ...); [] when gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _state(pid: int) -> str:
-    fields = _proc_stat(pid)
-    return fields[0] if fields else ""
-
-
-def _descendants(roots: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _proc_stat(int(entry.name))
-            if fields:
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], list(roots)
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every agent's process group (the agent stops its learners), SIGKILL after the grace."""
-    for p in procs:
-        if p.poll() is None:
+def _free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now, from below the ephemeral range: once the check's socket
+    closes, no connection's local port can take it before rank 0's agent binds it (an OS-assigned
+    port could be; CI once failed with EADDRINUSE that way)."""
+    for _ in range(100):
+        port = _namespace_port()
+        with socket.socket() as s:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    end = time.monotonic() + STOP_GRACE_S
-    for p in procs:
-        try:
-            p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            stop_process(p, grace_s=0.1)
-
-
-class _ReportLog:
-    """`launcher.log`, kept best-effort: a disk that fills up (or a log that cannot be written at
-    all) must not turn the learners' own one-line error into the launcher's traceback. Lines are
-    flushed as they come; after the first failed write the log stops, and the learners' output is
-    still echoed and kept in memory for the failure line."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        try:
-            self._file = open(path, "a", encoding="utf-8")
-        except OSError:
-            self._file = None
-
-    def write(self, line: str) -> None:
-        with self._lock:
-            if self._file is None:
-                return
-            try:
-                self._file.write(line)
-                self._file.flush()
+                s.bind(("127.0.0.1", port))
             except OSError:
-                self._close()
-
-    def _close(self) -> None:
-        file, self._file = self._file, None
-        try:
-            file.close()
-        except OSError:
-            pass
-
-    def __enter__(self) -> "_ReportLog":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._close()
+                continue
+            return port
+    low, high = _NAMESPACE_PORT_RANGE
+    raise TrainingError(f"learners: no free port on 127.0.0.1 in {low}-{high} after 100 tries")
 
 
-def _pump(proc: subprocess.Popen, tail: list[str], log: _ReportLog) -> None:
-    """Copy an agent's stderr into the log; echo the learners' own lines (not torch's launcher
-    reports and tracebacks, not the learners' error lines: the launcher prints the one line)."""
-    hidden = False
-    for line in proc.stderr:
-        log.write(line)
-        tail.append(line)
-        del tail[:-400]
-        if line.startswith("[asrdist]"):  # a learner's own line again (after a restart)
-            hidden = False
-        hidden = (hidden or line.startswith(("Traceback (most recent call last)", "Exception in thread"))
-                  or "ChildFailedError" in line)
-        if not hidden and not _launcher_noise(line):
-            sys.stderr.write(line)
-
-
-_TORCH_LOG = re.compile(r"^\[?[DIWEF]\d{4} \d\d:\d\d:\d\d")
-
-
-def _launcher_noise(line: str) -> bool:
-    return (bool(_TORCH_LOG.match(line)) or line.startswith("*****") or line.startswith("asrdist: error: learner rank")
-            or "torch.distributed.run" in line and "OMP_NUM_THREADS" in line)
-
-
-_TIMED_OUT = re.compile(r"timed out|timeout caused", re.IGNORECASE)
-"""gloo's words for a peer that stopped answering ("Operation timed out!", "Timed out waiting",
-"Application timeout caused pair closure" when the timeout closed the connection first), not
-asrdist's "(timeout 20 s)" label, which every failed collective carries."""
-
-
-_LEARNER_ERROR = re.compile(r"^asrdist: error: (learner rank \d+: .*)$", re.MULTILINE)
-"""The one line a failing learner prints (asrdist.run.worker), also when its report file could
-not be written."""
-
-
-def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
-    """One line naming the learner that failed first.
-
-    A learner killed by a signal (not the launcher's own SIGTERM) without a report of its own is
-    the root cause even when its peers wrote errors of their own (their collectives broke because
-    it vanished); when those peers timed out waiting for it, it had hung (stopped making progress)
-    and the launcher killed it. Otherwise the first learner that reported its own error is named.
-    """
-    failures = [(int(r), int(c)) for r, c in
-                re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
-    reports = sorted((p for p in report_dir.glob("failed-rank-*.txt") if _first_line(p)),
-                     key=lambda p: p.stat().st_mtime)
-    for rank, code in failures:
-        if code < 0 and code != -15 and not _first_line(report_dir / f"failed-rank-{rank}.txt"):
-            if reports and all(_TIMED_OUT.search(_first_line(p)) for p in reports):
-                return (f"learner rank {rank} hung (no progress until its peers' timeout ran out: "
-                        f"{_first_line(reports[0])}); the job was stopped")
-            return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
-    if reports:
-        return _first_line(reports[0])
-    said = _LEARNER_ERROR.findall(launcher_output)
-    if said:  # no report file (a full disk): the line the learner printed
-        return said[0]
-    if failures:
-        rank, code = failures[0]
-        return f"learner rank {rank} failed (exit code {code}); the job was stopped"
-    return f"learners failed (launcher exit code {rc}; see {report_dir / LOG_NAME})"
-
-
-def _first_line(path: Path) -> str:
-    """The first line of a learner's failure report; '' when it is missing or empty (a full disk)."""
-    try:
-        lines = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[0] if lines else ""
+def _namespace_port() -> int:
+    # SystemRandom: never consume (or depend on) the caller's seeded global random stream
+    low, high = _NAMESPACE_PORT_RANGE
+    return secrets.SystemRandom().randint(low, high)

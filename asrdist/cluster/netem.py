@@ -16,11 +16,10 @@ pid and a random suffix, so parallel runs never clash, and `cleanup_stale()` rem
 dead creators. Namespaces, links and the processes started in them are removed on normal exit,
 on exceptions, on SIGINT/SIGTERM and at interpreter exit.
 
-Learners are launched on it by `asrdist.cluster.netem_launch.run_learners`, which sets for every
-learner what torchrun sets on a real cluster (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...) and
-GLOO_SOCKET_IFNAME=eth0. On a real cluster the same learners run under torchrun, one command per
-host with GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME naming its cluster NIC (see netem_launch.py);
-torchrun itself also runs unchanged inside these namespaces (tests/test_netem.py does that).
+Learners are launched on it by `asrdist.cluster.launcher` (`launch_learners`, `run_learners`):
+one `torch.distributed.run` agent per host, started inside the host's namespace with
+GLOO_SOCKET_IFNAME=eth0, exactly the torchrun command of a real cluster, where
+GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME names the cluster NIC.
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE cou
 @dataclass(frozen=True)
 class JobEnv:
     """Who one learner is and how it joins its job: what its launcher tells it, from the launcher
-    (torchrun, `launch_learners`, `netem_launch.run_learners`) to the learner (`start_learner`).
+    (torchrun, `launch_learners` and `run_learners` on it) to the learner (`start_learner`).
     Strategies see it as the `LearnerContext` that `start_learner` builds from it."""
 
     rank: int
@@ -52,9 +52,6 @@ class JobEnv:
     master_addr: str = ""
     """Where the job's store is (MASTER_ADDR, MASTER_PORT); "" when the launcher did not say."""
     master_port: int = 0
-    init_method: str = "env://"
-    """How `start_learner` meets the others: 'env://' (torchrun's store, at MASTER_ADDR:MASTER_PORT)
-    or 'tcp://ADDR:PORT' (`run_learners`)."""
     network: str | None = None
     """The link between the job's hosts as asrdist's launchers set it up ('loopback' on one
     machine, the emulated label otherwise; NETWORK_ENV); None: not asrdist's to know."""
@@ -63,7 +60,7 @@ class JobEnv:
     0: the launcher did not say."""
     timeout_s: float = 0.0
     """How long the launcher gives the job (`run_learners`' learner functions wait that long for
-    their peers); 0: no deadline given."""
+    their peers: netem_launch's `--timeout`); 0: no deadline given."""
 
     def __post_init__(self):
         if self.node_rank < 0:
@@ -120,7 +117,7 @@ def device_for_backend(backend: str, local_rank: int) -> torch.device:
 
 
 def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Store | None = None,
-                  init_method: str | None = None, group_size: int = 0, backend: str | None = None) -> LearnerContext:
+                  group_size: int = 0, backend: str | None = None) -> LearnerContext:
     """Join the job and return this learner's context (one learner: no process group at all).
 
     The store is the launcher's own c10d store (`env://` under torchrun) unless a test passes one
@@ -134,7 +131,7 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
     if not 0 <= env.rank < env.world_size:
         raise ConfigError(f"learners: rank {env.rank} outside world size {env.world_size}")
     if store is None:
-        store, _, _ = next(dist.rendezvous(init_method or env.init_method, env.rank, env.world_size,
+        store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size,
                                            timeout=timeout))
         if env.restart:  # the launcher's store outlives a restart: the earlier learners' keys stay behind
             store = dist.PrefixStore(f"restart-{env.restart}/", store)

@@ -23,9 +23,10 @@ import yaml
 
 from asrdist import __version__
 from asrdist.cluster import netem
-from asrdist.cluster.launcher import launch_learners, stopped_error
+from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.netem import parse_rate
 from asrdist.cluster.process_group import JobEnv, start_learner
+from asrdist.cluster.supervisor import stopped_error
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.data.labels import (
     CTC_TARGETS,

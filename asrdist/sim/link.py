@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asrdist.cluster.netem_launch import run_learners
+from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
 
 
@@ -27,8 +27,7 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
 
-    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), init_method=spec.init_method,
-                  backend="gloo")
+    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     mine, theirs = torch.ones(int(args["floats"])), torch.empty(int(args["floats"]))
     header = torch.zeros(2, dtype=torch.int64)
 
