@@ -46,7 +46,8 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
     """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
     and errors of every utterance, `asrdist.eval.details`); with `adapt` (CTC models) each speaker's
     features first pass through the map `asrdist.eval.adapt` fits to them (`eval.adapt_*`)."""
-    if next(model.parameters()).device.type != "cpu":  # decoding runs on the CPU: a copy of the model goes there
+    first = next(model.parameters(), None)  # None: a model of no parameters (the demo's prior-only baseline)
+    if first is not None and first.device.type != "cpu":  # decoding runs on the CPU: a copy of the model goes there
         model = copy.deepcopy(model).cpu()
     was_training = model.training
     model.eval()

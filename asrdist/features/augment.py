@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.signal import resample_poly
 from tqdm import tqdm
 
 from asrdist.errors import ConfigError, DataError
@@ -19,7 +18,7 @@ from asrdist.features.cmvn import CmvnStats, Normalizer, load_global
 from asrdist.features.fbank import compute_fbank, fbank_options
 from asrdist.features.store import FeatureStore, FeatureStoreWriter, has_features
 from asrdist.io.atomic import atomic_dir
-from asrdist.io.audio import read_wav
+from asrdist.io.audio import read_wav, resample
 from asrdist.io.kaldi_dir import read_data_dir
 
 AUGMENTED_DIR = "augmented"
@@ -40,9 +39,8 @@ def speed_perturb(samples: np.ndarray, factor: float) -> np.ndarray:
     """Audio played `factor` times faster (sox `speed`): polyphase resampling by 1/factor."""
     if factor == 1.0:
         return np.asarray(samples)
-    ratio = Fraction(factor).limit_denominator(100)
-    out = resample_poly(np.asarray(samples, dtype=np.float64), ratio.denominator, ratio.numerator)
-    return out
+    ratio = Fraction(factor).limit_denominator(100)  # played at numerator/denominator: that many times fewer samples
+    return resample(np.asarray(samples, dtype=np.float64), ratio.numerator, ratio.denominator)
 
 
 def add_noise(samples: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import soundfile
-from scipy.signal import resample_poly
 
 from asrdist.errors import DataError
 
@@ -432,6 +431,8 @@ def resample(samples: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     """Polyphase resampling (scipy) of int16 or float audio; returns the input dtype."""
     if rate_in == rate_out:
         return samples
+    from scipy.signal import resample_poly  # here, not at the top: scipy.signal is seconds of start-up in every process that imports audio (every learner), and few resample
+
     g = gcd(rate_in, rate_out)
     out = resample_poly(samples.astype(np.float64), rate_out // g, rate_in // g)
     if samples.dtype == np.int16:

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
-
 from asrdist.io.atomic import atomic_path
 from asrdist.train.metrics import read_metrics
 
 
 def plot_report(run_dir: Path, title: str = "") -> Path:
+    # here, not at the top: matplotlib is about a second of start-up, and of a job's learners only
+    # rank 0 plots, once, at the end
+    import matplotlib
+    import matplotlib.pyplot as plt
+
     matplotlib.use("Agg")
 
     records = read_metrics(run_dir)
