@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.linalg import eigvals_banded
-from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from asrdist.errors import ConfigError
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 PATTERNS = ("fixed", "random")
 FIXED_PERIOD = 2  # the fixed pattern repeats every two rounds (right neighbour, then left)
@@ -130,6 +131,7 @@ def _round_rows(n: int, pairs: list[tuple[int, int]]) -> list[dict[int, float]]:
 
 
 def _round_matrix(n: int, pairs: list[tuple[int, int]]) -> sp.csr_array:
+    import scipy.sparse as sp  # here, not at the top: learners pair up without scipy (0.4 s of start-up each); the analysis needs it
     rows = _round_rows(n, pairs)
     indptr = np.cumsum([0] + [len(row) for row in rows])
     indices = [col for row in rows for col in row]
@@ -171,6 +173,7 @@ def random_expectation_eigenvalues(n: int) -> np.ndarray:
 
 
 def _sampled_wtw(n: int, pattern: str, seed: int, rounds: int) -> sp.csr_array:
+    import scipy.sparse as sp  # here, not at the top: see _round_matrix
     # (WᵀW)_ij = sum_k W_ki W_kj: triplets straight from W's short rows, summed once by scipy,
     # which is far cheaper than thousands of small sparse products.
     data, rows, cols = [], [], []
@@ -202,6 +205,9 @@ def expected_wtw(n: int, pattern: str, seed: int = 0, rounds: int | None = None)
 def _symmetric_eigenvalues(matrix) -> np.ndarray:
     """Eigenvalues, descending. A sparse matrix of a ring-like graph is reordered to a narrow band
     (reverse Cuthill-McKee) and solved banded: O(n²) instead of dense O(n³)."""
+    import scipy.sparse as sp  # here, not at the top: see _round_matrix
+    from scipy.linalg import eigvals_banded
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
     if sp.issparse(matrix):
         coo = sp.coo_matrix(matrix)
         order = reverse_cuthill_mckee(sp.csr_matrix(coo), symmetric_mode=True)
@@ -221,6 +227,8 @@ def _symmetric_eigenvalues(matrix) -> np.ndarray:
 def spectral_gap(matrix) -> float:
     """1 - max(|λ2|, |λn|) of a symmetric matrix (dense or scipy sparse) whose top eigenvalue λ1 is
     1, eigenvalues sorted descending; 0: some information never mixes, 1: one round averages all."""
+    import scipy.sparse as sp  # here, not at the top: see _round_matrix
+
     if not sp.issparse(matrix):
         matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] < 2:
