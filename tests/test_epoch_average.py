@@ -8,6 +8,7 @@ import torch
 
 from asrdist.errors import ConfigError
 from asrdist.parallel.base import Strategy
+from asrdist.run.launch import print_summary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.epoch_average import EpochAverage, average_state_dicts, cpu_state
 from test_engine import ListOrder, _trainer
@@ -137,3 +138,17 @@ def test_a_resume_that_moves_the_window_drops_the_models_outside_it():
     old.load_state_dict(None)  # a checkpoint from before averaging
     assert old.kept == [] and old.result(model, 3) is None
     assert not EpochAverage(1, 4).wants(2, final=False)
+
+
+def test_the_end_of_train_prints_the_unaveraged_figures_beside_the_average(tmp_path, capsys):
+    final = {"train_loss": 0.2, "valid_loss": 0.19, "cer": 0.2075, "averaged_epochs": [3, 4, 5],
+             "unaveraged": {"valid_loss": 0.16, "cer": 0.1663}}
+    summary = {"final": final, "strategy": "single", "learners": 1, "model": "ctc", "parameters": 10,
+               "frames_per_second": 100.0, "comm": {"bytes_sent": 0}}
+    print_summary(tmp_path, summary)
+    out = capsys.readouterr().out
+    assert "cer=0.2075" in out.splitlines()[0]
+    assert "[asrdist] model.pt averages epochs 4, 5, 6; the last epoch's model alone: valid_loss=0.1600, cer=0.1663" in out
+    del final["averaged_epochs"], final["unaveraged"]
+    print_summary(tmp_path, summary)
+    assert "averages" not in capsys.readouterr().out
