@@ -148,7 +148,8 @@ def test_the_end_of_train_prints_the_unaveraged_figures_beside_the_average(tmp_p
     print_summary(tmp_path, summary)
     out = capsys.readouterr().out
     assert "cer=0.2075" in out.splitlines()[0]
-    assert "[asrdist] model.pt averages epochs 4, 5, 6; the last epoch's model alone: valid_loss=0.1600, cer=0.1663" in out
+    assert ("[asrdist] model.pt averages epochs 4, 5, 6; the last epoch's model alone: "
+            "valid_loss=0.1600, cer=0.1663") in out
     del final["averaged_epochs"], final["unaveraged"]
     print_summary(tmp_path, summary)
     assert "averages" not in capsys.readouterr().out
