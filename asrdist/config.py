@@ -138,6 +138,10 @@ class TrainConfig:
     max_restarts: int = 0
     """When a learner fails, torchrun restarts every learner this many times at most; each restart
     resumes from the last checkpoint (`--max-restarts` of torch.distributed.run)."""
+    average_last: int = 1
+    """The final model (model.pt) is the element-wise mean of the models of the last N epochs
+    (ESPnet's and icefall's checkpoint averaging; `asrdist.train.epoch_average`); 1 = the last
+    epoch's model alone. More than train.epochs averages them all."""
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
@@ -151,6 +155,7 @@ class TrainConfig:
             raise ConfigError(f"train.nonfinite: expected stop or skip, got {self.nonfinite!r}")
         check_field("train.max_skips_in_a_row", self.max_skips_in_a_row, at_least=1)
         check_field("train.max_restarts", self.max_restarts, at_least=0, at_most=100)
+        check_field("train.average_last", self.average_last, at_least=1)
         if not isinstance(self.straggler, StragglerConfig):
             raise ConfigError(f"train.straggler: expected a mapping, got {self.straggler!r}")
 

@@ -30,6 +30,7 @@ BAD = {
     "train.max_steps=-1": ("train.max_steps", ">= 0"),
     "train.checkpoint_every=-1": ("train.checkpoint_every", ">= 0"),
     "train.epochs=0": ("train.epochs", ">= 1"),
+    "train.average_last=0": ("train.average_last", ">= 1"),
     "train.learners=0": ("train.learners", ">= 1"),
     "train.straggler.ranks=[-1]": ("train.straggler.ranks", ">= 0"),
     "train.straggler.slowdown=0.5": ("train.straggler.slowdown", ">= 1"),

@@ -180,7 +180,8 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                       validate_every_epochs=tc.validate_every_epochs,
                       emulate_compute_ms=tc.emulate_compute_ms, straggler_ranks=tc.straggler.ranks,
                       straggler_slowdown=tc.straggler.slowdown, straggler_jitter=tc.straggler.jitter,
-                      progress=progress, nonfinite=tc.nonfinite, max_skips_in_a_row=tc.max_skips_in_a_row)
+                      progress=progress, nonfinite=tc.nonfinite, max_skips_in_a_row=tc.max_skips_in_a_row,
+                      average_last=tc.average_last)
     return Learner(model, optimizer, strategy, trainer, task, threads)
 
 
@@ -214,7 +215,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None
 
-    summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost)
+    summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost,
+                         averaged=learner.trainer.averaged())
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

@@ -19,6 +19,7 @@ from asrdist.io.atomic import write_json_atomic
 from asrdist.models.registry import count_parameters
 from asrdist.run.report import plot_report
 from asrdist.train.checkpoint import save_model
+from asrdist.train.epoch_average import Averaged
 from asrdist.utils.throughput import job_frames_per_second
 
 
@@ -31,15 +32,31 @@ def hosts() -> dict:
             "loopback" if env.num_nodes == 1 else None}
 
 
+ERROR_KEYS = ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy")
+
+
+def _figures(evaluated: dict) -> dict:
+    """The validation figures of an `evaluate_split` result, as summary.json's `final` names them."""
+    figures = {"valid_loss": evaluated["loss"]}
+    figures.update({k: evaluated[k] for k in ERROR_KEYS if k in evaluated})
+    return figures
+
+
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
-               lost_learners: list[dict] | None = None) -> dict:
+               lost_learners: list[dict] | None = None, averaged: Averaged | None = None) -> dict:
+    """`model`: the job's final model; `averaged` (train.average_last): the average of the last
+    epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
+    figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
+    the final model alone (the last epoch's: what averaging changed)."""
     final_eval = evaluate_split(model, task.valid_dir, targets, cfg)
     train_loss = state.history[-1]["train_loss"] if state.history else None
-    final = {"train_loss": train_loss, "valid_loss": final_eval["loss"]}
-    for key in ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy"):
-        if key in final_eval:
-            final[key] = final_eval[key]
+    final = {"train_loss": train_loss, **_figures(final_eval)}
+    if averaged is not None:
+        unaveraged = _figures(final_eval)
+        model.load_state_dict(averaged.state)
+        final = {"train_loss": train_loss, **_figures(evaluate_split(model, task.valid_dir, targets, cfg)),
+                 "averaged_epochs": averaged.epochs, "unaveraged": unaveraged}
     save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     frames = sum(p["frames"] for p in per_learner)
     loop_seconds = [p.get("loop_seconds") or p["train_seconds"] for p in per_learner]

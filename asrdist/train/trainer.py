@@ -5,7 +5,8 @@ The loop composes the engine's parts, each in its own module with its job-store 
 straggler delay), the epoch coordinator (`LearnerEpochs` for lock-step strategies: per-learner
 samplers, exact resume; `JobEpochs` otherwise: epochs that belong to the job), `Checkpointer`
 (which steps, barrier-free publication, resume), `Validator` (the consensus model at epoch ends)
-and `metrics` (metrics.jsonl, TensorBoard, the job's frames per second). Every learner runs this
+and `metrics` (metrics.jsonl, TensorBoard, the job's frames per second), and `EpochAverage` (the
+last epochs' models kept for `train.average_last`: `averaged()` after `fit`). Every learner runs this
 same loop; checkpoint, snapshot, restore and validation run inside `strategy.paused()`, and
 `strategy.close(error)` runs on the way out. Epoch start (after the first epoch): an optional
 `batch_search` hook may try minibatch sizes from an in-memory snapshot and install a sampler at
@@ -27,6 +28,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.checkpointer import Checkpointer
+from asrdist.train.epoch_average import Averaged, EpochAverage
 from asrdist.train.epochs import epochs_for
 from asrdist.train.metrics import MetricsLog, TrainWindow, epoch_line, read_metrics, warn_if_loss_rose
 from asrdist.train.progress import EpochProgress
@@ -135,9 +137,9 @@ class Trainer:
                  checkpoint_minutes: float = 0.0, validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
                  straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
                  straggler_jitter: float = 0.0, progress: bool = True, nonfinite: str = "stop",
-                 max_skips_in_a_row: int = 10):
-        if log_every < 1 or validate_every_epochs < 1 or checkpoint_every < 0 or max_steps < 0:
-            raise ConfigError("trainer: log_every and validate_every_epochs must be >= 1, "
+                 max_skips_in_a_row: int = 10, average_last: int = 1):
+        if min(log_every, validate_every_epochs, average_last) < 1 or checkpoint_every < 0 or max_steps < 0:
+            raise ConfigError("trainer: log_every, validate_every_epochs and average_last must be >= 1, "
                               "checkpoint_every and max_steps >= 0")
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
@@ -151,6 +153,10 @@ class Trainer:
                                          mid_epoch=self.coordinator.mid_epoch_checkpoints,
                                          every=checkpoint_every, minutes=checkpoint_minutes)
         self.validator = Validator(hooks.validate_fn, validate_every_epochs, strategy, ctx)
+        self.epoch_average = EpochAverage(average_last, epochs)
+        self.final_epoch = -1
+        """The epoch (0-based) the model ends in after `fit`: the last one ended, or the one a
+        stop (max_steps, the strategy) cut short."""
         self.progress = progress and ctx.job_rank == 0
         self.state = LoopState()
         self.metrics: MetricsLog | None = None
@@ -167,7 +173,8 @@ class Trainer:
                 "strategy": self.strategy.state_dict(), "sampler": self.sampler.state_dict(),
                 "loop": self.state.__dict__.copy(), "rng": ckpt.rng_state(self.ctx.device),
                 "jitter_rng": self.stepper.jitter_rng.getstate(),
-                "extra": self.hooks.extra_state() if self.hooks.extra_state else None}
+                "extra": self.hooks.extra_state() if self.hooks.extra_state else None,
+                "epoch_average": self.epoch_average.state_dict()}
 
     def save_checkpoint(self) -> None:
         """This learner's file of the checkpoint of its state now (`Checkpointer.save`)."""
@@ -196,6 +203,7 @@ class Trainer:
             self.stepper.jitter_rng.setstate(state["jitter_rng"])
             if self.hooks.load_extra_state and state.get("extra") is not None:
                 self.hooks.load_extra_state(state["extra"])
+            self.epoch_average.load_state_dict(state.get("epoch_average"))  # absent: a checkpoint from before it
         return self.state
 
     def resume(self) -> None:
@@ -213,6 +221,7 @@ class Trainer:
             self.metrics = MetricsLog(self.run_dir, enabled=self.ctx.job_rank == 0,
                                       resume_step=self.state.step if resume else None)
             self.coordinator.start()
+            self.final_epoch = self.state.epoch - 1  # a resume of a run whose epochs all ended trains none
             self.clock.enter_loop(self.state.loop_seconds)
             self._train(mid_epoch=resume and self.sampler.state_dict().get("position", 0) > 0)
             self.clock.stamp(self.state)
@@ -227,6 +236,12 @@ class Trainer:
         self.state.wall_seconds = self.clock.wall()
         return self.state
 
+    def averaged(self) -> Averaged | None:
+        """After `fit`: the average of the last epochs' models (the final model, as `finalize`
+        left it, standing for the last), or None when `train.average_last` is 1 or no earlier epoch
+        of the window was reached; the model itself is left as it is."""
+        return self.epoch_average.result(self.model, self.final_epoch)
+
     def _train(self, mid_epoch: bool) -> None:
         while self.state.epoch < self.epochs:
             self.strategy.start_epoch(self.state.epoch)
@@ -237,8 +252,10 @@ class Trainer:
                     self.hooks.batch_search(self)
             mid_epoch = False
             if not self._run_epoch():  # max_steps or the strategy stopped it mid-epoch
+                self.final_epoch = self.state.epoch
                 self.checkpointer.save_where_stopped(self.state, self._learner_state)
                 break
+            self.final_epoch = self.state.epoch
             self._end_epoch()
             if self._done():
                 break
@@ -300,8 +317,12 @@ class Trainer:
         with self.strategy.paused():
             self.coordinator.end_epoch(record, state, self.sampler)
             record.update(self.strategy.epoch_end_metrics())
-        if self.validator.due(state.epoch, last):
-            self.validator.validate(self.model, record, state.epoch)
+        validated = self.validator.validate(self.model, record, state.epoch) \
+            if self.validator.due(state.epoch, last) else None
+        if self.epoch_average.wants(state.epoch, last):  # the same epochs on every learner: a collective
+            with self.strategy.paused():
+                self.epoch_average.add(state.epoch, validated if validated is not None
+                                       else self.validator.consensus(self.model))
         leads = self.validator.leads()
         if leads and not self.metrics.enabled:
             # the first survivor takes over the job's record from a lost rank 0: appended to, never

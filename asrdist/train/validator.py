@@ -41,15 +41,22 @@ class Validator:
         """Whether this learner speaks for the job: rank 0, or the first survivor once it is lost."""
         return self.ctx.job_rank == self.strategy.survivors()[1][0]
 
-    def validate(self, model: torch.nn.Module, record: dict, epoch: int) -> None:
+    def consensus(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The members' average of `model` (`model` itself for one learner), a collective among
+        them: call it on every member, inside `strategy.paused()`."""
+        return self.strategy.among_survivors(lambda group, members: consensus_copy(
+            model, world_size=len(members), group=group, timeout=self.ctx.timeout))
+
+    def validate(self, model: torch.nn.Module, record: dict, epoch: int) -> torch.nn.Module:
         """Validate the consensus of `model` into `record` (the leader's figures; the others add
-        nothing), on every learner, inside `strategy.paused()`; raise on a diverged model."""
+        nothing), on every learner, inside `strategy.paused()`; raise on a diverged model. Returns
+        the consensus it validated (for the epoch average: `asrdist.train.epoch_average`)."""
         with self.strategy.paused():
             self.stop_if_told_diverged()
-            consensus = self.strategy.among_survivors(lambda group, members: consensus_copy(
-                model, world_size=len(members), group=group, timeout=self.ctx.timeout))
+            consensus = self.consensus(model)
             record.update(self.validate_fn(consensus) if self.leads() else {})
             self.stop_if_diverged(record, epoch)
+        return consensus
 
     def _agreed_at_once(self) -> bool:
         """Whether the learners agree on the leader's verdict right away: lock-step learners would
