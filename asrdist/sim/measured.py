@@ -3,8 +3,9 @@
 `asrdist.sim.cluster.DEVICES` holds the K20X, P100 and V100 as the seeds' figures calibrate them.
 A measured preset is a file `asrdist/sim/measured_presets/NAME.json`: the `sim_device` figures of one GPU
 check (sustained FLOP/s of the Switchboard DNN, the BLSTM's fixed cost per minibatch, the 1-bit
-and averaging costs per value) and what they were measured on. None ships until the check has run
-on that GPU; `add` writes one from the check's JSON:
+and averaging costs per value) and what they were measured on. A slot has a file only once the
+check has run on that GPU (`h100` and `h200` were measured on 2026-11-27: docs/gpu.md); `add`
+writes one from the check's JSON:
 
     python -m asrdist.sim.measured add h100 gpu_check.json
     asrdist simulate --device h100 ...        # labelled "measured ..." in the preset list
