@@ -49,11 +49,11 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
     figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
     the final model alone (the last epoch's: what averaging changed)."""
-    final_eval = evaluate_split(model, task.valid_dir, targets, cfg)
+    final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
     train_loss = state.history[-1]["train_loss"] if state.history else None
-    final = {"train_loss": train_loss, **_figures(final_eval)}
+    final = {"train_loss": train_loss, **final_figures}
     if averaged is not None:
-        unaveraged = _figures(final_eval)
+        unaveraged = final_figures
         model.load_state_dict(averaged.state)
         final = {"train_loss": train_loss, **_figures(evaluate_split(model, task.valid_dir, targets, cfg)),
                  "averaged_epochs": averaged.epochs, "unaveraged": unaveraged}
