@@ -36,9 +36,8 @@ import torch.distributed as dist
 
 from asrdist.checks import cli_number
 from asrdist.cluster.launcher import run_learners
-from asrdist.cluster.netem import die_with_parent
 from asrdist.cluster.process_group import JobEnv, start_learner
-from asrdist.cluster.supervisor import write_failure_report
+from asrdist.cluster.supervisor import die_with_agent, write_failure_report
 from asrdist.errors import AsrdistError, ConfigError
 from asrdist.io.atomic import write_json_atomic
 
@@ -47,10 +46,7 @@ def _torchrun_learner(function: str, args_json: str, result_dir: str | None, net
                       timeout_s: float) -> None:
     """One learner under torchrun: run MODULE:NAME and write result<rank>.json (or print it); a
     failure is this learner's one line (and its report in `result_dir`), exit code 1."""
-    parent = os.getppid()
-    die_with_parent()  # never run unsupervised: SIGKILL when the agent dies, even by SIGKILL
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)  # the agent is gone already
+    die_with_agent()
     try:
         spec = replace(JobEnv.from_environ(), network=network, timeout_s=timeout_s)
     except ConfigError as exc:  # not started by torchrun: no rank to name

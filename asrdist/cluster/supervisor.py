@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
-from asrdist.cluster.netem import stop_process
+from asrdist.cluster.netem import die_with_parent, stop_process
 from asrdist.errors import AsrdistError, Stopped, TrainingError
 from asrdist.parallel.membership import lost_key, report_lost
 
@@ -43,6 +43,15 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 class JobTimedOut(TrainingError):
     """The learners did not finish within the job's deadline; every one was stopped."""
+
+
+def die_with_agent() -> None:
+    """A learner never runs unsupervised: it gets SIGKILL when its launcher agent dies (even by
+    SIGKILL), and leaves at once if the agent is already gone."""
+    parent = os.getppid()
+    die_with_parent()
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
 
 
 def write_failure_report(report_dir: Path, rank: int, exc: BaseException) -> str:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from asrdist.cluster.netem import die_with_parent
 from asrdist.cluster.process_group import NETWORK_ENV, JobEnv, start_learner
+from asrdist.cluster.supervisor import die_with_agent
 from asrdist.config import config_from_tree
 from asrdist.errors import ConfigError
 from asrdist.run.learner import run_learner
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    _die_with_parent()
+    die_with_agent()
     env = JobEnv.from_environ()
     rank = env.rank
     try:
@@ -119,15 +119,6 @@ def _restarted(run_dir: Path, env: JobEnv) -> bool:
         where = f"resuming from {latest.name}" if latest is not None else "no checkpoint yet: from the start"
         print(f"[asrdist] restart {env.restart} after a learner failed: {where}", file=sys.stderr, flush=True)
     return latest is not None
-
-
-def _die_with_parent() -> None:
-    """A learner never trains unsupervised: it gets SIGKILL when its launcher agent dies (even
-    by SIGKILL), and leaves at once if the agent is already gone."""
-    parent = os.getppid()
-    die_with_parent()
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)
 
 
 if __name__ == "__main__":
