@@ -67,7 +67,8 @@ class LearnerEpochs:
     def end_epoch(self, record: dict, loop: Any, sampler: Any) -> None:
         """The epoch's record, on every learner inside `strategy.paused()`: the job's training loss,
         frame-weighted over the learners (a learner of a job's epoch may take few minibatches or
-        none while it validates), and what `_counts` adds to the same sum."""
+        none while it validates), the learners lost so far (`lost_learners`, when any) and what
+        `_counts` adds to the same sum."""
         def totals(group, members):
             summed = job_totals([loop.epoch_loss_sum, loop.epoch_loss_frames, *self._counts(sampler, members)],
                                 world_size=len(members), device=self.ctx.device, group=group,
@@ -76,6 +77,11 @@ class LearnerEpochs:
 
         (loss_sum, frames, *counts), members = self.strategy.among_survivors(totals)
         record["train_loss"] = loss_sum / frames if frames > 0 else None
+        # the learners lost so far, asked once: the record names them and counts their
+        # minibatches from the same answer (a loss noticed later belongs to the next record)
+        lost = [x["rank"] for x in self.strategy.lost_learners()]
+        if lost:
+            record["lost_learners"] = lost
         self._record_counts(record, counts, members, sampler)
 
     def _counts(self, sampler: Any, members: list[int]) -> list[float]:
@@ -137,7 +143,7 @@ class JobEpochs(LearnerEpochs):
     def _record_counts(self, record: dict, counts: list[float], members: list[int], sampler: JobEpochSampler) -> None:
         retrained, *shares = counts
         record["minibatches_by_learner"] = {str(rank): int(n) for rank, n in zip(members, shares)}
-        if self.strategy.lost_learners():
+        if record.get("lost_learners"):
             self._record_lost_minibatches(record, int(retrained), sampler)
 
     def _record_lost_minibatches(self, record: dict, retrained: int, sampler: JobEpochSampler) -> None:

@@ -329,8 +329,6 @@ class Trainer:
             # cut at this learner's own step count (the records are of rank 0's steps)
             self.metrics = MetricsLog(self.run_dir, resume_step=math.inf)
             self._record_epochs_the_lost_leader_did_not()
-        if lost := self.strategy.lost_learners():
-            record["lost_learners"] = [x["rank"] for x in lost]
         warn_if_loss_rose(record, state.history, self.strategy, self.ctx.job_rank)
         state.history.append(record)
         self.metrics.log("epoch", state.step, **record)
