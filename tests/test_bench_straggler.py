@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from asrdist.bench.straggler import _shared_target, copes_check, time_to_target
+from asrdist.bench.straggler import _shared_target, copes_check, regime, time_to_target
 from asrdist.cli import main
 from corpus_fixture import make_tone_corpus
 
@@ -29,6 +29,17 @@ def test_the_adpsgd_check_can_fail():
     assert copes_check(3.0, 1.5, 3.0)["passed"] is True
     assert copes_check(3.0, 2.0, 3.0)["passed"] is False  # 2.0 > 0.6 x 3.0
     assert copes_check(None, 1.5, 3.0)["passed"] is None
+
+
+def test_the_regime_says_how_far_a_straggler_can_slow_sync():
+    def sync_run(compute, loop):
+        return {"per_learner": [{"compute_seconds": compute, "loop_seconds": loop}] * 2}
+    comm_bound = regime(sync_run(25.0, 100.0), learners=2, slowdown=3.0)
+    assert comm_bound["sync_compute_share"] == 0.25 and comm_bound["sync_ratio_bound"] == 1.5
+    assert comm_bound["adpsgd_ratio_from_throughput"] == 1.5  # 2 / (1 + 1/3)
+    assert comm_bound["passes_if_time_follows_throughput"] is False  # 1.5 > 0.6 x 1.5
+    compute_bound = regime(sync_run(90.0, 100.0), learners=2, slowdown=3.0)
+    assert compute_bound["sync_ratio_bound"] == 2.8 and compute_bound["passes_if_time_follows_throughput"] is True
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -59,6 +70,7 @@ def test_bench_straggler_trains_and_writes_its_keys(tmp_path):
         assert result[key] > 0, key
     assert result["exchange_vs_compute"] > 0
     assert result["adpsgd_copes_with_straggler"]["passed"] in (True, False)
+    assert 0 < result["regime"]["sync_compute_share"] < 1 and result["regime"]["passes_if_time_follows_throughput"] in (True, False)
     runs = result["runs"]
     assert set(runs) == {"sync", "sync_straggler", "adpsgd", "adpsgd_straggler", "adpsgd_plain", "adpsgd_delay_by_one"}
     # every run trained for real: two validations each, and the straggler's steps took longer

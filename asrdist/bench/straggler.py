@@ -120,6 +120,7 @@ def run(args) -> dict[str, Any]:
         "adpsgd_time_to_target_ratio": adpsgd_ratio,
         "delay_by_one_time_to_target_ratio": ratio("adpsgd_delay_by_one", "adpsgd_plain"),
         "exchange_vs_compute": _exchange_vs_compute(runs["adpsgd_plain"]),
+        "regime": regime(runs["sync"], n, args.slowdown),
         "adpsgd_copes_with_straggler": copes_check(sync_ratio, adpsgd_ratio, args.slowdown),
         "target_valid_loss": target,
         "delay_by_one_target_valid_loss": target2,
@@ -221,6 +222,35 @@ def validations(run_dir: Path, summary: dict) -> list[dict[str, Any]]:
 def time_to_target(points: list[dict[str, Any]], target: float) -> float | None:
     """Wall seconds of the first validation at or below `target`; None if none reached it."""
     return next((p["wall_seconds"] for p in points if p["valid_loss"] <= target), None)
+
+
+def compute_share(run: dict[str, Any]) -> float | None:
+    """The share of its training loop a learner spent computing (forward, backward), averaged
+    over the run's learners: it bounds what a straggler can cost a lock-step strategy (a learner s
+    times slower stretches every step by at most (s - 1) x this share of it)."""
+    shares = [p["compute_seconds"] / p["loop_seconds"] for p in run["per_learner"]
+              if p.get("compute_seconds") is not None and p.get("loop_seconds")]
+    return sum(shares) / len(shares) if shares else None
+
+
+def regime(sync_run: dict[str, Any], learners: int, slowdown: float) -> dict[str, Any]:
+    """What the check can show in this run's regime. A straggler stretches a lock-step step by at
+    most (s - 1) x its compute share, so sync's ratio is at most `sync_ratio_bound`; adpsgd keeps
+    the other learners' pace, and if its time to target grew only with the throughput it lost its
+    ratio would be n / (n - 1 + 1/s) (`adpsgd_ratio_from_throughput`).
+    `passes_if_time_follows_throughput` says whether that is within COPES_FACTOR x the bound: when
+    it is not, communication dominates the step, a straggler costs sync little, and the check
+    passes only if adpsgd loses less time to target than throughput (the seeds' claim is made where
+    compute dominates: a larger minibatch per learner or a faster network)."""
+    share = compute_share(sync_run)
+    bound = None if share is None else 1.0 + (slowdown - 1.0) * share
+    from_throughput = learners / (learners - 1 + 1.0 / slowdown)
+    return {"sync_compute_share": share, "sync_ratio_bound": bound,
+            "adpsgd_ratio_from_throughput": from_throughput,
+            "passes_if_time_follows_throughput": None if bound is None else from_throughput <= COPES_FACTOR * bound,
+            "how": "sync_compute_share: each learner's compute seconds over its loop seconds in the sync run "
+                   "without the straggler, averaged; the bound and the throughput ratio follow from it and "
+                   "from n and s (arithmetic, not measured)"}
 
 
 def _shared_target(runs: list[dict[str, Any]]) -> float:
