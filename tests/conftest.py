@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-import quick_loop_guard
-from asrdist.cli import main
-from corpus_fixture import make_tone_corpus
+# Before torch loads here, and for every process a test starts (they inherit it): OpenMP threads
+# that wait passively. libgomp's default spins each of a process' 2 threads after every parallel
+# region; with the suite's test processes sharing the machine's 2 cores, that spinning takes the
+# cores the others need (measured under load: a 3-epoch tiny in-process `asrdist train`, 35 s CPU
+# and 48 s with spinning, 7 s and 8 s passive, same losses). Setdefault: a caller's choice stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import quick_loop_guard  # noqa: E402  (after the environment above: it leads to torch)
+from asrdist.cli import main  # noqa: E402
+from corpus_fixture import make_tone_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")
