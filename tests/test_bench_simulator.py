@@ -32,15 +32,15 @@ def _args(corpus: Path, out: Path, *extra: str) -> argparse.Namespace:
 def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatch, spy: list) -> dict:
     """The bench with its microbenchmarks and its training replaced: each 'run' writes a
     summary.json whose timings are `scale` times a fixed figure (the measurement to poison)."""
-    def fake_micro(cfg, learners, network, repeats, timeout):
+    def fake_micro(configs, network, repeats, timeout):
         spy.append("microbenchmarks")
-        return _micro(), {"link": {}, "parameters": 1, "feature_dim": 40, "num_classes": 9}
+        return _micro(), {"link": {}, "parameters": 1, "feature_dim": 40, "num_classes": 9, "first_recipe": "sync"}
 
     real_calibrate = calibration.calibrate
 
-    def spied_calibrate(micro, learners):
+    def spied_calibrate(micro, learners, strategy=None):
         spy.append("calibrate")
-        return real_calibrate(micro, learners)
+        return real_calibrate(micro, learners, strategy)
 
     def fake_train(config, configs, run_out, data, overrides, failed=None, hosts=None):
         (name, cfg), = configs.items()
@@ -95,13 +95,26 @@ def test_no_timing_of_the_validated_runs_feeds_the_calibration(tone_corpus, tmp_
 def test_calibration_is_a_function_of_the_microbenchmarks_alone():
     import inspect
 
-    assert list(inspect.signature(calibration.calibrate).parameters) == ["micro", "learners"]
+    assert list(inspect.signature(calibration.calibrate).parameters) == ["micro", "learners", "strategy"]
     two = calibration.calibrate(_micro(), 2)
     # a learner among 2 on 1 of 2 threads: its measured step, as if it had both cores
     assert two.threads == 1 and two.seconds_per_frame == pytest.approx(45e-6 / 2)
     assert calibration.calibrate(_micro(), 1).network_cost == 0.0  # a lone learner moves no bytes
     with pytest.raises(Exception, match="no microbenchmark of a learner among 4"):
         calibration.calibrate(_micro(), 4)
+
+
+def test_a_strategy_is_calibrated_on_its_own_recipes_step_where_it_was_measured():
+    import dataclasses
+
+    micro = dataclasses.replace(_micro(), recipe_step_seconds_per_frame={"averaging": {"2x1": 90e-6}})
+    own = calibration.calibrate(micro, 2, "averaging")
+    assert own.seconds_per_frame == pytest.approx(90e-6 / 2) and "averaging's recipe" in own.sources["seconds_per_frame"]
+    # a strategy whose recipe was not measured (or at another learner count) takes the first run's
+    assert calibration.calibrate(micro, 2, "sync").seconds_per_frame == pytest.approx(45e-6 / 2)
+    assert calibration.calibrate(micro, 1, "averaging").seconds_per_frame == pytest.approx(20e-6 * 2 / 2)
+    with pytest.raises(Exception, match="positive step times"):
+        dataclasses.replace(_micro(), recipe_step_seconds_per_frame={"onebit": {"2x1": 0.0}})
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 
 1. Calibration, before any run trains, in this process: microbenchmarks of one learner alone
    (`measure_microbenchmarks`): its training step per frame through `Trainer.train_step` on the
-   recipe and corpus at each learner count's share of the global minibatch and threads, an
-   epoch's end (validation and checkpoint), onebit's quantizer and dequantizer, a parameter
+   corpus at each learner count's share of the global minibatch and threads, for every
+   strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging, AdaGrad for
+   onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end (validation and checkpoint), onebit's quantizer and dequantizer, a parameter
    average and sync's gradient mean per value, and the link between two learners on the emulated
    network carrying the model (`measure_link`: its rate one way, the share of it each direction
    keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
@@ -115,13 +116,24 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
     return sum(quantize), sum(dequantize)
 
 
-def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int, timeout: float):
-    """`Microbenchmarks` of one learner of resolved config `cfg` (its corpus' features in place)
-    on this machine: see the module docstring. Reads no run."""
+def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: float):
+    """`Microbenchmarks` of one learner of each resolved run config in `configs` ((strategy,
+    learners) -> config; the first one's corpus features in place) on this machine: see the
+    module docstring. Reads no run."""
     cores = len(os.sched_getaffinity(0))
+    (first_name, _), cfg = next(iter(configs.items()))
+    learners = sorted({n for _, n in configs})
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
-    requests = {f"{n}x{threads_of(cores, n)}": (cfg, targets, n, threads_of(cores, n)) for n in learners}
+    key = lambda n: f"{n}x{threads_of(cores, n)}"  # noqa: E731
+    requests = {key(n): (cfg, targets, n, threads_of(cores, n)) for n in learners}
     steps, ends = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS)
+    # every other strategy's own recipe (its optimizer costs its own step), without epoch ends
+    others = {(name, key(n)): (c, targets, n, threads_of(cores, n)) for (name, n), c in configs.items()
+              if name != first_name}
+    own, _ = config_step_seconds_per_frame(others) if others else ({}, {})
+    recipes: dict[str, dict[str, float]] = {}
+    for (name, k), seconds in own.items():
+        recipes.setdefault(name, {})[k] = seconds
     lone = SpeechTask(cfg, targets, 0, 1)
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
@@ -133,9 +145,9 @@ def measure_microbenchmarks(cfg, learners: list[int], network: str, repeats: int
         cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
-        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network))
+        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network), recipes)
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets.num_classes}
+                   "num_classes": targets.num_classes, "first_recipe": first_name}
 
 
 def _link_latency(network: str) -> float:
@@ -204,11 +216,10 @@ def run(args) -> dict[str, Any]:
     ensure_features(corpus, first, progress=False)  # as `asrdist train` does first: the runs' features
     load_before = os.getloadavg()
     # 1. calibration: microbenchmarks of one learner, before any run trains
-    micro, micro_detail = measure_microbenchmarks(first, sorted(set(args.learners)), args.network, args.repeats,
-                                                  args.timeout)
-    inputs = {n: calibration.calibrate(micro, n) for n in sorted(set(args.learners))}
+    micro, micro_detail = measure_microbenchmarks(configs, args.network, args.repeats, args.timeout)
+    inputs = {(name, n): calibration.calibrate(micro, n, name) for (name, n) in configs}
     # 2. prediction, from the runs' configs and those inputs only
-    predicted = {(name, n): predict_run(cfg, inputs[n], _hosts(n, args.network).nodes, args.network,
+    predicted = {(name, n): predict_run(cfg, inputs[(name, n)], _hosts(n, args.network).nodes, args.network,
                                         feature_dim=micro_detail["feature_dim"], num_classes=micro_detail["num_classes"])
                  for (name, n), cfg in configs.items()}
     # 3. validation: the runs themselves
@@ -246,7 +257,10 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
         "calibration": {
             "microbenchmarks": dataclasses.asdict(micro), "link_measurement": micro_detail["link"],
             "parameters": micro_detail["parameters"],
-            "inputs_by_learners": {str(n): dataclasses.asdict(i) for n, i in inputs.items()},
+            "inputs_by_learners": {str(n): dataclasses.asdict(i) for (name, n), i in inputs.items()
+                                   if name == micro_detail["first_recipe"]},
+            "inputs_by_run": {name: {str(n): dataclasses.asdict(i) for (other, n), i in inputs.items() if other == name}
+                              for name in dict.fromkeys(name for name, _ in inputs)},
             "calibrated_on": "microbenchmarks of one learner alone in the bench's process (and two learners "
                              "exchanging the model's size for the link), measured before any predicted run "
                              "trained; no figure of the predicted runs feeds them",

@@ -43,9 +43,13 @@ class Microbenchmarks:
     link_duplex: float = 1.0
     link_cpu_seconds_per_byte: float = 0.0
     link_latency_seconds: float = 0.0
+    recipe_step_seconds_per_frame: dict[str, dict[str, float]] = field(default_factory=dict)
+    """strategy -> "NxT" -> the same step of that strategy's own recipe (its optimizer: NG-SGD,
+    AdaGrad, ...), where it was measured; `step_seconds_per_frame` is the first run's recipe."""
 
     def __post_init__(self):
-        figures = [*self.step_seconds_per_frame.values(), self.frames_per_epoch]
+        recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
+        figures = [*self.step_seconds_per_frame.values(), *recipes, self.frames_per_epoch]
         if self.cores < 1 or not figures or not all(v > 0 for v in figures):
             raise ConfigError("calibration: need cores >= 1 and positive step times and epoch frames")
 
@@ -77,17 +81,21 @@ def threads_of(cores: int, learners: int) -> int:
     return max(1, cores // learners)
 
 
-def calibrate(micro: Microbenchmarks, learners: int) -> CalibratedInputs:
-    """The inputs of a run of `learners` learners on this machine, from `micro` alone."""
+def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None) -> CalibratedInputs:
+    """The inputs of a run of `learners` learners on this machine, from `micro` alone: the step of
+    `strategy`'s own recipe where `micro` measured it, else the first run's recipe's."""
     threads = threads_of(micro.cores, learners)
     key = f"{learners}x{threads}"
     if key not in micro.step_seconds_per_frame or key not in micro.epoch_end_seconds:
         raise ConfigError(f"calibration: no microbenchmark of a learner among {learners} on {threads} thread(s)")
+    own = micro.recipe_step_seconds_per_frame.get(strategy or "", {}).get(key)
     # the simulator gives each learner cores / learners of the cores (threads linear): the
     # measured step on `threads` threads, stated as if it had them all
-    spf = micro.step_seconds_per_frame[key] * threads / micro.cores
+    spf = (own if own is not None else micro.step_seconds_per_frame[key]) * threads / micro.cores
     many = learners > 1
-    step = f"microbenchmark: one learner's training step alone, global minibatch / {learners}, {threads} thread(s)"
+    recipe = f"{strategy}'s recipe" if own is not None else "the first run's recipe"
+    step = (f"microbenchmark: one learner's training step alone ({recipe}), global minibatch / {learners}, "
+            f"{threads} thread(s)")
     return CalibratedInputs(
         learners, threads, spf, micro.epoch_end_seconds[key], micro.frames_per_epoch,
         micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value, micro.average_seconds_per_value,
