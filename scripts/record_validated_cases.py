@@ -19,6 +19,7 @@ def main(argv: list[str]) -> int:
         bench = json.loads(Path(argv[0]).read_text())
         cpu = cases_from_bench(bench)
         load = bench.get("load_average", {}).get("before", ["?"])[0]
+        load = f"{load:.1f}" if isinstance(load, (int, float)) else load
         note = (f"bench rows: `asrdist bench simulator` finished {bench.get('finished_at', 'at a time not recorded')} "
                 f"on {bench.get('cores')} cores at a load average of {load}; paper rows: `asrdist simulate --validate` "
                 f"(held out)")
