@@ -3,10 +3,11 @@
 1. Calibration, before any run trains, in this process: microbenchmarks of one learner alone
    (`measure_microbenchmarks`): its training step per frame through `Trainer.train_step` on the
    corpus at each learner count's share of the global minibatch and threads, for every
-   strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging, AdaGrad for
-   onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end (validation and checkpoint), onebit's quantizer and dequantizer, a parameter
-   average and sync's gradient mean per value, and the link between two learners on the emulated
-   network carrying the model (`measure_link`: its rate one way, the share of it each direction
+   strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad for
+   onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
+   (validation and checkpoint), onebit's quantizer and dequantizer, a parameter average and
+   sync's gradient mean per value, and the link between two learners on the emulated network
+   carrying the model (`measure_link`: its rate one way, the share of it each direction
    keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
    turns these, and nothing else, into the simulator's inputs.
 2. Prediction: every strategy at every learner count, from its resolved config and those inputs.
@@ -124,16 +125,18 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
     (first_name, _), cfg = next(iter(configs.items()))
     learners = sorted({n for _, n in configs})
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
-    key = lambda n: f"{n}x{threads_of(cores, n)}"  # noqa: E731
-    requests = {key(n): (cfg, targets, n, threads_of(cores, n)) for n in learners}
-    steps, ends = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS)
-    # every other strategy's own recipe (its optimizer costs its own step), without epoch ends
-    others = {(name, key(n)): (c, targets, n, threads_of(cores, n)) for (name, n), c in configs.items()
-              if name != first_name}
-    own, _ = config_step_seconds_per_frame(others) if others else ({}, {})
+    # every strategy's own recipe (its optimizer costs its own step), all timed in one session
+    # whose rounds take turns; the epoch's end (the same validation and checkpoint) of the first's
+    requests = {(name, f"{n}x{threads_of(cores, n)}"): (c, targets, n, threads_of(cores, n))
+                for (name, n), c in configs.items()}
+    timed, ended = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS,
+                                                 ends_of={k for k in requests if k[0] == first_name})
+    steps = {key: seconds for (name, key), seconds in timed.items() if name == first_name}
+    ends = {key: seconds for (_, key), seconds in ended.items()}
     recipes: dict[str, dict[str, float]] = {}
-    for (name, k), seconds in own.items():
-        recipes.setdefault(name, {})[k] = seconds
+    for (name, key), seconds in timed.items():
+        if name != first_name:
+            recipes.setdefault(name, {})[key] = seconds
     lone = SpeechTask(cfg, targets, 0, 1)
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)

@@ -195,11 +195,9 @@ def _launch_survivable(module: str, args: list[str], learners: int, report_dir: 
                survival=Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))
 
 
-
 def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1,
                             start_new_session=True, preexec_fn=die_with_parent)
-
 
 
 def _free_loopback_port() -> int:

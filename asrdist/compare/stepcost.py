@@ -51,11 +51,12 @@ def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float 
 
 
 def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS,
-                                  epoch_ends: int = 0) -> tuple[dict, dict]:
+                                  epoch_ends: int = 0, ends_of=None) -> tuple[dict, dict]:
     """({key: seconds per frame of one learner's training step}, {key: median seconds of its
     epoch's end: validation and checkpoint, over `epoch_ends` of them; empty if 0}) for
     `requests` = {key: (resolved run config, targets, learners, threads)}, timed alone as
-    `step_seconds_per_frame` does. Raises AsrdistError or OSError."""
+    `step_seconds_per_frame` does; the epoch ends of the keys in `ends_of` only (None: every key).
+    Raises AsrdistError or OSError."""
     threads_before, rng_state = torch.get_num_threads(), torch.get_rng_state()
     try:
         with ExitStack() as stack:
@@ -67,7 +68,7 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
                 for key, timer in timers.items():
                     windows[key].append(timer.window(MIN_STEPS, seconds))
             ends = {key: statistics.median(timer.epoch_end() for _ in range(epoch_ends))
-                    for key, timer in timers.items()} if epoch_ends else {}
+                    for key, timer in timers.items() if ends_of is None or key in ends_of} if epoch_ends else {}
     finally:
         torch.set_num_threads(threads_before)
         torch.set_rng_state(rng_state)
