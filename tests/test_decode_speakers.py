@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from asrdist.cli import main
+from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.features.frontend import features_of, normalize, raw_features
 from asrdist.run.decode import read_utt2spk
@@ -243,6 +244,22 @@ def test_a_hybrid_model_decodes_a_speakers_files_as_eval_does(tmp_path, capsys):
     printed = _lines(capsys.readouterr().out)
     evaluated = _lines((run / "hyp.txt").read_text())
     assert printed == {w.stem: evaluated[u] for w, u in zip(wavs, test.utt_ids)}
+    assert json.loads((run / "eval.json").read_text())["min_duration"] == 3  # the recipe's
+
+    # the phone loop's settings from the command line, the same in both; a phone of at least 100
+    # frames leaves at most T / 100 phones in a hypothesis of T frames
+    search = ["--min-duration", "100", "--prior-scale", "0.5", "--acoustic-scale", "2"]
+    out = tmp_path / "long.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--out", str(out), *search]) == 0
+    result = json.loads(out.read_text())
+    assert (result["min_duration"], result["prior_scale"], result["acoustic_scale"]) == (100, 0.5, 2.0)
+    long = _lines((tmp_path / "long.hyp.txt").read_text())
+    frames = FeatureStore(corpus / "test")
+    assert all(len(long[u].split()) <= max(1, len(frames[u]) // 100) for u in test.utt_ids)
+    assert long != evaluated
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs), "--same-speaker", *search]) == 0
+    assert _lines(capsys.readouterr().out) == {w.stem: long[u] for w, u in zip(wavs, test.utt_ids)}
 
 
 def test_a_channel_of_a_stereo_file_decodes_as_that_channel_alone(speaker_run, tmp_path, capsys):

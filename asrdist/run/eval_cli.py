@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
                         "model's own hypotheses; 0 = off); default: the recipe's eval.adapt_rounds")
     _balance_option(p)
     _lm_options(p)
+    _hybrid_options(p)
     p.set_defaults(func=_eval)
 
     d = sub.add_parser("decode", help=help_of("decode"),
@@ -56,6 +57,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
                         "default: the recipe's eval.adapt_rounds")
     _balance_option(d)
     _lm_options(d)
+    _hybrid_options(d)
     d.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="decode channel K (0-based) of multi-channel files, which are an error without it "
                         "(mono files are read as they are)")
@@ -75,6 +77,17 @@ def _lm_options(p: argparse.ArgumentParser) -> None:
                         "the search (0 = off); default: the recipe's eval.lm_weight")
     p.add_argument("--word-bonus", type=cli_number(float, at_least=-100, at_most=100), default=None, metavar="B",
                    help="with the word bigram: added per hypothesised word; default: the recipe's eval.word_bonus")
+
+
+def _hybrid_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prior-scale", type=cli_number(float, at_least=0, at_most=10), default=None, metavar="S",
+                   help="hybrid: the frame scores are log p(class|x) - S x log p(class) (1 = likelihoods, 0 = "
+                        "posteriors); default: the recipe's eval.prior_scale")
+    p.add_argument("--acoustic-scale", type=cli_number(float, above=0, at_most=100), default=None, metavar="A",
+                   help="hybrid: weight of the frame scores against the phone bigram; default: the recipe's "
+                        "eval.acoustic_scale")
+    p.add_argument("--min-duration", type=cli_number(int, at_least=1, at_most=100), default=None, metavar="F",
+                   help="hybrid: a decoded phone lasts at least F frames; default: the recipe's eval.min_duration")
 
 
 def _balance_option(p: argparse.ArgumentParser) -> None:

@@ -135,6 +135,9 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
     result = evaluate_split(model, split, targets, cfg, details=details, adapt=cfg.eval.adapt_rounds > 0)
     lm = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus} if cfg.eval.lm_weight > 0 else {}
+    if model.kind != "ctc":  # the phone-loop search's settings, which the PER depends on
+        lm = {"prior_scale": cfg.eval.prior_scale, "acoustic_scale": cfg.eval.acoustic_scale,
+              "min_duration": cfg.eval.min_duration}
     result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **lm, **result}
     return result
 
@@ -159,7 +162,8 @@ def command_line_overrides(args) -> dict:
     """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
             "adapt_word_balance": args.adapt_word_balance, "lm_weight": args.lm_weight,
-            "word_bonus": args.word_bonus}
+            "word_bonus": args.word_bonus, "prior_scale": args.prior_scale,
+            "acoustic_scale": args.acoustic_scale, "min_duration": args.min_duration}
 
 
 def eval_command(args) -> int:
