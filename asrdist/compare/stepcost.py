@@ -103,16 +103,18 @@ class _Timer:
         return time.perf_counter() - start
 
     def window(self, steps: int, seconds: float) -> float:
-        """Seconds per frame over the next `steps` steps and at least `seconds` of them."""
+        """Seconds per frame over the next `steps` steps and at least `seconds` of them; a step is
+        what the learner's loop does per minibatch: draw it from the sampler (assembling its
+        features and targets) and train on it."""
         torch.set_num_threads(self.threads)
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         timed, frames, done = 0.0, 0, 0
         while done < steps or timed < seconds:
+            sync()
+            start = time.perf_counter()
             batch = next(self.batches, None)
             if batch is None:
                 raise DataError(f"{self.corpus}: no training minibatch to time")
-            sync()
-            start = time.perf_counter()
             _, n = self.trainer.train_step(batch)
             self.trainer.state.step += 1
             sync()
