@@ -117,6 +117,25 @@ def test_a_strategy_is_calibrated_on_its_own_recipes_step_where_it_was_measured(
         dataclasses.replace(_micro(), recipe_step_seconds_per_frame={"onebit": {"2x1": 0.0}})
 
 
+def test_onebits_coding_costs_carry_its_whole_exchange_on_one_learner():
+    """The kernels' costs (2 quantizations + 2 dequantizations per value in a world of one) are
+    scaled to what the whole exchange measured alone; unmeasured (0), they stay the kernels'."""
+    import dataclasses
+
+    plain = calibration.calibrate(_micro(), 2)
+    assert (plain.quantize_cost, plain.dequantize_cost) == (2e-9, 1e-9)
+    whole = calibration.calibrate(dataclasses.replace(_micro(), onebit_exchange_seconds_per_value=9e-9), 2)
+    assert 2 * (whole.quantize_cost + whole.dequantize_cost) == pytest.approx(9e-9)
+    assert whole.quantize_cost / whole.dequantize_cost == pytest.approx(2.0)  # the kernels' proportion kept
+    assert "x 1.50" in whole.sources["quantize_cost"]
+
+
+def test_onebits_whole_exchange_is_measured_on_the_models_shapes():
+    figures = simulator.per_value_figures([(64, 40), (64,), (10, 64), (10,)], repeats=2)
+    kernels = 2 * (figures["quantize_seconds_per_value"] + figures["dequantize_seconds_per_value"])
+    assert figures["onebit_exchange_seconds_per_value"] > 0 and kernels > 0
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_path):
@@ -140,3 +159,4 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     micro = result["calibration"]["microbenchmarks"]
     assert set(micro["step_seconds_per_frame"]) == {"1x2", "2x1"} or micro["cores"] != 2
     assert micro["link_bytes_per_second"] > 0 and len(result["load_average"]["before"]) == 3
+    assert micro["onebit_exchange_seconds_per_value"] > 0

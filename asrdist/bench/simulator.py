@@ -5,7 +5,8 @@
    corpus at each learner count's share of the global minibatch and threads, for every
    strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad for
    onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
-   (validation and checkpoint), onebit's quantizer and dequantizer, a parameter average and
+   (validation and checkpoint), onebit's quantizer and dequantizer and its whole exchange on one
+   learner alone (which scales the two: residuals, copies, packing), a parameter average and
    sync's gradient mean per value, and the link between two learners on the emulated network
    carrying the model (`measure_link`: its rate one way, the share of it each direction
    keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
@@ -37,6 +38,8 @@ from asrdist.compare.runs import Hosts, parse_strategies, resolve_all
 from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
 from asrdist.run.prepare import build_targets, ensure_features
 from asrdist.run.task import SpeechTask, model_kind
@@ -98,8 +101,23 @@ def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, 
     average = _with_threads(1, lambda: median_seconds(lambda: flat.add_(other).mul_(0.5), repeats))
     mean_s = _with_threads(1, lambda: median_seconds(mean, repeats))
     quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
+    exchange = _with_threads(1, lambda: _onebit_exchange_seconds(shapes, repeats))
     return {"quantize_seconds_per_value": quantize / values, "dequantize_seconds_per_value": dequantize / values,
-            "average_seconds_per_value": average / values, "mean_seconds_per_value": mean_s / values}
+            "average_seconds_per_value": average / values, "mean_seconds_per_value": mean_s / values,
+            "onebit_exchange_seconds_per_value": exchange / values}
+
+
+def _onebit_exchange_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
+    """Median seconds of onebit's whole exchange of gradients of `shapes` on one learner alone
+    (`OneBitStrategy.exchange` in a world of one: nothing crosses a wire, every phase's CPU is
+    there), after a few exchanges to settle its residuals."""
+    strategy = OneBitStrategy(OneBitConfig())
+    strategy.setup_exchange([torch.Size(s) for s in shapes], LearnerContext())
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    for _ in range(2):
+        strategy.exchange(grads)
+    return median_seconds(lambda: strategy.exchange(grads), repeats)
 
 
 def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
@@ -148,7 +166,8 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
         cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
-        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network), recipes)
+        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network), recipes,
+        figures["onebit_exchange_seconds_per_value"])
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "first_recipe": first_name}
 

@@ -46,6 +46,12 @@ class Microbenchmarks:
     recipe_step_seconds_per_frame: dict[str, dict[str, float]] = field(default_factory=dict)
     """strategy -> "NxT" -> the same step of that strategy's own recipe (its optimizer: NG-SGD,
     AdaGrad, ...), where it was measured; `step_seconds_per_frame` is the first run's recipe."""
+    onebit_exchange_seconds_per_value: float = 0.0
+    """onebit's whole exchange on one learner alone (`OneBitStrategy.exchange` in a world of one:
+    quantize with error feedback, reduce and re-quantize its stripes as their owner, dequantize),
+    per value, 1 thread; 0 = not measured. Its kernels are two quantizations and two
+    dequantizations; the rest (residuals, copies, packing, the chunks' bookkeeping) scales the
+    quantizer's and dequantizer's costs (`calibrate`)."""
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
@@ -96,17 +102,25 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
     recipe = f"{strategy}'s recipe" if own is not None else "the first run's recipe"
     step = (f"microbenchmark: one learner's training step alone ({recipe}), global minibatch / {learners}, "
             f"{threads} thread(s)")
+    quantize, dequantize = micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value
+    coding = ""
+    kernels = 2 * (quantize + dequantize)
+    if micro.onebit_exchange_seconds_per_value > 0 and kernels > 0:
+        factor = micro.onebit_exchange_seconds_per_value / kernels
+        quantize, dequantize = quantize * factor, dequantize * factor
+        coding = (f", x {factor:.2f}: onebit's whole exchange on one learner alone over its kernels' "
+                  f"(2 quantizations + 2 dequantizations), 1 thread")
     return CalibratedInputs(
         learners, threads, spf, micro.epoch_end_seconds[key], micro.frames_per_epoch,
-        micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value, micro.average_seconds_per_value,
+        quantize, dequantize, micro.average_seconds_per_value,
         micro.mean_seconds_per_value, micro.link_cpu_seconds_per_byte if many else 0.0,
         micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
         sources={
             "seconds_per_frame": step,
             "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
             "frames_per_epoch": "the corpus: its sampler's minibatches per epoch x their frames (no timing)",
-            "quantize_cost": "microbenchmark: onebit's quantizer on the model's gradients, 1 thread",
-            "dequantize_cost": "microbenchmark: onebit's dequantizer on the model's gradients, 1 thread",
+            "quantize_cost": f"microbenchmark: onebit's quantizer on the model's gradients, 1 thread{coding}",
+            "dequantize_cost": f"microbenchmark: onebit's dequantizer on the model's gradients, 1 thread{coding}",
             "copy_cost": "microbenchmark: a parameter average (add, scale) over the model's values, 1 thread",
             "mean_cost": "microbenchmark: sync's mean (copy into a bucket, divide, copy back), 1 thread",
             "network_cost": f"microbenchmark: two learners' CPU per byte of one message over {micro.network}",
