@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatc
     summary.json whose timings are `scale` times a fixed figure (the measurement to poison)."""
     def fake_micro(configs, network, repeats, timeout):
         spy.append("microbenchmarks")
-        return _micro(), {"link": {}, "parameters": 1, "feature_dim": 40, "num_classes": 9, "first_recipe": "sync"}
+        return _micro(), {"link": {}, "corun": {"slowdown": 1.0}, "parameters": 1, "feature_dim": 40,
+                          "num_classes": 9, "first_recipe": "sync"}
 
     real_calibrate = calibration.calibrate
 
@@ -130,6 +132,29 @@ def test_onebits_coding_costs_carry_its_whole_exchange_on_one_learner():
     assert "x 1.50" in whole.sources["quantize_cost"]
 
 
+def test_peers_computing_on_the_other_cores_slow_a_learners_step_by_the_co_run_figure():
+    import dataclasses
+
+    micro = dataclasses.replace(_micro(), corun_slowdown=1.3)
+    # 2 learners of 1 thread each fill the 2 cores the lone step had to itself on 1
+    assert calibration.calibrate(micro, 2).seconds_per_frame == pytest.approx(45e-6 / 2 * 1.3)
+    assert "x 1.30" in calibration.calibrate(micro, 2).sources["seconds_per_frame"]
+    # one learner on both cores was timed with both computing: nothing to add
+    assert calibration.calibrate(micro, 1).seconds_per_frame == pytest.approx(20e-6 * 2 / 2)
+    with pytest.raises(Exception, match="positive step times"):
+        dataclasses.replace(_micro(), corun_slowdown=0.0)
+
+
+def test_the_co_run_figure_is_measured_with_siblings_computing():
+    from asrdist.bench.corun import corun_slowdown  # the measurement itself, on this machine
+
+    alone = corun_slowdown(1, repeats=1)
+    assert alone["siblings"] == 0 and alone["slowdown"] > 0
+    two = corun_slowdown(2, repeats=2)
+    assert two["siblings"] == 1 and two["alone_seconds"] > 0 and two["together_seconds"] > 0
+    assert two["slowdown"] == pytest.approx(two["together_seconds"] / two["alone_seconds"])
+
+
 def test_onebits_whole_exchange_is_measured_on_the_models_shapes():
     figures = simulator.per_value_figures([(64, 40), (64,), (10, 64), (10,)], repeats=2)
     kernels = 2 * (figures["quantize_seconds_per_value"] + figures["dequantize_seconds_per_value"])
@@ -159,4 +184,5 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     micro = result["calibration"]["microbenchmarks"]
     assert set(micro["step_seconds_per_frame"]) == {"1x2", "2x1"} or micro["cores"] != 2
     assert micro["link_bytes_per_second"] > 0 and len(result["load_average"]["before"]) == 3
-    assert micro["onebit_exchange_seconds_per_value"] > 0
+    assert micro["onebit_exchange_seconds_per_value"] > 0 and micro["corun_slowdown"] > 0
+    assert result["calibration"]["corun_measurement"]["siblings"] == len(os.sched_getaffinity(0)) - 1

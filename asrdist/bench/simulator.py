@@ -6,7 +6,8 @@
    strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad for
    onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
    (validation and checkpoint), onebit's quantizer and dequantizer and its whole exchange on one
-   learner alone (which scales the two: residuals, copies, packing), a parameter average and
+   learner alone (which scales the two: residuals, copies, packing), how much one thread's
+   arithmetic slows when every core computes (`asrdist.bench.corun`), a parameter average and
    sync's gradient mean per value, and the link between two learners on the emulated network
    carrying the model (`measure_link`: its rate one way, the share of it each direction
    keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asrdist.bench.corun import corun_slowdown
 from asrdist.checks import cli_list, cli_number
 from asrdist.cluster.netem import network_label
 from asrdist.compare import runs as compare_runs
@@ -159,6 +161,7 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
     figures = per_value_figures(shapes, repeats)
+    corun = corun_slowdown(cores, repeats) if any(n > 1 for n in learners) else {"slowdown": 1.0}
     link: dict[str, Any] = {}
     if any(n > 1 for n in learners):
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
@@ -167,9 +170,9 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
         link.get("cpu_seconds_per_byte", 0.0), _link_latency(network), recipes,
-        figures["onebit_exchange_seconds_per_value"])
+        figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets.num_classes, "first_recipe": first_name}
+                   "num_classes": targets.num_classes, "first_recipe": first_name, "corun": corun}
 
 
 def _link_latency(network: str) -> float:
@@ -278,6 +281,7 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
         "corpus": str(corpus),
         "calibration": {
             "microbenchmarks": dataclasses.asdict(micro), "link_measurement": micro_detail["link"],
+            "corun_measurement": micro_detail["corun"],
             "parameters": micro_detail["parameters"],
             "inputs_by_learners": {str(n): dataclasses.asdict(i) for (name, n), i in inputs.items()
                                    if name == micro_detail["first_recipe"]},

@@ -52,11 +52,14 @@ class Microbenchmarks:
     per value, 1 thread; 0 = not measured. Its kernels are two quantizations and two
     dequantizations; the rest (residuals, copies, packing, the chunks' bookkeeping) scales the
     quantizer's and dequantizer's costs (`calibrate`)."""
+    corun_slowdown: float = 1.0
+    """One thread's arithmetic with every core computing over the same alone
+    (`asrdist.bench.corun`): a run's learners compute on the cores its lone step left idle."""
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
         figures = [*self.step_seconds_per_frame.values(), *recipes, self.frames_per_epoch]
-        if self.cores < 1 or not figures or not all(v > 0 for v in figures):
+        if self.cores < 1 or not figures or not all(v > 0 for v in figures) or not self.corun_slowdown > 0:
             raise ConfigError("calibration: need cores >= 1 and positive step times and epoch frames")
 
 
@@ -102,6 +105,9 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
     recipe = f"{strategy}'s recipe" if own is not None else "the first run's recipe"
     step = (f"microbenchmark: one learner's training step alone ({recipe}), global minibatch / {learners}, "
             f"{threads} thread(s)")
+    if many and threads < micro.cores:  # in the run, its peers compute on the cores it had to itself
+        spf *= micro.corun_slowdown
+        step += f", x {micro.corun_slowdown:.2f}: one thread's arithmetic with every core computing over alone"
     quantize, dequantize = micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value
     coding = ""
     kernels = 2 * (quantize + dequantize)

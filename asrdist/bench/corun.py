@@ -1,0 +1,69 @@
+"""How much one learner's arithmetic slows down when every core of the machine computes at once.
+
+A learner's step is timed alone (`asrdist.compare.stepcost`): one learner on its share of the
+threads while the machine's other cores idle. In a run, its peers compute on those other cores at
+the same time, and cores that share caches, memory bandwidth or a physical core (vCPUs of a virtual
+machine may be hyperthreads of one core) slow each other down. This measures that on a stand-in
+for the step's arithmetic, a float32 matrix product of a hidden layer's size on one thread: timed
+alone, then while `cores - 1` sibling processes run the same product, each on one thread. The
+ratio (`slowdown`) is a property of the machine, measured before any run trains.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from asrdist.errors import TrainingError
+from asrdist.utils.machine import median_seconds
+
+ROWS, COLS = 128, 1024
+"""A minibatch's frames by a hidden layer's width: the default DNN's layer product."""
+PRODUCTS = 20
+"""Matrix products per timing."""
+
+_SIBLING = f"""
+import torch
+torch.set_num_threads(1)
+x, w = torch.randn({ROWS}, {COLS}), torch.randn({COLS}, {COLS})
+torch.mm(x, w)
+print("ready", flush=True)
+while True:
+    torch.mm(x, w)
+"""
+
+
+def _products(x: torch.Tensor, w: torch.Tensor) -> None:
+    for _ in range(PRODUCTS):
+        torch.mm(x, w)
+
+
+def corun_slowdown(cores: int, repeats: int = 5) -> dict:
+    """{alone_seconds, together_seconds, slowdown, siblings}: the median time of the products on one
+    thread alone and with `cores - 1` siblings computing, and their ratio (1.0 with one core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
+        alone = median_seconds(lambda: _products(x, w), repeats)
+        siblings = []
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        try:
+            for _ in range(max(0, cores - 1)):
+                siblings.append(subprocess.Popen([sys.executable, "-c", _SIBLING], stdin=subprocess.DEVNULL,
+                                                 stdout=subprocess.PIPE, env=env, text=True))
+            for sibling in siblings:  # each has started computing (it says so after its first product)
+                if sibling.stdout.readline().strip() != "ready":
+                    raise TrainingError(f"co-run benchmark: a sibling process exited with {sibling.wait()}")
+            together = median_seconds(lambda: _products(x, w), repeats)
+        finally:
+            for sibling in siblings:
+                sibling.kill()
+                sibling.wait()
+                sibling.stdout.close()
+    finally:
+        torch.set_num_threads(before)
+    return {"alone_seconds": alone, "together_seconds": together, "slowdown": together / alone,
+            "siblings": len(siblings)}
