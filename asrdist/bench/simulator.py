@@ -161,9 +161,10 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
     figures = per_value_figures(shapes, repeats)
-    corun = corun_slowdown(cores, repeats) if any(n > 1 for n in learners) else {"slowdown": 1.0}
+    many = any(n > 1 for n in learners)
+    corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
     link: dict[str, Any] = {}
-    if any(n > 1 for n in learners):
+    if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
     micro = Microbenchmarks(
         cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],

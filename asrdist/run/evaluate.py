@@ -134,11 +134,14 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     if dim != input_dim:
         raise DataError(f"{split}: features have dimension {dim}, the model expects {input_dim}")
     result = evaluate_split(model, split, targets, cfg, details=details, adapt=cfg.eval.adapt_rounds > 0)
-    lm = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus} if cfg.eval.lm_weight > 0 else {}
     if model.kind != "ctc":  # the phone-loop search's settings, which the PER depends on
-        lm = {"prior_scale": cfg.eval.prior_scale, "acoustic_scale": cfg.eval.acoustic_scale,
-              "min_duration": cfg.eval.min_duration}
-    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **lm, **result}
+        search = {"prior_scale": cfg.eval.prior_scale, "acoustic_scale": cfg.eval.acoustic_scale,
+                  "min_duration": cfg.eval.min_duration}
+    elif cfg.eval.lm_weight > 0:
+        search = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus}
+    else:
+        search = {}
+    result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **search, **result}
     return result
 
 
