@@ -24,6 +24,7 @@ import torch
 from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
 from asrdist.eval.decode import viterbi_decode
 from asrdist.eval.evaluate import _frame_logits
+from asrdist.errors import AsrdistError
 from asrdist.eval.scoring import error_rate
 from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir
@@ -99,4 +100,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except AsrdistError as exc:  # a missing run or split, a split without alignments: one line
+        print(f"tune_phone_loop: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
