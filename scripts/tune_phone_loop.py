@@ -18,13 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from asrdist.data.labels import frame_labels, phone_sequences, split_alignments
-from asrdist.eval.decode import viterbi_decode
-from asrdist.eval.evaluate import _frame_logits
 from asrdist.errors import AsrdistError
+from asrdist.eval.decode import viterbi_decode
+from asrdist.eval.evaluate import decoding_log_priors, utterance_log_posteriors
 from asrdist.eval.scoring import error_rate
 from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir
@@ -33,6 +32,10 @@ from asrdist.run.evaluate import load_run_model
 PRIOR_SCALES = (0.3, 0.5, 0.7, 1.0)
 ACOUSTIC_SCALES = (0.3, 0.5, 0.7, 1.0, 1.5)
 MIN_DURATIONS = (3, 5, 7)
+
+
+def _score(refs: dict, hyps: dict, group: list[str]) -> dict:
+    return error_rate([refs[u] for u in group], [hyps[u] for u in group])
 
 
 def main(argv: list[str]) -> int:
@@ -53,12 +56,8 @@ def main(argv: list[str]) -> int:
     speaker = {u: d.speaker for u, d in read_data_dir(split, require_text=False).utterances.items()}
     speakers = sorted({speaker[u] for u in utts})
     folds = [[u for u in utts if speakers.index(speaker[u]) % 2 == k] for k in (0, 1)]
-    priors = np.asarray(targets.priors, dtype=np.float64)
-    with np.errstate(divide="ignore"):  # classes never seen in training are left out, as eval does
-        log_priors = np.log(np.where(priors > 1e-6, priors, 0.0))
-    with torch.no_grad():
-        posts = {u: torch.log_softmax(_frame_logits(model, store[u], cfg.model.context), -1).double().numpy()
-                 for u in utts}
+    log_priors = decoding_log_priors(targets)  # as eval's search: unseen classes left out
+    posts = {u: utterance_log_posteriors(model, store[u], cfg.model.context) for u in utts}
 
     rows = []
     for prior, acoustic, duration in itertools.product(PRIOR_SCALES, ACOUSTIC_SCALES, MIN_DURATIONS):
@@ -66,12 +65,9 @@ def main(argv: list[str]) -> int:
                                   min_duration=duration, acoustic_scale=acoustic, silence_id=targets.silence_id)
                 for u in utts}
 
-        def score(group):
-            return error_rate([refs[u] for u in group], [hyps[u] for u in group])
-
-        fold_scores = [score(folds[0]), score(folds[1])]
+        fold_scores = [_score(refs, hyps, folds[0]), _score(refs, hyps, folds[1])]
         rows.append({"prior_scale": prior, "acoustic_scale": acoustic, "min_duration": duration,
-                     "per": score(utts)["rate"], "per_fold": [f["rate"] for f in fold_scores],
+                     "per": _score(refs, hyps, utts)["rate"], "per_fold": [f["rate"] for f in fold_scores],
                      "errors_fold": [f["errors"] for f in fold_scores],
                      "phones_fold": [f["ref_length"] for f in fold_scores]})
         print(json.dumps(rows[-1]), flush=True)

@@ -40,6 +40,26 @@ def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> to
     return model(torch.from_numpy(splice(feats, context)))
 
 
+def frame_log_posteriors(logits: torch.Tensor) -> np.ndarray:
+    """A frame model's log posteriors per frame, float64, as the phone-loop search takes them."""
+    return torch.log_softmax(logits, -1).double().numpy()
+
+
+@torch.no_grad()
+def utterance_log_posteriors(model: torch.nn.Module, feats: np.ndarray, context: int) -> np.ndarray:
+    """`frame_log_posteriors` of a frame model on one utterance's features."""
+    return frame_log_posteriors(_frame_logits(model, feats, context))
+
+
+def decoding_log_priors(targets: Targets) -> np.ndarray:
+    """The classes' log priors the phone-loop search divides by (times eval.prior_scale). Classes
+    never seen in training carry only the smoothing floor; dividing by it would favour them by
+    ~16 nats, so they are left out of decoding (log prior -inf)."""
+    priors = np.asarray(targets.priors, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.log(np.where(priors > 1e-6, priors, 0.0))
+
+
 @torch.no_grad()
 def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cfg,
                    max_utterances: int | None = None, details: bool = False, adapt: bool = False) -> dict:
@@ -66,11 +86,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
     labels = frame_labels(split_dir, targets, alignments)
     ref_phones = phone_sequences(alignments, targets.silence_id)
     utt_ids = [u for u in utt_ids if u in labels]  # `asrdist align` leaves out utterances with unknown words
-    priors = np.asarray(targets.priors, dtype=np.float64)
-    # Classes never seen in training carry only the smoothing floor; dividing by it would favour
-    # them by ~16 nats, so they are left out of decoding (log prior -inf).
-    with np.errstate(divide="ignore"):
-        log_priors = np.log(np.where(priors > 1e-6, priors, 0.0))
+    log_priors = decoding_log_priors(targets)
     loss_sum, correct, frames = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
@@ -82,7 +98,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
         loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(-1) == y).sum())
         frames += t
-        log_post = torch.log_softmax(logits, -1).double().numpy()
+        log_post = frame_log_posteriors(logits)
         try:
             hyps.append(viterbi_decode(log_post, cfg.eval.prior_scale * log_priors, targets.class_to_phone,
                                        targets.bigram, min_duration=cfg.eval.min_duration,
