@@ -3,6 +3,7 @@ byte of the model's message, on loopback or the emulated cluster network. The si
 figures come from here (`asrdist bench simulator`, `compare`'s step cost)."""
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import time
@@ -14,6 +15,12 @@ import torch.distributed as dist
 
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
+from asrdist.utils.machine import machine_busy_seconds
+
+MACHINE_SECONDS = 1.0
+"""Seconds of back-to-back one-way messages over which the machine's CPU is counted (and as long a
+pause after them, for its busy rate without messages)."""
+MAX_MACHINE_MESSAGES = 1000
 
 
 def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
@@ -21,7 +28,10 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     one-way message of `floats` float32 values from rank 0 to rank 1, then as many pairwise
     exchanges as ADPSGD's (a header, then both learners' messages at once, one each way). Returns
     this learner's wall seconds (the receiver's for one-way messages) and its process CPU seconds
-    (all threads: gloo's and the kernel's copies) of every message."""
+    (all threads: gloo's and the kernel's copies) of every message; then (`machine`, rank 0) the
+    whole machine's busy CPU seconds over about MACHINE_SECONDS of back-to-back one-way messages
+    and over as long a pause, which also count the kernel's network work outside the processes
+    (softirq: the emulated links' queues, the receiving side)."""
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -60,24 +70,64 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
             seconds.append(time.perf_counter() - t0)
             cpu_seconds.append(cpu() - c0)
         out[name] = {"seconds": seconds, "cpu_seconds": cpu_seconds}
+    out["machine"] = _machine_cpu(spec.rank, one_way, out["one_way"]["seconds"])
     dist.barrier()
     return out
+
+
+def _machine_cpu(rank: int, one_way, seconds: list[float]) -> dict[str, float] | None:
+    """Rank 0's reading of the machine's busy CPU seconds over `messages` back-to-back one-way
+    messages and over a pause as long (rank 1 waiting in a barrier); None without /proc/stat."""
+    count = torch.tensor([min(MAX_MACHINE_MESSAGES, max(1, math.ceil(MACHINE_SECONDS / max(min(seconds), 1e-6))))])
+    dist.broadcast(count, 0)  # the sender's timing decides; both must send / receive as many
+    dist.barrier()
+    b0, t0 = machine_busy_seconds(), time.perf_counter()
+    for _ in range(int(count)):
+        one_way()
+    dist.barrier()
+    b1, t1 = machine_busy_seconds(), time.perf_counter()
+    if rank == 0:
+        time.sleep(t1 - t0)
+    dist.barrier()
+    b2, t2 = machine_busy_seconds(), time.perf_counter()
+    if rank != 0 or None in (b0, b1, b2):
+        return None
+    return {"messages": int(count), "busy_seconds": b1 - b0, "seconds": t1 - t0,
+            "pause_busy_seconds": b2 - b1, "pause_seconds": t2 - t1}
 
 
 def measure_link(network: str, values: int, repeats: int, timeout: float) -> dict[str, float]:
     """The link between two learners on this machine's `network` (emulated hosts, or loopback)
     carrying the model's `values` float32: `bytes_per_second` of one message one way (what a
     learner's collectives see), `duplex` (the share of that rate each direction keeps while an
-    exchange sends both ways at once: 1 on a full-duplex link), and `cpu_seconds_per_byte` (both
-    learners' process CPU per byte one sends and the other receives, halved: a learner's CPU per
-    byte it sends or receives). Medians of `repeats`."""
+    exchange sends both ways at once: 1 on a full-duplex link), and `cpu_seconds_per_byte` (the
+    CPU one message costs, per byte one learner sends and the other receives, halved: a learner's
+    CPU per byte it sends or receives). That CPU is the machine's (`machine_cpu_seconds_per_byte`:
+    its busy CPU over back-to-back messages less its busy rate in a pause as long, so the kernel's
+    network work outside the two processes counts too), or where the machine's cannot be read, the
+    two processes' (`process_cpu_seconds_per_byte`, their rusage: gloo's threads and the kernel
+    work done on their behalf). Medians of `repeats`."""
     sender, receiver = run_learners("asrdist.sim.link", "link_timing", 2, network=network,
                                     args={"floats": values, "repeats": repeats}, timeout=timeout)
     size = 4 * values
     one_way = statistics.median(receiver["one_way"]["seconds"])
     exchange = statistics.median(sender["exchange"]["seconds"])
-    cpu = statistics.median(a + b for a, b in zip(sender["one_way"]["cpu_seconds"],
-                                                  receiver["one_way"]["cpu_seconds"]))
+    process = statistics.median(a + b for a, b in zip(sender["one_way"]["cpu_seconds"],
+                                                      receiver["one_way"]["cpu_seconds"])) / (2 * size)
+    machine = machine_cpu_seconds_per_byte(sender.get("machine"), size)
     return {"bytes_per_second": size / one_way, "duplex": min(one_way / exchange, 1.0),
-            "cpu_seconds_per_byte": cpu / (2 * size), "one_way_seconds": one_way, "exchange_seconds": exchange,
-            "bytes": size, "repeats": repeats}
+            "cpu_seconds_per_byte": machine if machine is not None else process,
+            "cpu_source": "machine" if machine is not None else "processes",
+            "machine_cpu_seconds_per_byte": machine, "process_cpu_seconds_per_byte": process,
+            "machine_reading": sender.get("machine"),
+            "one_way_seconds": one_way, "exchange_seconds": exchange, "bytes": size, "repeats": repeats}
+
+
+def machine_cpu_seconds_per_byte(reading: dict[str, float] | None, size: int) -> float | None:
+    """From `_machine_cpu`'s reading of messages of `size` bytes: the machine's busy CPU over the
+    messages less its pause's busy rate over as long, per message, per byte sent and received
+    (halved); None without a reading. Never below 0 (a busier pause than the messages)."""
+    if not reading or reading["messages"] < 1 or reading["pause_seconds"] <= 0:
+        return None
+    background = reading["pause_busy_seconds"] * reading["seconds"] / reading["pause_seconds"]
+    return max(0.0, reading["busy_seconds"] - background) / reading["messages"] / (2 * size)

@@ -24,6 +24,23 @@ def median_seconds(fn: Callable[[], object], repeats: int,
     return statistics.median(times)
 
 
+def machine_busy_seconds(stat: str = "/proc/stat") -> float | None:
+    """CPU seconds every core of the machine has spent busy since boot (user, nice, system, irq,
+    softirq, steal: all but idle and iowait), from `stat`'s first line; None where there is no
+    such file (not Linux). Unlike a process's rusage, this counts the kernel's network work done
+    outside any process (softirq), which a message between two learners costs too."""
+    try:
+        with open(stat, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 5:
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def machine_info() -> dict:
     return {
         "hostname": platform.node(),

@@ -1,0 +1,45 @@
+"""The link microbenchmark's CPU per byte: the machine's busy CPU over back-to-back messages, less
+its busy rate in a pause as long (asrdist.sim.link), read from /proc/stat (asrdist.utils.machine)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from asrdist.sim.link import machine_cpu_seconds_per_byte, measure_link
+from asrdist.utils.machine import machine_busy_seconds
+
+
+def test_the_machine_busy_seconds_leave_out_idle_and_iowait(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal (ticks)
+    stat.write_text("cpu  100 5 40 1000 30 1 20 4 0 0\ncpu0 50 2 20 500 15 0 10 2 0 0\n")
+    assert machine_busy_seconds(str(stat)) == pytest.approx((100 + 5 + 40 + 1 + 20 + 4) / os.sysconf("SC_CLK_TCK"))
+
+
+def test_no_machine_reading_without_a_cpu_line(tmp_path):
+    assert machine_busy_seconds(str(tmp_path / "missing")) is None
+    (tmp_path / "other").write_text("intr 1 2 3\n")
+    assert machine_busy_seconds(str(tmp_path / "other")) is None
+
+
+def test_the_pause_s_busy_rate_is_taken_off_per_message_and_byte():
+    reading = {"messages": 10, "busy_seconds": 1.0, "seconds": 2.0, "pause_busy_seconds": 0.1, "pause_seconds": 1.0}
+    # background over the messages' 2 s: 0.2 s; 0.8 s over 10 messages of 1e6 bytes sent and received
+    assert machine_cpu_seconds_per_byte(reading, 1_000_000) == pytest.approx(0.8 / 10 / 2e6)
+    busier_pause = dict(reading, pause_busy_seconds=1.0)
+    assert machine_cpu_seconds_per_byte(busier_pause, 1_000_000) == 0.0
+    assert machine_cpu_seconds_per_byte(None, 1_000_000) is None
+    assert machine_cpu_seconds_per_byte(dict(reading, pause_seconds=0.0), 1_000_000) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the machine's CPU is read from /proc/stat")
+def test_the_link_on_loopback_reports_the_machine_s_cpu_beside_the_processes():
+    link = measure_link("loopback", 250_000, repeats=3, timeout=120)
+    assert link["cpu_source"] == "machine"
+    assert link["cpu_seconds_per_byte"] == link["machine_cpu_seconds_per_byte"] >= 0
+    assert link["process_cpu_seconds_per_byte"] > 0
+    reading = link["machine_reading"]
+    assert reading["messages"] >= 1 and reading["seconds"] > 0 and reading["pause_seconds"] > 0
+    assert link["bytes"] == 1_000_000 and link["bytes_per_second"] > 0
