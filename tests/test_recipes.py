@@ -3,6 +3,8 @@ replaces the compared recipe's whole, its strategy keys are set, the user's over
 and a bad recipe file is a one-line error naming it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asrdist.compare.recipes import recipe_overrides, recipes_for
@@ -57,3 +59,36 @@ def test_a_bad_recipe_file_is_one_line_naming_it(tmp_path, text, message):
         recipe_overrides("sync", tmp_path)
     assert str(tmp_path / "sync.yaml") in str(info.value) and "\n" not in str(info.value)
     assert recipe_overrides("onebit", tmp_path) == []  # no file: the compared recipe
+
+
+def test_a_recipes_own_variant_for_a_strategy_replaces_the_papers_recipe(corpus, tmp_path):
+    compared = tmp_path / "mine.yaml"
+    compared.write_text(CONFIG.read_text())
+    (tmp_path / "mine_onebit.yaml").write_text(
+        "model:\n  hidden_dim: 7\n"  # left out: the comparison keeps the compared recipe's model
+        "optim:\n  name: adagrad\n  lr: 10.0\n  adagrad_skip_unseen: true\n"
+        "strategy:\n  name: onebit\n  double_buffering: true\n")
+    recipes = recipes_for(["sync", "onebit", "averaging"], same_recipe=False, config=compared)
+    assert recipes["averaging"] == recipe_overrides("averaging")  # no variant: configs/recipes/
+    configs = resolve_all(compared, ["sync", "onebit", "averaging"], 2, corpus, TINY, recipes=recipes)
+    onebit = configs["onebit"]
+    assert (onebit.optim.name, onebit.optim.lr, onebit.optim.momentum) == ("adagrad", 10.0, 0.0)
+    assert onebit.strategy.double_buffering
+    assert onebit.model == configs["sync"].model
+    assert recipes_for(["onebit"], same_recipe=True, config=compared) == {"onebit": []}
+
+
+def test_a_variant_naming_another_strategy_is_one_line(tmp_path):
+    compared = tmp_path / "mine.yaml"
+    compared.write_text(CONFIG.read_text())
+    (tmp_path / "mine_onebit.yaml").write_text("strategy:\n  name: sync\n")
+    with pytest.raises(ConfigError, match="strategy.name is 'sync', but the file name says 'onebit'") as info:
+        recipes_for(["onebit"], same_recipe=False, config=compared)
+    assert "mine_onebit.yaml" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_an4_character_recipe_compares_onebit_with_its_own_variant():
+    an4 = Path(__file__).resolve().parents[1] / "configs" / "an4_chars.yaml"
+    overrides = recipes_for(["onebit", "sync"], same_recipe=False, config=an4)
+    assert "optim.lr=10.0" in overrides["onebit"] and "optim.name=\"adagrad\"" in overrides["onebit"]
+    assert overrides["sync"] == []

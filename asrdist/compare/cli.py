@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
                    help="error rate (the runs' PER, CER or WER) each run's time is measured to (default: within "
                         "5%% relative of the best final figure among the runs)")
     p.add_argument("--same-recipe", action="store_true",
-                   help="train every strategy with CONFIG's optimizer (default: each its own, configs/recipes/)")
+                   help="train every strategy with CONFIG's optimizer (default: each its own: CONFIG's variant "
+                        "beside it, CONFIG-stem_STRATEGY.yaml, where there is one, else configs/recipes/)")
     add_emulated_cluster_options(p, "every run but single's")
     p.set_defaults(func=compare_command)
 
@@ -54,7 +55,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
     hosts = Hosts(nodes, network)
-    recipes = recipes_for(names, same_recipe)
+    recipes = recipes_for(names, same_recipe, config)
     configs = resolve_all(config, names, learners, data, overrides, hosts, recipes=recipes)
     failed: dict[str, str] = {}
     run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes)

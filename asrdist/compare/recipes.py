@@ -4,7 +4,13 @@ settings on the compared recipe's model and data (configs/recipes/<strategy>.yam
 section (a key it leaves out takes its default, so nothing of another optimizer leaks in); its
 `strategy` keys are set on the strategy. A strategy without a file (single, sync, ...) keeps
 the compared recipe. The recipes become `section.key=value` overrides placed before the user's,
-so the user's overrides still apply to every run."""
+so the user's overrides still apply to every run.
+
+A compared recipe may carry its own variant for a strategy beside it: for `configs/an4_chars.yaml`
+and onebit, `configs/an4_chars_onebit.yaml`. Where one exists, that strategy takes the variant's
+`optim` section and `strategy` keys (its other sections are left out: the comparison keeps the
+compared recipe's model and data) instead of configs/recipes/<strategy>.yaml, which was chosen on
+another model."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,13 +31,42 @@ def recipe_overrides(strategy: str, recipes_dir: Path = RECIPES_DIR) -> list[str
     path = recipes_dir / f"{strategy}.yaml"
     if not path.is_file():
         return []
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML ({' '.join(str(exc).split())})") from None
+    tree = _read(path)
     unknown = sorted(map(str, set(tree) - set(_SECTIONS))) if isinstance(tree, dict) else ["(not a mapping)"]
     if unknown:
         raise ConfigError(f"{path}: unknown recipe section '{unknown[0]}' (a recipe holds {', '.join(_SECTIONS)})")
+    return _overrides(tree, path)
+
+
+def variant_path(config: Path, strategy: str) -> Path:
+    """Where the compared recipe `config` keeps its own variant for `strategy`."""
+    return config.with_name(f"{config.stem}_{strategy}{config.suffix}")
+
+
+def variant_overrides(config: Path, strategy: str) -> list[str] | None:
+    """The `optim` section and `strategy` keys (but its name) of `config`'s own variant for
+    `strategy` as overrides; None when there is no such file."""
+    path = variant_path(config, strategy)
+    if not path.is_file():
+        return None
+    tree = _read(path)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: a recipe is a mapping of sections")
+    strategy_keys = dict(tree.get("strategy") or {})
+    named = strategy_keys.pop("name", strategy)
+    if named != strategy:
+        raise ConfigError(f"{path}: strategy.name is {named!r}, but the file name says {strategy!r}")
+    return _overrides({"optim": tree.get("optim") or {}, "strategy": strategy_keys}, path)
+
+
+def _read(path: Path):
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML ({' '.join(str(exc).split())})") from None
+
+
+def _overrides(tree: dict, path: Path) -> list[str]:
     optim = tree.get("optim") or {}
     fields = {f.name: f for f in dataclasses.fields(OptimConfig)}
     bad = sorted(set(optim) - set(fields))
@@ -47,6 +82,13 @@ def recipe_overrides(strategy: str, recipes_dir: Path = RECIPES_DIR) -> list[str
     return out
 
 
-def recipes_for(strategies: list[str], same_recipe: bool) -> dict[str, list[str]]:
-    """strategy -> the overrides of its recipe ([] for every strategy with `same_recipe`)."""
-    return {name: [] if same_recipe else recipe_overrides(name) for name in strategies}
+def recipes_for(strategies: list[str], same_recipe: bool, config: Path | None = None) -> dict[str, list[str]]:
+    """strategy -> the overrides of its recipe ([] for every strategy with `same_recipe`): the
+    compared recipe `config`'s own variant for it where there is one, else configs/recipes/'s."""
+    if same_recipe:
+        return {name: [] for name in strategies}
+    out = {}
+    for name in strategies:
+        own = variant_overrides(Path(config), name) if config is not None else None
+        out[name] = own if own is not None else recipe_overrides(name)
+    return out
