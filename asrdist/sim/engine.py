@@ -250,13 +250,12 @@ class _Simulation:
         total = sum(b[0].values for b in buckets) or 1
         for step in range(self.steps):
             work, sleep = self.draw_compute(me.rank)
-            compute = work + sleep
-            backward_start = self.env.now + compute * (1 - s.backward_share)
-            stream = self.env.process(self._bucket_stream(me, buckets, step, overlap, backward_start,
-                                                          compute * s.backward_share, total))
-            yield from self.compute(me, work, sleep)
             t0 = self.env.now
-            yield stream
+            stream = yield from self._compute_launching(me, work, sleep, buckets, step, overlap, total)
+            me.compute += self.env.now - t0
+            t0 = self.env.now
+            if stream is not None:
+                yield stream
             if buckets and s.mean_cost:
                 yield from self.cpu(me, s.mean_cost * s.values)
             me.wait += self.env.now - t0
@@ -264,6 +263,34 @@ class _Simulation:
             me.steps += 1
             me.frames += s.local_batch
         me.done_at = self.env.now
+
+    def _compute_launching(self, me: _Learner, work: float, sleep: float, buckets: list[list[Transfer]], step: int,
+                           overlap: bool, total: int):
+        """A lock-step learner's compute (after its `sleep`): forward, then backward bucket by
+        bucket, each bucket's collectives launched once the backward work that produced it is done
+        (`overlap`; else all of them after backward), one bucket after another on the learner's
+        stream. On shared cores backward takes longer than its work, and the buckets wait for it.
+        Returns the stream's last process (None without buckets)."""
+        s = self.spec
+        yield self.env.timeout(sleep)
+        backward = work * s.backward_share
+        yield from self.cpu(me, work - backward)
+        stream, index = None, 0
+        pieces = [b[0].values / total for b in buckets] if overlap else [1.0] + [0.0] * (len(buckets) - 1)
+        for bucket, piece in zip(buckets, pieces):
+            if piece > 0:
+                yield from self.cpu(me, backward * piece)
+            stream = self.env.process(self._bucket_collectives(me, bucket, step, index, stream))
+            index += len(bucket)
+        if not buckets:
+            yield from self.cpu(me, backward)
+        return stream
+
+    def _bucket_collectives(self, me: _Learner, bucket: list[Transfer], step: int, index: int, previous):
+        if previous is not None:  # the stream issues the buckets in order
+            yield previous
+        for i, t in enumerate(bucket):
+            yield from self.collective(me, t, step, index + i, stalled=False)
 
     def _bucket_stream(self, me, buckets, step, overlap, backward_start, backward, total):
         done = 0
