@@ -53,7 +53,7 @@ def demo_command(args) -> int:
     corpus, flite, out = work / "corpus", work / "flite", work / "compare"
     # Kaldi's max-change keeps every strategy of the comparison stable at 4 learners (without it sync
     # and averaging diverge on this recipe within the first epoch); the baseline shares it
-    overrides = [f"train.epochs={args.epochs}", "optim.max_change=true"]
+    overrides = ([f"train.epochs={args.epochs}"] if args.epochs is not None else []) + ["optim.max_change=true"]
     _corpus(corpus, args.utterances, "espeak")
     _corpus(flite, args.flite_utterances, "flite")
     recipes = recipes_for(strategies, args.same_recipe, args.config)

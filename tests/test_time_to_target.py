@@ -79,3 +79,26 @@ def test_a_strategy_more_than_ten_percent_behind_sync_is_named_and_others_are_no
     lines = behind_sync(runs, "per")
     assert len(lines) == 1 and lines[0].startswith("onebit: PER 0.0555 is 11% above sync's 0.0500 after the same 2")
     assert behind_sync([r for r in runs if r["run"] != "sync"], "per") == []  # nothing to compare with
+
+
+def test_the_line_for_a_strategy_behind_sync_says_from_its_curve_whether_it_was_still_learning():
+    from asrdist.compare.target import behind_sync, last_epoch_drop
+
+    def curve(*values):
+        return [{"epoch": e + 1, "per": v} for e, v in enumerate(values)]
+
+    assert last_epoch_drop(curve(0.10, 0.08), "per") == pytest.approx(0.2)
+    assert last_epoch_drop(curve(0.10), "per") is None and last_epoch_drop([], "per") is None
+    sync = {"run": "sync", "strategy": "sync", "error_rate": 0.05, "epochs": 2, "failed": None,
+            "curve": curve(0.055, 0.05)}  # -9% over its last epoch
+    learning = {"run": "onebit", "strategy": "onebit", "error_rate": 0.08, "epochs": 2, "failed": None,
+                "curve": curve(0.12, 0.08)}  # -33%: still falling much faster than sync
+    levelled = {"run": "averaging", "strategy": "averaging", "error_rate": 0.08, "epochs": 2, "failed": None,
+                "curve": curve(0.082, 0.08)}  # -2%
+    lines = behind_sync([sync, learning, levelled], "per")
+    assert len(lines) == 2
+    assert "still learning when it stopped" in lines[0] and "fell 33% over its last epoch, sync's 9%" in lines[0]
+    assert "more epochs alone are unlikely to close it" in lines[1] and "fell 2% over its last epoch" in lines[1]
+    # a run of one validation has no slope to read: the line says only what is known
+    lone = behind_sync([sync, {**learning, "curve": curve(0.08)}], "per")
+    assert len(lone) == 1 and "may need more epochs or other settings" in lone[0]

@@ -86,22 +86,52 @@ SYNC_MARGIN = 0.10
 """DESIGN.md §7: every strategy, with its own recipe, within 10% relative of sync's error rate."""
 
 
+STILL_FALLING = 0.05
+"""A run whose error rate fell this much more (relative, over its last epoch) than sync's was still
+learning when it stopped."""
+
+
+def last_epoch_drop(curve: list[dict], metric: str) -> float | None:
+    """How much (relative) a run's validation error rate fell over its last epoch, from its curve
+    (`run_record`'s per-epoch points); None with fewer than two validations."""
+    values = [p[metric] for p in curve if p.get(metric) is not None]
+    if len(values) < 2 or not values[-2] > 0:
+        return None
+    return 1.0 - values[-1] / values[-2]
+
+
 def behind_sync(runs: list[dict], metric: str, margin: float = SYNC_MARGIN) -> list[str]:
     """A line for each run whose final error rate is more than `margin` (relative) above the sync
-    run's after the same epochs, so that a report never lets such a gap pass unsaid. Runs of other
-    epochs than sync's are not compared (their gap would say nothing about the strategy)."""
+    run's after the same epochs, so that a report never lets such a gap pass unsaid, with what its
+    curve says of why: still falling faster than sync's over the last epoch (it stopped while still
+    learning: more epochs of its recipe should narrow the gap) or not (the gap is the strategy's or
+    its recipe's, not too few epochs). Runs of other epochs than sync's are not compared (their gap
+    would say nothing about the strategy)."""
     sync = next((r for r in runs if r.get("strategy") == "sync" and not r.get("failed")
                  and r.get("error_rate") is not None), None)
     if sync is None or not sync["error_rate"] > 0:
         return []
+    sync_drop = last_epoch_drop(sync.get("curve") or [], metric)
     lines = []
     for r in runs:
         if r is sync or r.get("failed") or r.get("error_rate") is None or r.get("epochs") != sync.get("epochs"):
             continue
         gap = r["error_rate"] / sync["error_rate"] - 1
-        if gap > margin:
-            lines.append(f"{r['run']}: {metric.upper()} {r['error_rate']:.4f} is {gap:.0%} above sync's "
-                         f"{sync['error_rate']:.4f} after the same {sync['epochs']} epoch(s), beyond the "
-                         f"{margin:.0%} a strategy's own recipe aims for: its recipe may need more epochs or "
-                         f"other settings (docs/measurements.md)")
+        if gap <= margin:
+            continue
+        line = (f"{r['run']}: {metric.upper()} {r['error_rate']:.4f} is {gap:.0%} above sync's "
+                f"{sync['error_rate']:.4f} after the same {sync['epochs']} epoch(s), beyond the "
+                f"{margin:.0%} a strategy's own recipe aims for")
+        drop = last_epoch_drop(r.get("curve") or [], metric)
+        if drop is None or sync_drop is None:
+            line += ": its recipe may need more epochs or other settings (docs/measurements.md)"
+        elif drop > sync_drop + STILL_FALLING:
+            line += (f"; it was still learning when it stopped: its validation {metric.upper()} fell "
+                     f"{drop:.0%} over its last epoch, sync's {sync_drop:.0%}, so more epochs of its "
+                     f"recipe should narrow the gap (docs/measurements.md)")
+        else:
+            line += (f"; more epochs alone are unlikely to close it: its validation {metric.upper()} fell "
+                     f"{drop:.0%} over its last epoch, sync's {sync_drop:.0%} (its recipe or the strategy "
+                     f"costs accuracy here; docs/measurements.md)")
+        lines.append(line)
     return lines

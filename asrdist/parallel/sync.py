@@ -10,8 +10,8 @@
    is full its allreduce is launched asynchronously, buckets strictly in index order so that all
    learners issue the same collectives in the same order.
 4. `after_backward` launches what is left (a parameter without a gradient contributes zeros),
-   waits, divides by n and writes the mean into every p.grad; the optimizer then takes the same
-   step everywhere.
+   waits, divides by n and makes every p.grad a view of the mean in its bucket (no copy back, as
+   DDP's `gradient_as_bucket_view`); the optimizer then takes the same step everywhere.
 
 With `hierarchical` (auto: when the job spans more than one node) each bucket's allreduce is
 `hierarchical_allreduce`: reduce-scatter inside the node, allreduce of 1/L of the bucket across
@@ -187,10 +187,10 @@ class SyncStrategy(Strategy):
             bucket.pending.wait()
             bucket.flat.div_(n)
             for k, (p, view) in enumerate(zip(bucket.tensors, bucket.views)):
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
+                # the mean is handed over as a view of the bucket, not copied (DDP's
+                # gradient_as_bucket_view): the trainer's zero_grad(set_to_none) lets go of it before
+                # the next backward fills the bucket again
+                p.grad = view
                 bucket.ready[k] = False
             bucket.pending = None
         self._next_launch = 0
