@@ -29,6 +29,11 @@ def test_the_adpsgd_check_can_fail():
     assert copes_check(3.0, 1.5, 3.0)["passed"] is True
     assert copes_check(3.0, 2.0, 3.0)["passed"] is False  # 2.0 > 0.6 x 3.0
     assert copes_check(None, 1.5, 3.0)["passed"] is None
+    # beside the ratio: what the straggler cost each in time, and adpsgd's share of sync's loss
+    barely = copes_check(1.25, 1.05, 3.0)  # sync barely slowed: the ratio check fails...
+    assert barely["passed"] is False and barely["extra_time"] == pytest.approx({"sync": 0.25, "adpsgd": 0.05})
+    assert barely["adpsgd_extra_vs_sync"] == pytest.approx(0.2)  # ...though adpsgd lost a fifth of sync's time
+    assert copes_check(1.0, 1.2, 3.0)["adpsgd_extra_vs_sync"] is None  # sync lost nothing: no share
 
 
 def test_the_regime_says_how_far_a_straggler_can_slow_sync():

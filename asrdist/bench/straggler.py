@@ -148,11 +148,20 @@ def run(args) -> dict[str, Any]:
 
 def copes_check(sync_ratio: float | None, adpsgd_ratio: float | None, slowdown: float) -> dict[str, Any]:
     """The seeds' claim as a check: adpsgd's time-to-target ratio at most COPES_FACTOR x sync's
-    (`passed` None when a run never reached the target: no ratio to judge)."""
+    (`passed` None when a run never reached the target: no ratio to judge). Beside it, what the
+    straggler cost each in time (`extra_time`: ratio - 1) and adpsgd's share of sync's
+    (`adpsgd_extra_vs_sync`): where a straggler barely slows sync (communication-bound steps, or a
+    sleeping straggler lending its core to learners that share it), the ratio check cannot pass
+    however little adpsgd loses, and the share still says which strategy the slow learner hurt more."""
     passed = None if sync_ratio is None or adpsgd_ratio is None else adpsgd_ratio <= COPES_FACTOR * sync_ratio
+    extra = {"sync": None if sync_ratio is None else sync_ratio - 1.0,
+             "adpsgd": None if adpsgd_ratio is None else adpsgd_ratio - 1.0}
+    share = (extra["adpsgd"] / extra["sync"] if extra["sync"] is not None and extra["adpsgd"] is not None
+             and extra["sync"] > 0 else None)
     return {"passed": passed, "rule": f"adpsgd_time_to_target_ratio <= {COPES_FACTOR} x sync_time_to_target_ratio",
             "limit": None if sync_ratio is None else COPES_FACTOR * sync_ratio, "slowdown": slowdown,
-            "why_none": None if passed is not None else "a run did not reach the target"}
+            "why_none": None if passed is not None else "a run did not reach the target",
+            "extra_time": extra, "adpsgd_extra_vs_sync": share}
 
 
 def _label(network: str) -> str:
