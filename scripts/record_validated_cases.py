@@ -1,8 +1,9 @@
 """Rewrite asrdist/sim/validated_cases.json: the held-out rows of a fresh `asrdist simulate
---validate` and the rows of an `asrdist bench simulator` JSON (the argument; without it, the bench
-rows already recorded are kept).
+--validate` and the rows of `asrdist bench simulator` JSONs (the arguments: e.g. one run on emulated
+hosts and one with `--network loopback`, whose cases carry their placement; without arguments, the
+bench rows already recorded are kept).
 
-    .venv/bin/python scripts/record_validated_cases.py [BENCH_SIMULATOR_JSON]
+    .venv/bin/python scripts/record_validated_cases.py [BENCH_SIMULATOR_JSON ...]
 """
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from asrdist.sim.validate import validate
 
 def main(argv: list[str]) -> int:
     if argv:
-        bench = json.loads(Path(argv[0]).read_text())
-        cpu = cases_from_bench(bench)
-        load = bench.get("load_average", {}).get("before", ["?"])[0]
-        load = f"{load:.1f}" if isinstance(load, (int, float)) else load
-        note = (f"bench rows: `asrdist bench simulator` finished {bench.get('finished_at', 'at a time not recorded')} "
-                f"on {bench.get('cores')} cores at a load average of {load}; paper rows: `asrdist simulate --validate` "
-                f"(held out)")
+        cpu, notes = [], []
+        for path in argv:
+            bench = json.loads(Path(path).read_text())
+            cpu += cases_from_bench(bench)
+            load = bench.get("load_average", {}).get("before", ["?"])[0]
+            load = f"{load:.1f}" if isinstance(load, (int, float)) else load
+            notes.append(f"`asrdist bench simulator` on {bench.get('network')} finished "
+                         f"{bench.get('finished_at', 'at a time not recorded')} on {bench.get('cores')} cores at a "
+                         f"load average of {load}")
+        note = f"bench rows: {'; '.join(notes)}; paper rows: `asrdist simulate --validate` (held out)"
     else:
         cpu = [c for c in load_cases() if c.device == "cpu"] if RECORD.is_file() else []
         note = json.loads(RECORD.read_text()).get("note", "") if RECORD.is_file() else ""

@@ -195,6 +195,22 @@ def test_every_prediction_carries_the_error_of_its_nearest_validated_case(tmp_pa
     assert nearest("hybrid", 64, "gpu", cases).case == "b"  # else its family, nearest in size
     assert nearest("adpsgd", 64, "cpu", cases).case == "c"  # the same kind of learner first
     assert nearest("sync", 2, "gpu", []) is None
+    # learners sharing one host (loopback) take a loopback case before a closer one on hosts of their own
+    placed = [ValidatedCase("b", "hosts", "sync", 4, "cpu", 0.05),
+              ValidatedCase("b", "loopback", "sync", 2, "cpu", 1.3, "loopback"),
+              ValidatedCase("b", "lone", "sync", 1, "cpu", 0.01, "loopback")]
+    assert nearest("sync", 4, "cpu", placed, placement="loopback").case == "loopback"
+    assert nearest("sync", 4, "cpu", placed, placement="hosts").case == "hosts"
+    assert nearest("single", 1, "cpu", placed, placement="hosts").case == "lone"  # a lone learner is anywhere
+    with pytest.raises(ValueError, match="placement"):
+        nearest("sync", 4, "cpu", placed, placement="cloud")
+    from asrdist.sim.uncertainty import cases_from_bench, placement_of
+    assert placement_of(4, 1, "loopback") == "loopback" and placement_of(4, None, None) == "loopback"
+    assert placement_of(4, 4, "emulated-1gbit-nodelay") == "hosts" and placement_of(4, 2, "emulated-10gbit") == "hosts"
+    bench = {"network": "loopback", "cores": 2, "load_average": {"before": [0.5]},
+             "predictions": {"sync": {"2": {"relative_error": 1.2}}}}
+    assert [c.placement for c in cases_from_bench(bench)] == ["loopback"]
+    assert [c.placement for c in cases_from_bench({**bench, "network": "emulated-1gbit"})] == ["hosts"]
     out = tmp_path / "sim.json"
     assert main(["simulate", "--cluster", "2x2", "--network", "1gbit", "--json", str(out)]) == 0
     ranking = json.loads(out.read_text())["ranking"]
@@ -341,9 +357,13 @@ def test_a_comparisons_simulated_runs_carry_their_nearest_validated_case():
     from asrdist.compare.prediction import nearest_validated, uncertainty_line
     from asrdist.sim.uncertainty import load_cases, nearest
 
-    record = {"run": "adpsgd", "strategy": "adpsgd", "learners": 4, "predicted_frames_per_second": 1000.0}
+    record = {"run": "adpsgd", "strategy": "adpsgd", "learners": 4, "predicted_frames_per_second": 1000.0,
+              "nodes": 1, "network": "loopback"}
     case = nearest_validated(record)
-    assert case["case"] == nearest("adpsgd", 4, "cpu").case and case["case"] in [c.case for c in load_cases()]
+    assert case["case"] == nearest("adpsgd", 4, "cpu", placement="loopback").case
+    assert case["case"] in [c.case for c in load_cases()]
+    on_hosts = nearest_validated({**record, "nodes": 4, "network": "emulated-1gbit-nodelay"})
+    assert on_hosts["case"] == nearest("adpsgd", 4, "cpu", placement="hosts").case
     assert nearest_validated({**record, "predicted_frames_per_second": None}) is None  # nothing predicted
     line = uncertainty_line({"runs": [{**record, "prediction_nearest_validated": case}, {"run": "failed"}]})
     assert f"adpsgd {100 * case['relative_error']:+.0f}%" in line and case["case"] in line

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from asrdist.errors import AsrdistError
-from asrdist.sim.uncertainty import describe, nearest
+from asrdist.sim.uncertainty import describe, nearest, placement_of
 
 
 def nearest_validated(record: dict) -> dict | None:
@@ -15,7 +15,8 @@ def nearest_validated(record: dict) -> dict | None:
     if record.get("predicted_frames_per_second") is None or not record.get("learners"):
         return None
     try:
-        return describe(nearest(record["strategy"], record["learners"], "cpu"))
+        return describe(nearest(record["strategy"], record["learners"], "cpu",
+                                placement=placement_of(record["learners"], record.get("nodes"), record.get("network"))))
     except AsrdistError:
         return None
 

@@ -8,8 +8,10 @@ machine, predicted from microbenchmarks). `scripts/record_validated_cases.py` re
 bench JSON and a fresh `--validate`; a test checks that its paper rows are what `--validate` gives.
 
 Nearest: the same kind of learner first (GPU presets or measured CPU compute), then the same
-strategy (or one of its family: the asynchronous ADPSGD variants), then the closest learner count
-(in powers of two).
+placement of several learners (all on one host, talking over its loopback, or each on a host of its
+own: learners that share one host's cores and kernel wait on each other in ways the simulator does
+not model, and its errors there are of another size), then the same strategy (or one of its family:
+the asynchronous ADPSGD variants), then the closest learner count (in powers of two).
 """
 from __future__ import annotations
 
@@ -36,6 +38,17 @@ class ValidatedCase:
     """gpu (the device presets) or cpu (measured compute per frame)."""
     relative_error: float
     """(predicted - measured) / measured."""
+    placement: str = "hosts"
+    """Where several learners ran: `loopback` (one host) or `hosts` (a host per learner or node:
+    the papers' clusters, emulated hosts). A lone learner's case matches either."""
+
+
+PLACEMENTS = ("loopback", "hosts")
+
+
+def placement_of(learners: int, nodes: int | None, network: str | None) -> str:
+    """`loopback` when several learners share one host (one node, or the loopback network), else `hosts`."""
+    return "loopback" if learners > 1 and ((nodes or 1) <= 1 or network in (None, "loopback")) else "hosts"
 
 
 def load_cases(path: Path = RECORD) -> list[ValidatedCase]:
@@ -46,20 +59,24 @@ def load_cases(path: Path = RECORD) -> list[ValidatedCase]:
         raise DataError(f"{path}: not a record of validated cases ({exc})") from None
 
 
-def _distance(case: ValidatedCase, strategy: str, learners: int, device: str) -> float:
+def _distance(case: ValidatedCase, strategy: str, learners: int, device: str, placement: str) -> float:
     if case.strategy == strategy:
         apart = 0.0
     else:
         apart = 5.0 if case.strategy in ASYNCHRONOUS and strategy in ASYNCHRONOUS else 10.0
-    return (100.0 if case.device != device else 0.0) + apart + abs(math.log2(case.learners) - math.log2(learners))
+    placed = 50.0 if case.placement != placement and case.learners > 1 and learners > 1 else 0.0
+    return ((100.0 if case.device != device else 0.0) + placed + apart
+            + abs(math.log2(case.learners) - math.log2(learners)))
 
 
-def nearest(strategy: str, learners: int, device: str, cases: list[ValidatedCase] | None = None
-            ) -> ValidatedCase | None:
+def nearest(strategy: str, learners: int, device: str, cases: list[ValidatedCase] | None = None,
+            placement: str = "hosts") -> ValidatedCase | None:
     """The validated case nearest a prediction (see the module docstring); None without cases."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement {placement!r}: one of {', '.join(PLACEMENTS)}")
     cases = load_cases() if cases is None else cases
     strategy = "sync" if strategy == "single" else strategy  # a lone learner is validated as any other
-    return min(cases, key=lambda c: _distance(c, strategy, max(learners, 1), device), default=None)
+    return min(cases, key=lambda c: _distance(c, strategy, max(learners, 1), device, placement), default=None)
 
 
 def describe(case: ValidatedCase | None) -> dict | None:
@@ -75,9 +92,10 @@ def cases_from_validate(result: dict) -> list[ValidatedCase]:
 
 def cases_from_bench(result: dict) -> list[ValidatedCase]:
     """The rows of an `asrdist bench simulator` JSON."""
+    placement = "loopback" if result["network"] == "loopback" else "hosts"
     return [ValidatedCase("bench simulator", f"{name} on {n} learner(s), {result['network']}, {result['cores']} "
                                              f"cores, load {result['load_average']['before'][0]:.1f}",
-                          name, int(n), "cpu", row["relative_error"])
+                          name, int(n), "cpu", row["relative_error"], placement)
             for name, by_n in result["predictions"].items() for n, row in by_n.items()]
 
 
