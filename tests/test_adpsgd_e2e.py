@@ -60,7 +60,7 @@ def test_a_straggler_leaves_its_peers_more_of_the_epoch(corpus, tmp_path):
 
 def test_a_diverging_learner_is_named_by_its_own_error_not_by_a_signal(corpus, tmp_path, capsys):
     out = tmp_path / "run"
-    rc = main(["train", "configs/default.yaml", *TINY, "optim.lr=1e6", "--data", str(corpus), "--learners", "2",
+    rc = main(["train", "configs/default.yaml", *TINY, "optim.lr=1e6", "optim.max_change=false", "--data", str(corpus), "--learners", "2",
                "--strategy", "adpsgd", "--epochs", "1", "--out", str(out), "--no-progress"])
     assert rc != 0
     err = capsys.readouterr().err

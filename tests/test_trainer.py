@@ -89,7 +89,7 @@ def test_same_seed_same_parameters(corpus, tmp_path):
 
 
 def test_nan_loss_is_a_clear_error(corpus, tmp_path, capsys):
-    rc = _train(corpus, tmp_path / "nan", "optim.lr=1e30", "optim.nesterov=false", epochs=1)
+    rc = _train(corpus, tmp_path / "nan", "optim.lr=1e30", "optim.nesterov=false", "optim.max_change=false", epochs=1)
     assert rc != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("asrdist: error:") and "loss is" in err[-1]
