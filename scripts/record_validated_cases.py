@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
     measured = {c.placement for c in cpu}
     kept = [c for c in old_cpu if c.placement not in measured]
     if kept:
-        notes.insert(0, f"kept ({', '.join(sorted({c.placement for c in kept}))}): {old_note}")
-    note = "; ".join(notes) if argv else old_note
+        notes.insert(0, f"kept ({', '.join(sorted({c.placement for c in kept}))}): "
+                        f"{old_note.split('; paper rows:')[0]}")
+    note = "; ".join(notes) + "; paper rows: `asrdist simulate --validate` (held out)" if argv else old_note
     cpu = kept + cpu
     record(cases_from_validate(validate()) + cpu, note=note)
     print(f"wrote {RECORD}")
