@@ -52,7 +52,8 @@ def demo_command(args) -> int:
     work = args.workdir
     corpus, flite, out = work / "corpus", work / "flite", work / "compare"
     # Kaldi's max-change keeps every strategy of the comparison stable at 4 learners (without it sync
-    # and averaging diverge on this recipe within the first epoch); the baseline shares it
+    # and averaging diverge within the first epoch); configs/default.yaml has it on already, the
+    # override keeps it for a --config recipe that does not; the baseline shares it
     overrides = ([f"train.epochs={args.epochs}"] if args.epochs is not None else []) + ["optim.max_change=true"]
     _corpus(corpus, args.utterances, "espeak")
     _corpus(flite, args.flite_utterances, "flite")
