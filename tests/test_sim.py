@@ -368,3 +368,21 @@ def test_a_comparisons_simulated_runs_carry_their_nearest_validated_case():
     line = uncertainty_line({"runs": [{**record, "prediction_nearest_validated": case}, {"run": "failed"}]})
     assert f"adpsgd {100 * case['relative_error']:+.0f}%" in line and case["case"] in line
     assert uncertainty_line({"runs": [{"run": "failed"}]}) == ""
+
+
+def test_cpu_learners_code_onebit_on_the_cores_they_share_even_while_the_wire_is_busy():
+    """4 double-buffered onebit learners on one machine's 2 cores: the exchange of one minibatch
+    crosses a slow link while the next is computed. On a device of its own the wire would hide the
+    stripes' coding; CPU learners code on the cores their compute fills, so every second of every
+    learner's CPU work (compute, quantize, the owners' reduce, dequantize) takes the shared cores
+    and a step lasts at least their sum over the cores."""
+    import dataclasses
+
+    link = dataclasses.replace(LINKS["1gbit"], bandwidth=LINKS["1gbit"].bandwidth / 10)
+    cluster = Cluster(4, 1, link, link, shared_cores=2, one_machine=True, thread_speedup=1.0)
+    spec = SimSpec("onebit", strategy_config("onebit", {"double_buffering": True}), SHAPES, cluster, 1000, 2e-5,
+                   quantize_cost=1e-8, dequantize_cost=1e-8, steps=12)
+    values = sum(math.prod(s) for s in SHAPES)
+    compute = spec.local_batch * 2e-5
+    coding = (1e-8 + (1e-8 + 1e-8 / 4) + 1e-8) * values  # quantize, reduce its stripe, dequantize
+    assert simulate(spec).seconds_per_step >= 4 * (compute + coding) / 2 * 0.999

@@ -353,6 +353,14 @@ class _Simulation:
         me.done_at = self.env.now
 
     def _onebit_wire(self, me, across, step, cpu, chunks, stalled):
+        """The exchange's collectives and its `cpu` of coding, pipelined over `chunks`: a chunk is
+        coded while the next crosses the wire. On a dedicated device only the coding the wire does
+        not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
+        runs there, as the chunks arrive (all but the last chunk's during the wire), taking its
+        share of the cores from every learner's work."""
+        if self.cluster.shared_cores and cpu > 0:
+            yield from self._onebit_wire_on_cores(me, across, step, cpu, chunks, stalled)
+            return
         t0 = self.env.now
         for i, t in enumerate(across):
             yield from self.collective(me, t, step, 1 + i, stalled=stalled)
@@ -360,6 +368,17 @@ class _Simulation:
         extra = max(cpu - wire, 0.0) + min(cpu, wire) / chunks
         t1 = self.env.now
         yield from self.cpu(me, extra)
+        me.comm += self.env.now - t1
+        if stalled:
+            me.wait += self.env.now - t1
+
+    def _onebit_wire_on_cores(self, me, across, step, cpu, chunks, stalled):
+        overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks)))
+        for i, t in enumerate(across):
+            yield from self.collective(me, t, step, 1 + i, stalled=stalled)
+        t1 = self.env.now
+        yield overlapped
+        yield from self.cpu(me, cpu / chunks)
         me.comm += self.env.now - t1
         if stalled:
             me.wait += self.env.now - t1
