@@ -94,6 +94,45 @@ def test_no_timing_of_the_validated_runs_feeds_the_calibration(tone_corpus, tmp_
     assert all(s.startswith(("microbenchmark", "the corpus")) for s in sources.values())
 
 
+def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone_corpus, tmp_path, monkeypatch):
+    """With --run-repeats 3 every run trains three times, every run once per round; a row's
+    measured frames/s is the median of its repeats, and the spread between them is reported."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tone_corpus, corpus)
+    order: list[tuple[str, str]] = []
+    speeds = iter([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.5, 1.5, 1.5, 1.5])  # round 2 twice as fast
+
+    def fake_micro(configs, network, repeats, timeout):
+        return _micro(), {"link": {}, "corun": {"slowdown": 1.0}, "parameters": 1, "feature_dim": 40,
+                          "num_classes": 9, "first_recipe": "sync"}
+
+    def fake_train(config, configs, run_out, data, overrides, failed=None, hosts=None):
+        (name, cfg), = configs.items()
+        order.append((run_out.parent.name, name))
+        run_dir = run_out / name
+        run_dir.mkdir(parents=True)  # a repeat never reuses an earlier round's run
+        loop = 2.0 / next(speeds)
+        per = [{"frames": 10_000, "loop_seconds": loop, "train_seconds": loop}] * cfg.train.learners
+        (run_dir / "summary.json").write_text(json.dumps({
+            "strategy": name, "learners": cfg.train.learners, "final": {}, "wall_seconds": loop + 1,
+            "frames_per_second": 10_000 / loop * cfg.train.learners, "train_frames": 10_000 * cfg.train.learners,
+            "threads_per_learner": 1, "nodes": 1, "network": "loopback",
+            "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0, "per_learner": per}}))
+        return {name: run_dir}
+
+    monkeypatch.setattr(simulator, "measure_microbenchmarks", fake_micro)
+    monkeypatch.setattr(compare_runs, "train_missing", fake_train)
+    result = simulator.run(_args(corpus, tmp_path / "out", "--run-repeats", "3"))
+    assert [r for r, _ in order] == ["round1"] * 4 + ["round2"] * 4 + ["round3"] * 4
+    row = result["predictions"]["sync"]["2"]
+    assert row["measured_repeats"] == pytest.approx([10_000, 20_000, 15_000])
+    assert row["measured"] == pytest.approx(15_000)  # the median
+    assert row["measured_spread"] == pytest.approx(1.0)
+    assert row["relative_errors_by_repeat"][1] == pytest.approx((row["predicted"] - 20_000) / 20_000)
+    assert result["machine_noise"]["run_repeats"] == 3 and result["machine_noise"]["max_spread"] == pytest.approx(1.0)
+    assert "spread up to 100.0%" in simulator.format_result(result)
+
+
 def test_calibration_is_a_function_of_the_microbenchmarks_alone():
     import inspect
 
@@ -174,7 +213,7 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     out = tmp_path / "sim.json"
     assert main(["bench", "simulator", "--json", str(out), "--config", str(CONFIG), "--data", str(corpus),
                  "--out", str(tmp_path / "runs"), "--strategies", "adpsgd", "--learners", "1,2",
-                 "--network", "loopback", "--repeats", "2", "train.max_steps=20"]) == 0
+                 "--network", "loopback", "--repeats", "2", "--run-repeats", "1", "train.max_steps=20"]) == 0
     result = json.loads(out.read_text())
     for name in ("adpsgd",):
         for n in ("1", "2"):

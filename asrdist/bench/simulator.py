@@ -16,7 +16,11 @@
 3. Validation: the same runs trained for real (`asrdist train`, the recipe on the corpus, one
    learner per emulated host on `--network`, a lone learner on loopback), each run's frames/s
    from its summary.json (`asrdist.utils.throughput`: the job's frames over its longest learner's
-   loop). Each row: measured, predicted, relative error; target: every row within TARGET.
+   loop). Each run is trained `--run-repeats` times, in rounds (every run once, then every run
+   again), because this machine's speed is not steady: identical runs a minute apart have measured
+   4,508 and 8,862 frames/s. Each row: measured (the median over its repeats), every repeat,
+   their spread (max / min - 1: the noise the row's error is read against), predicted, relative
+   error; target: every row within TARGET.
 
 The default corpus is the built-in synthetic one, built once under OUT/corpus and reused (a cache:
 its features and audio never come from the runs).
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,6 +64,8 @@ DEFAULT_OUT = Path("runs/bench-simulator")
 DEFAULT_CONFIG = Path("configs/default.yaml")
 EPOCH_ENDS = 3
 """Epoch ends timed per learner count (the median)."""
+RUN_REPEATS = 2
+"""Trainings of each run (the module docstring says why)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"corpus cache and runs (default: {DEFAULT_OUT})")
     parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=5,
                         help="timings per microbenchmark (default 5; the median)")
+    parser.add_argument("--run-repeats", type=cli_number(int, at_least=1), default=RUN_REPEATS,
+                        help=f"times each run is trained, in rounds (default {RUN_REPEATS}; measured = the median)")
     parser.add_argument("--timeout", type=cli_number(float, above=0), default=300.0,
                         help="seconds for the link measurement's learners")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)
@@ -213,22 +222,38 @@ def resolve_runs(args, corpus: Path, strategies: list[str]) -> dict[tuple[str, i
 
 
 def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, int], dict]:
-    """Train every run (`asrdist train`) under `out`; (strategy, learners) -> what its summary.json
-    measured: frames/s (the one throughput), frames, longest loop seconds, threads, cores."""
+    """Train every run (`asrdist train`) `args.run_repeats` times under `out`, in rounds (every run
+    once, then every run again: a slow spell of the machine hits several runs, not every repeat of
+    one); (strategy, learners) -> what the summaries measured: frames/s (the one throughput; the
+    median over the repeats), every repeat's, their spread, and the first repeat's frames, longest
+    loop seconds, threads, cores and run directory."""
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
-    measured = {}
-    for (name, n), cfg in configs.items():
-        print(f"[bench simulator] training {name} on {n} learner(s)", flush=True)
-        run_dir = compare_runs.train_missing(args.config, {name: cfg}, out / f"learners{n}", corpus, overrides,
-                                hosts=_hosts(n, args.network))[name]
-        summary = compare_runs.load_summary(run_dir)
-        per = summary["comm"]["per_learner"]
-        measured[(name, n)] = {
-            "frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
-            "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
-            "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
-            "network": summary.get("network", "loopback"), "run": str(run_dir)}
-    return measured
+    repeats = getattr(args, "run_repeats", 1)
+    seen: dict[tuple[str, int], list[dict]] = {key: [] for key in configs}
+    for r in range(repeats):
+        base = out if repeats == 1 else out / f"round{r + 1}"
+        for (name, n), cfg in configs.items():
+            print(f"[bench simulator] training {name} on {n} learner(s)"
+                  + (f", round {r + 1} of {repeats}" if repeats > 1 else ""), flush=True)
+            run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
+                                                 hosts=_hosts(n, args.network))[name]
+            summary = compare_runs.load_summary(run_dir)
+            per = summary["comm"]["per_learner"]
+            seen[(name, n)].append({
+                "frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
+                "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
+                "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
+                "network": summary.get("network", "loopback"), "run": str(run_dir)})
+    return {key: repeated(runs) for key, runs in seen.items()}
+
+
+def repeated(runs: list[dict]) -> dict:
+    """One row's measurement from its repeats: the first's figures, frames/s the median of all,
+    `repeats_frames_per_second` and `spread` (max / min - 1; 0 for one run)."""
+    rates = [r["frames_per_second"] for r in runs]
+    return {**runs[0], "frames_per_second": statistics.median(rates), "repeats_frames_per_second": rates,
+            "spread": max(rates) / min(rates) - 1.0 if min(rates) > 0 else float("inf"),
+            "runs": [r["run"] for r in runs]}
 
 
 def run(args) -> dict[str, Any]:
@@ -269,12 +294,22 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
         rows.setdefault(name, {})[str(n)] = {
             "measured": m["frames_per_second"], "predicted": p.frames_per_second, "relative_error": error,
             "within_target": abs(error) <= TARGET, "predicted_comm_share": p.comm_share,
-            "predicted_wait_share": p.wait_share, "measured_run": m}
+            "predicted_wait_share": p.wait_share, "measured_repeats": m["repeats_frames_per_second"],
+            "measured_spread": m["spread"],
+            "relative_errors_by_repeat": [(p.frames_per_second - x) / x for x in m["repeats_frames_per_second"]],
+            "measured_run": m}
+    spreads = [m["spread"] for m in measured.values()]
     return {
         "predictions": rows,
         "max_relative_error": worst,
         "target": TARGET,
         "all_within_target": worst <= TARGET,
+        "machine_noise": {
+            "run_repeats": len(next(iter(measured.values()))["repeats_frames_per_second"]) if measured else 0,
+            "max_spread": max(spreads, default=0.0), "median_spread": statistics.median(spreads) if spreads else 0.0,
+            "note": "each run trained again in later rounds, nothing changed; spread = its fastest repeat's "
+                    "frames/s over its slowest's, less 1: how far this machine's speed moved between identical "
+                    "runs, against which each row's error is read"},
         "throughput": "the job's training frames over its longest learner's loop seconds, epoch ends included "
                       "(asrdist.utils.throughput), for the runs and the simulator alike",
         "network": _network_label(args.network),
@@ -302,12 +337,14 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
 
 
 def format_result(result: dict) -> str:
-    lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'predicted':>10s} {'error':>8s}"]
+    lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'spread':>7s} {'predicted':>10s} {'error':>8s}"]
     for name, by_n in result["predictions"].items():
         for n, r in by_n.items():
-            lines.append(f"{name:12s} {n:>8s} {r['measured']:10,.0f} {r['predicted']:10,.0f} "
-                         f"{100 * r['relative_error']:+7.1f}%")
+            lines.append(f"{name:12s} {n:>8s} {r['measured']:10,.0f} {100 * r['measured_spread']:6.1f}% "
+                         f"{r['predicted']:10,.0f} {100 * r['relative_error']:+7.1f}%")
     lines.append(f"largest error {100 * result['max_relative_error']:.1f}% (target {100 * result['target']:.0f}%), "
                  f"frames/s on {result['cores']} cores, network {result['network']}, load "
-                 f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}")
+                 f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}; "
+                 f"identical runs' spread up to {100 * result['machine_noise']['max_spread']:.1f}% "
+                 f"({result['machine_noise']['run_repeats']} repeats each)")
     return "\n".join(lines)
