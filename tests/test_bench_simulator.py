@@ -223,5 +223,6 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     micro = result["calibration"]["microbenchmarks"]
     assert set(micro["step_seconds_per_frame"]) == {"1x2", "2x1"} or micro["cores"] != 2
     assert micro["link_bytes_per_second"] > 0 and len(result["load_average"]["before"]) == 3
+    assert micro["link_latency_seconds"] == result["calibration"]["link_measurement"]["latency_seconds"] > 0
     assert micro["onebit_exchange_seconds_per_value"] > 0 and micro["corun_slowdown"] > 0
     assert result["calibration"]["corun_measurement"]["siblings"] == len(os.sched_getaffinity(0)) - 1

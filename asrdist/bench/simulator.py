@@ -10,7 +10,8 @@
    arithmetic slows when every core computes (`asrdist.bench.corun`), a parameter average and
    sync's gradient mean per value, and the link between two learners on the emulated network
    carrying the model (`measure_link`: its rate one way, the share of it each direction
-   keeps in a pairwise exchange, the learners' CPU per byte). `asrdist.sim.calibration.calibrate`
+   keeps in a pairwise exchange, the learners' CPU per byte, half a one-value message's round
+   trip for its latency). `asrdist.sim.calibration.calibrate`
    turns these, and nothing else, into the simulator's inputs.
 2. Prediction: every strategy at every learner count, from its resolved config and those inputs.
 3. Validation: the same runs trained for real (`asrdist train`, the recipe on the corpus, one
@@ -179,15 +180,16 @@ def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: 
         cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
-        link.get("cpu_seconds_per_byte", 0.0), _link_latency(network), recipes,
+        link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network), recipes,
         figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "first_recipe": first_name, "corun": corun}
 
 
 def _link_latency(network: str) -> float:
-    """The emulated network's delay: tc's 0.1 ms where the kernel has netem (20 us otherwise, the
-    veth pair's own), loopback's preset on loopback (a setting of the emulation, not a timing)."""
+    """Where no link was measured (one learner): the emulated network's delay, tc's 0.1 ms where
+    the kernel has netem (20 us otherwise, the veth pair's own), loopback's preset on loopback (a
+    setting of the emulation, not a timing); the measured link's latency replaces it."""
     if network == "loopback":
         return LINKS["loopback"].latency
     return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3

@@ -130,8 +130,8 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
             "copy_cost": "microbenchmark: a parameter average (add, scale) over the model's values, 1 thread",
             "mean_cost": "microbenchmark: sync's mean (copy into a bucket, divide, copy back), 1 thread",
             "network_cost": f"microbenchmark: two learners' CPU per byte of one message over {micro.network}",
-            "link": f"microbenchmark: a message of the model's size one way and a pairwise exchange between "
-                    f"two learners over {micro.network}",
+            "link": f"microbenchmark: a message of the model's size one way, a pairwise exchange and a one-value "
+                    f"message's round trip (the latency) between two learners over {micro.network}",
         })
 
 

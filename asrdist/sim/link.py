@@ -21,12 +21,15 @@ MACHINE_SECONDS = 1.0
 """Seconds of back-to-back one-way messages over which the machine's CPU is counted (and as long a
 pause after them, for its busy rate without messages)."""
 MAX_MACHINE_MESSAGES = 1000
+ROUND_TRIPS = 10
+"""Round trips of a one-value message per timing of the link's latency."""
 
 
 def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function (2 learners, one per emulated host): after a warm-up, `repeats` times a
     one-way message of `floats` float32 values from rank 0 to rank 1, then as many pairwise
-    exchanges as ADPSGD's (a header, then both learners' messages at once, one each way). Returns
+    exchanges as ADPSGD's (a header, then both learners' messages at once, one each way), then as
+    many timings of ROUND_TRIPS round trips of a one-value message (the latency). Returns
     this learner's wall seconds (the receiver's for one-way messages) and its process CPU seconds
     (all threads: gloo's and the kernel's copies) of every message; then (`machine`, rank 0) the
     whole machine's busy CPU seconds over about MACHINE_SECONDS of back-to-back one-way messages
@@ -59,8 +62,22 @@ def link_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
             receive.wait()
             send.wait()
 
+    tiny = torch.zeros(1)
+
+    def round_trip() -> None:  # a one-value message there and back: the latency of one message
+        if spec.rank == 0:
+            dist.send(tiny, 1)
+            dist.recv(tiny, 1)
+        else:
+            dist.recv(tiny, 0)
+            dist.send(tiny, 0)
+
+    def round_trips() -> None:
+        for _ in range(ROUND_TRIPS):
+            round_trip()
+
     out: dict[str, Any] = {"rank": spec.rank}
-    for name, fn in (("one_way", one_way), ("exchange", exchange)):
+    for name, fn in (("one_way", one_way), ("exchange", exchange), ("round_trips", round_trips)):
         fn()  # warm-up: the connection's windows open
         seconds, cpu_seconds = [], []
         for _ in range(int(args["repeats"])):
@@ -102,7 +119,8 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     learner's collectives see), `duplex` (the share of that rate each direction keeps while an
     exchange sends both ways at once: 1 on a full-duplex link), and `cpu_seconds_per_byte` (the
     CPU one message costs, per byte one learner sends and the other receives, halved: a learner's
-    CPU per byte it sends or receives). That CPU is the machine's (`machine_cpu_seconds_per_byte`:
+    CPU per byte it sends or receives), and `latency_seconds` (half a one-value message's round trip:
+    what gloo, the kernel and the scheduler add to every message). That CPU is the machine's (`machine_cpu_seconds_per_byte`:
     its busy CPU over back-to-back messages less its busy rate in a pause as long, so the kernel's
     network work outside the two processes counts too), or where the machine's cannot be read, the
     two processes' (`process_cpu_seconds_per_byte`, their rusage: gloo's threads and the kernel
@@ -115,7 +133,8 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     process = statistics.median(a + b for a, b in zip(sender["one_way"]["cpu_seconds"],
                                                       receiver["one_way"]["cpu_seconds"])) / (2 * size)
     machine = machine_cpu_seconds_per_byte(sender.get("machine"), size)
-    return {"bytes_per_second": size / one_way, "duplex": min(one_way / exchange, 1.0),
+    latency = statistics.median(sender["round_trips"]["seconds"]) / (2 * ROUND_TRIPS)
+    return {"bytes_per_second": size / one_way, "duplex": min(one_way / exchange, 1.0), "latency_seconds": latency,
             "cpu_seconds_per_byte": machine if machine is not None else process,
             "cpu_source": "machine" if machine is not None else "processes",
             "machine_cpu_seconds_per_byte": machine, "process_cpu_seconds_per_byte": process,
