@@ -363,10 +363,10 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("emulated_network_available")
-def test_compare_trains_on_emulated_hosts_and_each_run_says_where(tmp_path):
-    """The real thing, small: single alone, sync on 2 emulated hosts of 1 learner each."""
-    corpus = tmp_path / "corpus"
-    assert main(["corpus", "synth", str(corpus), "--utterances", "40", "--seed", "0"]) == 0
+def test_compare_trains_on_emulated_hosts_and_each_run_says_where(tone_corpus, tmp_path):
+    """The real thing, small: single alone, sync on 2 emulated hosts of 1 learner each, on the
+    session's tone corpus (features extracted already: no synthesis, no extraction here)."""
+    corpus = tone_corpus
     out = tmp_path / "cmp"
     assert _compare(out, corpus, "single,sync", "train.epochs=1", "--nodes", "2", "--network", "1gbit") == 0
     single = json.loads((out / "single" / "summary.json").read_text())

@@ -14,7 +14,7 @@ from asrdist.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # three trainings end to end
 
-FAST = ["train.log_every=5", "data.batch_size=128", "model.hidden_dim=64", "model.hidden_layers=2",
+FAST = ["train.log_every=5", "data.batch_size=256", "model.hidden_dim=64", "model.hidden_layers=2",
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.checkpoint_minutes=0"]
 
 
