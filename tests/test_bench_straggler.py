@@ -65,7 +65,8 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, message, tmp_path, capsy
 @pytest.mark.timeout(900)  # six training jobs, one after another (a hang still ends the test)
 def test_bench_straggler_trains_and_writes_its_keys(tmp_path):
     corpus = make_tone_corpus(tmp_path / "corpus", utterances_per_speaker=8, speakers=4)  # small: six jobs
-    assert main(["features", str(corpus)]) == 0
+    # --jobs 1: extracted in this process, the same features without a pool of spawned workers to start
+    assert main(["features", str(corpus), "--jobs", "1"]) == 0
     out = tmp_path / "straggler.json"
     assert main(["bench", "straggler", "--json", str(out), "--network", "loopback", "--data", str(corpus),
                  "--epochs", "2", "--keep", str(tmp_path / "runs"), "model.hidden_dim=64", "model.hidden_layers=2",

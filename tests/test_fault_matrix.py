@@ -19,7 +19,7 @@ from asrdist.bench.faults import learner_pids
 from asrdist.cluster import netem
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S
 from asrdist.train.checkpoint import check_resumable
-from test_faults import DEADLINE_S, TINY, _launch, _started, _until
+from test_faults import DEADLINE_S, TINY, _launch, _until
 
 pytestmark = pytest.mark.slow
 
@@ -46,46 +46,79 @@ def _nothing_half_written(run_dir: Path) -> None:
         check_resumable(run_dir, 2)
 
 
-def _side_by_side(tone_corpus: Path, tmp_path: Path, sig: signal.Signals, jobs: dict[str, list[str]],
-                  *extra: str) -> dict[str, tuple[str, float, Path]]:
-    """Run one job per strategy at once (their start-ups and timeouts overlap), send `sig` to each
-    one's learner rank 1 once it trains, wait for every job's end: per strategy its one error
-    line, the seconds from the signal to its exit, its run directory."""
-    run_dirs = {strategy: tmp_path / strategy for strategy in jobs}
-    procs = {strategy: _launch(tone_corpus, run_dirs[strategy], strategy, *SMALL, *extra, *more)
-             for strategy, more in jobs.items()}
-    victims: dict[str, tuple[int, float]] = {}
-    seconds: dict[str, float] = {}
+def _side_by_side(tone_corpus: Path, tmp_path: Path, waves: list[tuple[signal.Signals, dict[str, list[str]]]]
+                  ) -> list[dict[str, tuple[str, float, Path]]]:
+    """Run jobs side by side, one per strategy of each wave: a wave's jobs are launched at once
+    (their start-ups and timeouts overlap), the next wave's once every job of this one got its
+    signal (so that its start-up fills the time the previous one waits out). Each job's learner
+    rank 1 gets its wave's signal once it trains; then every job's end is awaited. Per wave and
+    strategy: its one error line, the seconds from the signal to its exit, its run directory."""
+    run_dirs: list[dict[str, Path]] = []
+    procs: list[dict[str, subprocess.Popen]] = []
+    victims: dict[tuple[int, str], tuple[int, float]] = {}
+    seconds: dict[tuple[int, str], float] = {}
 
-    def ended() -> bool:
-        for strategy, proc in procs.items():
-            if strategy not in seconds and proc.poll() is not None:
-                seconds[strategy] = time.monotonic() - victims[strategy][1]
-        return len(seconds) == len(procs)
+    def launch(w: int) -> None:
+        sig, jobs = waves[w]
+        run_dirs.append({strategy: tmp_path / f"{sig.name.lower()}-{strategy}" for strategy in jobs})
+        procs.append({strategy: _launch(tone_corpus, run_dirs[w][strategy], strategy, *SMALL, *more)
+                      for strategy, more in jobs.items()})
+
+    def progress() -> bool:
+        """Signal the jobs that train, note the ends, launch the next wave: True once every job ended."""
+        for w, wave in enumerate(procs):
+            for strategy, proc in wave.items():
+                key = w, strategy
+                if key not in victims:
+                    metrics = run_dirs[w][strategy] / "metrics.jsonl"
+                    if proc.poll() is not None:  # ended before it trained
+                        raise AssertionError((strategy, proc.stderr.read()))
+                    if metrics.is_file() and metrics.stat().st_size > 0:  # training started
+                        pid = learner_pids(run_dirs[w][strategy])[1]
+                        os.kill(pid, waves[w][0])
+                        victims[key] = pid, time.monotonic()
+                elif key not in seconds and proc.poll() is not None:
+                    seconds[key] = time.monotonic() - victims[key][1]
+        if len(procs) < len(waves) and all((len(procs) - 1, s) in victims for s in procs[-1]):
+            launch(len(procs))
+        return len(procs) == len(waves) and len(seconds) == sum(len(jobs) for _, jobs in waves)
 
     try:
-        for strategy, proc in procs.items():
-            _started(proc, run_dirs[strategy])
-            pid = learner_pids(run_dirs[strategy])[1]
-            os.kill(pid, sig)
-            victims[strategy] = pid, time.monotonic()
-        _until(ended, "every job to end")
+        launch(0)
+        _until(progress, "every job to be signalled and to end", deadline_s=2 * DEADLINE_S)  # two waves
     finally:
-        for strategy, proc in procs.items():
-            if proc.poll() is None:
-                proc.kill()  # its learners die with it
-            if strategy in victims and victims[strategy][0] in learner_pids(run_dirs[strategy]).values():
-                os.kill(victims[strategy][0], signal.SIGKILL)
-    out = {}
-    for strategy, proc in procs.items():
-        _, err = proc.communicate(timeout=DEADLINE_S)
-        assert proc.returncode != 0, (strategy, err)
-        out[strategy] = _one_error_line(err), seconds[strategy], run_dirs[strategy]
+        for w, wave in enumerate(procs):
+            for strategy, proc in wave.items():
+                if proc.poll() is None:
+                    proc.kill()  # its learners die with it
+                if (w, strategy) in victims and victims[w, strategy][0] in learner_pids(run_dirs[w][strategy]).values():
+                    os.kill(victims[w, strategy][0], signal.SIGKILL)
+    out = []
+    for w, wave in enumerate(procs):
+        out.append({})
+        for strategy, proc in wave.items():
+            _, err = proc.communicate(timeout=DEADLINE_S)
+            assert proc.returncode != 0, (strategy, err)
+            out[w][strategy] = _one_error_line(err), seconds[w, strategy], run_dirs[w][strategy]
     return out
 
 
-def test_a_killed_learner_stops_the_job_naming_its_rank(tone_corpus, tmp_path):
-    jobs = _side_by_side(tone_corpus, tmp_path, signal.SIGKILL, {"sync": [], "onebit": [], "averaging": []})
+@pytest.fixture(scope="module")
+def faulted_jobs(tone_corpus, tmp_path_factory) -> dict[str, dict[str, tuple[str, float, Path]]]:
+    """The two tests below in one go: the jobs whose learner is stopped first, then, while they
+    wait out their timeout (idle), the jobs whose learner is killed. Per fault, per strategy: its
+    one error line, the seconds from the signal to its exit, its run directory."""
+    timeout = f"train.timeout_seconds={TIMEOUT_S}"
+    stopped, killed = _side_by_side(tone_corpus, tmp_path_factory.mktemp("fault-matrix"), [
+        (signal.SIGSTOP, {"sync": [timeout], "onebit": [timeout], "averaging": [timeout, *AVERAGE_OFTEN]}),
+        (signal.SIGKILL, {"sync": [], "onebit": [], "averaging": []}),
+    ])
+    return {"stopped": stopped, "killed": killed}
+
+
+def test_a_killed_learner_stops_the_job_naming_its_rank(faulted_jobs):
+    jobs = faulted_jobs["killed"]
+    assert sorted(jobs) == ["averaging", "onebit", "sync"]
     for strategy, (line, _, run_dir) in jobs.items():
         # (then, when a checkpoint was published, how to resume from it)
         assert line.startswith("asrdist: error: learner rank 1 died (killed by signal 9); the job was stopped"), \
@@ -93,9 +126,9 @@ def test_a_killed_learner_stops_the_job_naming_its_rank(tone_corpus, tmp_path):
         _nothing_half_written(run_dir)
 
 
-def test_a_stopped_learner_is_named_as_hung_within_its_timeout(tone_corpus, tmp_path):
-    jobs = _side_by_side(tone_corpus, tmp_path, signal.SIGSTOP, {"sync": [], "onebit": [], "averaging": AVERAGE_OFTEN},
-                         f"train.timeout_seconds={TIMEOUT_S}")
+def test_a_stopped_learner_is_named_as_hung_within_its_timeout(faulted_jobs):
+    jobs = faulted_jobs["stopped"]
+    assert sorted(jobs) == ["averaging", "onebit", "sync"]
     for strategy, (line, seconds, run_dir) in jobs.items():
         assert line.startswith("asrdist: error: learner rank 1 hung (no progress until its peers' timeout ran out"), \
             (strategy, line)
