@@ -230,7 +230,7 @@ def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, 
     median over the repeats), every repeat's, their spread, and the first repeat's frames, longest
     loop seconds, threads, cores and run directory."""
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
-    repeats = getattr(args, "run_repeats", 1)
+    repeats = args.run_repeats
     seen: dict[tuple[str, int], list[dict]] = {key: [] for key in configs}
     for r in range(repeats):
         base = out if repeats == 1 else out / f"round{r + 1}"

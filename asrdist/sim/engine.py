@@ -358,27 +358,18 @@ class _Simulation:
         not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
         runs there, as the chunks arrive (all but the last chunk's during the wire), taking its
         share of the cores from every learner's work."""
-        if self.cluster.shared_cores and cpu > 0:
-            yield from self._onebit_wire_on_cores(me, across, step, cpu, chunks, stalled)
-            return
+        on_cores = self.cluster.shared_cores and cpu > 0
+        overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks))) if on_cores else None
         t0 = self.env.now
         for i, t in enumerate(across):
             yield from self.collective(me, t, step, 1 + i, stalled=stalled)
         wire = self.env.now - t0
-        extra = max(cpu - wire, 0.0) + min(cpu, wire) / chunks
         t1 = self.env.now
-        yield from self.cpu(me, extra)
-        me.comm += self.env.now - t1
-        if stalled:
-            me.wait += self.env.now - t1
-
-    def _onebit_wire_on_cores(self, me, across, step, cpu, chunks, stalled):
-        overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks)))
-        for i, t in enumerate(across):
-            yield from self.collective(me, t, step, 1 + i, stalled=stalled)
-        t1 = self.env.now
-        yield overlapped
-        yield from self.cpu(me, cpu / chunks)
+        if overlapped is not None:
+            yield overlapped
+            yield from self.cpu(me, cpu / chunks)
+        else:
+            yield from self.cpu(me, max(cpu - wire, 0.0) + min(cpu, wire) / chunks)
         me.comm += self.env.now - t1
         if stalled:
             me.wait += self.env.now - t1
