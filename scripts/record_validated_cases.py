@@ -30,13 +30,22 @@ def main(argv: list[str]) -> int:
     measured = {c.placement for c in cpu}
     kept = [c for c in old_cpu if c.placement not in measured]
     if kept:
-        notes.insert(0, f"kept ({', '.join(sorted({c.placement for c in kept}))}): "
-                        f"{old_note.split('; paper rows:')[0]}")
+        placements = {c.placement for c in kept}
+        notes[:0] = [f"kept ({', '.join(sorted(placements))}): {part}" for part in bench_notes(old_note)
+                     if ("loopback" if " on loopback " in part else "hosts") in placements]
     note = "; ".join(notes) + "; paper rows: `asrdist simulate --validate` (held out)" if argv else old_note
     cpu = kept + cpu
     record(cases_from_validate(validate()) + cpu, note=note)
     print(f"wrote {RECORD}")
     return 0
+
+
+def bench_notes(note: str) -> list[str]:
+    """The bench runs an earlier note names, one each (a "kept (...): " prefix and the paper rows
+    left off)."""
+    parts = [part.split("): ", 1)[1] if part.startswith("kept (") else part
+             for part in note.split("; paper rows:")[0].split("; ")]
+    return list(dict.fromkeys(part for part in parts if part.startswith("`asrdist bench simulator`")))
 
 
 if __name__ == "__main__":
