@@ -33,10 +33,10 @@ def _args(corpus: Path, out: Path, *extra: str) -> argparse.Namespace:
 def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatch, spy: list) -> dict:
     """The bench with its microbenchmarks and its training replaced: each 'run' writes a
     summary.json whose timings are `scale` times a fixed figure (the measurement to poison)."""
-    def fake_micro(configs, network, repeats, timeout):
+    def fake_micro(name, learners, cfg, network, repeats, timeout):
         spy.append("microbenchmarks")
         return _micro(), {"link": {}, "corun": {"slowdown": 1.0}, "parameters": 1, "feature_dim": 40,
-                          "num_classes": 9, "first_recipe": "sync"}
+                          "num_classes": 9}
 
     real_calibrate = calibration.calibrate
 
@@ -73,12 +73,13 @@ def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatc
 
 def test_no_timing_of_the_validated_runs_feeds_the_calibration(tone_corpus, tmp_path, monkeypatch):
     """Poisoned runs (their timings 10x off) move the measured column and the errors, never a
-    prediction or a calibrated figure; and every run is read after the calibration is done."""
+    prediction or a calibrated figure; and every run is read after the calibration it is judged
+    against is done: each repeat is calibrated, predicted, then trained."""
     corpus = tmp_path / "corpus"
     shutil.copytree(tone_corpus, corpus)
     spy: list[str] = []
     clean = _bench_with_runs_measuring(1.0, corpus, tmp_path / "a", monkeypatch, spy)
-    assert spy.index("run read") > max(i for i, what in enumerate(spy) if what in ("microbenchmarks", "calibrate"))
+    assert spy == ["microbenchmarks", "calibrate", "run read"] * (2 * 2 * 2)  # 2 strategies, 2 counts, 2 rounds
     poisoned = _bench_with_runs_measuring(10.0, corpus, tmp_path / "b", monkeypatch, [])
     assert clean["calibration"] == poisoned["calibration"]
     for name, by_n in clean["predictions"].items():
@@ -90,28 +91,36 @@ def test_no_timing_of_the_validated_runs_feeds_the_calibration(tone_corpus, tmp_
     assert clean["max_relative_error"] == max(abs(r["relative_error"]) for by_n in clean["predictions"].values()
                                               for r in by_n.values())
     # the JSON says what each input was calibrated on: microbenchmarks, or the corpus' size
-    sources = clean["calibration"]["inputs_by_learners"]["2"]["sources"]
+    sources = clean["calibration"]["by_run"]["sync"]["2"][0]["inputs"]["sources"]
     assert all(s.startswith(("microbenchmark", "the corpus")) for s in sources.values())
 
 
 def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone_corpus, tmp_path, monkeypatch):
-    """With --run-repeats 3 every run trains three times, every run once per round; a row's
-    measured frames/s is the median of its repeats, and the spread between them is reported."""
+    """With --run-repeats 3 every run trains three times, every run once per round, each repeat
+    just after its own calibration; a row's measured and predicted frames/s are the medians of its
+    repeats, its error the median of each repeat's prediction against that repeat's run, and the
+    spreads between repeats are reported."""
+    import dataclasses
+
     corpus = tmp_path / "corpus"
     shutil.copytree(tone_corpus, corpus)
     order: list[tuple[str, str]] = []
     speeds = iter([1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 1.5, 1.5, 1.5, 1.5])  # round 2 twice as fast
+    speed = [1.0]
 
-    def fake_micro(configs, network, repeats, timeout):
-        return _micro(), {"link": {}, "corun": {"slowdown": 1.0}, "parameters": 1, "feature_dim": 40,
-                          "num_classes": 9, "first_recipe": "sync"}
+    def fake_micro(name, learners, cfg, network, repeats, timeout):
+        speed[0] = next(speeds)  # the machine's spell, which the calibration and its run share
+        micro = _micro()
+        steps = {k: v / speed[0] for k, v in micro.step_seconds_per_frame.items()}
+        return dataclasses.replace(micro, step_seconds_per_frame=steps), {
+            "link": {}, "corun": {"slowdown": 1.0}, "parameters": 1, "feature_dim": 40, "num_classes": 9}
 
     def fake_train(config, configs, run_out, data, overrides, failed=None, hosts=None):
         (name, cfg), = configs.items()
         order.append((run_out.parent.name, name))
         run_dir = run_out / name
         run_dir.mkdir(parents=True)  # a repeat never reuses an earlier round's run
-        loop = 2.0 / next(speeds)
+        loop = 2.0 / speed[0]
         per = [{"frames": 10_000, "loop_seconds": loop, "train_seconds": loop}] * cfg.train.learners
         (run_dir / "summary.json").write_text(json.dumps({
             "strategy": name, "learners": cfg.train.learners, "final": {}, "wall_seconds": loop + 1,
@@ -128,7 +137,13 @@ def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone
     assert row["measured_repeats"] == pytest.approx([10_000, 20_000, 15_000])
     assert row["measured"] == pytest.approx(15_000)  # the median
     assert row["measured_spread"] == pytest.approx(1.0)
-    assert row["relative_errors_by_repeat"][1] == pytest.approx((row["predicted"] - 20_000) / 20_000)
+    guesses = row["predicted_repeats"]
+    assert guesses[1] > guesses[2] > guesses[0]  # each repeat predicted from its own calibration
+    assert row["predicted"] == pytest.approx(guesses[2]) and row["predicted_spread"] > 0
+    errors = row["relative_errors_by_repeat"]
+    assert errors == pytest.approx([(g - m) / m for g, m in zip(guesses, [10_000, 20_000, 15_000])])
+    assert row["relative_error"] == pytest.approx(sorted(errors)[1])
+    assert len(result["calibration"]["by_run"]["sync"]["2"]) == 3
     assert result["machine_noise"]["run_repeats"] == 3 and result["machine_noise"]["max_spread"] == pytest.approx(1.0)
     assert "spread up to 100.0%" in simulator.format_result(result)
 
@@ -220,9 +235,13 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
             row = result["predictions"][name][n]
             assert row["measured"] > 0 and row["predicted"] > 0
             assert Path(row["measured_run"]["run"], "summary.json").is_file()
-    micro = result["calibration"]["microbenchmarks"]
-    assert set(micro["step_seconds_per_frame"]) == {"1x2", "2x1"} or micro["cores"] != 2
+    lone, = result["calibration"]["by_run"]["adpsgd"]["1"]
+    assert set(lone["microbenchmarks"]["step_seconds_per_frame"]) == {"1x2"} or lone["microbenchmarks"]["cores"] != 2
+    calibrated, = result["calibration"]["by_run"]["adpsgd"]["2"]  # one repeat, one calibration
+    micro = calibrated["microbenchmarks"]
+    assert set(micro["step_seconds_per_frame"]) == {"2x1"} or micro["cores"] != 2
     assert micro["link_bytes_per_second"] > 0 and len(result["load_average"]["before"]) == 3
-    assert micro["link_latency_seconds"] == result["calibration"]["link_measurement"]["latency_seconds"] > 0
+    assert micro["link_latency_seconds"] == calibrated["link_measurement"]["latency_seconds"] > 0
     assert micro["onebit_exchange_seconds_per_value"] > 0 and micro["corun_slowdown"] > 0
-    assert result["calibration"]["corun_measurement"]["siblings"] == len(os.sched_getaffinity(0)) - 1
+    assert calibrated["corun_measurement"]["siblings"] == len(os.sched_getaffinity(0)) - 1
+    assert "adpsgd's recipe" in calibrated["inputs"]["sources"]["seconds_per_frame"]

@@ -1,27 +1,31 @@
 """`asrdist bench simulator`: the simulator against real `asrdist train` runs it never saw.
 
-1. Calibration, before any run trains, in this process: microbenchmarks of one learner alone
-   (`measure_microbenchmarks`): its training step per frame through `Trainer.train_step` on the
-   corpus at each learner count's share of the global minibatch and threads, for every
-   strategy's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad for
-   onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
+Every row (a strategy at a learner count) is measured `--run-repeats` times, in rounds (every run
+once, then every run again), because this machine's speed is not steady: identical runs a minute
+apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. Each repeat, in order:
+
+1. Calibration, just before its run trains, in this process: microbenchmarks of one learner of
+   that run's config alone (`measure_microbenchmarks`): its training step per frame through
+   `Trainer.train_step` on the corpus at the run's share of the global minibatch and threads,
+   with the run's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad
+   for onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
    (validation and checkpoint), onebit's quantizer and dequantizer and its whole exchange on one
    learner alone (which scales the two: residuals, copies, packing), how much one thread's
    arithmetic slows when every core computes (`asrdist.bench.corun`), a parameter average and
    sync's gradient mean per value, and the link between two learners on the emulated network
-   carrying the model (`measure_link`: its rate one way, the share of it each direction
-   keeps in a pairwise exchange, the learners' CPU per byte, half a one-value message's round
-   trip for its latency). `asrdist.sim.calibration.calibrate`
-   turns these, and nothing else, into the simulator's inputs.
-2. Prediction: every strategy at every learner count, from its resolved config and those inputs.
-3. Validation: the same runs trained for real (`asrdist train`, the recipe on the corpus, one
-   learner per emulated host on `--network`, a lone learner on loopback), each run's frames/s
-   from its summary.json (`asrdist.utils.throughput`: the job's frames over its longest learner's
-   loop). Each run is trained `--run-repeats` times, in rounds (every run once, then every run
-   again), because this machine's speed is not steady: identical runs a minute apart have measured
-   4,508 and 8,862 frames/s. Each row: measured (the median over its repeats), every repeat,
-   their spread (max / min - 1: the noise the row's error is read against), predicted, relative
-   error; target: every row within TARGET.
+   carrying the model (`measure_link`: its rate one way, the share of it each direction keeps in
+   a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its
+   latency). `asrdist.sim.calibration.calibrate` turns these, and nothing else, into the
+   simulator's inputs.
+2. Prediction: the run from its resolved config and those inputs.
+3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
+   per emulated host on `--network`, a lone learner on loopback), its frames/s from its
+   summary.json (`asrdist.utils.throughput`: the job's frames over its longest learner's loop),
+   read only now.
+
+Each row: every repeat's measured and predicted frames/s and error, their medians, the spread of
+each (max / min - 1: the noise the row's error is read against), and the row's relative error (the
+median of its repeats'); target: every row within TARGET.
 
 The default corpus is the built-in synthetic one, built once under OUT/corpus and reused (a cache:
 its features and audio never come from the runs).
@@ -147,43 +151,32 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
     return sum(quantize), sum(dequantize)
 
 
-def measure_microbenchmarks(configs: dict, network: str, repeats: int, timeout: float):
-    """`Microbenchmarks` of one learner of each resolved run config in `configs` ((strategy,
-    learners) -> config; the first one's corpus features in place) on this machine: see the
-    module docstring. Reads no run."""
+def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats: int, timeout: float):
+    """`Microbenchmarks` of one learner of the resolved config `cfg` of strategy `name` on
+    `learners` learners (its corpus' features in place) on this machine, and the details behind
+    them: see the module docstring. Reads no run."""
     cores = len(os.sched_getaffinity(0))
-    (first_name, _), cfg = next(iter(configs.items()))
-    learners = sorted({n for _, n in configs})
+    threads = threads_of(cores, learners)
+    key = f"{learners}x{threads}"
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
-    # every strategy's own recipe (its optimizer costs its own step), all timed in one session
-    # whose rounds take turns; the epoch's end (the same validation and checkpoint) of the first's
-    requests = {(name, f"{n}x{threads_of(cores, n)}"): (c, targets, n, threads_of(cores, n))
-                for (name, n), c in configs.items()}
-    timed, ended = config_step_seconds_per_frame(requests, epoch_ends=EPOCH_ENDS,
-                                                 ends_of={k for k in requests if k[0] == first_name})
-    steps = {key: seconds for (name, key), seconds in timed.items() if name == first_name}
-    ends = {key: seconds for (_, key), seconds in ended.items()}
-    recipes: dict[str, dict[str, float]] = {}
-    for (name, key), seconds in timed.items():
-        if name != first_name:
-            recipes.setdefault(name, {})[key] = seconds
+    timed, ended = config_step_seconds_per_frame({key: (cfg, targets, learners, threads)}, epoch_ends=EPOCH_ENDS)
     lone = SpeechTask(cfg, targets, 0, 1)
     frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
     figures = per_value_figures(shapes, repeats)
-    many = any(n > 1 for n in learners)
+    many = learners > 1
     corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
     link: dict[str, Any] = {}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
     micro = Microbenchmarks(
-        cores, steps, ends, frames_per_epoch, figures["quantize_seconds_per_value"],
+        cores, timed, ended, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
-        link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network), recipes,
-        figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
+        link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
+        {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets.num_classes, "first_recipe": first_name, "corun": corun}
+                   "num_classes": targets.num_classes, "corun": corun}
 
 
 def _link_latency(network: str) -> float:
@@ -223,39 +216,41 @@ def resolve_runs(args, corpus: Path, strategies: list[str]) -> dict[tuple[str, i
             for n in args.learners for name in strategies}
 
 
-def train_runs(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, int], dict]:
-    """Train every run (`asrdist train`) `args.run_repeats` times under `out`, in rounds (every run
-    once, then every run again: a slow spell of the machine hits several runs, not every repeat of
-    one); (strategy, learners) -> what the summaries measured: frames/s (the one throughput; the
-    median over the repeats), every repeat's, their spread, and the first repeat's frames, longest
-    loop seconds, threads, cores and run directory."""
-    overrides = [f"train.epochs={args.epochs}", *args.overrides]
+def bench_rows(args, corpus: Path, configs: dict, out: Path) -> dict[tuple[str, int], list[dict]]:
+    """Every run, `args.run_repeats` times under `out`, in rounds (every run once, then every run
+    again: a slow spell of the machine hits several runs, not every repeat of one); each repeat
+    calibrated, predicted, then trained (`calibrated_run`). (strategy, learners) -> its repeats."""
     repeats = args.run_repeats
     seen: dict[tuple[str, int], list[dict]] = {key: [] for key in configs}
     for r in range(repeats):
         base = out if repeats == 1 else out / f"round{r + 1}"
         for (name, n), cfg in configs.items():
-            print(f"[bench simulator] training {name} on {n} learner(s)"
-                  + (f", round {r + 1} of {repeats}" if repeats > 1 else ""), flush=True)
-            run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
-                                                 hosts=_hosts(n, args.network))[name]
-            summary = compare_runs.load_summary(run_dir)
-            per = summary["comm"]["per_learner"]
-            seen[(name, n)].append({
-                "frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
+            print(f"[bench simulator] {name} on {n} learner(s)" + (f", round {r + 1} of {repeats}" if repeats > 1 else "")
+                  + ": calibrating, predicting, training", flush=True)
+            seen[(name, n)].append(calibrated_run(args, corpus, name, n, cfg, base))
+    return seen
+
+
+def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> dict:
+    """One repeat of one row, in this order: microbenchmarks of one learner of this run's config,
+    timed just before it trains (this machine's speed holds for minutes, so a calibration is read
+    in the spell of the run it predicts); the prediction, from those alone; the run trained
+    (`asrdist train`) and its summary read: frames/s (the one throughput), its frames, longest
+    loop seconds, threads, cores and run directory."""
+    micro, detail = measure_microbenchmarks(name, n, cfg, args.network, args.repeats, args.timeout)
+    inputs = calibration.calibrate(micro, n, name)
+    predicted = predict_run(cfg, inputs, _hosts(n, args.network).nodes, args.network,
+                            feature_dim=detail["feature_dim"], num_classes=detail["num_classes"])
+    overrides = [f"train.epochs={args.epochs}", *args.overrides]
+    run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
+                                         hosts=_hosts(n, args.network))[name]
+    summary = compare_runs.load_summary(run_dir)
+    per = summary["comm"]["per_learner"]
+    measured = {"frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
                 "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
                 "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
-                "network": summary.get("network", "loopback"), "run": str(run_dir)})
-    return {key: repeated(runs) for key, runs in seen.items()}
-
-
-def repeated(runs: list[dict]) -> dict:
-    """One row's measurement from its repeats: the first's figures, frames/s the median of all,
-    `repeats_frames_per_second` and `spread` (max / min - 1; 0 for one run)."""
-    rates = [r["frames_per_second"] for r in runs]
-    return {**runs[0], "frames_per_second": statistics.median(rates), "repeats_frames_per_second": rates,
-            "spread": max(rates) / min(rates) - 1.0 if min(rates) > 0 else float("inf"),
-            "runs": [r["run"] for r in runs]}
+                "network": summary.get("network", "loopback"), "run": str(run_dir)}
+    return {"micro": micro, "detail": detail, "inputs": inputs, "predicted": predicted, "measured": measured}
 
 
 def run(args) -> dict[str, Any]:
@@ -268,46 +263,53 @@ def run(args) -> dict[str, Any]:
     first = next(iter(configs.values()))
     ensure_features(corpus, first, progress=False)  # as `asrdist train` does first: the runs' features
     load_before = os.getloadavg()
-    # 1. calibration: microbenchmarks of one learner, before any run trains
-    micro, micro_detail = measure_microbenchmarks(configs, args.network, args.repeats, args.timeout)
-    inputs = {(name, n): calibration.calibrate(micro, n, name) for (name, n) in configs}
-    # 2. prediction, from the runs' configs and those inputs only
-    predicted = {(name, n): predict_run(cfg, inputs[(name, n)], _hosts(n, args.network).nodes, args.network,
-                                        feature_dim=micro_detail["feature_dim"], num_classes=micro_detail["num_classes"])
-                 for (name, n), cfg in configs.items()}
-    # 3. validation: the runs themselves
     out = args.out / f"runs-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
-    measured = train_runs(args, corpus, configs, out)
+    rows = bench_rows(args, corpus, configs, out)
     load_after = os.getloadavg()
-    return result(micro, micro_detail, inputs, predicted, measured, args, corpus,
-                  {"before": list(load_before), "after": list(load_after)})
+    return result(rows, args, corpus, {"before": list(load_before), "after": list(load_after)})
 
 
-def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: dict, args, corpus: Path,
-           load: dict) -> dict[str, Any]:
-    """The bench's JSON: per strategy and learner count measured, predicted, relative error; the
-    calibration's figures and what each was calibrated on."""
-    rows: dict[str, dict[str, dict]] = {}
-    worst = 0.0
-    for (name, n), m in measured.items():
-        p = predicted[(name, n)]
-        error = (p.frames_per_second - m["frames_per_second"]) / m["frames_per_second"]
-        worst = max(worst, abs(error))
-        rows.setdefault(name, {})[str(n)] = {
-            "measured": m["frames_per_second"], "predicted": p.frames_per_second, "relative_error": error,
-            "within_target": abs(error) <= TARGET, "predicted_comm_share": p.comm_share,
-            "predicted_wait_share": p.wait_share, "measured_repeats": m["repeats_frames_per_second"],
-            "measured_spread": m["spread"],
-            "relative_errors_by_repeat": [(p.frames_per_second - x) / x for x in m["repeats_frames_per_second"]],
-            "measured_run": m}
-    spreads = [m["spread"] for m in measured.values()]
+def _spread(values: list[float]) -> float:
+    """max / min - 1 (0 for one value)."""
+    return max(values) / min(values) - 1.0 if min(values) > 0 else float("inf")
+
+
+def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: dict) -> dict[str, Any]:
+    """The bench's JSON: per strategy and learner count measured, predicted and relative error,
+    repeat by repeat and as the row's median; every repeat's calibration and what each input was
+    calibrated on."""
+    predictions: dict[str, dict[str, dict]] = {}
+    by_run: dict[str, dict[str, list]] = {}
+    for (name, n), repeats in rows.items():
+        rates = [r["measured"]["frames_per_second"] for r in repeats]
+        guesses = [r["predicted"].frames_per_second for r in repeats]
+        errors = [(p - m) / m for p, m in zip(guesses, rates)]
+        error = statistics.median(errors)
+        first = repeats[0]
+        predictions.setdefault(name, {})[str(n)] = {
+            "measured": statistics.median(rates), "predicted": statistics.median(guesses), "relative_error": error,
+            "within_target": abs(error) <= TARGET, "measured_repeats": rates, "measured_spread": _spread(rates),
+            "predicted_repeats": guesses, "predicted_spread": _spread(guesses), "relative_errors_by_repeat": errors,
+            "predicted_comm_share": first["predicted"].comm_share, "predicted_wait_share": first["predicted"].wait_share,
+            "measured_run": {**first["measured"], "runs": [r["measured"]["run"] for r in repeats]}}
+        by_run.setdefault(name, {})[str(n)] = [
+            {"microbenchmarks": dataclasses.asdict(r["micro"]), "inputs": dataclasses.asdict(r["inputs"]),
+             "link_measurement": r["detail"]["link"], "corun_measurement": r["detail"]["corun"]} for r in repeats]
+    all_rows = [row for by_n in predictions.values() for row in by_n.values()]
+    worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)
+    spreads = [row["measured_spread"] for row in all_rows]
+    first = next(iter(rows.values()))[0]
     return {
-        "predictions": rows,
+        "predictions": predictions,
         "max_relative_error": worst,
+        "max_relative_error_of_any_repeat": max((abs(e) for row in all_rows for e in row["relative_errors_by_repeat"]),
+                                                default=0.0),
         "target": TARGET,
         "all_within_target": worst <= TARGET,
+        "relative_error": "each repeat's prediction, from the calibration timed just before it, against that "
+                          "repeat's run; a row's relative_error is the median over its repeats",
         "machine_noise": {
-            "run_repeats": len(next(iter(measured.values()))["repeats_frames_per_second"]) if measured else 0,
+            "run_repeats": args.run_repeats,
             "max_spread": max(spreads, default=0.0), "median_spread": statistics.median(spreads) if spreads else 0.0,
             "note": "each run trained again in later rounds, nothing changed; spread = its fastest repeat's "
                     "frames/s over its slowest's, less 1: how far this machine's speed moved between identical "
@@ -318,32 +320,29 @@ def result(micro, micro_detail: dict, inputs: dict, predicted: dict, measured: d
         "recipe": str(args.config), "overrides": [f"train.epochs={args.epochs}", *args.overrides],
         "corpus": str(corpus),
         "calibration": {
-            "microbenchmarks": dataclasses.asdict(micro), "link_measurement": micro_detail["link"],
-            "corun_measurement": micro_detail["corun"],
-            "parameters": micro_detail["parameters"],
-            "inputs_by_learners": {str(n): dataclasses.asdict(i) for (name, n), i in inputs.items()
-                                   if name == micro_detail["first_recipe"]},
-            "inputs_by_run": {name: {str(n): dataclasses.asdict(i) for (other, n), i in inputs.items() if other == name}
-                              for name in dict.fromkeys(name for name, _ in inputs)},
-            "calibrated_on": "microbenchmarks of one learner alone in the bench's process (and two learners "
-                             "exchanging the model's size for the link), measured before any predicted run "
-                             "trained; no figure of the predicted runs feeds them",
+            "by_run": by_run,
+            "parameters": first["detail"]["parameters"],
+            "calibrated_on": "microbenchmarks of one learner of the predicted run's config alone in the bench's "
+                             "process (and two learners exchanging the model's size for the link), timed just "
+                             "before that run trained, repeat by repeat; no figure of any run feeds them",
         },
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "load_average": {**load, "note": "1, 5 and 15 minute load averages before the microbenchmarks and "
-                                          "after the runs; above the core count, other jobs shared the cores"},
-        "cores": micro.cores,
-        "learners_share_cores": f"all learners run on this machine's {micro.cores} cores (threads per learner = "
-                                f"max(1, {micro.cores} // learners))",
+        "load_average": {**load, "note": "1, 5 and 15 minute load averages before the first calibration and "
+                                          "after the last run; above the core count, other jobs shared the cores"},
+        "cores": first["micro"].cores,
+        "learners_share_cores": f"all learners run on this machine's {first['micro'].cores} cores (threads per "
+                                f"learner = max(1, {first['micro'].cores} // learners))",
     }
 
 
 def format_result(result: dict) -> str:
-    lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'spread':>7s} {'predicted':>10s} {'error':>8s}"]
+    lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'spread':>7s} {'predicted':>10s} {'spread':>7s} "
+             f"{'error':>8s}"]
     for name, by_n in result["predictions"].items():
         for n, r in by_n.items():
             lines.append(f"{name:12s} {n:>8s} {r['measured']:10,.0f} {100 * r['measured_spread']:6.1f}% "
-                         f"{r['predicted']:10,.0f} {100 * r['relative_error']:+7.1f}%")
+                         f"{r['predicted']:10,.0f} {100 * r['predicted_spread']:6.1f}% "
+                         f"{100 * r['relative_error']:+7.1f}%")
     lines.append(f"largest error {100 * result['max_relative_error']:.1f}% (target {100 * result['target']:.0f}%), "
                  f"frames/s on {result['cores']} cores, network {result['network']}, load "
                  f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}; "
