@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.bench import simulator
+from asrdist.compare import microbench
 from asrdist.compare import runs as compare_runs
 from asrdist.sim import calibration
 from asrdist.sim.calibration import Microbenchmarks
@@ -210,7 +211,7 @@ def test_the_co_run_figure_is_measured_with_siblings_computing():
 
 
 def test_onebits_whole_exchange_is_measured_on_the_models_shapes():
-    figures = simulator.per_value_figures([(64, 40), (64,), (10, 64), (10,)], repeats=2)
+    figures = microbench.per_value_figures([(64, 40), (64,), (10, 64), (10,)], repeats=2)
     kernels = 2 * (figures["quantize_seconds_per_value"] + figures["dequantize_seconds_per_value"])
     assert figures["onebit_exchange_seconds_per_value"] > 0 and kernels > 0
 

@@ -16,6 +16,7 @@ import asrdist.run.launch as launch
 from asrdist.cli import build_parser, main
 from asrdist.compare.report import build_summary
 from asrdist.compare.runs import resolve_all, train_missing
+from asrdist.sim.calibration import Microbenchmarks
 from tests.compare_fixture import CONFIG, FIGURES, TINY, fabricate_runs, make_corpus
 
 SETUP = {"config": str(CONFIG), "learners": 2, "overrides": TINY}
@@ -33,43 +34,39 @@ def no_training(monkeypatch):
     monkeypatch.setattr(launch, "train_command", refuse)
 
 
-@pytest.fixture
-def fake_simulator(monkeypatch):
-    """Records the calls; predicts 1000 frames/s per learner."""
-    import asrdist.sim
-
-    calls = []
-
-    def predict(cfg, learners, seconds_per_frame, *, nodes=1, network="loopback", network_cost=0.0):
-        calls.append((cfg.strategy_name, cfg.train.learners, learners, seconds_per_frame, nodes, network,
-                      network_cost))
-        return 1000.0 * learners
-    monkeypatch.setattr(asrdist.sim, "predict_frames_per_second", predict)
-    return calls
-
-
-STEP_COST = {1: 1e-3, 2: 2.5e-3}
-"""The made-up machine: seconds per frame of a learner's step among L learners (`stepcost`)."""
-NETWORK_COST = 2e-10
+MICRO = Microbenchmarks(2, {"1x2": 1e-3, "2x1": 2.5e-3}, {"1x2": 0.05, "2x1": 0.05}, 20_000.0, 2e-9, 1e-9,
+                        0.5e-9, 1e-9, "loopback", 1e9, 0.8, 2e-10, 50e-6)
+"""The made-up machine: a learner's step costs 1 ms a frame alone on both cores, 2.5 ms among 2 on one."""
 
 
 @pytest.fixture(autouse=True)
-def fake_machine(monkeypatch):
-    """The made-up runs have no corpus to time steps on: `stepcost` answers from STEP_COST, and
-    records what each call asked for ((learners, threads) pairs)."""
-    from asrdist.compare import stepcost
+def fake_calibration(monkeypatch):
+    """The made-up runs have no corpus to time a learner on: every calibration is MICRO. Records
+    what each asked for: (strategy, learners, nodes, network, when)."""
+    from asrdist.compare import microbench
 
     asked = []
 
-    def step(requests):
-        asked.append(sorted((learners, threads) for _, learners, threads in requests.values()))
-        return {key: STEP_COST[learners] for key, (_, learners, _) in requests.items()}
-    monkeypatch.setattr(stepcost, "step_seconds_per_frame", step)
-    monkeypatch.setattr(stepcost, "network_seconds_per_byte", lambda values: NETWORK_COST)
+    def calibrate_run(name, cfg, nodes, network, when):
+        asked.append((name, cfg.train.learners, nodes, network, when))
+        return microbench.RunCalibration(MICRO, {"feature_dim": 40, "num_classes": 9, "link": {}, "parameters": 1,
+                                                 "corun": {"slowdown": 1.0}}, when, "2026-11-28T10:00:00+00:00",
+                                         json.loads(json.dumps(cfg.to_dict())))
+    monkeypatch.setattr(microbench, "calibrate_run", calibrate_run)
     return asked
 
 
-def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_machine, capsys):
+def _predicted(run: Path, calibration=None) -> float:
+    """The simulator's frames/s of a made-up run from MICRO, computed apart from the report."""
+    from asrdist.compare import microbench
+    from asrdist.compare.runs import run_config
+
+    cfg = run_config(run)
+    calibration = calibration or microbench.RunCalibration(MICRO, {"feature_dim": 40, "num_classes": 9}, "", "", {})
+    return microbench.predict(calibration, cfg, cfg.strategy_name, 1, "loopback")[0].frames_per_second
+
+
+def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["single", "sync", "onebit"])
     assert _compare(out, corpus, "single,sync,onebit") == 0
@@ -81,22 +78,23 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
     assert summary["behind_sync"] == []  # onebit's 0.22 is 5% above sync's 0.21: within the 10%
     single, sync, onebit = summary["runs"]
     assert (single["learners"], sync["learners"]) == (1, 2)  # single is the one-learner baseline
-    # the simulator gets each run's own config and learners, and the lone learner's time per frame
-    # of training steps (data pipeline included: 1 / its frames/s), not its compute alone; a run of
-    # 2 learners that time scaled by what their steps cost per frame here (2.5x), as if a learner
-    # had both cores (it has 1 thread of 2), and gloo's CPU per byte
-    spf = 1 / FIGURES["single"][1]
-    assert [c[:3] for c in fake_simulator] == [("single", 1, 1), ("sync", 2, 2), ("onebit", 2, 2)]
-    ratio = STEP_COST[2] / STEP_COST[1]
-    assert [c[3] for c in fake_simulator] == pytest.approx([spf, spf * ratio / 2, spf * ratio / 2])
-    assert all(c[4:] == (1, "loopback", NETWORK_COST) for c in fake_simulator)
-    assert summary["one_learner_step_seconds_per_frame"] == pytest.approx(spf)
-    assert summary["one_learner_compute_seconds_per_frame"] == pytest.approx(FIGURES["single"][3])
-    assert summary["machine"] == {"step_seconds_per_frame": {"1x2": STEP_COST[1], "2x1": STEP_COST[2]},
-                                  "network_cpu_seconds_per_byte": NETWORK_COST}
-    assert [r["step_cost_ratio"] for r in summary["runs"]] == pytest.approx([1.0, ratio, ratio])
-    assert fake_machine == [[(1, 2), (2, 1)]]  # once per learners x threads
-    assert sync["predicted_frames_per_second"] == 2000.0 and sync["prediction_error"] == pytest.approx(2000 / 1500 - 1)
+    # runs trained before, with no calibration saved: each one's learner timed now, after it, and
+    # said so; each run predicted from its own calibration alone (not from any run's timing)
+    when = "after it trained (none was saved before)"
+    assert fake_calibration == [("single", 1, 1, "loopback", when), ("sync", 2, 1, "loopback", when),
+                                ("onebit", 2, 1, "loopback", when)]
+    assert all((out / "calibration" / f"{n}.json").is_file() for n in ("single", "sync", "onebit"))
+    calibration = summary["calibration"]
+    assert calibration["sync"]["when"] == when and calibration["sync"]["microbenchmarks"]["cores"] == 2
+    # a learner among 2 on 1 thread of 2: its step 2.5 ms a frame, as if it had both cores
+    assert calibration["sync"]["inputs"]["seconds_per_frame"] == pytest.approx(2.5e-3 / 2)
+    assert calibration["single"]["inputs"]["seconds_per_frame"] == pytest.approx(1e-3)
+    assert "microbenchmark" in calibration["onebit"]["inputs"]["sources"]["seconds_per_frame"]
+    for record in summary["runs"]:
+        assert record["prediction"] == "simulated"
+        assert record["predicted_frames_per_second"] == pytest.approx(_predicted(Path(record["path"])))
+    assert single["predicted_frames_per_second"] == pytest.approx(20_000 / (20_000 * 1e-3 + 2 * 0.05), rel=0.05)
+    assert sync["prediction_error"] == pytest.approx(sync["predicted_frames_per_second"] / 1500 - 1)
     assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
     assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])
     assert [p["epoch"] for p in sync["curve"]] == [1, 2] and sync["curve"][1]["seconds"] > sync["curve"][0]["seconds"]
@@ -119,9 +117,8 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
 
     page = (out / "report.html").read_text()
     assert "<title>asrdist compare: single, sync, onebit</title>" in page
-    assert ("fed the one-learner run's (single) 1000.0 us per frame of training step (its own row is that figure "
-            "again), the learners' steps timed here at 2.5 x "
-            "its cost per frame and gloo's 0.20 ns of CPU per byte.") in html.unescape(page)
+    assert ("calibrated for each run on microbenchmarks of one learner of its config alone" in html.unescape(page)
+            and "(timed after training for onebit, single, sync: no calibration was saved before)" in page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in page
     assert "their own optimizer recipes (configs/recipes/) for onebit" in page
     assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>0\.2200</td>", page)
@@ -132,7 +129,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_simulator, fake_m
 
 
 @pytest.mark.parametrize("target, first, never", [("0.35", "onebit", []), ("0.2", "single", ["sync", "onebit"])])
-def test_target_flag_sets_the_target(tmp_path, no_training, fake_simulator, capsys, target, first, never):
+def test_target_flag_sets_the_target(tmp_path, no_training, capsys, target, first, never):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["single", "sync", "onebit"])
     assert _compare(out, corpus, "single,sync,onebit", "--target", target) == 0
@@ -145,7 +142,7 @@ def test_target_flag_sets_the_target(tmp_path, no_training, fake_simulator, caps
             [10_000 / FIGURES[n][1] for n in ("single", "sync", "onebit")])
 
 
-def test_no_run_reaching_the_target_is_said(tmp_path, no_training, fake_simulator, capsys):
+def test_no_run_reaching_the_target_is_said(tmp_path, no_training, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["sync", "onebit"])
     assert _compare(out, corpus, "sync,onebit", "--target", "0.1") == 0
@@ -154,7 +151,7 @@ def test_no_run_reaching_the_target_is_said(tmp_path, no_training, fake_simulato
     assert "never" in printed and (out / "report.html").is_file()
 
 
-def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_training, fake_simulator, capsys):
+def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_training, capsys):
     corpus = make_corpus(tmp_path / "corpus")
     own, same = tmp_path / "own", tmp_path / "same"
     fabricate_runs(own, corpus, ["sync", "onebit"])
@@ -169,9 +166,9 @@ def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_t
     assert "every strategy on the same recipe (--same-recipe)" in (same / "report.html").read_text()
 
 
-def test_a_rebuilt_report_reuses_the_machine_figures_and_a_failed_measurement_is_said(
-        tmp_path, no_training, fake_simulator, fake_machine, monkeypatch):
-    from asrdist.compare import stepcost
+def test_a_rebuilt_report_reuses_the_calibrations_and_a_failed_measurement_is_said(
+        tmp_path, no_training, fake_calibration, monkeypatch):
+    from asrdist.compare import microbench
     from asrdist.errors import DataError
 
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
@@ -181,26 +178,24 @@ def test_a_rebuilt_report_reuses_the_machine_figures_and_a_failed_measurement_is
 
     def unmeasurable(*args):
         raise DataError("no corpus here")
-    monkeypatch.setattr(stepcost, "step_seconds_per_frame", unmeasurable)
-    monkeypatch.setattr(stepcost, "network_seconds_per_byte", unmeasurable)
-    assert _compare(out, corpus, "single,sync") == 0  # the earlier figures: nothing measured again
+    monkeypatch.setattr(microbench, "calibrate_run", unmeasurable)
+    assert _compare(out, corpus, "single,sync") == 0  # the saved calibrations: nothing measured again
     again = json.loads((out / "summary.json").read_text())
-    assert again["machine"] == first["machine"] and again["runs"] == first["runs"]
-    assert fake_simulator[2:] == fake_simulator[:2]
+    assert again["calibration"] == first["calibration"] and again["runs"] == first["runs"]
+    assert len(fake_calibration) == 2
 
-    # nothing known, nothing measurable: the lone learner's time as it is, and the page says why
-    (out / "summary.json").unlink()
-    fake_simulator.clear()
+    # a calibration saved for another config is not this run's: measured again (here: it cannot be)
+    saved = json.loads((out / "calibration" / "sync.json").read_text())
+    saved["config"]["train"]["epochs"] = 99
+    (out / "calibration" / "sync.json").write_text(json.dumps(saved))
+    (out / "calibration" / "single.json").write_text("{truncated")  # unreadable: measured again too
     assert _compare(out, corpus, "single,sync") == 0
     single, sync = json.loads((out / "summary.json").read_text())["runs"]
-    assert sync["prediction"] == "simulated (step cost not measured: no corpus here)"
-    assert sync["step_cost_ratio"] is None and single["prediction"] == "simulated"
+    assert sync["prediction"] == "not calibrated: no corpus here" and sync["predicted_frames_per_second"] is None
+    assert single["prediction"] == "not calibrated: no corpus here"
     page = html.unescape((out / "report.html").read_text())
-    assert "sync: simulated frames/s: simulated (step cost not measured: no corpus here)" in page
-    assert "single: simulated frames/s" not in page
-    spf = 1 / FIGURES["single"][1]
-    assert [c[3] for c in fake_simulator] == pytest.approx([spf, spf])
-    assert [c[6] for c in fake_simulator] == [0.0, 0.0]
+    assert "sync: simulated frames/s: not calibrated: no corpus here" in page
+    assert "Simulated frames/s: asrdist's simulator" not in page
 
 
 def test_without_simulator_or_one_learner_run_the_report_says_why(tmp_path, no_training, monkeypatch):
@@ -215,17 +210,32 @@ def test_without_simulator_or_one_learner_run_the_report_says_why(tmp_path, no_t
     assert "simulated frames/s: simulator not available" in (out / "report.html").read_text()
     monkeypatch.delitem(sys.modules, "asrdist.sim")
     (run,) = build_summary({"sync": out / "sync"}, SETUP)["runs"]
-    assert run["predicted_frames_per_second"] is None and "add single to --strategies" in run["prediction"]
+    assert run["predicted_frames_per_second"] is None and run["prediction"].startswith("not calibrated")
 
 
-def test_the_real_simulator_predicts_each_run(tmp_path, no_training):
-    pytest.importorskip("asrdist.sim")
+def test_each_run_is_calibrated_just_before_it_trains(tmp_path, monkeypatch, fake_calibration):
+    """A run compare trains is timed (its learner's microbenchmarks) right before its training
+    starts, and predicted from that; a finished run keeps the calibration saved before it."""
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
-    runs = build_summary(fabricate_runs(out, corpus, ["single", "sync", "adpsgd"]), SETUP)["runs"]
-    for r in runs:
-        assert r["prediction"] == "simulated" and r["predicted_frames_per_second"] > 0, r
-    # one learner computing 1 ms per frame and nothing to exchange: about 1000 frames/s
-    assert runs[0]["predicted_frames_per_second"] == pytest.approx(1000.0, rel=0.2)
+    made = fabricate_runs(tmp_path / "made", corpus, ["single", "sync", "onebit"])
+    events = []
+
+    def train(args):  # stands in for `asrdist train`: the run ends with its files; notes who was calibrated
+        events.append((args.strategy, [c[0] for c in fake_calibration]))
+        args.out.mkdir()
+        for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+            (args.out / name).write_text((made[args.strategy] / name).read_text())
+        return 0
+    monkeypatch.setattr(launch, "train_command", train)
+    assert _compare(out, corpus, "single,sync,onebit") == 0
+    # each calibrated after the run before it trained, and before its own training started
+    assert events == [("single", ["single"]), ("sync", ["single", "sync"]), ("onebit", ["single", "sync", "onebit"])]
+    assert all(c[4] == "before it trained" for c in fake_calibration) and len(fake_calibration) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert {c["when"] for c in summary["calibration"].values()} == {"before it trained"}
+    assert "timed after training" not in (out / "report.html").read_text()
+    for record in summary["runs"]:
+        assert record["predicted_frames_per_second"] == pytest.approx(_predicted(Path(record["path"])))
 
 
 def test_trains_what_is_missing_and_resumes_what_is_unfinished(tmp_path, monkeypatch):
@@ -292,8 +302,7 @@ def test_a_run_made_with_another_recipe_is_refused_before_training(tmp_path, no_
     assert sorted(p.name for p in out.iterdir()) == ["sync"]  # no onebit run, no report
 
 
-def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_path, monkeypatch, capsys,
-                                                                          fake_simulator):
+def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_path, monkeypatch, capsys):
     from asrdist.errors import TrainingError
 
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
@@ -313,7 +322,7 @@ def test_a_run_that_fails_in_training_is_a_row_of_the_report_and_an_error(tmp_pa
     assert "<td>onebit</td><td>2</td><td>-</td>" in page
 
 
-def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys, fake_simulator):
+def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys):
     """Ctrl-C (or a kill) during one strategy's training is the user's wish to stop: compare trains
     no other strategy and writes no report, where a failed training is a row of the report."""
     from asrdist.errors import Stopped
@@ -339,17 +348,27 @@ def _on_hosts(run: Path, nodes: int, network: str) -> None:
 
 
 def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tmp_path, no_training,
-                                                                              fake_simulator, capsys, monkeypatch):
+                                                                              fake_calibration, capsys, monkeypatch):
     import asrdist.cluster.netem
 
     monkeypatch.setattr(asrdist.cluster.netem, "available", lambda: (True, ""))  # nothing is trained here
+    from asrdist.compare import microbench
+
+    predicted_on, predict = [], microbench.predict
+
+    def spied(calibration, cfg, strategy, nodes, network):
+        predicted_on.append((strategy, nodes, network))
+        return predict(calibration, cfg, strategy, nodes, network)
+    monkeypatch.setattr(microbench, "predict", spied)
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     runs = fabricate_runs(out, corpus, ["single", "sync"])
     _on_hosts(runs["sync"], 2, "1gbit")  # as `asrdist train --nodes 2 --network 1gbit` records it
     assert _compare(out, corpus, "single,sync", "--nodes", "2", "--network", "1gbit") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["nodes"], summary["network"]) == (2, "1gbit")
-    assert [c[4:6] for c in fake_simulator] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
+    assert [c[2:4] for c in fake_calibration] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
+    assert [r["prediction"] for r in summary["runs"]] == ["simulated", "simulated"]
+    assert predicted_on == [("single", 1, "loopback"), ("sync", 2, "1gbit")]  # and simulated so
     assert "2 learner(s) x 1 thread(s) sharing 2 CPU core(s), as 2 emulated hosts joined by 1gbit links" in \
         (out / "report.html").read_text()
     capsys.readouterr()

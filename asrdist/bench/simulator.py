@@ -5,7 +5,7 @@ once, then every run again), because this machine's speed is not steady: identic
 apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. Each repeat, in order:
 
 1. Calibration, just before its run trains, in this process: microbenchmarks of one learner of
-   that run's config alone (`measure_microbenchmarks`): its training step per frame through
+   that run's config alone (`asrdist.compare.microbench.measure_microbenchmarks`): its training step per frame through
    `Trainer.train_step` on the corpus at the run's share of the global minibatch and threads,
    with the run's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad
    for onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
@@ -40,35 +40,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from asrdist.bench.corun import corun_slowdown
 from asrdist.checks import cli_list, cli_number
 from asrdist.cluster.netem import network_label
 from asrdist.compare import runs as compare_runs
+from asrdist.compare.microbench import LINK_TIMEOUT, REPEATS, measure_microbenchmarks
 from asrdist.compare.runs import Hosts, parse_strategies, resolve_all
-from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError
-from asrdist.parallel.base import LearnerContext
-from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
-from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
-from asrdist.run.prepare import build_targets, ensure_features
-from asrdist.run.task import SpeechTask, model_kind
+from asrdist.run.prepare import ensure_features
 from asrdist.sim import calibration
-from asrdist.sim.calibration import Microbenchmarks, predict_run, threads_of
-from asrdist.sim.cluster import LINKS, parameter_count
-from asrdist.sim.link import measure_link
-from asrdist.sim.scenario import config_shapes
-from asrdist.utils.machine import median_seconds
+from asrdist.sim.calibration import predict_run
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
 LEARNERS = [1, 2, 4]
 TARGET = 0.20
 DEFAULT_OUT = Path("runs/bench-simulator")
 DEFAULT_CONFIG = Path("configs/default.yaml")
-EPOCH_ENDS = 3
-"""Epoch ends timed per learner count (the median)."""
 RUN_REPEATS = 2
 """Trainings of each run (the module docstring says why)."""
 
@@ -85,111 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network", default="1gbit", help="between the emulated hosts (default: 1gbit)")
     parser.add_argument("--epochs", type=cli_number(int, at_least=1), default=1, help="epochs per run (default: 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"corpus cache and runs (default: {DEFAULT_OUT})")
-    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=5,
-                        help="timings per microbenchmark (default 5; the median)")
+    parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=REPEATS,
+                        help=f"timings per microbenchmark (default {REPEATS}; the median)")
     parser.add_argument("--run-repeats", type=cli_number(int, at_least=1), default=RUN_REPEATS,
                         help=f"times each run is trained, in rounds (default {RUN_REPEATS}; measured = the median)")
-    parser.add_argument("--timeout", type=cli_number(float, above=0), default=300.0,
+    parser.add_argument("--timeout", type=cli_number(float, above=0), default=LINK_TIMEOUT,
                         help="seconds for the link measurement's learners")
     parser.set_defaults(overrides=[])  # `section.key=value` after the options (asrdist.cli appends them)
-
-
-def _with_threads(threads: int, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
-
-
-def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, float]:
-    """Seconds per value on one thread of onebit's quantizer and dequantizer, a parameter average
-    (add, scale) and sync's gradient mean (into the bucket, divide, back), on the model's shapes."""
-    values = parameter_count(shapes)
-    flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
-
-    def mean():
-        bucket.copy_(other)
-        bucket.div_(2)
-        flat.copy_(bucket)
-
-    average = _with_threads(1, lambda: median_seconds(lambda: flat.add_(other).mul_(0.5), repeats))
-    mean_s = _with_threads(1, lambda: median_seconds(mean, repeats))
-    quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
-    exchange = _with_threads(1, lambda: _onebit_exchange_seconds(shapes, repeats))
-    return {"quantize_seconds_per_value": quantize / values, "dequantize_seconds_per_value": dequantize / values,
-            "average_seconds_per_value": average / values, "mean_seconds_per_value": mean_s / values,
-            "onebit_exchange_seconds_per_value": exchange / values}
-
-
-def _onebit_exchange_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
-    """Median seconds of onebit's whole exchange of gradients of `shapes` on one learner alone
-    (`OneBitStrategy.exchange` in a world of one: nothing crosses a wire, every phase's CPU is
-    there), after a few exchanges to settle its residuals."""
-    strategy = OneBitStrategy(OneBitConfig())
-    strategy.setup_exchange([torch.Size(s) for s in shapes], LearnerContext())
-    gen = torch.Generator().manual_seed(0)
-    grads = [torch.randn(s, generator=gen) for s in shapes]
-    for _ in range(2):
-        strategy.exchange(grads)
-    return median_seconds(lambda: strategy.exchange(grads), repeats)
-
-
-def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
-    """Median seconds of 1-bit quantization (with error feedback and packing) and of
-    dequantization of gradients of `shapes`, with onebit's own quantizer."""
-    quantizer = get_quantizer("auto")
-    gen = torch.Generator().manual_seed(0)
-    quantize, dequantize = [], []
-    for shape in shapes:
-        grad, residual, words, recon = quantization_buffers(shape, gen)
-        rows, cols = grad.shape
-        out = torch.empty_like(grad)
-        quantize.append(median_seconds(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats))
-        dequantize.append(median_seconds(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), repeats))
-    return sum(quantize), sum(dequantize)
-
-
-def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats: int, timeout: float):
-    """`Microbenchmarks` of one learner of the resolved config `cfg` of strategy `name` on
-    `learners` learners (its corpus' features in place) on this machine, and the details behind
-    them: see the module docstring. Reads no run."""
-    cores = len(os.sched_getaffinity(0))
-    threads = threads_of(cores, learners)
-    key = f"{learners}x{threads}"
-    targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
-    timed, ended = config_step_seconds_per_frame({key: (cfg, targets, learners, threads)}, epoch_ends=EPOCH_ENDS)
-    lone = SpeechTask(cfg, targets, 0, 1)
-    frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
-    shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
-    figures = per_value_figures(shapes, repeats)
-    many = learners > 1
-    corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
-    link: dict[str, Any] = {}
-    if many:
-        link = measure_link(network, parameter_count(shapes), repeats, timeout)
-    micro = Microbenchmarks(
-        cores, timed, ended, frames_per_epoch, figures["quantize_seconds_per_value"],
-        figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
-        figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
-        link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
-        {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
-    return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets.num_classes, "corun": corun}
-
-
-def _link_latency(network: str) -> float:
-    """Where no link was measured (one learner): the emulated network's delay, tc's 0.1 ms where
-    the kernel has netem (20 us otherwise, the veth pair's own), loopback's preset on loopback (a
-    setting of the emulation, not a timing); the measured link's latency replaces it."""
-    if network == "loopback":
-        return LINKS["loopback"].latency
-    return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3
-
-
-def _network_label(network: str) -> str:
-    return network_label(network)
 
 
 def _corpus(args) -> Path:
@@ -316,7 +205,7 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
                     "runs, against which each row's error is read"},
         "throughput": "the job's training frames over its longest learner's loop seconds, epoch ends included "
                       "(asrdist.utils.throughput), for the runs and the simulator alike",
-        "network": _network_label(args.network),
+        "network": network_label(args.network),
         "recipe": str(args.config), "overrides": [f"train.epochs={args.epochs}", *args.overrides],
         "corpus": str(corpus),
         "calibration": {

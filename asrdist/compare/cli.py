@@ -4,11 +4,14 @@
 Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`; each strategy
 with its own optimizer recipe, `compare.recipes`, unless --same-recipe), skipping runs already
 finished with the same config, then writes DIR/summary.json and DIR/report.html, led by the wall
-time each strategy took to reach the target error rate (`compare.target`).
+time each strategy took to reach the target error rate (`compare.target`). Just before each run
+trains, one learner of its config is timed alone (`compare.microbench`, kept in
+DIR/calibration/<strategy>.json); the simulator's prediction beside the run comes from that alone.
 """
 from __future__ import annotations
 
 import argparse
+from importlib import import_module
 from pathlib import Path
 
 from asrdist.checks import cli_number
@@ -17,7 +20,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.run.train_cli import add_emulated_cluster_options
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
-"""With `single`, the one-learner baseline whose time per frame feeds the simulator."""
+"""With `single`, the one-learner baseline."""
 DEFAULT_LEARNERS = 4
 
 
@@ -58,31 +61,36 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     recipes = recipes_for(names, same_recipe, config)
     configs = resolve_all(config, names, learners, data, overrides, hosts, recipes=recipes)
     failed: dict[str, str] = {}
-    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes)
+    calibrations: dict = {}
+    try:  # the simulator is optional: without it the page says so
+        import_module("asrdist.sim")  # what microbench calibrates for, checked first
+        from asrdist.compare import microbench
+    except ImportError as exc:
+        microbench, calibrations = None, dict.fromkeys(names, f"simulator not available ({exc})")
+
+    def calibrate(name: str) -> None:  # just before the run trains: this machine's speed moves in spells
+        where = hosts.of(name)
+        calibrations[name] = microbench.measure_and_save(out, name, configs[name], where.nodes,
+                                                         where.network_name, "before it trained")
+
+    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes,
+                             before=calibrate if microbench else None)
+    for name in run_dirs:
+        if microbench and name not in calibrations and name not in failed:  # trained earlier: its saved one
+            where = hosts.of(name)
+            calibrations[name] = microbench.saved_or_measured(out, name, configs[name], where.nodes,
+                                                              where.network_name)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides),
              "same_recipe": same_recipe, "recipes": recipes}
     summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()},
-                            known=_earlier_machine_figures(out), target=target)
+                            calibrations=calibrations, target=target)
     write_outputs(out, summary)
     if failed:
         name, reason = next(iter(failed.items()))
         raise TrainingError(f"{', '.join(failed)}: training failed ({name}: {reason}); the report shows it "
                             f"beside the others: {out / 'report.html'}")
     return summary
-
-
-def _earlier_machine_figures(out: Path) -> dict | None:
-    """The machine figures an earlier report on OUT measured (its summary.json's `machine`), so that
-    a rebuilt report predicts what that one did; None if there is none or it is unreadable."""
-    # the command's work, imported when it runs: `asrdist --help` stays light
-    import json
-
-    try:
-        machine = json.loads((out / "summary.json").read_text(encoding="utf-8")).get("machine")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return machine if isinstance(machine, dict) else None
 
 
 def compare_command(args) -> int:

@@ -8,14 +8,13 @@ import io
 from dataclasses import asdict
 from pathlib import Path
 
-from asrdist.compare import stepcost
 from asrdist.compare.prediction import (
     nearest_validated,
     ranking_line,
     time_to_target_check,
     uncertainty_line,
 )
-from asrdist.compare.runs import predict_frames_per_second, run_config, run_record
+from asrdist.compare.runs import run_config, run_record
 from asrdist.compare.target import (
     Target,
     behind_sync,
@@ -52,38 +51,27 @@ def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> d
 
 
 def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str] | None = None,
-                  learners: dict[str, int] | None = None, known: dict | None = None,
+                  learners: dict[str, int] | None = None, calibrations: dict | None = None,
                   target: float | None = None) -> dict:
     """summary.json's content: `setup` (what was asked), the runs' records with the simulator's
     prediction beside the measured frames/s, the summary table, and where the runs of several
     learners trained (`nodes`, `network`: from their summaries; `mixed` if they differ). Runs in
     `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why.
-    `known`: the machine figures of an earlier report on these runs (`measure_machine`). `target`:
-    the error rate each run's time is measured to (None: within 5% of the best final figure)."""
-    failed, learners = failed or {}, learners or {}
+    `calibrations`: strategy -> its run's `RunCalibration` (`compare.microbench`: microbenchmarks of
+    one learner of its config, timed just before it trained), or why there is none; each run is
+    predicted from its own alone. `target`: the error rate each run's time is measured to (None:
+    within 5% of the best final figure)."""
+    failed, learners, calibrations = failed or {}, learners or {}, calibrations or {}
     runs = [failed_record(d, n, learners.get(n), failed[n]) if n in failed else {**run_record(d), "failed": None}
             for n, d in run_dirs.items()]
-    # the simulator's compute per frame: the lone learner's whole training step (its data pipeline
-    # included), so that it predicts the one-learner run's own rate; the other runs' steps scaled
-    # by what their minibatch and threads cost per frame on this machine (`stepcost`)
-    lone = next((r for r in runs if r["learners"] == 1 and r["step_seconds_per_frame"]), None)
-    spf = lone["step_seconds_per_frame"] if lone else None
-    machine = measure_machine(runs, run_dirs, lone, known) if spf is not None else {}
-    network_cost = machine.get("network_cpu_seconds_per_byte") or 0.0
-    for record, run_dir in zip(runs, run_dirs.values()):
+    calibrated = {}
+    for record, (name, run_dir) in zip(runs, run_dirs.items()):
         if record["failed"]:
             record["prediction"] = "training failed"
             continue
-        ratio, why = machine.get("step_cost_ratio", {}).get(record["run"], (None, None))
-        record["step_cost_ratio"] = 1.0 if record is lone else ratio
-        learner_spf = spf  # unmeasured: the lone learner's, its threads' speed-up taken as linear
-        if ratio is not None:  # as if the learner had every core (the simulator gives it cores /
-            # learners of them, as the run did)
-            learner_spf = spf * ratio * (record["threads_per_learner"] or 1) / (record["cores"] or 1)
-        predicted, note = predict_frames_per_second(run_dir, record["learners"], learner_spf, record["nodes"],
-                                                    record["network"], network_cost)
+        calibration = calibrations.get(name, "not calibrated (no microbenchmarks of its learner were timed)")
+        predicted, record["prediction"], calibrated[name] = _predict(record, run_dir, calibration)
         record["predicted_frames_per_second"] = predicted
-        record["prediction"] = f"{note} ({why})" if why and predicted is not None else note
         measured = record["frames_per_second"]
         record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
         record["prediction_nearest_validated"] = nearest_validated(record)
@@ -98,12 +86,30 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     times = {run: None if t == NEVER else t for run, t in times.items()}
     return {**setup, "metric": metric, "nodes": nodes, "network": network, "target": goal and asdict(goal),
             "recommendation": recommendation(goal, times, sharing_line(runs, cores)), "cores": cores,
-            "one_learner_compute_seconds_per_frame": lone["compute_seconds_per_frame"] if lone else None,
-            "one_learner_step_seconds_per_frame": spf, "one_learner_run": lone["run"] if lone else None,
-            "machine": {k: v for k, v in machine.items() if k != "step_cost_ratio"}, "runs": runs,
+            "calibration": calibrated, "runs": runs,
             "time_to_target_prediction": time_to_target_check(runs, goal.value if goal else None),
             "behind_sync": behind_sync(runs, metric),
             "table": {"columns": columns, "rows": rows}}
+
+
+def _predict(record: dict, run_dir: Path, calibration) -> tuple[float | None, str, dict | str]:
+    """(the simulator's frames/s of a finished run or None, "simulated" or why not, what summary.json
+    keeps of its calibration: when it was timed, the microbenchmarks, the inputs calibrated from
+    them and what each was calibrated on; or why there is none)."""
+    if isinstance(calibration, str):
+        return None, calibration, calibration
+    try:
+        from asrdist.compare.microbench import predict  # optional: the report says when the simulator is missing
+
+        prediction, inputs = predict(calibration, run_config(run_dir), record["strategy"], record["nodes"] or 1,
+                                     record["network"] or "loopback")
+    except ImportError as exc:
+        return None, f"simulator not available ({exc})", f"simulator not available ({exc})"
+    except AsrdistError as exc:
+        return None, f"simulator: {exc}", f"simulator: {exc}"
+    kept = {**calibration.to_json(), "inputs": asdict(inputs)}
+    kept.pop("config")  # the run's own config.yaml
+    return prediction.frames_per_second, "simulated", kept
 
 
 def time_to_targets(runs: list[dict], metric: str, value: float | None) -> Target | None:
@@ -118,45 +124,6 @@ def time_to_targets(runs: list[dict], metric: str, value: float | None) -> Targe
         r["reached_target"] = None if r["failed"] or goal is None else seconds is not None
         r["time_to_target_seconds"] = NEVER if r["reached_target"] is False else seconds
     return goal
-
-
-def measure_machine(runs: list[dict], run_dirs: dict[str, Path], lone: dict, known: dict | None = None) -> dict:
-    """What the simulator needs of this machine for the runs of several learners (`stepcost`),
-    measured alone after the training, once per minibatch share and thread count, or taken from
-    `known` (the `machine` section of the summary.json of an earlier report on the same runs, so
-    that a rebuilt report predicts what the first one did). Returns {"step_seconds_per_frame":
-    {"LxT": seconds per frame of a learner among L with T threads}, "network_cpu_seconds_per_byte":
-    gloo's CPU per byte or None, "step_cost_ratio": {run: (its step's cost per frame over the lone
-    learner's, None) or (None, why it was not measured)}}."""
-    known = known or {}
-    many = [(r, d) for r, d in zip(runs, run_dirs.values()) if not r["failed"] and r["learners"] > 1]
-    if not many:
-        return {}
-    costs = dict(known.get("step_seconds_per_frame") or {})
-
-    def key(record: dict) -> str:
-        return f"{record['learners']}x{record['threads_per_learner'] or 1}"
-
-    wanted = {key(r): (Path(d), r["learners"], r["threads_per_learner"] or 1)
-              for r, d in [(lone, lone["path"]), *many]}
-    failure, missing = None, {k: v for k, v in wanted.items() if k not in costs}
-    try:
-        costs.update(stepcost.step_seconds_per_frame(missing) if missing else {})
-    except (AsrdistError, OSError) as exc:
-        failure = f"step cost not measured: {exc}"
-    ratios = {r["run"]: (None, failure) if failure else (costs[key(r)] / costs[key(lone)], None) for r, _ in many}
-    network_cost = known.get("network_cpu_seconds_per_byte")
-    if network_cost is None:
-        try:
-            # optional: without the simulator the page predicts nothing and says why
-            from asrdist.sim.cluster import parameter_count
-            from asrdist.sim.scenario import config_shapes
-
-            values = parameter_count(config_shapes(run_config(many[0][1])))
-            network_cost = stepcost.network_seconds_per_byte(values)
-        except (AsrdistError, OSError, ImportError):  # the page then predicts without it
-            pass
-    return {"step_seconds_per_frame": costs, "network_cpu_seconds_per_byte": network_cost, "step_cost_ratio": ratios}
 
 
 def format_table(summary: dict) -> str:
@@ -199,20 +166,16 @@ def setup_line(summary: dict) -> str:
 
 
 def simulator_line(summary: dict) -> str:
-    """What the simulated frames/s were computed from (empty without a lone learner's step time)."""
-    spf = summary.get("one_learner_step_seconds_per_frame")
-    if not spf:
+    """What the simulated frames/s were computed from (empty when no run was calibrated)."""
+    kept = {run: c for run, c in (summary.get("calibration") or {}).items() if isinstance(c, dict)}
+    if not kept:
         return ""
-    lone = summary.get("one_learner_run") or "single"
-    line = (f" Simulated frames/s: asrdist's simulator, fed the one-learner run's ({lone}) {1e6 * spf:.1f} us per "
-            f"frame of training step (its own row is that figure again)")
-    ratios = sorted({round(r["step_cost_ratio"], 2) for r in summary["runs"]
-                     if r.get("step_cost_ratio") is not None and r["learners"] > 1})
-    if ratios:
-        line += f", the learners' steps timed here at {' / '.join(f'{x:g}' for x in ratios)} x its cost per frame"
-    network = (summary.get("machine") or {}).get("network_cpu_seconds_per_byte")
-    if network:
-        line += f" and gloo's {1e9 * network:.2f} ns of CPU per byte"
+    after = sorted(run for run, c in kept.items() if not c["when"].startswith("before"))
+    line = (" Simulated frames/s: asrdist's simulator, calibrated for each run on microbenchmarks of one "
+            "learner of its config alone (its training step, epoch end, gradient coding and averaging, and the "
+            "link between two learners), timed just before the run trained; no timing of the runs themselves")
+    if after:
+        line += f" (timed after training for {', '.join(after)}: no calibration was saved before)"
     return line + "."
 
 
@@ -277,7 +240,7 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
     costs = _png(fig)
     return [(f"Validation {label} of the consensus model against epoch and against wall time (the last point: "
              f"the final evaluation; dashed: the target)", curves),
-            ("Throughput (measured, and the simulator's prediction from the lone learner's measured time per frame), "
+            ("Throughput (measured, and the simulator's prediction from each run's microbenchmarks), "
              "bytes sent and time spent communicating / waiting", costs)]
 
 

@@ -10,12 +10,13 @@ import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 from asrdist.compare.target import run_points
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
-from asrdist.errors import AsrdistError, ConfigError, DataError, Stopped, TrainingError
+from asrdist.errors import ConfigError, DataError, Stopped, TrainingError
 from asrdist.parallel import STRATEGIES
 from asrdist.run import launch
 from asrdist.run.launch import check_job, resolve_config
@@ -143,11 +144,13 @@ def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
 
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
                   overrides: list[str], failed: dict[str, str] | None = None,
-                  hosts: Hosts = Hosts(), recipes: dict[str, list[str]] | None = None) -> dict[str, Path]:
+                  hosts: Hosts = Hosts(), recipes: dict[str, list[str]] | None = None,
+                  before: Callable[[str], None] | None = None) -> dict[str, Path]:
     """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
     checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
     `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
-    recorded there (strategy -> reason) and the others still train."""
+    recorded there (strategy -> reason) and the others still train. `before(strategy)` is called
+    just before each training starts (a comparison times the run's microbenchmarks there)."""
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts
         check_same_recipe(run_dir, configs[name])
@@ -158,6 +161,8 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
             continue
         resume = run_dir if latest_step_dir(run_dir) is not None else None
         learners = configs[name].train.learners
+        if before is not None:
+            before(name)
         print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
               f"({learners} learner(s))", flush=True)
         try:
@@ -231,28 +236,3 @@ def run_record(run_dir: Path) -> dict:
 def run_config(run_dir: Path) -> RunConfig:
     """The resolved config a run was (last) started with."""
     return config_from_tree(read_config_tree(run_config_path(Path(run_dir))))
-
-
-def predict_frames_per_second(run_dir: Path, learners: int, seconds_per_frame: float | None,
-                              nodes: int = 1, network: str | None = "loopback",
-                              network_cost: float = 0.0) -> tuple[float | None, str]:
-    """The simulator's frames/s for a finished run of `learners` learners, on the run's own config
-    and node shape, from the compute time per frame of its learners' steps (`seconds_per_frame`, as
-    if a learner had every core: `report.build_summary` derives it from the `single` run) and
-    gloo's CPU per byte (`network_cost`); (None, why) when it cannot. `nodes`, `network`: the
-    hosts the run trained on, as its summary.json says (`run_record`)."""
-    if seconds_per_frame is None:
-        return None, "no one-learner step time (add single to --strategies)"
-    try:
-        from asrdist.sim import predict_frames_per_second as simulate  # optional: the report says when it is missing
-
-        cfg = run_config(run_dir)
-        if not (nodes > 1 and network):  # one machine: train.group_size's nodes, talking over loopback
-            group = cfg.train.group_size
-            nodes, network = (learners // group if group else 1), "loopback"
-        return float(simulate(cfg, learners, seconds_per_frame, nodes=nodes, network=network,
-                              network_cost=network_cost)), "simulated"
-    except ImportError as exc:
-        return None, f"simulator not available ({exc})"
-    except AsrdistError as exc:
-        return None, f"simulator: {exc}"

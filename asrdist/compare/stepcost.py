@@ -1,15 +1,14 @@
-"""What a comparison's simulator needs of this machine besides the lone learner's run: how much
-a learner's training step costs per frame at the learners' own minibatch and thread count, and
-the CPU that gloo spends per byte it moves.
+"""One learner's training step per frame, timed alone on this machine: the compute that the
+simulator is calibrated on (`asrdist.compare.microbench`).
 
-The lone run says what a frame costs in steps of the whole global minibatch on all cores. The
-learners of a multi-learner run take steps of batch_size / n frames on cores / n threads, and on a
-small machine such a step costs more per frame: the optimizer's update of every parameter and the
-per-layer overheads do not shrink with the minibatch, and one thread does not run at half the speed
-of two (on the default DNN, 64 frames on 1 thread cost about 2.7 times as much per frame as 256
-on 2). `step_seconds_per_frame` times such steps here, alone, through the trainer's own
-`Trainer.train_step` on the run's recipe and corpus (a learner from `build_learner`, strategy
-single), so that the simulator is fed each run's own compute and not a linear guess.
+A learner of a run of n learners takes steps of batch_size / n frames on cores / n threads, and on
+a small machine such a step costs more per frame than the lone learner's: the optimizer's update of
+every parameter and the per-layer overheads do not shrink with the minibatch, and one thread does
+not run at half the speed of two (on the default DNN, 64 frames on 1 thread cost about 2.7 times as
+much per frame as 256 on 2). `config_step_seconds_per_frame` times such steps, alone, through the
+trainer's own `Trainer.train_step` on the run's recipe and corpus (a learner from `build_learner`,
+strategy single), the minibatch drawn from the sampler as the learner's loop draws it, so that the
+simulator is fed each run's own compute and not a linear guess.
 """
 from __future__ import annotations
 
@@ -22,32 +21,17 @@ from pathlib import Path
 import torch
 
 from asrdist.cluster.process_group import default_backend, device_for_backend
-from asrdist.compare.runs import run_config
 from asrdist.config import config_from_tree
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
 from asrdist.parallel.base import LearnerContext
 from asrdist.run.learner import build_learner
-from asrdist.run.prepare import load_targets
 from asrdist.run.task import SpeechTask
-from asrdist.sim.link import measure_link
 
 ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.2, 8
 """Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
 a slower spell of the machine hits all alike), each of at least MIN_STEPS steps and SECONDS, after
 WARMUP untimed steps (first touch of the buffers); a learner's figure is the median window's."""
-REPEATS = 20
-"""Messages timed for gloo's CPU per byte (the median)."""
-
-
-def step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS) -> dict:
-    """{key: seconds per frame of one learner's training step} for `requests` = {key: (run
-    directory, learners, threads)}: the step of that run's recipe, corpus and targets with
-    `learners`' share of the global minibatch on `threads` torch threads, timed alone. Raises
-    AsrdistError (a corpus gone, ...) or OSError."""
-    return config_step_seconds_per_frame({key: (run_config(run_dir), load_targets(Path(run_dir)), learners, threads)
-                                          for key, (run_dir, learners, threads) in requests.items()},
-                                         rounds, seconds)[0]
 
 
 def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS,
@@ -135,10 +119,3 @@ def _batches(sampler):
         if empty:
             return
         epoch += 1
-
-
-def network_seconds_per_byte(values: int, timeout: float = 120.0) -> float:
-    """CPU seconds that a learner on this machine spends per byte it sends or receives through
-    gloo (both learners' process CPU over a message of `values` float32, one way, over loopback,
-    halved), as `asrdist bench simulator` measures it."""
-    return measure_link("loopback", values, repeats=REPEATS, timeout=timeout)["cpu_seconds_per_byte"]

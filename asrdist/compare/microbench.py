@@ -1,0 +1,229 @@
+"""Microbenchmarks of one learner of a run's config on this machine: what the simulator is
+calibrated on (`asrdist.sim.calibration.Microbenchmarks`), never a timing of the run it predicts.
+
+`measure_microbenchmarks` times, in this process, one learner of the resolved config alone: its
+training step per frame through `Trainer.train_step` at the run's share of the global minibatch
+and threads, with the run's own recipe (strategy `single`, so no exchange is in it), an epoch's
+end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
+alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
+slows when every core computes (`asrdist.bench.corun`), and, for a run of several learners, the
+link between two learners on the run's network carrying the model (`measure_link`).
+`asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
+trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
+predicts another machine.
+
+`RunCalibration` is one such measurement, kept as JSON (`save`, `load`) so that a rebuilt report
+predicts what the first one did.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asrdist.bench.corun import corun_slowdown
+from asrdist.cluster.netem import network_label
+from asrdist.compare.stepcost import config_step_seconds_per_frame
+from asrdist.errors import AsrdistError, DataError
+from asrdist.io.atomic import write_json_atomic
+from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
+from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
+from asrdist.run.prepare import build_targets
+from asrdist.run.task import SpeechTask, model_kind
+from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
+from asrdist.sim.cluster import LINKS, parameter_count
+from asrdist.sim.link import measure_link
+from asrdist.sim.scenario import config_shapes
+from asrdist.utils.machine import median_seconds
+
+EPOCH_ENDS = 3
+"""Epoch ends timed (the median)."""
+REPEATS = 5
+"""Timings per microbenchmark (the median)."""
+LINK_TIMEOUT = 300.0
+"""Seconds for the link measurement's learners (catches a hang only)."""
+
+
+def _with_threads(threads: int, fn):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, float]:
+    """Seconds per value on one thread of onebit's quantizer and dequantizer, a parameter average
+    (add, scale) and sync's gradient mean (into the bucket, divide, back), on the model's shapes."""
+    values = parameter_count(shapes)
+    flat, other, bucket = torch.zeros(values), torch.ones(values), torch.empty(values)
+
+    def mean():
+        bucket.copy_(other)
+        bucket.div_(2)
+        flat.copy_(bucket)
+
+    average = _with_threads(1, lambda: median_seconds(lambda: flat.add_(other).mul_(0.5), repeats))
+    mean_s = _with_threads(1, lambda: median_seconds(mean, repeats))
+    quantize, dequantize = _with_threads(1, lambda: _onebit_seconds(shapes, repeats))
+    exchange = _with_threads(1, lambda: _onebit_exchange_seconds(shapes, repeats))
+    return {"quantize_seconds_per_value": quantize / values, "dequantize_seconds_per_value": dequantize / values,
+            "average_seconds_per_value": average / values, "mean_seconds_per_value": mean_s / values,
+            "onebit_exchange_seconds_per_value": exchange / values}
+
+
+def _onebit_exchange_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
+    """Median seconds of onebit's whole exchange of gradients of `shapes` on one learner alone
+    (`OneBitStrategy.exchange` in a world of one: nothing crosses a wire, every phase's CPU is
+    there), after a few exchanges to settle its residuals."""
+    strategy = OneBitStrategy(OneBitConfig())
+    strategy.setup_exchange([torch.Size(s) for s in shapes], LearnerContext())
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(s, generator=gen) for s in shapes]
+    for _ in range(2):
+        strategy.exchange(grads)
+    return median_seconds(lambda: strategy.exchange(grads), repeats)
+
+
+def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:
+    """Median seconds of 1-bit quantization (with error feedback and packing) and of
+    dequantization of gradients of `shapes`, with onebit's own quantizer."""
+    quantizer = get_quantizer("auto")
+    gen = torch.Generator().manual_seed(0)
+    quantize, dequantize = [], []
+    for shape in shapes:
+        grad, residual, words, recon = quantization_buffers(shape, gen)
+        rows, cols = grad.shape
+        out = torch.empty_like(grad)
+        quantize.append(median_seconds(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), repeats))
+        dequantize.append(median_seconds(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), repeats))
+    return sum(quantize), sum(dequantize)
+
+
+def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats: int = REPEATS,
+                            timeout: float = LINK_TIMEOUT):
+    """`Microbenchmarks` of one learner of the resolved config `cfg` of strategy `name` on
+    `learners` learners (its corpus' features in place) on this machine, the link measured on
+    `network` ("loopback": this machine's), and the details behind them: see the module
+    docstring. Reads no run."""
+    cores = len(os.sched_getaffinity(0))
+    threads = threads_of(cores, learners)
+    key = f"{learners}x{threads}"
+    targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
+    timed, ended = config_step_seconds_per_frame({key: (cfg, targets, learners, threads)}, epoch_ends=EPOCH_ENDS)
+    lone = SpeechTask(cfg, targets, 0, 1)
+    frames_per_epoch = float(len(lone.sampler) * lone.samples_per_step)
+    shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
+    figures = per_value_figures(shapes, repeats)
+    many = learners > 1
+    corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
+    link: dict[str, Any] = {}
+    if many:
+        link = measure_link(network, parameter_count(shapes), repeats, timeout)
+    micro = Microbenchmarks(
+        cores, timed, ended, frames_per_epoch, figures["quantize_seconds_per_value"],
+        figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
+        figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
+        link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
+        {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"])
+    return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
+                   "num_classes": targets.num_classes, "corun": corun}
+
+
+def _link_latency(network: str) -> float:
+    """Where no link was measured (one learner): the emulated network's delay, tc's 0.1 ms where
+    the kernel has netem (20 us otherwise, the veth pair's own), loopback's preset on loopback (a
+    setting of the emulation, not a timing); the measured link's latency replaces it."""
+    if network == "loopback":
+        return LINKS["loopback"].latency
+    return 20e-6 if network_label(network).endswith("nodelay") else 0.1e-3
+
+
+@dataclass(frozen=True)
+class RunCalibration:
+    """One run's microbenchmarks, when they were timed (`when`: before or after the run trained;
+    `measured_at`, UTC) and the details behind them (the link's and the co-run's measurements,
+    the model's parameters, the corpus' feature dimension and classes)."""
+
+    micro: Microbenchmarks
+    detail: dict
+    when: str
+    measured_at: str
+    config: dict
+    """The resolved config the microbenchmarks timed (`RunConfig.to_dict()`)."""
+
+    def to_json(self) -> dict:
+        return {"when": self.when, "measured_at": self.measured_at, "microbenchmarks": dataclasses.asdict(self.micro),
+                "detail": self.detail, "config": self.config}
+
+
+def calibrate_run(name: str, cfg, nodes: int, network: str, when: str) -> RunCalibration:
+    """Microbenchmarks of one learner of the run of strategy `name` and resolved config `cfg` on
+    `nodes` hosts joined by `network` (1 node: loopback). Raises AsrdistError or OSError."""
+    micro, detail = measure_microbenchmarks(name, cfg.train.learners, cfg, network if nodes > 1 else "loopback",
+                                            REPEATS, LINK_TIMEOUT)
+    return RunCalibration(micro, detail, when, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          cfg.to_dict())
+
+
+def save(path: Path, calibration: RunCalibration) -> None:
+    write_json_atomic(path, calibration.to_json())
+
+
+def load(path: Path) -> RunCalibration:
+    """A saved `RunCalibration`. Raises DataError naming the file when it is unreadable."""
+    try:
+        tree = json.loads(path.read_text(encoding="utf-8"))
+        return RunCalibration(Microbenchmarks(**tree["microbenchmarks"]), tree["detail"], tree["when"],
+                              tree["measured_at"], tree["config"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: not a run calibration ({type(exc).__name__}: {exc})") from None
+
+
+# -- a comparison's runs: each calibrated just before it trains, the calibration kept beside them --
+
+def calibration_path(out: Path, name: str) -> Path:
+    """Where a comparison in OUT keeps the calibration of its run of strategy `name`."""
+    return out / "calibration" / f"{name}.json"
+
+
+def measure_and_save(out: Path, name: str, cfg, nodes: int, network: str, when: str) -> RunCalibration | str:
+    """`calibrate_run`, saved at `calibration_path`; or why it could not be measured (one line:
+    the prediction is then missing, the run still trains)."""
+    try:
+        calibration = calibrate_run(name, cfg, nodes, network, when)
+        save(calibration_path(out, name), calibration)
+        return calibration
+    except (AsrdistError, OSError) as exc:
+        return f"not calibrated: {exc}"
+
+
+def saved_or_measured(out: Path, name: str, cfg, nodes: int, network: str) -> RunCalibration | str:
+    """The calibration saved for the run of `cfg` (timed before it trained), or, where there is
+    none for that config, one measured now, after the training, and said to be."""
+    path = calibration_path(out, name)
+    if path.is_file():
+        try:
+            calibration = load(path)
+            if calibration.config == json.loads(json.dumps(cfg.to_dict())):
+                return calibration
+        except DataError:
+            pass  # unreadable: measured again
+    return measure_and_save(out, name, cfg, nodes, network, "after it trained (none was saved before)")
+
+
+def predict(calibration: RunCalibration, cfg, strategy: str, nodes: int, network: str):
+    """The simulator's `Prediction` of the run of resolved config `cfg` from its calibration alone,
+    and the calibrated inputs (`CalibratedInputs`). Raises AsrdistError."""
+    inputs = calibrate(calibration.micro, cfg.train.learners, strategy)
+    prediction = predict_run(cfg, inputs, nodes, network, feature_dim=calibration.detail["feature_dim"],
+                             num_classes=calibration.detail["num_classes"])
+    return prediction, inputs
