@@ -5,19 +5,21 @@ threads while the machine's other cores idle. In a run, its peers compute on tho
 the same time, and cores that share caches, memory bandwidth or a physical core (vCPUs of a virtual
 machine may be hyperthreads of one core) slow each other down. This measures that on a stand-in
 for the step's arithmetic, a float32 matrix product of a hidden layer's size on one thread: timed
-alone, then while `cores - 1` sibling processes run the same product, each on one thread. The
-ratio (`slowdown`) is a property of the machine, measured before any run trains.
+alone, then while `cores - 1` sibling processes run the same product, each on one thread, in
+adjacent pairs. The ratio (`slowdown`) is a property of the machine, measured before any run trains.
 """
 from __future__ import annotations
 
 import os
+import signal
+import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
 from asrdist.errors import TrainingError
-from asrdist.utils.machine import median_seconds
 
 ROWS, COLS = 128, 1024
 """A minibatch's frames by a hidden layer's width: the default DNN's layer product."""
@@ -41,29 +43,47 @@ def _products(x: torch.Tensor, w: torch.Tensor) -> None:
 
 
 def corun_slowdown(cores: int, repeats: int = 5) -> dict:
-    """{alone_seconds, together_seconds, slowdown, siblings}: the median time of the products on one
-    thread alone and with `cores - 1` siblings computing, and their ratio (1.0 with one core)."""
+    """{alone_seconds, together_seconds, slowdown, ratios, siblings}: the products on one thread
+    timed alone and with `cores - 1` siblings computing, in `repeats` adjacent pairs (the siblings
+    stopped, SIGSTOP, for the one and running, SIGCONT, for the other, so that both timings of a
+    pair fall in the same spell of this machine, whose speed moves over seconds); `slowdown` is the
+    median of the pairs' ratios (1.0 with one core), the seconds are the medians of each side."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    siblings: list[subprocess.Popen] = []
     try:
         x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
-        alone = median_seconds(lambda: _products(x, w), repeats)
-        siblings = []
+        _products(x, w)  # first touch
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        try:
-            for _ in range(max(0, cores - 1)):
-                siblings.append(subprocess.Popen([sys.executable, "-c", _SIBLING], stdin=subprocess.DEVNULL,
-                                                 stdout=subprocess.PIPE, env=env, text=True))
-            for sibling in siblings:  # each has started computing (it says so after its first product)
-                if sibling.stdout.readline().strip() != "ready":
-                    raise TrainingError(f"co-run benchmark: a sibling process exited with {sibling.wait()}")
-            together = median_seconds(lambda: _products(x, w), repeats)
-        finally:
-            for sibling in siblings:
-                sibling.kill()
-                sibling.wait()
-                sibling.stdout.close()
+        for _ in range(max(0, cores - 1)):
+            siblings.append(subprocess.Popen([sys.executable, "-c", _SIBLING], stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, env=env, text=True))
+        for sibling in siblings:  # each has started computing (it says so after its first product)
+            if sibling.stdout.readline().strip() != "ready":
+                raise TrainingError(f"co-run benchmark: a sibling process exited with {sibling.wait()}")
+        alone, together = [], []
+        for _ in range(repeats):
+            _signal(siblings, signal.SIGSTOP)
+            alone.append(_seconds(x, w))
+            _signal(siblings, signal.SIGCONT)
+            together.append(_seconds(x, w))
     finally:
+        for sibling in siblings:
+            sibling.kill()
+            sibling.wait()
+            sibling.stdout.close()
         torch.set_num_threads(before)
-    return {"alone_seconds": alone, "together_seconds": together, "slowdown": together / alone,
-            "siblings": len(siblings)}
+    ratios = [t / a for a, t in zip(alone, together)] if siblings else [1.0] * repeats
+    return {"alone_seconds": statistics.median(alone), "together_seconds": statistics.median(together),
+            "slowdown": statistics.median(ratios), "ratios": ratios, "siblings": len(siblings)}
+
+
+def _signal(processes: list[subprocess.Popen], signum: int) -> None:
+    for process in processes:
+        process.send_signal(signum)
+
+
+def _seconds(x: torch.Tensor, w: torch.Tensor) -> float:
+    start = time.perf_counter()
+    _products(x, w)
+    return time.perf_counter() - start

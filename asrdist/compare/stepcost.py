@@ -28,10 +28,13 @@ from asrdist.parallel.base import LearnerContext
 from asrdist.run.learner import build_learner
 from asrdist.run.task import SpeechTask
 
-ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.2, 8
+ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.5, 8
 """Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
 a slower spell of the machine hits all alike), each of at least MIN_STEPS steps and SECONDS, after
-WARMUP untimed steps (first touch of the buffers); a learner's figure is the median window's."""
+WARMUP untimed steps (first touch of the buffers); a learner's figure is the windows' mean. A run's
+throughput is its frames over its whole time, the machine's slow spells (seconds long, on this
+machine) included: the mean of windows spanning several seconds estimates that, where their median
+(until 2026-11-28) dropped the slow spells, and 0.2 s windows spanned too little time to meet one."""
 
 
 def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds: float = SECONDS,
@@ -56,7 +59,7 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
     finally:
         torch.set_num_threads(threads_before)
         torch.set_rng_state(rng_state)
-    return {key: statistics.median(w) for key, w in windows.items()}, ends
+    return {key: statistics.fmean(w) for key, w in windows.items()}, ends
 
 
 class _Timer:
