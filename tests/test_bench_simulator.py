@@ -201,7 +201,7 @@ def test_peers_computing_on_the_other_cores_slow_a_learners_step_by_the_co_run_f
 
 
 def test_the_co_run_figure_is_measured_with_siblings_computing():
-    from asrdist.bench.corun import corun_slowdown  # the measurement itself, on this machine
+    from asrdist.compare.corun import corun_slowdown  # the measurement itself, on this machine
 
     alone = corun_slowdown(1, repeats=1)
     assert alone["siblings"] == 0 and alone["slowdown"] > 0

@@ -11,7 +11,7 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    for onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
    (validation and checkpoint), onebit's quantizer and dequantizer and its whole exchange on one
    learner alone (which scales the two: residuals, copies, packing), how much one thread's
-   arithmetic slows when every core computes (`asrdist.bench.corun`), a parameter average and
+   arithmetic slows when every core computes (`asrdist.compare.corun`), a parameter average and
    sync's gradient mean per value, and the link between two learners on the emulated network
    carrying the model (`measure_link`: its rate one way, the share of it each direction keeps in
    a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its

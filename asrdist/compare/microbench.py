@@ -6,7 +6,7 @@ training step per frame through `Trainer.train_step` at the run's share of the g
 and threads, with the run's own recipe (strategy `single`, so no exchange is in it), an epoch's
 end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
 alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
-slows when every core computes (`asrdist.bench.corun`), and, for a run of several learners, the
+slows when every core computes (`asrdist.compare.corun`), and, for a run of several learners, the
 link between two learners on the run's network carrying the model (`measure_link`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
 trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from asrdist.bench.corun import corun_slowdown
+from asrdist.compare.corun import corun_slowdown
 from asrdist.cluster.netem import network_label
 from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.errors import AsrdistError, DataError

@@ -54,7 +54,7 @@ class Microbenchmarks:
     quantizer's and dequantizer's costs (`calibrate`)."""
     corun_slowdown: float = 1.0
     """One thread's arithmetic with every core computing over the same alone
-    (`asrdist.bench.corun`): a run's learners compute on the cores its lone step left idle."""
+    (`asrdist.compare.corun`): a run's learners compute on the cores its lone step left idle."""
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
