@@ -124,7 +124,7 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     its busy CPU over back-to-back messages less its busy rate in a pause as long, so the kernel's
     network work outside the two processes counts too), or where the machine's cannot be read, the
     two processes' (`process_cpu_seconds_per_byte`, their rusage: gloo's threads and the kernel
-    work done on their behalf). Medians of `repeats`."""
+    work done on their behalf). `cpu_source` says which. Medians of `repeats`."""
     sender, receiver = run_learners("asrdist.sim.link", "link_timing", 2, network=network,
                                     args={"floats": values, "repeats": repeats}, timeout=timeout)
     size = 4 * values
@@ -133,6 +133,8 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     process = statistics.median(a + b for a, b in zip(sender["one_way"]["cpu_seconds"],
                                                       receiver["one_way"]["cpu_seconds"])) / (2 * size)
     machine = machine_cpu_seconds_per_byte(sender.get("machine"), size)
+    # the machine's reading where it stands out of the background; on a machine busy with other work
+    # the pause can be as busy as the messages, and then the two processes' own CPU is the figure
     latency = statistics.median(sender["round_trips"]["seconds"]) / (2 * ROUND_TRIPS)
     return {"bytes_per_second": size / one_way, "duplex": min(one_way / exchange, 1.0), "latency_seconds": latency,
             "cpu_seconds_per_byte": machine if machine is not None else process,
@@ -145,8 +147,10 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
 def machine_cpu_seconds_per_byte(reading: dict[str, float] | None, size: int) -> float | None:
     """From `_machine_cpu`'s reading of messages of `size` bytes: the machine's busy CPU over the
     messages less its pause's busy rate over as long, per message, per byte sent and received
-    (halved); None without a reading. Never below 0 (a busier pause than the messages)."""
+    (halved); None without a reading, or where the messages were no busier than the pause's
+    background (other work on the machine drowned them: no figure, rather than a 0)."""
     if not reading or reading["messages"] < 1 or reading["pause_seconds"] <= 0:
         return None
     background = reading["pause_busy_seconds"] * reading["seconds"] / reading["pause_seconds"]
-    return max(0.0, reading["busy_seconds"] - background) / reading["messages"] / (2 * size)
+    busy = reading["busy_seconds"] - background
+    return busy / reading["messages"] / (2 * size) if busy > 0 else None
