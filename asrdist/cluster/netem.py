@@ -38,7 +38,7 @@ import time
 import warnings
 from typing import Any, Mapping, Sequence
 
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.errors import ConfigError, Stopped, TrainingError
 
 PREFIX = "asrdist"
 NODE_INTERFACE = "eth0"
@@ -153,6 +153,8 @@ def _probe() -> tuple[bool, str, bool]:
                           "netem", "delay", "0.1ms"], check=False).returncode == 0
         finally:
             _delete_namespace(ns)
+    except Stopped:
+        raise
     except TrainingError as e:
         return False, f"cannot build an emulated network: {e}", False
     return True, "", netem

@@ -30,7 +30,7 @@ import torch
 from asrdist.compare.corun import corun_slowdown
 from asrdist.cluster.netem import network_label
 from asrdist.compare.stepcost import config_step_seconds_per_frame
-from asrdist.errors import AsrdistError, DataError
+from asrdist.errors import AsrdistError, DataError, Stopped
 from asrdist.io.atomic import write_json_atomic
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
@@ -202,6 +202,8 @@ def measure_and_save(out: Path, name: str, cfg, nodes: int, network: str, when: 
         calibration = calibrate_run(name, cfg, nodes, network, when)
         save(calibration_path(out, name), calibration)
         return calibration
+    except Stopped:  # a stop signal during the calibration stops the comparison, as during a run
+        raise
     except (AsrdistError, OSError) as exc:
         return f"not calibrated: {exc}"
 

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from asrdist.corpus.lexicon import Lexicon, store_lexicon
 from asrdist.corpus.phones import PhoneTable
-from asrdist.errors import DataError
+from asrdist.errors import DataError, Stopped
 from asrdist.features.extract import find_splits
 from asrdist.features.store import (
     FeatureStore,
@@ -165,6 +165,8 @@ def _load_scp(scp: Path, bad: dict[str, str], what: str) -> dict[str, np.ndarray
             target = str(_resolve(scp.parent, loc))
         try:
             out[key] = np.asarray(kaldiio.load_mat(target))
+        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+            raise
         except Exception as exc:  # kaldiio raises many types for a broken or missing ark
             bad.setdefault(key, f"{scp}: utterance {key}: cannot read {what} ({exc})")
     return out
@@ -208,6 +210,8 @@ def read_alignment_file(path: Path, bad: dict[str, str]) -> dict[str, np.ndarray
     if b" \0B" in head.split(b"\n", 1)[0]:
         try:
             return {k: np.asarray(v) for k, v in kaldiio.load_ark(str(path))}
+        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+            raise
         except Exception as exc:
             raise DataError(f"{path}: cannot read alignment ark ({exc})") from None
     out = {}
@@ -381,6 +385,8 @@ class _Importer:
         location = f"{_resolve(self.src, file)}:{offset}"
         try:
             loaded = kaldiio.load_mat(location)
+        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+            raise
         except Exception as exc:  # kaldiio raises many types for a broken or missing ark
             raise DataError(f"{where}: cannot read {location} ({exc})") from None
         if not (isinstance(loaded, tuple) and len(loaded) == 2):

@@ -34,7 +34,7 @@ from asrdist.corpus.import_kaldi import (
     import_split,
     move_decoded,
 )
-from asrdist.errors import ConfigError, DataError
+from asrdist.errors import ConfigError, DataError, Stopped
 from asrdist.io.atomic import check_output_dir, output_errors
 from asrdist.io.audio import AUDIO_SUFFIXES, write_wav
 
@@ -110,6 +110,8 @@ def _load_manifest(path: Path, kind: str) -> list:
     try:
         manifest = manifest_set.from_file(path)
         entries = list(manifest) if manifest is not None else []
+    except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+        raise
     except Exception as exc:  # lhotse raises many types for a malformed manifest
         bad = _bad_json_line(path)
         if bad is not None:  # lhotse's JSON error counts lines of one entry, not of the file
@@ -189,6 +191,8 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
                     path = _decoded_path(audio_dir, key, f"{recordings_path}: utterance {sup.id}")
                     try:
                         _decode(recording, channel, path)
+                    except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+                        raise
                     except Exception as exc:  # any decoder failure is this recording's problem
                         raise DataError(f"{recordings_path}: utterance {sup.id}: cannot decode recording "
                                         f"'{sup.recording_id}' ({str(exc).splitlines()[0] if str(exc) else exc!r})")

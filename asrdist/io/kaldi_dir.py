@@ -16,7 +16,7 @@ from pathlib import Path
 import kaldiio
 import numpy as np
 
-from asrdist.errors import DataError
+from asrdist.errors import DataError, Stopped
 
 FRAME_SHIFT_SECONDS = 0.010
 
@@ -145,6 +145,8 @@ def read_alignments(path: str | Path) -> dict[str, np.ndarray]:
         file_path = Path(file) if Path(file).is_absolute() else path / file
         try:
             vec = kaldiio.load_mat(f"{file_path}:{offset}")
+        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+            raise
         except Exception as exc:  # kaldiio raises several types for a broken ark
             raise DataError(f"{scp}: utterance {utt_id}: cannot read alignment "
                             f"({str(exc) or type(exc).__name__})") from None

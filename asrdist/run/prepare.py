@@ -20,7 +20,7 @@ from asrdist.data.labels import (
     split_alignments,
 )
 from asrdist.data.targets import CharTokenizer, Targets, TiedStates, label_priors
-from asrdist.errors import ConfigError, DataError
+from asrdist.errors import ConfigError, DataError, Stopped
 from asrdist.eval.decode import PhoneBigram
 from asrdist.features.augment import AUGMENTED_DIR
 from asrdist.features.extract import extract_features, find_splits
@@ -158,6 +158,8 @@ def _stored_settings(splits) -> str:
         if has_features(split):
             try:
                 meta = FeatureStore(split).meta
+            except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+                raise
             except Exception:  # a damaged store: nothing to keep
                 return ""
             return f"data.num_mel_bins={meta.get('num_mel_bins')} data.cmvn={meta.get('cmvn')}"

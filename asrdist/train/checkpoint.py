@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrdist.errors import DataError, TrainingError
+from asrdist.errors import DataError, Stopped, TrainingError
 from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
 from asrdist.train.state import read_state, write_state
@@ -254,6 +254,8 @@ def read_torch_file(path: Path, what: str) -> Any:
         return torch.load(path, map_location="cpu", weights_only=False)
     except FileNotFoundError:
         raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
+    except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+        raise
     except Exception as exc:  # a truncated or foreign file: torch raises many kinds
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise DataError(f"{path}: not a readable {what} ({type(exc).__name__}: {detail})") from None

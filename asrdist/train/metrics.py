@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 
+from asrdist.errors import Stopped
 from asrdist.io.atomic import finite_or_null, output_errors
 from asrdist.utils.throughput import job_frames_per_second, learner_frames_per_second
 
@@ -47,6 +48,8 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"), flush_secs=TENSORBOARD_FLUSH_SECONDS)
+        except Stopped:  # a stop signal came meanwhile: the run stops (not a broken TensorBoard)
+            raise
         except Exception:  # tensorboard missing or broken: JSONL stays the record
             self._tb = None
 
