@@ -108,6 +108,25 @@ def test_an_exchange_pays_for_a_half_duplex_link_and_cpu_learners_for_their_byte
     assert step(1.0, network_cost=1e-7, n=4) > step(1.0, network_cost=1e-12, n=4) * 1.05
 
 
+def test_collectives_whose_members_send_and_receive_at_once_pay_for_a_half_duplex_link():
+    """A ring allreduce (and reduce-scatter, all-gather, all-to-all) has every member send to one
+    neighbour while it receives from another, so each direction keeps the link's `duplex` share of
+    its one-way rate, between nodes and inside one; a broadcast sends one way and does not."""
+    from asrdist.parallel.comm import Transfer
+    from asrdist.sim.cluster import Link
+    from asrdist.sim.resources import transfer_seconds
+
+    def seconds(kind: str, group: str, duplex: float, nodes: int = 2) -> float:
+        link = Link(1e8, 0.0, duplex=duplex)
+        return transfer_seconds(Transfer(kind, group, 2, 10**8, 25_000_000), Cluster(nodes, 2 // nodes, link, link))
+
+    for kind in ("allreduce", "reduce_scatter", "all_gather", "all_to_all"):
+        for group, nodes in (("world", 2), ("world", 1), ("node", 1)):
+            assert seconds(kind, group, 0.5, nodes) == pytest.approx(2 * seconds(kind, group, 1.0, nodes)), (kind, group)
+    assert seconds("broadcast", "node", 0.5, 1) == pytest.approx(seconds("broadcast", "node", 1.0, 1))
+    assert seconds("exchange", "pair", 0.5) == pytest.approx(2 * seconds("exchange", "pair", 1.0))
+
+
 def test_learners_of_a_node_share_its_card_in_pairwise_exchanges():
     """The same 1 Gbit/s link inside and between nodes, fixed ring: 4 nodes of one learner and 2
     nodes of two differ only in that every other round the two exchanges of 2 x 2 cross between

@@ -5,7 +5,10 @@ one collective (`transfer_seconds`).
 A collective's time: the bytes this learner sends over the slowest link it crosses (a node's
 card is shared by the node's learners that cross it at the same time) + one latency per
 sequential message (ring allreduce 2(n-1), reduce-scatter / all-gather / all-to-all n-1,
-broadcast log2 n, a pairwise exchange 2).
+broadcast log2 n, a pairwise exchange 2). In a pairwise exchange, a ring's steps and an
+all-to-all, every member sends and receives at once, so each direction of a link keeps only its
+`Link.duplex` share of the one-way rate (1 on a full-duplex link; measured on this machine's
+emulated hosts and loopback, where both directions' copies share the cores).
 """
 from __future__ import annotations
 
@@ -96,6 +99,8 @@ _LATENCY_STEPS = {"allreduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n
                   "all_gather": lambda n: n - 1, "all_to_all": lambda n: n - 1,
                   "broadcast": lambda n: math.ceil(math.log2(max(n, 2))), "exchange": lambda n: 2,
                   "answer": lambda n: 0}
+_BOTH_WAYS = {"allreduce", "reduce_scatter", "all_gather", "all_to_all"}
+"""Collectives in which every member sends and receives at the same time (and a pair's exchange)."""
 
 
 def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None = None,
@@ -106,19 +111,22 @@ def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None =
     inside, between = cluster.inside, cluster.between
     latency_steps = _LATENCY_STEPS[t.kind](t.size)
     b = float(t.bytes_sent if payload_bytes is None else payload_bytes)
+    both_ways = t.group == "pair" or t.kind in _BOTH_WAYS
+    inside_rate = inside.bandwidth * (inside.duplex if both_ways else 1.0)
+    between_rate = between.bandwidth * (between.duplex if both_ways else 1.0)
     if t.group == "pair" and not crosses_nodes:
-        return b / (inside.bandwidth * inside.duplex) + latency_steps * inside.latency
+        return b / inside_rate + latency_steps * inside.latency
     if t.group == "node" or (t.group == "world" and nodes == 1):
-        return b / inside.bandwidth + latency_steps * inside.latency
+        return b / inside_rate + latency_steps * inside.latency
     if t.group == "rail":  # every local rank's rail crosses the node's card at once
-        return per_node * b / between.bandwidth + latency_steps * between.latency
+        return per_node * b / between_rate + latency_steps * between.latency
     if t.group == "pair":
-        return b / (between.bandwidth * between.duplex) + latency_steps * between.latency
+        return b / between_rate + latency_steps * between.latency
     # the whole world over several nodes
     if t.kind == "all_to_all":
         out_of_node = per_node * b * (n - per_node) / (n - 1)
         in_node = b * (per_node - 1) / (n - 1)
-        wire = max(out_of_node / between.bandwidth, in_node / inside.bandwidth)
+        wire = max(out_of_node / between_rate, in_node / inside_rate)
     else:  # rings in node order: one stream crosses each node's card
-        wire = b / between.bandwidth
+        wire = b / between_rate
     return wire + latency_steps * between.latency
