@@ -145,6 +145,8 @@ def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone
     assert errors == pytest.approx([(g - m) / m for g, m in zip(guesses, [10_000, 20_000, 15_000])])
     assert row["relative_error"] == pytest.approx(sorted(errors)[1])
     assert len(result["calibration"]["by_run"]["sync"]["2"]) == 3
+    # the host's steal over each repeat's training, where /proc/stat has it: a slow spell's cause
+    assert len(row["steal_shares"]) == 3 and all(v is None or 0 <= v <= 1 for v in row["steal_shares"])
     assert result["machine_noise"]["run_repeats"] == 3 and result["machine_noise"]["max_spread"] == pytest.approx(1.0)
     assert "spread up to 100.0%" in simulator.format_result(result)
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from asrdist.sim.link import machine_cpu_seconds_per_byte, measure_link
-from asrdist.utils.machine import machine_busy_seconds
+from asrdist.utils.machine import machine_busy_seconds, machine_steal_ticks, steal_share
 
 
 def test_the_machine_busy_seconds_leave_out_idle_and_iowait(tmp_path):
@@ -15,6 +15,20 @@ def test_the_machine_busy_seconds_leave_out_idle_and_iowait(tmp_path):
     # user nice system idle iowait irq softirq steal (ticks)
     stat.write_text("cpu  100 5 40 1000 30 1 20 4 0 0\ncpu0 50 2 20 500 15 0 10 2 0 0\n")
     assert machine_busy_seconds(str(stat)) == pytest.approx((100 + 5 + 40 + 1 + 20 + 4) / os.sysconf("SC_CLK_TCK"))
+
+
+def test_the_steal_share_is_the_host_s_part_of_the_ticks_between_two_readings(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal
+    stat.write_text("cpu  100 0 40 1000 0 0 20 40 0 0\n")
+    before = machine_steal_ticks(str(stat))
+    assert before == (40, 1200)
+    stat.write_text("cpu  250 0 90 1200 0 0 20 140 0 0\n")
+    assert steal_share(before, machine_steal_ticks(str(stat))) == pytest.approx(100 / 500)
+    assert steal_share(before, before) is None and steal_share(None, before) is None
+    assert machine_steal_ticks(str(tmp_path / "missing")) is None
+    (tmp_path / "old").write_text("cpu  1 2 3 4\n")  # a kernel without the steal column
+    assert machine_steal_ticks(str(tmp_path / "old")) is None
 
 
 def test_no_machine_reading_without_a_cpu_line(tmp_path):

@@ -50,6 +50,7 @@ from asrdist.errors import ConfigError
 from asrdist.run.prepare import ensure_features
 from asrdist.sim import calibration
 from asrdist.sim.calibration import predict_run
+from asrdist.utils.machine import machine_steal_ticks, steal_share
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
 LEARNERS = [1, 2, 4]
@@ -131,6 +132,7 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
     predicted = predict_run(cfg, inputs, _hosts(n, args.network).nodes, args.network,
                             feature_dim=detail["feature_dim"], num_classes=detail["num_classes"])
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
+    steal_before = machine_steal_ticks()
     run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
                                          hosts=_hosts(n, args.network))[name]
     summary = compare_runs.load_summary(run_dir)
@@ -138,7 +140,8 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
     measured = {"frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
                 "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
                 "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
-                "network": summary.get("network", "loopback"), "run": str(run_dir)}
+                "network": summary.get("network", "loopback"), "run": str(run_dir),
+                "steal_share": steal_share(steal_before, machine_steal_ticks())}
     return {"micro": micro, "detail": detail, "inputs": inputs, "predicted": predicted, "measured": measured}
 
 
@@ -180,6 +183,7 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
             "within_target": abs(error) <= TARGET, "measured_repeats": rates, "measured_spread": _spread(rates),
             "predicted_repeats": guesses, "predicted_spread": _spread(guesses), "relative_errors_by_repeat": errors,
             "predicted_comm_share": first["predicted"].comm_share, "predicted_wait_share": first["predicted"].wait_share,
+            "steal_shares": [r["measured"]["steal_share"] for r in repeats],
             "measured_run": {**first["measured"], "runs": [r["measured"]["run"] for r in repeats]}}
         by_run.setdefault(name, {})[str(n)] = [
             {"microbenchmarks": dataclasses.asdict(r["micro"]), "inputs": dataclasses.asdict(r["inputs"]),

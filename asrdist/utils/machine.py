@@ -41,6 +41,29 @@ def machine_busy_seconds(stat: str = "/proc/stat") -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def machine_steal_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal ticks, all ticks) every core has counted since boot, from `stat`'s first line; None
+    where there is no such file or no steal column. Steal is time a virtual machine's cores were
+    ready to run but its host ran something else: a spell of it slows every process alike."""
+    try:
+        with open(stat, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of the machine's CPU time between two `machine_steal_ticks` readings that its
+    host took (steal); None without both readings or with no time between them."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def machine_info() -> dict:
     return {
         "hostname": platform.node(),
