@@ -29,30 +29,33 @@ def machine_busy_seconds(stat: str = "/proc/stat") -> float | None:
     softirq, steal: all but idle and iowait), from `stat`'s first line; None where there is no
     such file (not Linux). Unlike a process's rusage, this counts the kernel's network work done
     outside any process (softirq), which a message between two learners costs too."""
+    ticks = _cpu_ticks(stat)
+    if ticks is None or len(ticks) < 4:
+        return None
+    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_ticks(stat: str) -> list[int] | None:
+    """The ticks of `stat`'s first line, every core's together (user nice system idle iowait irq
+    softirq steal, as many as the kernel gives of these); None without such a line."""
     try:
         with open(stat, encoding="ascii") as f:
             fields = f.readline().split()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 5:
+    if not fields or fields[0] != "cpu":
         return None
-    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-    busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
+    return [int(v) for v in fields[1:9]]
 
 
 def machine_steal_ticks(stat: str = "/proc/stat") -> tuple[int, int] | None:
     """(steal ticks, all ticks) every core has counted since boot, from `stat`'s first line; None
     where there is no such file or no steal column. Steal is time a virtual machine's cores were
     ready to run but its host ran something else: a spell of it slows every process alike."""
-    try:
-        with open(stat, encoding="ascii") as f:
-            fields = f.readline().split()
-    except OSError:
+    ticks = _cpu_ticks(stat)
+    if ticks is None or len(ticks) < 8:
         return None
-    if len(fields) < 9 or fields[0] != "cpu":
-        return None
-    ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
     return ticks[7], sum(ticks)
 
 
