@@ -248,4 +248,7 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     assert micro["link_latency_seconds"] == calibrated["link_measurement"]["latency_seconds"] > 0
     assert micro["onebit_exchange_seconds_per_value"] > 0 and micro["corun_slowdown"] > 0
     assert calibrated["corun_measurement"]["siblings"] == len(os.sched_getaffinity(0)) - 1
+    lockstep = calibrated["lockstep_measurement"]  # the run's 2 learners, its threads, its step's work
+    assert lockstep["learners"] == 2 and lockstep["work_seconds"] > 0
+    assert micro["lockstep_wait_seconds"] == lockstep["wait_seconds"] >= 0
     assert "adpsgd's recipe" in calibrated["inputs"]["sources"]["seconds_per_frame"]

@@ -405,3 +405,29 @@ def test_cpu_learners_code_onebit_on_the_cores_they_share_even_while_the_wire_is
     compute = spec.local_batch * 2e-5
     coding = (1e-8 + (1e-8 + 1e-8 / 4) + 1e-8) * values  # quantize, reduce its stripe, dequantize
     assert simulate(spec).seconds_per_step >= 4 * (compute + coding) / 2 * 0.999
+
+
+def test_a_step_waits_for_the_learner_the_scheduler_left_last_on_shared_cores():
+    """`lockstep_wait` (measured by `asrdist.sim.lockstep`): on shared CPU cores, the first lock-step
+    collective that needs every learner's whole step waits that much longer: a sync step (its
+    last bucket, with or without overlap), a onebit step, an average (once per average); never
+    an asynchronous exchange, and never on a cluster of devices (no shared cores)."""
+    wait = 0.01
+
+    def step(strategy: str, settings: dict, lockstep_wait: float, shared_cores: int = 2) -> float:
+        cluster = Cluster(1, 4, LINKS["loopback"], LINKS["loopback"], shared_cores=shared_cores, one_machine=True,
+                          thread_speedup=1.0)
+        spec = _spec(strategy, settings, cluster, lockstep_wait=lockstep_wait, own_steps=True)
+        return simulate(spec).seconds_per_step
+
+    buckets = {"bucket_cap_mb": 0.25}  # several buckets: the first ones leave during backward
+    for settings in ({"overlap": True, **buckets}, {"overlap": False, **buckets}):
+        assert step("sync", settings, wait) - step("sync", settings, 0.0) == pytest.approx(wait, rel=0.02), settings
+    onebit = step("onebit", {"double_buffering": False}, wait) - step("onebit", {"double_buffering": False}, 0.0)
+    assert 0.5 * wait < onebit <= 1.001 * wait  # its chunks' coding on the cores overlaps part of the wait
+    every = 4  # an average every 4 minibatches of 256 frames: 2 averages in the 8 steps simulated
+    period = {"average_every": 256 * every}
+    averaged = step("averaging", period, wait) - step("averaging", period, 0.0)
+    assert averaged == pytest.approx(wait / every, rel=0.02)
+    assert step("adpsgd", {"pattern": "fixed"}, wait) == pytest.approx(step("adpsgd", {"pattern": "fixed"}, 0.0))
+    assert step("sync", buckets, wait, shared_cores=0) == pytest.approx(step("sync", buckets, 0.0, shared_cores=0))

@@ -55,12 +55,17 @@ class Microbenchmarks:
     corun_slowdown: float = 1.0
     """One thread's arithmetic with every core computing over the same alone
     (`asrdist.compare.corun`): a run's learners compute on the cores its lone step left idle."""
+    lockstep_wait_seconds: float = 0.0
+    """How long a one-value allreduce after a step's compute waits, beyond its wait back to back,
+    among the run's learners on this machine's cores (`asrdist.sim.lockstep`); 0 = not measured."""
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
         figures = [*self.step_seconds_per_frame.values(), *recipes, self.frames_per_epoch]
         if self.cores < 1 or not figures or not all(v > 0 for v in figures) or not self.corun_slowdown > 0:
             raise ConfigError("calibration: need cores >= 1 and positive step times and epoch frames")
+        if not 0 <= self.lockstep_wait_seconds < 1:
+            raise ConfigError(f"calibration: lock-step wait {self.lockstep_wait_seconds!r} s is not in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,9 @@ class CalibratedInputs:
     link_bytes_per_second: float
     link_duplex: float
     link_latency_seconds: float
+    lockstep_wait_seconds: float = 0.0
+    """CPU learners: the extra wait of a step's first lock-step collective for its last learner
+    (SimSpec.lockstep_wait)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Input -> the microbenchmark it was calibrated on."""
 
@@ -121,6 +129,7 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
         quantize, dequantize, micro.average_seconds_per_value,
         micro.mean_seconds_per_value, micro.link_cpu_seconds_per_byte if many else 0.0,
         micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
+        micro.lockstep_wait_seconds if many else 0.0,
         sources={
             "seconds_per_frame": step,
             "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
@@ -132,6 +141,8 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
             "network_cost": f"microbenchmark: two learners' CPU per byte of one message over {micro.network}",
             "link": f"microbenchmark: a message of the model's size one way, a pairwise exchange and a one-value "
                     f"message's round trip (the latency) between two learners over {micro.network}",
+            "lockstep_wait_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, a "
+                                     f"one-value allreduce after a stand-in for one step's compute less back to back",
         })
 
 
@@ -159,5 +170,6 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
         epochs, frames, epoch_end = 1, cap, 0.0
     job = dataclasses.replace(job, quantize_cost=inputs.quantize_cost, dequantize_cost=inputs.dequantize_cost,
                               copy_cost=inputs.copy_cost, mean_cost=inputs.mean_cost, epochs=epochs,
-                              frames_per_epoch=frames, epoch_end_seconds=epoch_end)
+                              frames_per_epoch=frames, epoch_end_seconds=epoch_end,
+                              lockstep_wait=inputs.lockstep_wait_seconds)
     return run_job(job)

@@ -10,7 +10,9 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   arithmetic, and `network_cost` per byte moved) on their threads' cores, shared as the
   scheduler shares them (`SharedCores`): more learners than cores slow each other down, and one
   learner's work overlaps another's sleep or communication. Fewer threads cost
-  `Cluster.cpu_slowdown`.
+  `Cluster.cpu_slowdown`. The first lock-step collective that needs every learner's whole compute
+  of a step (sync's last bucket, onebit's exchange, an average, a node's last bucket) also waits
+  `lockstep_wait` for the learner the scheduler's time slices left last.
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
   one after another on the learner's communication stream, and every collective waits for all
   members of its group (lock step): the slowest learner sets the pace; then the mean's
@@ -82,6 +84,11 @@ class SimSpec:
     """CPU learners: CPU seconds per byte a learner sends or receives (gloo's and the kernel's
     copies), spent on its machine's cores while the bytes are on the wire (0: devices with their
     own network engines, or negligible)."""
+    lockstep_wait: float = 0.0
+    """CPU learners (`Cluster.shared_cores`): seconds the first lock-step collective after a step's
+    whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
+    lets learners that start a step together finish its compute together; the scheduler's time
+    slices stagger them (measured: `asrdist.sim.lockstep`)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""
@@ -230,10 +237,15 @@ class _Simulation:
         return {"world": "world", "node": ("node", rank // per_node), "rail": ("rail", rank % per_node)}[t.group]
 
     def collective(self, me: _Learner, t: Transfer, step: int, index: int, stalled: bool = True,
-                   share: float = 1.0):
-        """A lock-step collective: wait for the group, then its time (x `share`: `averaging_period`)."""
+                   share: float = 1.0, first: bool = False):
+        """A lock-step collective: wait for the group, then its time (x `share`: `averaging_period`);
+        `first`: the first that needs every member's whole compute of the step, which also waits
+        `lockstep_wait` on shared cores."""
         t0 = self.env.now
-        duration = transfer_seconds(t, self.cluster) * share
+        duration = transfer_seconds(t, self.cluster)
+        if first and self.cluster.shared_cores:
+            duration += self.spec.lockstep_wait
+        duration *= share
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         if self.spec.network_cost:  # the CPU of the bytes it sends and (about as many) receives
             cpu = self.spec.network_cost * 2 * t.bytes_sent * share
@@ -277,38 +289,41 @@ class _Simulation:
         yield from self.cpu(me, work - backward)
         stream, index = None, 0
         pieces = [b[0].values / total for b in buckets] if overlap else [1.0] + [0.0] * (len(buckets) - 1)
-        for bucket, piece in zip(buckets, pieces):
+        for i, (bucket, piece) in enumerate(zip(buckets, pieces)):
             if piece > 0:
                 yield from self.cpu(me, backward * piece)
-            stream = self.env.process(self._bucket_collectives(me, bucket, step, index, stream))
+            stream = self.env.process(self._bucket_collectives(me, bucket, step, index, stream, i == len(buckets) - 1))
             index += len(bucket)
         if not buckets:
             yield from self.cpu(me, backward)
         return stream
 
-    def _bucket_collectives(self, me: _Learner, bucket: list[Transfer], step: int, index: int, previous):
+    def _bucket_collectives(self, me: _Learner, bucket: list[Transfer], step: int, index: int, previous,
+                            last: bool):
+        """One bucket's collectives on the stream; the `last` bucket is the one that waits for every
+        learner's whole backward, so it pays the wait for the last learner (`lockstep_wait`)."""
         if previous is not None:  # the stream issues the buckets in order
             yield previous
         for i, t in enumerate(bucket):
-            yield from self.collective(me, t, step, index + i, stalled=False)
+            yield from self.collective(me, t, step, index + i, stalled=False, first=last and i == 0)
 
     def _bucket_stream(self, me, buckets, step, overlap, backward_start, backward, total):
         done = 0
         index = 0
-        for bucket in buckets:
+        for b, bucket in enumerate(buckets):
             done += bucket[0].values
             ready = backward_start + backward * (done / total if overlap else 1.0)
             if ready > self.env.now:
                 yield self.env.timeout(ready - self.env.now)
-            for t in bucket:
-                yield from self.collective(me, t, step, index, stalled=False)
+            for i, t in enumerate(bucket):  # the last bucket waits for every member's whole backward
+                yield from self.collective(me, t, step, index, stalled=False, first=b == len(buckets) - 1 and i == 0)
                 index += 1
 
     def _after_step(self, me: _Learner, step: int):
         s = self.spec
         if self.average and (step + 1) % self.average_every == 0:
             for i, t in enumerate(self.average):
-                yield from self.collective(me, t, step, 1000 + i, share=self.average_share)
+                yield from self.collective(me, t, step, 1000 + i, share=self.average_share, first=i == 0)
             t0 = self.env.now
             yield from self.cpu(me, s.copy_cost * s.averaged_values * self.average_share)
             me.comm += self.env.now - t0
@@ -330,9 +345,10 @@ class _Simulation:
             yield from self.compute(me, *self.draw_compute(me.rank))
             t0 = self.env.now
             if inside:
-                yield from self.collective(me, inside[0], step, 0)
+                yield from self.collective(me, inside[0], step, 0, first=True)
             if not double_buffering:
-                yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True)
+                yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True,
+                                             not inside)
             else:
                 yield from self.cpu(me, quantize)
                 if pending is not None:
@@ -340,7 +356,7 @@ class _Simulation:
                     yield pending
                     me.wait += self.env.now - t1
                 yield from self.cpu(me, dequantize)
-                pending = self.env.process(self._onebit_wire(me, across, step, reduce, chunks, False))
+                pending = self.env.process(self._onebit_wire(me, across, step, reduce, chunks, False, not inside))
             if inside:
                 yield from self.collective(me, inside[1], step, 10_000)
             me.comm += self.env.now - t0 if double_buffering else 0.0
@@ -352,17 +368,17 @@ class _Simulation:
             yield pending
         me.done_at = self.env.now
 
-    def _onebit_wire(self, me, across, step, cpu, chunks, stalled):
+    def _onebit_wire(self, me, across, step, cpu, chunks, stalled, first):
         """The exchange's collectives and its `cpu` of coding, pipelined over `chunks`: a chunk is
         coded while the next crosses the wire. On a dedicated device only the coding the wire does
         not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
         runs there, as the chunks arrive (all but the last chunk's during the wire), taking its
-        share of the cores from every learner's work."""
+        share of the cores from every learner's work. `first`: the step's first lock-step collective."""
         on_cores = self.cluster.shared_cores and cpu > 0
         overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks))) if on_cores else None
         t0 = self.env.now
         for i, t in enumerate(across):
-            yield from self.collective(me, t, step, 1 + i, stalled=stalled)
+            yield from self.collective(me, t, step, 1 + i, stalled=stalled, first=first and i == 0)
         wire = self.env.now - t0
         t1 = self.env.now
         if overlapped is not None:

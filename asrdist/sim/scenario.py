@@ -76,6 +76,9 @@ class Job:
     epoch_end_seconds: float = 0.0
     """Seconds of each epoch's end in which the job trains nothing (validation of the consensus
     model, the checkpoint), paid once per epoch."""
+    lockstep_wait: float = 0.0
+    """CPU learners: a step's first lock-step collective's extra wait for its last learner
+    (SimSpec.lockstep_wait)."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -84,7 +87,8 @@ class Job:
                        step_overhead=self.step_overhead, quantize_cost=self.quantize_cost,
                        copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
                        state_copies=self.state_copies, network_cost=self.network_cost,
-                       dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost, **changes)
+                       dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost,
+                       lockstep_wait=self.lockstep_wait, **changes)
 
 
 @dataclass

@@ -1,0 +1,43 @@
+"""The lock-step wait microbenchmark (`asrdist.sim.lockstep`) and how the simulator's calibration
+carries it: learners launched as a run's are, nothing read from any run."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from asrdist.errors import ConfigError
+from asrdist.sim.calibration import Microbenchmarks, calibrate
+from asrdist.sim.lockstep import measure_lockstep_wait
+
+MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1}, 10_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
+                        lockstep_wait_seconds=0.004)
+
+
+@pytest.mark.slow
+def test_two_learners_time_an_allreduce_after_compute_and_back_to_back():
+    r = measure_lockstep_wait("loopback", 2, 1, 0.002, timeout=120, rounds=6)
+    assert r["learners"] == 2 and r["threads"] == 1 and r["rounds"] == 6 and r["products"] >= 1
+    assert r["after_compute_seconds"] > 0 and r["bare_seconds"] > 0
+    # the wait is the difference, never negative (a back-to-back wait can exceed the other by chance)
+    assert r["wait_seconds"] == pytest.approx(max(0.0, r["after_compute_seconds"] - r["bare_seconds"]))
+
+
+def test_a_run_of_several_learners_is_given_the_wait_and_a_lone_learner_is_not():
+    many = calibrate(MICRO, 2, "sync")
+    assert many.lockstep_wait_seconds == 0.004
+    assert "allreduce after a stand-in for one step's compute" in many.sources["lockstep_wait_seconds"]
+    assert calibrate(MICRO, 1, "sync").lockstep_wait_seconds == 0.0
+
+
+@pytest.mark.parametrize("bad", [-0.001, 1.0, math.nan])
+def test_a_wait_out_of_range_is_refused(bad):
+    with pytest.raises(ConfigError, match="lock-step wait"):
+        dataclasses.replace(MICRO, lockstep_wait_seconds=bad)
+
+
+def test_a_calibration_saved_before_the_wait_was_measured_still_loads():
+    tree = dataclasses.asdict(MICRO)
+    del tree["lockstep_wait_seconds"]
+    assert Microbenchmarks(**tree).lockstep_wait_seconds == 0.0
