@@ -208,9 +208,33 @@ def test_the_co_run_figure_is_measured_with_siblings_computing():
     alone = corun_slowdown(1, repeats=1)
     assert alone["siblings"] == 0 and alone["slowdown"] > 0
     assert alone["ratios"] == [1.0]
+    affinity = os.sched_getaffinity(0)
     two = corun_slowdown(2, repeats=3)
     assert two["siblings"] == 1 and two["alone_seconds"] > 0 and two["together_seconds"] > 0
     assert len(two["ratios"]) == 3 and two["slowdown"] == pytest.approx(sorted(two["ratios"])[1])
+    assert os.sched_getaffinity(0) == affinity  # the caller's cores are given back
+
+
+def test_the_co_run_pins_the_timed_thread_and_each_sibling_to_a_core_of_its_own(monkeypatch):
+    """Unpinned, the scheduler sometimes kept the timed thread and its sibling on one core for a
+    whole measurement (a 2x reading on a 2-core machine whose cores do not slow each other)."""
+    import subprocess
+
+    from asrdist.compare import corun
+
+    pinned: dict = {}
+    monkeypatch.setattr(corun.os, "sched_getaffinity", lambda pid: {4, 7})
+    monkeypatch.setattr(corun.os, "sched_setaffinity", lambda pid, cpus: pinned.setdefault(pid, set(cpus)))
+    siblings = []
+
+    class Sibling(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            siblings.append(self.pid)
+
+    monkeypatch.setattr(corun.subprocess, "Popen", Sibling)
+    corun.corun_slowdown(2, repeats=1)
+    assert pinned == {siblings[0]: {7}, 0: {4}}  # the sibling on one core, the timed thread on the other
 
 
 def test_onebits_whole_exchange_is_measured_on_the_models_shapes():

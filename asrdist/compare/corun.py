@@ -7,6 +7,13 @@ machine may be hyperthreads of one core) slow each other down. This measures tha
 for the step's arithmetic, a float32 matrix product of a hidden layer's size on one thread: timed
 alone, then while `cores - 1` sibling processes run the same product, each on one thread, in
 adjacent pairs. The ratio (`slowdown`) is a property of the machine, measured before any run trains.
+
+The timed thread and each sibling are pinned to a core of their own (sched_setaffinity), as a run's
+learners spread over the cores: what is measured is cores computing side by side. Unpinned, the
+scheduler sometimes kept the timed thread and its sibling on one core for a whole measurement, and
+the figure read 2.1 instead of about 1.0: in 4 of 62 calibrations of 2026-11-28's benches and
+comparisons, each followed by a prediction about 2x slow, and in 2 of 40 readings in a row. 25
+pinned readings in a row gave 0.98-1.08.
 """
 from __future__ import annotations
 
@@ -48,16 +55,21 @@ def corun_slowdown(cores: int, repeats: int = 5) -> dict:
     stopped, SIGSTOP, for the one and running, SIGCONT, for the other, so that both timings of a
     pair fall in the same spell of this machine, whose speed moves over seconds); `slowdown` is the
     median of the pairs' ratios (1.0 with one core), the seconds are the medians of each side."""
-    before = torch.get_num_threads()
+    before, affinity = torch.get_num_threads(), os.sched_getaffinity(0)
+    cpus = sorted(affinity)
     torch.set_num_threads(1)
     siblings: list[subprocess.Popen] = []
     try:
         x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
         _products(x, w)  # first touch
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        for _ in range(max(0, cores - 1)):
+        for i in range(max(0, cores - 1)):
             siblings.append(subprocess.Popen([sys.executable, "-c", _SIBLING], stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, env=env, text=True))
+            if len(cpus) > 1:  # each on a core of its own
+                os.sched_setaffinity(siblings[-1].pid, {cpus[(i + 1) % len(cpus)]})
+        if siblings and len(cpus) > 1:
+            os.sched_setaffinity(0, {cpus[0]})  # this thread: the timed products
         for sibling in siblings:  # each has started computing (it says so after its first product)
             if sibling.stdout.readline().strip() != "ready":
                 raise TrainingError(f"co-run benchmark: a sibling process exited with {sibling.wait()}")
@@ -68,6 +80,7 @@ def corun_slowdown(cores: int, repeats: int = 5) -> dict:
             _signal(siblings, signal.SIGCONT)
             together.append(_seconds(x, w))
     finally:
+        os.sched_setaffinity(0, affinity)
         for sibling in siblings:
             sibling.kill()
             sibling.wait()
