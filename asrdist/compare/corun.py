@@ -11,9 +11,9 @@ adjacent pairs. The ratio (`slowdown`) is a property of the machine, measured be
 The timed thread and each sibling are pinned to a core of their own (sched_setaffinity), as a run's
 learners spread over the cores: what is measured is cores computing side by side. Unpinned, the
 scheduler sometimes kept the timed thread and its sibling on one core for a whole measurement, and
-the figure read 2.1 instead of about 1.0: in 4 of 62 calibrations of 2026-11-28's benches and
-comparisons, each followed by a prediction about 2x slow, and in 2 of 40 readings in a row. 25
-pinned readings in a row gave 0.98-1.08.
+the figure read 1.8-2.2 instead of about 1.0: in 4 of the 56 calibrations with siblings of
+2026-11-28's benches and comparisons (each then predicted its run up to 2x slow), and in 2 of 40
+readings in a row. 25 pinned readings in a row gave 0.98-1.08.
 """
 from __future__ import annotations
 
