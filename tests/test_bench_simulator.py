@@ -275,4 +275,7 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     lockstep = calibrated["lockstep_measurement"]  # the run's 2 learners, its threads, its step's work
     assert lockstep["learners"] == 2 and lockstep["work_seconds"] > 0
     assert micro["lockstep_wait_seconds"] == lockstep["wait_seconds"] >= 0
+    answer = calibrated["answer_measurement"]  # adpsgd's pair exchanging the model's values
+    assert answer["learners"] == 2 and answer["values"] > 1000 and answer["exchange_training_seconds"] > 0
+    assert micro["answer_delay_seconds"] == answer["delay_seconds"] >= 0
     assert "adpsgd's recipe" in calibrated["inputs"]["sources"]["seconds_per_frame"]

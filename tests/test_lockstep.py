@@ -1,5 +1,6 @@
-"""The lock-step wait microbenchmark (`asrdist.sim.lockstep`) and how the simulator's calibration
-carries it: learners launched as a run's are, nothing read from any run."""
+"""The shared cores' microbenchmarks (`asrdist.sim.lockstep`: the lock-step wait, ADPSGD's answer delay)
+and how the simulator's calibration carries them: learners launched as a run's are, nothing read
+from any run."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ import pytest
 
 from asrdist.errors import ConfigError
 from asrdist.sim.calibration import Microbenchmarks, calibrate
-from asrdist.sim.lockstep import measure_lockstep_wait
+from asrdist.sim.lockstep import measure_waits
 
 MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1}, 10_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
                         lockstep_wait_seconds=0.004)
@@ -17,7 +18,7 @@ MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1},
 
 @pytest.mark.slow
 def test_two_learners_time_an_allreduce_after_compute_and_back_to_back():
-    r = measure_lockstep_wait("loopback", 2, 1, 0.002, timeout=120, rounds=6)
+    r = measure_waits("loopback", 2, 1, 0.002, timeout=120, rounds=6)["lockstep"]
     assert r["learners"] == 2 and r["threads"] == 1 and r["rounds"] == 6 and r["products"] >= 1
     assert r["after_compute_seconds"] > 0 and r["bare_seconds"] > 0
     # the wait is the difference, never negative (a back-to-back wait can exceed the other by chance)
@@ -39,5 +40,33 @@ def test_a_wait_out_of_range_is_refused(bad):
 
 def test_a_calibration_saved_before_the_wait_was_measured_still_loads():
     tree = dataclasses.asdict(MICRO)
-    del tree["lockstep_wait_seconds"]
-    assert Microbenchmarks(**tree).lockstep_wait_seconds == 0.0
+    del tree["lockstep_wait_seconds"], tree["answer_delay_seconds"]
+    old = Microbenchmarks(**tree)
+    assert old.lockstep_wait_seconds == 0.0 and old.answer_delay_seconds == 0.0
+
+
+@pytest.mark.slow
+def test_adpsgd_pairs_time_their_exchanges_back_to_back_and_while_the_passive_trains():
+    r = measure_waits("loopback", 2, 1, 0.002, timeout=120, values=10_000, rounds=6)["answer"]
+    assert r["learners"] == 2 and r["values"] == 10_000 and r["rounds"] == 6
+    assert r["exchange_training_seconds"] > 0 and r["exchange_bare_seconds"] > 0
+    assert r["delay_seconds"] == pytest.approx(max(0.0, r["exchange_training_seconds"] - r["exchange_bare_seconds"]))
+
+
+@pytest.mark.slow
+def test_an_odd_learner_count_leaves_the_last_passive_unasked_and_still_ends():
+    r = measure_waits("loopback", 3, 1, 0.001, timeout=120, values=1000, rounds=3)
+    assert r["answer"]["learners"] == 3 and r["answer"]["exchange_bare_seconds"] > 0
+
+
+def test_several_learners_are_given_the_answer_delay_and_a_lone_learner_is_not():
+    micro = dataclasses.replace(MICRO, answer_delay_seconds=0.003)
+    assert calibrate(micro, 2, "adpsgd").answer_delay_seconds == 0.003
+    assert "the passive training a stand-in" in calibrate(micro, 2, "adpsgd").sources["answer_delay_seconds"]
+    assert calibrate(micro, 1, "adpsgd").answer_delay_seconds == 0.0
+
+
+@pytest.mark.parametrize("bad", [-0.001, 1.0, math.nan])
+def test_an_answer_delay_out_of_range_is_refused(bad):
+    with pytest.raises(ConfigError, match="answer delay"):
+        dataclasses.replace(MICRO, answer_delay_seconds=bad)

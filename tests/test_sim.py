@@ -431,3 +431,26 @@ def test_a_step_waits_for_the_learner_the_scheduler_left_last_on_shared_cores():
     assert averaged == pytest.approx(wait / every, rel=0.02)
     assert step("adpsgd", {"pattern": "fixed"}, wait) == pytest.approx(step("adpsgd", {"pattern": "fixed"}, 0.0))
     assert step("sync", buckets, wait, shared_cores=0) == pytest.approx(step("sync", buckets, 0.0, shared_cores=0))
+
+
+def test_an_adpsgd_exchange_waits_for_a_passive_that_trains_and_nothing_else_does():
+    """`answer_delay` (measured by `asrdist.sim.lockstep`): each ADPSGD exchange takes that much
+    longer before the passive's reply goes out. The active stalls on it (its step grows by the
+    delay; the passive's does not); delay-by-one hides it behind the next step's compute when the
+    exchange is shorter; a lock-step strategy never pays it."""
+    delay = 0.002
+    cluster = Cluster(1, 2, LINKS["loopback"], LINKS["loopback"])  # one active, one passive: no queue
+
+    def steps(strategy: str, settings: dict, answer_delay: float):
+        result = simulate(_spec(strategy, settings, cluster, answer_delay=answer_delay, own_steps=True))
+        return result.seconds_per_step, result.frames_per_second
+
+    stalled, _ = steps("adpsgd", {"pattern": "fixed"}, delay)
+    base, _ = steps("adpsgd", {"pattern": "fixed"}, 0.0)
+    assert stalled - base == pytest.approx(delay / 2, rel=0.02)  # the mean of the active's +delay and the passive's 0
+    # delay-by-one: a 5 ms step (256 frames x 2e-5 s) covers a 1 ms exchange and the delay; only the
+    # last exchange, waited for at the end of the 8 steps, shows (the active's 1/8, halved by the mean)
+    hidden = {"pattern": "fixed", "delay_by_one": True}
+    shown = steps("adpsgd", hidden, delay)[0] - steps("adpsgd", hidden, 0.0)[0]
+    assert shown == pytest.approx(delay / 2 / 8, rel=0.02)
+    assert steps("sync", {}, delay) == pytest.approx(steps("sync", {}, 0.0))

@@ -17,7 +17,9 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its
    latency), and how long a lock-step collective waits for the last of the run's learners on the
    shared cores (`asrdist.sim.lockstep`: a one-value allreduce after a stand-in for the step's
-   compute, less back to back). `asrdist.sim.calibration.calibrate` turns these, and nothing else,
+   compute, less back to back), and how much longer an ADPSGD exchange of the model takes when
+   its passive trains (the same learners: exchanges after a stand-in step, the passive training a
+   stand-in less idle). `asrdist.sim.calibration.calibrate` turns these, and nothing else,
    into the simulator's inputs.
 2. Prediction: the run from its resolved config and those inputs.
 3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
@@ -190,7 +192,8 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
         by_run.setdefault(name, {})[str(n)] = [
             {"microbenchmarks": dataclasses.asdict(r["micro"]), "inputs": dataclasses.asdict(r["inputs"]),
              "link_measurement": r["detail"]["link"], "corun_measurement": r["detail"]["corun"],
-             "lockstep_measurement": r["detail"].get("lockstep", {})} for r in repeats]
+             "lockstep_measurement": r["detail"].get("lockstep", {}),
+             "answer_measurement": r["detail"].get("answer", {})} for r in repeats]
     all_rows = [row for by_n in predictions.values() for row in by_n.values()]
     worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)
     spreads = [row["measured_spread"] for row in all_rows]

@@ -7,8 +7,9 @@ and threads, with the run's own recipe (strategy `single`, so no exchange is in 
 end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
 alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
 slows when every core computes (`asrdist.compare.corun`), and, for a run of several learners, the
-link between two learners on the run's network carrying the model (`measure_link`) and how long a
-lock-step collective waits for the last of the run's learners on this machine's shared cores
+link between two learners on the run's network carrying the model (`measure_link`), how long a
+lock-step collective waits for the last of the run's learners on this machine's shared cores and
+how much longer an ADPSGD exchange takes when the passive trains than when it idles
 (`asrdist.sim.lockstep`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
 trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
@@ -42,7 +43,7 @@ from asrdist.run.task import SpeechTask, model_kind
 from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
 from asrdist.sim.cluster import LINKS, parameter_count
 from asrdist.sim.link import measure_link
-from asrdist.sim.lockstep import measure_lockstep_wait
+from asrdist.sim.lockstep import measure_waits
 from asrdist.sim.scenario import config_shapes
 from asrdist.utils.machine import median_seconds
 
@@ -129,20 +130,20 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     many = learners > 1
     corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
     link: dict[str, Any] = {}
-    lockstep: dict[str, Any] = {}
+    waits: dict[str, Any] = {"lockstep": {}, "answer": {}}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
-        lockstep = measure_lockstep_wait(network, learners, threads, step_work, timeout)
+        waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes))
     micro = Microbenchmarks(
         cores, timed, ended, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
         link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
         {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"],
-        lockstep.get("wait_seconds", 0.0))
+        waits["lockstep"].get("wait_seconds", 0.0), waits["answer"].get("delay_seconds", 0.0))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
-                   "num_classes": targets.num_classes, "corun": corun, "lockstep": lockstep}
+                   "num_classes": targets.num_classes, "corun": corun, **waits}
 
 
 def _link_latency(network: str) -> float:

@@ -28,8 +28,9 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
   SimPy resource: contention), without stopping its compute; an
   exchange across nodes shares both nodes' cards with the exchanges in flight on them (their
-  learners share them: its rate is divided by the flows on the busier card); delay-by-one
-  overlaps the exchange with the next step.
+  learners share them: its rate is divided by the flows on the busier card); a passive that
+  trains gets its answer going `answer_delay` late; delay-by-one overlaps the exchange with the
+  next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
   leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
 The cost of a collective and the shared CPU cores: `asrdist.sim.resources`.
@@ -89,6 +90,10 @@ class SimSpec:
     whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
     lets learners that start a step together finish its compute together; the scheduler's time
     slices stagger them (measured: `asrdist.sim.lockstep`)."""
+    answer_delay: float = 0.0
+    """Seconds an ADPSGD exchange takes longer because its passive trains while it answers: its
+    answering thread, and gloo's, wait for a core, the interpreter and the update's lock before the
+    reply goes out (measured on CPU learners: `asrdist.sim.lockstep`; 0: not modelled)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""
@@ -463,6 +468,8 @@ class _Simulation:
         yield from self.cpu(leader, s.copy_cost * s.values / 2)  # x_pre into the message
         turn = self.answerers[partner_unit].request()
         yield turn
+        if s.answer_delay:  # the passive's answering thread gets going while its trainer computes
+            yield self.env.timeout(s.answer_delay)
         ex, ans = self.exchange["exchange"], self.exchange["answer"]
         nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
         crosses = len(nodes) == 2

@@ -1,24 +1,39 @@
-"""How long a lock-step collective waits for its last learner when a run's learners share this
-machine's cores, measured: the wait the simulator's processor sharing leaves out.
+"""How long a run's learners wait for each other when they share this machine's cores, measured:
+the waits the simulator's processor sharing leaves out.
 
-The simulator shares a machine's cores out evenly and continuously (`SharedCores`): learners that
-start a step together finish its compute together. Linux's scheduler shares them in time slices
-of milliseconds instead, so with more runnable learners than cores they finish a step's compute at
-staggered times, and the first collective after it (sync's first bucket, onebit's exchange, an
-average) waits for the last of them to arrive and be running again. On the 2 cores of this machine
-a one-value allreduce after 13 ms of one-thread compute waited about 6 ms with 4 learners and 1-2
-ms with 2 (2026-11-28), against 0.2-0.6 ms back to back.
+**A lock-step collective waits for its last learner.** The simulator shares a machine's cores out
+evenly and continuously (`SharedCores`): learners that start a step together finish its compute
+together. Linux's scheduler shares them in time slices of milliseconds instead, so with more
+runnable learners than cores they finish a step's compute at staggered times, and the first
+collective after it (sync's first bucket, onebit's exchange, an average) waits for the last of them
+to arrive and be running again. On the 2 cores of this machine a one-value allreduce after 13 ms
+of one-thread compute waited about 6 ms with 4 learners and 1-2 ms with 2 (2026-11-28), against
+0.2-0.6 ms back to back.
+
+**An ADPSGD exchange among training learners takes longer than back to back.** A passive answers
+from a thread of the process whose main thread trains: on shared cores that thread, and gloo's,
+must first get a core and the interpreter, and the parameter copy waits for the update's lock;
+the active's own threads have just left a step. On this machine an exchange of the default
+model's 1.04 M values took 11-13 ms with 2 learners training against 5-7 ms back to back, and
+18-21 ms against 10-12 ms with 4 (2026-11-28), as the runs' actives waited (12-14 and 19-22 ms).
 
 `lockstep_timing` (a learner function, launched as a run's learners are, `run_learners`) has
 every learner repeat a stand-in for a step's compute (matrix products on its threads, as many as
 take `work_seconds` alone) followed by a one-value allreduce, and, apart, the allreduce back to
-back. `measure_lockstep_wait` returns the mean wait after compute less the mean back-to-back wait
-(the link's own latency, which the simulator already charges). It reads no run: the learner count,
-threads, network and step work are the run's settings; the step work comes from the step
-microbenchmark (`asrdist.compare.stepcost`)."""
+back. Then, given the model's values, ADPSGD's pairs (`topology`: each active with its first
+partner) exchange them as the strategy does (a header and the active's values, the passive's
+reply from its answering thread, each moving halfway): back to back with the passives idle, then
+after each of the active's stand-in steps with the passives training (the stand-in step in a
+loop, its update under the lock the answer copies under). `measure_waits` returns the mean
+lock-step wait less the back-to-back wait, and the mean exchange among training learners less back
+to back: the back-to-back figures are what the link's microbenchmark measured and the simulator
+already charges (`asrdist.sim.link`). It reads no run: the learner count,
+threads, network, model size and step work are the run's settings; the step work comes from the
+step microbenchmark (`asrdist.compare.stepcost`)."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -28,18 +43,22 @@ import torch.distributed as dist
 
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
+from asrdist.parallel import topology
 
 ROWS, COLS = 64, 512
 """The stand-in product's sizes: about half a millisecond on one thread, so that a step's work is
 met to within that."""
 ROUNDS, WARMUP = 40, 5
-"""Timed rounds of compute-then-allreduce (and of back-to-back allreduces), after WARMUP untimed."""
+"""Timed rounds of compute-then-allreduce (and of back-to-back allreduces; of exchanges back to back,
+and among training learners), after WARMUP untimed."""
+_EXCHANGE, _GOODBYE = 1, 2  # header kinds, as adpsgd's
 
 
 def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
-    """Learner function: `args` = {threads, work_seconds, rounds}. Returns this learner's waits in a
-    one-value allreduce after each round's compute (`after_compute`), and back to back (`bare`),
-    in seconds, and the number of products a round computed."""
+    """Learner function: `args` = {threads, work_seconds, rounds, values (0: no exchanges)}. Returns
+    this learner's waits in a one-value allreduce after each round's compute (`after_compute`) and
+    back to back (`bare`), an active's exchanges back to back with its passive idle
+    (`exchange_bare`) and after its step with its passive training (`exchange_training`), in seconds, and the number of products a step computed."""
     torch.set_num_threads(int(args["threads"]))
     start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
@@ -53,13 +72,16 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     tiny = torch.zeros(1)
     rounds = int(args["rounds"])
 
+    def step() -> None:
+        for _ in range(int(products)):
+            torch.mm(x, w)
+
     def waits(compute: bool) -> list[float]:
         out = []
         dist.barrier()
         for i in range(WARMUP + rounds):
             if compute:
-                for _ in range(int(products)):
-                    torch.mm(x, w)
+                step()
             t0 = time.perf_counter()
             dist.all_reduce(tiny)
             if i >= WARMUP:
@@ -67,22 +89,103 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         return out
 
     result = {"rank": spec.rank, "products": int(products), "after_compute": waits(True), "bare": waits(False)}
+    if int(args.get("values", 0)) > 0 and spec.world_size > 1:
+        pair = _Pair(spec.rank, spec.world_size, int(args["values"]), step)
+        result["exchange_bare"] = pair.exchanges(rounds, training=False)
+        result["exchange_training"] = pair.exchanges(rounds, training=True)
     dist.barrier()
     return result
 
 
-def measure_lockstep_wait(network: str, learners: int, threads: int, work_seconds: float, timeout: float,
-                          rounds: int = ROUNDS) -> dict[str, float]:
-    """The mean seconds a lock-step collective waits for its last learner beyond the link's own
-    latency (`wait_seconds`, >= 0), for `learners` learners of this machine, one per emulated host
-    joined by `network` ("loopback": this machine's), `threads` torch threads each, each step computing
-    about `work_seconds` of one learner's work alone; with the means behind it (over learners and
-    rounds)."""
+class _Pair:
+    """This learner's part in ADPSGD's exchanges among the run's learners: an active exchanges
+    with its first partner; a passive answers from a thread."""
+
+    def __init__(self, rank: int, world: int, values: int, step):
+        self.rank, self.step = rank, step
+        self.active = topology.is_active(rank, world)
+        self.partner = topology.partner(rank, world, 0, "fixed") if self.active else None
+        self.askers = sum(topology.partner(a, world, 0, "fixed") == rank for a in topology.active_ranks(world))
+        self.flat, self.mine, self.theirs = torch.randn(values), torch.empty(values), torch.empty(values)
+        self.update = torch.full((values,), 1e-6)  # a stand-in for the optimizer's update of every value
+        self.lock = threading.Lock()
+
+    def exchanges(self, rounds: int, training: bool) -> list[float]:
+        """An active's seconds per exchange (empty for a passive) over `rounds`, after WARMUP: after
+        each of its stand-in steps with the passive training (`training`), else back to back with
+        the passive idle."""
+        dist.barrier()
+        if self.active:
+            out = [self._exchange(training) for _ in range(WARMUP + rounds)][WARMUP:]
+            dist.send(torch.tensor([_GOODBYE, 0]), self.partner, tag=1)
+        else:
+            out = []
+            answering = threading.Thread(target=self._answer_all, name="answer")
+            answering.start()
+            while answering.is_alive():
+                if training:
+                    self.step()
+                    with self.lock:
+                        self.flat.add_(self.update)
+                else:
+                    answering.join()
+        dist.barrier()
+        return out
+
+    def _exchange(self, after_step: bool) -> float:
+        if after_step:
+            self.step()
+        start = time.perf_counter()
+        self.mine.copy_(self.flat)
+        sends = [dist.isend(torch.tensor([_EXCHANGE, 0]), self.partner, tag=1),
+                 dist.isend(self.mine, self.partner, tag=2)]
+        dist.irecv(self.theirs, self.partner, tag=3).wait()
+        for work in sends:
+            work.wait()
+        self.flat.add_(self.theirs.sub_(self.mine).mul_(0.5))
+        return time.perf_counter() - start
+
+    def _answer_all(self) -> None:
+        header, goodbyes = torch.empty(2, dtype=torch.int64), 0
+        while goodbyes < self.askers:
+            work = dist.irecv(header, tag=1)
+            work.wait()
+            source = work._source_rank()
+            if int(header[0]) == _GOODBYE:
+                goodbyes += 1
+                continue
+            with self.lock:
+                self.mine.copy_(self.flat)
+            receive, send = dist.irecv(self.theirs, source, tag=2), dist.isend(self.mine, source, tag=3)
+            receive.wait()
+            send.wait()
+            delta = self.theirs.sub_(self.mine).mul_(0.5)
+            with self.lock:
+                self.flat.add_(delta)
+
+
+def measure_waits(network: str, learners: int, threads: int, work_seconds: float, timeout: float,
+                  values: int = 0, rounds: int = ROUNDS) -> dict[str, dict[str, float]]:
+    """For `learners` learners of this machine, one per emulated host joined by `network`
+    ("loopback": this machine's), `threads` torch threads each, each step computing about
+    `work_seconds` of one learner's work alone:
+    - `lockstep`: the mean seconds a lock-step collective waits for its last learner beyond the
+      link's own latency (`wait_seconds`, >= 0), with the means behind it (over learners and rounds);
+    - `answer` (given the model's `values`, else empty): the mean seconds an ADPSGD exchange of them
+      after the active's step, its passive training, takes beyond one back to back, both idle
+      (`delay_seconds`, >= 0), with the means behind it (over the actives and rounds)."""
     results = run_learners("asrdist.sim.lockstep", "lockstep_timing", learners, network=network,
-                           args={"threads": threads, "work_seconds": work_seconds, "rounds": rounds},
-                           timeout=timeout)
+                           args={"threads": threads, "work_seconds": work_seconds, "rounds": rounds,
+                                 "values": values}, timeout=timeout)
     after = statistics.fmean(s for r in results for s in r["after_compute"])
     bare = statistics.fmean(s for r in results for s in r["bare"])
-    return {"wait_seconds": max(0.0, after - bare), "after_compute_seconds": after, "bare_seconds": bare,
-            "work_seconds": work_seconds, "products": results[0]["products"], "learners": learners,
-            "threads": threads, "rounds": rounds}
+    common = {"work_seconds": work_seconds, "products": results[0]["products"], "learners": learners,
+              "threads": threads, "rounds": rounds}
+    out = {"lockstep": {"wait_seconds": max(0.0, after - bare), "after_compute_seconds": after,
+                        "bare_seconds": bare, **common}, "answer": {}}
+    if values and learners > 1:
+        bare = statistics.fmean(s for r in results for s in r["exchange_bare"])
+        training = statistics.fmean(s for r in results for s in r["exchange_training"])
+        out["answer"] = {"delay_seconds": max(0.0, training - bare), "exchange_training_seconds": training,
+                         "exchange_bare_seconds": bare, "values": values, **common}
+    return out
