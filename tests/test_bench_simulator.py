@@ -278,4 +278,5 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     answer = calibrated["answer_measurement"]  # adpsgd's pair exchanging the model's values
     assert answer["learners"] == 2 and answer["values"] > 1000 and answer["exchange_training_seconds"] > 0
     assert micro["answer_delay_seconds"] == answer["delay_seconds"] >= 0
+    assert micro["claim_seconds"] == calibrated["claim_measurement"]["seconds"] > 0
     assert "adpsgd's recipe" in calibrated["inputs"]["sources"]["seconds_per_frame"]

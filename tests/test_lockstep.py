@@ -18,7 +18,10 @@ MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1},
 
 @pytest.mark.slow
 def test_two_learners_time_an_allreduce_after_compute_and_back_to_back():
-    r = measure_waits("loopback", 2, 1, 0.002, timeout=120, rounds=6)["lockstep"]
+    waits = measure_waits("loopback", 2, 1, 0.002, timeout=120, rounds=6)
+    r = waits["lockstep"]
+    assert waits["claim"]["seconds"] > 0 and waits["claim"]["learners"] == 2  # the store's round trips
+    assert waits["answer"] == {}  # no model's values: no exchanges
     assert r["learners"] == 2 and r["threads"] == 1 and r["rounds"] == 6 and r["products"] >= 1
     assert r["after_compute_seconds"] > 0 and r["bare_seconds"] > 0
     # the wait is the difference, never negative (a back-to-back wait can exceed the other by chance)
@@ -40,9 +43,9 @@ def test_a_wait_out_of_range_is_refused(bad):
 
 def test_a_calibration_saved_before_the_wait_was_measured_still_loads():
     tree = dataclasses.asdict(MICRO)
-    del tree["lockstep_wait_seconds"], tree["answer_delay_seconds"]
+    del tree["lockstep_wait_seconds"], tree["claim_seconds"], tree["answer_delay_seconds"]
     old = Microbenchmarks(**tree)
-    assert old.lockstep_wait_seconds == 0.0 and old.answer_delay_seconds == 0.0
+    assert old.lockstep_wait_seconds == old.claim_seconds == old.answer_delay_seconds == 0.0
 
 
 @pytest.mark.slow
@@ -59,14 +62,17 @@ def test_an_odd_learner_count_leaves_the_last_passive_unasked_and_still_ends():
     assert r["answer"]["learners"] == 3 and r["answer"]["exchange_bare_seconds"] > 0
 
 
-def test_several_learners_are_given_the_answer_delay_and_a_lone_learner_is_not():
-    micro = dataclasses.replace(MICRO, answer_delay_seconds=0.003)
-    assert calibrate(micro, 2, "adpsgd").answer_delay_seconds == 0.003
-    assert "the passive training a stand-in" in calibrate(micro, 2, "adpsgd").sources["answer_delay_seconds"]
-    assert calibrate(micro, 1, "adpsgd").answer_delay_seconds == 0.0
+def test_several_learners_are_given_the_claim_and_the_answer_delay_and_a_lone_learner_neither():
+    micro = dataclasses.replace(MICRO, answer_delay_seconds=0.003, claim_seconds=0.001)
+    many, lone = calibrate(micro, 2, "adpsgd"), calibrate(micro, 1, "adpsgd")
+    assert many.answer_delay_seconds == 0.003 and many.claim_seconds == 0.001
+    assert "the passive training a stand-in" in many.sources["answer_delay_seconds"]
+    assert "a claim and a progress record on the job's store" in many.sources["claim_seconds"]
+    assert lone.answer_delay_seconds == lone.claim_seconds == 0.0
 
 
+@pytest.mark.parametrize("field, words", [("answer_delay_seconds", "answer delay"), ("claim_seconds", "claim")])
 @pytest.mark.parametrize("bad", [-0.001, 1.0, math.nan])
-def test_an_answer_delay_out_of_range_is_refused(bad):
-    with pytest.raises(ConfigError, match="answer delay"):
-        dataclasses.replace(MICRO, answer_delay_seconds=bad)
+def test_a_claim_or_answer_delay_out_of_range_is_refused(field, words, bad):
+    with pytest.raises(ConfigError, match=words):
+        dataclasses.replace(MICRO, **{field: bad})

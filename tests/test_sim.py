@@ -454,3 +454,17 @@ def test_an_adpsgd_exchange_waits_for_a_passive_that_trains_and_nothing_else_doe
     shown = steps("adpsgd", hidden, delay)[0] - steps("adpsgd", hidden, 0.0)[0]
     assert shown == pytest.approx(delay / 2 / 8, rel=0.02)
     assert steps("sync", {}, delay) == pytest.approx(steps("sync", {}, 0.0))
+
+
+def test_a_learner_of_a_job_wide_pool_pays_its_claim_on_the_store_every_minibatch():
+    """`claim_seconds` (measured by `asrdist.sim.lockstep`): adpsgd's learners claim each minibatch
+    from the job's pool on the store before computing it, each step that much longer; a lock-step
+    strategy's learners take theirs without the store."""
+    claim = 0.002
+    cluster = Cluster(1, 2, LINKS["loopback"], LINKS["loopback"])
+
+    def step(strategy: str, claim_seconds: float) -> float:
+        return simulate(_spec(strategy, {}, cluster, claim_seconds=claim_seconds, own_steps=True)).seconds_per_step
+
+    assert step("adpsgd", claim) - step("adpsgd", 0.0) == pytest.approx(claim, rel=0.02)
+    assert step("sync", claim) == pytest.approx(step("sync", 0.0))

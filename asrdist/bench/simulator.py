@@ -17,7 +17,8 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its
    latency), and how long a lock-step collective waits for the last of the run's learners on the
    shared cores (`asrdist.sim.lockstep`: a one-value allreduce after a stand-in for the step's
-   compute, less back to back), and how much longer an ADPSGD exchange of the model takes when
+   compute, less back to back), what a learner of a job-wide pool spends on the job's store per
+   minibatch (a claim and a progress record after a stand-in step), and how much longer an ADPSGD exchange of the model takes when
    its passive trains (the same learners: exchanges after a stand-in step, the passive training a
    stand-in less idle). `asrdist.sim.calibration.calibrate` turns these, and nothing else,
    into the simulator's inputs.
@@ -193,6 +194,7 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
             {"microbenchmarks": dataclasses.asdict(r["micro"]), "inputs": dataclasses.asdict(r["inputs"]),
              "link_measurement": r["detail"]["link"], "corun_measurement": r["detail"]["corun"],
              "lockstep_measurement": r["detail"].get("lockstep", {}),
+             "claim_measurement": r["detail"].get("claim", {}),
              "answer_measurement": r["detail"].get("answer", {})} for r in repeats]
     all_rows = [row for by_n in predictions.values() for row in by_n.values()]
     worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)

@@ -58,6 +58,10 @@ class Microbenchmarks:
     lockstep_wait_seconds: float = 0.0
     """How long a one-value allreduce after a step's compute waits, beyond its wait back to back,
     among the run's learners on this machine's cores (`asrdist.sim.lockstep`); 0 = not measured."""
+    claim_seconds: float = 0.0
+    """What a learner of a job-wide pool (adpsgd) spends on the job's store per minibatch, its claim
+    and its progress, among the run's learners on this machine's cores (`asrdist.sim.lockstep`); 0 =
+    not measured."""
     answer_delay_seconds: float = 0.0
     """How much longer an ADPSGD exchange of the model's values takes among the run's learners on
     this machine's cores when the passive trains than when it idles (`asrdist.sim.lockstep`); 0 = not
@@ -70,6 +74,8 @@ class Microbenchmarks:
             raise ConfigError("calibration: need cores >= 1 and positive step times and epoch frames")
         if not 0 <= self.lockstep_wait_seconds < 1:
             raise ConfigError(f"calibration: lock-step wait {self.lockstep_wait_seconds!r} s is not in [0, 1)")
+        if not 0 <= self.claim_seconds < 1:
+            raise ConfigError(f"calibration: claim {self.claim_seconds!r} s is not in [0, 1)")
         if not 0 <= self.answer_delay_seconds < 1:
             raise ConfigError(f"calibration: answer delay {self.answer_delay_seconds!r} s is not in [0, 1)")
 
@@ -95,6 +101,8 @@ class CalibratedInputs:
     lockstep_wait_seconds: float = 0.0
     """CPU learners: the extra wait of a step's first lock-step collective for its last learner
     (SimSpec.lockstep_wait)."""
+    claim_seconds: float = 0.0
+    """A pool's learner's store round trips per minibatch (SimSpec.claim_seconds)."""
     answer_delay_seconds: float = 0.0
     """The extra time of an ADPSGD exchange whose passive trains (SimSpec.answer_delay)."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -137,7 +145,8 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
         quantize, dequantize, micro.average_seconds_per_value,
         micro.mean_seconds_per_value, micro.link_cpu_seconds_per_byte if many else 0.0,
         micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
-        micro.lockstep_wait_seconds if many else 0.0, micro.answer_delay_seconds if many else 0.0,
+        micro.lockstep_wait_seconds if many else 0.0, micro.claim_seconds if many else 0.0,
+        micro.answer_delay_seconds if many else 0.0,
         sources={
             "seconds_per_frame": step,
             "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
@@ -151,6 +160,8 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
                     f"message's round trip (the latency) between two learners over {micro.network}",
             "lockstep_wait_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, a "
                                      f"one-value allreduce after a stand-in for one step's compute less back to back",
+            "claim_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, a claim "
+                             f"and a progress record on the job's store after a stand-in for one step's compute",
             "answer_delay_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
                                     f"ADPSGD exchange of the model's values after a stand-in step, the passive "
                                     f"training a stand-in less idle",
@@ -182,5 +193,5 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
     job = dataclasses.replace(job, quantize_cost=inputs.quantize_cost, dequantize_cost=inputs.dequantize_cost,
                               copy_cost=inputs.copy_cost, mean_cost=inputs.mean_cost, epochs=epochs,
                               frames_per_epoch=frames, epoch_end_seconds=epoch_end,
-                              lockstep_wait=inputs.lockstep_wait_seconds, answer_delay=inputs.answer_delay_seconds)
+                              lockstep_wait=inputs.lockstep_wait_seconds, claim_seconds=inputs.claim_seconds, answer_delay=inputs.answer_delay_seconds)
     return run_job(job)

@@ -22,7 +22,8 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   buffering moves the exchange of step t behind the compute of step t + 1.
 - averaging: the flat allreduce every `steps_between_averages` minibatches (a period of more than
   MAX_AVERAGING_STEPS / 2 simulated shortened, its cost in proportion: `averaging_period`).
-- adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps);
+- adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps),
+  each claim `claim_seconds` on the job's store;
   an active learner exchanges with its partner (`topology.partner`) after each step: two
   messages at once, one each way (the passive replies as soon as it is asked; a link keeps
   `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
@@ -90,6 +91,11 @@ class SimSpec:
     whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
     lets learners that start a step together finish its compute together; the scheduler's time
     slices stagger them (measured: `asrdist.sim.lockstep`)."""
+    claim_seconds: float = 0.0
+    """Seconds a learner that claims minibatches from a job-wide pool (adpsgd, hierarchical,
+    hybrid's asynchronous phase) spends on the job's store per minibatch before its compute: the
+    claim and the progress it records (measured on CPU learners: `asrdist.sim.lockstep`; 0: not
+    modelled)."""
     answer_delay: float = 0.0
     """Seconds an ADPSGD exchange takes longer because its passive trains while it answers: its
     answering thread, and gloo's, wait for a core, the interpreter and the update's lock before the
@@ -416,6 +422,8 @@ class _Simulation:
         while True:
             if not (step < self.steps if self.spec.own_steps else all(self.claim() for _ in range(self.unit_size))):
                 break
+            if s.claim_seconds:  # the claim's round trips to the job's store
+                yield self.env.timeout(s.claim_seconds)
             drawn = [self.draw_compute(m.rank) for m in members]
             computes = [self.env.process(self.compute(m, *d)) for m, d in zip(members, drawn)]
             if node_traffic:

@@ -10,6 +10,12 @@ to arrive and be running again. On the 2 cores of this machine a one-value allre
 of one-thread compute waited about 6 ms with 4 learners and 1-2 ms with 2 (2026-11-28), against
 0.2-0.6 ms back to back.
 
+**A learner of a job-wide pool pays the job's store each minibatch.** ADPSGD's learners claim
+their minibatches from one pool kept in the launcher's c10d store and record their progress there:
+two round trips per minibatch. With the run's learners computing on the shared cores they took
+about 2 ms (4 learners, 2026-11-28), a tenth of a passive's step; a lone learner's step (the step
+microbenchmark) has none.
+
 **An ADPSGD exchange among training learners takes longer than back to back.** A passive answers
 from a thread of the process whose main thread trains: on shared cores that thread, and gloo's,
 must first get a core and the interpreter, and the parameter copy waits for the update's lock;
@@ -20,12 +26,15 @@ model's 1.04 M values took 11-13 ms with 2 learners training against 5-7 ms back
 `lockstep_timing` (a learner function, launched as a run's learners are, `run_learners`) has
 every learner repeat a stand-in for a step's compute (matrix products on its threads, as many as
 take `work_seconds` alone) followed by a one-value allreduce, and, apart, the allreduce back to
-back. Then, given the model's values, ADPSGD's pairs (`topology`: each active with its first
+back. Then every learner repeats the stand-in step followed by what a learner of a job-wide pool
+(adpsgd's) does on the job's c10d store for each minibatch: its claim (an add) and its progress (a
+set), the round trips to the store's server on host 0 whose threads share the busy cores. Then,
+given the model's values, ADPSGD's pairs (`topology`: each active with its first
 partner) exchange them as the strategy does (a header and the active's values, the passive's
 reply from its answering thread, each moving halfway): back to back with the passives idle, then
 after each of the active's stand-in steps with the passives training (the stand-in step in a
 loop, its update under the lock the answer copies under). `measure_waits` returns the mean
-lock-step wait less the back-to-back wait, and the mean exchange among training learners less back
+lock-step wait less the back-to-back wait, the mean claim, and the mean exchange among training learners less back
 to back: the back-to-back figures are what the link's microbenchmark measured and the simulator
 already charges (`asrdist.sim.link`). It reads no run: the learner count,
 threads, network, model size and step work are the run's settings; the step work comes from the
@@ -57,10 +66,12 @@ _EXCHANGE, _GOODBYE = 1, 2  # header kinds, as adpsgd's
 def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     """Learner function: `args` = {threads, work_seconds, rounds, values (0: no exchanges)}. Returns
     this learner's waits in a one-value allreduce after each round's compute (`after_compute`) and
-    back to back (`bare`), an active's exchanges back to back with its passive idle
+    back to back (`bare`), its claims of a minibatch on the job's store after each round's compute
+    (`claim`: an add to the pool's count and a set of its progress, as `JobEpochSampler` and
+    `JobEpochs` do), an active's exchanges back to back with its passive idle
     (`exchange_bare`) and after its step with its passive training (`exchange_training`), in seconds, and the number of products a step computed."""
     torch.set_num_threads(int(args["threads"]))
-    start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
+    ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
     torch.mm(x, w)  # first touch
     t0 = time.perf_counter()
@@ -88,7 +99,20 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
                 out.append(time.perf_counter() - t0)
         return out
 
-    result = {"rank": spec.rank, "products": int(products), "after_compute": waits(True), "bare": waits(False)}
+    def claims() -> list[float]:  # as a learner of a job-wide pool does each minibatch (JobEpochSampler, JobEpochs)
+        out = []
+        dist.barrier()
+        for i in range(WARMUP + rounds):
+            step()
+            t0 = time.perf_counter()
+            ctx.store.add("lockstep/claimed", 1)
+            ctx.store.set(f"lockstep/progress/{spec.rank}", str(i))
+            if i >= WARMUP:
+                out.append(time.perf_counter() - t0)
+        return out
+
+    result = {"rank": spec.rank, "products": int(products), "after_compute": waits(True), "bare": waits(False),
+              "claim": claims()}
     if int(args.get("values", 0)) > 0 and spec.world_size > 1:
         pair = _Pair(spec.rank, spec.world_size, int(args["values"]), step)
         result["exchange_bare"] = pair.exchanges(rounds, training=False)
@@ -171,6 +195,8 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
     `work_seconds` of one learner's work alone:
     - `lockstep`: the mean seconds a lock-step collective waits for its last learner beyond the
       link's own latency (`wait_seconds`, >= 0), with the means behind it (over learners and rounds);
+    - `claim`: the mean seconds (`seconds`) a learner of a job-wide pool spends on the job's store
+      per minibatch, its claim and the progress it records, after a step's compute;
     - `answer` (given the model's `values`, else empty): the mean seconds an ADPSGD exchange of them
       after the active's step, its passive training, takes beyond one back to back, both idle
       (`delay_seconds`, >= 0), with the means behind it (over the actives and rounds)."""
@@ -182,7 +208,8 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
     common = {"work_seconds": work_seconds, "products": results[0]["products"], "learners": learners,
               "threads": threads, "rounds": rounds}
     out = {"lockstep": {"wait_seconds": max(0.0, after - bare), "after_compute_seconds": after,
-                        "bare_seconds": bare, **common}, "answer": {}}
+                        "bare_seconds": bare, **common},
+           "claim": {"seconds": statistics.fmean(s for r in results for s in r["claim"]), **common}, "answer": {}}
     if values and learners > 1:
         bare = statistics.fmean(s for r in results for s in r["exchange_bare"])
         training = statistics.fmean(s for r in results for s in r["exchange_training"])

@@ -79,6 +79,8 @@ class Job:
     lockstep_wait: float = 0.0
     """CPU learners: a step's first lock-step collective's extra wait for its last learner
     (SimSpec.lockstep_wait)."""
+    claim_seconds: float = 0.0
+    """A pool's learner's store round trips per minibatch (SimSpec.claim_seconds)."""
     answer_delay: float = 0.0
     """CPU learners: an ADPSGD exchange's extra time while its passive trains (SimSpec.answer_delay)."""
 
@@ -90,7 +92,8 @@ class Job:
                        copy_cost=self.copy_cost, slowdown=self.slowdown, jitter=self.jitter, steps=self.steps,
                        state_copies=self.state_copies, network_cost=self.network_cost,
                        dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost,
-                       lockstep_wait=self.lockstep_wait, answer_delay=self.answer_delay, **changes)
+                       lockstep_wait=self.lockstep_wait, claim_seconds=self.claim_seconds,
+                       answer_delay=self.answer_delay, **changes)
 
 
 @dataclass
