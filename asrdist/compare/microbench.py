@@ -9,7 +9,8 @@ alone, a parameter average and sync's gradient mean per value, how much one thre
 slows when every core computes (`asrdist.compare.corun`), and, for a run of several learners, the
 link between two learners on the run's network carrying the model (`measure_link`), how long a
 lock-step collective waits for the last of the run's learners on this machine's shared cores, what
-a learner of a job-wide pool spends on the job's store per minibatch, and how much longer an ADPSGD exchange takes when the passive trains than when it idles
+a learner of a job-wide pool spends on the job's store per minibatch, and how much longer an
+ADPSGD exchange takes after the active's step with the passive training than back to back
 (`asrdist.sim.lockstep`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
 trains: this machine's speed moves in spells of minutes, and a calibration read in another spell

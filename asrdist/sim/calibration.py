@@ -193,5 +193,6 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
     job = dataclasses.replace(job, quantize_cost=inputs.quantize_cost, dequantize_cost=inputs.dequantize_cost,
                               copy_cost=inputs.copy_cost, mean_cost=inputs.mean_cost, epochs=epochs,
                               frames_per_epoch=frames, epoch_end_seconds=epoch_end,
-                              lockstep_wait=inputs.lockstep_wait_seconds, claim_seconds=inputs.claim_seconds, answer_delay=inputs.answer_delay_seconds)
+                              lockstep_wait=inputs.lockstep_wait_seconds, claim_seconds=inputs.claim_seconds,
+                              answer_delay=inputs.answer_delay_seconds)
     return run_job(job)

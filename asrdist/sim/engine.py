@@ -248,13 +248,13 @@ class _Simulation:
         return {"world": "world", "node": ("node", rank // per_node), "rail": ("rail", rank % per_node)}[t.group]
 
     def collective(self, me: _Learner, t: Transfer, step: int, index: int, stalled: bool = True,
-                   share: float = 1.0, first: bool = False):
+                   share: float = 1.0, after_whole_step: bool = False):
         """A lock-step collective: wait for the group, then its time (x `share`: `averaging_period`);
-        `first`: the first that needs every member's whole compute of the step, which also waits
-        `lockstep_wait` on shared cores."""
+        `after_whole_step`: the first that needs every member's whole compute of the step (sync's
+        last bucket), which also waits `lockstep_wait` on shared cores."""
         t0 = self.env.now
         duration = transfer_seconds(t, self.cluster)
-        if first and self.cluster.shared_cores:
+        if after_whole_step and self.cluster.shared_cores:
             duration += self.spec.lockstep_wait
         duration *= share
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
@@ -316,7 +316,7 @@ class _Simulation:
         if previous is not None:  # the stream issues the buckets in order
             yield previous
         for i, t in enumerate(bucket):
-            yield from self.collective(me, t, step, index + i, stalled=False, first=last and i == 0)
+            yield from self.collective(me, t, step, index + i, stalled=False, after_whole_step=last and i == 0)
 
     def _bucket_stream(self, me, buckets, step, overlap, backward_start, backward, total):
         done = 0
@@ -327,14 +327,16 @@ class _Simulation:
             if ready > self.env.now:
                 yield self.env.timeout(ready - self.env.now)
             for i, t in enumerate(bucket):  # the last bucket waits for every member's whole backward
-                yield from self.collective(me, t, step, index, stalled=False, first=b == len(buckets) - 1 and i == 0)
+                yield from self.collective(me, t, step, index, stalled=False,
+                                           after_whole_step=b == len(buckets) - 1 and i == 0)
                 index += 1
 
     def _after_step(self, me: _Learner, step: int):
         s = self.spec
         if self.average and (step + 1) % self.average_every == 0:
             for i, t in enumerate(self.average):
-                yield from self.collective(me, t, step, 1000 + i, share=self.average_share, first=i == 0)
+                yield from self.collective(me, t, step, 1000 + i, share=self.average_share,
+                                           after_whole_step=i == 0)
             t0 = self.env.now
             yield from self.cpu(me, s.copy_cost * s.averaged_values * self.average_share)
             me.comm += self.env.now - t0
@@ -356,7 +358,7 @@ class _Simulation:
             yield from self.compute(me, *self.draw_compute(me.rank))
             t0 = self.env.now
             if inside:
-                yield from self.collective(me, inside[0], step, 0, first=True)
+                yield from self.collective(me, inside[0], step, 0, after_whole_step=True)
             if not double_buffering:
                 yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True,
                                              not inside)
@@ -379,17 +381,18 @@ class _Simulation:
             yield pending
         me.done_at = self.env.now
 
-    def _onebit_wire(self, me, across, step, cpu, chunks, stalled, first):
+    def _onebit_wire(self, me, across, step, cpu, chunks, stalled, after_whole_step):
         """The exchange's collectives and its `cpu` of coding, pipelined over `chunks`: a chunk is
         coded while the next crosses the wire. On a dedicated device only the coding the wire does
         not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
         runs there, as the chunks arrive (all but the last chunk's during the wire), taking its
-        share of the cores from every learner's work. `first`: the step's first lock-step collective."""
+        share of the cores from every learner's work. `after_whole_step`: the step's first lock-step collective."""
         on_cores = self.cluster.shared_cores and cpu > 0
         overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks))) if on_cores else None
         t0 = self.env.now
         for i, t in enumerate(across):
-            yield from self.collective(me, t, step, 1 + i, stalled=stalled, first=first and i == 0)
+            yield from self.collective(me, t, step, 1 + i, stalled=stalled,
+                                       after_whole_step=after_whole_step and i == 0)
         wire = self.env.now - t0
         t1 = self.env.now
         if overlapped is not None:

@@ -69,7 +69,8 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     back to back (`bare`), its claims of a minibatch on the job's store after each round's compute
     (`claim`: an add to the pool's count and a set of its progress, as `JobEpochSampler` and
     `JobEpochs` do), an active's exchanges back to back with its passive idle
-    (`exchange_bare`) and after its step with its passive training (`exchange_training`), in seconds, and the number of products a step computed."""
+    (`exchange_bare`) and after its step with its passive training (`exchange_training`), in
+    seconds, and the number of products a step computed."""
     torch.set_num_threads(int(args["threads"]))
     ctx = start_learner(spec, seed=0, timeout=timedelta(seconds=spec.timeout_s), backend="gloo")
     x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
