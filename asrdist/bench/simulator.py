@@ -18,10 +18,10 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    latency), and how long a lock-step collective waits for the last of the run's learners on the
    shared cores (`asrdist.sim.lockstep`: a one-value allreduce after a stand-in for the step's
    compute, less back to back), what a learner of a job-wide pool spends on the job's store per
-   minibatch (a claim and a progress record after a stand-in step), and how much longer an ADPSGD exchange of the model takes when
-   its passive trains (the same learners: exchanges after a stand-in step, the passive training a
-   stand-in less idle). `asrdist.sim.calibration.calibrate` turns these, and nothing else,
-   into the simulator's inputs.
+   minibatch (a claim and a progress record after a stand-in step), and how much longer an ADPSGD
+   exchange of the model takes among training learners (the same learners: exchanges after a
+   stand-in step with the passive training a stand-in, less back to back).
+   `asrdist.sim.calibration.calibrate` turns these, and nothing else, into the simulator's inputs.
 2. Prediction: the run from its resolved config and those inputs.
 3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
    per emulated host on `--network`, a lone learner on loopback), its frames/s from its

@@ -142,7 +142,7 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
         figures["mean_seconds_per_value"], network, link.get("bytes_per_second", 0.0), link.get("duplex", 1.0),
         link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
         {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"],
-        waits["lockstep"].get("wait_seconds", 0.0), waits.get("claim", {}).get("seconds", 0.0),
+        waits["lockstep"].get("wait_seconds", 0.0), waits["claim"].get("seconds", 0.0),
         waits["answer"].get("delay_seconds", 0.0))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "corun": corun, **waits}

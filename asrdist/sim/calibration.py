@@ -64,8 +64,8 @@ class Microbenchmarks:
     not measured."""
     answer_delay_seconds: float = 0.0
     """How much longer an ADPSGD exchange of the model's values takes among the run's learners on
-    this machine's cores when the passive trains than when it idles (`asrdist.sim.lockstep`); 0 = not
-    measured."""
+    this machine's cores after the active's step with the passive training than back to back with
+    both idle (`asrdist.sim.lockstep`); 0 = not measured."""
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
@@ -164,7 +164,7 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
                              f"and a progress record on the job's store after a stand-in for one step's compute",
             "answer_delay_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
                                     f"ADPSGD exchange of the model's values after a stand-in step, the passive "
-                                    f"training a stand-in less idle",
+                                    f"training a stand-in, less back to back",
         })
 
 

@@ -316,7 +316,8 @@ class _Simulation:
         if previous is not None:  # the stream issues the buckets in order
             yield previous
         for i, t in enumerate(bucket):
-            yield from self.collective(me, t, step, index + i, stalled=False, after_whole_step=last and i == 0)
+            yield from self.collective(me, t, step, index + i, stalled=False,
+                                       after_whole_step=last and i == 0)
 
     def _bucket_stream(self, me, buckets, step, overlap, backward_start, backward, total):
         done = 0
@@ -386,7 +387,8 @@ class _Simulation:
         coded while the next crosses the wire. On a dedicated device only the coding the wire does
         not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
         runs there, as the chunks arrive (all but the last chunk's during the wire), taking its
-        share of the cores from every learner's work. `after_whole_step`: the step's first lock-step collective."""
+        share of the cores from every learner's work. `after_whole_step`: the step's first lock-step
+        collective."""
         on_cores = self.cluster.shared_cores and cpu > 0
         overlapped = self.env.process(self.cpu(me, cpu * (1.0 - 1.0 / chunks))) if on_cores else None
         t0 = self.env.now

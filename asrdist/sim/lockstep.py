@@ -88,32 +88,28 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         for _ in range(int(products)):
             torch.mm(x, w)
 
-    def waits(compute: bool) -> list[float]:
+    def timed(operation, compute: bool) -> list[float]:
+        """Seconds of `operation(round)` in each timed round, each after a stand-in step if `compute`."""
         out = []
         dist.barrier()
         for i in range(WARMUP + rounds):
             if compute:
                 step()
             t0 = time.perf_counter()
-            dist.all_reduce(tiny)
+            operation(i)
             if i >= WARMUP:
                 out.append(time.perf_counter() - t0)
         return out
 
-    def claims() -> list[float]:  # as a learner of a job-wide pool does each minibatch (JobEpochSampler, JobEpochs)
-        out = []
-        dist.barrier()
-        for i in range(WARMUP + rounds):
-            step()
-            t0 = time.perf_counter()
-            ctx.store.add("lockstep/claimed", 1)
-            ctx.store.set(f"lockstep/progress/{spec.rank}", str(i))
-            if i >= WARMUP:
-                out.append(time.perf_counter() - t0)
-        return out
+    def claim(i: int) -> None:  # as a learner of a job-wide pool does each minibatch (JobEpochSampler, JobEpochs)
+        ctx.store.add("lockstep/claimed", 1)
+        ctx.store.set(f"lockstep/progress/{spec.rank}", str(i))
 
-    result = {"rank": spec.rank, "products": int(products), "after_compute": waits(True), "bare": waits(False),
-              "claim": claims()}
+    def allreduce(i: int) -> None:
+        dist.all_reduce(tiny)
+
+    result = {"rank": spec.rank, "products": int(products), "after_compute": timed(allreduce, True),
+              "bare": timed(allreduce, False), "claim": timed(claim, True)}
     if int(args.get("values", 0)) > 0 and spec.world_size > 1:
         pair = _Pair(spec.rank, spec.world_size, int(args["values"]), step)
         result["exchange_bare"] = pair.exchanges(rounds, training=False)
