@@ -3,8 +3,8 @@ answer is known, the advisor ranks every strategy, and `asrdist simulate` keeps 
 from __future__ import annotations
 
 import json
-
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -234,7 +234,27 @@ def test_every_prediction_carries_the_error_of_its_nearest_validated_case(tmp_pa
     assert main(["simulate", "--cluster", "2x2", "--network", "1gbit", "--json", str(out)]) == 0
     ranking = json.loads(out.read_text())["ranking"]
     assert all(p["nearest_validated"]["device"] == "gpu" for p in ranking)
-    assert "[1] simulate --validate" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "[1] simulate --validate" in printed
+    # the strategies the winner does not beat beyond the simulator's error are named, in print and JSON
+    from asrdist.sim.cli import within_error_of_winner
+    result = json.loads(out.read_text())
+    assert result["within_error_of_winner"] == within_error_of_winner(
+        [SimpleNamespace(name=p["name"], epoch_seconds=p["epoch_seconds"]) for p in ranking],
+        [SimpleNamespace(relative_error=p["nearest_validated"]["relative_error"]) for p in ranking])
+    assert result["within_error_of_winner"] and ", ".join(result["within_error_of_winner"]) in printed
+    ranked = [SimpleNamespace(name=n, epoch_seconds=t) for n, t in (("a", 10.0), ("b", 11.0), ("c", 20.0))]
+    errors = [SimpleNamespace(relative_error=e) for e in (0.1, 0.05, 0.1)]
+    assert within_error_of_winner(ranked, errors) == ["b"] and within_error_of_winner(ranked, [None] * 3) == ["b", "c"]
+    # CPU learners of one node on its loopback take loopback cases; GPUs of one node take the papers' (hosts)
+    assert main(["simulate", "--cluster", "4", "--network", "loopback", "--seconds-per-frame", "2e-4",
+                 "--json", str(out)]) == 0
+    assert {p["nearest_validated"]["placement"] for p in json.loads(out.read_text())["ranking"]} == {"loopback"}
+    assert main(["simulate", "--cluster", "4x1", "--network", "1gbit", "--seconds-per-frame", "2e-4",
+                 "--json", str(out)]) == 0
+    assert {p["nearest_validated"]["placement"] for p in json.loads(out.read_text())["ranking"]} == {"hosts"}
+    assert main(["simulate", "--cluster", "1x8", "--device", "k20x", "--json", str(out)]) == 0
+    assert {p["nearest_validated"]["device"] for p in json.loads(out.read_text())["ranking"]} == {"gpu"}
 
 
 def test_cpu_learners_share_the_cores_and_memory_bound_work_gains_little_from_threads():

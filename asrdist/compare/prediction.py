@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from asrdist.errors import AsrdistError
-from asrdist.sim.uncertainty import describe, nearest, placement_of
+from asrdist.sim.uncertainty import apart, describe, nearest, placement_of
 
 
 def nearest_validated(record: dict) -> dict | None:
@@ -68,17 +68,33 @@ def time_to_target_check(runs: list[dict], target: float | None = None) -> dict 
             left_out[r["run"]] = "no train_frames in its summary.json"
             continue
         frames_per_epoch = frames / max(r["epochs"] or 1, 1)
+        case = r.get("prediction_nearest_validated")
         rows.append({"run": r["run"], "strategy": r["strategy"], "learners": r["learners"], "epochs": point["epoch"],
                      "measured_seconds": point["seconds"],
-                     "predicted_seconds": point["epoch"] * frames_per_epoch / r["predicted_frames_per_second"]})
+                     "predicted_seconds": point["epoch"] * frames_per_epoch / r["predicted_frames_per_second"],
+                     "nearest_validated_error": case["relative_error"] if case else None})
     if len(rows) < 2:
         return None
     measured = [x["run"] for x in sorted(rows, key=lambda x: x["measured_seconds"])]
-    predicted = [x["run"] for x in sorted(rows, key=lambda x: x["predicted_seconds"])]
+    by_prediction = sorted(rows, key=lambda x: x["predicted_seconds"])
+    predicted = [x["run"] for x in by_prediction]
+    ties, contradictions = [], []
+    for i, faster in enumerate(by_prediction):
+        for slower in by_prediction[i + 1:]:
+            if not apart((faster["predicted_seconds"], faster["nearest_validated_error"]),
+                         (slower["predicted_seconds"], slower["nearest_validated_error"])):
+                ties.append([faster["run"], slower["run"]])
+            elif faster["measured_seconds"] > slower["measured_seconds"]:
+                contradictions.append([faster["run"], slower["run"]])
     return {"metric": metric, "target": target, "rows": rows, "measured_ranking": measured,
-            "predicted_ranking": predicted, "rankings_match": measured == predicted, "not_ranked": left_out,
+            "predicted_ranking": predicted, "rankings_match": measured == predicted,
+            "within_error": ties, "contradictions": contradictions, "rankings_agree_beyond_error": not contradictions,
+            "not_ranked": left_out,
             "convergence": "epochs to the target from each run's own measured curve; the simulator gives the "
-                           "time per epoch (predicted time excludes start-up, measured time includes it)"}
+                           "time per epoch (predicted time excludes start-up, measured time includes it)",
+            "error_bands": "each predicted time x (1 -/+ |the error on its nearest validated case|); two runs whose "
+                           "bands overlap are within the simulator's error of each other (`within_error`), and "
+                           "a pair it put apart that ran in the other order is a contradiction"}
 
 
 def _train_frames(run_dir: str) -> float | None:
@@ -95,6 +111,19 @@ def ranking_line(summary: dict) -> str:
         return ""
     times = "; ".join(f"{r['run']} {r['measured_seconds']:.0f} s measured, {r['predicted_seconds']:.0f} s predicted "
                       f"({r['epochs']} epoch(s))" for r in check["rows"])
-    return (f" Time to {check['metric'].upper()} {check['target']:.4f}: {times}. Fastest first, measured: "
+    line = (f" Time to {check['metric'].upper()} {check['target']:.4f}: {times}. Fastest first, measured: "
             f"{', '.join(check['measured_ranking'])}; the simulator: {', '.join(check['predicted_ranking'])} "
             f"({'the same ranking' if check['rankings_match'] else 'another ranking'}).")
+    if "contradictions" not in check:  # a summary written before the error bands
+        return line
+
+    def pairs(found: list) -> str:
+        return ", ".join(f"{a} / {b}" for a, b in found)
+
+    if check["within_error"]:
+        line += f" Within the simulator's error of each other (not ranked apart): {pairs(check['within_error'])}."
+    if check["contradictions"]:
+        line += (f" Put apart beyond its error, yet ran in the other order: {pairs(check['contradictions'])}.")
+    else:
+        line += " Every pair it put apart beyond its error ran in that order."
+    return line

@@ -212,12 +212,27 @@ def table(predictions, nearest: list | None = None) -> str:
     return "\n".join(lines)
 
 
-def _nearest(predictions, strategy_of, device: str) -> list:
+def within_error_of_winner(ranked, nearest: list) -> list[str]:
+    """The ranked strategies the winner (the first) does not beat beyond the simulator's error:
+    their epoch times' bands (`asrdist.sim.uncertainty.apart`, from each one's nearest validated
+    case) overlap the winner's."""
+    from asrdist.sim.uncertainty import apart  # imported when the command runs: `--help` stays light
+
+    def timed(i: int) -> tuple[float, float | None]:
+        return ranked[i].epoch_seconds, None if nearest[i] is None else nearest[i].relative_error
+
+    return [p.name for i, p in enumerate(ranked) if i and not apart(timed(0), timed(i))]
+
+
+def _nearest(predictions, strategy_of, device: str, cluster, network: str) -> list:
+    """Each prediction's nearest validated case. CPU learners of one node share its cores and
+    loopback (`placement_of`); GPU learners have a device each, as in the papers' clusters."""
     # the command's work, imported when it runs: `asrdist --help` stays light
-    from asrdist.sim.uncertainty import load_cases, nearest
+    from asrdist.sim.uncertainty import load_cases, nearest, placement_of
 
     cases = load_cases()
-    return [nearest(strategy_of(p), p.learners, device, cases) for p in predictions]
+    placement = placement_of(cluster.learners, cluster.nodes, network) if device == "cpu" else "hosts"
+    return [nearest(strategy_of(p), p.learners, device, cases, placement=placement) for p in predictions]
 
 
 def run(args) -> int:
@@ -252,16 +267,20 @@ def run(args) -> int:
         device = "gpu" if args.seconds_per_frame is None else "cpu"
         if args.strategy is None:
             ranked, why, left_out = advise(job, progress=True)
-            nearest = _nearest(ranked, lambda p: ADVISED[p.name][0], device)
+            nearest = _nearest(ranked, lambda p: ADVISED[p.name][0], device, c, args.network)
             print(head)
             print(table(ranked, nearest))
             print(why)
+            close = within_error_of_winner(ranked, nearest)
+            if close:
+                print(f"not ranked apart from {ranked[0].name}, within the simulator's error (each time -/+ its "
+                      f"nearest validated case's error): {', '.join(close)}")
             result = {"setting": head, "ranking": [{**p.as_dict(), "nearest_validated": describe(case)}
                                                    for p, case in zip(ranked, nearest)],
-                      "why": why, "not_simulated": left_out}
+                      "why": why, "within_error_of_winner": close, "not_simulated": left_out}
         else:
             p = run_job(job)
-            nearest = _nearest([p], lambda p: job.strategy, device)
+            nearest = _nearest([p], lambda p: job.strategy, device, c, args.network)
             print(head)
             print(table([p], nearest))
             result = {"setting": head, "prediction": {**p.as_dict(), "nearest_validated": describe(nearest[0])}}

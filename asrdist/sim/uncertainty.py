@@ -84,6 +84,23 @@ def describe(case: ValidatedCase | None) -> dict | None:
     return None if case is None else asdict(case)
 
 
+def time_band(seconds: float, relative_error: float | None) -> tuple[float, float]:
+    """Where a predicted time may land, measured, if the prediction errs by as much as its nearest
+    validated case did, either way: seconds x (1 -/+ |error|). (Frames/s predicted e too high,
+    (predicted - measured) / measured, puts the measured time at seconds x (1 + e).) A prediction
+    without a case gets no bounds."""
+    if relative_error is None:
+        return 0.0, math.inf
+    return seconds * max(0.0, 1.0 - abs(relative_error)), seconds * (1.0 + abs(relative_error))
+
+
+def apart(a: tuple[float, float | None], b: tuple[float, float | None]) -> bool:
+    """Whether two predicted times, each (seconds, its nearest case's error), are ranked beyond
+    the simulator's error: their `time_band`s do not overlap."""
+    (a_lo, a_hi), (b_lo, b_hi) = time_band(*a), time_band(*b)
+    return a_hi < b_lo or b_hi < a_lo
+
+
 def cases_from_validate(result: dict) -> list[ValidatedCase]:
     """The held-out rows of `asrdist.sim.validate.validate()`."""
     return [ValidatedCase("simulate --validate (held out)", f"{r['paper']}: {r['case']}", r["strategy"],
