@@ -68,6 +68,25 @@ def test_synthetic_learner_trains_through_the_builder(tmp_path):
     assert state.history[1]["train_loss"] < state.history[0]["train_loss"]  # it learns the fixed batch
 
 
+def test_a_built_learner_computes_tiny_floats_as_zero(tmp_path):
+    """Momentum of weights whose gradient stays zero decays below float32's smallest normal, where
+    a CPU's arithmetic is many times slower (`asrdist.run.learner.flush_denormals`)."""
+    from asrdist.config import DataConfig, RunConfig, TrainConfig
+    from asrdist.run.learner import build_learner
+
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU cannot flush denormals")
+    tiny = torch.tensor([1e-39])  # a denormal float32
+    try:
+        assert (tiny * 1.0).item() != 0.0
+        task = SyntheticTask(_dnn(), local_batch=16, steps=1)
+        build_learner(RunConfig(data=DataConfig(batch_size=16), train=TrainConfig(epochs=1, threads=1)), tmp_path,
+                      LearnerContext(), task)
+        assert (tiny * 1.0).item() == 0.0 and (tiny + 0.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+
+
 # ------------------------------------------------------------------------ bench scaling
 
 def _spec(world_size: int = 1, rank: int = 0):
