@@ -123,7 +123,7 @@ def ranking_line(summary: dict) -> str:
     if check["within_error"]:
         line += f" Within the simulator's error of each other (not ranked apart): {pairs(check['within_error'])}."
     if check["contradictions"]:
-        line += (f" Put apart beyond its error, yet ran in the other order: {pairs(check['contradictions'])}.")
+        line += f" Put apart beyond its error, yet ran in the other order: {pairs(check['contradictions'])}."
     else:
         line += " Every pair it put apart beyond its error ran in that order."
     return line

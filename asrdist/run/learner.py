@@ -56,9 +56,10 @@ def flush_denormals() -> None:
     """Compute floats below float32's smallest normal (1.2e-38) as zero in this process. Without
     it, a CPU does arithmetic on such values in microcode, many times slower. Momentum buffers of
     weights whose gradient stays zero decay into that range: a 4-learner sync run of `make demo`
-    ended with 181,394 of them (17% of its momentum values), and its second epoch took 2.7x its
-    first; with this, the same run's epochs took the same time and it ended with the same losses
-    to every digit (docs/measurements.md, 2026-11-29)."""
+    ended with 181,394 of them (17% of its momentum values), its later epochs 40-50% slower than
+    its first. Its recipe, rerun for 2 epochs, took 2.7x as long over the second as the first;
+    with this, both epochs took the same time and the run ended with the same losses to every
+    digit (docs/measurements.md, 2026-11-29)."""
     torch.set_flush_denormal(True)  # False where the CPU cannot (no SSE3): nothing to do then
 
 
@@ -141,9 +142,10 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
                   progress: bool = False) -> Learner:
     """The one way to build a learner: the process' malloc told to keep freed memory
     (`asrdist.utils.memory`), tiny floats computed as zero (`flush_denormals`), model on its
-    device, natural-gradient layers, max-change, optimizer, schedule, strategy, sampler (per-learner for lock-step strategies, the job's shared
-    order otherwise) and the trainer. `task` supplies the model, samplers, loss and validation
-    (`SpeechTask`, or a benchmark's synthetic task)."""
+    device, natural-gradient layers, max-change, optimizer, schedule, strategy, sampler
+    (per-learner for lock-step strategies, the job's shared order otherwise) and the trainer.
+    `task` supplies the model, samplers, loss and validation (`SpeechTask`, or a benchmark's
+    synthetic task)."""
     keep_freed_memory()
     flush_denormals()
     threads = set_threads(cfg.train.threads, ctx.local_world_size)
