@@ -56,6 +56,10 @@ def test_train_two_onebit_learners_through_the_cli(corpus, tmp_path, capsys):
     for p in per_learner:
         assert p["bytes_sent"] > 0 and p["comm_seconds"] > 0 and p["exchanges"] == summary["steps"] > 0
         assert p["frames"] == summary["train_frames"] // 2
+        # the share of the machine's CPU its host took while the learner trained (Linux: /proc/stat)
+        assert 0.0 <= p["steal_share"] <= 1.0 if Path("/proc/stat").exists() else p["steal_share"] is None
+    assert summary["steal_share"] == max((p["steal_share"] for p in per_learner if p["steal_share"] is not None),
+                                         default=None)
     assert summary["comm"]["bytes_sent"] == sum(p["bytes_sent"] for p in per_learner)
     # the side-by-side table of `asrdist bench compare` reads the same summary
     capsys.readouterr()

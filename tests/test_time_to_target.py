@@ -81,6 +81,23 @@ def test_a_strategy_more_than_ten_percent_behind_sync_is_named_and_others_are_no
     assert behind_sync([r for r in runs if r["run"] != "sync"], "per") == []  # nothing to compare with
 
 
+def test_a_run_whose_host_took_much_of_the_cpu_is_named_and_quiet_ones_are_not():
+    from asrdist.compare.target import STEAL_NOTE, busy_host
+    from asrdist.run.summary import busiest_host
+
+    runs = [{"run": "sync", "steal_share": 0.43, "failed": None},
+            {"run": "onebit", "steal_share": STEAL_NOTE, "failed": None},  # at the line: not named
+            {"run": "adpsgd", "steal_share": None, "failed": None},  # no /proc/stat: nothing to say
+            {"run": "single", "failed": None},  # a summary from before the key
+            {"run": "averaging", "steal_share": 0.9, "failed": "boom"}]  # its failure is said instead
+    lines = busy_host(runs)
+    assert len(lines) == 1 and lines[0].startswith("sync: this machine's host took 43% of its CPU time (steal)")
+    assert busy_host(runs, share=0.5) == []
+    # the run's figure: its busiest learner's; none where no learner could read it
+    assert busiest_host([{"steal_share": 0.01}, {"steal_share": 0.2}, {"steal_share": None}]) == 0.2
+    assert busiest_host([{"rank": 0}, {"steal_share": None}]) is None
+
+
 def test_the_line_for_a_strategy_behind_sync_says_from_its_curve_whether_it_was_still_learning():
     from asrdist.compare.target import behind_sync, last_epoch_drop
 

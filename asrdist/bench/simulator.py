@@ -55,7 +55,6 @@ from asrdist.errors import ConfigError
 from asrdist.run.prepare import ensure_features
 from asrdist.sim import calibration
 from asrdist.sim.calibration import predict_run
-from asrdist.utils.machine import machine_steal_ticks, steal_share
 
 STRATEGIES = "sync,onebit,averaging,adpsgd"
 LEARNERS = [1, 2, 4]
@@ -137,7 +136,6 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
     predicted = predict_run(cfg, inputs, _hosts(n, args.network).nodes, args.network,
                             feature_dim=detail["feature_dim"], num_classes=detail["num_classes"])
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
-    steal_before = machine_steal_ticks()
     run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
                                          hosts=_hosts(n, args.network))[name]
     summary = compare_runs.load_summary(run_dir)
@@ -146,7 +144,7 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
                 "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
                 "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
                 "network": summary.get("network", "loopback"), "run": str(run_dir),
-                "steal_share": steal_share(steal_before, machine_steal_ticks())}
+                "steal_share": summary.get("steal_share")}
     return {"micro": micro, "detail": detail, "inputs": inputs, "predicted": predicted, "measured": measured}
 
 

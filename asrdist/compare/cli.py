@@ -103,7 +103,7 @@ def compare_command(args) -> int:
     print(target_line(summary))
     print()
     print(format_table(summary))
-    for line in summary["behind_sync"]:
+    for line in [*summary["behind_sync"], *summary.get("busy_host", [])]:
         print(f"note: {line}")
     print(f"\nreport: {args.out / 'report.html'}   summary: {args.out / 'summary.json'}")
     return 0

@@ -18,6 +18,7 @@ from asrdist.compare.runs import run_config, run_record
 from asrdist.compare.target import (
     Target,
     behind_sync,
+    busy_host,
     default_target,
     recommendation,
     time_to_target,
@@ -88,7 +89,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
             "recommendation": recommendation(goal, times, sharing_line(runs, cores)), "cores": cores,
             "calibration": calibrated, "runs": runs,
             "time_to_target_prediction": time_to_target_check(runs, goal.value if goal else None),
-            "behind_sync": behind_sync(runs, metric),
+            "behind_sync": behind_sync(runs, metric), "busy_host": busy_host(runs),
             "table": {"columns": columns, "rows": rows}}
 
 
@@ -254,7 +255,8 @@ def render_html(summary: dict) -> str:
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
-    notes += "".join(f"<li>{esc(line)}</li>" for line in summary.get("behind_sync", []))
+    notes += "".join(f"<li>{esc(line)}</li>" for line in [*summary.get("behind_sync", []),
+                                                         *summary.get("busy_host", [])])
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))
     return f"""<!DOCTYPE html>

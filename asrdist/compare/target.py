@@ -135,3 +135,18 @@ def behind_sync(runs: list[dict], metric: str, margin: float = SYNC_MARGIN) -> l
                      f"costs accuracy here; docs/measurements.md)")
         lines.append(line)
     return lines
+
+
+STEAL_NOTE = 0.05
+"""A run whose host took more than this share of the machine's CPU time while it trained is named:
+this machine's own steal stayed under 4% in quiet spells and reached 43% in a busy one."""
+
+
+def busy_host(runs: list[dict], share: float = STEAL_NOTE) -> list[str]:
+    """A line for each run whose machine's host (the hypervisor) took more than `share` of the CPU
+    time while it trained (its summary's `steal_share`): its times, and its simulator error, are
+    partly that other work's, so a comparison it ranks may not hold on a quiet machine."""
+    return [f"{r['run']}: this machine's host took {r['steal_share']:.0%} of its CPU time (steal) while it "
+            f"trained: its times are slower than this machine is, and a ranking it takes part in may not "
+            f"hold when the machine is quiet; train it again to check"
+            for r in runs if not r.get("failed") and (r.get("steal_share") or 0.0) > share]

@@ -39,6 +39,7 @@ from asrdist.run.summary import finish_run
 from asrdist.run.task import SpeechTask
 from asrdist.train.state import write_state
 from asrdist.train.trainer import Trainer, TrainerHooks
+from asrdist.utils.machine import machine_steal_ticks, steal_share
 from asrdist.utils.memory import keep_freed_memory
 
 
@@ -206,13 +207,14 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
     targets = load_targets(run_dir)
     task = SpeechTask(cfg, targets, ctx.job_rank, ctx.job_world_size)
     learner = build_learner(cfg, run_dir, ctx, task, progress=progress)
-    t0 = time.perf_counter()
+    t0, steal_before = time.perf_counter(), machine_steal_ticks()
     state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
     per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
                    "train_seconds": state.train_seconds, "loop_seconds": state.loop_seconds,
                    "compute_seconds": learner.trainer.compute_seconds,
                    "skipped_nonfinite": learner.trainer.skipped,
+                   "steal_share": steal_share(steal_before, machine_steal_ticks()),
                    **learner.strategy.counters.as_dict()}
     gathered = [per_learner]
     if ctx.job_world_size > 1:

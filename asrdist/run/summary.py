@@ -35,6 +35,15 @@ def hosts() -> dict:
 ERROR_KEYS = ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy")
 
 
+def busiest_host(per_learner: list[dict]) -> float | None:
+    """The largest share of its machine's CPU time that a learner's host (the hypervisor) took while
+    the learner trained this start (steal, `asrdist.utils.machine.steal_share`); None where no
+    learner could read it. A run with much of it was slowed by work outside this machine: its
+    times are not this machine's speed."""
+    shares = [p["steal_share"] for p in per_learner if p.get("steal_share") is not None]
+    return max(shares, default=None)
+
+
 def _figures(evaluated: dict) -> dict:
     """The validation figures of an `evaluate_split` result, as summary.json's `final` names them."""
     figures = {"valid_loss": evaluated["loss"]}
@@ -78,6 +87,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
         "wall_seconds": max(state.wall_seconds, wall_seconds),
         "wall_seconds_last_start": wall_seconds,
+        "steal_share": busiest_host(per_learner),
         # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
         "starts": (1 + len(list(run_dir.glob("config-resume-*.yaml")))
                    + JobEnv.of_this_process().restart),
