@@ -50,6 +50,7 @@ from asrdist.cluster.netem import network_label
 from asrdist.compare import runs as compare_runs
 from asrdist.compare.microbench import LINK_TIMEOUT, REPEATS, measure_microbenchmarks
 from asrdist.compare.runs import Hosts, parse_strategies, resolve_all
+from asrdist.compare.target import STEAL_NOTE
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError
 from asrdist.run.prepare import ensure_features
@@ -197,6 +198,7 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
     all_rows = [row for by_n in predictions.values() for row in by_n.values()]
     worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)
     spreads = [row["measured_spread"] for row in all_rows]
+    steals = [share for row in all_rows for share in row["steal_shares"] if share is not None]
     first = next(iter(rows.values()))[0]
     return {
         "predictions": predictions,
@@ -210,9 +212,13 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
         "machine_noise": {
             "run_repeats": args.run_repeats,
             "max_spread": max(spreads, default=0.0), "median_spread": statistics.median(spreads) if spreads else 0.0,
+            "max_steal_share": max(steals, default=None),
+            "runs_with_busy_host": sum(share > STEAL_NOTE for share in steals), "runs": sum(map(len, rows.values())),
             "note": "each run trained again in later rounds, nothing changed; spread = its fastest repeat's "
                     "frames/s over its slowest's, less 1: how far this machine's speed moved between identical "
-                    "runs, against which each row's error is read"},
+                    "runs, against which each row's error is read; runs_with_busy_host: the runs during which "
+                    f"the machine's host took more than {STEAL_NOTE:.0%} of its CPU (steal, each run's "
+                    "steal_share), max_steal_share the most any took"},
         "throughput": "the job's training frames over its longest learner's loop seconds, epoch ends included "
                       "(asrdist.utils.throughput), for the runs and the simulator alike",
         "network": network_label(args.network),
@@ -234,6 +240,15 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
     }
 
 
+def _busy_host(noise: dict) -> str:
+    """'; the host took ...' where some run's host took more than STEAL_NOTE of the CPU, else ''."""
+    busy = noise.get("runs_with_busy_host")
+    if not busy:
+        return ""
+    return (f"; the machine's host took more than {STEAL_NOTE:.0%} of its CPU in {busy} of {noise['runs']} runs "
+            f"(up to {noise['max_steal_share']:.0%}: steal)")
+
+
 def format_result(result: dict) -> str:
     lines = [f"{'strategy':12s} {'learners':>8s} {'measured':>10s} {'spread':>7s} {'predicted':>10s} {'spread':>7s} "
              f"{'error':>8s}"]
@@ -246,5 +261,5 @@ def format_result(result: dict) -> str:
                  f"frames/s on {result['cores']} cores, network {result['network']}, load "
                  f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}; "
                  f"identical runs' spread up to {100 * result['machine_noise']['max_spread']:.1f}% "
-                 f"({result['machine_noise']['run_repeats']} repeats each)")
+                 f"({result['machine_noise']['run_repeats']} repeats each)" + _busy_host(result["machine_noise"]))
     return "\n".join(lines)
