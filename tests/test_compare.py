@@ -68,11 +68,17 @@ def _predicted(run: Path, calibration=None) -> float:
 
 def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
-    fabricate_runs(out, corpus, ["single", "sync", "onebit"])
+    runs = fabricate_runs(out, corpus, ["single", "sync", "onebit"])
+    busy = json.loads((runs["sync"] / "summary.json").read_text())
+    (runs["sync"] / "summary.json").write_text(json.dumps({**busy, "steal_share": 0.3}))  # its host was busy
     assert _compare(out, corpus, "single,sync,onebit") == 0
     printed = capsys.readouterr().out
     assert "not trained again" in printed and f"report: {out / 'report.html'}" in printed
     summary = json.loads((out / "summary.json").read_text())
+    # the run whose host took 30% of the CPU is named, after the table and in the report; the others not
+    assert [line.split(":")[0] for line in summary["busy_host"]] == ["sync"]
+    assert "note: sync: this machine's host took 30% of its CPU time (steal)" in printed
+    assert "sync: this machine&#x27;s host took 30% of its CPU time" in (out / "report.html").read_text()
     assert summary["strategies"] == ["single", "sync", "onebit"] and summary["learners"] == 2
     assert summary["metric"] == "per" and summary["network"] == "loopback" and summary["cores"] == 2
     assert summary["behind_sync"] == []  # onebit's 0.22 is 5% above sync's 0.21: within the 10%
