@@ -25,8 +25,8 @@ demo: setup
 # three test processes (pytest-xdist), a test file each at a time: most tests start learner
 # processes and wait on them (timeouts, emulated links), so a third fills the 2 cores' idle gaps
 # (measured one evening: 11 min 22 s with two for 719 tests; 10 min 20 s with three, after two trims)
-# (2026-11-29, fresh clone, idle: 19 min 28 s with three for 1675 tests; 17 min 46 s with four for
-# 1677, every core busy throughout: the suite is bound by its CPU, not by its processes' waits)
+# (2026-11-29, fresh clones, idle: 17 min 46 s with four for 1677 tests, every core busy throughout;
+# 17 min 32 s with three for 1679 an hour later: the suite is bound by its CPU, not by its waits)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
 # environments) would otherwise make each of the suite's hundreds of learner processes compile it;
 # the native kernels are built (or found in the cache) once, before the tests that use them start
