@@ -95,7 +95,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
 
 def compare_command(args) -> int:
     # the command's work, imported when it runs: `asrdist --help` stays light
-    from asrdist.compare.report import format_table, target_line
+    from asrdist.compare.report import format_table, note_lines, target_line
 
     summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []),
                       nodes=args.nodes, network=args.network, target=args.target, same_recipe=args.same_recipe)
@@ -103,7 +103,7 @@ def compare_command(args) -> int:
     print(target_line(summary))
     print()
     print(format_table(summary))
-    for line in [*summary["behind_sync"], *summary.get("busy_host", [])]:
+    for line in note_lines(summary):
         print(f"note: {line}")
     print(f"\nreport: {args.out / 'report.html'}   summary: {args.out / 'summary.json'}")
     return 0

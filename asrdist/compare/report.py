@@ -138,6 +138,12 @@ def format_table(summary: dict) -> str:
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
+def note_lines(summary: dict) -> list[str]:
+    """The notes after the table and in the report: strategies behind sync's accuracy, runs whose
+    host was busy (a summary written before either kind simply has none)."""
+    return [*summary.get("behind_sync", []), *summary.get("busy_host", [])]
+
+
 def sharing_line(runs: list[dict], cores: int | None) -> str:
     """How many learners shared how many cores, with how many threads."""
     shapes = sorted({(r["learners"], r["threads_per_learner"] or 1) for r in runs if not r["failed"]})
@@ -255,8 +261,7 @@ def render_html(summary: dict) -> str:
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
-    notes += "".join(f"<li>{esc(line)}</li>" for line in [*summary.get("behind_sync", []),
-                                                         *summary.get("busy_host", [])])
+    notes += "".join(f"<li>{esc(line)}</li>" for line in note_lines(summary))
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))
     return f"""<!DOCTYPE html>

@@ -139,7 +139,7 @@ def behind_sync(runs: list[dict], metric: str, margin: float = SYNC_MARGIN) -> l
 
 STEAL_NOTE = 0.05
 """A run whose host took more than this share of the machine's CPU time while it trained is named:
-this machine's own steal stayed under 4% in quiet spells and reached 43% in a busy one."""
+this machine's own steal stayed under 4% in quiet spells and reached 44% in a busy one (2026-11-29)."""
 
 
 def busy_host(runs: list[dict], share: float = STEAL_NOTE) -> list[str]:
