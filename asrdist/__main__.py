@@ -1,6 +1,4 @@
 """`python -m asrdist`: the `asrdist` command."""
-import sys
+from asrdist.cli import run
 
-from asrdist.cli import main
-
-sys.exit(main())
+run()

@@ -250,7 +250,7 @@ def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp
 
 def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, monkeypatch):
     """In-process, the agents faked (tests/test_netem.py runs the real thing, marked slow): hosts on
-    loopback are one torch.distributed.run agent each, static rendezvous on 127.0.0.1; run_learners
+    loopback are one torch.distributed.run agent each (asrdist.cluster.agent), static rendezvous on 127.0.0.1; run_learners
     hands launch_learners the learner side, the label, the deadline and the link's delay."""
     import json
     from pathlib import Path
@@ -266,7 +266,7 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 4, tmp_path, nodes=2, network="loopback")
     assert len(started) == 2
     for node, (cmd, env) in enumerate(started):
-        assert cmd[cmd.index("-m") + 1] == "torch.distributed.run" and cmd[cmd.index("--node-rank") + 1] == str(node)
+        assert cmd[cmd.index("-m") + 1] == "asrdist.cluster.agent" and cmd[cmd.index("--node-rank") + 1] == str(node)
         assert cmd[cmd.index("--rdzv-backend") + 1] == "static" and cmd[cmd.index("--master-addr") + 1] == "127.0.0.1"
         assert cmd[cmd.index("--nproc-per-node") + 1] == "2" and env["GLOO_SOCKET_IFNAME"] == "lo"
     ports = {cmd[cmd.index("--master-port") + 1] for cmd, _ in started}

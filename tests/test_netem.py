@@ -182,7 +182,7 @@ def test_loopback_learners_are_started_by_torch_distributed_run(workers_import_t
     for r in res:
         assert r["run_id"], r  # set by torch's elastic agent, by nothing else
         agent = r["agent"]
-        assert agent[1:3] == ["-m", "torch.distributed.run"], agent
+        assert agent[1:3] == ["-m", "asrdist.cluster.agent"], agent  # torch.distributed.run.main
         assert agent[agent.index("-m", 3) + 1] == "asrdist.cluster.netem_launch", agent
     if nodes == 1:
         assert [(r["node"], r["local_rank"]) for r in res] == [(0, 0), (0, 1)]

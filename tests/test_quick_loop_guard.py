@@ -20,6 +20,8 @@ PY = sys.executable
 @pytest.mark.parametrize("argv, what", [
     ([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "asrdist.run.worker", "r"],
      "learner processes"),
+    ([PY, "-m", "asrdist.cluster.agent", "--standalone", "--nproc-per-node", "2", "-m", "asrdist.run.worker", "r"],
+     "learner processes"),
     (["torchrun", "--nproc-per-node", "2", "train.py"], "learner processes"),
     ([PY, "-m", "asrdist.run.worker", "RUN"], "learner processes"),
     ([PY, "-m", "asrdist.bench.scaling_worker", "x"], "learner processes"),

@@ -43,6 +43,7 @@ from asrdist.parallel.onebit_kernel import (
     packed_words,
 )
 from asrdist.sim.cluster import MODELS
+from asrdist.utils.leave import leave
 
 SCHEMA = "asrdist-gpu-check/1"
 LSTM_BATCHES = (80, 256)
@@ -391,4 +392,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())  # without the interpreter's teardown of torch: asrdist.utils.leave

@@ -2,8 +2,9 @@
 asrdist's supervisor (`asrdist.cluster.supervisor`), the emulated network an option of it.
 
 `launch_learners("asrdist.run.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
-`python -m torch.distributed.run --standalone --nproc-per-node n -m MODULE ARGS`, which is exactly
-what `torchrun --nnodes A --nproc-per-node B` runs on a cluster. With `nodes=A` it runs that
+`python -m asrdist.cluster.agent --standalone --nproc-per-node n -m MODULE ARGS`: torchrun's own
+main (`torch.distributed.run.main`) with those arguments, exactly what `torchrun --nnodes A
+--nproc-per-node B` runs on a cluster, ended without the interpreter's teardown. With `nodes=A` it runs that
 cluster command on this machine, one `torch.distributed.run` agent per host with a static
 rendezvous on host 0: on an `EmulatedNetwork` of A hosts (namespaces joined by links shaped to the
 `network` rate and `delay`), or, with `network` 'loopback', A agents on this machine's loopback
@@ -46,6 +47,9 @@ from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, 
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
 
+AGENT = (sys.executable, "-m", "asrdist.cluster.agent")
+"""An agent's command: torch.distributed.run's own main, without the interpreter's teardown after
+it (`asrdist.cluster.agent`)."""
 LEARNER_MODULE = "asrdist.cluster.netem_launch"
 """The learner side of `run_learners`: runs one learner function under torch.distributed.run."""
 # Rendezvous ports (in a fresh namespace, and on loopback): below Linux's ephemeral range
@@ -72,7 +76,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         return
     common = ["--max-restarts", str(max_restarts), "--monitor-interval", "0.5"]
     if nodes == 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        cmd = [*AGENT, "--standalone", "--nnodes", "1",
                "--nproc-per-node", str(learners), *common, "-m", module, *args]
         run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
         return
@@ -80,7 +84,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
     check_layout(learners, nodes, network)
 
     def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+        return [*AGENT, "--nnodes", str(nodes),
                 "--nproc-per-node", str(learners // nodes), "--node-rank", str(node),
                 "--rdzv-backend", "static", "--master-addr", master_addr, "--master-port", str(port),
                 *common, "-m", module, *args]

@@ -40,6 +40,7 @@ from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.cluster.supervisor import die_with_agent, write_failure_report
 from asrdist.errors import AsrdistError, ConfigError
 from asrdist.io.atomic import write_json_atomic
+from asrdist.utils.leave import leave
 
 
 def _torchrun_learner(function: str, args_json: str, result_dir: str | None, network: str,
@@ -134,4 +135,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())  # without the interpreter's teardown of torch: asrdist.utils.leave
