@@ -22,18 +22,18 @@ demo: setup
 	$(PY) -m asrdist.native
 	$(VENV)/bin/asrdist demo
 
-# three test processes (pytest-xdist), a test file each at a time: most tests start learner
-# processes and wait on them (timeouts, emulated links), so a third fills the 2 cores' idle gaps
-# (measured one evening: 11 min 22 s with two for 719 tests; 10 min 20 s with three, after two trims)
-# (2026-11-29, fresh clones, idle: 17 min 46 s with four for 1677 tests, every core busy throughout;
-# 17 min 32 s with three for 1679 an hour later: the suite is bound by its CPU, not by its waits)
+# four test processes (pytest-xdist), a test file each at a time: most tests start learner
+# processes, whose CPU (above all each one's import of torch, about 1.5 s) fills the 2 cores, and
+# wait on them (timeouts, emulated links); a fourth fills the gaps the waits leave
+# (2026-11-29, idle, steal under 1%: 705 s with three, 673 s with four, 1,189 CPU-seconds in all;
+# the evening before, with the host taking up to 44% of the CPU, 17.5 min with either)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
 # environments) would otherwise make each of the suite's hundreds of learner processes compile it;
 # the native kernels are built (or found in the cache) once, before the tests that use them start
 test: setup
 	$(PY) -m compileall -q asrdist
 	$(PY) -m asrdist.native
-	$(PY) -m pytest -q -x -n 3 --dist loadfile --durations=30 tests
+	$(PY) -m pytest -q -x -n 4 --dist loadfile --durations=30 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

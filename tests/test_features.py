@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import zlib
@@ -180,6 +181,37 @@ def test_speaker_cmvn_and_parallel_jobs_are_identical(corpus: Path, tmp_path: Pa
     extract_features(corpus, cmvn="speaker", num_mel_bins=80, jobs=2, overwrite=True, progress=False)
     for utt, mat in one.items():
         np.testing.assert_array_equal(FeatureStore(corpus / "train")[utt], mat)
+
+
+def test_all_cores_start_workers_only_for_a_split_worth_them(corpus: Path, monkeypatch):
+    """`--jobs 0` extracts a small split in this process (starting workers costs more than its
+    features), a split of 30 min of audio or more (or 2,000 utterances without durations) in a pool;
+    `--jobs 2` always starts its workers. The summary's `jobs` says how many ran."""
+    from asrdist.features import extract
+    from asrdist.io.kaldi_dir import read_data_dir
+
+    split = read_data_dir(corpus / "train", require_text=False)
+    assert not extract.worth_a_pool(split)
+    for u in split.utterances.values():
+        u.duration = extract.POOL_MIN_AUDIO_HOURS * 3600 / len(split.utterances)
+    assert extract.worth_a_pool(split)
+    for u in split.utterances.values():
+        u.duration = 0.0  # no utt2dur: counted in utterances
+    assert not extract.worth_a_pool(split)
+    monkeypatch.setattr(extract, "POOL_MIN_UTTERANCES", len(split.utterances))
+    assert extract.worth_a_pool(split)
+
+    pools = []
+    monkeypatch.setattr(extract, "worth_a_pool", lambda d: d.path.name == "train")
+    real = extract._run_tasks
+    monkeypatch.setattr(extract, "_run_tasks", lambda tasks, jobs, *a: pools.append(jobs) or real(tasks, 1, *a))
+    assert extract.extract_features(corpus, jobs=0, overwrite=True, progress=False)["jobs"] == (os.cpu_count() or 1)
+    assert pools == [os.cpu_count() or 1 if name == "train" else 1 for name in extract.find_splits(corpus)]
+    monkeypatch.setattr(extract, "worth_a_pool", lambda d: False)
+    pools.clear()
+    assert extract.extract_features(corpus, jobs=0, overwrite=True, progress=False)["jobs"] == 1 and set(pools) == {1}
+    pools.clear()
+    assert extract.extract_features(corpus, jobs=2, overwrite=True, progress=False)["jobs"] == 2 and set(pools) == {2}
 
 
 def _speaker_stats(mats: list[np.ndarray]) -> tuple[int, np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     p.add_argument("--num-mel-bins", type=cli_number(int, at_least=10, at_most=128), default=40,
                    help="filterbank size, 10 to 128 (Kaldi's default is 23; default: %(default)s)")
     p.add_argument("--cmvn", choices=["global", "speaker", "none"], default="global")
-    p.add_argument("--jobs", type=cli_number(int, at_least=0), default=0, help="worker processes, >= 0 (default 0: all cores)")
+    p.add_argument("--jobs", type=cli_number(int, at_least=0), default=0, help="worker processes, >= 0 (default 0: all cores for a split of 30 min of audio or more, this process for a smaller one)")
     p.add_argument("--export-kaldi", action="store_true", help="also write feats.scp/feats.ark")
     p.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="use channel K (0-based) of multi-channel audio, which is an error without it; "

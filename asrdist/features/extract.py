@@ -89,6 +89,23 @@ def _check_channels(headers: dict, data: Path) -> None:
                             f"which later runs reuse")
 
 
+POOL_MIN_AUDIO_HOURS = 0.5
+"""`--jobs 0` (all cores) extracts a split in worker processes only from this much audio up (utt2dur):
+spawning each worker costs about 0.6 s of CPU, more than the features of a small split. Measured
+(2026-11-29, 2 cores, idle): 1,000 tone utterances (9 min of audio) took 1.5-1.7 s of wall and CPU in
+this process, 1.8-1.9 s of wall and 2.9-3.3 s of CPU with a pool of 2; fbank costs about 1.4 ms of
+CPU per second of audio, so 30 min is some 2.5 s of work, where 2 workers start to save time."""
+POOL_MIN_UTTERANCES = 2000
+"""The same rule where utt2dur gives no durations."""
+
+
+def worth_a_pool(d: DataDir) -> bool:
+    """Whether split `d` is large enough for `--jobs 0` to extract it in worker processes."""
+    if any(u.duration > 0 for u in d.utterances.values()):
+        return d.hours >= POOL_MIN_AUDIO_HOURS
+    return len(d.utterances) >= POOL_MIN_UTTERANCES
+
+
 def _check_jobs(jobs) -> None:
     """--jobs counts worker processes: 0 means all cores, a negative count means nothing."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
@@ -211,6 +228,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
             raise DataError(f"{damaged}; rebuild it with `asrdist features {data} --overwrite`")
     if cmvn == "global" and len(split_paths) > 1 and CMVN_SOURCE_SPLIT not in split_paths:
         raise DataError(f"{data}: global CMVN needs a '{CMVN_SOURCE_SPLIT}' split for its statistics")
+    auto = jobs == 0
     jobs = jobs or os.cpu_count() or 1
     started = time.perf_counter()
     dirs = {name: read_data_dir(path, require_text=False) for name, path in split_paths.items()}
@@ -235,12 +253,14 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
             stack.enter_context(feature_store.rewriting(path, busy_hint))
         tmps = {name: stack.enter_context(atomic_dir(path / feature_store.FEATS_DIR, overwrite=overwrite))
                 for name, path in split_paths.items()}
-        built = {}
+        built, used_jobs = {}, 1
         for name, d in dirs.items():
             stats: dict[str, CmvnStats] = {}
             tasks = _tasks(name, d, audio_rate, num_mel_bins, channel, rate)
+            split_jobs = jobs if not auto or worth_a_pool(d) else 1
+            used_jobs = max(used_jobs, split_jobs)
             with output_errors(split_paths[name] / feature_store.FEATS_DIR):  # names the split, not its temporary
-                writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, jobs, skip_bad,
+                writer, skipped, seconds = _extract_split(name, d, tmps[name], tasks, split_jobs, skip_bad,
                                                           progress, stats, num_mel_bins)
             built[name] = (writer, stats, skipped, seconds)
         source = CMVN_SOURCE_SPLIT if len(dirs) > 1 else next(iter(dirs))
@@ -270,7 +290,7 @@ def extract_features(data: Path, num_mel_bins: int = 40, cmvn: str = "global", j
     audio = sum(s["audio_seconds"] for s in summary_splits.values())
     return {
         "data": str(data), "num_mel_bins": num_mel_bins, "cmvn": cmvn, "sample_rate": rate,
-        "audio_sample_rate": audio_rate, "jobs": jobs,
+        "audio_sample_rate": audio_rate, "jobs": used_jobs,
         "utterances": sum(s["utterances"] for s in summary_splits.values()),
         "frames": sum(s["frames"] for s in summary_splits.values()),
         "audio_seconds": round(audio, 3), "skipped": sum(s["skipped"] for s in summary_splits.values()),
