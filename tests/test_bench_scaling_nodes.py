@@ -31,14 +31,14 @@ def test_bandwidth_model_of_the_hierarchical_allreduce():
         predict_hierarchical_allreduce(s, 1, 4, gbit)  # one node: nothing crosses nodes
 
 
-@pytest.mark.slow  # two jobs of four learner processes
+@pytest.mark.slow  # three jobs of four learner processes
 def test_bench_scaling_nodes_writes_its_contract(tmp_path):
     out = tmp_path / "scaling_nodes.json"
     assert main(["bench", "scaling", "--json", str(out), "--nodes", "2", "--per-node", "2", "--network", "loopback",
                  "--model", "dnn", "--hidden-dim", "32", "--hidden-layers", "1", "--feature-dim", "8",
                  "--num-classes", "5", "--steps", "1", "--warmup", "1", "--compute-ms", "5", "--local-batch", "16",
                  "--exchange-repeats", "2", "--timeout", "120",
-                 "--configs", "hybrid"]) == 0  # sync_flat always runs (it times the allreduces)
+                 "--configs", "sync_hierarchical,hybrid"]) == 0  # sync_flat always runs (it times the allreduces)
     result = json.loads(out.read_text())
     assert "results" not in result and "speedup" not in result  # no learner-count sweep unless asked
     assert result["network"] == "loopback" and "network_fallback" not in result  # asked for loopback
@@ -47,9 +47,7 @@ def test_bench_scaling_nodes_writes_its_contract(tmp_path):
     assert section["network"] == "loopback"
     assert result["hierarchical_allreduce_speedup"] == section["hierarchical_allreduce_speedup"] > 0
     assert section["hierarchical_allreduce_predicted"] == pytest.approx(1.5)
-    # (sync_hierarchical trains as sync_flat does with its strategy_config's hierarchical: true, which
-    # test_nodes_mode_falls_back_to_loopback_and_says_so checks for every configuration)
-    expected = {"sync_flat", "hybrid"}
+    expected = {"sync_flat", "sync_hierarchical", "hybrid"}
     assert set(section["results"]) == expected and expected < set(NODE_CONFIGS)
     assert all(fps > 0 for fps in section["results"].values())
     details = section["details"]
@@ -60,6 +58,7 @@ def test_bench_scaling_nodes_writes_its_contract(tmp_path):
     assert {c for c in expected if not details[c]["lockstep"]} == {"hybrid"}
     assert details["hybrid"]["phase"].startswith("asynchronous")
     assert details["sync_flat"]["strategy_config"] == {"hierarchical": "false"}
+    assert details["sync_hierarchical"]["strategy_config"] == {"hierarchical": "true"}
     ex = details["exchange"]
     assert len(ex["flat_seconds"]) == len(ex["hierarchical_seconds"]) == 2
     assert ex["flat_seconds_median"] > 0 and ex["hierarchical_seconds_median"] > 0
