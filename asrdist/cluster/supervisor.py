@@ -34,10 +34,15 @@ from asrdist.errors import AsrdistError, Stopped, TrainingError
 from asrdist.parallel.membership import lost_key, report_lost
 
 LOG_NAME = "launcher.log"
-STOP_GRACE_S = 30.0
-"""How long stopped agents get to stop their learners before they are killed."""
 SHUTDOWN_GRACE_S = 3
 """How long an agent waits for a learner it stopped (SIGTERM) before it kills it (SIGKILL)."""
+STOP_GRACE_S = 10.0
+"""How long stopped agents get to stop their learners before they are killed (their learners die
+with them), and how long, after one agent failed, the others get to fail on their own. An agent
+that runs learners stops them within SHUTDOWN_GRACE_S of a SIGTERM; one whose learners finished
+waits in torch's exit barrier for its peers' agents (up to 300 s), blocked in the c10d store
+where no signal reaches it, and is only ended by the kill. Was 30 s: a 2-host job whose learner
+failed or hung took 30 s longer than its failure (measured: 36 s for a 6 s deadline)."""
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -221,7 +226,8 @@ def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float 
         now = time.monotonic()
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = now  # the other hosts' learners fail on their own within their timeout
-        if failed_at is not None and now - failed_at > STOP_GRACE_S:
+        running = [p for p in procs if p.poll() is None]
+        if failed_at is not None and (now - failed_at > STOP_GRACE_S or all(map(_without_learners, running))):
             _stop(procs)
             return [p.wait() for p in procs]
         if deadline is not None and now > deadline:
@@ -282,7 +288,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every agent's process group (the agent stops its learners), SIGKILL after the grace."""
+    """SIGTERM every agent's process group (the agent stops its learners); SIGKILL an agent once it
+    has no learners left (it would wait out torch's exit barrier), and every agent after the grace."""
     for p in procs:
         if p.poll() is None:
             try:
@@ -290,11 +297,19 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             except ProcessLookupError:
                 pass
     end = time.monotonic() + STOP_GRACE_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < end:
+        for p in procs:
+            if _without_learners(p):
+                stop_process(p, grace_s=0.1)
+        time.sleep(0.1)  # polling interval
     for p in procs:
-        try:
-            p.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            stop_process(p, grace_s=0.1)
+        stop_process(p, grace_s=0.1)
+
+
+def _without_learners(agent: subprocess.Popen) -> bool:
+    """A running agent whose learners have all ended: it waits in torch's exit barrier for its
+    peers' agents, and neither fails on its own nor answers a SIGTERM (see STOP_GRACE_S)."""
+    return agent.poll() is None and not any(_state(pid) not in ("Z", "") for pid in _descendants([agent.pid]))
 
 
 class _ReportLog:
