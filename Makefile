@@ -22,6 +22,7 @@ demo: setup
 	$(PY) -m asrdist.native
 	$(VENV)/bin/asrdist demo
 
+# the files in the order tests/conftest.py gives them (longest first), not xdist's (most tests first)
 # four test processes (pytest-xdist), a test file each at a time: most tests start learner
 # processes, whose CPU (above all each one's import of torch, about 1.5 s) fills the 2 cores, and
 # wait on them (timeouts, emulated links); a fourth fills the gaps the waits leave
@@ -33,7 +34,7 @@ demo: setup
 test: setup
 	$(PY) -m compileall -q asrdist
 	$(PY) -m asrdist.native
-	$(PY) -m pytest -q -x -n 4 --dist loadfile --durations=30 tests
+	$(PY) -m pytest -q -x -n 4 --dist loadfile --no-loadscope-reorder --durations=30 tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -60,7 +60,7 @@ the files by; `ASRDIST_RECORD_FILE_SECONDS=1 make test` writes it again."""
 def pytest_collection_modifyitems(session, config, items):
     """The longest files first (FILE_SECONDS; a file not in it counts 10 s per slow test), each
     file's tests in their own order: `make test` hands whole files to its pytest processes in this
-    order (--dist loadfile), so the long files start early and the short ones fill the end, rather
+    order (--dist loadfile --no-loadscope-reorder; xdist's own order is most tests first), so the long files start early and the short ones fill the end, rather
     than a long file running alone at the end while the other processes have finished
     (2026-11-29, in collection order: one process ended 47 s after the others)."""
     seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
