@@ -22,12 +22,13 @@ demo: setup
 	$(PY) -m asrdist.native
 	$(VENV)/bin/asrdist demo
 
-# the files in the order tests/conftest.py gives them (longest first), not xdist's (most tests first)
-# four test processes (pytest-xdist), a test file each at a time: most tests start learner
-# processes, whose CPU (above all each one's import of torch, about 1.5 s) fills the 2 cores, and
-# wait on them (timeouts, emulated links); a fourth fills the gaps the waits leave
+# four test processes (pytest-xdist), a test file each at a time, the files in the order
+# tests/conftest.py gives them (longest first; xdist's own order is most tests first): most tests
+# start learner processes, whose CPU (above all each one's import of torch, about 1.5 s) fills the
+# 2 cores, and wait on them (timeouts, emulated links); a fourth process fills the gaps the waits leave
 # (2026-11-29, idle, steal under 1%: 705 s with three, 673 s with four, 1,189 CPU-seconds in all;
-# the evening before, with the host taking up to 44% of the CPU, 17.5 min with either)
+# a fresh clone of the session's last change: 652 s. The evening before, with the host taking up to
+# 44% of the CPU, 17.5 min with three or four)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
 # environments) would otherwise make each of the suite's hundreds of learner processes compile it;
 # the native kernels are built (or found in the cache) once, before the tests that use them start
