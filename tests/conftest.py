@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -60,17 +61,13 @@ the files by; `ASRDIST_RECORD_FILE_SECONDS=1 make test` writes it again."""
 def pytest_collection_modifyitems(session, config, items):
     """The longest files first (FILE_SECONDS; a file not in it counts 10 s per slow test), each
     file's tests in their own order: `make test` hands whole files to its pytest processes in this
-    order (--dist loadfile --no-loadscope-reorder; xdist's own order is most tests first), so the long files start early and the short ones fill the end, rather
-    than a long file running alone at the end while the other processes have finished
-    (2026-11-29, in collection order: one process ended 47 s after the others)."""
+    order (--dist loadfile --no-loadscope-reorder; xdist's own order is most tests first), so the
+    long files start early and the short ones fill the end, rather than a long file running alone
+    at the end while the other processes have finished (2026-11-29, in collection order: one
+    process ended 47 s after the others)."""
     seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
-    weight: dict[Path, float] = {}
-    for item in items:
-        weight.setdefault(item.path, 0.0)
-        if item.path.name not in seconds and item.get_closest_marker("slow") is not None:
-            weight[item.path] += 10.0
-    for path in weight:
-        weight[path] = seconds.get(path.name, weight[path])
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow") is not None)
+    weight = {path: seconds.get(path.name, 10.0 * slow[path]) for path in dict.fromkeys(item.path for item in items)}
     rank = {path: k for k, path in enumerate(sorted(weight, key=lambda path: -weight[path]))}  # stable sort
     items.sort(key=lambda item: rank[item.path])
 

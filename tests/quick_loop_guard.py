@@ -29,9 +29,10 @@ GUARD_ENV = "ASRDIST_QUICK_LOOP_GUARD"
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quick_loop_site")
 """Holds the sitecustomize.py that installs the guard in child Python processes."""
 
-# Learners: torch's launcher (what `asrdist train` runs, through asrdist.cluster.agent, and torchrun) and asrdist's learner entry
-# points (`python -m asrdist.<package>.worker`, the scaling bench's worker, the learner side of
-# learner functions, `asrdist.cluster.netem_launch`, which starts learners as a script too).
+# Learners: torch's launcher (what torchrun runs, and `asrdist train` through asrdist.cluster.agent)
+# and asrdist's learner entry points (`python -m asrdist.<package>.worker`, the scaling bench's
+# worker, the learner side of learner functions, `asrdist.cluster.netem_launch`, which starts
+# learners as a script too).
 _LEARNER_MODULE = re.compile(r"^(torch\.distributed\.run|asrdist\.cluster\.agent|asrdist(\.\w+)*\.\w*worker|asrdist\.cluster\.netem_launch)$")
 _LAUNCHERS = {"torchrun"}
 _BROWSERS = {"chromium", "chromium-browser", "chrome", "google-chrome", "google-chrome-stable", "headless_shell",

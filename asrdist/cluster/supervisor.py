@@ -226,8 +226,7 @@ def _wait(procs: list[subprocess.Popen], stop: threading.Event, deadline: float 
         now = time.monotonic()
         if failed_at is None and any(c not in (None, 0) for c in codes):
             failed_at = now  # the other hosts' learners fail on their own within their timeout
-        running = [p for p in procs if p.poll() is None]
-        if failed_at is not None and (now - failed_at > STOP_GRACE_S or all(map(_without_learners, running))):
+        if failed_at is not None and (now - failed_at > STOP_GRACE_S or not _agents_with_learners(procs)):
             _stop(procs)
             return [p.wait() for p in procs]
         if deadline is not None and now > deadline:
@@ -251,8 +250,9 @@ class _StoppedLearners:
             return
         if time.monotonic() - self._failed_at < SHUTDOWN_GRACE_S:
             return
-        for pid in _descendants([a.pid for a in self.agents if a.poll() is None]):
-            if _state(pid) == "T":
+        states = _process_states()
+        for pid in _descendants([a.pid for a in self.agents if a.poll() is None], states):
+            if states[pid][0] == "T":
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -272,13 +272,22 @@ def _state(pid: int) -> str:
     return fields[0] if fields else ""
 
 
-def _descendants(roots: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
+def _process_states() -> dict[int, tuple[str, int]]:
+    """Every process now, read once from /proc: pid -> (state (R, S, T, Z...), parent pid)."""
+    states = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             fields = _proc_stat(int(entry.name))
             if fields:
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
+                states[int(entry.name)] = fields[0], int(fields[1])
+    return states
+
+
+def _descendants(roots: list[int], states: dict[int, tuple[str, int]]) -> list[int]:
+    """The descendants of the `roots` processes among `states` (`_process_states()`)."""
+    children: dict[int, list[int]] = {}
+    for pid, (_, parent) in states.items():
+        children.setdefault(parent, []).append(pid)
     found, todo = [], list(roots)
     while todo:
         kids = children.get(todo.pop(), [])
@@ -298,18 +307,22 @@ def _stop(procs: list[subprocess.Popen]) -> None:
                 pass
     end = time.monotonic() + STOP_GRACE_S
     while any(p.poll() is None for p in procs) and time.monotonic() < end:
+        busy = _agents_with_learners(procs)
         for p in procs:
-            if _without_learners(p):
-                stop_process(p, grace_s=0.1)
+            if p not in busy:
+                stop_process(p, grace_s=0.1)  # returns at once for one that has ended
         time.sleep(0.1)  # polling interval
     for p in procs:
         stop_process(p, grace_s=0.1)
 
 
-def _without_learners(agent: subprocess.Popen) -> bool:
-    """A running agent whose learners have all ended: it waits in torch's exit barrier for its
-    peers' agents, and neither fails on its own nor answers a SIGTERM (see STOP_GRACE_S)."""
-    return agent.poll() is None and not any(_state(pid) not in ("Z", "") for pid in _descendants([agent.pid]))
+def _agents_with_learners(agents: list[subprocess.Popen]) -> list[subprocess.Popen]:
+    """The running agents with a learner (any live descendant) still running. A running agent
+    not among them waits in torch's exit barrier for its peers' agents, and neither fails on its own
+    nor answers a SIGTERM (see STOP_GRACE_S)."""
+    states = _process_states()
+    return [a for a in agents if a.poll() is None
+            and any(states[pid][0] != "Z" for pid in _descendants([a.pid], states))]
 
 
 class _ReportLog:
