@@ -85,6 +85,17 @@ def _one_line(error: BaseException) -> str:
     return (errors or lines or [type(error).__name__])[-1 if errors else 0][:300]
 
 
+def _clear_stale_lock(lock: Path) -> None:
+    """Remove a build lock left by a killed build. cpp_extension takes and releases this lock on every
+    load, cached or not, so another process may remove it at any moment: a lock that is gone is no error."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        lock.unlink(missing_ok=True)
+
+
 def _build(stem: str, flags: tuple[str, ...]):
     cxx = compiler()
     if shutil.which(cxx) is None:
@@ -102,9 +113,7 @@ def _build(stem: str, flags: tuple[str, ...]):
         name = f"asrdist_{stem}_{key}"
         build_dir = root / name
         build_dir.mkdir(parents=True, exist_ok=True)
-        lock = build_dir / "lock"
-        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
-            lock.unlink(missing_ok=True)
+        _clear_stale_lock(build_dir / "lock")
         try:
             return cpp_extension.load(name, [str(source)], extra_cflags=cflags, build_directory=str(build_dir),
                                       verbose=False)
