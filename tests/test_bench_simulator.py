@@ -284,4 +284,8 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     assert answer["learners"] == 2 and answer["values"] > 1000 and answer["exchange_training_seconds"] > 0
     assert micro["answer_delay_seconds"] == answer["delay_seconds"] >= 0
     assert micro["claim_seconds"] == calibrated["claim_measurement"]["seconds"] > 0
+    collective = calibrated["collective_measurement"]  # an allreduce among the run's 2 learners
+    assert micro["collective_seconds"] == collective["seconds"] > 0 and collective["learners"] == 2
+    assert micro["collective_cpu_seconds"] == collective["cpu_seconds"] > 0
+    assert calibrated["inputs"]["collective_step_seconds"] >= 0 and "collective_step" in calibrated["inputs"]["sources"]
     assert "adpsgd's recipe" in calibrated["inputs"]["sources"]["seconds_per_frame"]

@@ -1,4 +1,5 @@
-"""The shared cores' microbenchmarks (`asrdist.sim.lockstep`: the lock-step wait, ADPSGD's answer delay)
+"""The shared cores' microbenchmarks (`asrdist.sim.lockstep`: the lock-step wait, a collective's cost
+per message, ADPSGD's answer delay)
 and how the simulator's calibration carries them: learners launched as a run's are, nothing read
 from any run."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 
 from asrdist.errors import ConfigError
 from asrdist.sim.calibration import Microbenchmarks, calibrate
-from asrdist.sim.lockstep import measure_waits
+from asrdist.sim.lockstep import COLLECTIVE_VALUES, measure_waits
 
 MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1}, 10_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
                         lockstep_wait_seconds=0.004)
@@ -26,6 +27,37 @@ def test_two_learners_time_an_allreduce_after_compute_and_back_to_back():
     assert r["after_compute_seconds"] > 0 and r["bare_seconds"] > 0
     # the wait is the difference, never negative (a back-to-back wait can exceed the other by chance)
     assert r["wait_seconds"] == pytest.approx(max(0.0, r["after_compute_seconds"] - r["bare_seconds"]))
+    collective = waits["collective"]  # gloo's ring on a bucket-like tensor, its wall and its CPU
+    assert collective["values"] == COLLECTIVE_VALUES and collective["learners"] == 2
+    assert collective["seconds"] > 0 and 0 < collective["cpu_seconds"] < 1
+
+
+def test_a_collectives_cost_per_message_is_what_the_link_leaves_unexplained():
+    link = dict(link_bytes_per_second=1e9, link_duplex=0.5, link_latency_seconds=1e-4,
+                link_cpu_seconds_per_byte=1e-10)
+    micro = dataclasses.replace(MICRO, **link, collective_seconds=0.006, collective_cpu_seconds=0.002,
+                                collective_values=16384, step_seconds_per_frame={"1x2": 1e-4, "4x1": 4e-4},
+                                epoch_end_seconds={"1x2": 0.1, "4x1": 0.1})
+    sent = 2 * 3 * 4 * 16384 / 4  # a ring allreduce of 4 learners: 2(n-1)/n of the bytes
+    wire, cpu = sent / 0.5e9 + 6 * 1e-4, 1e-10 * 2 * sent
+    many = calibrate(micro, 4, "sync")
+    assert many.collective_step_seconds == pytest.approx((0.006 - wire) / 6)
+    assert many.collective_step_cpu == pytest.approx((0.002 - cpu) / 6)
+    assert "allreduce of 16384 values back to back" in many.sources["collective_step"]
+    lone = calibrate(micro, 1, "sync")
+    assert lone.collective_step_seconds == lone.collective_step_cpu == 0.0
+    # a collective the link explains whole costs nothing more (never negative)
+    fast = calibrate(dataclasses.replace(micro, collective_seconds=wire / 2, collective_cpu_seconds=cpu / 2), 4)
+    assert fast.collective_step_seconds == fast.collective_step_cpu == 0.0
+    unmeasured = dataclasses.replace(micro, collective_seconds=0.0, collective_cpu_seconds=0.0, collective_values=0)
+    assert calibrate(unmeasured, 4).collective_step_seconds == 0.0  # not measured: not modelled
+
+
+@pytest.mark.parametrize("field, bad", [("collective_seconds", -0.001), ("collective_cpu_seconds", 1.0),
+                                        ("collective_seconds", math.nan), ("collective_values", -1)])
+def test_a_collective_out_of_range_is_refused(field, bad):
+    with pytest.raises(ConfigError, match="collective"):
+        dataclasses.replace(MICRO, **{field: bad})
 
 
 def test_a_run_of_several_learners_is_given_the_wait_and_a_lone_learner_is_not():
@@ -43,9 +75,12 @@ def test_a_wait_out_of_range_is_refused(bad):
 
 def test_a_calibration_saved_before_the_wait_was_measured_still_loads():
     tree = dataclasses.asdict(MICRO)
-    del tree["lockstep_wait_seconds"], tree["claim_seconds"], tree["answer_delay_seconds"]
+    for key in ("lockstep_wait_seconds", "claim_seconds", "answer_delay_seconds", "collective_seconds",
+                "collective_cpu_seconds", "collective_values"):
+        del tree[key]
     old = Microbenchmarks(**tree)
     assert old.lockstep_wait_seconds == old.claim_seconds == old.answer_delay_seconds == 0.0
+    assert old.collective_seconds == old.collective_values == 0
 
 
 @pytest.mark.slow

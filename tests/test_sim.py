@@ -453,6 +453,33 @@ def test_a_step_waits_for_the_learner_the_scheduler_left_last_on_shared_cores():
     assert step("sync", buckets, wait, shared_cores=0) == pytest.approx(step("sync", buckets, 0.0, shared_cores=0))
 
 
+def test_each_message_of_a_lock_step_collective_costs_its_wake_up_on_shared_cores():
+    """`collective_step_seconds` and `collective_step_cpu` (measured by `asrdist.sim.lockstep`): on
+    shared CPU cores each sequential message of a lock-step collective (a ring allreduce of 4:
+    6) takes that much longer and that much of the learner's CPU; an asynchronous exchange and a
+    cluster of devices pay neither."""
+    from asrdist.parallel import sync
+
+    buckets = {"bucket_cap_mb": 0.25, "overlap": False}
+
+    def step(strategy: str, settings: dict, shared_cores: int = 2, **costs) -> float:
+        cluster = Cluster(1, 4, LINKS["loopback"], LINKS["loopback"], shared_cores=shared_cores, one_machine=True,
+                          thread_speedup=1.0)
+        return simulate(_spec(strategy, settings, cluster, own_steps=True, **costs)).seconds_per_step
+
+    messages = 6 * len(sync.exchange_traffic(SHAPES, 4, 4, sync.SyncConfig(**buckets)))  # one bucket after another
+    assert messages >= 12
+    longer = step("sync", buckets, collective_step_seconds=0.001) - step("sync", buckets)
+    assert longer == pytest.approx(messages * 0.001, rel=0.02)
+    # CPU far beyond the link's time: 4 learners' messages on 2 cores take twice each learner's CPU
+    busier = step("sync", buckets, collective_step_cpu=0.01) - step("sync", buckets)
+    assert busier == pytest.approx(messages * 0.01 * 4 / 2, rel=0.05)
+    adpsgd = {"pattern": "fixed"}
+    assert step("adpsgd", adpsgd, collective_step_seconds=0.001, collective_step_cpu=0.001) == \
+        pytest.approx(step("adpsgd", adpsgd))
+    assert step("sync", buckets, 0, collective_step_seconds=0.001) == pytest.approx(step("sync", buckets, 0))
+
+
 def test_an_adpsgd_exchange_waits_for_a_passive_that_trains_and_nothing_else_does():
     """`answer_delay` (measured by `asrdist.sim.lockstep`): each ADPSGD exchange takes that much
     longer before the passive's reply goes out. The active stalls on it (its step grows by the

@@ -18,7 +18,8 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    latency), and how long a lock-step collective waits for the last of the run's learners on the
    shared cores (`asrdist.sim.lockstep`: a one-value allreduce after a stand-in for the step's
    compute, less back to back), what a learner of a job-wide pool spends on the job's store per
-   minibatch (a claim and a progress record after a stand-in step), and how much longer an ADPSGD
+   minibatch (a claim and a progress record after a stand-in step), what an allreduce among them
+   costs per message beyond the link (one of 16,384 values back to back), and how much longer an ADPSGD
    exchange of the model takes among training learners (the same learners: exchanges after a
    stand-in step with the passive training a stand-in, less back to back).
    `asrdist.sim.calibration.calibrate` turns these, and nothing else, into the simulator's inputs.
@@ -194,6 +195,7 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
              "link_measurement": r["detail"]["link"], "corun_measurement": r["detail"]["corun"],
              "lockstep_measurement": r["detail"].get("lockstep", {}),
              "claim_measurement": r["detail"].get("claim", {}),
+             "collective_measurement": r["detail"].get("collective", {}),
              "answer_measurement": r["detail"].get("answer", {})} for r in repeats]
     all_rows = [row for by_n in predictions.values() for row in by_n.values()]
     worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)

@@ -9,7 +9,8 @@ alone, a parameter average and sync's gradient mean per value, how much one thre
 slows when every core computes (`asrdist.compare.corun`), and, for a run of several learners, the
 link between two learners on the run's network carrying the model (`measure_link`), how long a
 lock-step collective waits for the last of the run's learners on this machine's shared cores, what
-a learner of a job-wide pool spends on the job's store per minibatch, and how much longer an
+a learner of a job-wide pool spends on the job's store per minibatch, what an allreduce among the
+run's learners costs per message beyond the link, and how much longer an
 ADPSGD exchange takes after the active's step with the passive training than back to back
 (`asrdist.sim.lockstep`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
@@ -131,7 +132,7 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     many = learners > 1
     corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
     link: dict[str, Any] = {}
-    waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "answer": {}}
+    waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
@@ -143,7 +144,8 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
         link.get("cpu_seconds_per_byte", 0.0), link.get("latency_seconds") or _link_latency(network),
         {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"],
         waits["lockstep"].get("wait_seconds", 0.0), waits["claim"].get("seconds", 0.0),
-        waits["answer"].get("delay_seconds", 0.0))
+        waits["answer"].get("delay_seconds", 0.0), waits["collective"].get("seconds", 0.0),
+        waits["collective"].get("cpu_seconds", 0.0), waits["collective"].get("values", 0))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "corun": corun, **waits}
 

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from asrdist.errors import ConfigError
+from asrdist.parallel.comm import ring_allreduce_bytes
 from asrdist.sim.cluster import Link
 from asrdist.sim.scenario import config_job, run_job
 
@@ -66,6 +67,12 @@ class Microbenchmarks:
     """How much longer an ADPSGD exchange of the model's values takes among the run's learners on
     this machine's cores after the active's step with the passive training than back to back with
     both idle (`asrdist.sim.lockstep`); 0 = not measured."""
+    collective_seconds: float = 0.0
+    """Mean seconds of an allreduce of `collective_values` values back to back among the run's
+    learners on this machine's cores (`asrdist.sim.lockstep`); 0 = not measured."""
+    collective_cpu_seconds: float = 0.0
+    """A learner's CPU seconds (all its threads) in that allreduce."""
+    collective_values: int = 0
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
@@ -78,6 +85,10 @@ class Microbenchmarks:
             raise ConfigError(f"calibration: claim {self.claim_seconds!r} s is not in [0, 1)")
         if not 0 <= self.answer_delay_seconds < 1:
             raise ConfigError(f"calibration: answer delay {self.answer_delay_seconds!r} s is not in [0, 1)")
+        if not (0 <= self.collective_seconds < 1 and 0 <= self.collective_cpu_seconds < 1
+                and self.collective_values >= 0):
+            raise ConfigError(f"calibration: a collective of {self.collective_values!r} values taking "
+                              f"{self.collective_seconds!r} s ({self.collective_cpu_seconds!r} s of CPU) is out of range")
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,12 @@ class CalibratedInputs:
     """A pool's learner's store round trips per minibatch (SimSpec.claim_seconds)."""
     answer_delay_seconds: float = 0.0
     """The extra time of an ADPSGD exchange whose passive trains (SimSpec.answer_delay)."""
+    collective_step_seconds: float = 0.0
+    """CPU learners: a lock-step collective's time per sequential message beyond the link's
+    latency and rate (SimSpec.collective_step_seconds)."""
+    collective_step_cpu: float = 0.0
+    """CPU learners: a lock-step collective's CPU per sequential message beyond its bytes'
+    (SimSpec.collective_step_cpu)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Input -> the microbenchmark it was calibrated on."""
 
@@ -112,6 +129,23 @@ class CalibratedInputs:
 def threads_of(cores: int, learners: int) -> int:
     """Torch threads per learner of asrdist's launcher: its cores over the learners it starts."""
     return max(1, cores // learners)
+
+
+def collective_steps(micro: Microbenchmarks, learners: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) per sequential message of a lock-step collective beyond what the link
+    charges: the measured allreduce among the run's learners (`micro.collective_*`) less the measured
+    link's time for its bytes and 2(n-1) latencies and less the measured CPU of its bytes, over its
+    2(n-1) messages; (0, 0) for a lone learner or where it was not measured."""
+    if learners < 2 or not micro.collective_values or not micro.collective_seconds:
+        return 0.0, 0.0
+    messages = 2 * (learners - 1)
+    sent = ring_allreduce_bytes(4 * micro.collective_values, learners)
+    wire = messages * micro.link_latency_seconds
+    if micro.link_bytes_per_second > 0:
+        wire += sent / (micro.link_bytes_per_second * micro.link_duplex)
+    cpu = micro.link_cpu_seconds_per_byte * 2 * sent
+    return (max(0.0, micro.collective_seconds - wire) / messages,
+            max(0.0, micro.collective_cpu_seconds - cpu) / messages)
 
 
 def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None) -> CalibratedInputs:
@@ -146,7 +180,7 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
         micro.mean_seconds_per_value, micro.link_cpu_seconds_per_byte if many else 0.0,
         micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
         micro.lockstep_wait_seconds if many else 0.0, micro.claim_seconds if many else 0.0,
-        micro.answer_delay_seconds if many else 0.0,
+        micro.answer_delay_seconds if many else 0.0, *collective_steps(micro, learners),
         sources={
             "seconds_per_frame": step,
             "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
@@ -165,6 +199,9 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
             "answer_delay_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
                                     f"ADPSGD exchange of the model's values after a stand-in step, the passive "
                                     f"training a stand-in, less back to back",
+            "collective_step": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
+                               f"allreduce of {micro.collective_values} values back to back, less the link's time "
+                               f"and CPU for its bytes and latencies, over its {2 * (learners - 1)} messages",
         })
 
 
@@ -194,5 +231,7 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
                               copy_cost=inputs.copy_cost, mean_cost=inputs.mean_cost, epochs=epochs,
                               frames_per_epoch=frames, epoch_end_seconds=epoch_end,
                               lockstep_wait=inputs.lockstep_wait_seconds, claim_seconds=inputs.claim_seconds,
-                              answer_delay=inputs.answer_delay_seconds)
+                              answer_delay=inputs.answer_delay_seconds,
+                              collective_step_seconds=inputs.collective_step_seconds,
+                              collective_step_cpu=inputs.collective_step_cpu)
     return run_job(job)

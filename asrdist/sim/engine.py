@@ -12,7 +12,9 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   learner's work overlaps another's sleep or communication. Fewer threads cost
   `Cluster.cpu_slowdown`. The first lock-step collective that needs every learner's whole compute
   of a step (sync's last bucket, onebit's exchange, an average, a node's last bucket) also waits
-  `lockstep_wait` for the learner the scheduler's time slices left last.
+  `lockstep_wait` for the learner the scheduler's time slices left last, and each sequential
+  message of a lock-step collective costs `collective_step_seconds` and `collective_step_cpu`
+  beyond the link's latency and the bytes' CPU (its receiver must be woken and get a core).
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
   one after another on the learner's communication stream, and every collective waits for all
   members of its group (lock step): the slowest learner sets the pace; then the mean's
@@ -52,7 +54,7 @@ from asrdist.parallel.averaging import steps_between_averages
 from asrdist.parallel.comm import Transfer
 from asrdist.sim.alike import alike_learners, stand_ins
 from asrdist.sim.cluster import Cluster, parameter_count
-from asrdist.sim.resources import Meet, SharedCores, transfer_seconds
+from asrdist.sim.resources import Meet, SharedCores, latency_steps, transfer_seconds
 from asrdist.utils.throughput import job_frames_per_second
 
 STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
@@ -96,6 +98,16 @@ class SimSpec:
     hybrid's asynchronous phase) spends on the job's store per minibatch before its compute: the
     claim and the progress it records (measured on CPU learners: `asrdist.sim.lockstep`; 0: not
     modelled)."""
+    collective_step_seconds: float = 0.0
+    """CPU learners (`Cluster.shared_cores`): seconds each sequential message of a lock-step
+    collective (`resources.latency_steps`: a ring allreduce's 2(n-1)) takes beyond the link's latency
+    and rate. With more learners than cores the receiver of a message is often not running: it
+    must be woken and get a core before the next message can go (measured among the run's
+    learners: `asrdist.sim.lockstep`; 0: not modelled)."""
+    collective_step_cpu: float = 0.0
+    """CPU learners: CPU seconds a learner spends per sequential message of a lock-step collective
+    beyond its bytes' (`network_cost`): gloo's and the kernel's wake-ups and bookkeeping (measured
+    with `collective_step_seconds`)."""
     answer_delay: float = 0.0
     """Seconds an ADPSGD exchange takes longer because its passive trains while it answers: its
     answering thread, and gloo's, wait for a core, the interpreter and the update's lock before the
@@ -253,13 +265,17 @@ class _Simulation:
         `after_whole_step`: the first that needs every member's whole compute of the step (sync's
         last bucket), which also waits `lockstep_wait` on shared cores."""
         t0 = self.env.now
+        s = self.spec
         duration = transfer_seconds(t, self.cluster)
+        messages = latency_steps(t) if self.cluster.shared_cores else 0
+        duration += messages * s.collective_step_seconds
         if after_whole_step and self.cluster.shared_cores:
-            duration += self.spec.lockstep_wait
+            duration += s.lockstep_wait
         duration *= share
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
-        if self.spec.network_cost:  # the CPU of the bytes it sends and (about as many) receives
-            cpu = self.spec.network_cost * 2 * t.bytes_sent * share
+        # the CPU of the bytes it sends and (about as many) receives, and of each message's wake-ups
+        cpu = (s.network_cost * 2 * t.bytes_sent + messages * s.collective_step_cpu) * share
+        if cpu:
             meet = self.env.all_of([meet, self.env.process(self.cpu(me, cpu))])
         yield meet
         me.bytes += t.bytes_sent * share

@@ -23,12 +23,22 @@ the active's own threads have just left a step. On this machine an exchange of t
 model's 1.04 M values took 11-13 ms with 2 learners training against 5-7 ms back to back, and
 18-21 ms against 10-12 ms with 4 (2026-11-28), as the runs' actives waited (12-14 and 19-22 ms).
 
+**A collective's messages wait for their receivers to be woken.** A ring allreduce among more
+learners than cores passes 2(n-1) messages in turn, and the receiver of each is often not running:
+it must be woken and get a core first. On this machine an allreduce of 16,384 values among 4
+learners on the 2 cores took 6.3 ms and 2.3 ms of each learner's CPU back to back, against about 1 ms
+for the link's 6 latencies; of 1,024 values, 5.6 ms and 2.1 ms; of one value (gloo's short path)
+0.95 ms and 0.3 ms; of the default model's 1.03 M values in one piece 8.4 ms and 3.6 ms, in 8 pieces
+38 ms and 16 ms (2026-11-29). A sync run of that model (2 buckets) spent 7.2 ms of each learner's CPU
+per step in gloo's threads, where the simulator charged 3.5 ms for the bytes alone.
+
 `lockstep_timing` (a learner function, launched as a run's learners are, `run_learners`) has
 every learner repeat a stand-in for a step's compute (matrix products on its threads, as many as
 take `work_seconds` alone) followed by a one-value allreduce, and, apart, the allreduce back to
 back. Then every learner repeats the stand-in step followed by what a learner of a job-wide pool
 (adpsgd's) does on the job's c10d store for each minibatch: its claim (an add) and its progress (a
-set), the round trips to the store's server on host 0 whose threads share the busy cores. Then,
+set), the round trips to the store's server on host 0 whose threads share the busy cores, and an
+allreduce of `COLLECTIVE_VALUES` values back to back (its wall and CPU seconds). Then,
 given the model's values, ADPSGD's pairs (`topology`: each active with its first
 partner) exchange them as the strategy does (a header and the active's values, the passive's
 reply from its answering thread, each moving halfway): back to back with the passives idle, then
@@ -57,6 +67,9 @@ from asrdist.parallel import topology
 ROWS, COLS = 64, 512
 """The stand-in product's sizes: about half a millisecond on one thread, so that a step's work is
 met to within that."""
+COLLECTIVE_VALUES = 16384
+"""The allreduce timed for a collective's cost per message: 64 KB, gloo's ring as for a bucket of
+gradients (a one-value allreduce takes a shorter path), its bytes a small part of its time."""
 ROUNDS, WARMUP = 40, 5
 """Timed rounds of compute-then-allreduce (and of back-to-back allreduces; of exchanges back to back,
 and among training learners), after WARMUP untimed."""
@@ -108,8 +121,18 @@ def lockstep_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     def allreduce(i: int) -> None:
         dist.all_reduce(tiny)
 
+    values = torch.randn(COLLECTIVE_VALUES)
+    cpu: list[float] = []
+
+    def collective(i: int) -> None:  # wall by `timed`, the CPU of all this process' threads (gloo's) here
+        c0 = time.process_time()
+        dist.all_reduce(values)
+        if i >= WARMUP:
+            cpu.append(time.process_time() - c0)
+
     result = {"rank": spec.rank, "products": int(products), "after_compute": timed(allreduce, True),
-              "bare": timed(allreduce, False), "claim": timed(claim, True)}
+              "bare": timed(allreduce, False), "claim": timed(claim, True),
+              "collective": timed(collective, False), "collective_cpu": cpu}
     if int(args.get("values", 0)) > 0 and spec.world_size > 1:
         pair = _Pair(spec.rank, spec.world_size, int(args["values"]), step)
         result["exchange_bare"] = pair.exchanges(rounds, training=False)
@@ -194,6 +217,8 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
       link's own latency (`wait_seconds`, >= 0), with the means behind it (over learners and rounds);
     - `claim`: the mean seconds (`seconds`) a learner of a job-wide pool spends on the job's store
       per minibatch, its claim and the progress it records, after a step's compute;
+    - `collective`: the mean seconds (`seconds`) and a learner's CPU seconds (`cpu_seconds`, all its
+      threads) of an allreduce of `values` values back to back;
     - `answer` (given the model's `values`, else empty): the mean seconds an ADPSGD exchange of them
       after the active's step, its passive training, takes beyond one back to back, both idle
       (`delay_seconds`, >= 0), with the means behind it (over the actives and rounds)."""
@@ -206,7 +231,11 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
               "threads": threads, "rounds": rounds}
     out = {"lockstep": {"wait_seconds": max(0.0, after - bare), "after_compute_seconds": after,
                         "bare_seconds": bare, **common},
-           "claim": {"seconds": statistics.fmean(s for r in results for s in r["claim"]), **common}, "answer": {}}
+           "claim": {"seconds": statistics.fmean(s for r in results for s in r["claim"]), **common},
+           "collective": {"seconds": statistics.fmean(s for r in results for s in r["collective"]),
+                          "cpu_seconds": statistics.fmean(s for r in results for s in r["collective_cpu"]),
+                          "values": COLLECTIVE_VALUES, **common},
+           "answer": {}}
     if values and learners > 1:
         bare = statistics.fmean(s for r in results for s in r["exchange_bare"])
         training = statistics.fmean(s for r in results for s in r["exchange_training"])

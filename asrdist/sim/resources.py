@@ -103,25 +103,30 @@ _BOTH_WAYS = {"allreduce", "reduce_scatter", "all_gather", "all_to_all"}
 """Collectives in which every member sends and receives at the same time (and a pair's exchange)."""
 
 
+def latency_steps(t: Transfer) -> int:
+    """The sequential messages of collective `t`: each pays the link's latency."""
+    return _LATENCY_STEPS[t.kind](t.size)
+
+
 def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None = None,
                      payload_bytes: int | None = None) -> float:
     """Time of one collective from one learner's bytes (see the module docstring). `crosses_nodes`
     and `payload_bytes` (the larger direction's bytes) for a pairwise exchange."""
     per_node, nodes, n = cluster.per_node, cluster.nodes, cluster.learners
     inside, between = cluster.inside, cluster.between
-    latency_steps = _LATENCY_STEPS[t.kind](t.size)
+    messages = latency_steps(t)
     b = float(t.bytes_sent if payload_bytes is None else payload_bytes)
     both_ways = t.group == "pair" or t.kind in _BOTH_WAYS
     inside_rate = inside.bandwidth * (inside.duplex if both_ways else 1.0)
     between_rate = between.bandwidth * (between.duplex if both_ways else 1.0)
     if t.group == "pair" and not crosses_nodes:
-        return b / inside_rate + latency_steps * inside.latency
+        return b / inside_rate + messages * inside.latency
     if t.group == "node" or (t.group == "world" and nodes == 1):
-        return b / inside_rate + latency_steps * inside.latency
+        return b / inside_rate + messages * inside.latency
     if t.group == "rail":  # every local rank's rail crosses the node's card at once
-        return per_node * b / between_rate + latency_steps * between.latency
+        return per_node * b / between_rate + messages * between.latency
     if t.group == "pair":
-        return b / between_rate + latency_steps * between.latency
+        return b / between_rate + messages * between.latency
     # the whole world over several nodes
     if t.kind == "all_to_all":
         out_of_node = per_node * b * (n - per_node) / (n - 1)
@@ -129,4 +134,4 @@ def transfer_seconds(t: Transfer, cluster: Cluster, crosses_nodes: bool | None =
         wire = max(out_of_node / between_rate, in_node / inside_rate)
     else:  # rings in node order: one stream crosses each node's card
         wire = b / between_rate
-    return wire + latency_steps * between.latency
+    return wire + messages * between.latency

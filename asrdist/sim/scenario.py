@@ -83,6 +83,11 @@ class Job:
     """A pool's learner's store round trips per minibatch (SimSpec.claim_seconds)."""
     answer_delay: float = 0.0
     """CPU learners: an ADPSGD exchange's extra time while its passive trains (SimSpec.answer_delay)."""
+    collective_step_seconds: float = 0.0
+    """CPU learners: a lock-step collective's time per sequential message beyond the link's
+    (SimSpec.collective_step_seconds)."""
+    collective_step_cpu: float = 0.0
+    """CPU learners: a lock-step collective's CPU per sequential message (SimSpec.collective_step_cpu)."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -93,7 +98,8 @@ class Job:
                        state_copies=self.state_copies, network_cost=self.network_cost,
                        dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost,
                        lockstep_wait=self.lockstep_wait, claim_seconds=self.claim_seconds,
-                       answer_delay=self.answer_delay, **changes)
+                       answer_delay=self.answer_delay, collective_step_seconds=self.collective_step_seconds,
+                       collective_step_cpu=self.collective_step_cpu, **changes)
 
 
 @dataclass
