@@ -117,8 +117,8 @@ class CalibratedInputs:
     answer_delay_seconds: float = 0.0
     """The extra time of an ADPSGD exchange whose passive trains (SimSpec.answer_delay)."""
     collective_step_seconds: float = 0.0
-    """CPU learners: a lock-step collective's time per sequential message beyond the link's
-    latency and rate (SimSpec.collective_step_seconds)."""
+    """CPU learners: the least time of a lock-step collective's sequential message
+    (SimSpec.collective_step_seconds)."""
     collective_step_cpu: float = 0.0
     """CPU learners: a lock-step collective's CPU per sequential message beyond its bytes'
     (SimSpec.collective_step_cpu)."""
@@ -132,20 +132,17 @@ def threads_of(cores: int, learners: int) -> int:
 
 
 def collective_steps(micro: Microbenchmarks, learners: int) -> tuple[float, float]:
-    """(seconds, CPU seconds) per sequential message of a lock-step collective beyond what the link
-    charges: the measured allreduce among the run's learners (`micro.collective_*`) less the measured
-    link's time for its bytes and 2(n-1) latencies and less the measured CPU of its bytes, over its
-    2(n-1) messages; (0, 0) for a lone learner or where it was not measured."""
+    """(seconds, CPU seconds) per sequential message of a lock-step collective on shared cores, from
+    the allreduce measured among the run's learners (`micro.collective_*`), over its 2(n-1)
+    messages: its time (the simulator's least time of a message: a collective takes the longer of
+    the link's time and its messages'), and its CPU less the measured CPU of its bytes (which the
+    simulator charges apart); (0, 0) for a lone learner or where it was not measured."""
     if learners < 2 or not micro.collective_values or not micro.collective_seconds:
         return 0.0, 0.0
     messages = 2 * (learners - 1)
     sent = ring_allreduce_bytes(4 * micro.collective_values, learners)
-    wire = messages * micro.link_latency_seconds
-    if micro.link_bytes_per_second > 0:
-        wire += sent / (micro.link_bytes_per_second * micro.link_duplex)
     cpu = micro.link_cpu_seconds_per_byte * 2 * sent
-    return (max(0.0, micro.collective_seconds - wire) / messages,
-            max(0.0, micro.collective_cpu_seconds - cpu) / messages)
+    return micro.collective_seconds / messages, max(0.0, micro.collective_cpu_seconds - cpu) / messages
 
 
 def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None) -> CalibratedInputs:
@@ -200,8 +197,8 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
                                     f"ADPSGD exchange of the model's values after a stand-in step, the passive "
                                     f"training a stand-in, less back to back",
             "collective_step": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
-                               f"allreduce of {micro.collective_values} values back to back, less the link's time "
-                               f"and CPU for its bytes and latencies, over its {2 * (learners - 1)} messages",
+                               f"allreduce of {micro.collective_values} values back to back, its time and its CPU "
+                               f"less the link's CPU for its bytes, over its {2 * (learners - 1)} messages",
         })
 
 

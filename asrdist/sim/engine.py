@@ -13,8 +13,9 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   `Cluster.cpu_slowdown`. The first lock-step collective that needs every learner's whole compute
   of a step (sync's last bucket, onebit's exchange, an average, a node's last bucket) also waits
   `lockstep_wait` for the learner the scheduler's time slices left last, and each sequential
-  message of a lock-step collective costs `collective_step_seconds` and `collective_step_cpu`
-  beyond the link's latency and the bytes' CPU (its receiver must be woken and get a core).
+  message of a lock-step collective takes at least `collective_step_seconds` (its receiver must be
+  woken and get a core; overlapping the bytes on the wire) and `collective_step_cpu` beyond the
+  bytes' CPU.
 - sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
   one after another on the learner's communication stream, and every collective waits for all
   members of its group (lock step): the slowest learner sets the pace; then the mean's
@@ -99,10 +100,11 @@ class SimSpec:
     claim and the progress it records (measured on CPU learners: `asrdist.sim.lockstep`; 0: not
     modelled)."""
     collective_step_seconds: float = 0.0
-    """CPU learners (`Cluster.shared_cores`): seconds each sequential message of a lock-step
-    collective (`resources.latency_steps`: a ring allreduce's 2(n-1)) takes beyond the link's latency
-    and rate. With more learners than cores the receiver of a message is often not running: it
-    must be woken and get a core before the next message can go (measured among the run's
+    """CPU learners (`Cluster.shared_cores`): the least seconds each sequential message of a
+    lock-step collective (`resources.latency_steps`: a ring allreduce's 2(n-1)) takes. With more
+    learners than cores the receiver of a message is often not running: it must be woken and get a
+    core before the next message can go. The wake-ups overlap the bytes on the wire, so a
+    collective takes the longer of the link's time and its messages' (measured among the run's
     learners: `asrdist.sim.lockstep`; 0: not modelled)."""
     collective_step_cpu: float = 0.0
     """CPU learners: CPU seconds a learner spends per sequential message of a lock-step collective
@@ -268,7 +270,9 @@ class _Simulation:
         s = self.spec
         duration = transfer_seconds(t, self.cluster)
         messages = latency_steps(t) if self.cluster.shared_cores else 0
-        duration += messages * s.collective_step_seconds
+        # its messages' wake-ups overlap its bytes on the wire (the kernel takes them in while the
+        # receiver sleeps): a collective takes at least its messages' least time
+        duration = max(duration, messages * s.collective_step_seconds)
         if after_whole_step and self.cluster.shared_cores:
             duration += s.lockstep_wait
         duration *= share

@@ -84,8 +84,7 @@ class Job:
     answer_delay: float = 0.0
     """CPU learners: an ADPSGD exchange's extra time while its passive trains (SimSpec.answer_delay)."""
     collective_step_seconds: float = 0.0
-    """CPU learners: a lock-step collective's time per sequential message beyond the link's
-    (SimSpec.collective_step_seconds)."""
+    """CPU learners: the least time of a lock-step collective's message (SimSpec.collective_step_seconds)."""
     collective_step_cpu: float = 0.0
     """CPU learners: a lock-step collective's CPU per sequential message (SimSpec.collective_step_cpu)."""
 
