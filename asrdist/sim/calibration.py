@@ -15,8 +15,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from asrdist.errors import ConfigError
-from asrdist.parallel.comm import ring_allreduce_bytes
+from asrdist.parallel.comm import Transfer, ring_allreduce_bytes
 from asrdist.sim.cluster import Link
+from asrdist.sim.resources import latency_steps
 from asrdist.sim.scenario import config_job, run_job
 
 
@@ -139,9 +140,9 @@ def collective_steps(micro: Microbenchmarks, learners: int) -> tuple[float, floa
     simulator charges apart); (0, 0) for a lone learner or where it was not measured."""
     if learners < 2 or not micro.collective_values or not micro.collective_seconds:
         return 0.0, 0.0
-    messages = 2 * (learners - 1)
-    sent = ring_allreduce_bytes(4 * micro.collective_values, learners)
-    cpu = micro.link_cpu_seconds_per_byte * 2 * sent
+    allreduce = Transfer("allreduce", "world", learners, ring_allreduce_bytes(4 * micro.collective_values, learners))
+    messages = latency_steps(allreduce)
+    cpu = micro.link_cpu_seconds_per_byte * 2 * allreduce.bytes_sent
     return micro.collective_seconds / messages, max(0.0, micro.collective_cpu_seconds - cpu) / messages
 
 
