@@ -283,7 +283,18 @@ def test_bench_simulator_predicts_real_train_runs_end_to_end(tone_corpus, tmp_pa
     answer = calibrated["answer_measurement"]  # adpsgd's pair exchanging the model's values
     assert answer["learners"] == 2 and answer["values"] > 1000 and answer["exchange_training_seconds"] > 0
     assert micro["answer_delay_seconds"] == answer["delay_seconds"] >= 0
-    assert micro["claim_seconds"] == calibrated["claim_measurement"]["seconds"] > 0
+    # the delay is over the link's own exchange (the simulator's wire), not over the pair's back to back
+    link_exchange = calibrated["link_measurement"]["exchange_seconds"]
+    assert answer["delay_seconds"] == pytest.approx(max(0.0, answer["exchange_training_seconds"] - link_exchange))
+    assert answer["active_cpu_seconds"] > 0 and answer["passive_cpu_seconds"] > 0
+    assert micro["exchange_cpu_seconds"] == pytest.approx((answer["active_cpu_seconds"] + answer["passive_cpu_seconds"]) / 2)
+    assert micro["exchange_values"] == answer["values"]
+    claims = calibrated["claim_measurement"]  # the claims made among the exchanges
+    assert micro["claim_seconds"] == claims["seconds"] > 0 and claims["among_exchanges"] and claims["claims"] > 0
+    step = calibrated["step_measurement"]  # the recipe's own step, alone and among the exchanges
+    assert step["recipe"] and step["alone_cpu_per_frame"] > 0 and step["exchanging_cpu_per_frame"] > 0
+    assert micro["exchanging_step_slowdown"] == step["exchanging_slowdown"] > 0
+    assert "among the run's learners while ADPSGD exchanges" in calibrated["inputs"]["sources"]["seconds_per_frame"]
     collective = calibrated["collective_measurement"]  # an allreduce among the run's 2 learners
     assert micro["collective_seconds"] == collective["seconds"] > 0 and collective["learners"] == 2
     assert micro["collective_cpu_seconds"] == collective["cpu_seconds"] > 0

@@ -1,4 +1,4 @@
-"""The shared cores' microbenchmarks (`asrdist.sim.lockstep`: the lock-step wait, a collective's cost
+"""The shared cores' microbenchmarks (`asrdist.compare.lockstep`: the lock-step wait, a collective's cost
 per message, ADPSGD's answer delay)
 and how the simulator's calibration carries them: learners launched as a run's are, nothing read
 from any run."""
@@ -11,7 +11,7 @@ import pytest
 
 from asrdist.errors import ConfigError
 from asrdist.sim.calibration import Microbenchmarks, calibrate
-from asrdist.sim.lockstep import COLLECTIVE_VALUES, measure_waits
+from asrdist.compare.lockstep import COLLECTIVE_VALUES, measure_waits
 
 MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1}, 10_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
                         lockstep_wait_seconds=0.004)
@@ -75,11 +75,13 @@ def test_a_wait_out_of_range_is_refused(bad):
 def test_a_calibration_saved_before_the_wait_was_measured_still_loads():
     tree = dataclasses.asdict(MICRO)
     for key in ("lockstep_wait_seconds", "claim_seconds", "answer_delay_seconds", "collective_seconds",
-                "collective_cpu_seconds", "collective_values"):
+                "collective_cpu_seconds", "collective_values", "exchanging_step_slowdown", "exchange_cpu_seconds",
+                "exchange_values"):
         del tree[key]
     old = Microbenchmarks(**tree)
     assert old.lockstep_wait_seconds == old.claim_seconds == old.answer_delay_seconds == 0.0
     assert old.collective_seconds == old.collective_values == 0
+    assert old.exchanging_step_slowdown == old.exchange_cpu_seconds == old.exchange_values == 0
 
 
 @pytest.mark.slow
@@ -110,3 +112,51 @@ def test_several_learners_are_given_the_claim_and_the_answer_delay_and_a_lone_le
 def test_a_claim_or_answer_delay_out_of_range_is_refused(field, words, bad):
     with pytest.raises(ConfigError, match=words):
         dataclasses.replace(MICRO, **{field: bad})
+
+
+def test_adpsgds_step_is_its_cpu_among_the_exchanges_and_the_other_strategies_keep_the_corun():
+    """An ADPSGD learner computes while its peers compute and the exchanges' traffic preempts it:
+    its step is the lone step x `exchanging_step_slowdown` (measured with the recipe's own step),
+    instead of the co-run of matrix products that every other strategy's learners take."""
+    micro = dataclasses.replace(MICRO, corun_slowdown=1.05, exchanging_step_slowdown=1.3)
+    lone_step = 2e-4 * 1 / 2  # "2x1" on 2 cores: the step on 1 thread stated as if it had both
+    adpsgd, sync = calibrate(micro, 2, "adpsgd"), calibrate(micro, 2, "sync")
+    assert adpsgd.seconds_per_frame == pytest.approx(lone_step * 1.3)
+    assert "while ADPSGD exchanges of the model run" in adpsgd.sources["seconds_per_frame"]
+    assert sync.seconds_per_frame == pytest.approx(lone_step * 1.05)
+    unmeasured = dataclasses.replace(micro, exchanging_step_slowdown=0.0)
+    assert calibrate(unmeasured, 2, "adpsgd").seconds_per_frame == pytest.approx(lone_step * 1.05)
+    assert calibrate(micro, 1, "adpsgd").seconds_per_frame == pytest.approx(1e-4)  # a lone learner: neither
+
+
+def test_an_exchanges_cpu_is_charged_beyond_its_bytes_and_copies_and_never_below_nothing():
+    from asrdist.parallel.adpsgd import exchange_traffic
+
+    values = 1000
+    traffic = exchange_traffic(values)
+    moved = 1e-9 * (traffic["exchange"].bytes_sent + traffic["answer"].bytes_sent)  # both messages, each side
+    copies = 2 * 1e-9 * values  # the halfway step's copies the simulator charges (MICRO's average cost)
+    micro = dataclasses.replace(MICRO, link_cpu_seconds_per_byte=1e-9, exchange_cpu_seconds=0.003,
+                                exchange_values=values)
+    many = calibrate(micro, 2, "adpsgd")
+    assert many.exchange_cpu == pytest.approx(0.003 - moved - copies)
+    assert "each side's CPU" in many.sources["exchange_cpu"]
+    assert calibrate(micro, 1, "adpsgd").exchange_cpu == 0.0
+    assert calibrate(dataclasses.replace(micro, exchange_cpu_seconds=moved / 2), 2).exchange_cpu == 0.0
+    assert calibrate(dataclasses.replace(micro, exchange_values=0), 2).exchange_cpu == 0.0  # not measured
+
+
+@pytest.mark.parametrize("field, bad", [("exchanging_step_slowdown", 0.2), ("exchanging_step_slowdown", math.nan),
+                                        ("exchange_cpu_seconds", -0.001), ("exchange_cpu_seconds", 1.0),
+                                        ("exchange_values", -1)])
+def test_an_exchanges_figures_out_of_range_are_refused(field, bad):
+    with pytest.raises(ConfigError, match="exchange"):
+        dataclasses.replace(MICRO, **{field: bad})
+
+
+def test_the_answer_delay_is_over_the_links_own_exchange_the_simulators_wire():
+    from asrdist.compare.microbench import answer_delay
+
+    assert answer_delay({"exchange_training_seconds": 0.040}, {"exchange_seconds": 0.034}) == pytest.approx(0.006)
+    assert answer_delay({"exchange_training_seconds": 0.030}, {"exchange_seconds": 0.034}) == 0.0  # never negative
+    assert answer_delay({}, {"exchange_seconds": 0.034}) == 0.0 == answer_delay({"exchange_training_seconds": 0.04}, {})

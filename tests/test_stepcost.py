@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from asrdist.compare.stepcost import _Timer
+from asrdist.compare.stepcost import StepTimer
 from asrdist.errors import DataError
 
 FETCH_SECONDS = 0.004
@@ -32,7 +32,7 @@ class _InstantTrainer:
 
 
 def test_a_window_counts_drawing_the_minibatch():
-    timer = _Timer.__new__(_Timer)
+    timer = StepTimer.__new__(StepTimer)
     timer.threads, timer.corpus = torch.get_num_threads(), "corpus"
     timer.device = torch.device("cpu")
     timer.trainer, timer.batches = _InstantTrainer(), _slow_batches()
@@ -43,7 +43,7 @@ def test_a_window_counts_drawing_the_minibatch():
 
 
 def test_a_sampler_with_no_minibatch_is_named():
-    timer = _Timer.__new__(_Timer)
+    timer = StepTimer.__new__(StepTimer)
     timer.threads, timer.corpus = 1, "corpus/x"
     timer.device = torch.device("cpu")
     timer.trainer, timer.batches = _InstantTrainer(), iter(())

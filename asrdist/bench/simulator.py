@@ -15,13 +15,13 @@ apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. E
    sync's gradient mean per value, and the link between two learners on the emulated network
    carrying the model (`measure_link`: its rate one way, the share of it each direction keeps in
    a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its
-   latency), and how long a lock-step collective waits for the last of the run's learners on the
-   shared cores (`asrdist.sim.lockstep`: a one-value allreduce after a stand-in for the step's
-   compute, less back to back), what a learner of a job-wide pool spends on the job's store per
-   minibatch (a claim and a progress record after a stand-in step), what an allreduce among them
-   costs per message beyond the link (one of 16,384 values back to back), and how much longer an ADPSGD
-   exchange of the model takes among training learners (the same learners: exchanges after a
-   stand-in step with the passive training a stand-in, less back to back).
+   latency), and, among the run's learners on the shared cores each stepping the recipe's own
+   step (`asrdist.compare.lockstep`), how long a lock-step collective waits for the last of them (a
+   one-value allreduce after the step, less back to back), what an allreduce among them
+   costs per message beyond the link (one of 16,384 values back to back), and, among ADPSGD exchanges
+   of the model between them, how much longer an exchange takes than the link's, each side's CPU
+   for it, what a learner of a job-wide pool spends on the job's store per minibatch (a claim and a
+   progress record) and the steps' CPU per frame over alone.
    `asrdist.sim.calibration.calibrate` turns these, and nothing else, into the simulator's inputs.
 2. Prediction: the run from its resolved config and those inputs.
 3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
@@ -196,7 +196,8 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
              "lockstep_measurement": r["detail"].get("lockstep", {}),
              "claim_measurement": r["detail"].get("claim", {}),
              "collective_measurement": r["detail"].get("collective", {}),
-             "answer_measurement": r["detail"].get("answer", {})} for r in repeats]
+             "answer_measurement": r["detail"].get("answer", {}),
+             "step_measurement": r["detail"].get("step", {})} for r in repeats]
     all_rows = [row for by_n in predictions.values() for row in by_n.values()]
     worst = max((abs(row["relative_error"]) for row in all_rows), default=0.0)
     spreads = [row["measured_spread"] for row in all_rows]

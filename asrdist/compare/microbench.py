@@ -11,8 +11,8 @@ link between two learners on the run's network carrying the model (`measure_link
 lock-step collective waits for the last of the run's learners on this machine's shared cores, what
 a learner of a job-wide pool spends on the job's store per minibatch, what an allreduce among the
 run's learners costs per message beyond the link, and how much longer an
-ADPSGD exchange takes after the active's step with the passive training than back to back
-(`asrdist.sim.lockstep`).
+ADPSGD exchange takes after the active's step with the passive training than the link's own
+pairwise exchange (`asrdist.compare.lockstep`, `answer_delay`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
 trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
 predicts another machine.
@@ -45,7 +45,7 @@ from asrdist.run.task import SpeechTask, model_kind
 from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
 from asrdist.sim.cluster import LINKS, parameter_count
 from asrdist.sim.link import measure_link
-from asrdist.sim.lockstep import measure_waits
+from asrdist.compare.lockstep import measure_waits
 from asrdist.sim.scenario import config_shapes
 from asrdist.utils.machine import median_seconds
 
@@ -132,11 +132,16 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     many = learners > 1
     corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
     link: dict[str, Any] = {}
-    waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}}
+    waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}, "step": {}}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
-        waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes))
+        waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes),
+                              recipe=cfg.to_dict())
+        answer = waits["answer"]
+        if answer:  # the simulator's wire is the link's exchange: the delay is over that, not back to back
+            answer.update(training_over_back_to_back_seconds=answer["delay_seconds"],
+                          delay_seconds=answer_delay(answer, link), delay_over="the link's pairwise exchange")
     micro = Microbenchmarks(
         cores, timed, ended, frames_per_epoch, figures["quantize_seconds_per_value"],
         figures["dequantize_seconds_per_value"], figures["average_seconds_per_value"],
@@ -145,9 +150,30 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
         {name: dict(timed)}, figures["onebit_exchange_seconds_per_value"], corun["slowdown"],
         waits["lockstep"].get("wait_seconds", 0.0), waits["claim"].get("seconds", 0.0),
         waits["answer"].get("delay_seconds", 0.0), waits["collective"].get("seconds", 0.0),
-        waits["collective"].get("cpu_seconds", 0.0), waits["collective"].get("values", 0))
+        waits["collective"].get("cpu_seconds", 0.0), waits["collective"].get("values", 0),
+        exchanging_step_slowdown=waits.get("step", {}).get("exchanging_slowdown", 0.0),
+        exchange_cpu_seconds=_exchange_cpu(waits["answer"]), exchange_values=waits["answer"].get("values", 0))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "corun": corun, **waits}
+
+
+def _exchange_cpu(answer: dict[str, Any]) -> float:
+    """The mean of an exchange's two sides' CPU seconds (`measure_waits`' answer), 0 if not measured."""
+    sides = [answer.get("active_cpu_seconds", 0.0), answer.get("passive_cpu_seconds", 0.0)]
+    return sum(sides) / 2 if all(sides) else 0.0
+
+
+def answer_delay(answer: dict[str, Any], link: dict[str, Any]) -> float:
+    """Seconds an ADPSGD exchange of the model among training learners (`answer`, from
+    `measure_waits`) takes beyond the link's pairwise exchange of it (`link`, from `measure_link`),
+    which is what the simulator charges for its wire: the exchange's own work (the header's turn,
+    the copies and the halfway step on data the network just wrote, the answering thread's
+    wake-up: its back-to-back time over the link's) and what training beside it adds (its time
+    among training learners over back to back). 0 where either was not measured."""
+    training, wire = answer.get("exchange_training_seconds"), link.get("exchange_seconds")
+    if not training or not wire:
+        return 0.0
+    return max(0.0, training - wire)
 
 
 def _link_latency(network: str) -> float:

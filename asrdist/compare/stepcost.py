@@ -47,7 +47,7 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
     threads_before, rng_state = torch.get_num_threads(), torch.get_rng_state()
     try:
         with ExitStack() as stack:
-            timers = {key: _Timer(stack, *request) for key, request in requests.items()}
+            timers = {key: StepTimer(stack, *request) for key, request in requests.items()}
             for timer in timers.values():
                 timer.window(WARMUP, 0.0)
             windows = {key: [] for key in timers}
@@ -62,7 +62,7 @@ def config_step_seconds_per_frame(requests: dict, rounds: int = ROUNDS, seconds:
     return {key: statistics.fmean(w) for key, w in windows.items()}, ends
 
 
-class _Timer:
+class StepTimer:
     """One learner of a run's recipe, alone, whose steps are timed window by window."""
 
     def __init__(self, stack: ExitStack, cfg, targets: Targets, learners: int, threads: int):
@@ -99,15 +99,20 @@ class _Timer:
         while done < steps or timed < seconds:
             sync()
             start = time.perf_counter()
-            batch = next(self.batches, None)
-            if batch is None:
-                raise DataError(f"{self.corpus}: no training minibatch to time")
-            _, n = self.trainer.train_step(batch)
-            self.trainer.state.step += 1
+            n = self.step()
             sync()
             timed += time.perf_counter() - start
             frames, done = frames + n, done + 1
         return timed / max(frames, 1)
+
+    def step(self) -> int:
+        """One step of the learner's loop: the next minibatch drawn and trained on; its frames."""
+        batch = next(self.batches, None)
+        if batch is None:
+            raise DataError(f"{self.corpus}: no training minibatch to time")
+        _, n = self.trainer.train_step(batch)
+        self.trainer.state.step += 1
+        return n
 
 
 def _batches(sampler):

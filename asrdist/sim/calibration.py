@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from asrdist.errors import ConfigError
+from asrdist.parallel.adpsgd import exchange_traffic
 from asrdist.parallel.comm import Transfer, ring_allreduce_bytes
 from asrdist.sim.cluster import Link
 from asrdist.sim.resources import latency_steps
@@ -59,21 +60,31 @@ class Microbenchmarks:
     (`asrdist.compare.corun`): a run's learners compute on the cores its lone step left idle."""
     lockstep_wait_seconds: float = 0.0
     """How long a one-value allreduce after a step's compute waits, beyond its wait back to back,
-    among the run's learners on this machine's cores (`asrdist.sim.lockstep`); 0 = not measured."""
+    among the run's learners on this machine's cores (`asrdist.compare.lockstep`); 0 = not measured."""
     claim_seconds: float = 0.0
     """What a learner of a job-wide pool (adpsgd) spends on the job's store per minibatch, its claim
-    and its progress, among the run's learners on this machine's cores (`asrdist.sim.lockstep`); 0 =
-    not measured."""
+    and its progress, among the run's learners on this machine's cores while ADPSGD exchanges of the
+    model load the links (`asrdist.compare.lockstep`); 0 = not measured."""
     answer_delay_seconds: float = 0.0
     """How much longer an ADPSGD exchange of the model's values takes among the run's learners on
-    this machine's cores after the active's step with the passive training than back to back with
-    both idle (`asrdist.sim.lockstep`); 0 = not measured."""
+    this machine's cores after the active's step with the passive training than the link's own
+    pairwise exchange of them, the simulator's wire (`asrdist.compare.microbench.answer_delay`); 0 =
+    not measured."""
     collective_seconds: float = 0.0
     """Mean seconds of an allreduce of `collective_values` values back to back among the run's
-    learners on this machine's cores (`asrdist.sim.lockstep`); 0 = not measured."""
+    learners on this machine's cores (`asrdist.compare.lockstep`); 0 = not measured."""
     collective_cpu_seconds: float = 0.0
     """A learner's CPU seconds (all its threads) in that allreduce."""
     collective_values: int = 0
+    exchanging_step_slowdown: float = 0.0
+    """A learner's training step's CPU per frame among the run's learners on this machine's cores
+    while ADPSGD exchanges of the model run (their traffic's wake-ups preempt the step and its caches
+    are refilled) over the same step's alone (`asrdist.compare.lockstep`, the recipe's step); 0 = not
+    measured."""
+    exchange_cpu_seconds: float = 0.0
+    """CPU seconds, all threads, of one side of an ADPSGD exchange of `exchange_values` values among
+    those training learners, the two sides' mean (`asrdist.compare.lockstep`); 0 = not measured."""
+    exchange_values: int = 0
 
     def __post_init__(self):
         recipes = [v for by_key in self.recipe_step_seconds_per_frame.values() for v in by_key.values()]
@@ -90,6 +101,12 @@ class Microbenchmarks:
                 and self.collective_values >= 0):
             raise ConfigError(f"calibration: a collective of {self.collective_values!r} values taking "
                               f"{self.collective_seconds!r} s ({self.collective_cpu_seconds!r} s of CPU) is out of range")
+        if not (self.exchanging_step_slowdown == 0 or 0.5 <= self.exchanging_step_slowdown < 10):
+            raise ConfigError(f"calibration: a step's slowdown among exchanges {self.exchanging_step_slowdown!r} "
+                              f"is not 0 (not measured) or in [0.5, 10)")
+        if not (0 <= self.exchange_cpu_seconds < 1 and self.exchange_values >= 0):
+            raise ConfigError(f"calibration: an exchange of {self.exchange_values!r} values taking "
+                              f"{self.exchange_cpu_seconds!r} s of CPU is out of range")
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,9 @@ class CalibratedInputs:
     collective_step_cpu: float = 0.0
     """CPU learners: a lock-step collective's CPU per sequential message beyond its bytes'
     (SimSpec.collective_step_cpu)."""
+    exchange_cpu: float = 0.0
+    """CPU learners: each side's CPU per ADPSGD exchange beyond its bytes' and the halfway step's
+    copies (SimSpec.exchange_cpu)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Input -> the microbenchmark it was calibrated on."""
 
@@ -146,6 +166,21 @@ def collective_steps(micro: Microbenchmarks, learners: int) -> tuple[float, floa
     return micro.collective_seconds / messages, max(0.0, micro.collective_cpu_seconds - cpu) / messages
 
 
+EXCHANGING = ("adpsgd",)
+"""Strategies whose learners compute while ADPSGD exchanges of the model run beside them."""
+
+
+def exchange_cpu(micro: Microbenchmarks) -> float:
+    """Each side's CPU per ADPSGD exchange beyond what the simulator already charges it: its bytes'
+    (the link's CPU per byte, both messages) and the halfway step's copies (2 x the average's cost
+    per value). 0 where not measured."""
+    if not micro.exchange_cpu_seconds or not micro.exchange_values:
+        return 0.0
+    traffic = exchange_traffic(micro.exchange_values)
+    moved = micro.link_cpu_seconds_per_byte * (traffic["exchange"].bytes_sent + traffic["answer"].bytes_sent)
+    return max(0.0, micro.exchange_cpu_seconds - moved - 2 * micro.average_seconds_per_value * micro.exchange_values)
+
+
 def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None) -> CalibratedInputs:
     """The inputs of a run of `learners` learners on this machine, from `micro` alone: the step of
     `strategy`'s own recipe where `micro` measured it, else the first run's recipe's."""
@@ -161,7 +196,12 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
     recipe = f"{strategy}'s recipe" if own is not None else "the first run's recipe"
     step = (f"microbenchmark: one learner's training step alone ({recipe}), global minibatch / {learners}, "
             f"{threads} thread(s)")
-    if many and threads < micro.cores:  # in the run, its peers compute on the cores it had to itself
+    if many and strategy in EXCHANGING and micro.exchanging_step_slowdown > 0:
+        # its peers compute beside it and the exchanges' traffic preempts it: that step measured so
+        spf *= micro.exchanging_step_slowdown
+        step += (f", x {micro.exchanging_step_slowdown:.2f}: that step's CPU per frame among the run's learners "
+                 f"while ADPSGD exchanges of the model run over alone")
+    elif many and threads < micro.cores:  # in the run, its peers compute on the cores it had to itself
         spf *= micro.corun_slowdown
         step += f", x {micro.corun_slowdown:.2f}: one thread's arithmetic with every core computing over alone"
     quantize, dequantize = micro.quantize_seconds_per_value, micro.dequantize_seconds_per_value
@@ -179,6 +219,7 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
         micro.link_bytes_per_second, micro.link_duplex, micro.link_latency_seconds,
         micro.lockstep_wait_seconds if many else 0.0, micro.claim_seconds if many else 0.0,
         micro.answer_delay_seconds if many else 0.0, *collective_steps(micro, learners),
+        exchange_cpu(micro) if many else 0.0,
         sources={
             "seconds_per_frame": step,
             "epoch_end_seconds": f"microbenchmark: that learner's validation and checkpoint, {threads} thread(s)",
@@ -193,13 +234,17 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
             "lockstep_wait_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, a "
                                      f"one-value allreduce after a stand-in for one step's compute less back to back",
             "claim_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, a claim "
-                             f"and a progress record on the job's store after a stand-in for one step's compute",
+                             f"and a progress record on the job's store before a stand-in for one step's "
+                             f"compute, among ADPSGD exchanges of the model",
             "answer_delay_seconds": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
                                     f"ADPSGD exchange of the model's values after a stand-in step, the passive "
-                                    f"training a stand-in, less back to back",
+                                    f"training a stand-in, less the link's pairwise exchange of them",
             "collective_step": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, an "
                                f"allreduce of {micro.collective_values} values back to back, its time and its CPU "
                                f"less the link's CPU for its bytes, over its {2 * (learners - 1)} messages",
+            "exchange_cpu": f"microbenchmark: {learners} learners of {threads} thread(s) on this machine, each "
+                            f"side's CPU (all threads) of an ADPSGD exchange of the model among training learners, "
+                            f"less the link's CPU for its bytes and the halfway step's copies",
         })
 
 
@@ -231,5 +276,5 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
                               lockstep_wait=inputs.lockstep_wait_seconds, claim_seconds=inputs.claim_seconds,
                               answer_delay=inputs.answer_delay_seconds,
                               collective_step_seconds=inputs.collective_step_seconds,
-                              collective_step_cpu=inputs.collective_step_cpu)
+                              collective_step_cpu=inputs.collective_step_cpu, exchange_cpu=inputs.exchange_cpu)
     return run_job(job)

@@ -33,7 +33,8 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   SimPy resource: contention), without stopping its compute; an
   exchange across nodes shares both nodes' cards with the exchanges in flight on them (their
   learners share them: its rate is divided by the flows on the busier card); a passive that
-  trains gets its answer going `answer_delay` late; delay-by-one overlaps the exchange with the
+  trains gets its answer going `answer_delay` late (an exchange's work beyond the wire), and each
+  side spends `exchange_cpu` beyond its bytes' CPU; delay-by-one overlaps the exchange with the
   next step.
 - hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
   leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
@@ -93,11 +94,11 @@ class SimSpec:
     """CPU learners (`Cluster.shared_cores`): seconds the first lock-step collective after a step's
     whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
     lets learners that start a step together finish its compute together; the scheduler's time
-    slices stagger them (measured: `asrdist.sim.lockstep`)."""
+    slices stagger them (measured: `asrdist.compare.lockstep`)."""
     claim_seconds: float = 0.0
     """Seconds a learner that claims minibatches from a job-wide pool (adpsgd, hierarchical,
     hybrid's asynchronous phase) spends on the job's store per minibatch before its compute: the
-    claim and the progress it records (measured on CPU learners: `asrdist.sim.lockstep`; 0: not
+    claim and the progress it records (measured on CPU learners: `asrdist.compare.lockstep`; 0: not
     modelled)."""
     collective_step_seconds: float = 0.0
     """CPU learners (`Cluster.shared_cores`): the least seconds each sequential message of a
@@ -105,15 +106,22 @@ class SimSpec:
     learners than cores the receiver of a message is often not running: it must be woken and get a
     core before the next message can go. The wake-ups overlap the bytes on the wire, so a
     collective takes the longer of the link's time and its messages' (measured among the run's
-    learners: `asrdist.sim.lockstep`; 0: not modelled)."""
+    learners: `asrdist.compare.lockstep`; 0: not modelled)."""
     collective_step_cpu: float = 0.0
     """CPU learners: CPU seconds a learner spends per sequential message of a lock-step collective
     beyond its bytes' (`network_cost`): gloo's and the kernel's wake-ups and bookkeeping (measured
     with `collective_step_seconds`)."""
     answer_delay: float = 0.0
-    """Seconds an ADPSGD exchange takes longer because its passive trains while it answers: its
-    answering thread, and gloo's, wait for a core, the interpreter and the update's lock before the
-    reply goes out (measured on CPU learners: `asrdist.sim.lockstep`; 0: not modelled)."""
+    """Seconds an ADPSGD exchange takes beyond the link's pairwise exchange: its own work (the
+    header's turn, the copies and halfway step on buffers the network just wrote) and, its passive
+    training while it answers, the answering thread's and gloo's wait for a core, the interpreter
+    and the update's lock before the reply goes out (measured on CPU learners:
+    `asrdist.compare.lockstep`; 0: not modelled)."""
+    exchange_cpu: float = 0.0
+    """CPU learners: CPU seconds each side of an ADPSGD exchange spends beyond its bytes'
+    (`network_cost`) and the halfway step's copies (`copy_cost`): the copies and arithmetic on
+    buffers the network just wrote, gloo's and the answering thread's wake-ups (measured among
+    training learners: `asrdist.compare.lockstep`; 0: not modelled)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""
@@ -517,8 +525,8 @@ class _Simulation:
                 self.flows[node] += 1
             duration *= max(self.flows[node] for node in nodes)
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]
-        if s.network_cost:  # each side sends one message and receives the other
-            moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent)
+        if s.network_cost or s.exchange_cpu:  # each side sends one message and receives the other
+            moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu
             work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
         yield self.env.all_of(work)
         passive.comm += duration  # its answer in flight (its compute goes on meanwhile: no wait)

@@ -87,6 +87,8 @@ class Job:
     """CPU learners: the least time of a lock-step collective's message (SimSpec.collective_step_seconds)."""
     collective_step_cpu: float = 0.0
     """CPU learners: a lock-step collective's CPU per sequential message (SimSpec.collective_step_cpu)."""
+    exchange_cpu: float = 0.0
+    """CPU learners: each side's CPU per ADPSGD exchange beyond its bytes' (SimSpec.exchange_cpu)."""
 
     def spec(self, learners_cluster: Cluster | None = None, **changes) -> SimSpec:
         cluster = learners_cluster or self.cluster
@@ -98,7 +100,7 @@ class Job:
                        dequantize_cost=self.dequantize_cost, mean_cost=self.mean_cost,
                        lockstep_wait=self.lockstep_wait, claim_seconds=self.claim_seconds,
                        answer_delay=self.answer_delay, collective_step_seconds=self.collective_step_seconds,
-                       collective_step_cpu=self.collective_step_cpu, **changes)
+                       collective_step_cpu=self.collective_step_cpu, exchange_cpu=self.exchange_cpu, **changes)
 
 
 @dataclass
