@@ -160,3 +160,11 @@ def test_the_answer_delay_is_over_the_links_own_exchange_the_simulators_wire():
     assert answer_delay({"exchange_training_seconds": 0.040}, {"exchange_seconds": 0.034}) == pytest.approx(0.006)
     assert answer_delay({"exchange_training_seconds": 0.030}, {"exchange_seconds": 0.034}) == 0.0  # never negative
     assert answer_delay({}, {"exchange_seconds": 0.034}) == 0.0 == answer_delay({"exchange_training_seconds": 0.04}, {})
+
+
+def test_a_slow_recipe_step_gets_fewer_rounds_never_too_few():
+    from asrdist.compare.lockstep import MIN_ROUNDS, ROUNDS, rounds_for
+
+    assert rounds_for(0.01) == ROUNDS  # the default DNN's step: every round
+    assert rounds_for(0.5) == MIN_ROUNDS  # half a second a step: a few, not minutes of them
+    assert MIN_ROUNDS <= rounds_for(0.1) <= ROUNDS

@@ -98,6 +98,14 @@ gradients (a one-value allreduce takes a shorter path), its bytes a small part o
 ROUNDS, WARMUP = 40, 5
 """Timed rounds of compute-then-allreduce (and of back-to-back allreduces; of exchanges back to back,
 and among training learners), after WARMUP untimed."""
+PHASE_SECONDS, MIN_ROUNDS = 2.0, 8
+"""A recipe whose step is slow gets fewer rounds (`rounds_for`): each phase about PHASE_SECONDS of
+steps, never fewer than MIN_ROUNDS."""
+
+
+def rounds_for(work_seconds: float) -> int:
+    """Timed rounds per phase for a step of `work_seconds` alone: ROUNDS, fewer for a slow step."""
+    return max(MIN_ROUNDS, min(ROUNDS, int(PHASE_SECONDS / max(work_seconds, 1e-9))))
 _EXCHANGE, _GOODBYE = 1, 2  # header kinds, as adpsgd's
 
 
@@ -304,7 +312,7 @@ class _Pair:
 
 
 def measure_waits(network: str, learners: int, threads: int, work_seconds: float, timeout: float,
-                  values: int = 0, rounds: int = ROUNDS, recipe: dict | None = None) -> dict[str, dict[str, Any]]:
+                  values: int = 0, rounds: int | None = None, recipe: dict | None = None) -> dict[str, dict[str, Any]]:
     """For `learners` learners of this machine, one per emulated host joined by `network`
     ("loopback": this machine's), `threads` torch threads each, each step the training step of
     `recipe` (a resolved run config's tree: a lone learner's at the run's share of the minibatch),
@@ -325,7 +333,9 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
       after the active's step, its passive training, takes beyond one back to back, both idle
       (`delay_seconds`, >= 0), with the means behind it (over the actives and rounds), and the CPU
       seconds of each side of one exchange among training learners, all its threads
-      (`active_cpu_seconds`, `passive_cpu_seconds`)."""
+      (`active_cpu_seconds`, `passive_cpu_seconds`).
+    Each phase times `rounds` rounds (default `rounds_for(work_seconds)`)."""
+    rounds = rounds or rounds_for(work_seconds)
     results = run_learners("asrdist.compare.lockstep", "lockstep_timing", learners, network=network,
                            args={"threads": threads, "work_seconds": work_seconds, "rounds": rounds,
                                  "values": values, "recipe": recipe}, timeout=timeout)
