@@ -14,6 +14,14 @@ scheduler sometimes kept the timed thread and its sibling on one core for a whol
 the figure read 1.8-2.2 instead of about 1.0: in 4 of the 56 calibrations with siblings of
 2026-11-28's benches and comparisons (each then predicted its run up to 2x slow), and in 2 of 40
 readings in a row. 25 pinned readings in a row gave 0.98-1.08.
+
+Pinned readings still read 1.68-1.91 in 4 of the 29 calibrations of 2026-11-29's benches and
+comparison (every pair of the five, or the last three, about 2x: both cores running at half speed
+for a second or more, as when the host runs the machine's two vCPUs on one physical core), while
+the runs they predicted trained at the machine's usual speed, so each such prediction came out
+40-45% slow; an unpinned busy loop beside the measurement did not move it (1.02). A calibration
+therefore reads the co-run in two spells some seconds apart and keeps the lower (`lower_spell`): a
+slow spell shorter than that is not one a run's tens of seconds of training see throughout.
 """
 from __future__ import annotations
 
@@ -89,6 +97,13 @@ def corun_slowdown(cores: int, repeats: int = 5) -> dict:
     ratios = [t / a for a, t in zip(alone, together)] if siblings else [1.0] * repeats
     return {"alone_seconds": statistics.median(alone), "together_seconds": statistics.median(together),
             "slowdown": statistics.median(ratios), "ratios": ratios, "siblings": len(siblings)}
+
+
+def lower_spell(first: dict, second: dict) -> dict:
+    """Two `corun_slowdown` readings taken seconds apart: the lower one, with both slowdowns
+    (`spells`)."""
+    kept = min(first, second, key=lambda reading: reading["slowdown"])
+    return {**kept, "spells": [first["slowdown"], second["slowdown"]]}
 
 
 def _signal(processes: list[subprocess.Popen], signum: int) -> None:

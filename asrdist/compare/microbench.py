@@ -6,7 +6,7 @@ training step per frame through `Trainer.train_step` at the run's share of the g
 and threads, with the run's own recipe (strategy `single`, so no exchange is in it), an epoch's
 end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
 alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
-slows when every core computes (`asrdist.compare.corun`), and, for a run of several learners, the
+slows when every core computes (`asrdist.compare.corun`: in two spells, the lower kept), and, for a run of several learners, the
 link between two learners on the run's network carrying the model (`measure_link`), how long a
 lock-step collective waits for the last of the run's learners on this machine's shared cores, what
 a learner of a job-wide pool spends on the job's store per minibatch, what an allreduce among the
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from asrdist.compare.corun import corun_slowdown
+from asrdist.compare.corun import corun_slowdown, lower_spell
 from asrdist.cluster.netem import network_label
 from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.errors import AsrdistError, DataError, Stopped
@@ -138,6 +138,7 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
         waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes),
                               recipe=cfg.to_dict())
+        corun = lower_spell(corun, corun_slowdown(cores, repeats))  # a second spell, the link's and waits' time later
         answer = waits["answer"]
         if answer:  # the simulator's wire is the link's exchange: the delay is over that, not back to back
             answer.update(training_over_back_to_back_seconds=answer["delay_seconds"],
