@@ -27,6 +27,7 @@ in one line and recorded in the store; the job succeeds when at least one learne
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -41,8 +42,10 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from asrdist.cluster import netem
+from asrdist.cluster.cpushare import HostCpuPlan, HostCpuShares, HostCpuUsage
 from asrdist.cluster.netem import COUNTER_NAMES, die_with_parent, parse_delay, parse_rate, payload_on_wire
-from asrdist.cluster.process_group import NETWORK_ENV, STORE_PREFIX, THREADS_ENV, JobEnv
+from asrdist.cluster.process_group import (CPU_QUOTA_ENV, NETWORK_ENV, QUOTA_SLOWDOWN_ENV, STORE_PREFIX,
+                                           THREADS_ENV, JobEnv)
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
@@ -59,56 +62,80 @@ _NAMESPACE_PORT_RANGE = (20000, 29999)
 
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
                     timeout: float | None = None, nodes: int = 1, network: str = "1gbit",
-                    max_restarts: int = 0, survive_lost: bool = False, delay: str = "0.1ms") -> None:
+                    max_restarts: int = 0, survive_lost: bool = False, delay: str = "0.1ms",
+                    cpu: HostCpuPlan | None = None) -> list[HostCpuUsage]:
     """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
     hosts joined by `network` links (a rate, with `delay`, emulated; or 'loopback'); when a learner
     fails, torch's launcher restarts them all up to `max_restarts` times (the module resumes:
     TORCHELASTIC_RESTART_COUNT); raise TrainingError on failure, JobTimedOut past `timeout`.
     `survive_lost` (nodes 1): the job goes on without failed learners and fails only when none
-    finishes."""
-    threads = max(1, len(os.sched_getaffinity(0)) // learners)  # every learner, of every emulated node, is here
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
-               **{THREADS_ENV: str(threads), NETWORK_ENV: network if nodes > 1 else "loopback"})
+    finishes. `cpu`: each host in a cgroup of its own with `cpu.quotas[i]` cores (`cpushare`);
+    returns each host's CPU counters then (else [])."""
+    check_layout(learners, nodes, network)
+    per_host = learners // nodes
+    if cpu is not None:
+        threads = [max(1, round(q / per_host)) for q in cpu.quotas]
+    else:  # every learner, of every emulated node, shares this machine's cores
+        threads = [max(1, len(os.sched_getaffinity(0)) // learners)] * nodes
+    env = dict(os.environ, TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
+               **{NETWORK_ENV: network if nodes > 1 else "loopback"})
     if nodes == 1 or network == "loopback":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every learner is on this machine
-    if survive_lost and nodes == 1:
-        _launch_survivable(module, args, learners, report_dir, timeout, env)
-        return
-    common = ["--max-restarts", str(max_restarts), "--monitor-interval", "0.5"]
-    if nodes == 1:
-        cmd = [*AGENT, "--standalone", "--nnodes", "1",
-               "--nproc-per-node", str(learners), *common, "-m", module, *args]
-        run_agents([lambda: _popen(cmd, env)], report_dir, timeout)
-        return
 
-    check_layout(learners, nodes, network)
+    def host_env(node: int) -> dict:
+        extra = {"OMP_NUM_THREADS": str(threads[node]), THREADS_ENV: str(threads[node])}
+        if cpu is not None:
+            extra.update({CPU_QUOTA_ENV: repr(cpu.quotas[node]), QUOTA_SLOWDOWN_ENV: repr(cpu.slowed[node])})
+        return dict(env, **extra)
 
-    def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
-        return [*AGENT, "--nnodes", str(nodes),
-                "--nproc-per-node", str(learners // nodes), "--node-rank", str(node),
-                "--rdzv-backend", "static", "--master-addr", master_addr, "--master-port", str(port),
-                *common, "-m", module, *args]
+    with contextlib.ExitStack() as stack:
+        shares = stack.enter_context(HostCpuShares(cpu.quotas)) if cpu is not None else None
 
-    if network == "loopback":
-        port = _free_loopback_port()
-        run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), env) for k in range(nodes)],
-                   report_dir, timeout)
-        return
-    with netem.EmulatedNetwork(nodes, rate=network, delay=delay) as net:
-        env["GLOO_SOCKET_IFNAME"] = net.interface
-        port = _namespace_port()
+        def preexec(node: int) -> Callable[[], None]:
+            return shares.preexec(node) if shares is not None else die_with_parent
 
-        def agent(node: int) -> Callable[[], subprocess.Popen]:
-            cmd = agent_cmd(node, net.node_address(0), port)
-            return lambda: net.popen(node, cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1)
+        if survive_lost and nodes == 1:
+            _launch_survivable(module, args, learners, report_dir, timeout, host_env(0), preexec(0))
+        elif nodes == 1:
+            cmd = [*AGENT, "--standalone", "--nnodes", "1", "--nproc-per-node", str(learners),
+                   *_agent_options(max_restarts), "-m", module, *args]
+            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout)
+        else:
+            def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
+                return [*AGENT, "--nnodes", str(nodes), "--nproc-per-node", str(per_host),
+                        "--node-rank", str(node), "--rdzv-backend", "static", "--master-addr", master_addr,
+                        "--master-port", str(port), *_agent_options(max_restarts), "-m", module, *args]
 
-        run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
-        record_wire(net, Path(report_dir))
+            if network == "loopback":
+                port = _free_loopback_port()
+                run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), host_env(k), preexec(k))
+                            for k in range(nodes)], report_dir, timeout)
+            else:
+                net = stack.enter_context(netem.EmulatedNetwork(nodes, rate=network, delay=delay))
+                port = _namespace_port()
+
+                def agent(node: int) -> Callable[[], subprocess.Popen]:
+                    cmd = agent_cmd(node, net.node_address(0), port)
+                    node_env = dict(host_env(node), GLOO_SOCKET_IFNAME=net.interface)
+                    return lambda: net.popen(node, cmd, env=node_env, preexec=preexec(node), stdout=None,
+                                             stderr=subprocess.PIPE, text=True, bufsize=1)
+
+                run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
+                record_wire(net, Path(report_dir))
+        usage = [shares.usage(i) for i in range(nodes)] if shares is not None else []
+    if cpu is not None:
+        record_hosts(Path(report_dir), cpu, usage)
+    return usage
+
+
+def _agent_options(max_restarts: int) -> list[str]:
+    return ["--max-restarts", str(max_restarts), "--monitor-interval", "0.5"]
 
 
 def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | None = None,
                  network: str = "loopback", args: dict[str, Any] | None = None,
-                 timeout: float = 120.0, delay: str = "0.1ms") -> list[dict[str, Any]]:
+                 timeout: float = 120.0, delay: str = "0.1ms",
+                 cpus_per_host: float | None = None) -> list[dict[str, Any]]:
     """Run learner function `fn_module.fn_name(env, args)` in `world_size` learners through
     `launch_learners`; their results (JSON-able dicts) by rank.
 
@@ -118,8 +145,10 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
     machine: no network at all. A learner's `env.network` is the label ('loopback' or
     'emulated-RATE-DELAY'), `env.timeout_s` the job's `timeout`. Raises one TrainingError line
     naming the learner whose failure came first, or the unfinished ranks of a job that outlived
-    `timeout`."""
+    `timeout`. `cpus_per_host`: each host in a cgroup of its own with that many cores; each
+    result then carries its host's CPU counters as `host_cpu`."""
     nodes = check_layout(world_size, nodes, network)
+    cpu = None if cpus_per_host is None else HostCpuPlan.make(cpus_per_host, nodes, world_size)
     if nodes == 1:
         network = "loopback"
     if network != "loopback":
@@ -133,7 +162,8 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
         cli = ["--function", f"{fn_module}:{fn_name}", "--args", json.dumps(args or {}), "--result-dir", tmp,
                "--label", label, "--timeout", repr(float(timeout))]
         try:
-            launch_learners(LEARNER_MODULE, cli, world_size, out, timeout, nodes, network, delay=delay)
+            usage = launch_learners(LEARNER_MODULE, cli, world_size, out, timeout, nodes, network, delay=delay,
+                                    cpu=cpu)
         except JobTimedOut:
             unfinished = [str(r) for r in range(world_size) if not (out / f"result{r}.json").is_file()]
             raise JobTimedOut(f"learners did not finish within {timeout:g} s (network {label}; unfinished ranks: "
@@ -144,6 +174,8 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
             if not path.is_file():
                 raise TrainingError(f"learner rank {rank} exited without writing its result")
             results.append(json.loads(path.read_text()))
+            if usage:
+                results[-1]["host_cpu"] = usage[rank // (world_size // nodes)].as_dict()
     return results
 
 
@@ -183,8 +215,21 @@ def record_wire(net: netem.EmulatedNetwork, run_dir: Path) -> None:
     write_json_atomic(path, summary)
 
 
+def record_hosts(run_dir: Path, cpu: HostCpuPlan, usage: list[HostCpuUsage]) -> None:
+    """Add to a finished run's summary.json each dedicated host's quota and what its cgroup counted:
+    the CPU its learners used and the time the quota held them back (`cpushare`)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return
+    summary = json.loads(path.read_text())
+    summary["hosts"] = [u.as_dict() for u in usage]
+    summary["cpus_per_host"] = cpu.cpus_per_host
+    summary["straggler_emulation"] = cpu.straggler_emulation()
+    write_json_atomic(path, summary)
+
+
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,
-                       env: dict) -> None:
+                       env: dict, preexec: Callable[[], None]) -> None:
     """One process per learner, the job's store hosted here (see the module docstring)."""
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
@@ -193,15 +238,15 @@ def _launch_survivable(module: str, args: list[str], learners: int, report_dir: 
 
     def learner(rank: int) -> Callable[[], subprocess.Popen]:
         job = JobEnv(rank, learners, rank, learners, survive_lost=True, master_addr="127.0.0.1", master_port=store.port)
-        return lambda: _popen(cmd, dict(env, ROLE_RANK=str(rank), **job.as_environ()))
+        return lambda: _popen(cmd, dict(env, ROLE_RANK=str(rank), **job.as_environ()), preexec)
 
     run_agents([learner(r) for r in range(learners)], report_dir, timeout,
                survival=Survival(dist.PrefixStore(STORE_PREFIX, store), Path(report_dir)))
 
 
-def _popen(cmd: list[str], env: dict) -> subprocess.Popen:
+def _popen(cmd: list[str], env: dict, preexec: Callable[[], None] = die_with_parent) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=None, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True, preexec_fn=die_with_parent)
+                            start_new_session=True, preexec_fn=preexec)
 
 
 def _free_loopback_port() -> int:

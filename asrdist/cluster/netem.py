@@ -34,10 +34,10 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from asrdist.cluster import reaper
 from asrdist.errors import ConfigError, Stopped, TrainingError
 
 PREFIX = "asrdist"
@@ -102,24 +102,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _kill_namespace_processes(ns: str, grace_s: float = 1.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split()]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        if not pids:
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-            time.sleep(0.02)
+def _ip(argv: list[str]) -> str:
+    return _run(argv, check=False).stdout
 
 
 def _delete_namespace(ns: str) -> None:
-    _kill_namespace_processes(ns)
-    _run(["ip", "netns", "delete", ns], check=False)
+    reaper.remove_namespace(ns, _ip)
+    reaper.release("ns", ns)
 
 
 def cleanup_stale() -> list[str]:
@@ -128,7 +117,7 @@ def cleanup_stale() -> list[str]:
     for ns in list_namespaces():
         pid = int(_NAME_RE.match(ns).group(1))
         if pid != os.getpid() and not _pid_alive(pid):
-            _delete_namespace(ns)
+            reaper.remove_namespace(ns, _ip)
             removed.append(ns)
     return removed
 
@@ -152,7 +141,7 @@ def _probe() -> tuple[bool, str, bool]:
             netem = _run(["tc", "-n", ns, "qdisc", "add", "dev", "pa", "parent", "1:1",
                           "netem", "delay", "0.1ms"], check=False).returncode == 0
         finally:
-            _delete_namespace(ns)
+            reaper.remove_namespace(ns, _ip)
     except Stopped:
         raise
     except TrainingError as e:
@@ -323,6 +312,7 @@ class EmulatedNetwork:
     def _add_namespace(self, ns: str) -> None:
         _run(["ip", "netns", "add", ns])
         self._created.append(ns)
+        reaper.watch("ns", ns)  # removed even if this process dies by SIGKILL
 
     def _shape(self, ns: str, dev: str) -> None:
         # Burst of ~1 ms at line rate (>= 64 KiB): enough for tbf to reach its rate with HZ=250
@@ -404,11 +394,13 @@ class EmulatedNetwork:
         return i
 
     def popen(self, i: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              **kwargs: Any) -> subprocess.Popen:
-        """Start `argv` inside node i's namespace (`ip netns exec`); killed by close()."""
+              preexec: Callable[[], None] = die_with_parent, **kwargs: Any) -> subprocess.Popen:
+        """Start `argv` inside node i's namespace (`ip netns exec`); killed by close(). `preexec`
+        runs in the child first (default: it dies with this process; `HostCpuShares.preexec`
+        also puts it in its host's cgroup)."""
         proc = subprocess.Popen(["ip", "netns", "exec", self.namespace(i), *argv],
                                 env=None if env is None else dict(env), start_new_session=True,
-                                preexec_fn=die_with_parent, **kwargs)
+                                preexec_fn=preexec, **kwargs)
         self._procs.append(proc)
         return proc
 

@@ -26,6 +26,11 @@ SURVIVE_ENV = "ASRDIST_SURVIVE_LOST"
 NETWORK_ENV = "ASRDIST_NETWORK"
 """The link between the hosts of a job asrdist's launcher started (`loopback` on one machine, the
 emulated hosts' rate otherwise), for summary.json; unset under torchrun on a real cluster."""
+CPU_QUOTA_ENV = "ASRDIST_HOST_CPU_QUOTA"
+"""Cores this learner's emulated host may use (its cgroup's quota, `cpushare`); unset: not dedicated."""
+QUOTA_SLOWDOWN_ENV = "ASRDIST_QUOTA_SLOWDOWN"
+"""How many times slower than the job's cores per host this host's quota makes it (a straggler's
+host); the learner then sleeps no stand-in for `train.straggler`."""
 THREADS_ENV = "ASRDIST_THREADS_PER_LEARNER"
 """Torch threads per learner, set by asrdist's launcher, which knows how many learners share this
 machine's cores: all of them, also on emulated nodes, where LOCAL_WORLD_SIZE counts one node's."""
@@ -58,6 +63,10 @@ class JobEnv:
     num_threads: int = 0
     """Torch threads for this learner, as its launcher shares out the machine's cores (THREADS_ENV);
     0: the launcher did not say."""
+    cpu_quota: float = 0.0
+    """Cores of this learner's dedicated host (CPU_QUOTA_ENV); 0: its host has no quota."""
+    quota_slowdown: float = 1.0
+    """How much slower its host's quota makes it (QUOTA_SLOWDOWN_ENV): > 1 on a straggler's host."""
     timeout_s: float = 0.0
     """How long the launcher gives the job (`run_learners`' learner functions wait that long for
     their peers: netem_launch's `--timeout`); 0: no deadline given."""
@@ -82,7 +91,9 @@ class JobEnv:
                        survive_lost=env.get(SURVIVE_ENV) == "1",
                        node_rank=int(env.get("GROUP_RANK", -1)), num_nodes=int(env.get("GROUP_WORLD_SIZE", -1)),
                        master_addr=env.get("MASTER_ADDR", ""), master_port=int(env.get("MASTER_PORT", 0)),
-                       network=env.get(NETWORK_ENV), num_threads=threads)
+                       network=env.get(NETWORK_ENV), num_threads=threads,
+                       cpu_quota=float(env.get(CPU_QUOTA_ENV, 0) or 0),
+                       quota_slowdown=float(env.get(QUOTA_SLOWDOWN_ENV, 1) or 1))
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 

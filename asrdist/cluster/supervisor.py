@@ -384,8 +384,13 @@ def _pump(proc: subprocess.Popen, tail: list[str], log: _ReportLog) -> None:
 _TORCH_LOG = re.compile(r"^\[?[DIWEF]\d{4} \d\d:\d\d:\d\d")
 
 
+_CPP_TRACE = ("Exception raised from ", "frame #", "<omitting python frames>")
+"""A c10 exception's stack as torch's launcher logs it (e.g. an agent whose exit barrier lost agent
+0's store as that agent left first: common on slow dedicated hosts, and harmless): in the log only."""
+
+
 def _launcher_noise(line: str) -> bool:
-    return (bool(_TORCH_LOG.match(line)) or line.startswith("*****") or line.startswith("asrdist: error: learner rank")
+    return (bool(_TORCH_LOG.match(line)) or line.startswith(("*****", "asrdist: error: learner rank", *_CPP_TRACE))
             or "torch.distributed.run" in line and "OMP_NUM_THREADS" in line)
 
 

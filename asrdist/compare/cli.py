@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
 
 def compare(config: Path, strategies: str, learners: int, out: Path, data: Path | None,
             overrides: list[str], nodes: int = 1, network: str = "1gbit", target: float | None = None,
-            same_recipe: bool = False) -> dict:
+            same_recipe: bool = False, cpus_per_host: float | str | None = None) -> dict:
     """Train what is missing, then build the report; returns summary.json's content. With `nodes`
     > 1 every run but single's runs on that many emulated hosts joined by `network` links; each
     strategy with its own recipe unless `same_recipe`; time to `target` (None: the default)."""
@@ -57,7 +57,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     names = parse_strategies(strategies)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
-    hosts = Hosts(nodes, network)
+    hosts = Hosts.resolved(nodes, network, cpus_per_host)
     recipes = recipes_for(names, same_recipe, config)
     configs = resolve_all(config, names, learners, data, overrides, hosts, recipes=recipes)
     failed: dict[str, str] = {}
@@ -82,7 +82,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
                                                               where.network_name)
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides),
-             "same_recipe": same_recipe, "recipes": recipes}
+             "same_recipe": same_recipe, "recipes": recipes, "cpus_per_host": hosts.cpus_per_host}
     summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()},
                             calibrations=calibrations, target=target)
     write_outputs(out, summary)
@@ -98,7 +98,8 @@ def compare_command(args) -> int:
     from asrdist.compare.report import format_table, note_lines, target_line
 
     summary = compare(args.config, args.strategies, args.learners, args.out, args.data, list(args.overrides or []),
-                      nodes=args.nodes, network=args.network, target=args.target, same_recipe=args.same_recipe)
+                      nodes=args.nodes, network=args.network, target=args.target, same_recipe=args.same_recipe,
+                      cpus_per_host=args.cpus_per_host)
     print(summary["recommendation"])
     print(target_line(summary))
     print()

@@ -51,6 +51,17 @@ class Hosts:
 
     nodes: int = 1
     network: str = "1gbit"
+    cpus_per_host: float | str | None = None
+    """`--cpus-per-host` (None: train's default); `single` trains on a host of the same share."""
+
+    @classmethod
+    def resolved(cls, nodes: int, network: str, cpus_per_host: float | str | None) -> "Hosts":
+        """Hosts whose CPU share is settled here, so that `single`, alone on one host, gets the
+        share the others' hosts get by default."""
+        if cpus_per_host is None and nodes > 1 and network != "loopback":
+            from asrdist.cluster.cpushare import default_cpus_per_host
+            cpus_per_host = default_cpus_per_host(nodes)
+        return cls(nodes, network, cpus_per_host)
 
     @property
     def network_name(self) -> str:
@@ -58,7 +69,7 @@ class Hosts:
         return "loopback" if self.nodes == 1 else self.network
 
     def of(self, strategy: str) -> "Hosts":
-        return Hosts(1, self.network) if strategy == "single" else self
+        return Hosts(1, self.network, self.cpus_per_host) if strategy == "single" else self
 
 
 def resolve_all(config: Path, strategies: list[str], learners: int, data: Path | None,
@@ -99,7 +110,7 @@ def _train_args(config: Path, strategy: str, learners: int, data: Path | None, o
     hosts = hosts.of(strategy)
     return argparse.Namespace(config=config, overrides=list(overrides), out=out, data=data, epochs=None,
                               learners=learners, strategy=strategy, resume=resume, no_progress=True,
-                              nodes=hosts.nodes, network=hosts.network)
+                              nodes=hosts.nodes, network=hosts.network, cpus_per_host=hosts.cpus_per_host)
 
 
 def _normal(tree: dict) -> dict:

@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from asrdist import __version__
-from asrdist.cluster import netem
+from asrdist.cluster import cpushare, netem
+from asrdist.cluster.cpushare import HostCpuPlan
 from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.netem import parse_rate
 from asrdist.cluster.process_group import JobEnv, start_learner
@@ -264,6 +265,7 @@ def _train(args, release_notes: Callable[[], None]) -> int:
     cfg = resolve_config(args)
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
     check_job(cfg, nodes, network)
+    cpu = host_cpu_plan(cfg, nodes, network, getattr(args, "cpus_per_host", None))
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     from_start = False
     if args.resume is not None:
@@ -298,7 +300,8 @@ def _train(args, release_notes: Callable[[], None]) -> int:
             held.enter_context(rundir.locked(Path(run_dir)))
         run_state.write_state(run_dir, "started", learners=cfg.train.learners)
         release_notes()
-        summary = _start_learners(cfg, run_dir, args, nodes, network, resume=args.resume is not None and not from_start)
+        summary = _start_learners(cfg, run_dir, args, nodes, network, cpu,
+                                  resume=args.resume is not None and not from_start)
     print_summary(run_dir, summary)
     return 0
 
@@ -312,16 +315,17 @@ def restart_from_the_start(run_dir: Path) -> None:
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
-def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool) -> dict | None:
+def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, cpu: HostCpuPlan | None,
+                    resume: bool) -> dict | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
-    if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1:
+    if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1 and cpu is None:
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
                             timeout=timedelta(seconds=cfg.train.timeout_seconds))
         summary = run_learner(cfg, run_dir, ctx, resume=resume, progress=progress)
     else:
         prebuild_native_kernels(cfg)
         summary = run_workers(cfg, run_dir, resume=resume, progress=progress,
-                              nodes=nodes, network=network)
+                              nodes=nodes, network=network, cpu=cpu)
     return summary
 
 
@@ -344,13 +348,27 @@ def check_emulated_cluster(learners: int, nodes: int, network: str) -> None:
         raise ConfigError(f"--nodes {nodes}: the emulated network is unavailable here: {reason}")
 
 
+def host_cpu_plan(cfg: RunConfig, nodes: int, network: str, cpus_per_host: float | str | None) -> HostCpuPlan | None:
+    """The CPU share of each host (`--cpus-per-host`): None (no quota) for 'shared', and by default
+    on one machine or loopback hosts; by default on emulated hosts, this machine's cores shared
+    out (`cpushare.default_cpus_per_host`). Refused in one line where cgroups cannot be written."""
+    if cpus_per_host == "shared" or (cpus_per_host is None and (nodes == 1 or network == "loopback")):
+        return None
+    cpus = cpushare.default_cpus_per_host(nodes) if cpus_per_host is None else float(cpus_per_host)
+    ok, reason = cpushare.available()
+    if not ok:
+        raise ConfigError(f"--cpus-per-host {cpus:g}: {reason} (or --cpus-per-host shared)")
+    s = cfg.train.straggler
+    return HostCpuPlan.make(cpus, nodes, cfg.train.learners, s.ranks, s.slowdown)
+
+
 def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nodes: int = 1,
-                network: str = "1gbit") -> dict:
+                network: str = "1gbit", cpu: HostCpuPlan | None = None) -> dict:
     """`cfg.train.learners` workers of the prepared run through the cluster launcher (on `nodes`
     emulated hosts joined by `network` links when nodes > 1); the summary."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
     launch_learners("asrdist.run.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
-                    max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes))
+                    max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes), cpu=cpu)
     summary = run_dir / "summary.json"
     if not summary.is_file():  # the learners that finished did not include the one that writes it
         raise TrainingError(f"{summary}: not written (see {run_dir / 'launcher.log'})")

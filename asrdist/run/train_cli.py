@@ -24,6 +24,23 @@ def add_emulated_cluster_options(p: argparse.ArgumentParser, whose: str) -> None
                    help=f"run {whose} on this many emulated hosts (network namespaces joined by shaped "
                         "links, one torchrun agent each; needs root): a cluster on one machine")
     p.add_argument("--network", default="1gbit", help="link rate between emulated hosts, e.g. 1gbit, 10gbit")
+    add_cpus_per_host_option(p)
+
+
+def add_cpus_per_host_option(p: argparse.ArgumentParser) -> None:
+    """`--cpus-per-host X`: every emulated host computes on its own CPU share (a cgroup quota)."""
+    p.add_argument("--cpus-per-host", type=cpus_per_host_arg, default=None, metavar="X",
+                   help="cores each emulated host may use (a cgroup CPU quota of its own, so a host computes "
+                        "at that speed whether its neighbours are busy or idle; a straggler's host gets "
+                        "X / slowdown); default with emulated hosts: this machine's cores / hosts less a "
+                        "margin; 'shared': no quota (every learner shares every core); needs root")
+
+
+def cpus_per_host_arg(text: str):
+    """'shared', or a number of cores above 0."""
+    if text.strip().lower() == "shared":
+        return "shared"
+    return cli_number(float, above=0)(text)
 
 
 def _train(args):

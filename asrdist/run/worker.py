@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = env.rank
     try:
         cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
+        if env.quota_slowdown > 1:  # this straggler's host computes slower by its CPU quota: no sleep on top
+            cfg.train.straggler = replace(cfg.train.straggler, slowdown=1.0)
         resume = (args.resume and not _nothing_to_resume(args.run_dir, rank)) or _restarted(args.run_dir, env)
         check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
         _record_start(args.run_dir, cfg, rank, resumed=args.resume)
