@@ -41,12 +41,14 @@ import torch
 import torch.distributed as dist
 
 from asrdist.checks import cli_number
+from asrdist.cluster.cpushare import resolve_cpus_per_host
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_network
 from asrdist.cluster.process_group import start_learner
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from asrdist.run.train_cli import add_cpus_per_host_option
 
 DEFAULT_NETWORK = "1gbit"
 TINY_SHAPES = ((64, 429), (64,), (64, 64), (64,), (93, 64), (93,))
@@ -58,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="1gbit | 10gbit | loopback | any tc rate (default: 1gbit, emulated)")
     parser.add_argument("--learners", type=cli_number(int, at_least=2), default=4)
     parser.add_argument("--nodes", type=cli_number(int, at_least=1), default=None, help="emulated hosts (default: one per learner)")
+    add_cpus_per_host_option(parser)
     parser.add_argument("--repeats", type=cli_number(int, at_least=1), default=5, help="timed exchanges per strategy")
     parser.add_argument("--kernel", default="auto", help="onebit quantizer: auto | fused | reference")
     parser.add_argument("--shapes", choices=("swbd", "tiny"), default="swbd",
@@ -71,9 +74,11 @@ def run(args) -> dict:
     shapes = SWBD_SHAPES if args.shapes == "swbd" else TINY_SHAPES
     network, _ = resolve_network(args.network)
     quant = measure_quantize_vs_copy(shapes, kind=args.kernel)
+    cpus = resolve_cpus_per_host(args.cpus_per_host, args.nodes or args.learners, network)
     results = run_learners(__name__, "exchange_timing", args.learners, args.nodes, network,
                            {"shapes": [list(s) for s in shapes], "repeats": args.repeats,
-                            "kernel": args.kernel, "chunks": args.chunks}, timeout=args.timeout)
+                            "kernel": args.kernel, "chunks": args.chunks}, timeout=args.timeout,
+                           cpus_per_host=cpus)
     r0 = results[0]
     sync_s, onebit_s = r0["sync_seconds"], r0["onebit_seconds"]
     sync_median, onebit_median = statistics.median(sync_s), statistics.median(onebit_s)

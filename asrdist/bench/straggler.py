@@ -42,6 +42,7 @@ from asrdist.cluster import netem
 from asrdist.cluster.netem import parse_rate
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.run.train_cli import add_cpus_per_host_option
 from asrdist.train.metrics import read_metrics
 from asrdist.utils.throughput import job_frames_per_second
 
@@ -65,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="links of the delay-by-one pair (default: one exchange ~ one step's compute; "
                              "on loopback: loopback)")
     parser.add_argument("--learners", type=cli_number(int, at_least=2), default=2)
+    add_cpus_per_host_option(parser)
     parser.add_argument("--straggler-rank", type=cli_number(int, at_least=0), default=None, help="default: the last")
     parser.add_argument("--slowdown", type=cli_number(float, at_least=1, at_most=MAX_SLOWDOWN), default=3.0)
     parser.add_argument("--target", type=cli_number(float, above=0), default=None,
@@ -183,6 +185,8 @@ def cached_corpus(utterances: int) -> Path:
 def _train(args, corpus: Path, run_dir: Path, strategy: str, network: str, extra: list[str]) -> dict[str, Any]:
     """One `asrdist train` job on emulated hosts; its validations and learners' figures."""
     hosts = ["--nodes", "1"] if network == "loopback" else ["--nodes", str(args.learners), "--network", network]
+    if getattr(args, "cpus_per_host", None) is not None:
+        hosts += ["--cpus-per-host", str(args.cpus_per_host)]
     cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *args.overrides, *extra,
            "--data", str(corpus), "--learners", str(args.learners), *hosts,
            "--strategy", strategy, "--epochs", str(args.epochs), "--out", str(run_dir), "--no-progress"]

@@ -286,3 +286,16 @@ class HostCpuPlan:
         ways = (["cpu-quota"] if any(s > 1 for s in self.slowed) else []) + (
             ["sleep (stand-in)"] if self.sleep_ranks else [])
         return " + ".join(ways) or None
+
+
+def resolve_cpus_per_host(value: float | str | None, nodes: int, network: str) -> float | None:
+    """`--cpus-per-host` as given ('shared', a number, or None) -> the cores of each host's quota,
+    or None for no quota: 'shared'; None on one host or loopback hosts; None on emulated hosts is
+    `default_cpus_per_host`. Refused in one line where cgroups cannot be written."""
+    if value == "shared" or (value is None and (nodes == 1 or network == "loopback")):
+        return None
+    cpus = default_cpus_per_host(nodes) if value is None else float(value)
+    ok, reason = available()
+    if not ok:
+        raise ConfigError(f"--cpus-per-host {cpus:g}: {reason} (or --cpus-per-host shared)")
+    return cpus

@@ -352,12 +352,9 @@ def host_cpu_plan(cfg: RunConfig, nodes: int, network: str, cpus_per_host: float
     """The CPU share of each host (`--cpus-per-host`): None (no quota) for 'shared', and by default
     on one machine or loopback hosts; by default on emulated hosts, this machine's cores shared
     out (`cpushare.default_cpus_per_host`). Refused in one line where cgroups cannot be written."""
-    if cpus_per_host == "shared" or (cpus_per_host is None and (nodes == 1 or network == "loopback")):
+    cpus = cpushare.resolve_cpus_per_host(cpus_per_host, nodes, network)
+    if cpus is None:
         return None
-    cpus = cpushare.default_cpus_per_host(nodes) if cpus_per_host is None else float(cpus_per_host)
-    ok, reason = cpushare.available()
-    if not ok:
-        raise ConfigError(f"--cpus-per-host {cpus:g}: {reason} (or --cpus-per-host shared)")
     s = cfg.train.straggler
     return HostCpuPlan.make(cpus, nodes, cfg.train.learners, s.ranks, s.slowdown)
 
