@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import signal
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -157,6 +158,8 @@ class HostCpuShares:
         self._groups: list[tuple[Path, Path]] = []
         self._base = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
         self._final: list[HostCpuUsage] | None = None
+        self._machine_start: tuple[float, float] | None = None
+        self._machine_final: dict | None = None
 
     def __enter__(self) -> "HostCpuShares":
         return self.open()
@@ -180,6 +183,7 @@ class HostCpuShares:
                     reaper.watch("cg", str(path))
                 self._groups.append((cpu, acct))
                 _set_quota(layout, cpu, q)
+            self._machine_start = (machine_busy_seconds(), time.monotonic())
         except OSError as e:
             self.close()
             raise TrainingError(f"dedicated CPU shares: cannot make host {len(self._groups)}'s cgroup: {e}") from e
@@ -215,10 +219,24 @@ class HostCpuShares:
         return HostCpuUsage(node, self.quotas[node], round(used, 3), round(throttled, 3),
                             stat.get("nr_throttled", 0), stat.get("nr_periods", 0))
 
+    def outside(self) -> dict:
+        """The machine's CPU outside the hosts since the groups were made: the launcher, the
+        kernel's work charged to no host, and anything else running here (another job's load)."""
+        if self._machine_final is not None or self._machine_start is None:
+            return self._machine_final or {}
+        busy0, t0 = self._machine_start
+        wall = max(1e-9, time.monotonic() - t0)
+        outside = machine_busy_seconds() - busy0 - sum(self.usage(i).cpu_seconds for i in range(len(self._groups)))
+        return {"wall_seconds": round(wall, 3), "cpu_seconds": round(outside, 3), "cores": round(outside / wall, 4),
+                "machine_cores": len(os.sched_getaffinity(0)),
+                "what": "CPU the machine spent outside the hosts' cgroups while they existed (/proc/stat less "
+                        "the hosts' own counters): the launcher, kernel work charged to no host, other jobs"}
+
     def close(self) -> None:
         """Read every group's counters one last time, kill what is left in it, remove it."""
         if self._groups and self._final is None:
             try:
+                self._machine_final = self.outside()
                 self._final = [self.usage(i) for i in range(len(self._groups))]
             except (OSError, ValueError):
                 self._final = None
@@ -227,6 +245,13 @@ class HostCpuShares:
                 if reaper.remove_cgroup(path):
                     reaper.release("cg", str(path))
         atexit.unregister(self.close)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine has spent busy since boot, all cores (/proc/stat: all but idle and
+    iowait; guest time is already in user)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def cleanup_stale() -> list[str]:

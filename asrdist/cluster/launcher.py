@@ -123,8 +123,9 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
                 run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
                 record_wire(net, Path(report_dir))
         usage = [shares.usage(i) for i in range(nodes)] if shares is not None else []
+        outside = shares.outside() if shares is not None else {}
     if cpu is not None:
-        record_hosts(Path(report_dir), cpu, usage)
+        record_hosts(Path(report_dir), cpu, usage, outside)
     return usage
 
 
@@ -215,7 +216,7 @@ def record_wire(net: netem.EmulatedNetwork, run_dir: Path) -> None:
     write_json_atomic(path, summary)
 
 
-def record_hosts(run_dir: Path, cpu: HostCpuPlan, usage: list[HostCpuUsage]) -> None:
+def record_hosts(run_dir: Path, cpu: HostCpuPlan, usage: list[HostCpuUsage], outside: dict) -> None:
     """Add to a finished run's summary.json each dedicated host's quota and what its cgroup counted:
     the CPU its learners used and the time the quota held them back (`cpushare`)."""
     path = run_dir / "summary.json"
@@ -225,6 +226,7 @@ def record_hosts(run_dir: Path, cpu: HostCpuPlan, usage: list[HostCpuUsage]) -> 
     summary["hosts"] = [u.as_dict() for u in usage]
     summary["cpus_per_host"] = cpu.cpus_per_host
     summary["straggler_emulation"] = cpu.straggler_emulation()
+    summary["outside_hosts"] = outside
     write_json_atomic(path, summary)
 
 
