@@ -40,19 +40,18 @@ def refusal(path: Path, found: str) -> str:
 
 def load_data(path: str | Path, error: type[AsrdistError]) -> Any:
     """`torch.load` of `path` as data (on the CPU). A file that needs anything beyond tensors, plain
-    values and `LEGACY_TYPES` is an `error` naming it; other failures (a truncated or missing
-    file) are torch's own exceptions, for the caller to word."""
+    values and `LEGACY_TYPES` is an `error` naming it; other failures (a truncated, garbage or
+    missing file: nothing in it ran) are torch's own exceptions, for the caller to word."""
     import torch
 
     with torch.serialization.safe_globals(_legacy_types()):
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            if "Weights only load failed" not in str(exc):
-                raise
             name = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-            found = f"it names {name.group(1)}" if name else "an object torch's weights-only loader refuses"
-            raise error(refusal(Path(path), found)) from None
+            if name is None:  # garbage or an opcode it refuses: damage, for the caller to word
+                raise
+            raise error(refusal(Path(path), f"it names {name.group(1)}")) from None
 
 
 def foreign_globals(path: str | Path) -> list[str]:
@@ -61,4 +60,7 @@ def foreign_globals(path: str | Path) -> list[str]:
     import torch
 
     with torch.serialization.safe_globals(_legacy_types()):
-        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        try:
+            return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception:  # not a torch archive, or a damaged one: `load_data` words that (nothing runs)
+            return []
