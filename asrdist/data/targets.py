@@ -268,13 +268,16 @@ class Targets:
     class_to_phone: np.ndarray | None = None
     priors: np.ndarray | None = None
     bigram: Any = None
-    """An `asrdist.eval.decode.PhoneBigram` (kept as it is pickled in run directories)."""
+    """An `asrdist.eval.decode.PhoneBigram` (a dict of tensors in `targets.pt`)."""
     tokenizer: CharTokenizer | None = None
     features_recorded: bool = True
     """False for the targets of a run from before they kept `features` (its corpus tells)."""
 
     def to_blob(self) -> dict[str, Any]:
-        """The dict `targets.pt` holds: the fields that are set, tied states and tokenizer as dicts."""
+        """The dict `targets.pt` holds: the fields that are set; tied states, tokenizer and bigram as
+        dicts, arrays as tensors (tensors and plain values only: it loads as data)."""
+        import torch
+
         blob = {f.name: getattr(self, f.name) for f in fields(self)
                 if getattr(self, f.name) is not None and f.name != "features_recorded"}
         if self.features_recorded:
@@ -283,6 +286,12 @@ class Targets:
             blob["tied"] = self.tied.to_dict()
         if self.tokenizer is not None:
             blob["tokenizer"] = self.tokenizer.to_dict()
+        for key in ("class_to_phone", "priors"):
+            if key in blob:
+                blob[key] = torch.from_numpy(np.array(blob[key]))
+        if self.bigram is not None:
+            blob["bigram"] = {key: torch.from_numpy(np.array(getattr(self.bigram, key)))
+                              for key in ("log_start", "log_trans", "log_end")}
         return blob
 
     @classmethod
@@ -298,4 +307,11 @@ class Targets:
             values["tied"] = TiedStates.from_dict(values["tied"])
         if isinstance(values.get("tokenizer"), dict):
             values["tokenizer"] = CharTokenizer.from_dict(values["tokenizer"])
+        for key in ("class_to_phone", "priors"):  # tensors; numpy arrays in an older asrdist's file
+            if values.get(key) is not None:
+                values[key] = np.asarray(values[key])
+        if isinstance(values.get("bigram"), dict):  # a PhoneBigram object in an older asrdist's file
+            from asrdist.eval.decode import PhoneBigram
+
+            values["bigram"] = PhoneBigram.from_dict(values["bigram"])
         return cls(**values)

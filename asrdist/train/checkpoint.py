@@ -30,6 +30,7 @@ import torch
 from asrdist.errors import DataError, Stopped, TrainingError
 from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
+from asrdist.io.torch_data import foreign_globals, load_data, refusal
 from asrdist.train.state import read_state, write_state
 
 KEEP_LAST = 2
@@ -37,8 +38,11 @@ KEEP_LAST = 2
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     """The generators a learner draws from: CPU torch, numpy, Python, and the CUDA generator of
-    `device` when the learner computes there (its dropout masks come from it)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    `device` when the learner computes there (its dropout masks come from it). Tensors and plain
+    values only (numpy's key as a tensor), so that a checkpoint loads as data (`load_data`)."""
+    kind, key, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy_state = (str(kind), torch.from_numpy(key.astype(np.int64)), int(position), int(has_gauss), float(gauss))
+    state = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
     if device is not None and device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -48,7 +52,8 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     """Restore `rng_state`'s generators. A CUDA state goes to `device` when that is a GPU; a learner
     restoring on the CPU has no CUDA generator to draw from, so a GPU's state is not needed there."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    kind, key, *rest = state["numpy"]  # key: a tensor, or a numpy array in a checkpoint of an older asrdist
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and device is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
@@ -186,8 +191,8 @@ def start_prepared_advice(run_dir: Path) -> str:
 
 def check_resumable(run_dir: Path, learners: int) -> Path:
     """The checkpoint `learners` learners would resume from, checked cheaply (pointer, one file per
-    learner and no more, each a complete archive) without loading it; else a TrainingError saying
-    what to do. Writes nothing."""
+    learner and no more, each a complete archive naming no code) without loading it; else a
+    TrainingError saying what to do. Writes nothing."""
     d = latest_step_dir(run_dir)
     if d is None:
         if _checkpoint_dirs(run_dir):  # `latest` itself was lost
@@ -204,6 +209,10 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
         problem = _file_problem(d / f"rank-{rank}.pt")
         if problem:
             raise TrainingError(f"{d / f'rank-{rank}.pt'}: checkpoint file {problem}; {resume_advice(run_dir, d, learners)}")
+    for rank in _expected_files(d, learners):  # refused here, before any learner starts to load it
+        foreign = foreign_globals(d / f"rank-{rank}.pt")
+        if foreign:
+            raise TrainingError(refusal(d / f"rank-{rank}.pt", f"it names {foreign[0]}"))
     return d
 
 
@@ -237,7 +246,7 @@ def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
     d = check_resumable(run_dir, world_size)
     path = d / f"rank-{stand_in(rank, survivors_of(d))}.pt"
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return load_data(path, TrainingError)
     except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TrainingError(f"{path}: unreadable checkpoint file ({reason}); {resume_advice(run_dir, d, world_size)}") from None
@@ -249,12 +258,13 @@ def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> Non
 
 
 def read_torch_file(path: Path, what: str) -> Any:
-    """torch.load of a run's file, its damage (truncated, garbage, missing) one DataError naming it."""
+    """torch.load of a run's file as data (`load_data`), its damage (truncated, garbage, missing) or
+    anything beyond tensors and plain data one DataError naming it."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return load_data(path, DataError)
     except FileNotFoundError:
         raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
-    except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
+    except (Stopped, DataError):  # a stop signal came meanwhile (not a damaged input); a refusal said
         raise
     except Exception as exc:  # a truncated or foreign file: torch raises many kinds
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
