@@ -155,7 +155,7 @@ def broadcast(tensor: torch.Tensor, src: int, counters: CommCounters, *, group=N
             lambda: dist.broadcast(tensor, group=group, group_src=src, async_op=True))
 
 
-# torch 2.13 names them *_single; an older CUDA build (pyproject: >= 2.4) has only the old names.
+# torch 2.13 names them *_single; an older CUDA build (pyproject: >= 2.6) has only the old names.
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
