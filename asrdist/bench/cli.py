@@ -26,6 +26,7 @@ BENCHMARKS = {
     "simulator": "the scaling simulator against asrdist's own runs (1, 2, 4 learners, every strategy)",
     "peers": "asrdist sync, onebit, averaging beside torch DDP, DDP + PowerSGD, PeriodicModelAverager",
     "faults": "a real train job losing learners: detection times (sync, hung), adpsgd survival by restarts",
+    "seeds": "the source papers' claims (S1-S11) by real training on dedicated emulated hosts, each a check that can fail",
 }
 
 

@@ -1,0 +1,175 @@
+"""`asrdist bench seeds --json OUT [--claims S1,S7,...] [--learners N] [--keep DIR]`: the source
+papers' claims reproduced in miniature on dedicated emulated hosts, each a check that can fail.
+
+Every run is a real `asrdist train` job: the recipe (`--config`, default configs/default.yaml) on
+the built-in espeak corpus of `--utterances` (or `--data`), `--learners` learners each on an
+emulated host of its own (a network namespace and a cgroup with `--cpus-per-host` cores: it
+computes at that speed whether its neighbours are busy or idle, and a straggler's host gets a
+quota `slowdown` times smaller), joined by `--network` links. The claims, their runs and their
+rules are in `asrdist.bench.seed_claims`. Each claim's rule is written into OUT before its runs
+start (`claims.<id>.rule`, `status: running`), and OUT is rewritten after every claim, so a claim
+can be rerun alone (`--claims S7`) and a stopped bench keeps what it finished.
+
+Each run records its strategy, learners, hosts, quota, links, validations (wall seconds, error),
+final error, frames/s, the machine's load average around it, and the CPU the machine spent outside
+the hosts while it ran (`outside_hosts`: the launcher, the kernel, other jobs). `predicted` and
+`simulator_error` are null: the simulator does not model dedicated CPU hosts yet (docs/seeds.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from asrdist.bench.seed_claims import CLAIMS, NOT_BUILT, Claim, RunSpec, Setup, describe
+from asrdist.checks import cli_number
+from asrdist.cluster import cpushare, netem
+from asrdist.cluster.netem import parse_rate
+from asrdist.errors import ConfigError, TrainingError
+from asrdist.io.atomic import write_json_atomic
+from asrdist.utils.throughput import job_frames_per_second
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+ERROR_KEYS = ("per", "cer", "wer")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claims", default=",".join(CLAIMS), help=f"comma-separated (default: {','.join(CLAIMS)})")
+    parser.add_argument("--learners", type=cli_number(int, at_least=2), default=8,
+                        help="learners of the flat claims, one per emulated host (default 8)")
+    parser.add_argument("--cpus-per-host", type=cli_number(float, above=0), default=None,
+                        help="cores of each host's quota (default: this machine's cores / learners, less the "
+                             "launcher's margin)")
+    parser.add_argument("--network", default="1gbit", help="links between hosts (default 1gbit)")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="recipe (default configs/default.yaml)")
+    parser.add_argument("--data", type=Path, default=None, help="corpus (default: the built-in espeak corpus)")
+    parser.add_argument("--utterances", type=cli_number(int, at_least=30), default=160,
+                        help="size of the built-in corpus (default 160)")
+    parser.add_argument("--epochs", type=cli_number(int, at_least=2), default=6, help="epochs of every run")
+    parser.add_argument("--batch-size", type=cli_number(int, at_least=8), default=256,
+                        help="global minibatch in frames (S3 also runs 6x it, S8 4x)")
+    parser.add_argument("--seeds", type=cli_number(int, at_least=1), default=3, help="seeds of S1 and S2")
+    parser.add_argument("--deadline", type=cli_number(float, above=0), default=1800.0, help="seconds any one run may take")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run directories here")
+    parser.set_defaults(overrides=[])
+
+
+def _check(args) -> list[str]:
+    ids = [c.strip().upper() for c in args.claims.split(",") if c.strip()]
+    known = set(CLAIMS) | set(NOT_BUILT)
+    bad = [c for c in ids if c not in known]
+    if not ids or bad:
+        raise ConfigError(f"bench seeds --claims {args.claims!r}: unknown claim {bad[0] if bad else '(none)'} "
+                          f"(known: {', '.join(sorted(known, key=lambda c: int(c[1:])))})")
+    parse_rate(args.network)
+    if not args.config.is_file():
+        raise ConfigError(f"bench seeds --config {args.config}: no such recipe")
+    if args.data is not None and not (args.data / "train").is_dir():
+        raise ConfigError(f"bench seeds --data {args.data}: not a corpus directory (build one with `asrdist corpus synth`)")
+    for name, (ok, reason) in (("emulated network", netem.available()), ("dedicated CPU shares", cpushare.available())):
+        if not ok:
+            raise ConfigError(f"bench seeds: the claims run on dedicated emulated hosts; {name}: {reason}")
+    for c in ids:
+        if c in CLAIMS and args.learners < CLAIMS[c].needs_learners:
+            raise ConfigError(f"bench seeds: {c} needs --learners >= {CLAIMS[c].needs_learners}")
+    return ids
+
+
+def run(args) -> dict[str, Any]:
+    ids = _check(args)
+    from asrdist.bench.straggler import cached_corpus
+
+    cpus = args.cpus_per_host or cpushare.default_cpus_per_host(args.learners)
+    setup = Setup(args.learners, cpus, args.network, args.epochs, args.batch_size, tuple(range(args.seeds)))
+    corpus = args.data if args.data is not None else cached_corpus(args.utterances)
+    result: dict[str, Any] = {
+        "claims": {}, "setup": asdict(setup), "corpus": str(corpus), "config": str(args.config),
+        "cores": len(os.sched_getaffinity(0)), "overrides": list(args.overrides),
+        "time_to_target": "wall seconds (since the job's training began) of the first validation, one per "
+                          "epoch, at or below the claim's target error: the worst of its runs' best errors"}
+    for c in ids:  # every rule is on record before any run starts
+        result["claims"][c] = (dict(describe(CLAIMS[c], setup), status="pending") if c in CLAIMS
+                               else dict(NOT_BUILT[c], status="not reproduced by bench seeds", passed=None))
+    _save(args, result)
+    with tempfile.TemporaryDirectory(prefix="asrdist-seeds-") as tmp:
+        out = args.keep or Path(tmp)
+        for c in ids:
+            if c in CLAIMS:
+                result["claims"][c]["status"] = "running"
+                _save(args, result)
+                result["claims"][c] = run_claim(CLAIMS[c], setup, corpus, out / c, args)
+                _save(args, result)
+    return result
+
+
+def _save(args, result: dict) -> None:
+    if getattr(args, "json", None) is not None:
+        write_json_atomic(args.json, result)
+
+
+def run_claim(claim: Claim, setup: Setup, corpus: Path, out: Path, args) -> dict[str, Any]:
+    t0 = time.monotonic()
+    runs = {spec.name: train_run(spec, setup, corpus, out / spec.name, args) for spec in claim.plan(setup)}
+    if claim.runs_after is not None:
+        runs.update({spec.name: train_run(spec, setup, corpus, out / spec.name, args)
+                     for spec in claim.runs_after(runs, setup)})
+    measured, passed, reason = claim.judge(runs, setup)
+    return {**describe(claim, setup), "status": "done", "measured": measured, "passed": passed, "reason": reason,
+            "runs": runs, "seconds": round(time.monotonic() - t0, 1),
+            "conditions": {"learners": setup.learners, "cpus_per_host": setup.cpus_per_host,
+                           "network": setup.network, "epochs": setup.epochs, "batch_size": setup.batch_size,
+                           "cores": len(os.sched_getaffinity(0))}}
+
+
+def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) -> dict[str, Any]:
+    """One `asrdist train` job on dedicated emulated hosts; what the claim reads of it."""
+    cpus = spec.cpus_per_host or setup.cpus_per_host
+    cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *args.overrides,
+           f"data.batch_size={setup.batch_size}", *spec.overrides, "--data", str(corpus),
+           "--learners", str(spec.learners), "--nodes", str(spec.nodes), "--network", spec.network,
+           "--cpus-per-host", repr(cpus), "--strategy", spec.strategy, "--epochs", str(setup.epochs),
+           "--out", str(run_dir), "--no-progress"]
+    load_before, t0 = os.getloadavg(), time.monotonic()
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              timeout=args.deadline, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise TrainingError(f"bench seeds: {run_dir} did not finish within {args.deadline:g} s") from e
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise TrainingError(f"bench seeds: {run_dir.name} failed (exit code {done.returncode}): {last}")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    learners = summary["comm"]["per_learner"]
+    validations = [{"epoch": r["epoch"], "wall_seconds": r.get("wall_seconds"),
+                    "error": next((r[k] for k in ERROR_KEYS if r.get(k) is not None), None),
+                    "valid_loss": r.get("valid_loss"), "consensus_distance": r.get("consensus_distance")}
+                   for r in summary.get("history", []) if r.get("valid_loss") is not None]
+    return {"strategy": spec.strategy, "learners": spec.learners, "nodes": spec.nodes, "network": spec.network,
+            "cpus_per_host": cpus, "overrides": list(spec.overrides),
+            "validations": validations, "final_error": validations[-1]["error"] if validations else None,
+            "frames_per_second": job_frames_per_second([p["frames"] for p in learners],
+                                                       [p.get("loop_seconds") or p["train_seconds"] for p in learners]),
+            "hosts": summary.get("hosts"), "straggler_emulation": summary.get("straggler_emulation"),
+            "outside_hosts": summary.get("outside_hosts"),
+            "per_learner": [{k: p.get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
+                                                    "comm_seconds", "wait_seconds", "exchanges")} for p in learners],
+            "command_seconds": round(time.monotonic() - t0, 1),
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+            "predicted": None, "simulator_error": None}
+
+
+def format_result(result: dict) -> str:
+    lines = [f"bench seeds: {result['setup']['learners']} learners, {result['setup']['cpus_per_host']:g} cores "
+             f"per host, {result['setup']['network']} links"]
+    for c, claim in result["claims"].items():
+        verdict = {True: "passed", False: "FAILED", None: "no verdict"}[claim.get("passed")]
+        why = claim.get("reason") or claim.get("where") or ""
+        lines.append(f"{c:>4} {verdict:<10} {claim.get('statement', '')}" + (f" ({why})" if why else ""))
+    return "\n".join(lines)

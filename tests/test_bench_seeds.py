@@ -1,0 +1,120 @@
+"""`asrdist bench seeds`: each claim's rule judges its runs (and can fail), the rule is on record
+before the runs start, and the JSON keeps the contract (claims.<id>: rule, measured, passed, runs,
+conditions; every run with predicted and simulator_error)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from asrdist.bench import seed_claims, seeds
+from asrdist.bench.seed_claims import CLAIMS, Setup
+from asrdist.errors import ConfigError
+
+SETUP = Setup(learners=8, cpus_per_host=0.2, network="1gbit", epochs=4, batch_size=256, seeds=(0, 1))
+
+
+def fake_run(errors: list[float], seconds_per_epoch: float = 10.0, fps: float = 1000.0, **extra) -> dict:
+    return {"validations": [{"epoch": i, "wall_seconds": seconds_per_epoch * (i + 1), "error": e,
+                             "consensus_distance": 0.01} for i, e in enumerate(errors)],
+            "frames_per_second": fps, "network": "1gbit",
+            "per_learner": [{"rank": r, "comm_seconds": 1.0, "exchanges": 10, "compute_seconds": 1.0, "steps": 10}
+                            for r in range(8)], **extra}
+
+
+def test_s7_passes_only_when_every_adpsgd_ratio_is_within_0_6_of_syncs():
+    curve = [0.5, 0.3, 0.2, 0.15]
+    runs = {name: fake_run(curve) for name in ("sync", "adpsgd", "adpsgd_random")}
+    runs["sync_slow"] = fake_run(curve, seconds_per_epoch=30.0)  # 3x: the straggler holds everyone back
+    for name in ("adpsgd_slow_active", "adpsgd_slow_passive", "adpsgd_random_slow"):
+        runs[name] = fake_run(curve, seconds_per_epoch=12.0)
+    measured, passed, reason = CLAIMS["S7"].judge(runs, SETUP)
+    assert passed is True and measured["ratio_with_over_without"]["sync"] == pytest.approx(3.0)
+    runs["adpsgd_slow_passive"] = fake_run(curve, seconds_per_epoch=25.0)
+    measured, passed, reason = CLAIMS["S7"].judge(runs, SETUP)
+    assert passed is False and "adpsgd_fixed_passive" in reason
+    runs["adpsgd_slow_passive"] = fake_run([0.5, 0.4, 0.35, 0.3])  # never reaches the others' best...
+    measured, passed, _ = CLAIMS["S7"].judge(runs, SETUP)
+    assert measured["target_error"] == 0.3  # ...so the shared target is its best: every run reaches it
+
+
+def test_s1_judges_the_mean_over_seeds_and_reports_each():
+    runs = {"sync_seed0": fake_run([0.2, 0.10]), "onebit_seed0": fake_run([0.2, 0.102]),
+            "sync_seed1": fake_run([0.2, 0.10]), "onebit_seed1": fake_run([0.2, 0.103])}
+    measured, passed, _ = CLAIMS["S1"].judge(runs, SETUP)
+    assert passed is True and measured["mean_relative"] == pytest.approx(0.025)
+    runs["onebit_seed1"] = fake_run([0.2, 0.13])
+    measured, passed, reason = CLAIMS["S1"].judge(runs, SETUP)
+    assert passed is False and measured["per_seed"][1]["relative"] == pytest.approx(0.3) and "+" in reason
+
+
+def test_s3_needs_onebits_speedup_to_grow_with_the_minibatch_and_beat_syncs():
+    runs = {"single_small": fake_run([0.1], fps=100), "single_large": fake_run([0.1], fps=120),
+            "sync_small": fake_run([0.1], fps=200), "sync_large": fake_run([0.1], fps=400),
+            "onebit_small": fake_run([0.1], fps=300), "onebit_large": fake_run([0.1], fps=600)}
+    measured, passed, _ = CLAIMS["S3"].judge(runs, SETUP)
+    assert passed is True and measured["frames_per_second_speedup"]["onebit_large"] == pytest.approx(5.0)
+    runs["onebit_large"] = fake_run([0.1], fps=300)
+    assert CLAIMS["S3"].judge(runs, SETUP)[1] is False
+
+
+def test_every_claim_plans_dedicated_runs_with_distinct_names():
+    for claim in CLAIMS.values():
+        names = [r.name for r in claim.plan(SETUP)]
+        assert names and len(names) == len(set(names)), claim.id
+    hier = CLAIMS["S10"].plan(SETUP)
+    assert {(r.nodes, r.learners) for r in hier} == {(4, 8), (2, 8)}
+    assert all(r.cpus_per_host == pytest.approx(0.4) for r in hier if r.nodes == 4)  # 2 learners x 0.2
+
+
+def _args(tmp_path: Path, **kw) -> argparse.Namespace:
+    corpus = tmp_path / "corpus"
+    (corpus / "train").mkdir(parents=True, exist_ok=True)
+    base = dict(claims="S7,S11", learners=8, cpus_per_host=0.2, network="1gbit", config=seeds.DEFAULT_CONFIG,
+                data=corpus, utterances=160, epochs=4, batch_size=256, seeds=2, deadline=60.0, keep=None,
+                overrides=[], json=tmp_path / "seeds.json")
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_rule_is_on_record_before_the_runs_start_and_the_json_keeps_its_contract(tmp_path, monkeypatch):
+    monkeypatch.setattr(seeds.netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(seeds.cpushare, "available", lambda: (True, ""))
+    args = _args(tmp_path)
+    seen = []
+
+    def train_run(spec, setup, corpus, run_dir, a):
+        on_record = json.loads(args.json.read_text())["claims"]["S7"]
+        assert on_record["status"] == "running" and on_record["rule"] == CLAIMS["S7"].rule
+        seen.append(spec.name)
+        slow = "slow" in spec.name
+        return fake_run([0.5, 0.3, 0.2], seconds_per_epoch=(30.0 if spec.name == "sync_slow" else 12.0) if slow else 10.0,
+                        predicted=None, simulator_error=None)
+
+    monkeypatch.setattr(seeds, "train_run", train_run)
+    result = seeds.run(args)
+    assert seen == [r.name for r in CLAIMS["S7"].plan(seeds.Setup(8, 0.2, "1gbit", 4, 256, (0, 1)))]
+    saved = json.loads(args.json.read_text())
+    s7 = saved["claims"]["S7"]
+    assert {"rule", "measured", "passed", "runs", "conditions"} <= set(s7) and s7["passed"] is True
+    assert s7["conditions"]["cpus_per_host"] == 0.2
+    assert all("predicted" in r and "simulator_error" in r for r in s7["runs"].values())
+    assert saved["claims"]["S11"]["passed"] is None and "not reproduced" in saved["claims"]["S11"]["status"]
+    assert "S7" in seeds.format_result(result)
+
+
+def test_unknown_claims_and_too_few_learners_are_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(seeds.netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(seeds.cpushare, "available", lambda: (True, ""))
+    with pytest.raises(ConfigError, match="unknown claim S12"):
+        seeds.run(_args(tmp_path, claims="S1,S12"))
+    with pytest.raises(ConfigError, match="S10 needs --learners >= 8"):
+        seeds.run(_args(tmp_path, claims="S10", learners=4))
+    assert not (tmp_path / "seeds.json").exists()
+
+
+def test_the_shared_target_is_the_worst_best_error():
+    assert seed_claims.shared_target([fake_run([0.3, 0.2]), fake_run([0.4, 0.25])]) == 0.25
+    assert seed_claims.time_to(fake_run([0.3, 0.2]), 0.25) == 20.0
+    assert seed_claims.time_to(fake_run([0.3, 0.2]), None) is None
