@@ -13,6 +13,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from asrdist.bench.straggler import _exchange_vs_compute, _rate_for_exchange_like_compute
+
 ADAGRAD = ["optim.name=adagrad", "optim.lr=3.0", "optim.momentum=0.0", "optim.nesterov=false",
            "optim.adagrad_skip_unseen=true"]
 """CNTK's AdaGrad as asrdist's onebit recipe sets it (configs/recipes/onebit.yaml)."""
@@ -188,7 +190,6 @@ def _plan_delay_probe(s: Setup) -> list[RunSpec]:
 
 
 def _plan_delay(runs: dict[str, dict], s: Setup) -> list[RunSpec]:
-    from asrdist.bench.straggler import _rate_for_exchange_like_compute
     rate = _rate_for_exchange_like_compute(runs["adpsgd_probe"], s.network)
     b = f"data.batch_size={4 * s.batch_size}"
     return [RunSpec("sync", "sync", s.learners, _nodes(s), rate, (b,)),
@@ -197,7 +198,6 @@ def _plan_delay(runs: dict[str, dict], s: Setup) -> list[RunSpec]:
 
 
 def _judge_delay(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None, str]:
-    from asrdist.bench.straggler import _exchange_vs_compute
     compared = {k: runs[k] for k in ("sync", "adpsgd", "adpsgd_delay_by_one")}
     target = shared_target(list(compared.values()))
     ttt = {k: time_to(r, target) for k, r in compared.items()}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.bench.seed_claims import CLAIMS, NOT_BUILT, Claim, RunSpec, Setup, describe
+from asrdist.bench.straggler import cached_corpus
 from asrdist.checks import cli_number
 from asrdist.cluster import cpushare, netem
 from asrdist.cluster.netem import parse_rate
@@ -84,8 +85,6 @@ def _check(args) -> list[str]:
 
 def run(args) -> dict[str, Any]:
     ids = _check(args)
-    from asrdist.bench.straggler import cached_corpus
-
     cpus = args.cpus_per_host or cpushare.default_cpus_per_host(args.learners)
     setup = Setup(args.learners, cpus, args.network, args.epochs, args.batch_size, tuple(range(args.seeds)))
     corpus = args.data if args.data is not None else cached_corpus(args.utterances)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import yaml
 
+from asrdist.cluster import cpushare
 from asrdist.compare.target import run_points
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
 from asrdist.errors import ConfigError, DataError, Stopped, TrainingError
@@ -59,8 +60,7 @@ class Hosts:
         """Hosts whose CPU share is settled here, so that `single`, alone on one host, gets the
         share the others' hosts get by default."""
         if cpus_per_host is None and nodes > 1 and network != "loopback":
-            from asrdist.cluster.cpushare import default_cpus_per_host
-            cpus_per_host = default_cpus_per_host(nodes)
+            cpus_per_host = cpushare.default_cpus_per_host(nodes)
         return cls(nodes, network, cpus_per_host)
 
     @property

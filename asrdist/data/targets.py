@@ -18,7 +18,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+import torch
 
+from asrdist.data.bigram import PhoneBigram
 from asrdist.errors import ConfigError, DataError
 
 EDGE = -1
@@ -276,8 +278,6 @@ class Targets:
     def to_blob(self) -> dict[str, Any]:
         """The dict `targets.pt` holds: the fields that are set; tied states, tokenizer and bigram as
         dicts, arrays as tensors (tensors and plain values only: it loads as data)."""
-        import torch
-
         blob = {f.name: getattr(self, f.name) for f in fields(self)
                 if getattr(self, f.name) is not None and f.name != "features_recorded"}
         if self.features_recorded:
@@ -310,8 +310,6 @@ class Targets:
         for key in ("class_to_phone", "priors"):  # tensors; numpy arrays in an older asrdist's file
             if values.get(key) is not None:
                 values[key] = np.asarray(values[key])
-        if isinstance(values.get("bigram"), dict):  # a PhoneBigram object in an older asrdist's file
-            from asrdist.eval.decode import PhoneBigram
-
+        if isinstance(values.get("bigram"), dict):  # tensors; an older asrdist's file holds the PhoneBigram itself
             values["bigram"] = PhoneBigram.from_dict(values["bigram"])
         return cls(**values)

@@ -21,7 +21,7 @@ from asrdist.data.labels import (
 )
 from asrdist.data.targets import CharTokenizer, Targets, TiedStates, label_priors
 from asrdist.errors import ConfigError, DataError, Stopped
-from asrdist.eval.decode import PhoneBigram
+from asrdist.data.bigram import PhoneBigram
 from asrdist.features.augment import AUGMENTED_DIR
 from asrdist.features.extract import extract_features, find_splits
 from asrdist.features.frontend import feature_record

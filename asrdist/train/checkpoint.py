@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asrdist.data.bigram import LEGACY_NAME, PhoneBigram
 from asrdist.errors import DataError, Stopped, TrainingError
 from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
@@ -261,7 +262,7 @@ def read_torch_file(path: Path, what: str) -> Any:
     """torch.load of a run's file as data (`load_data`), its damage (truncated, garbage, missing) or
     anything beyond tensors and plain data one DataError naming it."""
     try:
-        return load_data(path, DataError)
+        return load_data(path, DataError, allowed=[(PhoneBigram, LEGACY_NAME)])  # an older targets.pt's bigram
     except FileNotFoundError:
         raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
     except (Stopped, DataError):  # a stop signal came meanwhile (not a damaged input); a refusal said
