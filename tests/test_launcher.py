@@ -261,7 +261,7 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
     from asrdist.errors import ConfigError
 
     started = []
-    monkeypatch.setattr(launcher, "_popen", lambda cmd, env: started.append((cmd, env)))
+    monkeypatch.setattr(launcher, "_popen", lambda cmd, env, preexec=None: started.append((cmd, env)))
     monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 4, tmp_path, nodes=2, network="loopback")
     assert len(started) == 2
@@ -274,7 +274,7 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
 
     calls = []
 
-    def fake_launch(module, args, learners, report_dir, timeout, nodes, network, delay):
+    def fake_launch(module, args, learners, report_dir, timeout, nodes, network, delay, cpu=None):
         calls.append((module, args, learners, timeout, nodes, network, delay))
         result_dir = Path(args[args.index("--result-dir") + 1])
         for rank in range(learners):

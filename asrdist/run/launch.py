@@ -300,8 +300,8 @@ def _train(args, release_notes: Callable[[], None]) -> int:
             held.enter_context(rundir.locked(Path(run_dir)))
         run_state.write_state(run_dir, "started", learners=cfg.train.learners)
         release_notes()
-        summary = _start_learners(cfg, run_dir, args, nodes, network, cpu,
-                                  resume=args.resume is not None and not from_start)
+        summary = _start_learners(cfg, run_dir, args, nodes, network,
+                                  resume=args.resume is not None and not from_start, cpu=cpu)
     print_summary(run_dir, summary)
     return 0
 
@@ -315,8 +315,8 @@ def restart_from_the_start(run_dir: Path) -> None:
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
-def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, cpu: HostCpuPlan | None,
-                    resume: bool) -> dict | None:
+def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool,
+                    cpu: HostCpuPlan | None = None) -> dict | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1 and cpu is None:
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
