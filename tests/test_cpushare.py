@@ -195,3 +195,15 @@ def test_cleanup_stale_removes_only_groups_of_dead_creators():
     finally:
         if stale.exists():
             stale.rmdir()
+
+
+def test_a_straggler_slowed_by_its_quota_sleeps_no_stand_in():
+    from asrdist.config import RunConfig
+    from asrdist.run.worker import slowed_by_quota
+
+    cfg = RunConfig()
+    cfg.train.straggler.ranks, cfg.train.straggler.slowdown = [1], 3.0
+    slowed_by_quota(cfg, JobEnv(rank=0, world_size=2, local_rank=0, local_world_size=1))
+    assert cfg.train.straggler.slowdown == 3.0  # a host at full speed: the config as it is
+    slowed_by_quota(cfg, JobEnv(rank=1, world_size=2, local_rank=0, local_world_size=1, quota_slowdown=3.0))
+    assert cfg.train.straggler.slowdown == 1.0 and cfg.train.straggler.ranks == [1]

@@ -25,6 +25,13 @@ from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.state import write_state
 
 
+def slowed_by_quota(cfg, env: JobEnv) -> None:
+    """A straggler whose dedicated host's CPU quota already makes it `slowdown` times slower sleeps
+    no stand-in on top (its jitter, which a quota cannot give, stays)."""
+    if env.quota_slowdown > 1:
+        cfg.train.straggler = replace(cfg.train.straggler, slowdown=1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="asrdist.run.worker")
     p.add_argument("run_dir", type=Path)
@@ -36,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = env.rank
     try:
         cfg = config_from_tree(yaml.safe_load(run_config_path(args.run_dir).read_text()))
-        if env.quota_slowdown > 1:  # this straggler's host computes slower by its CPU quota: no sleep on top
-            cfg.train.straggler = replace(cfg.train.straggler, slowdown=1.0)
+        slowed_by_quota(cfg, env)
         resume = (args.resume and not _nothing_to_resume(args.run_dir, rank)) or _restarted(args.run_dir, env)
         check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
         _record_start(args.run_dir, cfg, rank, resumed=args.resume)
