@@ -63,3 +63,29 @@ def make_tone_corpus(out: Path, utterances_per_speaker: int = 12, speakers: int 
     for split, utts in by_split.items():
         write_data_dir(out / split, utts)
     return out
+
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "configs/default.yaml")
+TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
+        "optim.anneal_after_epoch=null", "train.log_every=1", "train.threads=1", "--epochs", "1", "--no-progress"]
+"""A one-learner run of RECIPE small enough for a test: a one-layer net of 16 units, one epoch."""
+
+
+def tone_corpus_with_features(out: Path) -> Path:
+    """A tiny tone corpus (2 training speakers x 6 utterances) with its features extracted."""
+    from asrdist.cli import main  # here: the corpus alone needs no command line
+
+    path = make_tone_corpus(out, utterances_per_speaker=6, speakers=4)
+    assert main(["features", str(path), "--jobs", "1"]) == 0
+    return path
+
+
+def tiny_run_with_checkpoints(corpus: Path, run: Path) -> Path:
+    """A finished TINY run on `corpus` with checkpoints at steps 2 and 4 (the latest at 4)."""
+    from asrdist.cli import main  # as above
+    from asrdist.train.checkpoint import latest_step_dir
+
+    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=2", "train.max_steps=4", "--data", str(corpus),
+                 "--out", str(run)]) == 0
+    assert latest_step_dir(run).name == "step-00000004"
+    return run

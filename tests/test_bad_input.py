@@ -29,12 +29,8 @@ from asrdist.io.kaldi_dir import read_alignments, write_alignments
 from asrdist.errors import DataError
 from asrdist.features.store import FeatureStore
 from asrdist.train import checkpoint as ckpt
-from tests.corpus_fixture import make_tone_corpus
+from tests.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPE = str(ROOT / "configs/default.yaml")
-TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
-        "optim.anneal_after_epoch=null", "train.log_every=1", "train.threads=1", "--epochs", "1", "--no-progress"]
 
 
 # ------------------------------------------------------------------ fixtures and helpers
@@ -42,19 +38,13 @@ TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """A tiny tone corpus with features: 2 training speakers x 6 utterances."""
-    path = make_tone_corpus(tmp_path_factory.mktemp("bad") / "corpus", utterances_per_speaker=6, speakers=4)
-    assert main(["features", str(path), "--jobs", "1"]) == 0
-    return path
+    return tone_corpus_with_features(tmp_path_factory.mktemp("bad") / "corpus")
 
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory) -> Path:
     """A finished one-learner run with checkpoints at steps 2 and 4 (latest: step 4)."""
-    run = tmp_path_factory.mktemp("trained") / "run"
-    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=2", "train.max_steps=4", "--data", str(corpus),
-                 "--out", str(run)]) == 0
-    assert ckpt.latest_step_dir(run).name == "step-00000004"
-    return run
+    return tiny_run_with_checkpoints(corpus, tmp_path_factory.mktemp("trained") / "run")
 
 
 def snapshot(path: Path) -> dict[str, tuple[int, int]]:

@@ -21,12 +21,8 @@ from asrdist.eval.decode import PhoneBigram
 from asrdist.io.torch_data import load_data
 from asrdist.run.prepare import load_targets
 from asrdist.train import checkpoint as ckpt
-from tests.corpus_fixture import make_tone_corpus
+from tests.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPE = str(ROOT / "configs/default.yaml")
-TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
-        "optim.anneal_after_epoch=null", "train.log_every=1", "train.threads=1", "--epochs", "1", "--no-progress"]
 REFUSED = "holds objects other than tensors and plain data"
 
 
@@ -42,18 +38,13 @@ class Payload:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = make_tone_corpus(tmp_path_factory.mktemp("data") / "corpus", utterances_per_speaker=6, speakers=4)
-    assert main(["features", str(path), "--jobs", "1"]) == 0
-    return path
+    return tone_corpus_with_features(tmp_path_factory.mktemp("data") / "corpus")
 
 
 @pytest.fixture(scope="module")
 def finished(corpus, tmp_path_factory) -> Path:
-    """A finished one-learner run with checkpoints at steps 2 and 4."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    assert main(["train", RECIPE, *TINY, "train.checkpoint_every=2", "train.max_steps=4", "--data", str(corpus),
-                 "--out", str(run)]) == 0
-    return run
+    """A finished one-learner run with checkpoints at steps 2 and 4 (latest: step 4)."""
+    return tiny_run_with_checkpoints(corpus, tmp_path_factory.mktemp("finished") / "run")
 
 
 def _copy(finished: Path, tmp: Path, unfinished: bool = False, learners: int = 1, name: str = "run") -> Path:
@@ -145,7 +136,6 @@ def test_a_learner_loading_a_checkpoint_refuses_it_too(finished, tmp_path, monke
 def test_compare_reusing_runs_never_runs_a_payload(finished, corpus, tmp_path, capsys, monkeypatch):
     """A finished run's model.pt and targets.pt are not read; an unfinished one's checkpoint is
     refused when compare resumes it (a failed row, the command non-zero)."""
-    from asrdist.compare import microbench
     from asrdist.compare.runs import resolve_all
 
     overrides = [*TINY[:-3], "train.epochs=1"]
