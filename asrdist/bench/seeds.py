@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -29,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from asrdist.bench.seed_claims import CLAIMS, NOT_BUILT, Claim, RunSpec, Setup, describe
-from asrdist.bench.straggler import cached_corpus
+from asrdist.bench.straggler import cached_corpus, run_train
 from asrdist.checks import cli_number
 from asrdist.cluster import cpushare, netem
 from asrdist.cluster.netem import parse_rate
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.errors import ConfigError
 from asrdist.io.atomic import write_json_atomic
 from asrdist.utils.throughput import job_frames_per_second
 
@@ -130,20 +128,11 @@ def run_claim(claim: Claim, setup: Setup, corpus: Path, out: Path, args) -> dict
 def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) -> dict[str, Any]:
     """One `asrdist train` job on dedicated emulated hosts; what the claim reads of it."""
     cpus = spec.cpus_per_host or setup.cpus_per_host
-    cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *args.overrides,
-           f"data.batch_size={setup.batch_size}", *spec.overrides, "--data", str(corpus),
-           "--learners", str(spec.learners), "--nodes", str(spec.nodes), "--network", spec.network,
-           "--cpus-per-host", repr(cpus), "--strategy", spec.strategy, "--epochs", str(setup.epochs),
-           "--out", str(run_dir), "--no-progress"]
-    load_before, t0 = os.getloadavg(), time.monotonic()
-    try:
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              timeout=args.deadline, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        raise TrainingError(f"bench seeds: {run_dir} did not finish within {args.deadline:g} s") from e
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise TrainingError(f"bench seeds: {run_dir.name} failed (exit code {done.returncode}): {last}")
+    load_before = os.getloadavg()
+    seconds = run_train([str(args.config), *args.overrides, f"data.batch_size={setup.batch_size}", *spec.overrides,
+                         "--data", str(corpus), "--learners", str(spec.learners), "--nodes", str(spec.nodes),
+                         "--network", spec.network, "--cpus-per-host", repr(cpus), "--strategy", spec.strategy,
+                         "--epochs", str(setup.epochs)], run_dir, args.deadline, "bench seeds")
     summary = json.loads((run_dir / "summary.json").read_text())
     learners = summary["comm"]["per_learner"]
     validations = [{"epoch": r["epoch"], "wall_seconds": r.get("wall_seconds"),
@@ -159,7 +148,7 @@ def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) ->
             "outside_hosts": summary.get("outside_hosts"),
             "per_learner": [{k: p.get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
                                                     "comm_seconds", "wait_seconds", "exchanges")} for p in learners],
-            "command_seconds": round(time.monotonic() - t0, 1),
+            "command_seconds": round(seconds, 1),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "predicted": None, "simulator_error": None}
 

@@ -187,19 +187,27 @@ def _train(args, corpus: Path, run_dir: Path, strategy: str, network: str, extra
     hosts = ["--nodes", "1"] if network == "loopback" else ["--nodes", str(args.learners), "--network", network]
     if getattr(args, "cpus_per_host", None) is not None:
         hosts += ["--cpus-per-host", str(args.cpus_per_host)]
-    cmd = [sys.executable, "-m", "asrdist.cli", "train", str(args.config), *args.overrides, *extra,
-           "--data", str(corpus), "--learners", str(args.learners), *hosts,
-           "--strategy", strategy, "--epochs", str(args.epochs), "--out", str(run_dir), "--no-progress"]
+    seconds = run_train([str(args.config), *args.overrides, *extra, "--data", str(corpus),
+                         "--learners", str(args.learners), *hosts, "--strategy", strategy,
+                         "--epochs", str(args.epochs)], run_dir, args.deadline, "bench straggler")
+    return read_run(run_dir) | {"strategy": strategy, "network": network, "extra": extra,
+                                "command_seconds": seconds}
+
+
+def run_train(argv: list[str], run_dir: Path, deadline: float, bench: str) -> float:
+    """`asrdist train *argv --out RUN_DIR --no-progress` in a process of its own, the way a user runs
+    it; its wall seconds. A failure, or a run past `deadline` seconds, is one line naming the run."""
+    cmd = [sys.executable, "-m", "asrdist.cli", "train", *argv, "--out", str(run_dir), "--no-progress"]
     t0 = time.monotonic()
     try:
-        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=args.deadline)
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=deadline,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        raise TrainingError(f"bench straggler: {run_dir.name} did not finish within {args.deadline:g} s") from e
+        raise TrainingError(f"{bench}: {run_dir.name} did not finish within {deadline:g} s") from e
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise TrainingError(f"bench straggler: {run_dir.name} failed (exit code {done.returncode}): {last}")
-    return read_run(run_dir) | {"strategy": strategy, "network": network, "extra": extra,
-                                "command_seconds": time.monotonic() - t0}
+        raise TrainingError(f"{bench}: {run_dir.name} failed (exit code {done.returncode}): {last}")
+    return time.monotonic() - t0
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:

@@ -15,18 +15,17 @@ held them back.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import functools
 import os
 import re
 import secrets
-import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from asrdist.cluster import reaper
+from asrdist.cluster.netem import die_with_parent
 from asrdist.errors import ConfigError, TrainingError
 
 PREFIX = "asrdist"
@@ -198,7 +197,7 @@ class HostCpuShares:
             for f in files:
                 with open(f, "w") as procs:
                     procs.write(pid)
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            die_with_parent()
         return join
 
     def group(self, node: int) -> Path:
@@ -236,8 +235,8 @@ class HostCpuShares:
         """Read every group's counters one last time, kill what is left in it, remove it."""
         if self._groups and self._final is None:
             try:
-                self._machine_final = self.outside()
                 self._final = [self.usage(i) for i in range(len(self._groups))]
+                self._machine_final = self.outside()  # over the counters just read
             except (OSError, ValueError):
                 self._final = None
         while self._groups:
