@@ -207,3 +207,14 @@ def test_a_straggler_slowed_by_its_quota_sleeps_no_stand_in():
     assert cfg.train.straggler.slowdown == 3.0  # a host at full speed: the config as it is
     slowed_by_quota(cfg, JobEnv(rank=1, world_size=2, local_rank=0, local_world_size=1, quota_slowdown=3.0))
     assert cfg.train.straggler.slowdown == 1.0 and cfg.train.straggler.ranks == [1]
+
+
+def test_compare_refuses_a_share_it_cannot_give_before_it_writes_anything(tmp_path, monkeypatch):
+    from asrdist.compare.runs import Hosts, resolve_all  # here: the other tests need no compare
+
+    monkeypatch.setattr(netem, "available", lambda: (True, ""))
+    monkeypatch.setattr(cpushare, "available", lambda: (True, ""))
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+    with pytest.raises(ConfigError, match=r"single: --cpus-per-host: 9 cores per host"):
+        resolve_all(recipe, ["single", "sync"], 2, tmp_path / "corpus", [], Hosts(2, "1gbit", 9.0))
+    assert not list(tmp_path.iterdir())

@@ -20,7 +20,7 @@ from asrdist.config import RunConfig, config_from_tree, read_config_tree
 from asrdist.errors import ConfigError, DataError, Stopped, TrainingError
 from asrdist.parallel import STRATEGIES
 from asrdist.run import launch
-from asrdist.run.launch import check_job, resolve_config
+from asrdist.run.launch import check_job, host_cpu_plan, resolve_config
 from asrdist.run.rundir import run_config_path
 from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.metrics import read_metrics
@@ -90,6 +90,7 @@ def resolve_all(config: Path, strategies: list[str], learners: int, data: Path |
         where = hosts.of(name)
         try:
             check_job(cfg, where.nodes, where.network, note=False)
+            host_cpu_plan(cfg, where.nodes, where.network, where.cpus_per_host)  # its quotas, as train checks them
         except ConfigError as e:
             raise ConfigError(f"{name}: {e}") from None
         configs[name] = cfg
