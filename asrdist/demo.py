@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from asrdist.compare.cli import compare
-from asrdist.compare.microbench import measure_and_save
+from asrdist.calibrate.microbench import measure_and_save
 from asrdist.compare.recipes import recipes_for
 from asrdist.compare.report import format_table, target_line
 from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
@@ -63,7 +63,7 @@ def demo_command(args) -> int:
     # the one-learner baseline: the comparison's `single` run
     single = resolve_all(args.config, ["single"], 1, corpus, overrides)
     run_dir = train_missing(args.config, single, out, corpus, overrides,  # timed alone just before it trains, as
-                            # the comparison times each of its runs (`compare.microbench`), which reuses this
+                            # the comparison times each of its runs (`calibrate.microbench`), which reuses this
                             before=lambda name: measure_and_save(out, name, single[name], 1, "loopback",
                                                                  "before it trained"))["single"]
     _, cfg, targets, _ = load_run_model(run_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.bench import simulator
-from asrdist.compare import microbench
+from asrdist.calibrate import microbench
 from asrdist.compare import runs as compare_runs
 from asrdist.sim import calibration
 from asrdist.sim.calibration import Microbenchmarks
@@ -208,7 +208,7 @@ def test_peers_computing_on_the_other_cores_slow_a_learners_step_by_the_co_run_f
 
 
 def test_the_co_run_figure_is_measured_with_siblings_computing():
-    from asrdist.compare.corun import corun_slowdown  # the measurement itself, on this machine
+    from asrdist.calibrate.corun import corun_slowdown  # the measurement itself, on this machine
 
     alone = corun_slowdown(1, repeats=1)
     assert alone["siblings"] == 0 and alone["slowdown"] > 0
@@ -225,7 +225,7 @@ def test_the_co_run_pins_the_timed_thread_and_each_sibling_to_a_core_of_its_own(
     whole measurement (a 2x reading on a 2-core machine whose cores do not slow each other)."""
     import subprocess
 
-    from asrdist.compare import corun
+    from asrdist.calibrate import corun
 
     pinned: dict = {}
     monkeypatch.setattr(corun.os, "sched_getaffinity", lambda pid: {4, 7})
@@ -245,7 +245,7 @@ def test_the_co_run_pins_the_timed_thread_and_each_sibling_to_a_core_of_its_own(
 def test_the_co_run_keeps_the_lower_of_two_spells_and_records_both():
     """A reading of about 2x in one spell (both cores at half speed for a second, the host's doing)
     is not what a run's tens of seconds see: the calibration reads twice, seconds apart."""
-    from asrdist.compare.corun import lower_spell
+    from asrdist.calibrate.corun import lower_spell
 
     slow = {"slowdown": 1.91, "ratios": [1.9, 1.92], "siblings": 1}
     usual = {"slowdown": 1.02, "ratios": [1.01, 1.03], "siblings": 1}

@@ -43,7 +43,7 @@ MICRO = Microbenchmarks(2, {"1x2": 1e-3, "2x1": 2.5e-3}, {"1x2": 0.05, "2x1": 0.
 def fake_calibration(monkeypatch):
     """The made-up runs have no corpus to time a learner on: every calibration is MICRO. Records
     what each asked for: (strategy, learners, nodes, network, when)."""
-    from asrdist.compare import microbench
+    from asrdist.calibrate import microbench
 
     asked = []
 
@@ -58,7 +58,7 @@ def fake_calibration(monkeypatch):
 
 def _predicted(run: Path, calibration=None) -> float:
     """The simulator's frames/s of a made-up run from MICRO, computed apart from the report."""
-    from asrdist.compare import microbench
+    from asrdist.calibrate import microbench
     from asrdist.compare.runs import run_config
 
     cfg = run_config(run)
@@ -174,7 +174,7 @@ def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_t
 
 def test_a_rebuilt_report_reuses_the_calibrations_and_a_failed_measurement_is_said(
         tmp_path, no_training, fake_calibration, monkeypatch):
-    from asrdist.compare import microbench
+    from asrdist.calibrate import microbench
     from asrdist.errors import DataError
 
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
@@ -358,7 +358,7 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     import asrdist.cluster.netem
 
     monkeypatch.setattr(asrdist.cluster.netem, "available", lambda: (True, ""))  # nothing is trained here
-    from asrdist.compare import microbench
+    from asrdist.calibrate import microbench
 
     predicted_on, predict = [], microbench.predict
 

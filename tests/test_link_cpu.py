@@ -1,12 +1,12 @@
 """The link microbenchmark's CPU per byte: the machine's busy CPU over back-to-back messages, less
-its busy rate in a pause as long (asrdist.sim.link), read from /proc/stat (asrdist.utils.machine)."""
+its busy rate in a pause as long (asrdist.calibrate.link), read from /proc/stat (asrdist.utils.machine)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from asrdist.sim.link import machine_cpu_seconds_per_byte, measure_link
+from asrdist.calibrate.link import machine_cpu_seconds_per_byte, measure_link
 from asrdist.utils.machine import machine_busy_seconds, machine_steal_ticks, steal_share
 
 

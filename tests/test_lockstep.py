@@ -1,4 +1,4 @@
-"""The shared cores' microbenchmarks (`asrdist.compare.lockstep`: the lock-step wait, a collective's cost
+"""The shared cores' microbenchmarks (`asrdist.calibrate.lockstep`: the lock-step wait, a collective's cost
 per message, ADPSGD's answer delay)
 and how the simulator's calibration carries them: learners launched as a run's are, nothing read
 from any run."""
@@ -11,7 +11,7 @@ import pytest
 
 from asrdist.errors import ConfigError
 from asrdist.sim.calibration import Microbenchmarks, calibrate
-from asrdist.compare.lockstep import COLLECTIVE_VALUES, measure_waits
+from asrdist.calibrate.lockstep import COLLECTIVE_VALUES, measure_waits
 
 MICRO = Microbenchmarks(2, {"1x2": 1e-4, "2x1": 2e-4}, {"1x2": 0.1, "2x1": 0.1}, 10_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
                         lockstep_wait_seconds=0.004)
@@ -155,7 +155,7 @@ def test_an_exchanges_figures_out_of_range_are_refused(field, bad):
 
 
 def test_the_answer_delay_is_over_the_links_own_exchange_the_simulators_wire():
-    from asrdist.compare.microbench import answer_delay
+    from asrdist.calibrate.microbench import answer_delay
 
     assert answer_delay({"exchange_training_seconds": 0.040}, {"exchange_seconds": 0.034}) == pytest.approx(0.006)
     assert answer_delay({"exchange_training_seconds": 0.030}, {"exchange_seconds": 0.034}) == 0.0  # never negative
@@ -163,7 +163,7 @@ def test_the_answer_delay_is_over_the_links_own_exchange_the_simulators_wire():
 
 
 def test_a_slow_recipe_step_gets_fewer_rounds_never_too_few():
-    from asrdist.compare.lockstep import MIN_ROUNDS, ROUNDS, rounds_for
+    from asrdist.calibrate.lockstep import MIN_ROUNDS, ROUNDS, rounds_for
 
     assert rounds_for(0.01) == ROUNDS  # the default DNN's step: every round
     assert rounds_for(0.5) == MIN_ROUNDS  # half a second a step: a few, not minutes of them

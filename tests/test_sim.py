@@ -428,7 +428,7 @@ def test_cpu_learners_code_onebit_on_the_cores_they_share_even_while_the_wire_is
 
 
 def test_a_step_waits_for_the_learner_the_scheduler_left_last_on_shared_cores():
-    """`lockstep_wait` (measured by `asrdist.compare.lockstep`): on shared CPU cores, the first lock-step
+    """`lockstep_wait` (measured by `asrdist.calibrate.lockstep`): on shared CPU cores, the first lock-step
     collective that needs every learner's whole step waits that much longer: a sync step (its
     last bucket, with or without overlap), a onebit step, an average (once per average); never
     an asynchronous exchange, and never on a cluster of devices (no shared cores)."""
@@ -454,7 +454,7 @@ def test_a_step_waits_for_the_learner_the_scheduler_left_last_on_shared_cores():
 
 
 def test_each_message_of_a_lock_step_collective_costs_its_wake_up_on_shared_cores():
-    """`collective_step_seconds` and `collective_step_cpu` (measured by `asrdist.compare.lockstep`): on
+    """`collective_step_seconds` and `collective_step_cpu` (measured by `asrdist.calibrate.lockstep`): on
     shared CPU cores each sequential message of a lock-step collective (a ring allreduce of 4:
     6) takes at least that long and that much more of the learner's CPU; an asynchronous exchange
     and a cluster of devices pay neither."""
@@ -488,7 +488,7 @@ def test_each_message_of_a_lock_step_collective_costs_its_wake_up_on_shared_core
 
 
 def test_an_adpsgd_exchange_waits_for_a_passive_that_trains_and_nothing_else_does():
-    """`answer_delay` (measured by `asrdist.compare.lockstep`): each ADPSGD exchange takes that much
+    """`answer_delay` (measured by `asrdist.calibrate.lockstep`): each ADPSGD exchange takes that much
     longer before the passive's reply goes out. The active stalls on it (its step grows by the
     delay; the passive's does not); delay-by-one hides it behind the next step's compute when the
     exchange is shorter; a lock-step strategy never pays it."""
@@ -511,7 +511,7 @@ def test_an_adpsgd_exchange_waits_for_a_passive_that_trains_and_nothing_else_doe
 
 
 def test_a_learner_of_a_job_wide_pool_pays_its_claim_on_the_store_every_minibatch():
-    """`claim_seconds` (measured by `asrdist.compare.lockstep`): adpsgd's learners claim each minibatch
+    """`claim_seconds` (measured by `asrdist.calibrate.lockstep`): adpsgd's learners claim each minibatch
     from the job's pool on the store before computing it, each step that much longer; a lock-step
     strategy's learners take theirs without the store."""
     claim = 0.002
@@ -525,7 +525,7 @@ def test_a_learner_of_a_job_wide_pool_pays_its_claim_on_the_store_every_minibatc
 
 
 def test_each_side_of_an_adpsgd_exchange_pays_its_cpu_beyond_the_bytes_on_shared_cores():
-    """`exchange_cpu` (measured by `asrdist.compare.lockstep`): CPU learners spend it on each side of every
+    """`exchange_cpu` (measured by `asrdist.calibrate.lockstep`): CPU learners spend it on each side of every
     ADPSGD exchange, on the cores they share; with the cores idle it hides under the wire, with every
     core computing it slows the job; learners with their own devices and lock-step strategies never
     pay it."""

@@ -1,4 +1,4 @@
-"""`asrdist.compare.stepcost`: a timed step is what the learner's loop does per minibatch, drawing
+"""`asrdist.calibrate.stepcost`: a timed step is what the learner's loop does per minibatch, drawing
 the minibatch from the sampler included (a real learner assembles it in its loop, not elsewhere)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from asrdist.compare.stepcost import StepTimer
+from asrdist.calibrate.stepcost import StepTimer
 from asrdist.errors import DataError
 
 FETCH_SECONDS = 0.004

@@ -62,7 +62,7 @@ def test_a_stop_while_tensorboard_starts_stops_the_run(tmp_path, monkeypatch):
 def test_a_stop_while_a_comparison_calibrates_a_run_stops_the_comparison(tmp_path, monkeypatch):
     """`compare` carries on without a prediction when a run's calibration fails, but not when the
     user stopped it."""
-    from asrdist.compare import microbench
+    from asrdist.calibrate import microbench
 
     monkeypatch.setattr(microbench, "calibrate_run", _stop)
     with pytest.raises(Stopped):

@@ -5,7 +5,7 @@ Trains the recipe once per strategy into DIR/<strategy> (through `asrdist train`
 with its own optimizer recipe, `compare.recipes`, unless --same-recipe), skipping runs already
 finished with the same config, then writes DIR/summary.json and DIR/report.html, led by the wall
 time each strategy took to reach the target error rate (`compare.target`). Just before each run
-trains, one learner of its config is timed alone (`compare.microbench`, kept in
+trains, one learner of its config is timed alone (`calibrate.microbench`, kept in
 DIR/calibration/<strategy>.json); the simulator's prediction beside the run comes from that alone.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     calibrations: dict = {}
     try:  # the simulator is optional: without it the page says so
         import_module("asrdist.sim")  # what microbench calibrates for, checked first
-        from asrdist.compare import microbench
+        from asrdist.calibrate import microbench
     except ImportError as exc:
         microbench, calibrations = None, dict.fromkeys(names, f"simulator not available ({exc})")
 

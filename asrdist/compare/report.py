@@ -58,7 +58,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     prediction beside the measured frames/s, the summary table, and where the runs of several
     learners trained (`nodes`, `network`: from their summaries; `mixed` if they differ). Runs in
     `failed` (strategy -> reason; `learners` gives their learner count) get a row saying why.
-    `calibrations`: strategy -> its run's `RunCalibration` (`compare.microbench`: microbenchmarks of
+    `calibrations`: strategy -> its run's `RunCalibration` (`calibrate.microbench`: microbenchmarks of
     one learner of its config, timed just before it trained), or why there is none; each run is
     predicted from its own alone. `target`: the error rate each run's time is measured to (None:
     within 5% of the best final figure)."""
@@ -100,7 +100,7 @@ def _predict(record: dict, run_dir: Path, calibration) -> tuple[float | None, st
     if isinstance(calibration, str):
         return None, calibration, calibration
     try:
-        from asrdist.compare.microbench import predict  # optional: the report says when the simulator is missing
+        from asrdist.calibrate.microbench import predict  # optional: the report says when the simulator is missing
 
         prediction, inputs = predict(calibration, run_config(run_dir), record["strategy"], record["nodes"] or 1,
                                      record["network"] or "loopback")

@@ -57,33 +57,33 @@ class Microbenchmarks:
     quantizer's and dequantizer's costs (`calibrate`)."""
     corun_slowdown: float = 1.0
     """One thread's arithmetic with every core computing over the same alone
-    (`asrdist.compare.corun`): a run's learners compute on the cores its lone step left idle."""
+    (`asrdist.calibrate.corun`): a run's learners compute on the cores its lone step left idle."""
     lockstep_wait_seconds: float = 0.0
     """How long a one-value allreduce after a step's compute waits, beyond its wait back to back,
-    among the run's learners on this machine's cores (`asrdist.compare.lockstep`); 0 = not measured."""
+    among the run's learners on this machine's cores (`asrdist.calibrate.lockstep`); 0 = not measured."""
     claim_seconds: float = 0.0
     """What a learner of a job-wide pool (adpsgd) spends on the job's store per minibatch, its claim
     and its progress, among the run's learners on this machine's cores while ADPSGD exchanges of the
-    model load the links (`asrdist.compare.lockstep`); 0 = not measured."""
+    model load the links (`asrdist.calibrate.lockstep`); 0 = not measured."""
     answer_delay_seconds: float = 0.0
     """How much longer an ADPSGD exchange of the model's values takes among the run's learners on
     this machine's cores after the active's step with the passive training than the link's own
-    pairwise exchange of them, the simulator's wire (`asrdist.compare.microbench.answer_delay`); 0 =
+    pairwise exchange of them, the simulator's wire (`asrdist.calibrate.microbench.answer_delay`); 0 =
     not measured."""
     collective_seconds: float = 0.0
     """Mean seconds of an allreduce of `collective_values` values back to back among the run's
-    learners on this machine's cores (`asrdist.compare.lockstep`); 0 = not measured."""
+    learners on this machine's cores (`asrdist.calibrate.lockstep`); 0 = not measured."""
     collective_cpu_seconds: float = 0.0
     """A learner's CPU seconds (all its threads) in that allreduce."""
     collective_values: int = 0
     exchanging_step_slowdown: float = 0.0
     """A learner's training step's CPU per frame among the run's learners on this machine's cores
     while ADPSGD exchanges of the model run (their traffic's wake-ups preempt the step and its caches
-    are refilled) over the same step's alone (`asrdist.compare.lockstep`, the recipe's step); 0 = not
+    are refilled) over the same step's alone (`asrdist.calibrate.lockstep`, the recipe's step); 0 = not
     measured."""
     exchange_cpu_seconds: float = 0.0
     """CPU seconds, all threads, of one side of an ADPSGD exchange of `exchange_values` values among
-    those training learners, the two sides' mean (`asrdist.compare.lockstep`); 0 = not measured."""
+    those training learners, the two sides' mean (`asrdist.calibrate.lockstep`); 0 = not measured."""
     exchange_values: int = 0
 
     def __post_init__(self):

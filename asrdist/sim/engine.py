@@ -94,11 +94,11 @@ class SimSpec:
     """CPU learners (`Cluster.shared_cores`): seconds the first lock-step collective after a step's
     whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
     lets learners that start a step together finish its compute together; the scheduler's time
-    slices stagger them (measured: `asrdist.compare.lockstep`)."""
+    slices stagger them (measured: `asrdist.calibrate.lockstep`)."""
     claim_seconds: float = 0.0
     """Seconds a learner that claims minibatches from a job-wide pool (adpsgd, hierarchical,
     hybrid's asynchronous phase) spends on the job's store per minibatch before its compute: the
-    claim and the progress it records (measured on CPU learners: `asrdist.compare.lockstep`; 0: not
+    claim and the progress it records (measured on CPU learners: `asrdist.calibrate.lockstep`; 0: not
     modelled)."""
     collective_step_seconds: float = 0.0
     """CPU learners (`Cluster.shared_cores`): the least seconds each sequential message of a
@@ -106,7 +106,7 @@ class SimSpec:
     learners than cores the receiver of a message is often not running: it must be woken and get a
     core before the next message can go. The wake-ups overlap the bytes on the wire, so a
     collective takes the longer of the link's time and its messages' (measured among the run's
-    learners: `asrdist.compare.lockstep`; 0: not modelled)."""
+    learners: `asrdist.calibrate.lockstep`; 0: not modelled)."""
     collective_step_cpu: float = 0.0
     """CPU learners: CPU seconds a learner spends per sequential message of a lock-step collective
     beyond its bytes' (`network_cost`): gloo's and the kernel's wake-ups and bookkeeping (measured
@@ -116,12 +116,12 @@ class SimSpec:
     header's turn, the copies and halfway step on buffers the network just wrote) and, its passive
     training while it answers, the answering thread's and gloo's wait for a core, the interpreter
     and the update's lock before the reply goes out (measured on CPU learners:
-    `asrdist.compare.lockstep`; 0: not modelled)."""
+    `asrdist.calibrate.lockstep`; 0: not modelled)."""
     exchange_cpu: float = 0.0
     """CPU learners: CPU seconds each side of an ADPSGD exchange spends beyond its bytes'
     (`network_cost`) and the halfway step's copies (`copy_cost`): the copies and arithmetic on
     buffers the network just wrote, gloo's and the answering thread's wake-ups (measured among
-    training learners: `asrdist.compare.lockstep`; 0: not modelled)."""
+    training learners: `asrdist.calibrate.lockstep`; 0: not modelled)."""
     backward_share: float = 2 / 3
     slowdown: dict[int, float] = field(default_factory=dict)
     """Straggler ranks and their slowdown (compute x slowdown)."""

@@ -1,5 +1,5 @@
 """One learner's training step per frame, timed alone on this machine: the compute that the
-simulator is calibrated on (`asrdist.compare.microbench`).
+simulator is calibrated on (`asrdist.calibrate.microbench`).
 
 A learner of a run of n learners takes steps of batch_size / n frames on cores / n threads, and on
 a small machine such a step costs more per frame than the lone learner's: the optimizer's update of

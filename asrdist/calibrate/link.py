@@ -125,7 +125,7 @@ def measure_link(network: str, values: int, repeats: int, timeout: float) -> dic
     network work outside the two processes counts too), or where the machine's cannot be read, the
     two processes' (`process_cpu_seconds_per_byte`, their rusage: gloo's threads and the kernel
     work done on their behalf). `cpu_source` says which. Medians of `repeats`."""
-    sender, receiver = run_learners("asrdist.sim.link", "link_timing", 2, network=network,
+    sender, receiver = run_learners("asrdist.calibrate.link", "link_timing", 2, network=network,
                                     args={"floats": values, "repeats": repeats}, timeout=timeout)
     size = 4 * values
     one_way = statistics.median(receiver["one_way"]["seconds"])

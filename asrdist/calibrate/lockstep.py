@@ -42,7 +42,7 @@ step on the shared cores (in a 4-learner adpsgd run over 1 Gbit each passive's m
 switched out about 1,060 times a second, each gloo thread woken 750 times), whose caches then
 refill. The recipe's own step (the default DNN, 64 frames, 1 thread) took 1.32 times its CPU alone
 among 4 exchanging learners on the 2 cores and 1.13 times among 4 learners stepping with nothing in
-flight, where matrix products (`asrdist.compare.corun`'s stand-in) showed no such growth
+flight, where matrix products (`asrdist.calibrate.corun`'s stand-in) showed no such growth
 (2026-11-29). Each side of an exchange itself took 6.7-6.8 ms of CPU there, all threads, against the
 4 ms the link's CPU per byte and the average's copies account for: the copies and arithmetic run
 on buffers the network just wrote, and the answering thread is woken too.
@@ -50,7 +50,7 @@ on buffers the network just wrote, and the answering thread is woken too.
 `lockstep_timing` (a learner function, launched as a run's learners are, `run_learners`) has
 every learner repeat a step followed by a one-value allreduce, and, apart, the allreduce back to
 back; the step is the recipe's own training step (a lone learner's at the run's share of the
-minibatch and threads, `asrdist.compare.stepcost.StepTimer`), or without a recipe a stand-in of
+minibatch and threads, `asrdist.calibrate.stepcost.StepTimer`), or without a recipe a stand-in of
 matrix products that take `work_seconds` alone. First rank 0 steps alone while the others wait
 (the steps' CPU alone). Then every learner repeats the step followed by what a learner of a
 job-wide pool (adpsgd's) does on the job's c10d store for each minibatch: its claim (an add) and
@@ -64,10 +64,10 @@ the lock the answer copies under), every learner claiming a minibatch on the sto
 step as its run does. `measure_waits` returns the mean lock-step wait less the back-to-back wait,
 the mean claim (among the exchanges where there are any), the mean exchange among training
 learners and back to back (the simulator's calibration charges the first over the link's own
-exchange, `asrdist.compare.microbench.answer_delay`), each side's CPU per exchange, and the
+exchange, `asrdist.calibrate.microbench.answer_delay`), each side's CPU per exchange, and the
 steps' CPU per frame alone, together and among the exchanges. It reads no run: the learner count,
 threads, network, model size and recipe are the run's settings; the stand-in's work comes from
-the step microbenchmark (`asrdist.compare.stepcost`)."""
+the step microbenchmark (`asrdist.calibrate.stepcost`)."""
 from __future__ import annotations
 
 import statistics
@@ -81,9 +81,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from asrdist.calibrate.stepcost import StepTimer
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
-from asrdist.compare.stepcost import StepTimer
 from asrdist.config import config_from_tree
 from asrdist.parallel import topology
 from asrdist.run.prepare import build_targets
@@ -336,7 +336,7 @@ def measure_waits(network: str, learners: int, threads: int, work_seconds: float
       (`active_cpu_seconds`, `passive_cpu_seconds`).
     Each phase times `rounds` rounds (default `rounds_for(work_seconds)`)."""
     rounds = rounds or rounds_for(work_seconds)
-    results = run_learners("asrdist.compare.lockstep", "lockstep_timing", learners, network=network,
+    results = run_learners("asrdist.calibrate.lockstep", "lockstep_timing", learners, network=network,
                            args={"threads": threads, "work_seconds": work_seconds, "rounds": rounds,
                                  "values": values, "recipe": recipe}, timeout=timeout)
     after = statistics.fmean(s for r in results for s in r["after_compute"])

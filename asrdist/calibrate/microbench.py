@@ -6,13 +6,13 @@ training step per frame through `Trainer.train_step` at the run's share of the g
 and threads, with the run's own recipe (strategy `single`, so no exchange is in it), an epoch's
 end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
 alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
-slows when every core computes (`asrdist.compare.corun`: in two spells, the lower kept), and, for a run of several learners, the
+slows when every core computes (`asrdist.calibrate.corun`: in two spells, the lower kept), and, for a run of several learners, the
 link between two learners on the run's network carrying the model (`measure_link`), how long a
 lock-step collective waits for the last of the run's learners on this machine's shared cores, what
 a learner of a job-wide pool spends on the job's store per minibatch, what an allreduce among the
 run's learners costs per message beyond the link, and how much longer an
 ADPSGD exchange takes after the active's step with the passive training than the link's own
-pairwise exchange (`asrdist.compare.lockstep`, `answer_delay`).
+pairwise exchange (`asrdist.calibrate.lockstep`, `answer_delay`).
 `asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
 trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
 predicts another machine.
@@ -32,9 +32,11 @@ from typing import Any
 
 import torch
 
-from asrdist.compare.corun import corun_slowdown, lower_spell
+from asrdist.calibrate.corun import corun_slowdown, lower_spell
+from asrdist.calibrate.link import measure_link
+from asrdist.calibrate.lockstep import measure_waits
+from asrdist.calibrate.stepcost import config_step_seconds_per_frame
 from asrdist.cluster.netem import network_label
-from asrdist.compare.stepcost import config_step_seconds_per_frame
 from asrdist.errors import AsrdistError, DataError, Stopped
 from asrdist.io.atomic import write_json_atomic
 from asrdist.parallel.base import LearnerContext
@@ -44,8 +46,6 @@ from asrdist.run.prepare import build_targets
 from asrdist.run.task import SpeechTask, model_kind
 from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
 from asrdist.sim.cluster import LINKS, parameter_count
-from asrdist.sim.link import measure_link
-from asrdist.compare.lockstep import measure_waits
 from asrdist.sim.scenario import config_shapes
 from asrdist.utils.machine import median_seconds
 

@@ -1,6 +1,6 @@
 """How much one learner's arithmetic slows down when every core of the machine computes at once.
 
-A learner's step is timed alone (`asrdist.compare.stepcost`): one learner on its share of the
+A learner's step is timed alone (`asrdist.calibrate.stepcost`): one learner on its share of the
 threads while the machine's other cores idle. In a run, its peers compute on those other cores at
 the same time, and cores that share caches, memory bandwidth or a physical core (vCPUs of a virtual
 machine may be hyperthreads of one core) slow each other down. This measures that on a stand-in
