@@ -5,24 +5,10 @@ once, then every run again), because this machine's speed is not steady: identic
 apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. Each repeat, in order:
 
 1. Calibration, just before its run trains, in this process: microbenchmarks of one learner of
-   that run's config alone (`asrdist.calibrate.microbench.measure_microbenchmarks`): its training step per frame through
-   `Trainer.train_step` on the corpus at the run's share of the global minibatch and threads,
-   with the run's own recipe (compare's per-strategy recipes: NG-SGD for averaging and AdaGrad
-   for onebit cost their own step; strategy `single`, so no exchange is in it), an epoch's end
-   (validation and checkpoint), onebit's quantizer and dequantizer and its whole exchange on one
-   learner alone (which scales the two: residuals, copies, packing), how much one thread's
-   arithmetic slows when every core computes (`asrdist.calibrate.corun`), a parameter average and
-   sync's gradient mean per value, and the link between two learners on the emulated network
-   carrying the model (`measure_link`: its rate one way, the share of it each direction keeps in
-   a pairwise exchange, the learners' CPU per byte, half a one-value message's round trip for its
-   latency), and, among the run's learners on the shared cores each stepping the recipe's own
-   step (`asrdist.calibrate.lockstep`), how long a lock-step collective waits for the last of them (a
-   one-value allreduce after the step, less back to back), what an allreduce among them
-   costs per message beyond the link (one of 16,384 values back to back), and, among ADPSGD exchanges
-   of the model between them, how much longer an exchange takes than the link's, each side's CPU
-   for it, what a learner of a job-wide pool spends on the job's store per minibatch (a claim and a
-   progress record) and the steps' CPU per frame over alone.
-   `asrdist.sim.calibration.calibrate` turns these, and nothing else, into the simulator's inputs.
+   that run's config alone, of the link between two learners on `--network` and of the run's
+   learners on the shared cores (`asrdist.calibrate.microbench.measure_microbenchmarks`; what each
+   figure is: docs/calibration.md). `asrdist.sim.calibration.calibrate` turns these, and nothing
+   else, into the simulator's inputs.
 2. Prediction: the run from its resolved config and those inputs.
 3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
    per emulated host on `--network`, a lone learner on loopback), its frames/s from its

@@ -1,28 +1,7 @@
-"""How much one learner's arithmetic slows down when every core of the machine computes at once.
-
-A learner's step is timed alone (`asrdist.calibrate.stepcost`): one learner on its share of the
-threads while the machine's other cores idle. In a run, its peers compute on those other cores at
-the same time, and cores that share caches, memory bandwidth or a physical core (vCPUs of a virtual
-machine may be hyperthreads of one core) slow each other down. This measures that on a stand-in
-for the step's arithmetic, a float32 matrix product of a hidden layer's size on one thread: timed
-alone, then while `cores - 1` sibling processes run the same product, each on one thread, in
-adjacent pairs. The ratio (`slowdown`) is a property of the machine, measured before any run trains.
-
-The timed thread and each sibling are pinned to a core of their own (sched_setaffinity), as a run's
-learners spread over the cores: what is measured is cores computing side by side. Unpinned, the
-scheduler sometimes kept the timed thread and its sibling on one core for a whole measurement, and
-the figure read 1.8-2.2 instead of about 1.0: in 4 of the 56 calibrations with siblings of
-2026-11-28's benches and comparisons (each then predicted its run up to 2x slow), and in 2 of 40
-readings in a row. 25 pinned readings in a row gave 0.98-1.08.
-
-Pinned readings still read 1.68-1.91 in 4 of the 29 calibrations of 2026-11-29's benches and
-comparison (every pair of the five, or the last three, about 2x: both cores running at half speed
-for a second or more, as when the host runs the machine's two vCPUs on one physical core), while
-the runs they predicted trained at the machine's usual speed, so each such prediction came out
-40-45% slow; an unpinned busy loop beside the measurement did not move it (1.02). A calibration
-therefore reads the co-run in two spells some seconds apart and keeps the lower (`lower_spell`): a
-slow spell shorter than that is not one a run's tens of seconds of training see throughout.
-"""
+"""How much one learner's arithmetic slows down when every core of the machine computes at once: a
+matrix product on one pinned thread, timed alone and beside pinned siblings (`corun_slowdown`), read
+in two spells and the lower kept (`lower_spell`). Why pinned, why two spells:
+docs/calibration.md#every-core-computing-calibratecorun."""
 from __future__ import annotations
 
 import os

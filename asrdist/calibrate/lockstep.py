@@ -1,73 +1,7 @@
-"""How long a run's learners wait for each other when they share this machine's cores, measured:
-the waits the simulator's processor sharing leaves out.
-
-**A lock-step collective waits for its last learner.** The simulator shares a machine's cores out
-evenly and continuously (`SharedCores`): learners that start a step together finish its compute
-together. Linux's scheduler shares them in time slices of milliseconds instead, so with more
-runnable learners than cores they finish a step's compute at staggered times, and the first
-collective after it (sync's first bucket, onebit's exchange, an average) waits for the last of them
-to arrive and be running again. On the 2 cores of this machine a one-value allreduce after 13 ms
-of one-thread compute waited about 6 ms with 4 learners and 1-2 ms with 2 (2026-11-28), against
-0.2-0.6 ms back to back.
-
-**A learner of a job-wide pool pays the job's store each minibatch.** ADPSGD's learners claim
-their minibatches from one pool kept in the launcher's c10d store and record their progress there:
-two round trips per minibatch. With the run's learners computing on the shared cores they took
-about 2 ms (4 learners, 2026-11-28), a tenth of a passive's step; a lone learner's step (the step
-microbenchmark) has none. The store lives on host 0, so on the emulated cluster a claim crosses
-the links the exchanges load, and its small messages queue behind the model's in the links' queues:
-in a 2-learner adpsgd run over 1 Gbit the passive's claims took 1.35 ms each (py-spy), where the
-same claims with no exchange in flight took 0.19 ms (2026-11-29). So the claims timed are the
-ones made among the exchanges.
-
-**An ADPSGD exchange among training learners takes longer than back to back.** A passive answers
-from a thread of the process whose main thread trains: on shared cores that thread, and gloo's,
-must first get a core and the interpreter, and the parameter copy waits for the update's lock;
-the active's own threads have just left a step. On this machine an exchange of the default
-model's 1.04 M values took 11-13 ms with 2 learners training against 5-7 ms back to back, and
-18-21 ms against 10-12 ms with 4 (2026-11-28), as the runs' actives waited (12-14 and 19-22 ms).
-
-**A collective's messages wait for their receivers to be woken.** A ring allreduce among more
-learners than cores passes 2(n-1) messages in turn, and the receiver of each is often not running:
-it must be woken and get a core first. On this machine an allreduce of 16,384 values among 4
-learners on the 2 cores took 6.3 ms and 2.3 ms of each learner's CPU back to back, against about 1 ms
-for the link's 6 latencies; of 1,024 values, 5.6 ms and 2.1 ms; of one value (gloo's short path)
-0.95 ms and 0.3 ms; of the default model's 1.03 M values in one piece 8.4 ms and 3.6 ms, in 8 pieces
-38 ms and 16 ms (2026-11-29). A sync run of that model (2 buckets) spent 7.2 ms of each learner's CPU
-per step in gloo's threads, where the simulator charged 3.5 ms for the bytes alone.
-
-**A step computed among ADPSGD exchanges costs more CPU than alone.** The exchanges' bytes arrive
-in a trickle at the link's rate, and each wake-up of a gloo thread to read them preempts a learner's
-step on the shared cores (in a 4-learner adpsgd run over 1 Gbit each passive's main thread was
-switched out about 1,060 times a second, each gloo thread woken 750 times), whose caches then
-refill. The recipe's own step (the default DNN, 64 frames, 1 thread) took 1.32 times its CPU alone
-among 4 exchanging learners on the 2 cores and 1.13 times among 4 learners stepping with nothing in
-flight, where matrix products (`asrdist.calibrate.corun`'s stand-in) showed no such growth
-(2026-11-29). Each side of an exchange itself took 6.7-6.8 ms of CPU there, all threads, against the
-4 ms the link's CPU per byte and the average's copies account for: the copies and arithmetic run
-on buffers the network just wrote, and the answering thread is woken too.
-
-`lockstep_timing` (a learner function, launched as a run's learners are, `run_learners`) has
-every learner repeat a step followed by a one-value allreduce, and, apart, the allreduce back to
-back; the step is the recipe's own training step (a lone learner's at the run's share of the
-minibatch and threads, `asrdist.calibrate.stepcost.StepTimer`), or without a recipe a stand-in of
-matrix products that take `work_seconds` alone. First rank 0 steps alone while the others wait
-(the steps' CPU alone). Then every learner repeats the step followed by what a learner of a
-job-wide pool (adpsgd's) does on the job's c10d store for each minibatch: its claim (an add) and
-its progress (a set), the round trips to the store's server on host 0 whose threads share the busy
-cores, and an allreduce of `COLLECTIVE_VALUES` values back to back (its wall and CPU seconds).
-Then, given the model's values, ADPSGD's pairs (`topology`: each active with its first partner)
-exchange them as the strategy does (a header and the active's values, the passive's reply from
-its answering thread, each moving halfway): back to back with the passives idle, then after each
-of the active's steps with the passives training (the step in a loop, then a stand-in update under
-the lock the answer copies under), every learner claiming a minibatch on the store before each
-step as its run does. `measure_waits` returns the mean lock-step wait less the back-to-back wait,
-the mean claim (among the exchanges where there are any), the mean exchange among training
-learners and back to back (the simulator's calibration charges the first over the link's own
-exchange, `asrdist.calibrate.microbench.answer_delay`), each side's CPU per exchange, and the
-steps' CPU per frame alone, together and among the exchanges. It reads no run: the learner count,
-threads, network, model size and recipe are the run's settings; the stand-in's work comes from
-the step microbenchmark (`asrdist.calibrate.stepcost`)."""
+"""How long a run's learners wait for each other when they share this machine's cores: the lock-step
+wait, the job's store claims, a collective's cost per message and an ADPSGD exchange among training
+learners, measured by launching the run's learners (`lockstep_timing`, `measure_waits`). Why each
+is there and how it is measured: docs/calibration.md#the-runs-learners-on-shared-cores-calibratelockstep."""
 from __future__ import annotations
 
 import statistics

@@ -1,25 +1,8 @@
 """Microbenchmarks of one learner of a run's config on this machine: what the simulator is
 calibrated on (`asrdist.sim.calibration.Microbenchmarks`), never a timing of the run it predicts.
-
-`measure_microbenchmarks` times, in this process, one learner of the resolved config alone: its
-training step per frame through `Trainer.train_step` at the run's share of the global minibatch
-and threads, with the run's own recipe (strategy `single`, so no exchange is in it), an epoch's
-end (validation and checkpoint), onebit's quantizer, dequantizer and whole exchange on one learner
-alone, a parameter average and sync's gradient mean per value, how much one thread's arithmetic
-slows when every core computes (`asrdist.calibrate.corun`: in two spells, the lower kept), and, for a run of several learners, the
-link between two learners on the run's network carrying the model (`measure_link`), how long a
-lock-step collective waits for the last of the run's learners on this machine's shared cores, what
-a learner of a job-wide pool spends on the job's store per minibatch, what an allreduce among the
-run's learners costs per message beyond the link, and how much longer an
-ADPSGD exchange takes after the active's step with the passive training than the link's own
-pairwise exchange (`asrdist.calibrate.lockstep`, `answer_delay`).
-`asrdist bench simulator` and `asrdist compare` both time a run's microbenchmarks just before it
-trains: this machine's speed moves in spells of minutes, and a calibration read in another spell
-predicts another machine.
-
-`RunCalibration` is one such measurement, kept as JSON (`save`, `load`) so that a rebuilt report
-predicts what the first one did.
-"""
+`measure_microbenchmarks` times them just before the run trains; `RunCalibration` keeps one such
+measurement as JSON so that a rebuilt report predicts what the first one did. What each figure is:
+docs/calibration.md#one-runs-microbenchmarks-calibratemicrobench."""
 from __future__ import annotations
 
 import dataclasses
@@ -118,8 +101,8 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
                             timeout: float = LINK_TIMEOUT):
     """`Microbenchmarks` of one learner of the resolved config `cfg` of strategy `name` on
     `learners` learners (its corpus' features in place) on this machine, the link measured on
-    `network` ("loopback": this machine's), and the details behind them: see the module
-    docstring. Reads no run."""
+    `network` ("loopback": this machine's), and the details behind them (docs/calibration.md).
+    Reads no run."""
     cores = len(os.sched_getaffinity(0))
     threads = threads_of(cores, learners)
     key = f"{learners}x{threads}"

@@ -1,15 +1,7 @@
-"""One learner's training step per frame, timed alone on this machine: the compute that the
-simulator is calibrated on (`asrdist.calibrate.microbench`).
-
-A learner of a run of n learners takes steps of batch_size / n frames on cores / n threads, and on
-a small machine such a step costs more per frame than the lone learner's: the optimizer's update of
-every parameter and the per-layer overheads do not shrink with the minibatch, and one thread does
-not run at half the speed of two (on the default DNN, 64 frames on 1 thread cost about 2.7 times as
-much per frame as 256 on 2). `config_step_seconds_per_frame` times such steps, alone, through the
-trainer's own `Trainer.train_step` on the run's recipe and corpus (a learner from `build_learner`,
-strategy single), the minibatch drawn from the sampler as the learner's loop draws it, so that the
-simulator is fed each run's own compute and not a linear guess.
-"""
+"""One learner's training step per frame, timed alone on this machine through `Trainer.train_step`
+on the run's recipe, at the run's share of the minibatch and threads: the compute the simulator is
+calibrated on (`asrdist.calibrate.microbench`). Why not a linear guess:
+docs/calibration.md#a-learners-step-alone-calibratestepcost."""
 from __future__ import annotations
 
 import statistics

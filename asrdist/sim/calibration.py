@@ -2,7 +2,7 @@
 learner only, never from the runs it predicts.
 
 `Microbenchmarks` holds what one learner measures alone, in one process, before any run of a
-validation trains (`asrdist.bench.simulator.measure_microbenchmarks`): its training step per frame
+validation trains (`asrdist.calibrate.microbench.measure_microbenchmarks`): its training step per frame
 at each learner count's share of the minibatch and threads, an epoch's end (validation and
 checkpoint), 1-bit coding, parameter averaging and sync's gradient mean per value, and the link
 between two learners on the emulated network. `calibrate` turns them into one run's simulator
