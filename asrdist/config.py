@@ -23,6 +23,7 @@ from asrdist.models.registry import ModelConfig
 from asrdist.optim.batch_search import check_search_sizes
 from asrdist.optim.build import OptimConfig
 from asrdist.parallel import STRATEGIES, strategy_config_class
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 from asrdist.parallel.groups import check_group_size
 
 
@@ -122,7 +123,7 @@ class TrainConfig:
     interval is fixed in steps from the time of the first steps of each start), so that a run killed
     in a long first epoch can be resumed; 0 = only at epoch ends (and `checkpoint_every`)."""
     validate_every_epochs: int = 1
-    timeout_seconds: float = 180.0
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     """Timeout of every collective and of the whole launch's rendezvous."""
     threads: int = 0
     """Torch threads per learner (0 = cores / local learners)."""
