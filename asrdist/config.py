@@ -20,9 +20,11 @@ from asrdist.checks import MAX_SLOWDOWN, check_field
 from asrdist.errors import ConfigError
 from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
-from asrdist.optim.batch_search import MULTIPLE
+from asrdist.optim.batch_search import check_search_sizes
 from asrdist.optim.build import OptimConfig
 from asrdist.parallel import STRATEGIES, strategy_config_class
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
+from asrdist.parallel.groups import check_group_size
 
 
 @dataclass
@@ -121,7 +123,7 @@ class TrainConfig:
     interval is fixed in steps from the time of the first steps of each start), so that a run killed
     in a long first epoch can be resumed; 0 = only at epoch ends (and `checkpoint_every`)."""
     validate_every_epochs: int = 1
-    timeout_seconds: float = 180.0
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     """Timeout of every collective and of the whole launch's rendezvous."""
     threads: int = 0
     """Torch threads per learner (0 = cores / local learners)."""
@@ -238,13 +240,10 @@ class RunConfig:
         if self.data.batch_size % learners:
             raise ConfigError(f"data.batch_size: must be a multiple of train.learners = {learners} "
                               f"(each learner takes an equal share), got {self.data.batch_size}")
-        if self.train.group_size and learners % self.train.group_size:
-            raise ConfigError(f"train.group_size: {self.train.group_size} does not divide train.learners = "
-                              f"{learners} into equal groups")
+        if self.train.group_size:
+            check_group_size(self.train.group_size, learners, f"train.learners = {learners}")
         if getattr(self.strategy, "auto_batch_size", False):
-            if self.data.batch_size % MULTIPLE or MULTIPLE % learners:
-                raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
-                                  f"{self.data.batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")
+            check_search_sizes(self.data.batch_size, learners)
         if self.eval.vocabulary != "none" and self.data.targets not in ("chars", "phones"):
             raise ConfigError(f"eval.vocabulary: word-constrained decoding is for CTC models (data.targets=chars "
                               f"or phones), not data.targets={self.data.targets}")

@@ -21,6 +21,7 @@ from asrdist.parallel.hierarchical_allreduce import (
 )
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, as_columns, packed_words
+from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 from tests.dist_utils import TIMEOUT, learner_context, run_distributed
 from tests.strategy_harness import make_trainer, train_steps
@@ -159,9 +160,11 @@ def _learner(rank: int, world_size: int) -> dict:
                                                                                      hierarchical=setting)))
         out[f"sync_{setting}_hierarchical"] = strategy._hierarchy is not None
 
-    strategy = OneBitStrategy(OneBitConfig(hierarchical="true"))
-    strategy.setup_exchange(ONEBIT_SHAPES, ctx)
-    out["onebit"] = [[g.clone() for g in strategy.exchange(_onebit_grads(t, rank))] for t in range(STEPS)]
+    stand_in = StandIn(OneBitStrategy(OneBitConfig(hierarchical="true")), ONEBIT_SHAPES, ctx)
+    out["onebit"] = []
+    for t in range(STEPS):
+        stand_in.set_gradients(_onebit_grads(t, rank))
+        out["onebit"].append([g.clone() for g in stand_in.after_backward()])
     out["onebit_double_buffering"], _ = _train(rank, ctx, OneBitStrategy(OneBitConfig(double_buffering=True)))
     return out
 

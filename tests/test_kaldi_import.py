@@ -10,7 +10,8 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.io.audio import num_frames, read_wav, write_wav
-from asrdist.corpus.import_kaldi import export_kaldi_dir, import_kaldi
+from asrdist.corpus.export_kaldi import export_kaldi_dir
+from asrdist.corpus.import_kaldi import import_kaldi
 from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.errors import ConfigError, DataError
 from asrdist.features.store import FeatureStore

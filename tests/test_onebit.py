@@ -10,10 +10,14 @@ import torch.nn.functional as F
 
 from asrdist.errors import ConfigError
 from asrdist.optim.adagrad import CntkAdaGrad
+from asrdist.optim.max_change import clip_change
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
-from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy, _Plan, quantize_dequantize
-from asrdist.parallel.onebit_kernel import SWBD_SHAPES, ReferenceQuantizer, Residual, as_columns, packed_words
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
+from asrdist.parallel.onebit_kernel import (SWBD_SHAPES, ReferenceQuantizer, Residual, as_columns, packed_words,
+                                            quantize_dequantize)
+from asrdist.parallel.onebit_plan import _Plan
+from asrdist.parallel.standin import StandIn
 from tests.dist_utils import run_distributed
 from tests.strategy_harness import make_trainer, train_steps
 
@@ -218,7 +222,7 @@ def _linear_loss(holder, batch):
     return (holder.w * batch.inputs).sum(), batch.num_frames
 
 
-def _linear_run(config: OneBitConfig, steps: int):
+def _linear_run(config: OneBitConfig, steps: int, max_change: bool = False):
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(33, 5))
     holder = torch.nn.Module()
@@ -229,19 +233,23 @@ def _linear_run(config: OneBitConfig, steps: int):
     gen = torch.Generator().manual_seed(2)
     coefficients = [(torch.randn(33, 5, generator=gen), torch.empty(0)) for _ in range(steps)]
     trajectory = [w.detach().clone()]
-    train_steps(make_trainer(holder, opt, strategy, loss_fn=_linear_loss), coefficients,
-                after_each=lambda: trajectory.append(w.detach().clone()))
+    trainer = make_trainer(holder, opt, strategy, loss_fn=_linear_loss)
+    if max_change:  # lr x |g| is about 6 here: every step is capped at 0.75
+        trainer.hooks.before_optimizer_step = lambda lr: clip_change(holder, lr)
+    train_steps(trainer, coefficients, after_each=lambda: trajectory.append(w.detach().clone()))
     strategy.finalize()
     return trajectory, w.detach().clone()
 
 
-def test_double_buffering_applies_each_update_one_step_late():
-    exact, exact_final = _linear_run(OneBitConfig(), steps=4)
-    late, late_final = _linear_run(OneBitConfig(double_buffering=True), steps=4)
+@pytest.mark.parametrize("max_change", [False, True])
+def test_double_buffering_applies_each_update_one_step_late(max_change):
+    exact, exact_final = _linear_run(OneBitConfig(), steps=4, max_change=max_change)
+    late, late_final = _linear_run(OneBitConfig(double_buffering=True), steps=4, max_change=max_change)
     assert torch.equal(late[1], late[0])  # the first step applies nothing
     for t in range(1, 5):
         assert torch.equal(late[t], exact[t - 1])
-    assert torch.equal(late_final, exact_final)  # finalize applies the last pending gradient
+    # finalize applies the last pending gradient through apply_update: max-change included
+    assert torch.equal(late_final, exact_final)
 
 
 def test_plan_stripes_cover_every_column_once_and_spread_biases():
@@ -284,12 +292,12 @@ def test_state_from_another_world_size_is_refused():
         strategy.load_state_dict(state)
 
 
-def test_exchange_without_a_model():
-    strategy = OneBitStrategy()
+def test_exchange_on_a_stand_in_model():
     shapes = [(40, 6), (40,)]
-    strategy.setup_exchange(shapes, LearnerContext())
+    stand_in = StandIn(OneBitStrategy(), shapes, LearnerContext())
     grads = [torch.randn(s) for s in shapes]
-    out = strategy.exchange(grads)
+    stand_in.set_gradients(grads)
+    out = stand_in.after_backward()
     for g, o in zip(grads, out):
         assert o.shape == g.shape
         assert torch.equal(o, quantize_dequantize(quantize_dequantize(g)))

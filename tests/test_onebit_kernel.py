@@ -8,7 +8,7 @@ from native_fixture import run_without_compiler
 
 from asrdist.errors import ConfigError
 from asrdist.parallel import onebit_kernel as K
-from asrdist.parallel.onebit import quantize_dequantize
+from asrdist.parallel.onebit_kernel import quantize_dequantize
 
 
 def naive_quantize_dequantize(v: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@ import torch
 
 from asrdist.errors import ConfigError
 from asrdist.parallel.base import LearnerContext
-from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy, _Chunks, _Plan
+from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
+from asrdist.parallel.onebit_plan import _Chunks, _Plan
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, get_quantizer, packed_words
+from asrdist.parallel.standin import StandIn
 from tests.dist_utils import run_distributed
 from tests.strategy_harness import make_trainer, train_steps
 
@@ -57,9 +59,15 @@ def test_chunks_must_be_a_positive_integer():
 
 def _exchanges(rank: int, n: int, chunks: int, steps: int = 3) -> dict:
     strategy = OneBitStrategy(OneBitConfig(kernel="auto"), chunks=chunks)
-    strategy.setup_exchange(SHAPES, LearnerContext(rank=rank, world_size=n))
-    outputs = [[o.clone() for o in strategy.exchange(_grads(t, rank))] for t in range(steps)]
-    return {"outputs": outputs, "counters": strategy.counters.as_dict(), "phases": dict(strategy.phase_seconds),
+    stand_in = StandIn(strategy, SHAPES, LearnerContext(rank=rank, world_size=n))
+    setup_bytes = strategy.counters.bytes_sent  # rank 0's parameters, broadcast by setup
+    outputs = []
+    for t in range(steps):
+        stand_in.set_gradients(_grads(t, rank))
+        outputs.append([o.clone() for o in stand_in.after_backward()])
+    counters = strategy.counters.as_dict()
+    counters["bytes_sent"] -= setup_bytes
+    return {"outputs": outputs, "counters": counters, "phases": dict(strategy.phase_seconds),
             "state": strategy.state_dict()}
 
 

@@ -51,9 +51,9 @@ def test_the_state_record_follows_a_run_and_a_checkpoint_publishes_its_epoch(tmp
     run.mkdir()
     assert run_state.read_state(run) is None
     run_state.write_state(run, "prepared", learners=2)
-    assert ckpt.prepared_not_started(run) and rundir.describe(run).startswith("prepared")
+    assert rundir.prepared_not_started(run) and rundir.describe(run).startswith("prepared")
     run_state.write_state(run, "started", learners=2)
-    assert run_state.read_state(run)["starts"] == 1 and not ckpt.prepared_not_started(run)
+    assert run_state.read_state(run)["starts"] == 1 and not rundir.prepared_not_started(run)
     for rank in range(2):
         ckpt.save_learner(run, "epoch-0001", rank, {"rank": rank})
     ckpt.publish(run, "epoch-0001", 2, progress={"epoch": 1, "epochs": 4})

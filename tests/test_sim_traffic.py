@@ -94,12 +94,11 @@ def test_simulated_bytes_equal_the_counted_bytes_of_every_strategy(tmp_path):
 def test_onebit_exchange_bytes_from_the_shared_plan_equal_each_ranks_own_plan():
     """The simulator builds one 1-bit plan per (shapes, learners, chunks): what every owner holds
     must be what each rank's own plan says, for any rank, size and chunking."""
-    from asrdist.parallel import onebit
-    from asrdist.parallel.onebit_plan import _Chunks, _Plan
+    from asrdist.parallel.onebit_plan import _Chunks, _Plan, shared_owner_numel
 
     shapes = ((512, 441), (512, 513), (40, 513), (7, 3))
     for n in (2, 3, 5, 8, 17):
         for chunks in (1, 2, 3):
-            shared = onebit._owner_numel(shapes, n, chunks)
+            shared = shared_owner_numel(shapes, n, chunks)
             for rank in range(n):
                 assert _Chunks(_Plan(list(shapes), n, rank), chunks).owner_numel == shared, (n, chunks, rank)

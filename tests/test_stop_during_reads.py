@@ -14,7 +14,7 @@ import torch
 from asrdist.cluster.supervisor import stopped_error
 from asrdist.errors import DataError, Stopped
 from asrdist.io.kaldi_dir import read_alignments
-from asrdist.train.checkpoint import read_torch_file
+from asrdist.run.rundir import read_torch_file
 from asrdist.train.metrics import MetricsLog
 
 

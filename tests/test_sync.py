@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy, bucket_layout
 from tests.dist_utils import run_distributed
 from tests.strategy_harness import make_trainer, train_steps
@@ -69,11 +70,11 @@ def _learner(rank: int, world_size: int):
     out["sgd_default"], _ = _train("sgd", rank, world_size, SyncConfig())
     out["sgd_no_overlap"], _ = _train("sgd", rank, world_size, SyncConfig(overlap=False))
 
-    strategy = SyncStrategy(SyncConfig(bucket_cap_mb=1e-4))
     shapes = [(3, 2), (5,)]
-    strategy.setup_exchange(shapes, LearnerContext(rank=rank, world_size=world_size))
-    grads = [torch.full(s, float(rank + 1)) for s in shapes]
-    out["exchange"] = [g.clone() for g in strategy.exchange(grads)]
+    stand_in = StandIn(SyncStrategy(SyncConfig(bucket_cap_mb=1e-4)), shapes,
+                       LearnerContext(rank=rank, world_size=world_size))
+    stand_in.set_gradients([torch.full(s, float(rank + 1)) for s in shapes])
+    out["exchange"] = [g.clone() for g in stand_in.after_backward()]
     return out
 
 

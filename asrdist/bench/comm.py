@@ -5,7 +5,9 @@ emulated network (default 1 Gbit/s links; loopback when emulation is unavailable
 `network`). Every learner holds random gradients of Seide et al.'s Switchboard DNN and, per
 repeat, times one `sync` exchange (bucketed fp32 allreduce, then the mean) and one `onebit`
 exchange (quantize + error feedback + pack, all-to-all, owner's sum and re-quantization,
-all-to-all, dequantize) through the strategies' own `exchange`. The two alternate which goes
+all-to-all, dequantize) through the strategies' own hooks: each is set up on a stand-in model of
+those shapes (`asrdist.parallel.standin`), the gradients land in p.grad and `after_backward` is
+timed, as the trainer runs it. The two alternate which goes
 first, each after a barrier, so machine noise hits both alike. A repeat's time is its slowest
 learner's; the figures are medians over repeats.
 
@@ -47,6 +49,7 @@ from asrdist.cluster.netem import interface_counters, payload_on_wire, resolve_n
 from asrdist.cluster.process_group import start_learner
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import SWBD_SHAPES, measure_quantize_vs_copy
+from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 from asrdist.run.train_cli import add_cpus_per_host_option
 
@@ -157,9 +160,10 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
     onebit = OneBitStrategy(OneBitConfig(kernel=args["kernel"]), chunks=args.get("chunks"))
     strategies = {"sync": SyncStrategy(SyncConfig()), "onebit": onebit}
-    for s in strategies.values():
-        s.setup_exchange(shapes, ctx)
-        s.exchange(grads)  # warm-up: connections opened, buffers paged in
+    stand_ins = {name: StandIn(s, shapes, ctx) for name, s in strategies.items()}
+    for stand_in in stand_ins.values():  # warm-up: connections opened, buffers paged in
+        stand_in.set_gradients(grads)
+        stand_in.after_backward()
     seconds: dict[str, list[float]] = {name: [] for name in strategies}
     sent = {name: 0 for name in strategies}
     # the wire: this host's NIC, read by one learner per emulated host (its node's first)
@@ -186,12 +190,13 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
             strategy = strategies[name]
             before = strategy.counters.bytes_sent
 
-            def timed(name=name, strategy=strategy) -> None:
+            def timed(name=name) -> None:
                 onebit.phase_seconds = {}
                 t0 = time.perf_counter()
-                last[name] = strategy.exchange(grads)
+                last[name] = stand_ins[name].after_backward()
                 seconds[name].append(time.perf_counter() - t0)
 
+            stand_ins[name].set_gradients(grads)
             on_wire(name, timed)
             if name == "onebit":
                 phases.append(dict(onebit.phase_seconds))
@@ -219,7 +224,7 @@ def exchange_timing(spec, args: dict[str, Any]) -> dict[str, Any]:
         "onebit_bytes": int(total_bytes[1]) / repeats,
         "wire": wire_totals if spec.network != "loopback" else None,
         "onebit_phases": phases,
-        "onebit_chunks": len(onebit._chunks.slices),
+        "onebit_chunks": onebit.pipeline_chunks,
         "onebit_checksum": repr([float(t.double().sum()) for t in last["onebit"]]),
         "sync_mean_error": _sync_mean_error(last["sync"], shapes, spec.world_size),
     }

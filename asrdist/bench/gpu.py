@@ -35,6 +35,7 @@ import torch
 
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig, build_model
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 from asrdist.parallel.onebit_kernel import (
     SWBD_SHAPES,
     Residual,
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], dest="overrides", help="a recipe override KEY=VALUE")
     p.add_argument("--backend", choices=["gloo", "nccl"])
     p.add_argument("--strategy", default="sync")
-    p.add_argument("--timeout", type=float, default=120.0, help="pair: seconds before its learners are stopped")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                   help=f"pair: seconds before its learners are stopped (default {DEFAULT_TIMEOUT_SECONDS:g})")
     p.add_argument("--mode", default="cuda", choices=["cuda", "cpu-dry-run"])
     p.add_argument("rest", nargs="*", help="merge: part files; tests: pytest arguments (after --)")
     args = p.parse_args(argv)

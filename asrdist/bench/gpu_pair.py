@@ -19,6 +19,7 @@ from asrdist.bench.gpu import one_line, peak_memory, reset_peak, synchronize
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import config_from_tree
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 from asrdist.errors import TrainingError
 from asrdist.models.registry import build_model
 from asrdist.run.learner import build_learner
@@ -91,7 +92,7 @@ def pair_status(backend: str, reason: str) -> str:
 
 
 def pair(device: torch.device, backend: str, strategy: str, quick: bool, steps: int,
-         timeout_s: float = 120.0) -> dict[str, Any]:
+         timeout_s: float = DEFAULT_TIMEOUT_SECONDS) -> dict[str, Any]:
     """Two learners on `device` over `backend`, each a process. A backend that cannot run here
     (NCCL without CUDA, or refusing two ranks on one GPU, as NCCL >= 2.5 does) is reported with
     its reason as `status` refused or unavailable, not raised: the check goes on."""

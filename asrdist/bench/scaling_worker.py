@@ -30,6 +30,7 @@ import torch.distributed as dist
 from asrdist.cluster.process_group import start_learner
 from asrdist.config import RunConfig, config_from_tree
 from asrdist.models.registry import build_model, count_parameters
+from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 from asrdist.run.learner import build_learner
 from asrdist.train.synthetic import SyntheticTask
@@ -134,7 +135,8 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
 def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> dict[str, Any]:
     """Time the sync strategy's bucketed allreduce of gradients of `shapes`, flat
     (`hierarchical: false`) and hierarchical (`true`: reduce-scatter inside the node, allreduce of
-    1/L across nodes, all-gather inside the node), through `SyncStrategy.exchange`, on every
+    1/L across nodes, all-gather inside the node), through the strategy's own `after_backward` on
+    a stand-in model of those shapes (`asrdist.parallel.standin`), on every
     learner of the job in `ctx` (collective: every rank calls it at the same point). Every learner
     holds random gradients; per repeat each exchange runs once after a barrier, the two
     alternating which goes first so machine noise hits both alike. A repeat's time is its slowest
@@ -144,9 +146,11 @@ def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> di
     grads = [torch.randn(s, generator=gen) * 1e-3 for s in shapes]
     strategies = {"flat": SyncStrategy(SyncConfig(hierarchical="false")),
                   "hierarchical": SyncStrategy(SyncConfig(hierarchical="true"))}
-    for s in strategies.values():  # the same order on every rank: setup builds groups
-        s.setup_exchange(shapes, ctx)
-        s.exchange(grads)  # warm-up: connections opened, buffers paged in
+    stand_ins = {}
+    for name, s in strategies.items():  # the same order on every rank: setup builds groups
+        stand_ins[name] = StandIn(s, shapes, ctx)
+        stand_ins[name].set_gradients(grads)
+        stand_ins[name].after_backward()  # warm-up: connections opened, buffers paged in
     names = list(strategies)
     seconds: dict[str, list[float]] = {name: [] for name in names}
     sent: dict[str, int] = {}
@@ -156,9 +160,10 @@ def time_exchanges(ctx, shapes: list[torch.Size], repeats: int, rank: int) -> di
         for name in names if r % 2 == 0 else names[::-1]:
             strategy = strategies[name]
             before = strategy.counters.bytes_sent
+            stand_ins[name].set_gradients(grads)
             dist.barrier()
             t0 = time.perf_counter()
-            out[name] = strategy.exchange(grads)
+            out[name] = stand_ins[name].after_backward()
             seconds[name].append(time.perf_counter() - t0)
             sent[name] = strategy.counters.bytes_sent - before
         # the same mean in another summation order

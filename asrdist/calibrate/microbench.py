@@ -25,6 +25,7 @@ from asrdist.io.atomic import write_json_atomic
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
+from asrdist.parallel.standin import StandIn
 from asrdist.run.prepare import build_targets
 from asrdist.run.task import SpeechTask, model_kind
 from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
@@ -71,15 +72,15 @@ def per_value_figures(shapes: list[tuple[int, ...]], repeats: int) -> dict[str, 
 
 def _onebit_exchange_seconds(shapes: list[tuple[int, ...]], repeats: int) -> float:
     """Median seconds of onebit's whole exchange of gradients of `shapes` on one learner alone
-    (`OneBitStrategy.exchange` in a world of one: nothing crosses a wire, every phase's CPU is
-    there), after a few exchanges to settle its residuals."""
-    strategy = OneBitStrategy(OneBitConfig())
-    strategy.setup_exchange([torch.Size(s) for s in shapes], LearnerContext())
+    (its `after_backward` on a stand-in model, in a world of one: nothing crosses a wire, every
+    phase's CPU is there), after a few exchanges to settle its residuals. Each exchange starts
+    from the last one's result in p.grad (refilling it would time a copy too)."""
+    stand_in = StandIn(OneBitStrategy(OneBitConfig()), shapes, LearnerContext())
     gen = torch.Generator().manual_seed(0)
-    grads = [torch.randn(s, generator=gen) for s in shapes]
+    stand_in.set_gradients([torch.randn(s, generator=gen) for s in shapes])
     for _ in range(2):
-        strategy.exchange(grads)
-    return median_seconds(lambda: strategy.exchange(grads), repeats)
+        stand_in.after_backward()
+    return median_seconds(stand_in.after_backward, repeats)
 
 
 def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float, float]:

@@ -49,6 +49,7 @@ from asrdist.cluster.process_group import (CPU_QUOTA_ENV, NETWORK_ENV, QUOTA_SLO
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.io.atomic import write_json_atomic
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 
 AGENT = (sys.executable, "-m", "asrdist.cluster.agent")
 """An agent's command: torch.distributed.run's own main, without the interpreter's teardown after
@@ -135,7 +136,7 @@ def _agent_options(max_restarts: int) -> list[str]:
 
 def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | None = None,
                  network: str = "loopback", args: dict[str, Any] | None = None,
-                 timeout: float = 120.0, delay: str = "0.1ms",
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS, delay: str = "0.1ms",
                  cpus_per_host: float | None = None) -> list[dict[str, Any]]:
     """Run learner function `fn_module.fn_name(env, args)` in `world_size` learners through
     `launch_learners`; their results (JSON-able dicts) by rank.

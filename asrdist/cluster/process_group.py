@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.errors import ConfigError
-from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS, LearnerContext
 from asrdist.parallel.groups import build_groups, check_group_size, init_job
 from asrdist.parallel.membership import survival_wait
 
@@ -158,7 +158,7 @@ def start_learner(env: JobEnv, *, seed: int, timeout: timedelta, store: dist.Sto
                           survive_lost=env.survive_lost)
 
 
-JOIN_TIMEOUT = timedelta(seconds=120)
+JOIN_TIMEOUT = timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
 """How long learners wait for each other to start: set-up on a loaded machine may take longer than
 `train.timeout_seconds`, which is for a peer that stops answering once training runs."""
 

@@ -106,5 +106,5 @@ def _import_lhotse(args):
 
 def _export_kaldi(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
-    from asrdist.corpus.import_kaldi import export_command
+    from asrdist.corpus.export_kaldi import export_command
     return export_command(args)

@@ -1,4 +1,4 @@
-"""Import a Kaldi data directory as an asrdist split directory, and export one back.
+"""Import a Kaldi data directory as an asrdist split directory (`export_kaldi` writes one back).
 
 Import reads `wav.scp` (paths of audio files, `asrdist.io.audio.READABLE`, relative ones tried
 against SRC, then the current directory; Kaldi's command pipes `CMD |`, run by the shell in the
@@ -18,7 +18,6 @@ Audio files are referenced by absolute path, not copied. Imported features go in
 """
 from __future__ import annotations
 
-import codecs
 import json
 import math
 import re
@@ -36,16 +35,18 @@ import kaldiio
 import numpy as np
 from tqdm import tqdm
 
+from asrdist.corpus.kaldi_tables import (
+    UNMATCHED,
+    load_scp,
+    read_alignment_file,
+    read_speakers,
+    read_table,
+    resolve_path,
+)
 from asrdist.corpus.lexicon import Lexicon, store_lexicon
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError, Stopped
-from asrdist.features.extract import find_splits
-from asrdist.features.store import (
-    FeatureStore,
-    FeatureStoreWriter,
-    export_kaldi,
-    has_features,
-)
+from asrdist.features.store import FeatureStoreWriter
 from asrdist.io.atomic import (
     atomic_dir,
     check_output_dir,
@@ -65,12 +66,9 @@ from asrdist.io.audio import (
 from asrdist.io.kaldi_dir import (
     ARCHIVE_ENTRY,
     COMMAND_PIPE,
-    DataDir,
     Segment,
     Utterance,
-    read_data_dir,
     wav_entry_kind,
-    write_alignments,
     write_data_dir,
 )
 
@@ -81,52 +79,6 @@ KALDI_SNIP_EDGES_DEFICIT = 2
 MAX_OVERSHOOT_S = 0.5
 """A segment may end this much after its recording (rounded end times); it is cut at the
 recording's end, as Kaldi's extract-segments does (its --max-overshoot default)."""
-_UNMATCHED = "\0unmatched"
-
-
-def _read_table(path: Path, bad: dict[str, str], required: bool = True,
-                value: str | None = None) -> dict[str, str]:
-    """`key value` lines; a line that is not UTF-8 marks its utterance bad instead of failing, and
-    so does a key without the `value` the table must give (e.g. utt2spk's speaker), naming the
-    line. A leading UTF-8 byte order mark (editors on Windows write one) is not part of the key."""
-    if not path.is_file():
-        if required:
-            raise DataError(f"{path}: missing")
-        return {}
-    table: dict[str, str] = {}
-    data = path.read_bytes()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    for lineno, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            # A readable key names the utterance to skip; an unreadable one is reported under
-            # its lossy spelling (it can match no other file's entry anyway).
-            key = raw.split(maxsplit=1)[0].decode("utf-8", "replace")
-            bad.setdefault(key, f"{path}:{lineno}: utterance {key}: not valid UTF-8 (byte {exc.start})")
-            if "\ufffd" in key:
-                bad.setdefault(_UNMATCHED, bad[key])
-            continue
-        parts = line.strip().split(maxsplit=1)
-        if parts[0] in table:
-            raise DataError(f"{path}:{lineno}: duplicate key '{parts[0]}'")
-        if value is not None and len(parts) < 2:
-            bad.setdefault(parts[0], f"{path}:{lineno}: utterance {parts[0]}: no {value}")
-            continue
-        table[parts[0]] = parts[1] if len(parts) > 1 else ""
-    return table
-
-
-def _resolve(base: Path, name: str) -> Path:
-    path = Path(name)
-    if path.is_absolute() or not (base / path).exists() and path.exists():
-        return path.resolve()
-    return (base / path).resolve()
-
-
 def _short(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -153,74 +105,6 @@ def move_decoded(decoded: Path, utterances, out: Path) -> dict[str, Path]:
         if Path(u.wav).parent == decoded:
             u.wav = str(final_audio / Path(u.wav).name)
     return {"audio": decoded} if any(decoded.iterdir()) else {}
-
-
-def _load_scp(scp: Path, bad: dict[str, str], what: str) -> dict[str, np.ndarray]:
-    out = {}
-    for key, loc in _read_table(scp, bad).items():
-        file, sep, offset = loc.rpartition(":")
-        if sep and offset.isdigit():
-            target = f"{_resolve(scp.parent, file)}:{offset}"
-        else:
-            target = str(_resolve(scp.parent, loc))
-        try:
-            out[key] = np.asarray(kaldiio.load_mat(target))
-        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
-            raise
-        except Exception as exc:  # kaldiio raises many types for a broken or missing ark
-            bad.setdefault(key, f"{scp}: utterance {key}: cannot read {what} ({exc})")
-    return out
-
-
-def _speakers(src: Path, bad: dict[str, str]) -> dict[str, str]:
-    """utt2spk, checked against spk2utt where both exist; from spk2utt alone where utt2spk is
-    missing (as Kaldi's spk2utt_to_utt2spk.pl makes it)."""
-    utt2spk_path, spk2utt_path = src / "utt2spk", src / "spk2utt"
-    if not spk2utt_path.is_file():
-        return _read_table(utt2spk_path, bad, value="speaker")
-    listed: dict[str, str] = {}
-    for speaker, utts in _read_table(spk2utt_path, bad, value="utterance").items():
-        for utt in utts.split():
-            if utt in listed:
-                raise DataError(f"{spk2utt_path}: utterance {utt} listed under speakers {listed[utt]} and {speaker}")
-            listed[utt] = speaker
-    if not utt2spk_path.is_file():
-        return listed
-    utt2spk = _read_table(utt2spk_path, bad, value="speaker")
-    remake = "make spk2utt from utt2spk (utils/utt2spk_to_spk2utt.pl) or delete it"
-    for utt, speaker in utt2spk.items():
-        if utt not in listed:
-            raise DataError(f"{spk2utt_path}: utterance {utt} (speaker {speaker} in utt2spk) is not listed; {remake}")
-        if listed[utt] != speaker:
-            raise DataError(f"{spk2utt_path}: utterance {utt} listed under speaker {listed[utt]}, utt2spk says "
-                            f"{speaker}; {remake}")
-    extra = next((u for u in listed if u not in utt2spk), None)
-    if extra is not None:
-        raise DataError(f"{spk2utt_path}: utterance {extra} (speaker {listed[extra]}) is not in utt2spk; {remake}")
-    return utt2spk
-
-
-def read_alignment_file(path: Path, bad: dict[str, str]) -> dict[str, np.ndarray]:
-    """utt -> int vector from a Kaldi `.scp`, a binary `.ark`, or text `utt id id ...` lines."""
-    if not path.is_file():
-        raise DataError(f"{path}: alignment file not found")
-    if path.suffix == ".scp":
-        return _load_scp(path, bad, "alignment")
-    head = path.read_bytes()[:4096]
-    if b" \0B" in head.split(b"\n", 1)[0]:
-        try:
-            return {k: np.asarray(v) for k, v in kaldiio.load_ark(str(path))}
-        except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
-            raise
-        except Exception as exc:
-            raise DataError(f"{path}: cannot read alignment ark ({exc})") from None
-    out = {}
-    for key, value in _read_table(path, bad).items():
-        try:
-            out[key] = np.array([int(x) for x in value.split()], dtype=np.int64)
-        except ValueError:
-            bad.setdefault(key, f"{path}: utterance {key}: alignment is not a list of integers")
-    return out
 
 
 def _fit_frames(x: np.ndarray, frames: int, where: str, what: str) -> np.ndarray:
@@ -270,10 +154,10 @@ class _Importer:
         self.cut_at_end = 0  # segments ending 10 ms to MAX_OVERSHOOT_S after their recording (cut there)
         self.silent: list[str] = []  # recordings whose every sample is zero (a failed recording?)
         if tables is None:
-            tables = {"wav.scp": _read_table(src / "wav.scp", self.bad),
-                      "segments": _read_table(src / "segments", self.bad, required=False),
-                      "text": _read_table(src / "text", self.bad),
-                      "utt2spk": _speakers(src, self.bad)}
+            tables = {"wav.scp": read_table(src / "wav.scp", self.bad),
+                      "segments": read_table(src / "segments", self.bad, required=False),
+                      "text": read_table(src / "text", self.bad),
+                      "utt2spk": read_speakers(src, self.bad)}
         self.wav_scp, self.segments = tables["wav.scp"], tables.get("segments", {})
         self.text, self.utt2spk = tables["text"], tables["utt2spk"]
         self.phones = PhoneTable.read(src / "phones.txt") if (src / "phones.txt").is_file() else PhoneTable()
@@ -285,7 +169,7 @@ class _Importer:
             alignments, self.alignments = None, {}
         self.alignment_path = alignments
         has_feats = (src / "feats.scp").is_file()
-        self.feats = _load_scp(src / "feats.scp", self.bad, "features") if has_feats else {}
+        self.feats = load_scp(src / "feats.scp", self.bad, "features") if has_feats else {}
 
     def where(self, file: str) -> Path:
         return self.files.get(file, self.src / file)
@@ -335,7 +219,7 @@ class _Importer:
                 elif wav_entry_kind(entry) == ARCHIVE_ENTRY:
                     path = self._read_ark(rec, entry, where)
                 else:
-                    path = _resolve(self.src, entry)
+                    path = resolve_path(self.src, entry)
                 samples, rate = read_wav(path, where=where, channel=self.channel)
                 if not samples.any():
                     self.silent.append(rec)
@@ -382,7 +266,7 @@ class _Importer:
         """A WAV inside a Kaldi archive (`wav.ark:OFFSET`, as `wav-copy` writes them), read by
         kaldiio; stored as a 16-bit WAV in `decoded` (the channel asked for)."""
         file, _, offset = entry.strip().rpartition(":")
-        location = f"{_resolve(self.src, file)}:{offset}"
+        location = f"{resolve_path(self.src, file)}:{offset}"
         try:
             loaded = kaldiio.load_mat(location)
         except Stopped:  # a stop signal came meanwhile: the command stops (not a damaged input)
@@ -508,10 +392,10 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
             raise DataError(reason)
         print(f"asrdist: skipped: {reason}", file=sys.stderr)
         skipped.append(reason)
-    if _UNMATCHED in imp.bad:
+    if UNMATCHED in imp.bad:
         if not skip_bad:
-            raise DataError(imp.bad[_UNMATCHED])
-        skipped.append(imp.bad[_UNMATCHED])
+            raise DataError(imp.bad[UNMATCHED])
+        skipped.append(imp.bad[UNMATCHED])
     if not utts:
         raise DataError(f"{src}: no usable utterances")
     if imp.feats:
@@ -571,45 +455,6 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
     return summary
 
 
-def _phone_table_of(split: Path) -> PhoneTable:
-    for candidate in (split / "phones.txt", split.parent / "phones.txt"):
-        if candidate.is_file():
-            return PhoneTable.read(candidate)
-    return PhoneTable()
-
-
-def _export_split(data: DataDir, out: Path, final: Path) -> None:
-    """Write `data` into `out` as a plain Kaldi dir whose paths are absolute at `final`."""
-    utts = []
-    for utt_id in data.utt_ids:
-        u = data.utterances[utt_id]
-        utts.append(Utterance(utt_id=u.utt_id, speaker=u.speaker, wav=str(data.wav_path(u).resolve()),
-                              text=u.text, duration=u.duration, segment=u.segment))
-    write_data_dir(out, utts, final_dir=final)
-    _phone_table_of(data.path).write(out / "phones.txt")
-    if data.has_alignments:
-        alignments = {u: data.utterances[u].alignment for u in data.utt_ids}
-        write_alignments(out, alignments, final)
-        (out / "alignment.txt").write_text(
-            "".join(f"{u} {' '.join(map(str, a.tolist()))}\n" for u, a in sorted(alignments.items())),
-            encoding="utf-8")
-    if has_features(data.path):
-        export_kaldi(FeatureStore(data.path), out, final_dir=final)
-
-
-def export_kaldi_dir(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
-    """Export a split directory, or every split of a corpus, as plain Kaldi data directories."""
-    src, out = Path(src), Path(out)
-    check_output_dir(out, overwrite, (src,))
-    splits = find_splits(src)
-    single = (src / "wav.scp").is_file()
-    with atomic_dir(out, overwrite=overwrite, inputs=(src,)) as tmp:
-        for name, path in splits.items():
-            data = read_data_dir(path)
-            _export_split(data, tmp if single else tmp / name, out if single else out / name)
-    return {"source": str(src), "out": str(out), "splits": sorted(splits)}
-
-
 def import_command(args) -> int:
     from asrdist.corpus.assemble import import_kaldi_corpus, parse_split_options  # (as above)
 
@@ -633,9 +478,4 @@ def import_command(args) -> int:
               f"(for `asrdist eval --data` or `asrdist features`); to train, import with --split train, or give "
               f"a directory holding train / dev / test", file=sys.stderr)
     print(json.dumps(summary, indent=2))
-    return 0
-
-
-def export_command(args) -> int:
-    print(json.dumps(export_kaldi_dir(args.src, args.out, overwrite=args.overwrite), indent=2))
     return 0

@@ -29,11 +29,11 @@ from asrdist.corpus.assemble import (
     write_corpus,
 )
 from asrdist.corpus.import_kaldi import (
-    _resolve,
     decoded_audio,
     import_split,
     move_decoded,
 )
+from asrdist.corpus.kaldi_tables import resolve_path
 from asrdist.errors import ConfigError, DataError, Stopped
 from asrdist.io.atomic import check_output_dir, output_errors
 from asrdist.io.audio import AUDIO_SUFFIXES, write_wav
@@ -76,7 +76,7 @@ def _wav_file(recording, base: Path) -> Path | None:
     sources = recording.sources
     if len(sources) != 1 or sources[0].type != "file" or recording.num_channels != 1 or recording.transforms:
         return None
-    path = _resolve(base, str(sources[0].source))
+    path = resolve_path(base, str(sources[0].source))
     return path if path.suffix.lower() in IN_PLACE_SUFFIXES else None
 
 

@@ -31,6 +31,13 @@ TOLERANCE = 1.01
 MAX_GROWTH = 2.0
 
 
+def check_search_sizes(batch_size: int, learners: int) -> None:
+    """The search's trial sizes are multiples of MULTIPLE split evenly over the learners."""
+    if batch_size % MULTIPLE or MULTIPLE % learners:
+        raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} (got "
+                          f"{batch_size}) and train.learners dividing {MULTIPLE} (got {learners})")
+
+
 def round_to_multiple(value: float, multiple: int = MULTIPLE) -> int:
     """Nearest multiple of `multiple` (halves round up), at least `multiple` (CNTK: 64 * ((v + 32) // 64))."""
     return max(multiple, multiple * int((value + multiple / 2) // multiple))

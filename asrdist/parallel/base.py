@@ -37,6 +37,10 @@ from asrdist.errors import ConfigError
 
 T = TypeVar("T")
 
+DEFAULT_TIMEOUT_SECONDS = 180.0
+"""The one default timeout: of every collective (`train.timeout_seconds`, a `LearnerContext`'s),
+of learners joining a job, and of a job of learner functions (`run_learners`)."""
+
 
 @dataclass
 class CommCounters:
@@ -103,7 +107,7 @@ class LearnerContext:
     local_rank: int = 0
     local_world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    timeout: timedelta = timedelta(seconds=120)
+    timeout: timedelta = timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
     seed: int = 0
     group: Any = None
     groups: Any = None

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from asrdist.errors import CommError
-from asrdist.parallel.base import CommCounters
+from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS, CommCounters
 
-DEFAULT_TIMEOUT = timedelta(seconds=120)
+DEFAULT_TIMEOUT = timedelta(seconds=DEFAULT_TIMEOUT_SECONDS)
 
 
 # ---------------------------------------------------------------------------- byte accounting

@@ -43,9 +43,12 @@ class ProcessGroups:
     """The node group's timeout, when not the job's (see `build_groups`)."""
 
 
-def check_group_size(group_size: int, world_size: int) -> None:
+def check_group_size(group_size: int, world_size: int, learners: str = "") -> None:
+    """`group_size` splits `world_size` learners into equal groups; `learners` names them in the
+    error (default "N learners")."""
     if group_size < 1 or world_size % group_size:
-        raise ConfigError(f"train.group_size: {group_size} does not divide {world_size} learners into equal groups")
+        raise ConfigError(f"train.group_size: {group_size} does not divide {learners or f'{world_size} learners'} "
+                          f"into equal groups")
 
 
 def node_ranks(world_size: int, group_size: int) -> list[list[int]]:

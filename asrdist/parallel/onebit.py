@@ -17,7 +17,7 @@ Per minibatch, on every learner (n learners, this one is `rank`):
 `error_feedback: false` drops both residuals (the ablation). `double_buffering: true` runs steps
 2-4 of minibatch t on a communication thread while minibatch t+1 is computed; the gradient of t is
 applied at step t+1, so the first step applies nothing (every p.grad is set to None, which torch
-optimizers skip) and `finalize()` applies the last pending gradient with one more optimizer step.
+optimizers skip) and `finalize()` applies the last pending gradient with one more `apply_update`.
 Off, the update is exact 1-bit SGD.
 
 Steps 1-4 are software-pipelined (`_Chunks`): the columns are cut into a few chunks, each chunk
@@ -35,11 +35,10 @@ flat exchange among the N node means; residuals, plan and checkpoint state are t
 """
 from __future__ import annotations
 
-import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -61,9 +60,8 @@ from asrdist.parallel.onebit_kernel import (
     Residual,
     as_columns,
     get_quantizer,
-    packed_words,
 )
-from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan  # noqa: F401 (tests use _Plan)
+from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan, chunk_transfers
 from asrdist.parallel.sync import hierarchical_in_use
 
 
@@ -104,53 +102,6 @@ class OneBitConfig:
         check_field("strategy.batch_search_minibatches", self.batch_search_minibatches, at_least=1)
 
 
-_default_quantizer = None
-
-
-def quantize_dequantize(v: torch.Tensor) -> torch.Tensor:
-    """The per-column 1-bit reconstruction of a 1-D (one column) or 2-D tensor W[out, in]
-    (columns W[:, j]): each entry becomes the mean of its column's entries of the same sign
-    (negative, or non-negative)."""
-    global _default_quantizer
-    if v.dim() not in (1, 2):
-        raise ValueError(f"quantize_dequantize: expected a 1-D or 2-D tensor, got shape {tuple(v.shape)}")
-    if v.numel() == 0:
-        return v.clone()
-    if v.device.type == "cpu":
-        _default_quantizer = _default_quantizer or get_quantizer("auto")
-        quantizer = _default_quantizer
-    else:
-        quantizer = get_quantizer("reference", v.device)
-    m = as_columns(v).to(torch.float32).contiguous()
-    rows, cols = m.shape
-    words = torch.empty(packed_words(rows) * cols, dtype=torch.int32, device=v.device)
-    recon = torch.empty(2 * cols, device=v.device)
-    quantizer.quantize(m, None, [0, cols], [words], [recon])
-    out = torch.empty_like(m)
-    quantizer.dequantize([words], [recon], rows, [0, cols], out)
-    return out.reshape(v.shape).to(v.dtype)
-
-
-@functools.lru_cache(maxsize=8)
-def _owner_numel(shapes2d: tuple[tuple[int, int], ...], n: int, chunks: int) -> list[list[int]]:
-    """Per pipeline chunk, the values each owner holds: the same for every rank (rank 0's plan),
-    so a simulation of n learners builds it once, not n times."""
-    return _Chunks(_Plan(shapes2d, n, 0), chunks).owner_numel
-
-
-def _exchange_bytes(shapes2d: Sequence[tuple[int, int]], n: int, rank: int, chunks: int) -> list[comm.Transfer]:
-    """Steps 2 and 4 per pipeline chunk (`_exchange`'s two all-to-alls), from the plan the run
-    builds: int32 words, so 4 bytes each."""
-    if n < 2 or not shapes2d:
-        return []
-    out = []
-    for numel in _owner_numel(tuple(shapes2d), n, chunks):
-        values = sum(numel)  # int32 words of the chunk (bits and reconstruction values)
-        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * k for k in numel], rank), values))
-        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * numel[rank]] * n, rank), values))
-    return out
-
-
 def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
                      config: OneBitConfig | None = None, chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
     """One step's 1-bit exchange as learner `rank` sends it (float32 gradients of `shapes`, as
@@ -165,7 +116,7 @@ def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_siz
         return []
     if not hierarchical_in_use(config.hierarchical, world_size, group_size):
         return [comm.Transfer(t.kind, "world", t.size, t.bytes_sent, t.values)
-                for t in _exchange_bytes(full, world_size, rank, chunks)]
+                for t in chunk_transfers(full, world_size, rank, chunks)]
     nodes, local = world_size // group_size, rank % group_size
     hierarchy = Hierarchy(node=None, rail=None, local_size=group_size, local_rank=local, num_nodes=nodes,
                           node_index=rank // group_size)
@@ -174,7 +125,7 @@ def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_siz
     inside = [] if group_size == 1 or not shards.part_numel else [
         comm.Transfer(kind, "node", group_size, comm.reduce_scatter_bytes(4 * shards.flat.numel(), group_size), values)
         for kind in ("reduce_scatter", "all_gather")]
-    across = _exchange_bytes(shards.shard_shapes, nodes, rank // group_size, chunks)
+    across = chunk_transfers(shards.shard_shapes, nodes, rank // group_size, chunks)
     return inside[:1] + across + inside[1:]
 
 
@@ -208,8 +159,16 @@ class OneBitStrategy(Strategy):
         self._result_ready = False  # the gathered buffer holds a gradient not yet applied
         self._stashed_state: dict[str, Any] | None = None
         self._momentum: MomentumCorrection | None = None
+        self._residuals: list[Residual] = []
+        self._second: dict[_Piece, Residual] = {}
+        self._update: Callable[[], None] | None = None  # the trainer's last step_fn
 
     # ---------------------------------------------------------------- trainer interface
+
+    @property
+    def pipeline_chunks(self) -> int:
+        """Chunks the exchange is pipelined over (at most `chunks`: fewer when there are fewer columns)."""
+        return len(self._chunks.slices)
 
     def wants_batch_search(self) -> bool:
         return self.config.auto_batch_size
@@ -254,15 +213,19 @@ class OneBitStrategy(Strategy):
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
+    def apply_update(self, step_fn: Callable[[], None]) -> None:
+        self._update = step_fn
+        step_fn()
+
     def finalize(self) -> None:
-        """With double buffering, apply the last minibatch's pending gradient (one more optimizer
-        step), so every minibatch is applied exactly once."""
+        """With double buffering, apply the last minibatch's pending gradient through
+        `apply_update` with the trainer's last update (max-change, optimizer step at the last
+        learning rate, zero_grad), so every minibatch is applied exactly once, and alike."""
         if self.config.double_buffering and self._plan is not None:
             self._wait_inflight()
-            if self._result_ready and self.optimizer is not None:
+            if self._result_ready and self._update is not None:
                 self._dequantize_into_grads()
-                self.optimizer.step()
-                self.optimizer.zero_grad()
+                self.apply_update(self._update)
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -270,7 +233,7 @@ class OneBitStrategy(Strategy):
     def discard_step(self) -> None:
         """A dropped step's non-finite values must not live on in the error-feedback residuals:
         their non-finite entries are reset to zero (the finite ones keep their feedback)."""
-        for residual in [*(self._residuals or []), *getattr(self, "_second", {}).values()]:
+        for residual in [*self._residuals, *self._second.values()]:
             value = residual.materialize()
             if not bool(torch.isfinite(value).all()):
                 residual.load(torch.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0))
@@ -334,26 +297,6 @@ class OneBitStrategy(Strategy):
         self._result_ready = pending is not None and self.config.double_buffering
         if self._result_ready:
             self._chunks.to_block_layout(self._gathered, pending.to(self._gathered.device), back=True)
-
-    # ------------------------------------------------------------------------ model-free
-
-    def setup_exchange(self, shapes: Sequence[torch.Size], ctx: LearnerContext) -> None:
-        """Prepare `exchange` for float32 gradients of these shapes without a model (benchmarks)."""
-        self.ctx = ctx
-        self._prepare(shapes, ctx)
-        self._outputs = [torch.empty(s, device=ctx.device) for s in shapes]
-
-    def exchange(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """One synchronous 1-bit exchange of `grads` (shaped as given to `setup_exchange`),
-        quantization and error feedback included; returns the aggregated gradients every
-        learner obtains (views of internal buffers, valid until the next call)."""
-        if getattr(self, "_outputs", None) is None:
-            raise TrainingError("onebit.exchange: call setup_exchange first")
-        if len(grads) != len(self._outputs):
-            raise ValueError(f"onebit.exchange: {len(grads)} gradients, {len(self._outputs)} expected")
-        targets = [as_columns(self._outputs[k]) for k in self._live]
-        self._exchange_into(self._sources(list(grads)), targets)
-        return list(self._outputs)
 
     # --------------------------------------------------------------------------- helpers
 

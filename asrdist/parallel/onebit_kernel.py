@@ -19,6 +19,7 @@ and keeping per-column partial sums in a binary counter. Without a C++ compiler,
 """
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from typing import Sequence
@@ -285,6 +286,30 @@ def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):
             raise ConfigError(f"onebit.kernel: {e}") from e
         warnings.warn(f"{e}; using the pure-torch reference quantizer", RuntimeWarning, stacklevel=2)
         return ReferenceQuantizer()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_quantizer():
+    return get_quantizer("auto")
+
+
+def quantize_dequantize(v: torch.Tensor) -> torch.Tensor:
+    """The per-column 1-bit reconstruction of a 1-D (one column) or 2-D tensor W[out, in]
+    (columns W[:, j]): each entry becomes the mean of its column's entries of the same sign
+    (negative, or non-negative)."""
+    if v.dim() not in (1, 2):
+        raise ValueError(f"quantize_dequantize: expected a 1-D or 2-D tensor, got shape {tuple(v.shape)}")
+    if v.numel() == 0:
+        return v.clone()
+    quantizer = _cpu_quantizer() if v.device.type == "cpu" else get_quantizer("reference", v.device)
+    m = as_columns(v).to(torch.float32).contiguous()
+    rows, cols = m.shape
+    words = torch.empty(packed_words(rows) * cols, dtype=torch.int32, device=v.device)
+    recon = torch.empty(2 * cols, device=v.device)
+    quantizer.quantize(m, None, [0, cols], [words], [recon])
+    out = torch.empty_like(m)
+    quantizer.dequantize([words], [recon], rows, [0, cols], out)
+    return out.reshape(v.shape).to(v.dtype)
 
 
 def quantization_buffers(shape: Sequence[int], gen: torch.Generator) -> tuple[torch.Tensor, Residual, list, list]:

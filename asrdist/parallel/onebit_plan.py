@@ -1,13 +1,16 @@
 """Where every column of a 1-bit exchange goes: which learner owns which column block (the
 stripes of DESIGN.md §5.2), and how the blocks are cut into pipeline chunks, each with its own
-wire layout. Pure bookkeeping over shapes and int32 wire buffers; `onebit.py` does the exchange."""
+wire layout, and the bytes each chunk puts on the wire. Pure bookkeeping over shapes and int32
+wire buffers; `onebit.py` does the exchange."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
+from asrdist.parallel import comm
 from asrdist.parallel.onebit_kernel import packed_words, segment_numel, split_segment
 
 
@@ -163,3 +166,23 @@ class _Chunks:
                          (br.view(2, width)[:, p.c0 - b.c0:p.c1 - b.c0], pr.view(2, -1)))
                 for block_view, piece_view in pairs:
                     (piece_view if back else block_view).copy_(block_view if back else piece_view)
+
+
+@functools.lru_cache(maxsize=8)
+def shared_owner_numel(shapes2d: tuple[tuple[int, int], ...], n: int, chunks: int) -> list[list[int]]:
+    """Per pipeline chunk, the values each owner holds: the same for every rank (rank 0's plan),
+    so a simulation of n learners builds it once, not n times."""
+    return _Chunks(_Plan(shapes2d, n, 0), chunks).owner_numel
+
+
+def chunk_transfers(shapes2d: Sequence[tuple[int, int]], n: int, rank: int, chunks: int) -> list[comm.Transfer]:
+    """Steps 2 and 4 per pipeline chunk (the exchange's two all-to-alls), from the plan the run
+    builds: int32 words, so 4 bytes each."""
+    if n < 2 or not shapes2d:
+        return []
+    out = []
+    for numel in shared_owner_numel(tuple(shapes2d), n, chunks):
+        values = sum(numel)  # int32 words of the chunk (bits and reconstruction values)
+        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * k for k in numel], rank), values))
+        out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * numel[rank]] * n, rank), values))
+    return out

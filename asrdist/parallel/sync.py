@@ -209,42 +209,6 @@ class SyncStrategy(Strategy):
                 comm.broadcast(flat, 0, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
                 comm.unflatten_into(flat, same)
 
-    # ------------------------------------------------------------------------ model-free
-
-    def setup_exchange(self, shapes: Sequence[torch.Size], ctx: LearnerContext,
-                       dtype: torch.dtype = torch.float32) -> None:
-        """Prepare `exchange` for gradients of these shapes without a model (benchmarks)."""
-        self.ctx = ctx
-        self._slots = [torch.empty(s, dtype=dtype, device=ctx.device) for s in shapes]
-        self._hierarchy = build_hierarchy(ctx) if use_hierarchical(self.config.hierarchical, ctx) else None
-        self._buckets = _build_buckets(self._slots, self.config, self._hierarchy)
-
-    def exchange(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Mean of `grads` (shaped as given to `setup_exchange`) over the learners by bucketed
-        allreduce, without overlap. The results are views of internal buffers, valid until the
-        next call."""
-        slots = getattr(self, "_slots", None)
-        if slots is None:
-            raise TrainingError("sync.exchange: call setup_exchange first")
-        if len(grads) != len(slots):
-            raise ValueError(f"sync.exchange: {len(grads)} gradients, {len(slots)} expected")
-        if not self.ctx.distributed:
-            return list(grads)
-        grad_of = {id(slot): g for slot, g in zip(slots, grads)}
-        for bucket in self._buckets:
-            comm.flatten([grad_of[id(t)] for t in bucket.tensors], out=bucket.values)
-            bucket.pending = self._allreduce(bucket.flat)
-        if self._hierarchy is not None:
-            finish_all(bucket.pending for bucket in self._buckets)
-        mean_of = {}
-        for bucket in self._buckets:
-            bucket.pending.wait()
-            bucket.pending = None
-            bucket.flat.div_(self.ctx.world_size)
-            mean_of.update({id(t): v for t, v in zip(bucket.tensors, bucket.views)})
-        self.counters.add(exchanges=1)
-        return [mean_of[id(slot)] for slot in slots]
-
     # --------------------------------------------------------------------------- helpers
 
     def _fill(self, bucket: _Bucket, k: int, p: torch.Tensor) -> None:

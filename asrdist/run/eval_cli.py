@@ -101,9 +101,10 @@ def _eval(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.eval.details import hyp_path
     from asrdist.run.evaluate import eval_command
+    from asrdist.run.rundir import CONFIG_NAME, MODEL_NAME, TARGETS_NAME
 
     out = args.out or args.run_dir / "eval.json"
-    run_files = tuple(args.run_dir / name for name in ("model.pt", "targets.pt", "config.yaml"))
+    run_files = tuple(args.run_dir / name for name in (MODEL_NAME, TARGETS_NAME, CONFIG_NAME))
     data = (args.data,) if args.data is not None else ()
     for path in (out, hyp_path(out)):
         check_output_file(path, inputs=run_files + data)
@@ -113,8 +114,9 @@ def _eval(args):
 def _decode(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.run.decode import decode_command
+    from asrdist.run.rundir import MODEL_NAME
 
     if args.out is not None:
         extra = (args.utt2spk,) if args.utt2spk is not None else ()
-        check_output_file(args.out, inputs=(*args.wavs, args.run_dir / "model.pt", *extra))
+        check_output_file(args.out, inputs=(*args.wavs, args.run_dir / MODEL_NAME, *extra))
     return decode_command(args)

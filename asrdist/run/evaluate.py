@@ -26,7 +26,7 @@ from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.optim.ng_layers import apply_natural_gradient
 from asrdist.run.prepare import ensure_features, feature_mismatch, load_targets
 from asrdist.run.task import build_model_for
-from asrdist.train.checkpoint import read_torch_file
+from asrdist.run.rundir import MODEL_NAME, read_torch_file
 
 
 def trained_architecture(cfg: RunConfig, model: torch.nn.Module) -> torch.nn.Module:
@@ -71,7 +71,7 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     """(model, config, targets, input_dim) of a finished run; `eval_overrides` ({key: value}, None
     values skipped: the command line's --vocabulary, --adapt-rounds, ...) replace the recipe's
     `eval.KEY` settings."""
-    path = run_dir / "model.pt"
+    path = run_dir / MODEL_NAME
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: run directory not found")
     if not path.is_file():

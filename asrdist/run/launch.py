@@ -27,7 +27,7 @@ from asrdist.cluster.cpushare import HostCpuPlan
 from asrdist.cluster.launcher import launch_learners
 from asrdist.cluster.netem import parse_rate
 from asrdist.cluster.process_group import JobEnv, start_learner
-from asrdist.cluster.supervisor import stopped_error
+from asrdist.cluster.supervisor import LOG_NAME, stopped_error
 from asrdist.config import RunConfig, apply_override, config_from_tree, read_config_tree
 from asrdist.data.labels import (
     CTC_TARGETS,
@@ -49,7 +49,7 @@ from asrdist.optim import ngsgd
 from asrdist.run import rundir
 from asrdist.run.learner import run_learner
 from asrdist.run.prepare import build_targets, ensure_features, save_targets
-from asrdist.run.rundir import CONFIG_NAME, run_config_path
+from asrdist.run.rundir import CONFIG_NAME, ENV_NAME, SUMMARY_NAME, run_config_path
 from asrdist.run.task import model_kind
 from asrdist.sim.cluster import parameter_count
 from asrdist.sim.scenario import config_shapes
@@ -143,7 +143,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
     save_targets(run_dir, targets)
     write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    write_json_atomic(run_dir / "env.json", environment_record(cfg))
+    write_json_atomic(run_dir / ENV_NAME, environment_record(cfg))
     run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
 
 
@@ -185,13 +185,13 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
         _note(f"{run_dir}: a start that failed left only its reports ({', '.join(sorted(p.name for p in entries))}); "
              f"removed, starting again")
     elif entries:
-        if ckpt.prepared_not_started(run_dir):
-            raise AsrdistError(ckpt.start_prepared_advice(run_dir))
+        if rundir.prepared_not_started(run_dir):
+            raise AsrdistError(rundir.start_prepared_advice(run_dir))
         if run_state.read_state(run_dir) is not None and rundir.has_no_checkpoint(run_dir):
             # a start killed before its first checkpoint (SIGKILL, out of memory): --resume starts it over
             raise AsrdistError(f"{run_dir}: a run that ended before its first checkpoint ({rundir.describe(run_dir)}); "
                                f"`asrdist train --resume {run_dir}` trains it again from the start, or pick another --out")
-        used = any((run_dir / name).exists() for name in ("summary.json", "checkpoints", "config.yaml"))
+        used = any((run_dir / name).exists() for name in (SUMMARY_NAME, ckpt.CHECKPOINTS_DIR, CONFIG_NAME))
         what = "run directory already used" if used else "run directory exists and is not empty"
         raise AsrdistError(f"{run_dir}: {what}; {hint}")
 
@@ -366,9 +366,9 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
     launch_learners("asrdist.run.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
                     max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes), cpu=cpu)
-    summary = run_dir / "summary.json"
+    summary = run_dir / SUMMARY_NAME
     if not summary.is_file():  # the learners that finished did not include the one that writes it
-        raise TrainingError(f"{summary}: not written (see {run_dir / 'launcher.log'})")
+        raise TrainingError(f"{summary}: not written (see {run_dir / LOG_NAME})")
     return json.loads(summary.read_text())
 
 

@@ -21,7 +21,7 @@ from asrdist.cluster.process_group import THREADS_ENV, stop_learner
 from asrdist.config import RunConfig
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
-from asrdist.optim.batch_search import MULTIPLE, EpochStartTrials, search_batch_size
+from asrdist.optim.batch_search import EpochStartTrials, check_search_sizes, search_batch_size
 from asrdist.optim.build import build_optimizer
 from asrdist.optim.max_change import clip_change
 from asrdist.optim.ng_layers import (
@@ -83,9 +83,7 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
     residuals and byte counters, RNG), so neither their updates nor their traffic count.
     """
     base, n = cfg.data.batch_size, ctx.world_size
-    if base % MULTIPLE or MULTIPLE % n:
-        raise ConfigError(f"strategy.auto_batch_size: needs data.batch_size a multiple of {MULTIPLE} "
-                          f"(got {base}) and {n} learners dividing {MULTIPLE}")
+    check_search_sizes(base, n)
     agree = _agree(ctx)
 
     def sampler_at(size: int, epoch: int | None = None):

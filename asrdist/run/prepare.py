@@ -34,7 +34,7 @@ from asrdist.features.store import (
 )
 from asrdist.io.atomic import save_torch_atomic
 from asrdist.io.kaldi_dir import read_data_dir
-from asrdist.train.checkpoint import read_torch_file
+from asrdist.run.rundir import TARGETS_NAME, read_torch_file
 
 SPLITS = ("train", "valid", "test")
 
@@ -215,11 +215,11 @@ def build_targets(corpus: Path, cfg: RunConfig, model_kind: str) -> Targets:
 
 
 def save_targets(run_dir: Path, targets: Targets) -> None:
-    save_torch_atomic(run_dir / "targets.pt", targets.to_blob())
+    save_torch_atomic(run_dir / TARGETS_NAME, targets.to_blob())
 
 
 def load_targets(run_dir: Path) -> Targets:
-    path = run_dir / "targets.pt"
+    path = run_dir / TARGETS_NAME
     if not path.is_file():
         raise DataError(f"{path}: missing; is {run_dir} an asrdist run directory?")
     blob = read_torch_file(path, "targets file")

@@ -24,15 +24,25 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import yaml
 
+from asrdist.cluster.supervisor import LOG_NAME
 from asrdist.config import RunConfig
-from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.data.bigram import LEGACY_NAME, PhoneBigram
+from asrdist.errors import AsrdistError, ConfigError, DataError, Stopped, TrainingError
 from asrdist.io.atomic import write_text_atomic
+from asrdist.io.torch_data import load_data
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.state import STATE_NAME, read_state, write_state
+
+# The run directory's files (beside the checkpointer's CHECKPOINTS_DIR and the launcher's LOG_NAME).
+CONFIG_NAME = "config.yaml"
+TARGETS_NAME = "targets.pt"
+MODEL_NAME = "model.pt"
+SUMMARY_NAME = "summary.json"
+ENV_NAME = "env.json"
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
 # output classes), its optimizer state, its learners, and its samplers' saved positions.
@@ -51,9 +61,9 @@ def describe(run_dir: Path) -> str:
     """The run's state in a few words, for messages: from its record, else from its files."""
     record = read_state(run_dir)
     if record is None:
-        if (run_dir / "summary.json").is_file():
+        if (run_dir / SUMMARY_NAME).is_file():
             return "finished"
-        return "prepared, never started" if ckpt.prepared_not_started(run_dir) else "started"
+        return "prepared, never started" if prepared_not_started(run_dir) else "started"
     what = record["state"]
     if what == "checkpointed":
         what += f" at {record.get('checkpoint')}"
@@ -67,7 +77,7 @@ def describe(run_dir: Path) -> str:
 def has_no_checkpoint(run_dir: Path) -> bool:
     """Whether the run holds no complete checkpoint: no `latest`, and no checkpoint directory a
     `latest` could be pointed at (one an interrupted first checkpoint left half-written is none)."""
-    if (run_dir / "checkpoints" / "latest").is_file():
+    if (run_dir / ckpt.CHECKPOINTS_DIR / ckpt.LATEST_NAME).is_file():
         return False
     return not ckpt.complete_checkpoints(run_dir)
 
@@ -103,7 +113,7 @@ def check_not_older_than_final(run_dir: Path, d: Path) -> None:
     checkpoint older than the end, as survival mode left them before asrdist published checkpoints
     from the survivors): its end would replace model.pt with a model of less training."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     except (OSError, ValueError):
         return
     kind, _, number = d.name.partition("-")
@@ -119,7 +129,7 @@ def finished(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether `run_dir` finished what `cfg` asks: its summary.json holds `train.epochs` epoch
     records, or `train.max_steps` (when set) steps."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     except (OSError, ValueError):
         return False
     max_steps = cfg.train.max_steps
@@ -155,7 +165,7 @@ def is_report(path: Path) -> bool:
 
 
 def _latest_name(run_dir: Path) -> str | None:
-    pointer = run_dir / "checkpoints" / "latest"
+    pointer = run_dir / ckpt.CHECKPOINTS_DIR / ckpt.LATEST_NAME
     return pointer.read_text(errors="replace").strip() if pointer.is_file() else None
 
 
@@ -244,7 +254,6 @@ def locked(run_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-CONFIG_NAME = "config.yaml"
 
 
 def run_config_path(run_dir: Path) -> Path:
@@ -253,3 +262,33 @@ def run_config_path(run_dir: Path) -> Path:
     written once, by the first start, and never rewritten: it records what made the first steps."""
     resumes = resume_configs(run_dir)
     return resumes[max(resumes)] if resumes else run_dir / CONFIG_NAME
+
+
+def prepared_not_started(run_dir: Path) -> bool:
+    """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
+    older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
+    record = read_state(run_dir)
+    if record is not None:
+        return record["state"] == "prepared"
+    return ((run_dir / TARGETS_NAME).is_file() and (run_dir / CONFIG_NAME).is_file()
+            and not any((run_dir / name).exists() for name in (ckpt.CHECKPOINTS_DIR, SUMMARY_NAME, LOG_NAME)))
+
+
+def start_prepared_advice(run_dir: Path) -> str:
+    return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; start it on this machine with "
+            f"`asrdist train --resume {run_dir}`, or under torchrun on every host: torchrun --nnodes A "
+            f"--nproc-per-node B ... -m asrdist.run.worker {run_dir} (docs/clusters.md)")
+
+
+def read_torch_file(path: Path, what: str) -> Any:
+    """torch.load of a run's file as data (`load_data`), its damage (truncated, garbage, missing) or
+    anything beyond tensors and plain data one DataError naming it."""
+    try:
+        return load_data(path, DataError, allowed=[(PhoneBigram, LEGACY_NAME)])  # an older targets.pt's bigram
+    except FileNotFoundError:
+        raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
+    except (Stopped, DataError):  # a stop signal came meanwhile (not a damaged input); a refusal said
+        raise
+    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(f"{path}: not a readable {what} ({type(exc).__name__}: {detail})") from None

@@ -18,6 +18,7 @@ from asrdist.eval.evaluate import evaluate_split
 from asrdist.io.atomic import write_json_atomic
 from asrdist.models.registry import count_parameters
 from asrdist.run.report import plot_report
+from asrdist.run.rundir import MODEL_NAME, SUMMARY_NAME
 from asrdist.train.checkpoint import save_model
 from asrdist.train.epoch_average import Averaged
 from asrdist.utils.throughput import job_frames_per_second
@@ -66,7 +67,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         model.load_state_dict(averaged.state)
         final = {"train_loss": train_loss, **_figures(evaluate_split(model, task.valid_dir, targets, cfg)),
                  "averaged_epochs": averaged.epochs, "unaveraged": unaveraged}
-    save_model(run_dir / "model.pt", model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
+    save_model(run_dir / MODEL_NAME, model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     frames = sum(p["frames"] for p in per_learner)
     loop_seconds = [p.get("loop_seconds") or p["train_seconds"] for p in per_learner]
     n = len(per_learner)  # the learners that finished
@@ -103,5 +104,5 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
     # the report first: summary.json marks the run finished, so a disk that fills up on the report
     # must fail the run before it (a resume then finishes it) rather than leave it without one
     plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / SUMMARY_NAME, summary)
     return summary

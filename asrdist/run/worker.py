@@ -20,7 +20,7 @@ from asrdist.cluster.supervisor import die_with_agent
 from asrdist.config import config_from_tree
 from asrdist.errors import ConfigError
 from asrdist.run.learner import run_learner
-from asrdist.run.rundir import describe, has_no_checkpoint, record_resume, run_config_path
+from asrdist.run.rundir import SUMMARY_NAME, describe, has_no_checkpoint, record_resume, run_config_path
 from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.state import write_state
 
@@ -82,7 +82,7 @@ def check_start(run_dir: Path, learners: int, world_size: int, resume: bool) -> 
                           f"--learners {world_size}")
     if resume:
         return
-    done = (run_dir / "summary.json").is_file()
+    done = (run_dir / SUMMARY_NAME).is_file()
     latest = latest_step_dir(run_dir)
     if done or latest is not None:
         what = "finished training (summary.json)" if done else f"has trained (checkpoint {latest.name})"

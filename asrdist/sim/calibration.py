@@ -50,7 +50,7 @@ class Microbenchmarks:
     """strategy -> "NxT" -> the same step of that strategy's own recipe (its optimizer: NG-SGD,
     AdaGrad, ...), where it was measured; `step_seconds_per_frame` is the first run's recipe."""
     onebit_exchange_seconds_per_value: float = 0.0
-    """onebit's whole exchange on one learner alone (`OneBitStrategy.exchange` in a world of one:
+    """onebit's whole exchange on one learner alone (`OneBitStrategy.after_backward` in a world of one:
     quantize with error feedback, reduce and re-quantize its stripes as their owner, dequantize),
     per value, 1 thread; 0 = not measured. Its kernels are two quantizations and two
     dequantizations; the rest (residuals, copies, packing, the chunks' bookkeeping) scales the

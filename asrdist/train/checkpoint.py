@@ -27,14 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from asrdist.data.bigram import LEGACY_NAME, PhoneBigram
-from asrdist.errors import DataError, Stopped, TrainingError
+from asrdist.errors import TrainingError
 from asrdist.io.atomic import save_torch_atomic, write_text_atomic
 from asrdist.io.atomic import write_json_atomic as save_json_atomic
 from asrdist.io.torch_data import foreign_globals, load_data, refusal
-from asrdist.train.state import read_state, write_state
+from asrdist.train.state import write_state
 
 KEEP_LAST = 2
+CHECKPOINTS_DIR = "checkpoints"
+"""Where a run directory holds its checkpoints; LATEST_NAME in it points at the latest."""
+LATEST_NAME = "latest"
 
 
 def rng_state(device: torch.device | None = None) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def step_tag(step: int) -> str:
 
 
 def checkpoint_dir(run_dir: Path, tag: str | int) -> Path:
-    return run_dir / "checkpoints" / (step_tag(tag) if isinstance(tag, int) else tag)
+    return run_dir / CHECKPOINTS_DIR / (step_tag(tag) if isinstance(tag, int) else tag)
 
 
 def save_learner(run_dir: Path, tag: str | int, rank: int, state: dict[str, Any]) -> None:
@@ -92,10 +94,10 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
                 stale.unlink(missing_ok=True)
         save_json_atomic(d / MEMBERS_NAME, {"learners": world_size, "members": writers, "group_size": group_size,
                                             "lost": sorted(set(range(world_size)) - set(writers))})
-    write_text_atomic(run_dir / "checkpoints" / "latest", d.name + "\n")
+    write_text_atomic(run_dir / CHECKPOINTS_DIR / LATEST_NAME, d.name + "\n")
     write_state(run_dir, "checkpointed", checkpoint=d.name, **(progress or {}))
     kind = d.name.split("-")[0]
-    older = sorted(p for p in (run_dir / "checkpoints").glob(f"{kind}-*") if p.is_dir() and p.name < d.name)
+    older = sorted(p for p in (run_dir / CHECKPOINTS_DIR).glob(f"{kind}-*") if p.is_dir() and p.name < d.name)
     for p in older[:max(0, len(older) - (KEEP_LAST - 1))]:
         shutil.rmtree(p, ignore_errors=True)
 
@@ -103,11 +105,11 @@ def publish(run_dir: Path, tag: str | int, world_size: int, members: list[int] |
 def latest_step_dir(run_dir: Path) -> Path | None:
     """The checkpoint `latest` points at; None when the run has none. A `latest` that is empty or
     names no checkpoint directory is a TrainingError saying what to do."""
-    pointer = run_dir / "checkpoints" / "latest"
+    pointer = run_dir / CHECKPOINTS_DIR / LATEST_NAME
     if not pointer.is_file():
         return None
     name = pointer.read_text(errors="replace").strip()
-    d = run_dir / "checkpoints" / name
+    d = run_dir / CHECKPOINTS_DIR / name
     if not name or "/" in name or not d.is_dir():
         found = ", ".join(p.name for p in _checkpoint_dirs(run_dir)) or "none"
         what = "is empty" if not name else f"names {name!r}, which is not a checkpoint directory"
@@ -117,7 +119,7 @@ def latest_step_dir(run_dir: Path) -> Path | None:
 
 
 def _checkpoint_dirs(run_dir: Path) -> list[Path]:
-    return sorted(p for p in (run_dir / "checkpoints").glob("*-*") if p.is_dir())
+    return sorted(p for p in (run_dir / CHECKPOINTS_DIR).glob("*-*") if p.is_dir())
 
 
 def _file_problem(path: Path) -> str | None:
@@ -174,22 +176,6 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return found
 
 
-def prepared_not_started(run_dir: Path) -> bool:
-    """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
-    older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
-    record = read_state(run_dir)
-    if record is not None:
-        return record["state"] == "prepared"
-    return ((run_dir / "targets.pt").is_file() and (run_dir / "config.yaml").is_file()
-            and not any((run_dir / name).exists() for name in ("checkpoints", "summary.json", "launcher.log")))
-
-
-def start_prepared_advice(run_dir: Path) -> str:
-    return (f"{run_dir}: prepared by `asrdist prepare` and not started yet; start it on this machine with "
-            f"`asrdist train --resume {run_dir}`, or under torchrun on every host: torchrun --nnodes A "
-            f"--nproc-per-node B ... -m asrdist.run.worker {run_dir} (docs/clusters.md)")
-
-
 def check_resumable(run_dir: Path, learners: int) -> Path:
     """The checkpoint `learners` learners would resume from, checked cheaply (pointer, one file per
     learner and no more, each a complete archive naming no code) without loading it; else a
@@ -197,7 +183,7 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
     d = latest_step_dir(run_dir)
     if d is None:
         if _checkpoint_dirs(run_dir):  # `latest` itself was lost
-            raise TrainingError(f"{run_dir / 'checkpoints' / 'latest'}: missing; {resume_advice(run_dir, None, learners)}")
+            raise TrainingError(f"{run_dir / CHECKPOINTS_DIR / 'latest'}: missing; {resume_advice(run_dir, None, learners)}")
         raise TrainingError(f"{run_dir}: no checkpoint to resume from; `asrdist train --resume {run_dir}` trains "
                             f"it from the start")
     # the run's config fixes its learners (rundir.check_resume): other files mean a damaged checkpoint
@@ -220,7 +206,7 @@ def check_resumable(run_dir: Path, learners: int) -> Path:
 def resume_advice(run_dir: Path, broken: Path | None, learners: int) -> str:
     """What to do about a checkpoint that cannot be loaded (`broken`; None: `latest` is lost):
     point `latest` at the newest complete checkpoint of `learners` files older than it."""
-    pointer = run_dir / "checkpoints" / "latest"
+    pointer = run_dir / CHECKPOINTS_DIR / LATEST_NAME
     for d in reversed(_checkpoint_dirs(run_dir)):
         if broken is not None and (d.name.split("-")[0] != broken.name.split("-")[0] or d.name >= broken.name):
             continue  # only an older checkpoint of the same kind: a newer one is a half-written next one
@@ -234,9 +220,9 @@ def resume_advice(run_dir: Path, broken: Path | None, learners: int) -> str:
 def remove_stale_temporaries(run_dir: Path, rank: int) -> None:
     """Delete what interrupted writes left behind: this learner's hidden checkpoint temporaries,
     and for rank 0 those of `latest` and of the run directory's own files."""
-    stale = list((run_dir / "checkpoints").glob(f"*/.rank-{rank}.pt.*.tmp"))
+    stale = list((run_dir / CHECKPOINTS_DIR).glob(f"*/.rank-{rank}.pt.*.tmp"))
     if rank == 0:
-        stale += list((run_dir / "checkpoints").glob(".latest.*.tmp")) + list(run_dir.glob(".*.tmp"))
+        stale += list((run_dir / CHECKPOINTS_DIR).glob(".latest.*.tmp")) + list(run_dir.glob(".*.tmp"))
     for path in stale:
         if path.is_file():
             path.unlink(missing_ok=True)
@@ -256,18 +242,3 @@ def load_learner(run_dir: Path, rank: int, world_size: int) -> dict[str, Any]:
 def save_model(path: Path, model: torch.nn.Module, extra: dict[str, Any]) -> None:
     """The final (consensus) model plus what decoding needs, written atomically."""
     save_torch_atomic(path, {"model": model.state_dict(), **extra})
-
-
-def read_torch_file(path: Path, what: str) -> Any:
-    """torch.load of a run's file as data (`load_data`), its damage (truncated, garbage, missing) or
-    anything beyond tensors and plain data one DataError naming it."""
-    try:
-        return load_data(path, DataError, allowed=[(PhoneBigram, LEGACY_NAME)])  # an older targets.pt's bigram
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing; is {path.parent} an asrdist run directory?") from None
-    except (Stopped, DataError):  # a stop signal came meanwhile (not a damaged input); a refusal said
-        raise
-    except Exception as exc:  # a truncated or foreign file: torch raises many kinds
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise DataError(f"{path}: not a readable {what} ({type(exc).__name__}: {detail})") from None
-
