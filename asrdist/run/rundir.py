@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -29,8 +28,9 @@ from typing import Iterator
 import yaml
 
 from asrdist.config import RunConfig
-from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.errors import AsrdistError, ConfigError, DataError, TrainingError
 from asrdist.io.atomic import write_text_atomic
+from asrdist.run.summary import RunSummary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.state import STATE_NAME, read_state, write_state
 
@@ -103,11 +103,11 @@ def check_not_older_than_final(run_dir: Path, d: Path) -> None:
     checkpoint older than the end, as survival mode left them before asrdist published checkpoints
     from the survivors): its end would replace model.pt with a model of less training."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = RunSummary.read(run_dir)
+    except (DataError, OSError):
         return
     kind, _, number = d.name.partition("-")
-    done = len(summary.get("history") or []) if kind == "epoch" else summary.get("steps") or 0
+    done = len(summary.history) if kind == "epoch" else summary.steps or 0
     if number.isdigit() and int(number) < done:
         what = f"{done} epochs" if kind == "epoch" else f"{done} steps"
         raise TrainingError(f"{run_dir}: its latest checkpoint {d.name} is older than its final model (model.pt, "
@@ -119,12 +119,11 @@ def finished(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether `run_dir` finished what `cfg` asks: its summary.json holds `train.epochs` epoch
     records, or `train.max_steps` (when set) steps."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = RunSummary.read(run_dir)
+    except (DataError, OSError):
         return False
     max_steps = cfg.train.max_steps
-    return len(summary.get("history") or []) >= cfg.train.epochs or bool(
-        max_steps and (summary.get("steps") or 0) >= max_steps)
+    return len(summary.history) >= cfg.train.epochs or bool(max_steps and (summary.steps or 0) >= max_steps)
 
 
 _RESUME_CONFIG = re.compile(r"^config-resume-(\d+)\.yaml$")
