@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,8 +36,9 @@ ERROR_KEYS = ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy")
 @dataclass(kw_only=True)
 class _Record:
     """A JSON object of summary.json: typed fields, the keys this version does not type (`extra`),
-    and the order its keys were read in (`keys`), so that what is read is written back as it was.
-    A typed field not read is written unless it is None and in `OPTIONAL`."""
+    and the order its keys were read in (`keys`), so that what is read is written back as it was
+    (with the fields set since, after its keys). A record made here writes every typed field but
+    those in `OPTIONAL` left None."""
 
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] = field(default=(), repr=False, compare=False)
@@ -57,19 +58,24 @@ class _Record:
         return cls(**values, extra={k: v for k, v in data.items() if k not in typed}, keys=tuple(data))
 
     def to_json(self) -> dict[str, Any]:
-        typed = self._typed()
+        typed = {f.name: f for f in fields(self) if f.name not in ("extra", "keys")}
         out: dict[str, Any] = {}
-        for key in (*self.keys, *typed, *self.extra):
+        for key in (*self.keys, *self._typed(), *self.extra):
             if key in out:
                 continue
             if key in typed:
                 value = getattr(self, key)
-                if value is None and key in self.OPTIONAL and key not in self.keys:
-                    continue
+                if key not in self.keys and (value == _default(typed[key]) if self.keys else
+                                             value is None and key in self.OPTIONAL):
+                    continue  # a key the file did not have and still has no news for, or not given
                 out[key] = _json(value)
             elif key in self.extra:
                 out[key] = self.extra[key]
         return out
+
+
+def _default(f) -> Any:
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
 
 
 def _json(value: Any) -> Any:
