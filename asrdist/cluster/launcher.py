@@ -91,6 +91,8 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
     wire = None
     with contextlib.ExitStack() as stack:
         shares = stack.enter_context(HostCpuShares(cpu.quotas)) if cpu is not None else None
+        records = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asrdist-exits-")))
+        exits = [records / f"agent-{node}.json" for node in range(nodes)]
 
         def preexec(node: int) -> Callable[[], None]:
             return shares.preexec(node) if shares is not None else die_with_parent
@@ -98,19 +100,20 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         if survive_lost and nodes == 1:
             _launch_survivable(module, args, learners, report_dir, timeout, host_env(0), preexec(0))
         elif nodes == 1:
-            cmd = [*AGENT, "--standalone", "--nnodes", "1", "--nproc-per-node", str(learners),
-                   *_agent_options(max_restarts), "-m", module, *args]
-            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout)
+            cmd = [*AGENT, "--exits", str(exits[0]), "--standalone", "--nnodes", "1", "--nproc-per-node",
+                   str(learners), *_agent_options(max_restarts), "-m", module, *args]
+            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout, exits=exits)
         else:
             def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
-                return [*AGENT, "--nnodes", str(nodes), "--nproc-per-node", str(per_host),
+                return [*AGENT, "--exits", str(exits[node]), "--nnodes", str(nodes), "--nproc-per-node",
+                        str(per_host),
                         "--node-rank", str(node), "--rdzv-backend", "static", "--master-addr", master_addr,
                         "--master-port", str(port), *_agent_options(max_restarts), "-m", module, *args]
 
             if network == "loopback":
                 port = _free_loopback_port()
                 run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), host_env(k), preexec(k))
-                            for k in range(nodes)], report_dir, timeout)
+                            for k in range(nodes)], report_dir, timeout, exits=exits)
             else:
                 net = stack.enter_context(netem.EmulatedNetwork(nodes, rate=network, delay=delay))
                 port = _namespace_port()
@@ -121,7 +124,7 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
                     return lambda: net.popen(node, cmd, env=node_env, preexec=preexec(node), stdout=None,
                                              stderr=subprocess.PIPE, text=True, bufsize=1)
 
-                run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
+                run_agents([agent(k) for k in range(nodes)], report_dir, timeout, exits=exits)
                 wire = WireCounters.of(net)
         usage = [shares.usage(i) for i in range(nodes)] if shares is not None else []
         outside = shares.outside() if shares is not None else {}
