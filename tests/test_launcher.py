@@ -309,7 +309,7 @@ def test_the_agent_hands_the_supervisor_torchs_record_of_a_learners_failure(tmp_
     except ValueError as caught:
         line = record_failure(None, 1, caught)  # no report directory: torch's record only
     failure = ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file=str(error_file))
-    assert failure.message == line and "Traceback" in failure.error_file_data["message"]["extraInfo"]["py_callstack"]
+    assert failure.message["message"] == line and "Traceback" in failure.message["extraInfo"]["py_callstack"]
     killed = ProcessFailure(local_rank=0, pid=4322, exitcode=-9, error_file=str(tmp_path / "none.json"))
     write_exits(tmp_path / "agent-0.json", {1: failure, 0: killed})
     exits = read_exits([tmp_path / "agent-0.json", tmp_path / "agent-1.json"])  # agent 1 wrote nothing
