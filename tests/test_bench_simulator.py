@@ -13,6 +13,7 @@ import pytest
 from asrdist.bench import simulator
 from asrdist.calibrate import microbench
 from asrdist.compare import runs as compare_runs
+from asrdist.run.summary import RunSummary
 from asrdist.sim import calibration
 from asrdist.sim.calibration import Microbenchmarks
 
@@ -59,16 +60,16 @@ def _bench_with_runs_measuring(scale: float, corpus: Path, out: Path, monkeypatc
             "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0, "per_learner": per}}))
         return {name: run_dir}
 
-    real_load = compare_runs.load_summary
+    real_load = RunSummary.read
 
-    def spied_load(run_dir):
+    def spied_load(cls, run_dir):
         spy.append("run read")
         return real_load(run_dir)
 
     monkeypatch.setattr(simulator, "measure_microbenchmarks", fake_micro)
     monkeypatch.setattr(calibration, "calibrate", spied_calibrate)
     monkeypatch.setattr(compare_runs, "train_missing", fake_train)
-    monkeypatch.setattr(compare_runs, "load_summary", spied_load)
+    monkeypatch.setattr(RunSummary, "read", classmethod(spied_load))
     return simulator.run(_args(corpus, out))
 
 

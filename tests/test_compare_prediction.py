@@ -12,7 +12,9 @@ from asrdist.compare.prediction import ranking_line, time_to_target_check
 def _run(tmp_path, name: str, curve: list[tuple[float, float]], predicted_fps: float | None, frames: int = 1000):
     path = tmp_path / name
     path.mkdir()
-    (path / "summary.json").write_text(json.dumps({"train_frames": frames * len(curve)}))
+    (path / "summary.json").write_text(json.dumps({
+        "strategy": name, "learners": 2, "frames_per_second": 1.0, "wall_seconds": 1.0, "final": {},
+        "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0}, "train_frames": frames * len(curve)}))
     return {"run": name, "path": str(path), "strategy": name, "learners": 2, "metric": "per",
             "error_rate": curve[-1][1], "epochs": len(curve), "predicted_frames_per_second": predicted_fps,
             "failed": None, "curve": [{"epoch": i + 1, "seconds": s, "per": e} for i, (s, e) in enumerate(curve)]}

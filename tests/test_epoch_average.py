@@ -9,6 +9,7 @@ import torch
 from asrdist.errors import ConfigError
 from asrdist.parallel.base import Strategy
 from asrdist.run.launch import print_summary
+from asrdist.run.summary import RunSummary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.epoch_average import EpochAverage, average_state_dicts, cpu_state
 from test_engine import ListOrder, _trainer
@@ -144,12 +145,13 @@ def test_the_end_of_train_prints_the_unaveraged_figures_beside_the_average(tmp_p
     final = {"train_loss": 0.2, "valid_loss": 0.19, "cer": 0.2075, "averaged_epochs": [3, 4, 5],
              "unaveraged": {"valid_loss": 0.16, "cer": 0.1663}}
     summary = {"final": final, "strategy": "single", "learners": 1, "model": "ctc", "parameters": 10,
-               "frames_per_second": 100.0, "comm": {"bytes_sent": 0}}
-    print_summary(tmp_path, summary)
+               "frames_per_second": 100.0, "wall_seconds": 1.0,
+               "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0}}
+    print_summary(tmp_path, RunSummary.from_json(summary))
     out = capsys.readouterr().out
     assert "cer=0.2075" in out.splitlines()[0]
     assert ("[asrdist] model.pt averages epochs 4, 5, 6; the last epoch's model alone: "
             "valid_loss=0.1600, cer=0.1663") in out
     del final["averaged_epochs"], final["unaveraged"]
-    print_summary(tmp_path, summary)
+    print_summary(tmp_path, RunSummary.from_json(summary))
     assert "averages" not in capsys.readouterr().out

@@ -1,32 +1,31 @@
 """The launcher's one-line failure message names the learner whose failure came first."""
 from __future__ import annotations
 
+from asrdist.cluster.failures import LearnerExit
 from asrdist.cluster.supervisor import failure_message
 
-OUTPUT = """[1]:
-  time      : 2026-11-22_14:52:30
-  host      : localhost
-  rank      : {rank} (local_rank: {rank})
-  exitcode  : {code} (pid: 12616)
-"""
+
+def _exited(rank: int, code: int) -> list[LearnerExit]:
+    """The agent's record (torch's ProcessFailure) of learner `rank` that failed with `code`."""
+    return [LearnerExit(rank, code)]
 
 
 def test_a_signal_without_a_report_is_the_root_cause(tmp_path):
     (tmp_path / "failed-rank-0.txt").write_text("learner rank 0: allreduce failed: Connection closed\n")
-    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
+    message = failure_message(tmp_path, _exited(1, -9), "", 1)
     assert message == "learner rank 1 died (killed by signal 9); the job was stopped"
 
 
 def test_a_learner_that_reported_its_error_is_named_by_it_even_if_it_ended_by_a_signal(tmp_path):
     (tmp_path / "failed-rank-1.txt").write_text("learner rank 1: loss is nan at step 84\ntraceback...\n")
-    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-6), 1)
+    message = failure_message(tmp_path, _exited(1, -6), "", 1)
     assert message == "learner rank 1: loss is nan at step 84"
 
 
 def test_a_killed_learner_whose_peers_timed_out_had_hung(tmp_path):
     (tmp_path / "failed-rank-1.txt").write_text(
         "learner rank 1: allreduce (timeout 20 s) failed: Timed out waiting 20000ms for recv\n")
-    message = failure_message(tmp_path, OUTPUT.format(rank=0, code=-9), 1)
+    message = failure_message(tmp_path, _exited(0, -9), "", 1)
     assert message.startswith("learner rank 0 hung (no progress") and "Timed out" in message
 
 
@@ -35,16 +34,16 @@ def test_a_timeout_that_closed_the_connection_is_a_timeout_too(tmp_path):
     loaded machine): the killed learner had still hung."""
     (tmp_path / "failed-rank-0.txt").write_text(
         "learner rank 0: all_to_all (timeout 15 s) failed: Application timeout caused pair closure\n")
-    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
+    message = failure_message(tmp_path, _exited(1, -9), "", 1)
     assert message.startswith("learner rank 1 hung (no progress") and "pair closure" in message
 
 
 def test_empty_reports_from_a_full_disk_are_skipped(tmp_path):
     (tmp_path / "failed-rank-0.txt").write_text("")
     (tmp_path / "failed-rank-1.txt").write_text("learner rank 1: checkpoint: No space left on device\n")
-    assert failure_message(tmp_path, "", 1) == "learner rank 1: checkpoint: No space left on device"
+    assert failure_message(tmp_path, [], "", 1) == "learner rank 1: checkpoint: No space left on device"
     (tmp_path / "failed-rank-1.txt").write_text("")
-    assert "launcher exit code 1" in failure_message(tmp_path, "", 1)
+    assert "launcher exit code 1" in failure_message(tmp_path, [], "", 1)
 
 
 def test_launcher_reports_and_tracebacks_stay_off_the_terminal():
@@ -66,7 +65,7 @@ def test_the_launcher_stops_on_sigterm_sigint_and_sighup():
 def test_a_killed_learner_whose_peers_lost_the_connection_died(tmp_path):
     (tmp_path / "failed-rank-2.txt").write_text(
         "learner rank 2: allreduce (timeout 180 s) failed: Connection closed by peer [127.0.0.1]:36751\n")
-    message = failure_message(tmp_path, OUTPUT.format(rank=1, code=-9), 1)
+    message = failure_message(tmp_path, _exited(1, -9), "", 1)
     assert message == "learner rank 1 died (killed by signal 9); the job was stopped"
 
 
@@ -124,7 +123,7 @@ def test_a_transport_error_reaches_the_user_without_gloo_source_and_advice():
 def test_a_learner_without_a_report_file_is_named_by_the_line_it_printed(tmp_path):
     """A full disk leaves no failed-rank file; the learner's own stderr line still names the cause."""
     output = "[asrdist] epoch=0\nasrdist: error: learner rank 1: checkpoint: No space left on device\n"
-    assert failure_message(tmp_path, output, 1) == "learner rank 1: checkpoint: No space left on device"
+    assert failure_message(tmp_path, [], output, 1) == "learner rank 1: checkpoint: No space left on device"
 
 
 def _failing_learner(line: str):
@@ -202,8 +201,8 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
             started.append((node, cmd, env))
 
     monkeypatch.setattr(netem, "EmulatedNetwork", FakeHosts)
-    monkeypatch.setattr(launcher, "record_wire", lambda net, run_dir: None)
-    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
+    monkeypatch.setattr(launcher.WireCounters, "of", classmethod(lambda cls, net: None))
+    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout, exits: [s() for s in starters])
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 2, tmp_path, nodes=2, network="1gbit")
     cores = len(os.sched_getaffinity(0))
     share = str(max(1, cores // 2))
@@ -227,7 +226,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
 def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp_path):
     """The learner side of the report protocol (`netem_launch` under run_learners): an asrdist
     error is its own message, any other error names its type; the supervisor's line is its first."""
-    from asrdist.cluster.supervisor import write_failure_report
+    from asrdist.cluster.failures import record_failure
     from asrdist.errors import ConfigError
 
     for rank, exc, line in [(1, ValueError("injected failure on rank 1\nsecond line"),
@@ -239,13 +238,13 @@ def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp
         try:
             raise exc
         except Exception as caught:
-            assert write_failure_report(tmp_path, rank, caught) == line
+            assert record_failure(tmp_path, rank, caught) == line
         report = (tmp_path / f"failed-rank-{rank}.txt").read_text()
         assert report.startswith(line + "\nTraceback (most recent call last):")
     (tmp_path / "failed-rank-0.txt").unlink()
     (tmp_path / "failed-rank-2.txt").unlink()
     (tmp_path / "failed-rank-3.txt").unlink()
-    assert failure_message(tmp_path, "", 1) == "learner rank 1: ValueError: injected failure on rank 1"
+    assert failure_message(tmp_path, [], "", 1) == "learner rank 1: ValueError: injected failure on rank 1"
 
 
 def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, monkeypatch):
@@ -262,7 +261,7 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
 
     started = []
     monkeypatch.setattr(launcher, "_popen", lambda cmd, env, preexec=None: started.append((cmd, env)))
-    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout: [s() for s in starters])
+    monkeypatch.setattr(launcher, "run_agents", lambda starters, report_dir, timeout, exits: [s() for s in starters])
     launcher.launch_learners("asrdist.run.worker", ["RUN"], 4, tmp_path, nodes=2, network="loopback")
     assert len(started) == 2
     for node, (cmd, env) in enumerate(started):
@@ -279,6 +278,7 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
         result_dir = Path(args[args.index("--result-dir") + 1])
         for rank in range(learners):
             (result_dir / f"result{rank}.json").write_text(json.dumps({"rank": rank}))
+        return launcher.JobCounters(None, [], {})
 
     monkeypatch.setattr(launcher, "launch_learners", fake_launch)
     monkeypatch.setattr(netem, "available", lambda: (True, ""))
@@ -293,3 +293,26 @@ def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, mo
     assert calls[-1][5] == "loopback" and calls[-1][1][calls[-1][1].index("--label") + 1] == "loopback"
     with pytest.raises(ConfigError, match="split evenly"):
         launcher.run_learners("m", "f", 3, 2, "loopback")
+
+
+def test_the_agent_hands_the_supervisor_torchs_record_of_a_learners_failure(tmp_path, monkeypatch):
+    """A learner's failure reaches the supervisor through torch's own records: its error file (the
+    format of torch's ErrorHandler), read by torch into a ProcessFailure, handed over by the agent."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from asrdist.cluster.failures import ERROR_FILE_ENV, read_exits, record_failure, write_exits
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
+    try:
+        raise ValueError("injected failure on rank 1")
+    except ValueError as caught:
+        line = record_failure(None, 1, caught)  # no report directory: torch's record only
+    failure = ProcessFailure(local_rank=1, pid=4321, exitcode=1, error_file=str(error_file))
+    assert failure.message["message"] == line and "Traceback" in failure.message["extraInfo"]["py_callstack"]
+    killed = ProcessFailure(local_rank=0, pid=4322, exitcode=-9, error_file=str(tmp_path / "none.json"))
+    write_exits(tmp_path / "agent-0.json", {1: failure, 0: killed})
+    exits = read_exits([tmp_path / "agent-0.json", tmp_path / "agent-1.json"])  # agent 1 wrote nothing
+    assert exits == [LearnerExit(1, 1, line), LearnerExit(0, -9)]
+    assert failure_message(tmp_path, exits, "", 1) == "learner rank 0 died (killed by signal 9); the job was stopped"
+    assert failure_message(tmp_path, exits[:1], "", 1) == "learner rank 1: ValueError: injected failure on rank 1"

@@ -82,7 +82,7 @@ def _learner(rank: int, world_size: int, run_dir: str):
     ctx = LearnerContext(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
                          timeout=timedelta(seconds=60), seed=cfg.seed)
     summary = run_learner(cfg, Path(run_dir), ctx, progress=False)
-    return summary and {"final": summary["final"], "history": summary["history"]}
+    return summary and {"final": summary.final.to_json(), "history": [r.to_json() for r in summary.history]}
 
 
 def _converge(corpus: Path, run_dir: Path, *strategy: str) -> dict:

@@ -126,7 +126,9 @@ def test_a_resume_never_goes_back_behind_the_final_model(tmp_path):
     for rank in range(2):
         ckpt.save_learner(run, "epoch-0001", rank, {"rank": rank})
     ckpt.publish(run, "epoch-0001", 2)
-    (run / "summary.json").write_text(json.dumps({"history": [{"epoch": e} for e in range(8)], "steps": 900}))
+    summary = {"strategy": "adpsgd", "learners": 2, "frames_per_second": 1.0, "wall_seconds": 1.0, "final": {},
+               "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0}}
+    (run / "summary.json").write_text(json.dumps({**summary, "history": [{"epoch": e} for e in range(8)], "steps": 900}))
     cfg = config_from_tree({"train": {"learners": 2, "epochs": 12}, "strategy": {"name": "adpsgd"}})
     with pytest.raises(TrainingError, match="older than its final model"):
         rundir.check_resume(cfg, run, cfg)

@@ -6,10 +6,12 @@ import pytest
 
 from asrdist.compare.target import (Target, default_target, first_to_target, recommendation, run_points,
                                     time_to_target)
+from asrdist.run.summary import EpochRecord
 
 
 def _history(*points):
-    return [{"epoch": e, "wall_seconds": t, "per": v, "valid_loss": 1.0} for e, (t, v) in enumerate(points)]
+    return [EpochRecord.from_json({"epoch": e, "wall_seconds": t, "per": v, "valid_loss": 1.0})
+            for e, (t, v) in enumerate(points)]
 
 
 def test_the_first_validation_at_or_below_the_target_counts():
@@ -37,8 +39,8 @@ def test_the_final_evaluation_is_the_last_point():
 
 
 def test_points_without_a_wall_time_or_the_metric_are_left_out():
-    history = [{"epoch": 0, "per": 0.1}, {"epoch": 1, "wall_seconds": 8.0, "cer": 0.1},
-               {"epoch": 2, "wall_seconds": 12.0, "per": 0.15}]
+    history = [EpochRecord.from_json(r) for r in ({"epoch": 0, "per": 0.1}, {"epoch": 1, "wall_seconds": 8.0, "cer": 0.1},
+                                                  {"epoch": 2, "wall_seconds": 12.0, "per": 0.15})]
     assert run_points(history, "per", None, None) == [(12.0, 0.15)]
 
 
@@ -83,7 +85,8 @@ def test_a_strategy_more_than_ten_percent_behind_sync_is_named_and_others_are_no
 
 def test_a_run_whose_host_took_much_of_the_cpu_is_named_and_quiet_ones_are_not():
     from asrdist.compare.target import STEAL_NOTE, busy_host
-    from asrdist.run.summary import busiest_host
+    from asrdist.run.finish import busiest_host
+    from asrdist.run.summary import LearnerFigures
 
     runs = [{"run": "sync", "steal_share": 0.43, "failed": None},
             {"run": "onebit", "steal_share": STEAL_NOTE, "failed": None},  # at the line: not named
@@ -94,8 +97,8 @@ def test_a_run_whose_host_took_much_of_the_cpu_is_named_and_quiet_ones_are_not()
     assert len(lines) == 1 and lines[0].startswith("sync: this machine's host took 43% of its CPU time (steal)")
     assert busy_host(runs, share=0.5) == []
     # the run's figure: its busiest learner's; none where no learner could read it
-    assert busiest_host([{"steal_share": 0.01}, {"steal_share": 0.2}, {"steal_share": None}]) == 0.2
-    assert busiest_host([{"rank": 0}, {"steal_share": None}]) is None
+    assert busiest_host([LearnerFigures(steal_share=s) for s in (0.01, 0.2, None)]) == 0.2
+    assert busiest_host([LearnerFigures(rank=0), LearnerFigures(steal_share=None)]) is None
 
 
 def test_the_line_for_a_strategy_behind_sync_says_from_its_curve_whether_it_was_still_learning():

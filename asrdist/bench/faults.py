@@ -47,6 +47,7 @@ from typing import Any
 
 from asrdist.checks import cli_number
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.run.summary import SUMMARY_NAME, RunSummary
 
 TINY = ["model.hidden_dim=128", "model.hidden_layers=2", "data.batch_size=256", "train.log_every=5",
         "optim.warmup_steps=0"]
@@ -207,11 +208,11 @@ def _adpsgd(job: _Job, learners: int) -> dict[str, Any]:
         os.kill(job.learners()[rank], signal.SIGKILL)
         killed.append(rank)
         job.until(lambda: f"learner rank {rank} lost" in _launcher_log(job), f"rank {rank} to be reported lost")
-    rc, summary, lost, survived = _went_on_without(job, killed)
+    rc, final, lost, survived = _went_on_without(job, killed)
     return {"adpsgd": after_loss(job), "adpsgd_survived": survived, "adpsgd_frames_lost": len(lost) * batch // learners,
             "adpsgd_restarts": _launcher_log(job).count("[asrdist] restart "), "adpsgd_exit_code": rc,
             "adpsgd_lost_learners": lost, "adpsgd_message": "" if survived else job.last_line(),
-            "adpsgd_final": summary.get("final", {}), "adpsgd_killed": killed}
+            "adpsgd_final": final, "adpsgd_killed": killed}
 
 
 def _hierarchical(job: _Job) -> dict[str, Any]:
@@ -219,9 +220,9 @@ def _hierarchical(job: _Job) -> dict[str, Any]:
     # whole epoch meanwhile (node 0 then logs no training record to wait for)
     job.until(lambda: job.records("epoch") and len(job.learners()) >= 4, "the first epoch's end")
     os.kill(job.learners()[3], signal.SIGKILL)
-    rc, summary, lost, survived = _went_on_without(job, [2, 3])
+    rc, final, lost, survived = _went_on_without(job, [2, 3])
     return {"hierarchical": after_loss(job), "hierarchical_survived": survived, "hierarchical_exit_code": rc, "hierarchical_lost_learners": lost,
-            "hierarchical_message": "" if survived else job.last_line(), "hierarchical_final": summary.get("final", {})}
+            "hierarchical_message": "" if survived else job.last_line(), "hierarchical_final": final}
 
 
 def after_loss(job: _Job) -> dict[str, Any]:
@@ -248,13 +249,14 @@ def after_loss(job: _Job) -> dict[str, Any]:
 
 
 def _went_on_without(job: _Job, lost_ranks: list[int]) -> tuple[int, dict, list[dict], bool]:
-    """Wait for the job's end: its exit code, summary ({} without one), lost learners, and whether
-    it survived (exit 0, a summary, and exactly `lost_ranks` lost)."""
+    """Wait for the job's end: its exit code, its summary's `final` and `lost_learners` ({} and []
+    without one), and whether it survived (exit 0, a summary, and exactly `lost_ranks` lost)."""
     rc = job.finish()
-    path = job.run_dir / "summary.json"
-    summary = json.loads(path.read_text()) if rc == 0 and path.is_file() else {}
-    lost = summary.get("lost_learners", [])
-    return rc, summary, lost, bool(summary) and sorted(x["rank"] for x in lost) == lost_ranks
+    if rc != 0 or not (job.run_dir / SUMMARY_NAME).is_file():
+        return rc, {}, [], False
+    summary = RunSummary.read(job.run_dir)
+    lost = [x.to_json() for x in summary.lost_learners]
+    return rc, summary.final.to_json(), lost, sorted(x.rank for x in summary.lost_learners) == lost_ranks
 
 
 def _last_line(text: str) -> str:

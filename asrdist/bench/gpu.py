@@ -43,6 +43,7 @@ from asrdist.parallel.onebit_kernel import (
     get_quantizer,
     packed_words,
 )
+from asrdist.run.summary import RunSummary
 from asrdist.sim.cluster import MODELS
 from asrdist.utils.leave import leave
 
@@ -261,17 +262,17 @@ def train(device: torch.device, recipe: str, data: str, steps: int, overrides: l
         wall = time.perf_counter() - t0
         if code != 0:
             raise RuntimeError(f"asrdist train {recipe} exited with {code}")
-        summary = json.loads((out / "summary.json").read_text())
-    learner = summary["comm"]["per_learner"][0]
-    if learner["device"] != str(device) and not (device.type == "cuda" and learner["device"].startswith("cuda")):
-        raise RuntimeError(f"asrdist train {recipe} trained on {learner['device']}, not {device}")
-    done = int(summary["steps"])
-    loop = float(learner.get("loop_seconds") or learner["train_seconds"])
-    return {"recipe": recipe, "overrides": overrides, "device": learner["device"], "model": summary["model"],
-            "parameters": summary["parameters"], "steps": done, "frames": summary["train_frames"],
-            "frames_per_second": summary["frames_per_second"], "seconds_per_step": loop / max(done, 1),
-            "compute_seconds_per_step": float(learner["compute_seconds"]) / max(done, 1),
-            "loop_seconds": loop, "wall_seconds": wall, "final": summary["final"], **peak_memory(device)}
+        summary = RunSummary.read(out)
+    learner = summary.comm.per_learner[0]
+    if learner.device != str(device) and not (device.type == "cuda" and learner.device.startswith("cuda")):
+        raise RuntimeError(f"asrdist train {recipe} trained on {learner.device}, not {device}")
+    done = int(summary.steps)
+    loop = float(learner.stepping_seconds)
+    return {"recipe": recipe, "overrides": overrides, "device": learner.device, "model": summary.model,
+            "parameters": summary.parameters, "steps": done, "frames": summary.train_frames,
+            "frames_per_second": summary.frames_per_second, "seconds_per_step": loop / max(done, 1),
+            "compute_seconds_per_step": float(learner.compute_seconds) / max(done, 1),
+            "loop_seconds": loop, "wall_seconds": wall, "final": summary.final.to_json(), **peak_memory(device)}
 
 
 # ------------------------------------------------------------------------- tests, merging

@@ -18,7 +18,6 @@ the hosts while it ran (`outside_hosts`: the launcher, the kernel, other jobs). 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -33,6 +32,7 @@ from asrdist.cluster import cpushare, netem
 from asrdist.cluster.netem import parse_rate
 from asrdist.errors import ConfigError
 from asrdist.io.atomic import write_json_atomic
+from asrdist.run.summary import RunSummary
 from asrdist.utils.throughput import job_frames_per_second
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -133,21 +133,21 @@ def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) ->
                          "--data", str(corpus), "--learners", str(spec.learners), "--nodes", str(spec.nodes),
                          "--network", spec.network, "--cpus-per-host", repr(cpus), "--strategy", spec.strategy,
                          "--epochs", str(setup.epochs)], run_dir, args.deadline, "bench seeds")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    learners = summary["comm"]["per_learner"]
-    validations = [{"epoch": r["epoch"], "wall_seconds": r.get("wall_seconds"),
-                    "error": next((r[k] for k in ERROR_KEYS if r.get(k) is not None), None),
-                    "valid_loss": r.get("valid_loss"), "consensus_distance": r.get("consensus_distance")}
-                   for r in summary.get("history", []) if r.get("valid_loss") is not None]
+    summary = RunSummary.read(run_dir)
+    learners = summary.comm.per_learner
+    validations = [{"epoch": r.epoch, "wall_seconds": r.wall_seconds, "error": r.error_rate(ERROR_KEYS)[1],
+                    "valid_loss": r.valid_loss, "consensus_distance": r.consensus_distance}
+                   for r in summary.history if r.valid_loss is not None]
+    dedicated = summary.dedicated.to_json() if summary.dedicated is not None else {}
     return {"strategy": spec.strategy, "learners": spec.learners, "nodes": spec.nodes, "network": spec.network,
             "cpus_per_host": cpus, "overrides": list(spec.overrides),
             "validations": validations, "final_error": validations[-1]["error"] if validations else None,
-            "frames_per_second": job_frames_per_second([p["frames"] for p in learners],
-                                                       [p.get("loop_seconds") or p["train_seconds"] for p in learners]),
-            "hosts": summary.get("hosts"), "straggler_emulation": summary.get("straggler_emulation"),
-            "outside_hosts": summary.get("outside_hosts"),
-            "per_learner": [{k: p.get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
-                                                    "comm_seconds", "wait_seconds", "exchanges")} for p in learners],
+            "frames_per_second": job_frames_per_second([p.frames for p in learners], summary.stepping_seconds()),
+            "hosts": dedicated.get("hosts"), "straggler_emulation": dedicated.get("straggler_emulation"),
+            "outside_hosts": dedicated.get("outside_hosts"),
+            "per_learner": [{k: p.to_json().get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
+                                                              "comm_seconds", "wait_seconds", "exchanges")}
+                            for p in learners],
             "command_seconds": round(seconds, 1),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "predicted": None, "simulator_error": None}

@@ -41,6 +41,7 @@ from asrdist.compare.target import STEAL_NOTE
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError
 from asrdist.run.prepare import ensure_features
+from asrdist.run.summary import RunSummary
 from asrdist.sim import calibration
 from asrdist.sim.calibration import predict_run
 
@@ -126,13 +127,11 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
     overrides = [f"train.epochs={args.epochs}", *args.overrides]
     run_dir = compare_runs.train_missing(args.config, {name: cfg}, base / f"learners{n}", corpus, overrides,
                                          hosts=_hosts(n, args.network))[name]
-    summary = compare_runs.load_summary(run_dir)
-    per = summary["comm"]["per_learner"]
-    measured = {"frames_per_second": summary["frames_per_second"], "train_frames": summary["train_frames"],
-                "loop_seconds": max(p.get("loop_seconds") or p["train_seconds"] for p in per),
-                "threads_per_learner": summary["threads_per_learner"], "nodes": summary.get("nodes", 1),
-                "network": summary.get("network", "loopback"), "run": str(run_dir),
-                "steal_share": summary.get("steal_share")}
+    summary = RunSummary.read(run_dir)
+    measured = {"frames_per_second": summary.frames_per_second, "train_frames": summary.train_frames,
+                "loop_seconds": max(summary.stepping_seconds()),
+                "threads_per_learner": summary.threads_per_learner, "nodes": summary.nodes,
+                "network": summary.network, "run": str(run_dir), "steal_share": summary.steal_share}
     return {"micro": micro, "detail": detail, "inputs": inputs, "predicted": predicted, "measured": measured}
 
 

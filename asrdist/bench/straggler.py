@@ -28,7 +28,6 @@ delay-by-one pair another.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from asrdist.cluster import netem
 from asrdist.cluster.netem import parse_rate
 from asrdist.corpus.synth import synth_command
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.run.summary import RunSummary
 from asrdist.run.train_cli import add_cpus_per_host_option
 from asrdist.train.metrics import read_metrics
 from asrdist.utils.throughput import job_frames_per_second
@@ -212,31 +212,31 @@ def run_train(argv: list[str], run_dir: Path, deadline: float, bench: str) -> fl
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """A finished run's validations (wall seconds, loss, PER) and its learners' figures."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    learners = summary["comm"]["per_learner"]
+    summary = RunSummary.read(run_dir)
+    learners = summary.comm.per_learner
     return {"validations": validations(run_dir, summary),
-            "frames_per_second": job_frames_per_second([p["frames"] for p in learners],
-                                                       [p.get("loop_seconds") or p["train_seconds"] for p in learners]),
-            "threads_per_learner": summary.get("threads_per_learner"),
-            "per_learner": [{k: p.get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
-                                                    "comm_seconds", "wait_seconds", "exchanges", "bytes_sent")}
+            "frames_per_second": job_frames_per_second([p.frames for p in learners], summary.stepping_seconds()),
+            "threads_per_learner": summary.threads_per_learner,
+            "per_learner": [{k: p.to_json().get(k) for k in ("rank", "steps", "frames", "loop_seconds",
+                                                              "compute_seconds", "comm_seconds", "wait_seconds",
+                                                              "exchanges", "bytes_sent")}
                             for p in learners]}
 
 
-def validations(run_dir: Path, summary: dict) -> list[dict[str, Any]]:
+def validations(run_dir: Path, summary: RunSummary) -> list[dict[str, Any]]:
     """(epoch, wall seconds, validation loss, PER) of every validation of a run: the seconds from
     the record's own `wall_seconds` where the trainer writes it, else from the `seconds` of its
     line in metrics.jsonl (seconds since the run's metrics log opened, before its first step)."""
     logged = {r["epoch"]: r["seconds"] for r in read_metrics(run_dir) if r.get("kind") == "epoch"}
     out = []
-    for record in summary.get("history", []):
-        if record.get("valid_loss") is None:
+    for record in summary.history:
+        if record.valid_loss is None:
             continue
-        seconds = record.get("wall_seconds", logged.get(record["epoch"]))
+        seconds = record.wall_seconds if record.wall_seconds is not None else logged.get(record.epoch)
         if seconds is None:
-            raise TrainingError(f"{run_dir}: validation of epoch {record['epoch']} has no wall time")
-        out.append({"epoch": record["epoch"], "wall_seconds": seconds, "valid_loss": record["valid_loss"],
-                    "per": record.get("per")})
+            raise TrainingError(f"{run_dir}: validation of epoch {record.epoch} has no wall time")
+        out.append({"epoch": record.epoch, "wall_seconds": seconds, "valid_loss": record.valid_loss,
+                    "per": record.per})
     return out
 
 

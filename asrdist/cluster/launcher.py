@@ -35,6 +35,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -48,7 +49,6 @@ from asrdist.cluster.process_group import (CPU_QUOTA_ENV, NETWORK_ENV, QUOTA_SLO
                                            THREADS_ENV, JobEnv)
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.io.atomic import write_json_atomic
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 
 AGENT = (sys.executable, "-m", "asrdist.cluster.agent")
@@ -64,14 +64,14 @@ _NAMESPACE_PORT_RANGE = (20000, 29999)
 def launch_learners(module: str, args: list[str], learners: int, report_dir: Path,
                     timeout: float | None = None, nodes: int = 1, network: str = "1gbit",
                     max_restarts: int = 0, survive_lost: bool = False, delay: str = "0.1ms",
-                    cpu: HostCpuPlan | None = None) -> list[HostCpuUsage]:
+                    cpu: HostCpuPlan | None = None) -> JobCounters:
     """Run `python -m module *args` as `learners` learners, on this machine (nodes 1) or on `nodes`
     hosts joined by `network` links (a rate, with `delay`, emulated; or 'loopback'); when a learner
     fails, torch's launcher restarts them all up to `max_restarts` times (the module resumes:
     TORCHELASTIC_RESTART_COUNT); raise TrainingError on failure, JobTimedOut past `timeout`.
     `survive_lost` (nodes 1): the job goes on without failed learners and fails only when none
-    finishes. `cpu`: each host in a cgroup of its own with `cpu.quotas[i]` cores (`cpushare`);
-    returns each host's CPU counters then (else [])."""
+    finishes. `cpu`: each host in a cgroup of its own with `cpu.quotas[i]` cores (`cpushare`).
+    Returns what the hosts counted (`JobCounters`), for the caller to record."""
     check_layout(learners, nodes, network)
     per_host = learners // nodes
     if cpu is not None:
@@ -89,8 +89,11 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
             extra.update({CPU_QUOTA_ENV: repr(cpu.quotas[node]), QUOTA_SLOWDOWN_ENV: repr(cpu.slowed[node])})
         return dict(env, **extra)
 
+    wire = None
     with contextlib.ExitStack() as stack:
         shares = stack.enter_context(HostCpuShares(cpu.quotas)) if cpu is not None else None
+        records = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asrdist-exits-")))
+        exits = [records / f"agent-{node}.json" for node in range(nodes)]
 
         def preexec(node: int) -> Callable[[], None]:
             return shares.preexec(node) if shares is not None else die_with_parent
@@ -98,19 +101,20 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         if survive_lost and nodes == 1:
             _launch_survivable(module, args, learners, report_dir, timeout, host_env(0), preexec(0))
         elif nodes == 1:
-            cmd = [*AGENT, "--standalone", "--nnodes", "1", "--nproc-per-node", str(learners),
-                   *_agent_options(max_restarts), "-m", module, *args]
-            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout)
+            cmd = [*AGENT, "--exits", str(exits[0]), "--standalone", "--nnodes", "1", "--nproc-per-node",
+                   str(learners), *_agent_options(max_restarts), "-m", module, *args]
+            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout, exits=exits)
         else:
             def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
-                return [*AGENT, "--nnodes", str(nodes), "--nproc-per-node", str(per_host),
+                return [*AGENT, "--exits", str(exits[node]), "--nnodes", str(nodes), "--nproc-per-node",
+                        str(per_host),
                         "--node-rank", str(node), "--rdzv-backend", "static", "--master-addr", master_addr,
                         "--master-port", str(port), *_agent_options(max_restarts), "-m", module, *args]
 
             if network == "loopback":
                 port = _free_loopback_port()
                 run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), host_env(k), preexec(k))
-                            for k in range(nodes)], report_dir, timeout)
+                            for k in range(nodes)], report_dir, timeout, exits=exits)
             else:
                 net = stack.enter_context(netem.EmulatedNetwork(nodes, rate=network, delay=delay))
                 port = _namespace_port()
@@ -121,13 +125,62 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
                     return lambda: net.popen(node, cmd, env=node_env, preexec=preexec(node), stdout=None,
                                              stderr=subprocess.PIPE, text=True, bufsize=1)
 
-                run_agents([agent(k) for k in range(nodes)], report_dir, timeout)
-                record_wire(net, Path(report_dir))
+                run_agents([agent(k) for k in range(nodes)], report_dir, timeout, exits=exits)
+                wire = WireCounters.of(net)
         usage = [shares.usage(i) for i in range(nodes)] if shares is not None else []
         outside = shares.outside() if shares is not None else {}
-    if cpu is not None:
-        record_hosts(Path(report_dir), cpu, usage, outside)
-    return usage
+    return JobCounters(wire, usage, outside)
+
+
+@dataclass(frozen=True)
+class HostWire:
+    """What one emulated host's NIC sent over the whole job (`netem.payload_on_wire` of its veth)."""
+
+    node: int
+    bytes: int
+    packets: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True)
+class WireCounters:
+    """What the emulated hosts' NICs carried over the whole job (`asrdist train --nodes`), beside
+    the strategy's counted `comm.bytes_sent`: every host's eth0 was created with the job, so its
+    counters are the job's traffic (rendezvous, start-up broadcast, validation and the final
+    gathering included: more than the training exchanges; after a resume, the last start's only)."""
+
+    payload_bytes: int
+    frame_bytes: int
+    segments: int
+    hosts: list[HostWire]
+    what: str = ("bytes the emulated hosts' NICs sent over the whole job (veth tx counters); payload = "
+                 "frames less one Ethernet + IPv4 + TCP header per segment")
+
+    @classmethod
+    def of(cls, net: netem.EmulatedNetwork) -> "WireCounters":
+        zero = dict.fromkeys(COUNTER_NAMES, 0)
+        hosts = [HostWire(i, **payload_on_wire(zero, net.link_counters(i))) for i in range(net.num_nodes)]
+        return cls(sum(h.payload_bytes for h in hosts), sum(h.bytes for h in hosts), sum(h.packets for h in hosts),
+                   hosts)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "WireCounters":
+        return cls(**{**data, "hosts": [HostWire(**h) for h in data["hosts"]]})
+
+
+@dataclass(frozen=True)
+class JobCounters:
+    """What a job's hosts counted, for `asrdist train` to record in summary.json."""
+
+    wire: WireCounters | None
+    """On an emulated network; None elsewhere."""
+    hosts: list[HostCpuUsage]
+    """Each dedicated host's CPU counters (`cpu` given); [] otherwise."""
+    outside_hosts: dict
+    """The machine's CPU outside the dedicated hosts (`HostCpuShares.outside`); {} without them."""
 
 
 def _agent_options(max_restarts: int) -> list[str]:
@@ -164,8 +217,8 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
         cli = ["--function", f"{fn_module}:{fn_name}", "--args", json.dumps(args or {}), "--result-dir", tmp,
                "--label", label, "--timeout", repr(float(timeout))]
         try:
-            usage = launch_learners(LEARNER_MODULE, cli, world_size, out, timeout, nodes, network, delay=delay,
-                                    cpu=cpu)
+            counters = launch_learners(LEARNER_MODULE, cli, world_size, out, timeout, nodes, network, delay=delay,
+                                       cpu=cpu)
         except JobTimedOut:
             unfinished = [str(r) for r in range(world_size) if not (out / f"result{r}.json").is_file()]
             raise JobTimedOut(f"learners did not finish within {timeout:g} s (network {label}; unfinished ranks: "
@@ -176,8 +229,8 @@ def run_learners(fn_module: str, fn_name: str, world_size: int, nodes: int | Non
             if not path.is_file():
                 raise TrainingError(f"learner rank {rank} exited without writing its result")
             results.append(json.loads(path.read_text()))
-            if usage:
-                results[-1]["host_cpu"] = usage[rank // (world_size // nodes)].as_dict()
+            if counters.hosts:
+                results[-1]["host_cpu"] = counters.hosts[rank // (world_size // nodes)].as_dict()
     return results
 
 
@@ -192,43 +245,6 @@ def check_layout(world_size: int, nodes: int | None, network: str) -> int:
     if not 1 <= nodes <= world_size or world_size % nodes:
         raise ConfigError(f"learners: {world_size} learners cannot be split evenly into {nodes} nodes")
     return nodes
-
-
-def record_wire(net: netem.EmulatedNetwork, run_dir: Path) -> None:
-    """Add to a finished run's summary.json (`asrdist train --nodes`) what its emulated hosts' NICs
-    carried over the whole job, beside the strategy's counted `comm.bytes_sent`: every host's
-    eth0 was created with the job, so its counters are the job's traffic (rendezvous, start-up
-    broadcast, validation and the final gathering included: more than the training exchanges;
-    after a resume, the last start's only)."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return  # the job failed or stopped early (or ran learner functions): nothing to add to
-    summary = json.loads(path.read_text())
-    zero = dict.fromkeys(COUNTER_NAMES, 0)
-    hosts = [{"node": i, **payload_on_wire(zero, net.link_counters(i))} for i in range(net.num_nodes)]
-    summary["wire"] = {
-        "payload_bytes": sum(h["payload_bytes"] for h in hosts),
-        "frame_bytes": sum(h["bytes"] for h in hosts),
-        "segments": sum(h["packets"] for h in hosts),
-        "hosts": hosts,
-        "what": "bytes the emulated hosts' NICs sent over the whole job (veth tx counters); payload = "
-                "frames less one Ethernet + IPv4 + TCP header per segment",
-    }
-    write_json_atomic(path, summary)
-
-
-def record_hosts(run_dir: Path, cpu: HostCpuPlan, usage: list[HostCpuUsage], outside: dict) -> None:
-    """Add to a finished run's summary.json each dedicated host's quota and what its cgroup counted:
-    the CPU its learners used and the time the quota held them back (`cpushare`)."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return
-    summary = json.loads(path.read_text())
-    summary["hosts"] = [u.as_dict() for u in usage]
-    summary["cpus_per_host"] = cpu.cpus_per_host
-    summary["straggler_emulation"] = cpu.straggler_emulation()
-    summary["outside_hosts"] = outside
-    write_json_atomic(path, summary)
 
 
 def _launch_survivable(module: str, args: list[str], learners: int, report_dir: Path, timeout: float | None,

@@ -35,9 +35,10 @@ import torch
 import torch.distributed as dist
 
 from asrdist.checks import cli_number
+from asrdist.cluster.failures import record_failure
 from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import JobEnv, start_learner
-from asrdist.cluster.supervisor import die_with_agent, write_failure_report
+from asrdist.cluster.supervisor import die_with_agent
 from asrdist.errors import AsrdistError, ConfigError
 from asrdist.io.atomic import write_json_atomic
 from asrdist.utils.leave import leave
@@ -67,8 +68,7 @@ def _torchrun_learner(function: str, args_json: str, result_dir: str | None, net
         else:
             print(json.dumps(result), flush=True)
     except Exception as exc:  # this learner's own failure, named by its rank, then exit non-zero
-        message = (write_failure_report(Path(result_dir), spec.rank, exc) if result_dir
-                   else f"learner rank {spec.rank}: {exc}")
+        message = record_failure(Path(result_dir) if result_dir else None, spec.rank, exc)
         print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal

@@ -1,9 +1,10 @@
 """asrdist's supervisor around the launcher agents (`torch.distributed.run`, one per host) or,
 for a job that survives lost learners, around the learners themselves (`Survival`).
 
-- A learner that fails writes `failed-rank-R.txt` (its one-line error, then the traceback) into the
-  report directory (`write_failure_report`); a failed job becomes one `TrainingError` line naming
-  the learner that failed first (`failure_message`). Everything the agents print on stderr goes to
+- A learner that fails records it (`asrdist.cluster.failures.record_failure`: torch's error file
+  and `failed-rank-R.txt` in the report directory); the agents hand over torch's failure records
+  (`LearnerExit`), and a failed job becomes one `TrainingError` line naming the learner that failed
+  first (`failure_message`). Everything the agents print on stderr goes to
   `launcher.log` in the report directory; the terminal gets the learners' own output without
   torch's launcher tracebacks. A job that outlives its deadline is a `JobTimedOut`.
 - SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
@@ -25,12 +26,12 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Callable, Sequence
 
+from asrdist.cluster.failures import LearnerExit, read_exits, report_path
 from asrdist.cluster.netem import die_with_parent, stop_process
-from asrdist.errors import AsrdistError, Stopped, TrainingError
+from asrdist.errors import Stopped, TrainingError
 from asrdist.parallel.membership import lost_key, report_lost
 
 LOG_NAME = "launcher.log"
@@ -57,22 +58,6 @@ def die_with_agent() -> None:
     die_with_parent()
     if os.getppid() != parent or parent == 1:
         os._exit(1)
-
-
-def write_failure_report(report_dir: Path, rank: int, exc: BaseException) -> str:
-    """A learner's side of the protocol `failure_message` reads: `failed-rank-R.txt` in the report
-    directory (its one line, then the traceback). Returns the line; an asrdist error is its own
-    message, any other names its type (a bare KeyError says only the key)."""
-    text = str(exc).strip()
-    detail = (text.splitlines()[0] if text else "").removeprefix(f"rank {rank}: ")
-    if not isinstance(exc, AsrdistError) or not detail:
-        detail = f"{type(exc).__name__}: {detail}".rstrip(": ")
-    message = f"learner rank {rank}: {detail}"
-    try:
-        (Path(report_dir) / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
-    except OSError:  # a full disk: the learner's stderr line still reaches the launcher's log
-        pass
-    return message
 
 
 _DYING_S = 1.0
@@ -115,7 +100,7 @@ class Survival:
         return [p.poll() or 0 for p in procs]
 
     def _lose(self, rank: int, code: int, learners: int) -> None:
-        report = _first_line(self.report_dir / f"failed-rank-{rank}.txt")
+        report = _first_line(report_path(self.report_dir, rank))
         if not report and rank < len(self.outputs):  # no report file (a full disk): the line it printed
             self.pumps[rank].join(2.0)  # its last lines: the pipe closes as the process exits
             said = [m for m in _LEARNER_ERROR.findall("".join(self.outputs[rank]))
@@ -151,10 +136,11 @@ class Survival:
 
 
 def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: Path, timeout: float | None,
-               survival: Survival | None = None) -> None:
+               survival: Survival | None = None, exits: Sequence[Path] = ()) -> None:
     """Start the launcher agents, echo their learners' output, log all of it, and turn a failure
-    (or a stop signal) into one line naming the rank. With `survival` the processes are the
-    learners themselves and the job goes on without lost ones."""
+    (or a stop signal) into one line naming the rank, from the failure records the agents write
+    to `exits` (`asrdist.cluster.agent --exits`). With `survival` the processes are the learners
+    themselves and the job goes on without lost ones."""
     report_dir = Path(report_dir)
     for f in report_dir.glob("failed-rank-*.txt"):
         f.unlink()
@@ -201,7 +187,7 @@ def run_agents(starters: Sequence[Callable[[], subprocess.Popen]], report_dir: P
         return
     failed = [c for c in codes if c != 0]
     if failed:
-        raise TrainingError(failure_message(report_dir, "".join(sum(outputs, [])), failed[0]))
+        raise TrainingError(failure_message(report_dir, read_exits(list(exits)), "".join(sum(outputs, [])), failed[0]))
 
 
 def stopped_error(signum: int, what: str = "") -> Stopped:
@@ -405,32 +391,30 @@ _LEARNER_ERROR = re.compile(r"^asrdist: error: (learner rank \d+: .*)$", re.MULT
 not be written."""
 
 
-def failure_message(report_dir: Path, launcher_output: str, rc: int) -> str:
-    """One line naming the learner that failed first.
+def failure_message(report_dir: Path, exits: list[LearnerExit], launcher_output: str, rc: int) -> str:
+    """One line naming the learner that failed first, from the agents' records of the learners that
+    failed (`exits`) and the learners' reports.
 
     A learner killed by a signal (not the launcher's own SIGTERM) without a report of its own is
     the root cause even when its peers wrote errors of their own (their collectives broke because
     it vanished); when those peers timed out waiting for it, it had hung (stopped making progress)
     and the launcher killed it. Otherwise the first learner that reported its own error is named.
     """
-    failures = [(int(r), int(c)) for r, c in
-                re.findall(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)", launcher_output)]
     reports = sorted((p for p in report_dir.glob("failed-rank-*.txt") if _first_line(p)),
                      key=lambda p: p.stat().st_mtime)
-    for rank, code in failures:
-        if code < 0 and code != -15 and not _first_line(report_dir / f"failed-rank-{rank}.txt"):
+    for e in exits:
+        if e.exitcode < 0 and e.exitcode != -15 and not e.message and not _first_line(report_path(report_dir, e.rank)):
             if reports and all(_TIMED_OUT.search(_first_line(p)) for p in reports):
-                return (f"learner rank {rank} hung (no progress until its peers' timeout ran out: "
+                return (f"learner rank {e.rank} hung (no progress until its peers' timeout ran out: "
                         f"{_first_line(reports[0])}); the job was stopped")
-            return f"learner rank {rank} died (killed by signal {-code}); the job was stopped"
+            return f"learner rank {e.rank} died (killed by signal {-e.exitcode}); the job was stopped"
     if reports:
         return _first_line(reports[0])
-    said = _LEARNER_ERROR.findall(launcher_output)
-    if said:  # no report file (a full disk): the line the learner printed
+    said = [e.message for e in exits if e.message] or _LEARNER_ERROR.findall(launcher_output)
+    if said:  # no report file (a full disk): the line the learner recorded in its error file, or printed
         return said[0]
-    if failures:
-        rank, code = failures[0]
-        return f"learner rank {rank} failed (exit code {code}); the job was stopped"
+    if exits:
+        return f"learner rank {exits[0].rank} failed (exit code {exits[0].exitcode}); the job was stopped"
     return f"learners failed (launcher exit code {rc}; see {report_dir / LOG_NAME})"
 
 

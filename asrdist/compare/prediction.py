@@ -3,10 +3,10 @@ simulator made on its nearest validated case (`asrdist.sim.uncertainty`: the run
 bench simulator` on a CPU machine, predicted from microbenchmarks)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from asrdist.errors import AsrdistError
+from asrdist.errors import AsrdistError, DataError
+from asrdist.run.summary import RunSummary
 from asrdist.sim.uncertainty import apart, describe, nearest, placement_of
 
 
@@ -99,8 +99,8 @@ def time_to_target_check(runs: list[dict], target: float | None = None) -> dict 
 
 def _train_frames(run_dir: str) -> float | None:
     try:
-        return json.loads((Path(run_dir) / "summary.json").read_text()).get("train_frames")
-    except (OSError, ValueError, AttributeError):
+        return RunSummary.read(Path(run_dir)).train_frames
+    except (OSError, DataError):
         return None
 
 

@@ -7,7 +7,6 @@ training loop here.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,13 +21,12 @@ from asrdist.parallel import STRATEGIES
 from asrdist.run import launch
 from asrdist.run.launch import check_job, host_cpu_plan, resolve_config
 from asrdist.run.rundir import run_config_path
+from asrdist.run.summary import Figures, RunSummary
 from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.metrics import read_metrics
 
 ERROR_METRICS = ("per", "wer", "cer")
 """The first of these a run's final evaluation holds is its error rate (hybrid: PER; CTC: WER/CER)."""
-_SUMMARY_KEYS = ("strategy", "learners", "final", "frames_per_second", "wall_seconds", "comm")
-_COMM_KEYS = ("bytes_sent", "comm_seconds", "wait_seconds")
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -147,8 +145,8 @@ def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
     path = run_dir / "summary.json"
     if not path.is_file():
         return
-    summary = load_summary(run_dir)
-    there = (summary.get("nodes", 1), summary.get("network", "loopback"))
+    summary = RunSummary.read(run_dir)
+    there = (summary.nodes, summary.network)
     if there != (hosts.nodes, hosts.network_name):
         raise ConfigError(f"{run_dir}: trained on {there[0]} host(s) over {there[1]}, {hosts.nodes} over "
                           f"{hosts.network_name} asked; pick another --out")
@@ -188,60 +186,39 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
     return runs
 
 
-def load_summary(run_dir: Path) -> dict:
-    """RUN_DIR/summary.json, with the keys a comparison reads checked."""
-    path = Path(run_dir) / "summary.json"
-    if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise DataError(f"{run_dir}: not a run directory (give the directory that holds summary.json)")
-    try:
-        summary = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path}: missing; is {run_dir} a finished asrdist run?") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not JSON ({exc})") from None
-    summary = summary if isinstance(summary, dict) else {}
-    comm = summary.get("comm") if isinstance(summary.get("comm"), dict) else {}
-    missing = [k for k in _SUMMARY_KEYS if k not in summary] + [f"comm.{k}" for k in _COMM_KEYS if k not in comm]
-    missing += [] if isinstance(summary.get("final", {}), dict) else ["final"]
-    if missing:
-        raise DataError(f"{path}: not an asrdist summary (no '{missing[0]}')")
-    return summary
-
-
-def error_metric(final: dict) -> str | None:
-    return next((k for k in ERROR_METRICS if final.get(k) is not None), None)
+def error_metric(final: Figures) -> str | None:
+    return final.error_rate(ERROR_METRICS)[0]
 
 
 def run_record(run_dir: Path) -> dict:
     """What the comparison reports of one finished run: the summary's figures, its epoch curves
     (error rate against epoch and against the job's wall seconds, from metrics.jsonl) and the
     points time to a target is read from (`compare.target.run_points`)."""
-    s = load_summary(run_dir)
-    final, comm = s["final"], s["comm"]
-    metric = error_metric(final)
+    s = RunSummary.read(run_dir)
+    final, comm = s.final, s.comm
+    metric, error_rate = final.error_rate(ERROR_METRICS)
     curve = []
     for r in read_metrics(run_dir):
         if r.get("kind") == "epoch" and metric in r:
             curve.append({"epoch": r["epoch"] + 1, "step": r["step"], "seconds": r.get("seconds"),
                           "wall_seconds": r.get("wall_seconds"), metric: r[metric],
                           "valid_loss": r.get("valid_loss"), "frame_accuracy": r.get("frame_accuracy")})
-    per_learner = comm.get("per_learner") or []
-    compute = sum(p.get("compute_seconds", 0.0) for p in per_learner)
-    stepping = sum(p.get("train_seconds", 0.0) for p in per_learner)
-    frames = sum(p.get("frames", 0) for p in per_learner)
+    compute = sum(p.compute_seconds or 0.0 for p in comm.per_learner)
+    stepping = sum(p.train_seconds for p in comm.per_learner)
+    frames = sum(p.frames for p in comm.per_learner)
     return {
-        "run": Path(run_dir).name, "path": str(run_dir), "strategy": s["strategy"], "learners": s["learners"],
-        "cores": s.get("cores"), "threads_per_learner": s.get("threads_per_learner"),
-        "nodes": s.get("nodes", 1), "network": s.get("network", "loopback"),
-        "metric": metric, "error_rate": final.get(metric) if metric else None,
-        "frame_accuracy": final.get("frame_accuracy"), "epochs": s.get("epochs"),
-        "frames_per_second": s["frames_per_second"], "mb_sent": comm["bytes_sent"] / 1e6,
-        "comm_seconds": comm["comm_seconds"], "wait_seconds": comm["wait_seconds"],
-        "wall_seconds": s["wall_seconds"], "steal_share": s.get("steal_share"),
+        "run": Path(run_dir).name, "path": str(run_dir), "strategy": s.strategy, "learners": s.learners,
+        "cores": s.cores, "threads_per_learner": s.threads_per_learner,
+        "nodes": s.nodes, "network": s.network,
+        "metric": metric, "error_rate": error_rate,
+        "frame_accuracy": final.frame_accuracy, "epochs": s.epochs,
+        "frames_per_second": s.frames_per_second, "mb_sent": comm.bytes_sent / 1e6,
+        "comm_seconds": comm.comm_seconds, "wait_seconds": comm.wait_seconds,
+        "wall_seconds": s.wall_seconds, "steal_share": s.steal_share,
         "compute_seconds_per_frame": compute / frames if frames and compute else None,
         "step_seconds_per_frame": stepping / frames if frames and stepping else None,
         "curve": curve,
-        "points": run_points(s.get("history") or [], metric, final.get(metric), s["wall_seconds"]) if metric else [],
+        "points": run_points(s.history, metric, error_rate, s.wall_seconds) if metric else [],
     }
 
 

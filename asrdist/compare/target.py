@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asrdist.run.summary import EpochRecord
+
 DEFAULT_MARGIN = 0.05
 """The default target: within this fraction (relative) of the best final figure among the runs."""
 TIE_SECONDS = 1e-3
@@ -39,11 +41,11 @@ def default_target(finals: dict[str, float | None], metric: str, margin: float =
                   f"within {margin:.0%} relative of the best final {metric.upper()} ({best:.4f}, {best_run})")
 
 
-def run_points(history: list[dict], metric: str, final_value: float | None,
+def run_points(history: list[EpochRecord], metric: str, final_value: float | None,
                final_seconds: float | None) -> list[tuple[float, float]]:
     """(wall seconds, error rate) of a run's validations in order, then its final evaluation."""
-    points = [(float(r["wall_seconds"]), float(r[metric])) for r in history
-              if r.get("wall_seconds") is not None and r.get(metric) is not None]
+    points = [(float(r.wall_seconds), float(getattr(r, metric))) for r in history
+              if r.wall_seconds is not None and getattr(r, metric) is not None]
     if final_value is not None and final_seconds is not None:
         points.append((float(final_seconds), float(final_value)))
     return points

@@ -6,7 +6,6 @@ cluster launcher (`asrdist.cluster.launcher`: torch's own elastic launcher, as t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -49,7 +48,8 @@ from asrdist.optim import ngsgd
 from asrdist.run import rundir
 from asrdist.run.learner import run_learner
 from asrdist.run.prepare import build_targets, ensure_features, save_targets
-from asrdist.run.rundir import CONFIG_NAME, ENV_NAME, SUMMARY_NAME, run_config_path
+from asrdist.run.rundir import CONFIG_NAME, ENV_NAME, run_config_path
+from asrdist.run.summary import SUMMARY_NAME, DedicatedHosts, RunSummary
 from asrdist.run.task import model_kind
 from asrdist.sim.cluster import parameter_count
 from asrdist.sim.scenario import config_shapes
@@ -316,7 +316,7 @@ def restart_from_the_start(run_dir: Path) -> None:
 
 
 def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: str, resume: bool,
-                    cpu: HostCpuPlan | None = None) -> dict | None:
+                    cpu: HostCpuPlan | None = None) -> RunSummary | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1 and cpu is None:
         ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
@@ -360,16 +360,24 @@ def host_cpu_plan(cfg: RunConfig, nodes: int, network: str, cpus_per_host: float
 
 
 def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nodes: int = 1,
-                network: str = "1gbit", cpu: HostCpuPlan | None = None) -> dict:
+                network: str = "1gbit", cpu: HostCpuPlan | None = None) -> RunSummary:
     """`cfg.train.learners` workers of the prepared run through the cluster launcher (on `nodes`
-    emulated hosts joined by `network` links when nodes > 1); the summary."""
+    emulated hosts joined by `network` links when nodes > 1); the summary, with what the hosts
+    counted (their NICs' traffic, their CPU shares) recorded in it."""
     args = [str(run_dir)] + (["--resume"] if resume else []) + ([] if progress else ["--no-progress"])
-    launch_learners("asrdist.run.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
-                    max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes), cpu=cpu)
-    summary = run_dir / SUMMARY_NAME
-    if not summary.is_file():  # the learners that finished did not include the one that writes it
-        raise TrainingError(f"{summary}: not written (see {run_dir / LOG_NAME})")
-    return json.loads(summary.read_text())
+    counters = launch_learners("asrdist.run.worker", args, cfg.train.learners, run_dir, nodes=nodes, network=network,
+                               max_restarts=cfg.train.max_restarts, survive_lost=survives_lost_learners(cfg, nodes),
+                               cpu=cpu)
+    if not (run_dir / SUMMARY_NAME).is_file():  # the learners that finished did not include the one that writes it
+        raise TrainingError(f"{run_dir / SUMMARY_NAME}: not written (see {run_dir / LOG_NAME})")
+    summary = RunSummary.read(run_dir)
+    if counters.wire is not None or cpu is not None:
+        summary.wire = counters.wire
+        if cpu is not None:
+            summary.dedicated = DedicatedHosts(counters.hosts, cpu.cpus_per_host, cpu.straggler_emulation(),
+                                               counters.outside_hosts)
+        summary.write(run_dir)
+    return summary
 
 
 def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
@@ -383,16 +391,16 @@ def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
     return cfg.strategy_name == "adpsgd"
 
 
-def print_summary(run_dir: Path, summary: dict | None) -> None:
+def print_summary(run_dir: Path, summary: RunSummary | None) -> None:
     if not summary:
         return
-    f = summary["final"]
-    metrics = ", ".join(f"{k}={v:.4f}" for k, v in f.items() if isinstance(v, float))
-    print(f"[asrdist] {summary['strategy']} x{summary['learners']} ({summary['model']}, "
-          f"{summary['parameters']:,} params): {metrics}; "
-          f"{summary['frames_per_second']:,.0f} frames/s; sent {summary['comm']['bytes_sent'] / 1e6:.1f} MB")
-    if f.get("averaged_epochs"):  # train.average_last: what the average changed, beside the model alone
-        alone = ", ".join(f"{k}={v:.4f}" for k, v in f["unaveraged"].items() if isinstance(v, float))
-        print(f"[asrdist] model.pt averages epochs {', '.join(str(e + 1) for e in f['averaged_epochs'])}; "
+    f = summary.final
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in f.floats().items())
+    print(f"[asrdist] {summary.strategy} x{summary.learners} ({summary.model}, "
+          f"{summary.parameters:,} params): {metrics}; "
+          f"{summary.frames_per_second:,.0f} frames/s; sent {summary.comm.bytes_sent / 1e6:.1f} MB")
+    if f.averaged_epochs:  # train.average_last: what the average changed, beside the model alone
+        alone = ", ".join(f"{k}={v:.4f}" for k, v in f.unaveraged.floats().items())
+        print(f"[asrdist] model.pt averages epochs {', '.join(str(e + 1) for e in f.averaged_epochs)}; "
               f"the last epoch's model alone: {alone}")
     print(f"[asrdist] run directory: {run_dir} (summary.json, report.png, metrics.jsonl, tensorboard/)")

@@ -35,7 +35,8 @@ from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import job_totals
 from asrdist.parallel.membership import survival_wait
 from asrdist.run.prepare import load_targets
-from asrdist.run.summary import finish_run
+from asrdist.run.finish import finish_run
+from asrdist.run.summary import RunSummary
 from asrdist.run.task import SpeechTask
 from asrdist.train.state import write_state
 from asrdist.train.trainer import Trainer, TrainerHooks
@@ -198,7 +199,7 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
 
 
 def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
-                progress: bool = True) -> dict | None:
+                progress: bool = True) -> RunSummary | None:
     """Train, finalize, leave the job's process group; the summary on the learner that writes it
     (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere."""
     torch.manual_seed(cfg.seed)  # identical initial model on every learner

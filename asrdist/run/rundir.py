@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -34,14 +33,15 @@ from asrdist.data.bigram import LEGACY_NAME, PhoneBigram
 from asrdist.errors import AsrdistError, ConfigError, DataError, Stopped, TrainingError
 from asrdist.io.atomic import write_text_atomic
 from asrdist.io.torch_data import load_data
+from asrdist.run.summary import SUMMARY_NAME, RunSummary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.state import STATE_NAME, read_state, write_state
 
-# The run directory's files (beside the checkpointer's CHECKPOINTS_DIR and the launcher's LOG_NAME).
+# The run directory's files (beside summary.json's SUMMARY_NAME, the checkpointer's CHECKPOINTS_DIR and the
+# launcher's LOG_NAME).
 CONFIG_NAME = "config.yaml"
 TARGETS_NAME = "targets.pt"
 MODEL_NAME = "model.pt"
-SUMMARY_NAME = "summary.json"
 ENV_NAME = "env.json"
 
 # Settings a checkpoint can only be resumed with: its parameter shapes (model, input features,
@@ -113,11 +113,11 @@ def check_not_older_than_final(run_dir: Path, d: Path) -> None:
     checkpoint older than the end, as survival mode left them before asrdist published checkpoints
     from the survivors): its end would replace model.pt with a model of less training."""
     try:
-        summary = json.loads((run_dir / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
+        summary = RunSummary.read(run_dir)
+    except (DataError, OSError):
         return
     kind, _, number = d.name.partition("-")
-    done = len(summary.get("history") or []) if kind == "epoch" else summary.get("steps") or 0
+    done = len(summary.history) if kind == "epoch" else summary.steps or 0
     if number.isdigit() and int(number) < done:
         what = f"{done} epochs" if kind == "epoch" else f"{done} steps"
         raise TrainingError(f"{run_dir}: its latest checkpoint {d.name} is older than its final model (model.pt, "
@@ -129,12 +129,11 @@ def finished(run_dir: Path, cfg: RunConfig) -> bool:
     """Whether `run_dir` finished what `cfg` asks: its summary.json holds `train.epochs` epoch
     records, or `train.max_steps` (when set) steps."""
     try:
-        summary = json.loads((run_dir / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
+        summary = RunSummary.read(run_dir)
+    except (DataError, OSError):
         return False
     max_steps = cfg.train.max_steps
-    return len(summary.get("history") or []) >= cfg.train.epochs or bool(
-        max_steps and (summary.get("steps") or 0) >= max_steps)
+    return len(summary.history) >= cfg.train.epochs or bool(max_steps and (summary.steps or 0) >= max_steps)
 
 
 _RESUME_CONFIG = re.compile(r"^config-resume-(\d+)\.yaml$")

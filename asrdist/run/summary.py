@@ -1,108 +1,279 @@
-"""End of a run (rank 0): final evaluation, the consensus model, summary.json and report.png.
+"""summary.json, a finished run's record: `RunSummary`, its schema (`to_json` / `from_json`, written
+by `write` only; rank 0 fills it at the run's end: `asrdist.run.finish`).
 
-After `--resume` the summary accounts the whole run: frames, training seconds and wall time of
-every start up to the checkpoint the next one resumed from (kept in the checkpoints' loop state),
-plus the last start; `wall_seconds_last_start` and `starts` tell the last start apart.
+A record read is written back key for key (`_Record.keys`); a file from an earlier version, without
+the keys added since, loads with their defaults. After `--resume` the summary accounts the whole
+run (the checkpoints' loop state); `wall_seconds_last_start` and `starts` tell the last start apart.
 """
 from __future__ import annotations
 
-import os
+import json
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
-import torch
-
-from asrdist.cluster.process_group import JobEnv
-from asrdist.config import RunConfig
-from asrdist.data.targets import Targets
-from asrdist.eval.evaluate import evaluate_split
+from asrdist.cluster.cpushare import HostCpuUsage
+from asrdist.cluster.launcher import WireCounters
+from asrdist.errors import DataError
 from asrdist.io.atomic import write_json_atomic
-from asrdist.models.registry import count_parameters
-from asrdist.run.report import plot_report
-from asrdist.run.rundir import MODEL_NAME, SUMMARY_NAME
-from asrdist.train.checkpoint import save_model
-from asrdist.train.epoch_average import Averaged
-from asrdist.utils.throughput import job_frames_per_second
 
-
-def hosts() -> dict:
-    """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
-    between them as asrdist's launcher set it up (`loopback` on one machine; None where another
-    launcher started the job: a real cluster's network is not asrdist's to know)."""
-    env = JobEnv.of_this_process()
-    return {"nodes": env.num_nodes, "network": env.network if env.network is not None else
-            "loopback" if env.num_nodes == 1 else None}
-
-
+SUMMARY_NAME = "summary.json"
 ERROR_KEYS = ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy")
 
 
-def busiest_host(per_learner: list[dict]) -> float | None:
-    """The largest share of its machine's CPU time that a learner's host (the hypervisor) took while
-    the learner trained this start (steal, `asrdist.utils.machine.steal_share`); None where no
-    learner could read it. A run with much of it was slowed by work outside this machine: its
-    times are not this machine's speed."""
-    shares = [p["steal_share"] for p in per_learner if p.get("steal_share") is not None]
-    return max(shares, default=None)
+@dataclass(kw_only=True)
+class _Record:
+    """A JSON object of summary.json: typed fields, the keys this version does not type (`extra`),
+    and the order its keys were read in (`keys`), so that what is read is written back as it was
+    (with the fields set since, after its keys). A record made here writes every typed field but
+    those in `OPTIONAL` left None."""
+
+    extra: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    NESTED: ClassVar[dict[str, Any]] = {}
+    """field -> how its JSON loads (a function of the value)."""
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _typed(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.name not in ("extra", "keys")]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]):
+        typed = cls._typed()
+        values = {k: cls.NESTED[k](v) if k in cls.NESTED and v is not None else v
+                  for k, v in data.items() if k in typed}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in typed}, keys=tuple(data))
+
+    def to_json(self) -> dict[str, Any]:
+        typed = {f.name: f for f in fields(self) if f.name not in ("extra", "keys")}
+        out: dict[str, Any] = {}
+        for key in (*self.keys, *self._typed(), *self.extra):
+            if key in out:
+                continue
+            if key in typed:
+                value = getattr(self, key)
+                if key not in self.keys and (value == _default(typed[key]) if self.keys else
+                                             value is None and key in self.OPTIONAL):
+                    continue  # a key the file did not have and still has no news for, or not given
+                out[key] = _json(value)
+            elif key in self.extra:
+                out[key] = self.extra[key]
+        return out
 
 
-def _figures(evaluated: dict) -> dict:
-    """The validation figures of an `evaluate_split` result, as summary.json's `final` names them."""
-    figures = {"valid_loss": evaluated["loss"]}
-    figures.update({k: evaluated[k] for k in ERROR_KEYS if k in evaluated})
-    return figures
+def _default(f) -> Any:
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
 
 
-def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
-               state, per_learner: list[dict], wall_seconds: float, threads: int,
-               lost_learners: list[dict] | None = None, averaged: Averaged | None = None) -> dict:
-    """`model`: the job's final model; `averaged` (train.average_last): the average of the last
-    epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
-    figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
-    the final model alone (the last epoch's: what averaging changed)."""
-    final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
-    train_loss = state.history[-1]["train_loss"] if state.history else None
-    final = {"train_loss": train_loss, **final_figures}
-    if averaged is not None:
-        unaveraged = final_figures
-        model.load_state_dict(averaged.state)
-        final = {"train_loss": train_loss, **_figures(evaluate_split(model, task.valid_dir, targets, cfg)),
-                 "averaged_epochs": averaged.epochs, "unaveraged": unaveraged}
-    save_model(run_dir / MODEL_NAME, model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
-    frames = sum(p["frames"] for p in per_learner)
-    loop_seconds = [p.get("loop_seconds") or p["train_seconds"] for p in per_learner]
-    n = len(per_learner)  # the learners that finished
-    lost = lost_learners or []
-    summary = {
-        "strategy": cfg.strategy_name,
-        "learners": n + len(lost),
-        "lost_learners": lost,
-        "cores": os.cpu_count(),
-        "threads_per_learner": threads,
-        **hosts(),
-        "model": cfg.model.name,
-        "parameters": count_parameters(model),
-        "epochs": cfg.train.epochs,
-        "steps": state.step,
-        "train_frames": frames,
-        "frames_per_second": job_frames_per_second([p["frames"] for p in per_learner], loop_seconds),
-        "skipped_nonfinite": max(p.get("skipped_nonfinite", 0) for p in per_learner),
-        "wall_seconds": max(state.wall_seconds, wall_seconds),
-        "wall_seconds_last_start": wall_seconds,
-        "steal_share": busiest_host(per_learner),
-        # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
-        "starts": (1 + len(list(run_dir.glob("config-resume-*.yaml")))
-                   + JobEnv.of_this_process().restart),
-        "final": final,
-        "comm": {
-            "bytes_sent": sum(p["bytes_sent"] for p in per_learner),
-            "comm_seconds": sum(p["comm_seconds"] for p in per_learner) / n,
-            "wait_seconds": sum(p["wait_seconds"] for p in per_learner) / n,
-            "per_learner": per_learner,
-        },
-        "history": state.history,
-    }
-    # the report first: summary.json marks the run finished, so a disk that fills up on the report
-    # must fail the run before it (a resume then finishes it) rather than leave it without one
-    plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")
-    write_json_atomic(run_dir / SUMMARY_NAME, summary)
-    return summary
+def _json(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_json(v) for v in value]
+    return value.to_json() if hasattr(value, "to_json") else value
+
+
+def _records(cls):
+    return lambda items: [cls.from_json(x) for x in items]
+
+
+@dataclass(kw_only=True)
+class Figures(_Record):
+    """A model's validation figures (`final.unaveraged`: the last epoch's model alone)."""
+
+    valid_loss: float | None = None
+    frame_accuracy: float | None = None
+    per: float | None = None
+    cer: float | None = None
+    wer: float | None = None
+    sentence_accuracy: float | None = None
+    OPTIONAL = ERROR_KEYS
+
+    def error_rate(self, metrics: tuple[str, ...]) -> tuple[str | None, float | None]:
+        """The first of `metrics` these figures hold, and its value."""
+        name = next((m for m in metrics if getattr(self, m) is not None), None)
+        return name, getattr(self, name) if name else None
+
+    def floats(self) -> dict[str, float]:
+        """The figures that are numbers, in summary.json's order (what `asrdist train` prints)."""
+        return {k: v for k, v in self.to_json().items() if isinstance(v, float)}
+
+
+@dataclass(kw_only=True)
+class FinalFigures(Figures):
+    """`final`: the figures of model.pt, the average of the last epochs' models where
+    `train.average_last` made one (`averaged_epochs`, 0-based; `unaveraged`: the model alone)."""
+
+    train_loss: float | None = None
+    averaged_epochs: list[int] | None = None
+    unaveraged: Figures | None = None
+    NESTED = {"unaveraged": Figures.from_json}
+    OPTIONAL = (*ERROR_KEYS, "averaged_epochs", "unaveraged")
+
+    @classmethod
+    def _typed(cls) -> list[str]:  # train_loss leads, as the learner wrote it
+        return ["train_loss", *(k for k in super()._typed() if k != "train_loss")]
+
+
+@dataclass(kw_only=True)
+class EpochRecord(Figures):
+    """One entry of `history`: an epoch's end (`wall_seconds`: the job's time to it), its
+    validation's figures where it validated, and the trainer's and strategy's own keys (`extra`)."""
+
+    epoch: int = 0
+    train_loss: float | None = None
+    wall_seconds: float | None = None
+    consensus_distance: float | None = None
+    OPTIONAL = ("valid_loss", *ERROR_KEYS, "wall_seconds", "consensus_distance")
+
+
+@dataclass(kw_only=True)
+class LearnerFigures(_Record):
+    """One learner's figures (`comm.per_learner`); its strategy's other counters are in `extra`."""
+
+    rank: int = 0
+    device: str | None = None
+    steps: int | None = None
+    frames: int = 0
+    train_seconds: float = 0.0
+    loop_seconds: float | None = None
+    compute_seconds: float | None = None
+    skipped_nonfinite: int | None = None
+    steal_share: float | None = None
+    bytes_sent: int = 0
+    comm_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    OPTIONAL = ("device", "steps", "loop_seconds", "compute_seconds", "skipped_nonfinite", "steal_share")
+
+    @property
+    def stepping_seconds(self) -> float:
+        """Its training loop's seconds (`train_seconds` in a summary from before `loop_seconds`)."""
+        return self.loop_seconds or self.train_seconds
+
+
+@dataclass(kw_only=True)
+class CommTotals(_Record):
+    """`comm`: bytes all learners sent, their mean seconds communicating and waiting, and each one's."""
+
+    bytes_sent: int = 0
+    comm_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    per_learner: list[LearnerFigures] = field(default_factory=list)
+    NESTED = {"per_learner": _records(LearnerFigures)}
+
+
+@dataclass(kw_only=True)
+class LostLearner(_Record):
+    """A learner the job went on without: its rank, its last step, why, and who said so."""
+
+    rank: int = 0
+    step: int | None = None
+    reason: str = ""
+    by: str | None = None
+    OPTIONAL = ("by",)
+
+
+@dataclass(frozen=True)
+class DedicatedHosts:
+    """The hosts of a run on dedicated CPU shares (`--cpus-per-host`): each host's quota and
+    cgroup counters, the share asked, how stragglers were slowed, and the CPU outside the hosts."""
+
+    hosts: list[HostCpuUsage]
+    cpus_per_host: float
+    straggler_emulation: str | None
+    outside_hosts: dict[str, Any]
+
+    KEYS: ClassVar[tuple[str, ...]] = ("hosts", "cpus_per_host", "straggler_emulation", "outside_hosts")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hosts": [h.as_dict() for h in self.hosts], "cpus_per_host": self.cpus_per_host,
+                "straggler_emulation": self.straggler_emulation, "outside_hosts": self.outside_hosts}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DedicatedHosts":
+        return cls([HostCpuUsage(**h) for h in data["hosts"]], data.get("cpus_per_host"),
+                   data.get("straggler_emulation"), data.get("outside_hosts") or {})
+
+
+_REQUIRED = ("strategy", "learners", "final", "frames_per_second", "wall_seconds", "comm")
+_REQUIRED_COMM = ("bytes_sent", "comm_seconds", "wait_seconds")
+
+
+@dataclass(kw_only=True)
+class RunSummary(_Record):
+    """summary.json. Defaults are what a summary from before a key was added meant: one host on
+    loopback, one start, no lost learner, no skipped step, no steal measured."""
+
+    strategy: str
+    learners: int
+    """Learners the job started with (those that finished, and `lost_learners`)."""
+    lost_learners: list[LostLearner] = field(default_factory=list)
+    cores: int | None = None
+    threads_per_learner: int | None = None
+    nodes: int = 1
+    network: str | None = "loopback"
+    """The link between the hosts (`loopback` on one machine; None where another launcher ran it)."""
+    model: str | None = None
+    parameters: int | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    train_frames: int | None = None
+    frames_per_second: float
+    skipped_nonfinite: int = 0
+    wall_seconds: float
+    wall_seconds_last_start: float | None = None
+    steal_share: float | None = None
+    starts: int = 1
+    final: FinalFigures
+    comm: CommTotals
+    history: list[EpochRecord] = field(default_factory=list)
+    wire: WireCounters | None = None
+    """What the emulated hosts' NICs sent (`asrdist train --nodes` on an emulated network)."""
+    dedicated: DedicatedHosts | None = None
+    NESTED = {"lost_learners": _records(LostLearner), "final": FinalFigures.from_json, "comm": CommTotals.from_json,
+              "history": _records(EpochRecord), "wire": WireCounters.from_json}
+    OPTIONAL = ("wire", "dedicated")
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = SUMMARY_NAME) -> "RunSummary":
+        """Raises DataError naming `where` when `data` lacks a key every summary has had."""
+        data = data if isinstance(data, dict) else {}
+        comm = data.get("comm") if isinstance(data.get("comm"), dict) else {}
+        missing = [k for k in _REQUIRED if k not in data] + [f"comm.{k}" for k in _REQUIRED_COMM if k not in comm]
+        missing += [] if isinstance(data.get("final"), dict) else ["final"]
+        if missing:
+            raise DataError(f"{where}: not an asrdist summary (no '{missing[0]}')")
+        hosts = {k: data[k] for k in DedicatedHosts.KEYS if k in data}
+        rest = {k: v for k, v in data.items() if k not in hosts}
+        summary = super().from_json(rest)
+        if hosts.get("hosts") is not None:
+            summary.dedicated = DedicatedHosts.from_json(hosts)
+        else:
+            summary.extra.update(hosts)
+        return summary
+
+    def to_json(self) -> dict[str, Any]:
+        out = super().to_json()
+        dedicated = out.pop("dedicated", None)
+        return {**out, **(dedicated or {})}
+
+    @classmethod
+    def read(cls, run_dir: Path) -> "RunSummary":
+        """RUN_DIR/summary.json; one DataError line when it is missing or not a summary."""
+        path = Path(run_dir) / SUMMARY_NAME
+        if Path(run_dir).exists() and not Path(run_dir).is_dir():
+            raise DataError(f"{run_dir}: not a run directory (give the directory that holds summary.json)")
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(f"{path}: missing; is {run_dir} a finished asrdist run?") from None
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: not JSON ({exc})") from None
+        return cls.from_json(data, str(path))
+
+    def write(self, run_dir: Path) -> None:
+        """The one writer of summary.json (whole or not at all): it marks the run finished."""
+        write_json_atomic(Path(run_dir) / SUMMARY_NAME, self.to_json())
+
+    def stepping_seconds(self) -> list[float]:
+        return [p.stepping_seconds for p in self.comm.per_learner]
+

@@ -8,19 +8,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
 import yaml
 
+from asrdist.cluster.failures import record_failure, report_path
 from asrdist.cluster.process_group import NETWORK_ENV, JobEnv, start_learner
 from asrdist.cluster.supervisor import die_with_agent
 from asrdist.config import config_from_tree
 from asrdist.errors import ConfigError
 from asrdist.run.learner import run_learner
-from asrdist.run.rundir import SUMMARY_NAME, describe, has_no_checkpoint, record_resume, run_config_path
+from asrdist.run.rundir import describe, has_no_checkpoint, record_resume, run_config_path
+from asrdist.run.summary import SUMMARY_NAME
 from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.state import write_state
 
@@ -56,16 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         # leave at once: after a lost learner, a communication thread may still wait on it in gloo
         os._exit(0)
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        detail = detail.removeprefix(f"rank {rank}: ")
-        message = f"learner rank {rank}: {detail}"
-        try:
-            (args.run_dir / f"failed-rank-{rank}.txt").write_text(message + "\n" + traceback.format_exc())
-            if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
-
+        message = record_failure(args.run_dir, rank, exc)
+        if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
+            try:
                 write_state(args.run_dir, "failed", reason=message[:300])
-        except OSError:  # a full disk: the line on stderr still reaches the launcher's log
-            pass
+            except OSError:  # a full disk: the line on stderr still reaches the launcher's log
+                pass
         print(f"asrdist: error: {message}", file=sys.stderr, flush=True)
         # leave at once: a communication thread still blocked in a gloo call would make the
         # interpreter's shutdown abort (SIGABRT) and hide this report behind a signal
@@ -107,7 +104,7 @@ def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
     summary.json's `starts` counts."""
     if NETWORK_ENV in os.environ:
         return
-    (run_dir / f"failed-rank-{rank}.txt").unlink(missing_ok=True)
+    report_path(run_dir, rank).unlink(missing_ok=True)
     if rank == 0:
         if resumed:
             record_resume(cfg, run_dir, ["(asrdist.run.worker under torchrun)"])
