@@ -63,22 +63,25 @@ def test_the_toy_strategy_is_one_file_and_one_registry_line(package_with_toy):
     assert _changes(package_with_toy) == (["asrdist/parallel/toy.py"], ["+" + REGISTRY_LINE.rstrip("\n")])
 
 
-def test_the_toy_strategy_trains_compares_and_simulates(package_with_toy, tone_corpus, tmp_path):
-    src = package_with_toy
+def test_the_toy_strategy_trains(package_with_toy, tone_corpus, tmp_path):
     run = tmp_path / "run"
-    _asrdist(src, "train", str(CONFIG), *TINY, "--data", str(tone_corpus), "--learners", "2", "--strategy", "toy",
-             "--epochs", "1", "--out", str(run), "--no-progress", cwd=tmp_path)
+    _asrdist(package_with_toy, "train", str(CONFIG), *TINY, "--data", str(tone_corpus), "--learners", "2",
+             "--strategy", "toy", "--epochs", "1", "--out", str(run), "--no-progress", cwd=tmp_path)
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["strategy"], summary["learners"]) == ("toy", 2)
     assert all(p["bytes_sent"] > 0 and p["exchanges"] == summary["steps"] > 0 for p in summary["comm"]["per_learner"])
 
+
+def test_the_toy_strategy_is_compared(package_with_toy, tone_corpus, tmp_path):
     out = tmp_path / "compare"
-    _asrdist(src, "compare", str(CONFIG), *TINY, "train.epochs=1", "--strategies", "toy", "--learners", "2",
-             "--out", str(out), "--data", str(tone_corpus), cwd=tmp_path)
+    _asrdist(package_with_toy, "compare", str(CONFIG), *TINY, "train.epochs=1", "--strategies", "toy",
+             "--learners", "2", "--out", str(out), "--data", str(tone_corpus), cwd=tmp_path)
     (compared,) = json.loads((out / "summary.json").read_text())["runs"]
     assert compared["strategy"] == "toy" and compared["mb_sent"] > 0 and compared["frames_per_second"] > 0
 
-    _asrdist(src, "simulate", "--strategy", "toy", "--cluster", "2x2", "--json", str(tmp_path / "sim.json"),
-             cwd=tmp_path)
+
+def test_the_toy_strategy_is_simulated(package_with_toy, tmp_path):
+    _asrdist(package_with_toy, "simulate", "--strategy", "toy", "--cluster", "2x2",
+             "--json", str(tmp_path / "sim.json"), cwd=tmp_path)
     prediction = json.loads((tmp_path / "sim.json").read_text())["prediction"]
     assert prediction["name"] == "toy" and prediction["bytes_per_step"] > 0 and prediction["speedup"] > 0

@@ -164,7 +164,8 @@ def _strategy_config(name: str, settings: dict):
     from asrdist.parallel import strategy_config_class  # imported when the command runs: `--help` stays light
     from asrdist.sim.scenario import strategy_config  # imported when the command runs: `--help` stays light
 
-    known = [f.name for f in dataclasses.fields(strategy_config_class(name))]
+    config_class = strategy_config_class(name)
+    known = [f.name for f in dataclasses.fields(config_class)] if config_class is not None else []
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ConfigError(f"--set: {name} has no setting {unknown[0]!r} (known: {', '.join(known)})")
