@@ -553,8 +553,9 @@ class OneBitStrategy(Strategy):
 
 def _simulated(config: OneBitConfig, job: SimJob) -> Pipelined:
     n, per_node = job.learners, job.per_node
+    span = per_node if hierarchical_in_use(config.hierarchical, n, per_node) else 0
     return Pipelined(lambda rank: exchange_traffic(job.shapes, n, per_node, rank, config), config.double_buffering,
-                     PIPELINE_CHUNKS, node_span=per_node if hierarchical_in_use(config.hierarchical, n, per_node) else 0)
+                     PIPELINE_CHUNKS, node_span=span)
 
 
 ONEBIT = StrategyDescriptor(OneBitStrategy, Pipelined, _simulated, codes_alone=True,

@@ -283,4 +283,5 @@ def _simulated(config: SyncConfig, job: SimJob) -> LockStep:
     return LockStep(exchange_traffic(job.shapes, job.learners, job.per_node, config), overlap=config.overlap)
 
 
-SYNC = StrategyDescriptor(SyncStrategy, LockStep, _simulated, advised={"sync": {}, "sync_flat": {"hierarchical": "false"}})
+SYNC = StrategyDescriptor(SyncStrategy, LockStep, _simulated,
+                          advised={"sync": {}, "sync_flat": {"hierarchical": "false"}})
