@@ -10,7 +10,8 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.sim.cluster import LINKS, Cluster
-from asrdist.sim.engine import SimSpec, simulate
+from asrdist.sim.engine import simulate
+from asrdist.sim.spec import SimSpec
 from asrdist.sim.scenario import ADVISED, Job, advise, strategy_config
 
 SHAPES = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]
@@ -306,7 +307,7 @@ def test_a_long_averaging_period_costs_in_proportion_not_nothing():
     simulated shortened with the average's cost in proportion, so bytes and communication per
     minibatch are a quarter of averaging every 1000, not zero (before: no average fell inside the
     simulated window, and averaging looked free)."""
-    from asrdist.sim.engine import MAX_AVERAGING_STEPS, averaging_period, simulated_steps
+    from asrdist.sim.spec import MAX_AVERAGING_STEPS, averaging_period, simulated_steps
 
     cluster = Cluster(2, 4, LINKS["nvlink"], LINKS["1gbit"])
     results = {}

@@ -10,7 +10,8 @@ import pytest
 from asrdist.cli import main
 from asrdist.sim import alike
 from asrdist.sim.cluster import LINKS, Cluster
-from asrdist.sim.engine import SimSpec, simulate
+from asrdist.sim.engine import simulate
+from asrdist.sim.spec import SimSpec
 from asrdist.sim.scenario import strategy_config
 
 SHAPES = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]

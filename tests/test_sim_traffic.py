@@ -10,7 +10,8 @@ import torch
 
 from asrdist.parallel import build_strategy, comm, strategy_config_class
 from asrdist.sim.cluster import Cluster
-from asrdist.sim.engine import SimSpec, simulate
+from asrdist.sim.engine import simulate
+from asrdist.sim.spec import SimSpec
 from tests.dist_utils import learner_context, run_distributed
 from tests.strategy_harness import make_trainer, train_steps
 

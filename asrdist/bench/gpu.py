@@ -9,7 +9,7 @@ one part of the check's JSON.
     python -m asrdist.bench.gpu --out gpu_check.json merge parts/*.json
 
 `phases` times what the simulator's device presets hold (`asrdist.sim.cluster.Device`,
-`asrdist.sim.engine.SimSpec`): forward and backward of the Switchboard DNN at a large minibatch
+`asrdist.sim.spec.SimSpec`): forward and backward of the Switchboard DNN at a large minibatch
 (sustained FLOP/s, `backward_share`), a BLSTM minibatch of IBM's size (`recurrent_step_cost`),
 1-bit quantize and dequantize per value (`quantize_cost`, `dequantize_cost`) and the parameter
 arithmetic of an average (`copy_cost`). `--quick` shrinks every model and tensor so that the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from asrdist.errors import ConfigError
 
@@ -38,7 +38,8 @@ POLL_S = 0.02
 class JobEpochSampler:
     kind = "job"
 
-    def __init__(self, order: Any, store: Any, learners: int, group_size: int = 1, rank: int = 0):
+    def __init__(self, order: Any, store: Any, learners: int, group_size: int = 1, rank: int = 0,
+                 lost_ranks: Callable[[], list[int]] | None = None, wait_seconds: float = 60.0):
         if getattr(order, "world_size", 1) != 1:
             raise ConfigError("JobEpochSampler: the shared order must be a one-rank sampler")
         if learners < 1 or group_size < 1 or learners % group_size or not 0 <= rank < learners:
@@ -54,9 +55,9 @@ class JobEpochSampler:
         """Minibatches this learner took in the current epoch."""
         self.last_taken = 0
         """Minibatches this learner took in the last epoch it finished."""
-        self.lost_ranks = None
+        self.lost_ranks = lost_ranks
         """() -> the job ranks lost so far (survival mode; None: no learner is ever left behind)."""
-        self.wait_seconds = 60.0
+        self.wait_seconds = wait_seconds
         """Survival mode: how long a learner done with the epoch's order waits for the others to be
         done or lost (the job's `survival_wait`); then the epoch ends without the stragglers' units."""
         self.retrained = 0

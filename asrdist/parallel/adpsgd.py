@@ -59,10 +59,11 @@ from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.base import CommCounters, LearnerContext, Strategy
+from asrdist.parallel.descriptor import Pairwise, SimJob, StrategyDescriptor, Survival
 from asrdist.parallel.consensus import average_into, consensus_distance
 from asrdist.parallel.groups import exchange_group
 from asrdist.parallel.membership import POLL_S as STORE_POLL_S
-from asrdist.parallel.membership import Membership, NodeMembership
+from asrdist.parallel.membership import Membership, NodeMembership, Watchdog
 
 _HEADER, _PAYLOAD, _REPLY = 1, 2, 3  # message tags
 _EXCHANGE, _GOODBYE = 1, 2  # header kinds
@@ -106,45 +107,11 @@ def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return flat
 
 
-class _Watchdog:
-    """Deadlines of the point-to-point waits in flight (the exchange group has no timeout, see the
-    module docstring). A wait past its deadline gets its peer reported lost as hung; the launcher
-    then stops that process, which closes its connections and ends the wait with an error."""
-
-    def __init__(self, membership: Membership, timeout: timedelta):
-        self._membership, self._timeout = membership, timeout
-        self._due: dict[object, tuple[int, float]] = {}
-        self._lock = threading.Lock()
-        threading.Thread(target=self._run, name="adpsgd-watchdog", daemon=True).start()
-
-    @contextmanager
-    def watching(self, rank: int) -> Iterator[None]:
-        token = object()
-        with self._lock:
-            self._due[token] = (rank, time.monotonic() + self._timeout.total_seconds())
-        try:
-            yield
-        finally:
-            with self._lock:
-                del self._due[token]
-
-    def _run(self) -> None:
-        reason = f"hung: no answer to an exchange within {self._timeout.total_seconds():g} s"
-        while True:
-            time.sleep(min(0.5, self._timeout.total_seconds() / 4))  # a clock, not synchronisation
-            now = time.monotonic()
-            with self._lock:
-                overdue = {rank for rank, due in self._due.values() if now > due}
-            for rank in overdue:
-                self._membership.report(rank, reason)
-
-
 class AdpsgdStrategy(Strategy):
     name = "adpsgd"
     config_class = AdpsgdConfig
     lockstep = False
-    survives_lost_learners = True
-    """Go on without a learner that died or hung, when the job does (`ctx.survive_lost`)."""
+    survival = Survival.LEARNERS
 
     def __init__(self, config: AdpsgdConfig | None = None, *, counters: CommCounters | None = None,
                  exchange_group=None, membership: Membership | NodeMembership | None = None):
@@ -173,9 +140,8 @@ class AdpsgdStrategy(Strategy):
         self._deferred: torch.Tensor | None = None
         """A passive's half of exchanges that completed while paused, added when the pause ends."""
         self._heard = threading.Condition()
-        self.membership = membership
-        """Who is lost (made at setup when the job survives losses, unless nested)."""
-        self._watchdog: _Watchdog | None = None
+        self.membership = membership  # made at setup when the job survives losses, unless nested
+        self._watchdog: Watchdog | None = None
         self._exchange_group = exchange_group
 
     # -- set-up ----------------------------------------------------------------------------
@@ -191,11 +157,10 @@ class AdpsgdStrategy(Strategy):
         self._group = self._exchange_group or exchange_group(
             None if ctx.group is None else dist.get_process_group_ranks(ctx.group), ctx.timeout)
         self.active = topology.is_active(ctx.rank, ctx.world_size)
-        if (self.membership is None and not self.nested and self.survives_lost_learners and ctx.survive_lost
-                and ctx.store is not None):
-            self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout)
+        if self.membership is None and not self.nested:
+            self.start_membership(ctx)
         if self.membership is not None:
-            self._watchdog = _Watchdog(self.membership, ctx.timeout)
+            self._watchdog = Watchdog(self.membership, ctx.timeout, name="adpsgd-watchdog")
         if self.active and self.config.delay_by_one:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="adpsgd-exchange")
         if not self.active:
@@ -261,18 +226,8 @@ class AdpsgdStrategy(Strategy):
             self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))
         return {"consensus_distance": distance}
 
-    def survivors(self) -> tuple[object, list[int]]:
-        if self.membership is None:  # every learner of this strategy's group (hierarchical: the leaders')
-            return self.ctx.group, list(range(self.ctx.world_size))
-        return self.membership.group or self.ctx.group, list(self.membership.members)
-
-    def among_survivors(self, fn):
-        if self.membership is None:
-            return fn(*self.survivors())
-        return self.membership.collective(fn, self.ctx.group)
-
-    def lost_learners(self) -> list[dict]:
-        return self.membership.lost_learners() if self.membership is not None else []
+    def consensus_scope(self) -> tuple[object, int]:
+        return self.ctx.group, self.ctx.world_size  # this strategy's group (hierarchical: the leaders')
 
     def close(self, error: BaseException | None = None) -> None:
         if error is not None:  # stop at once: the passive thread is a daemon, pending work is dropped
@@ -500,3 +455,13 @@ class AdpsgdStrategy(Strategy):
             exc = self._answer_error
             raise TrainingError(f"rank {self.ctx.rank}: adpsgd answering thread failed: "
                                 f"{comm.transport_error(exc)}") from exc
+
+
+def _simulated(config: AdpsgdConfig, job: SimJob) -> Pairwise:
+    traffic = exchange_traffic(job.values)
+    return Pairwise(traffic["exchange"], traffic["answer"], config.pattern, config.seed, config.delay_by_one)
+
+
+ADPSGD = StrategyDescriptor(AdpsgdStrategy, Pairwise, _simulated, advised={
+    "adpsgd_fixed": {"pattern": "fixed"}, "adpsgd_random": {"pattern": "random"},
+    "adpsgd_delay_by_one": {"delay_by_one": True}})

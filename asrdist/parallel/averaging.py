@@ -49,6 +49,7 @@ from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.descriptor import LockStep, SimJob, StrategyDescriptor
 
 
 @dataclass
@@ -255,3 +256,11 @@ class AveragingStrategy(Strategy):
         if not (self.config.samples_per_step or self.ctx.samples_per_step):  # None (not reported yet, or an older checkpoint): the next report
             size = state.get("samples_per_minibatch")
             self.samples_per_minibatch = None if size is None else int(size)
+
+
+def _simulated(config: AveragingConfig, job: SimJob) -> LockStep:
+    return LockStep(average=average_traffic(job.averaged_values, job.learners, config),
+                    average_every=steps_between_averages(config, job.local_batch))
+
+
+AVERAGING = StrategyDescriptor(AveragingStrategy, LockStep, _simulated, advised={"averaging": {}})

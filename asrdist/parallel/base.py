@@ -24,16 +24,19 @@ A strategy knows nothing of speech: it sees a `torch.nn.Module`, its optimizer a
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from asrdist.errors import ConfigError
+from asrdist.parallel.descriptor import Survival
+
+if TYPE_CHECKING:
+    from asrdist.parallel.membership import Membership
 
 T = TypeVar("T")
 
@@ -155,6 +158,9 @@ class Strategy:
     anything else."""
     rising_loss_advice: str | None = None
     """What to try when the training loss rises over an epoch (the trainer warns with it); None = no warning."""
+    survival = Survival.NONE
+    """Whether it goes on without lost learners when the job does (`ctx.survive_lost`): it then
+    starts a `membership` at setup (`start_membership`)."""
 
     def __init__(self, config: Any = None, *, counters: CommCounters | None = None):
         """`counters`: count into these (a strategy composed of others shares its own with them)."""
@@ -168,6 +174,8 @@ class Strategy:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.ctx = LearnerContext()
+        self.membership: Membership | None = None
+        """Who is lost, as this learner's strategy sees it (None: every learner is needed; fail fast)."""
 
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         self.model, self.optimizer, self.ctx = model, optimizer, ctx
@@ -226,22 +234,41 @@ class Strategy:
         Its values go into the epoch's record in metrics.jsonl (e.g. adpsgd's consensus distance)."""
         return {}
 
+    def start_membership(self, ctx: LearnerContext) -> None:
+        """Join the job's record of lost learners when this strategy survives losses (`survival`)
+        and the job does (`ctx.survive_lost`, a store); a node's learners are lost together
+        (`Survival.NODES`)."""
+        if self.survival is Survival.NONE or not ctx.survive_lost or ctx.store is None:
+            return
+        from asrdist.parallel.membership import Membership  # (it imports comm, which imports this module)
+
+        group_size = ctx.group_size if self.survival is Survival.NODES else 1
+        self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout, group_size=group_size)
+
     def survivors(self) -> tuple[Any, list[int]]:
         """(process group, job ranks) of the learners the consensus model is taken over, as
         agreed at the last epoch end or `finalize`: every learner, unless the strategy goes on
-        without lost learners (adpsgd)."""
-        world = self.ctx.groups.world if self.ctx.groups is not None else None
-        return world, list(range(self.ctx.job_world_size))
+        without lost learners (its `membership`)."""
+        group, size = self.consensus_scope()
+        if self.membership is None:
+            return group, list(range(size))
+        return self.membership.group or group, list(self.membership.members)
 
     def among_survivors(self, fn: Callable[[Any, list[int]], T]) -> T:
         """`fn(group, job ranks)`: a collective over the survivors (`survivors()`). A strategy that
         goes on without lost learners agrees on them first, and should one die or hang inside
         `fn`, agrees again without it and runs `fn` once more (`Membership.collective`)."""
-        return fn(*self.survivors())
+        if self.membership is None:
+            return fn(*self.survivors())
+        return self.membership.collective(fn, self.consensus_scope()[0])
+
+    def consensus_scope(self) -> tuple[Any, int]:
+        """(process group, learners) the consensus model is taken over when none is lost: the job."""
+        return (self.ctx.groups.world if self.ctx.groups is not None else None), self.ctx.job_world_size
 
     def lost_learners(self) -> list[dict[str, Any]]:
         """[{"rank", "step", "reason"}] of the learners training went on without."""
-        return []
+        return [] if self.membership is None else self.membership.lost_learners()
 
     def wants_batch_search(self) -> bool:
         """Run CNTK's automatic minibatch-size search at epoch starts (onebit's auto_batch_size)."""
@@ -258,16 +285,6 @@ class Strategy:
         c = state.get("counters")
         if c:
             self.counters.load(c)
-
-    @contextmanager
-    def timed_comm(self, waiting: bool = False) -> Iterator[None]:
-        """Account the wall time of a communication block to comm_seconds (and wait_seconds)."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            dt = time.perf_counter() - t0
-            self.counters.add(comm_seconds=dt, wait_seconds=dt if waiting else 0.0)
 
 
 def parameters_with_grad(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -39,8 +39,9 @@ from asrdist.parallel import comm, sync
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_traffic, flat_parameters
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import average_into, consensus_distance
+from asrdist.parallel.descriptor import LockStep, Pairwise, SimJob, StrategyDescriptor, Survival
 from asrdist.parallel.groups import exchange_group
-from asrdist.parallel.membership import Membership, NodeMembership
+from asrdist.parallel.membership import NodeMembership
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
 from asrdist.parallel.topology import is_active
 
@@ -80,8 +81,7 @@ class HierarchicalStrategy(Strategy):
     lockstep = False
     moves_by_node = True
     overlap_inner = True
-    survives_lost_learners = True
-    """Go on without a lost node when the launcher supervises every learner (see the module docstring)."""
+    survival = Survival.NODES
 
     def __init__(self, config: HierarchicalConfig | None = None):
         super().__init__(config)
@@ -89,7 +89,6 @@ class HierarchicalStrategy(Strategy):
         self.outer: AdpsgdStrategy | None = None
         """The ADPSGD between nodes, on a node's leader (built at setup, from `config.adpsgd()`)."""
         self._flat: torch.Tensor | None = None
-        self.membership: Membership | None = None
 
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         super().setup(model, optimizer, ctx)
@@ -102,8 +101,8 @@ class HierarchicalStrategy(Strategy):
         self.inner.setup(model, optimizer, inner)
         nodes = ctx.world_size // ctx.group_size if ctx.distributed else 1
         self.leader = ctx.rank % ctx.group_size == 0
-        if nodes > 1 and self.survives_lost_learners and ctx.survive_lost and ctx.store is not None:
-            self.membership = Membership(ctx.store, ctx.rank, ctx.world_size, ctx.timeout, group_size=ctx.group_size)
+        if nodes > 1:
+            self.start_membership(ctx)
         if nodes > 1:  # every rank creates the exchange group; leaders alone use it
             group = exchange_group(None, ctx.timeout, across=(ctx.rank, ctx.world_size, ctx.group_size))
             if self.leader:  # the node's membership, if any, decides who is lost
@@ -147,19 +146,6 @@ class HierarchicalStrategy(Strategy):
     def epoch_end_metrics(self) -> dict:
         return {"consensus_distance": self.among_survivors(lambda group, members: consensus_distance(
             self.model, world_size=len(members), group=group, timeout=self.ctx.timeout))}
-
-    def survivors(self) -> tuple[object, list[int]]:
-        if self.membership is None:
-            return super().survivors()
-        return self.membership.group or self.ctx.groups.world, list(self.membership.members)
-
-    def lost_learners(self) -> list[dict]:
-        return self.membership.lost_learners() if self.membership is not None else []
-
-    def among_survivors(self, fn):
-        if self.membership is None:
-            return fn(*self.survivors())
-        return self.membership.collective(fn, self.ctx.groups.world)
 
     def close(self, error: BaseException | None = None) -> None:
         if self.outer is not None:
@@ -219,7 +205,7 @@ class HybridConfig(HierarchicalConfig):
 class HybridStrategy(HierarchicalStrategy):
     name = "hybrid"
     config_class = HybridConfig
-    survives_lost_learners = False  # its synchronous epochs allreduce over every learner
+    survival = Survival.NONE  # its synchronous epochs allreduce over every learner
     overlap_inner = False  # two syncs share the parameters: neither registers gradient hooks
 
     def __init__(self, config: HybridConfig | None = None):
@@ -247,3 +233,28 @@ class HybridStrategy(HierarchicalStrategy):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "synchronous": self._synchronous}
+
+
+def _between_nodes(config: HierarchicalConfig, job: SimJob, overlap_inner: bool) -> Pairwise:
+    """Nodes of `job.per_node` learners: sync inside, ADPSGD between leaders, the leader's broadcast."""
+    traffic = exchange_traffic(job.values)
+    node_buckets, broadcast = [], None
+    if job.per_node > 1:
+        node_buckets = sync.exchange_traffic(job.shapes, job.per_node, job.per_node, SyncConfig(overlap=overlap_inner),
+                                             group="node")
+        broadcast = next(t for t in step_traffic(job.shapes, job.learners, job.per_node, 0) if t.kind == "broadcast")
+    return Pairwise(traffic["exchange"], traffic["answer"], config.pattern, config.seed, config.delay_by_one,
+                    unit=job.per_node, node_buckets=node_buckets, broadcast=broadcast, overlap=overlap_inner)
+
+
+def _hybrid(config: HybridConfig, job: SimJob) -> LockStep | Pairwise:
+    if job.synchronous:
+        return LockStep(sync.exchange_traffic(job.shapes, job.learners, job.per_node, SyncConfig(overlap=False)))
+    return _between_nodes(config, job, HybridStrategy.overlap_inner)
+
+
+HIERARCHICAL = StrategyDescriptor(
+    HierarchicalStrategy, Pairwise, lambda config, job: _between_nodes(config, job, HierarchicalStrategy.overlap_inner),
+    advised={"hierarchical": {}})
+HYBRID = StrategyDescriptor(HybridStrategy, Pairwise, _hybrid, advised={"hybrid": {"sync_epochs": 1}},
+                            synchronous_epochs=lambda config: config.sync_epochs)

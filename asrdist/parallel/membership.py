@@ -29,8 +29,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from asrdist.errors import CommError, TrainingError
 from asrdist.parallel.groups import survivors_group
@@ -212,3 +213,36 @@ class NodeMembership:
 
     def refresh(self) -> None:
         self.job.refresh()
+
+
+class Watchdog:
+    """Deadlines of the point-to-point waits in flight on a group without a timeout (adpsgd's
+    exchanges). A wait past its deadline gets its peer reported lost as hung; the launcher
+    then stops that process, which closes its connections and ends the wait with an error."""
+
+    def __init__(self, membership: Membership, timeout: timedelta, name: str = "watchdog"):
+        self._membership, self._timeout = membership, timeout
+        self._due: dict[object, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    @contextmanager
+    def watching(self, rank: int) -> Iterator[None]:
+        token = object()
+        with self._lock:
+            self._due[token] = (rank, time.monotonic() + self._timeout.total_seconds())
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._due[token]
+
+    def _run(self) -> None:
+        reason = f"hung: no answer to an exchange within {self._timeout.total_seconds():g} s"
+        while True:
+            time.sleep(min(0.5, self._timeout.total_seconds() / 4))  # a clock, not synchronisation
+            now = time.monotonic()
+            with self._lock:
+                overdue = {rank for rank, due in self._due.values() if now > due}
+            for rank in overdue:
+                self._membership.report(rank, reason)

@@ -46,6 +46,7 @@ from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.descriptor import Pipelined, SimJob, StrategyDescriptor
 from asrdist.parallel.groups import copy_group
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards,
@@ -491,3 +492,14 @@ class OneBitStrategy(Strategy):
             if p.numel() == 0 and p.grad is None:
                 p.grad = torch.zeros_like(p)
         self._result_ready = False
+
+
+def _simulated(config: OneBitConfig, job: SimJob) -> Pipelined:
+    n, per_node = job.learners, job.per_node
+    span = per_node if hierarchical_in_use(config.hierarchical, n, per_node) else 0
+    return Pipelined(lambda rank: exchange_traffic(job.shapes, n, per_node, rank, config), config.double_buffering,
+                     PIPELINE_CHUNKS, node_span=span)
+
+
+ONEBIT = StrategyDescriptor(OneBitStrategy, Pipelined, _simulated, codes_alone=True,
+                            advised={"onebit": {}, "onebit_double_buffering": {"double_buffering": True}})

@@ -37,6 +37,7 @@ from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import CommCounters, LearnerContext, Strategy, parameters_with_grad
+from asrdist.parallel.descriptor import LockStep, SimJob, StrategyDescriptor
 from asrdist.parallel.hierarchical_allreduce import (
     Hierarchy,
     build_hierarchy,
@@ -240,3 +241,11 @@ class SyncStrategy(Strategy):
         if self._hierarchy is None:
             return comm.allreduce(flat, self.counters, group=self.ctx.group, async_op=True, timeout=self.ctx.timeout)
         return hierarchical_allreduce(flat, self.counters, self._hierarchy, timeout=self.ctx.timeout, async_op=True)
+
+
+def _simulated(config: SyncConfig, job: SimJob) -> LockStep:
+    return LockStep(exchange_traffic(job.shapes, job.learners, job.per_node, config), overlap=config.overlap)
+
+
+SYNC = StrategyDescriptor(SyncStrategy, LockStep, _simulated,
+                          advised={"sync": {}, "sync_flat": {"hierarchical": "false"}})

@@ -45,6 +45,7 @@ from asrdist.io.atomic import (
 )
 from asrdist.io.kaldi_dir import read_alignments
 from asrdist.optim import ngsgd
+from asrdist.parallel import STRATEGIES
 from asrdist.run import rundir
 from asrdist.run.learner import run_learner
 from asrdist.run.prepare import build_targets, ensure_features, save_targets
@@ -216,7 +217,7 @@ def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool
     if nodes != 1:
         check_emulated_cluster(cfg.train.learners, nodes, network)
     learners = cfg.train.learners
-    if (note and cfg.strategy_name in ("hierarchical", "hybrid") and nodes == 1 and learners > 1
+    if (note and STRATEGIES[cfg.strategy_name].moves_by_node and nodes == 1 and learners > 1
             and cfg.train.group_size in (0, learners)):
         _note(f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
                           f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it "
@@ -381,14 +382,8 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
 
 
 def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
-    """On one machine adpsgd goes on without a learner that dies or hangs, and hierarchical (with
-    several nodes of `train.group_size`) without its node (one process per learner under asrdist's
-    own supervision); every other strategy fails fast naming it."""
-    if nodes != 1:
-        return False
-    if cfg.strategy_name == "hierarchical":
-        return 0 < cfg.train.group_size < cfg.train.learners
-    return cfg.strategy_name == "adpsgd"
+    """Whether the job goes on without a lost learner (`StrategyDescriptor.survives_lost_learners`)."""
+    return STRATEGIES[cfg.strategy_name].survives_lost_learners(cfg.train.learners, cfg.train.group_size, nodes)
 
 
 def print_summary(run_dir: Path, summary: RunSummary | None) -> None:

@@ -162,26 +162,24 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
         hooks.before_optimizer_step = lambda lr: clip_change(model, lr)
     optimizer = build_optimizer(cfg.optim, model.parameters())
     strategy = build_strategy(cfg.strategy_name, cfg.strategy)
+    strategy.setup(model, optimizer, ctx)
     if strategy.lockstep:
         sampler = task.sampler
         steps_per_epoch = len(sampler)
     else:
+        membership = strategy.membership  # survival mode: lost learners' minibatches are trained again
+
+        def lost_ranks() -> list[int]:
+            membership.refresh()
+            return sorted(membership.lost_ranks())
         sampler = JobEpochSampler(task.sampler_for(task.local_batch, rank=0, world_size=1), ctx.store,
                                   ctx.job_world_size, group_size=ctx.group_size if strategy.moves_by_node else 1,
-                                  rank=ctx.job_rank)
+                                  rank=ctx.job_rank, lost_ranks=None if membership is None else lost_ranks,
+                                  wait_seconds=survival_wait(ctx.timeout).total_seconds())
         steps_per_epoch = sampler.steps_per_epoch
     schedule = LRSchedule(cfg.optim, steps_per_epoch=steps_per_epoch, total_epochs=cfg.train.epochs,
                           global_batch=cfg.data.batch_size)
     hooks.lr_at = lambda step, epoch: schedule.lr_at(step, epoch)
-    strategy.setup(model, optimizer, ctx)
-
-    membership = getattr(strategy, "membership", None)
-    if membership is not None and not strategy.lockstep:  # survival mode: lost learners' minibatches are trained again
-        def lost_ranks() -> list[int]:
-            membership.refresh()
-            return sorted(membership.lost_ranks())
-        sampler.lost_ranks = lost_ranks
-        sampler.wait_seconds = survival_wait(ctx.timeout).total_seconds()
     if strategy.wants_batch_search():
         hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
         hooks.base_batch_size = cfg.data.batch_size

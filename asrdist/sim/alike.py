@@ -1,14 +1,12 @@
 """Learners that move alike, simulated once: without jitter and shared cores, the learners of a
 lock-step strategy differ only by being a straggler or sharing a node or a rail with one, so one
 learner of each kind stands for the others, in its node's and rail's collectives too (with the
-same figures as simulating each: tests/test_sim_inputs.py). Hierarchical and hybrid nodes
-exchange asynchronously: every node is simulated, its leader and one other learner."""
+same figures as simulating each: tests/test_sim_inputs.py). Nodes that exchange pairwise
+(hierarchical, hybrid) are each simulated: its leader and one other learner."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from asrdist.sim.engine import SimSpec
+from asrdist.parallel.descriptor import LockStep, Pairwise
+from asrdist.sim.spec import SimSpec, sim_shape
 
 
 def simulated_learners(spec: SimSpec) -> int:
@@ -36,10 +34,9 @@ def stand_ins(spec: SimSpec) -> list[int]:
 def _kinds(spec: SimSpec) -> tuple[dict[int, int], dict[int, int]] | None:
     """Node -> the node simulated in its place, and the same for positions in a node; None:
     every learner is simulated."""
-    c, name = spec.cluster, spec.strategy
-    lockstep = name in ("single", "sync", "averaging") or (name == "hybrid" and spec.synchronous) or (
-        c.learners == 1 and name != "onebit")
-    by_node = name in ("hierarchical", "hybrid") and not lockstep and c.per_node > 1
+    c, shape = spec.cluster, sim_shape(spec)
+    lockstep = isinstance(shape, LockStep)
+    by_node = isinstance(shape, Pairwise) and shape.unit > 1 and c.per_node > 1
     if spec.jitter or c.shared_cores or not (lockstep or by_node):
         return None
     slow = [r for r in spec.slowdown if 0 <= r < c.learners]

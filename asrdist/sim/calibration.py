@@ -15,8 +15,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from asrdist.errors import ConfigError
+from asrdist.parallel import STRATEGIES
 from asrdist.parallel.adpsgd import exchange_traffic
 from asrdist.parallel.comm import Transfer, ring_allreduce_bytes
+from asrdist.parallel.descriptor import Pairwise
 from asrdist.sim.cluster import Link
 from asrdist.sim.resources import latency_steps
 from asrdist.sim.scenario import config_job, run_job
@@ -166,8 +168,11 @@ def collective_steps(micro: Microbenchmarks, learners: int) -> tuple[float, floa
     return micro.collective_seconds / messages, max(0.0, micro.collective_cpu_seconds - cpu) / messages
 
 
-EXCHANGING = ("adpsgd",)
-"""Strategies whose learners compute while ADPSGD exchanges of the model run beside them."""
+def exchanging(strategy: str) -> bool:
+    """Whether `strategy`'s learners compute while ADPSGD exchanges of the model run beside them
+    (each learner exchanges pairwise, not its node's leader alone)."""
+    described = STRATEGIES[strategy]
+    return described.shape is Pairwise and not described.moves_by_node
 
 
 def exchange_cpu(micro: Microbenchmarks) -> float:
@@ -196,7 +201,7 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
     recipe = f"{strategy}'s recipe" if own is not None else "the first run's recipe"
     step = (f"microbenchmark: one learner's training step alone ({recipe}), global minibatch / {learners}, "
             f"{threads} thread(s)")
-    if many and strategy in EXCHANGING and micro.exchanging_step_slowdown > 0:
+    if many and strategy is not None and exchanging(strategy) and micro.exchanging_step_slowdown > 0:
         # its peers compute beside it and the exchanges' traffic preempts it: that step measured so
         spf *= micro.exchanging_step_slowdown
         step += (f", x {micro.exchanging_step_slowdown:.2f}: that step's CPU per frame among the run's learners "
@@ -258,7 +263,7 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
     job = config_job(cfg, inputs.learners, inputs.seconds_per_frame, nodes=nodes,
                      network="loopback" if nodes == 1 else network, network_cost=inputs.network_cost,
                      feature_dim=feature_dim, num_classes=num_classes)
-    if inputs.learners == 1 and cfg.strategy_name == "onebit":  # a lone onebit learner still codes its gradient
+    if inputs.learners == 1 and STRATEGIES[cfg.strategy_name].codes_alone:  # a lone onebit learner still codes
         job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)
     if inputs.learners > 1 and inputs.link_bytes_per_second > 0:  # the measured link, between the hosts or,
         # all learners on one host, over its loopback

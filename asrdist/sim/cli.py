@@ -80,13 +80,13 @@ def build_job(args):
         parameter_count,
         seconds_per_frame,
     )
-    from asrdist.sim.engine import STRATEGY_NAMES
     from asrdist.sim.scenario import Job
+    from asrdist.sim.spec import simulated_names
 
     cluster_text = args.cluster or DEFAULT_CLUSTER
     nodes, per_node = _cluster(cluster_text)
-    if args.strategy is not None and args.strategy not in STRATEGY_NAMES:
-        raise ConfigError(f"--strategy: unknown strategy {args.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
+    if args.strategy is not None and args.strategy not in simulated_names():
+        raise ConfigError(f"--strategy: unknown strategy {args.strategy!r} (known: {', '.join(simulated_names())})")
     if args.strategy is None and nodes * per_node < 2:
         raise ConfigError(f"--cluster: ranking the strategies needs at least 2 learners (or name one with --strategy), "
                           f"got {cluster_text!r}")
@@ -164,7 +164,8 @@ def _strategy_config(name: str, settings: dict):
     from asrdist.parallel import strategy_config_class  # imported when the command runs: `--help` stays light
     from asrdist.sim.scenario import strategy_config  # imported when the command runs: `--help` stays light
 
-    known = [f.name for f in dataclasses.fields(strategy_config_class(name))]
+    config_class = strategy_config_class(name)
+    known = [f.name for f in dataclasses.fields(config_class)] if config_class is not None else []
     unknown = sorted(set(settings) - set(known))
     if unknown:
         raise ConfigError(f"--set: {name} has no setting {unknown[0]!r} (known: {', '.join(known)})")

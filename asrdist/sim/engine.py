@@ -1,9 +1,9 @@
 """The discrete-event simulation of one strategy on one cluster (SimPy processes, one per learner,
 or per node where a node moves in lock step). Learners that move alike are simulated once
-(`asrdist.sim.alike`).
+(`asrdist.sim.alike`). The process follows the shape the strategy's descriptor declares
+(`asrdist.parallel.descriptor`), its traffic the strategy module's own byte accounting.
 
-What a step costs, per strategy (the traffic always comes from the strategy module's own
-`*_traffic` function, i.e. the layout and byte accounting of the real run):
+What a step costs, per shape:
 - compute: a fixed cost per minibatch, then local minibatch x seconds per frame (x a straggler's
   slowdown or a random jitter, the excess slept); the last `backward_share` of it is backward.
   CPU learners (`Cluster.shared_cores`) run their CPU work (compute, 1-bit coding, averaging
@@ -11,178 +11,46 @@ What a step costs, per strategy (the traffic always comes from the strategy modu
   scheduler shares them (`SharedCores`): more learners than cores slow each other down, and one
   learner's work overlaps another's sleep or communication. Fewer threads cost
   `Cluster.cpu_slowdown`. The first lock-step collective that needs every learner's whole compute
-  of a step (sync's last bucket, onebit's exchange, an average, a node's last bucket) also waits
+  of a step (the last bucket, a pipelined exchange, an average, a node's last bucket) also waits
   `lockstep_wait` for the learner the scheduler's time slices left last, and each sequential
   message of a lock-step collective takes at least `collective_step_seconds` (its receiver must be
   woken and get a core; overlapping the bytes on the wire) and `collective_step_cpu` beyond the
   bytes' CPU.
-- sync: each bucket's collectives start when backward has produced its gradients (`overlap`),
-  one after another on the learner's communication stream, and every collective waits for all
-  members of its group (lock step): the slowest learner sets the pace; then the mean's
-  arithmetic (`mean_cost`).
-- onebit: quantize, owner reduce and dequantize cost `quantize_cost` (`dequantize_cost`) per
-  value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu, wire) / chunks; double
-  buffering moves the exchange of step t behind the compute of step t + 1.
-- averaging: the flat allreduce every `steps_between_averages` minibatches (a period of more than
-  MAX_AVERAGING_STEPS / 2 simulated shortened, its cost in proportion: `averaging_period`).
-- adpsgd: learners claim minibatches from one job-wide pool (`own_steps`: each its own steps),
-  each claim `claim_seconds` on the job's store;
-  an active learner exchanges with its partner (`topology.partner`) after each step: two
-  messages at once, one each way (the passive replies as soon as it is asked; a link keeps
-  `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
-  SimPy resource: contention), without stopping its compute; an
-  exchange across nodes shares both nodes' cards with the exchanges in flight on them (their
-  learners share them: its rate is divided by the flows on the busier card); a passive that
-  trains gets its answer going `answer_delay` late (an exchange's work beyond the wire), and each
-  side spends `exchange_cpu` beyond its bytes' CPU; delay-by-one overlaps the exchange with the
-  next step.
-- hierarchical / hybrid: the node is the unit: node allreduce, the leaders' exchange, and the
-  leader's broadcast to its node; hybrid's synchronous phase is `sync` over all learners.
+- lock-step (sync, averaging, a lone learner): each bucket's collectives start when backward has
+  produced its gradients (`overlap`), one after another on the learner's communication stream,
+  and every collective waits for all members of its group: the slowest learner sets the pace;
+  then the mean's arithmetic (`mean_cost`). A periodic average runs every `average_every`
+  minibatches (a period of more than MAX_AVERAGING_STEPS / 2 simulated shortened, its cost in
+  proportion: `spec.averaging_period`).
+- pipelined (onebit): quantize, owner reduce and dequantize cost `quantize_cost`
+  (`dequantize_cost`) per value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu,
+  wire) / chunks; double buffering moves the exchange of step t behind the compute of step t + 1.
+- pairwise (adpsgd; hierarchical and hybrid's asynchronous phase by node): participants claim
+  minibatches from one job-wide pool (`own_steps`: each its own steps), each claim `claim_seconds`
+  on the job's store; an active one exchanges with its partner (`topology.partner`) after each
+  step: two messages at once, one each way (the passive replies as soon as it is asked; a link
+  keeps `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
+  SimPy resource: contention), without stopping its compute; an exchange across nodes shares both
+  nodes' cards with the exchanges in flight on them (its rate is divided by the flows on the
+  busier card); a passive that trains gets its answer going `answer_delay` late, and each side
+  spends `exchange_cpu` beyond its bytes' CPU; delay-by-one overlaps the exchange with the next
+  step. A node first runs its buckets in lock step and ends with its leader's broadcast.
 The cost of a collective and the shared CPU cores: `asrdist.sim.resources`.
 """
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
 
-from asrdist.errors import ConfigError
-from asrdist.parallel import averaging, hierarchical, onebit, sync, topology
-from asrdist.parallel.adpsgd import exchange_traffic
-from asrdist.parallel.averaging import steps_between_averages
+from asrdist.parallel import topology
 from asrdist.parallel.comm import Transfer
+from asrdist.parallel.descriptor import LockStep, Pairwise, Pipelined
 from asrdist.sim.alike import alike_learners, stand_ins
-from asrdist.sim.cluster import Cluster, parameter_count
 from asrdist.sim.resources import Meet, SharedCores, latency_steps, transfer_seconds
+from asrdist.sim.spec import SimResult, SimSpec, averaging_period, sim_shape, simulated_steps
 from asrdist.utils.throughput import job_frames_per_second
-
-STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
-MAX_AVERAGING_STEPS = 2000
-
-
-@dataclass
-class SimSpec:
-    """Everything one simulation needs."""
-
-    strategy: str
-    strategy_config: Any
-    shapes: list[tuple[int, ...]]
-    cluster: Cluster
-    local_batch: int
-    """Frames per learner per minibatch."""
-    seconds_per_frame: float
-    """One learner's compute per frame when it has the whole device (machine) to itself."""
-    step_overhead: float = 0.0
-    quantize_cost: float = 1e-9
-    """Seconds per value and pass of 1-bit quantization (quantize, owner reduce, dequantize)."""
-    dequantize_cost: float | None = None
-    """Seconds per value of 1-bit dequantization (None: `quantize_cost`); the owner's reduce
-    dequantizes the n contributions to its stripe and re-quantizes the stripe."""
-    copy_cost: float = 0.0
-    """Seconds per value of parameter arithmetic in an average or exchange (host or device)."""
-    mean_cost: float = 0.0
-    """Seconds per value of the sync gradient mean's arithmetic besides the wire (CPU learners:
-    copy into the buckets, divide, copy back; 0 where it is negligible)."""
-    network_cost: float = 0.0
-    """CPU learners: CPU seconds per byte a learner sends or receives (gloo's and the kernel's
-    copies), spent on its machine's cores while the bytes are on the wire (0: devices with their
-    own network engines, or negligible)."""
-    lockstep_wait: float = 0.0
-    """CPU learners (`Cluster.shared_cores`): seconds the first lock-step collective after a step's
-    whole compute waits for its last learner beyond what processor sharing gives. `SharedCores`
-    lets learners that start a step together finish its compute together; the scheduler's time
-    slices stagger them (measured: `asrdist.calibrate.lockstep`)."""
-    claim_seconds: float = 0.0
-    """Seconds a learner that claims minibatches from a job-wide pool (adpsgd, hierarchical,
-    hybrid's asynchronous phase) spends on the job's store per minibatch before its compute: the
-    claim and the progress it records (measured on CPU learners: `asrdist.calibrate.lockstep`; 0: not
-    modelled)."""
-    collective_step_seconds: float = 0.0
-    """CPU learners (`Cluster.shared_cores`): the least seconds each sequential message of a
-    lock-step collective (`resources.latency_steps`: a ring allreduce's 2(n-1)) takes. With more
-    learners than cores the receiver of a message is often not running: it must be woken and get a
-    core before the next message can go. The wake-ups overlap the bytes on the wire, so a
-    collective takes the longer of the link's time and its messages' (measured among the run's
-    learners: `asrdist.calibrate.lockstep`; 0: not modelled)."""
-    collective_step_cpu: float = 0.0
-    """CPU learners: CPU seconds a learner spends per sequential message of a lock-step collective
-    beyond its bytes' (`network_cost`): gloo's and the kernel's wake-ups and bookkeeping (measured
-    with `collective_step_seconds`)."""
-    answer_delay: float = 0.0
-    """Seconds an ADPSGD exchange takes beyond the link's pairwise exchange: its own work (the
-    header's turn, the copies and halfway step on buffers the network just wrote) and, its passive
-    training while it answers, the answering thread's and gloo's wait for a core, the interpreter
-    and the update's lock before the reply goes out (measured on CPU learners:
-    `asrdist.calibrate.lockstep`; 0: not modelled)."""
-    exchange_cpu: float = 0.0
-    """CPU learners: CPU seconds each side of an ADPSGD exchange spends beyond its bytes'
-    (`network_cost`) and the halfway step's copies (`copy_cost`): the copies and arithmetic on
-    buffers the network just wrote, gloo's and the answering thread's wake-ups (measured among
-    training learners: `asrdist.calibrate.lockstep`; 0: not modelled)."""
-    backward_share: float = 2 / 3
-    slowdown: dict[int, float] = field(default_factory=dict)
-    """Straggler ranks and their slowdown (compute x slowdown)."""
-    jitter: float = 0.0
-    """Every learner's compute x (1 + uniform(0, jitter)) per step."""
-    steps: int = 24
-    """Minibatches per learner simulated (a job-wide pool of steps x learners for adpsgd)."""
-    own_steps: bool = False
-    """Each learner trains exactly `steps` minibatches and the job ends with the slowest, as
-    `bench scaling`'s learners do. False: asynchronous learners draw minibatches from one job-wide
-    pool of steps x learners (the trainer's job epochs), and averaging runs whole periods."""
-    synchronous: bool = False
-    """hybrid: simulate its synchronous phase (else the ADPSGD phase)."""
-    state_copies: int = 0
-    """averaging: parameter-sized optimizer tensors per parameter that an average carries besides
-    the parameters (`strategy.average_momentum` with SGD momentum: 1; CNTK AdaGrad: 1 more)."""
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.strategy not in STRATEGY_NAMES + ("single",):
-            raise ConfigError(f"simulate: unknown strategy {self.strategy!r} (known: {', '.join(STRATEGY_NAMES)})")
-        if self.local_batch < 1 or not self.seconds_per_frame > 0 or self.steps < 2:
-            raise ConfigError("simulate: need a local batch >= 1 frame, seconds per frame > 0 and >= 2 steps")
-        if not all(1 <= f < math.inf for f in self.slowdown.values()):
-            raise ConfigError(f"simulate: a straggler's slowdown must be finite and >= 1, got {self.slowdown}")
-
-    @property
-    def values(self) -> int:
-        return parameter_count(self.shapes)
-
-    @property
-    def averaged_values(self) -> int:
-        """Values one learner contributes to an average: parameters and averaged optimizer state."""
-        return self.values * (1 + self.state_copies)
-
-
-@dataclass
-class SimResult:
-    frames_per_second: float
-    """The job's frames per second over the simulated window, as asrdist measures a run
-    (`asrdist.utils.throughput.job_frames_per_second`): all learners' frames over the longest
-    learner's time, the tail of a pool (`tail_seconds`) included."""
-    seconds_per_step: float
-    """Mean over learners of wall seconds per own minibatch."""
-    comm_share: float
-    """Mean share of a learner's time with its communication in flight."""
-    wait_share: float
-    """Mean share of a learner's time blocked on communication (not hidden behind compute)."""
-    bytes_per_step: list[float]
-    """Per learner: bytes sent per own minibatch."""
-    bytes_sent: list[int]
-    steps: list[int]
-    compute_seconds_per_step: float
-    pace_seconds_per_frame: float = 0.0
-    """The job's seconds per frame while its learners are all busy: until the pool ran dry
-    (learners that claim minibatches from a pool), else the whole window. An epoch of F frames
-    takes F x this + `tail_seconds` (for the simulated window itself: 1 / `frames_per_second`)."""
-    tail_seconds: float = 0.0
-    """Learners that claim minibatches from a pool (adpsgd, hierarchical): from the moment the
-    pool ran dry to the last learner's end (a straggler's last minibatch, exchanges in flight).
-    An epoch pays it once, beyond its frames at `pace_seconds_per_frame`."""
 
 
 class _Learner:
@@ -193,29 +61,6 @@ class _Learner:
     def __init__(self, rank: int):
         self.rank, self.steps, self.frames, self.bytes = rank, 0, 0, 0
         self.comm = self.wait = self.compute = self.done_at = 0.0
-
-
-def simulated_steps(spec: SimSpec) -> int:
-    """Minibatches per learner simulated: `steps`, or two of averaging's whole periods
-    (`averaging_period`)."""
-    if spec.strategy != "averaging" or spec.own_steps or spec.cluster.learners < 2:
-        return spec.steps
-    return max(spec.steps, 2 * averaging_period(spec)[0])
-
-
-def averaging_period(spec: SimSpec) -> tuple[int, float]:
-    """(minibatches simulated between two averages, the share of an average's cost each one
-    carries). A period longer than MAX_AVERAGING_STEPS / 2 minibatches is simulated shortened to
-    that, its average costed (time, bytes and arithmetic) in proportion, so that communication per
-    minibatch stays what the real period gives; only the spread of the learners' compute over a
-    period (jitter) is that of the shorter one. With `own_steps` (a run of exactly `steps`
-    minibatches, as `bench scaling` times) the period is the real one."""
-    every = steps_between_averages(spec.strategy_config, spec.local_batch)
-    if spec.own_steps:  # a run of exactly `steps` minibatches: its averages fall where they fall
-        return every, 1.0
-    simulated = min(every, MAX_AVERAGING_STEPS // 2)
-    return simulated, simulated / every
-
 
 def simulate(spec: SimSpec) -> SimResult:
     """Run the simulation of `spec` and summarize it."""
@@ -371,7 +216,7 @@ class _Simulation:
             me.comm += self.env.now - t0
             me.wait += self.env.now - t0
 
-    def onebit_learner(self, me: _Learner, transfers: list[Transfer], double_buffering: bool, chunks: int):
+    def pipelined_learner(self, me: _Learner, transfers: list[Transfer], double_buffering: bool, chunks: int):
         s = self.spec
         inside = [t for t in transfers if t.group == "node"]
         across = [t for t in transfers if t.group != "node"]
@@ -389,7 +234,7 @@ class _Simulation:
             if inside:
                 yield from self.collective(me, inside[0], step, 0, after_whole_step=True)
             if not double_buffering:
-                yield from self._onebit_wire(me, across, step, quantize + reduce + dequantize, chunks, True,
+                yield from self._pipelined_wire(me, across, step, quantize + reduce + dequantize, chunks, True,
                                              not inside)
             else:
                 yield from self.cpu(me, quantize)
@@ -398,7 +243,7 @@ class _Simulation:
                     yield pending
                     me.wait += self.env.now - t1
                 yield from self.cpu(me, dequantize)
-                pending = self.env.process(self._onebit_wire(me, across, step, reduce, chunks, False, not inside))
+                pending = self.env.process(self._pipelined_wire(me, across, step, reduce, chunks, False, not inside))
             if inside:
                 yield from self.collective(me, inside[1], step, 10_000)
             me.comm += self.env.now - t0 if double_buffering else 0.0
@@ -410,7 +255,7 @@ class _Simulation:
             yield pending
         me.done_at = self.env.now
 
-    def _onebit_wire(self, me, across, step, cpu, chunks, stalled, after_whole_step):
+    def _pipelined_wire(self, me, across, step, cpu, chunks, stalled, after_whole_step):
         """The exchange's collectives and its `cpu` of coding, pipelined over `chunks`: a chunk is
         coded while the next crosses the wire. On a dedicated device only the coding the wire does
         not hide takes time; CPU learners code on cores they share (`SharedCores`), so all of it
@@ -443,10 +288,10 @@ class _Simulation:
             self.dry_at = self.env.now
         return True
 
-    def adpsgd_unit(self, members: list[_Learner], leader_rank: int, unit: int, units: int, node_traffic,
-                    broadcast: Transfer | None, overlap: bool):
-        """One ADPSGD participant: a learner, or (hierarchical) a node moving in lock step."""
-        s, cfg = self.spec, self.spec.strategy_config
+    def pairwise_unit(self, members: list[_Learner], leader_rank: int, unit: int, units: int):
+        """One participant of a pairwise strategy: a learner, or a node moving in lock step."""
+        s, shape = self.spec, self.pairwise
+        node_traffic, broadcast, overlap = shape.node_buckets, shape.broadcast, shape.overlap
         active = units > 1 and topology.is_active(unit, units)
         pending = None
         rnd = 0
@@ -472,10 +317,10 @@ class _Simulation:
             else:
                 yield self.env.all_of(computes)
             if active:
-                partner = topology.partner(unit, units, rnd, cfg.pattern, cfg.seed)
+                partner = topology.partner(unit, units, rnd, shape.pattern, shape.seed)
                 rnd += 1
                 leader = self.learners[leader_rank]
-                if cfg.delay_by_one:
+                if shape.delay_by_one:
                     if pending is not None:
                         t0 = self.env.now
                         yield pending
@@ -511,7 +356,7 @@ class _Simulation:
         yield turn
         if s.answer_delay:  # the passive's answering thread gets going while its trainer computes
             yield self.env.timeout(s.answer_delay)
-        ex, ans = self.exchange["exchange"], self.exchange["answer"]
+        ex, ans = self.pairwise.exchange, self.pairwise.answer
         nodes = sorted({partner_rank // self.cluster.per_node, leader.rank // self.cluster.per_node})
         crosses = len(nodes) == 2
         # the passive replies as soon as it is asked: one message each way, at once
@@ -549,50 +394,32 @@ class _Simulation:
 
     # -- running ------------------------------------------------------------------------
     def run(self) -> SimResult:
-        s, c, env = self.spec, self.cluster, self.env
-        cfg = s.strategy_config
-        name = s.strategy
-        if name == "hybrid" and s.synchronous:
-            name = "sync_everyone"
-        if name == "single" or (self.n == 1 and name != "onebit"):  # a lone onebit still codes its gradient
+        shape = sim_shape(self.spec)
+        if isinstance(shape, LockStep):
+            if shape.average:
+                self.average = shape.average
+                self.average_every, self.average_share = averaging_period(self.spec)
+                self.steps = simulated_steps(self.spec)
             for me in self.learners.values():
-                env.process(self.lockstep_learner(me, [], False))
-        elif name in ("sync", "sync_everyone", "averaging"):
-            if name == "averaging":
-                buckets = []
-                self.average = averaging.average_traffic(s.averaged_values, self.n, cfg)
-                self.average_every, self.average_share = averaging_period(s)
-                self.steps = simulated_steps(s)
-                overlap = False
-            else:
-                sync_cfg = cfg if name == "sync" else sync.SyncConfig(overlap=False)
-                buckets = sync.exchange_traffic(s.shapes, self.n, c.per_node, sync_cfg)
-                overlap = sync_cfg.overlap
+                self.env.process(self.lockstep_learner(me, shape.buckets, shape.overlap))
+        elif isinstance(shape, Pipelined):
             for me in self.learners.values():
-                env.process(self.lockstep_learner(me, buckets, overlap))
-        elif name == "onebit":
-            for me in self.learners.values():
-                transfers = onebit.exchange_traffic(s.shapes, self.n, c.per_node, me.rank, cfg)
-                env.process(self.onebit_learner(me, transfers, cfg.double_buffering, onebit.PIPELINE_CHUNKS))
-        else:  # adpsgd, hierarchical, hybrid's asynchronous phase
-            per_unit = 1 if name == "adpsgd" else c.per_node
-            self.unit_size = per_unit
-            units = self.n // per_unit
-            self.answerers = [simpy.Resource(env, capacity=1) for _ in range(units)]
-            self.flows = [0] * c.nodes  # exchanges in flight on each node's card
-            self.exchange = exchange_traffic(s.values)
-            node_traffic, broadcast = [], None
-            if per_unit > 1:
-                inner = sync.SyncConfig(overlap=name == "hierarchical")
-                node_traffic = sync.exchange_traffic(s.shapes, per_unit, per_unit, inner, group="node")
-                broadcast = next(t for t in hierarchical.step_traffic(s.shapes, self.n, per_unit, 0)
-                                 if t.kind == "broadcast")
-            for u in range(units):
-                members = [self.learners[r] for r in range(u * per_unit, (u + 1) * per_unit) if r in self.learners]
-                env.process(self.adpsgd_unit(members, u * per_unit, u, units, node_traffic, broadcast,
-                                             name == "hierarchical"))
-        env.run()
+                self.env.process(self.pipelined_learner(me, shape.transfers(me.rank), shape.double_buffering,
+                                                        shape.chunks))
+        else:
+            self.start_pairwise(shape)
+        self.env.run()
         return self._summary()
+
+    def start_pairwise(self, shape: Pairwise) -> None:
+        """One process per participant: a learner, or a node of `shape.unit` learners."""
+        self.pairwise, self.unit_size = shape, shape.unit
+        units = self.n // shape.unit
+        self.answerers = [simpy.Resource(self.env, capacity=1) for _ in range(units)]
+        self.flows = [0] * self.cluster.nodes  # exchanges in flight on each node's card
+        for u in range(units):
+            members = [self.learners[r] for r in range(u * shape.unit, (u + 1) * shape.unit) if r in self.learners]
+            self.env.process(self.pairwise_unit(members, u * shape.unit, u, units))
 
     def _summary(self) -> SimResult:
         ls = [self.learners[r] for r in stand_ins(self.spec)]

@@ -13,8 +13,8 @@ from tqdm import tqdm
 from asrdist.errors import ConfigError
 from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
 from asrdist.models.registry import model_kind
-from asrdist.parallel import strategy_config_class
-from asrdist.parallel.sync import hierarchical_in_use
+from asrdist.parallel import STRATEGIES, strategy_config_class
+from asrdist.parallel.descriptor import Pipelined
 from asrdist.sim.alike import simulated_learners
 from asrdist.sim.cluster import (
     LINKS,
@@ -24,21 +24,12 @@ from asrdist.sim.cluster import (
     link_named,
     model_shapes,
 )
-from asrdist.sim.engine import SimResult, SimSpec, simulate, simulated_steps
+from asrdist.sim.engine import simulate
+from asrdist.sim.spec import SimResult, SimSpec, sim_shape, simulated_steps
 
 ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
-    "sync": ("sync", {}),
-    "sync_flat": ("sync", {"hierarchical": "false"}),
-    "onebit": ("onebit", {}),
-    "onebit_double_buffering": ("onebit", {"double_buffering": True}),
-    "averaging": ("averaging", {}),
-    "adpsgd_fixed": ("adpsgd", {"pattern": "fixed"}),
-    "adpsgd_random": ("adpsgd", {"pattern": "random"}),
-    "adpsgd_delay_by_one": ("adpsgd", {"delay_by_one": True}),
-    "hierarchical": ("hierarchical", {}),
-    "hybrid": ("hybrid", {"sync_epochs": 1}),
-}
-"""Every variant the advisor ranks: name -> (strategy, strategy config)."""
+    variant: (name, dict(settings)) for name in STRATEGIES for variant, settings in STRATEGIES[name].advised.items()}
+"""Every variant the advisor ranks: name -> (strategy, strategy config), as each strategy declares them."""
 
 
 def strategy_config(name: str, settings: dict[str, Any] | None = None) -> Any:
@@ -127,14 +118,15 @@ def check_size(job: Job, ranked: bool = False) -> None:
     """A one-line ConfigError up front if simulating `job` would take minutes (see the limits)."""
     c = job.cluster
     where = f"--cluster {c.nodes}x{c.per_node}: {job.strategy}{' (ranked without --strategy)' if ranked else ''}"
-    for spec in [job.spec()] + ([job.spec(synchronous=True)] if job.strategy == "hybrid" else []):
+    phases = [job.spec()] + ([job.spec(synchronous=True)] if STRATEGIES[job.strategy].synchronous_epochs else [])
+    for spec in phases:
         learners, steps = simulated_learners(spec), simulated_steps(spec)
         if learners * steps > MAX_LEARNER_STEPS:
             raise ConfigError(f"{where} would simulate {learners} learners one by one, {steps} steps each; the limit "
                               f"is {MAX_LEARNER_STEPS} learner-steps (sync and averaging without --jitter simulate "
                               f"alike learners once)")
-    if (job.strategy == "onebit" and c.per_node > MAX_ONEBIT_SPAN
-            and hierarchical_in_use(job.strategy_config.hierarchical, c.learners, c.per_node)):
+    shape = sim_shape(phases[0])
+    if isinstance(shape, Pipelined) and shape.node_span > MAX_ONEBIT_SPAN:
         raise ConfigError(f"{where} would span {c.per_node} learners per node in one exchange; the limit is "
                           f"{MAX_ONEBIT_SPAN} (every learner's column shards grow with them)")
 
@@ -142,10 +134,11 @@ def check_size(job: Job, ranked: bool = False) -> None:
 def run_job(job: Job, name: str | None = None) -> Prediction:
     """Simulate `job` and one learner alone (with the whole global batch: the speed-up's base)."""
     check_size(job)
-    if job.strategy == "hybrid":
+    synchronous_epochs = STRATEGIES[job.strategy].synchronous_epochs
+    if synchronous_epochs is not None:  # a synchronous phase first (hybrid), simulated apart
         sync_phase = simulate(job.spec(synchronous=True))
         async_phase = simulate(job.spec())
-        sync_epochs = min(job.strategy_config.sync_epochs, job.epochs)
+        sync_epochs = min(synchronous_epochs(job.strategy_config), job.epochs)
         phases = [(sync_phase, sync_epochs), (async_phase, job.epochs - sync_epochs)]
         times = [epochs * (epoch_seconds(r, job.frames_per_epoch) + job.epoch_end_seconds) for r, epochs in phases]
         seconds = sum(times)

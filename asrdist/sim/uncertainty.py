@@ -22,9 +22,9 @@ from pathlib import Path
 
 from asrdist.errors import DataError
 from asrdist.io.atomic import write_json_atomic
+from asrdist.parallel import STRATEGIES
 
 RECORD = Path(__file__).with_name("validated_cases.json")
-ASYNCHRONOUS = ("adpsgd", "hierarchical", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _distance(case: ValidatedCase, strategy: str, learners: int, device: str, pl
     if case.strategy == strategy:
         apart = 0.0
     else:
-        apart = 5.0 if case.strategy in ASYNCHRONOUS and strategy in ASYNCHRONOUS else 10.0
+        apart = 5.0 if STRATEGIES[case.strategy].asynchronous and STRATEGIES[strategy].asynchronous else 10.0
     placed = 50.0 if case.placement != placement and case.learners > 1 and learners > 1 else 0.0
     return ((100.0 if case.device != device else 0.0) + placed + apart
             + abs(math.log2(case.learners) - math.log2(learners)))
