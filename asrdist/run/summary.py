@@ -23,11 +23,10 @@ from asrdist.train.epoch_average import Averaged
 from asrdist.utils.throughput import job_frames_per_second
 
 
-def hosts() -> dict:
+def hosts(env: JobEnv) -> dict:
     """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
     between them as asrdist's launcher set it up (`loopback` on one machine; None where another
     launcher started the job: a real cluster's network is not asrdist's to know)."""
-    env = JobEnv.of_this_process()
     return {"nodes": env.num_nodes, "network": env.network if env.network is not None else
             "loopback" if env.num_nodes == 1 else None}
 
@@ -53,11 +52,13 @@ def _figures(evaluated: dict) -> dict:
 
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
-               lost_learners: list[dict] | None = None, averaged: Averaged | None = None) -> dict:
+               lost_learners: list[dict] | None = None, averaged: Averaged | None = None, *,
+               env: JobEnv) -> dict:
     """`model`: the job's final model; `averaged` (train.average_last): the average of the last
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
     figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
-    the final model alone (the last epoch's: what averaging changed)."""
+    the final model alone (the last epoch's: what averaging changed). `env`: the learner's
+    `JobEnv` (its hosts, network and restarts)."""
     final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
     train_loss = state.history[-1]["train_loss"] if state.history else None
     final = {"train_loss": train_loss, **final_figures}
@@ -77,7 +78,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "lost_learners": lost,
         "cores": os.cpu_count(),
         "threads_per_learner": threads,
-        **hosts(),
+        **hosts(env),
         "model": cfg.model.name,
         "parameters": count_parameters(model),
         "epochs": cfg.train.epochs,
@@ -90,7 +91,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         "steal_share": busiest_host(per_learner),
         # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
         "starts": (1 + len(list(run_dir.glob("config-resume-*.yaml")))
-                   + JobEnv.of_this_process().restart),
+                   + env.restart),
         "final": final,
         "comm": {
             "bytes_sent": sum(p["bytes_sent"] for p in per_learner),
