@@ -5,7 +5,7 @@ sampler (`Task`, `Sampler`), as fairseq2's `TrainUnit` states what a trainer nee
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Protocol
+from typing import Any, Callable, Iterator, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -73,6 +73,7 @@ class LoopConfig:
                               "checkpoint_every and max_steps >= 0")
 
 
+@runtime_checkable
 class Sampler(Protocol):
     """A learner's minibatches of one epoch, resumable mid-epoch (its state's `position`)."""
 
@@ -83,6 +84,7 @@ class Sampler(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+@runtime_checkable
 class Task(Protocol):
     """What a learner trains (`asrdist.run.task.SpeechTask`, or a benchmark's in
     `asrdist.train.synthetic`): its model, a batch's loss and sample count, its kind of sampler."""
