@@ -72,7 +72,7 @@ class HeldNotes:
             print(line, file=sys.stderr, flush=True)
 
 
-def _note(text: str, notes: HeldNotes | None) -> None:
+def _note(notes: HeldNotes | None, text: str) -> None:
     """`[asrdist] note: text` on stderr, or in `notes` until the job's checks have passed."""
     line = f"[asrdist] note: {text}"
     if notes is not None and notes.lines is not None:
@@ -104,8 +104,8 @@ def resolve_config(args, notes: HeldNotes | None = None) -> RunConfig:
         tree["strategy"] = {"name": args.strategy}
         dropped = sorted(k for k in recipe_strategy if k != "name" and f"strategy.{k}" not in given)
         if dropped:  # they belong to the recipe's strategy; the new one starts from its defaults
-            _note(f"--strategy {args.strategy}: the recipe's settings of strategy {recipe_strategy.get('name')} "
-                 f"({', '.join(dropped)}) are not used; give strategy.KEY=VALUE to set them", notes)
+            _note(notes, f"--strategy {args.strategy}: the recipe's settings of strategy {recipe_strategy.get('name')} "
+                 f"({', '.join(dropped)}) are not used; give strategy.KEY=VALUE to set them")
     for o in flag_overrides + overrides:
         apply_override(tree, o)
     return config_from_tree(tree)
@@ -149,9 +149,8 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
             if learns_from_alignments:
                 unaligned = [u for u in store.utt_ids if u not in lengths]
                 if unaligned:
-                    _note(f"{split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no alignment in "
-                         f"alignment.scp (first: {unaligned[0]}); their targets come from it, so they are left out",
-                          notes)
+                    _note(notes, f"{split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no alignment in "
+                         f"alignment.scp (first: {unaligned[0]}); their targets come from it, so they are left out")
 
 
 def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it",
@@ -174,8 +173,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
         # a start that failed before its first checkpoint left only the reasons: start again here
         for path in entries:
             path.unlink()
-        _note(f"{run_dir}: a start that failed left only its reports ({', '.join(sorted(p.name for p in entries))}); "
-             f"removed, starting again", notes)
+        reports = ", ".join(sorted(p.name for p in entries))
+        _note(notes, f"{run_dir}: a start that failed left only its reports ({reports}); removed, starting again")
     elif entries:
         if ckpt.prepared_not_started(run_dir):
             raise AsrdistError(ckpt.start_prepared_advice(run_dir))
@@ -211,10 +210,10 @@ def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool
     learners = cfg.train.learners
     if (note and cfg.strategy_name in ("hierarchical", "hybrid") and nodes == 1 and learners > 1
             and cfg.train.group_size in (0, learners)):
-        _note(f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
+        _note(notes, f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
                           f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it "
                           f"trains as sync; set train.group_size (e.g. {learners // 2 if learners % 2 == 0 else 1}) "
-                          f"or --nodes", notes)
+                          f"or --nodes")
     if survives_lost_learners(cfg, nodes) and cfg.train.max_restarts:
         raise ConfigError(f"train.max_restarts: {cfg.strategy_name} goes on without a lost learner instead of "
                           "restarting; set it to 0")
@@ -233,9 +232,9 @@ def check_this_machine(cfg: RunConfig, note: bool = True, notes: HeldNotes | Non
                           f"{available / 2 ** 30:.1f} GiB available; start fewer, or spread them over hosts with "
                           f"`asrdist prepare` and torchrun")
     if note and cfg.train.threads and learners * cfg.train.threads > cores:
-        _note(f"train.threads={cfg.train.threads} x {learners} learner(s) = "
+        _note(notes, f"train.threads={cfg.train.threads} x {learners} learner(s) = "
                           f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step "
-                          f"slower (train.threads=0 shares the cores out)", notes)
+                          f"slower (train.threads=0 shares the cores out)")
 
 
 def _available_memory() -> int | None:
@@ -274,8 +273,8 @@ def _train(args, notes: HeldNotes) -> int:
             print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing "
                   f"to resume: raise train.epochs (--epochs) or train.max_steps to train on", file=sys.stderr)
             return 0
-        _note(f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
-              f"overrides on this command line apply)", notes)
+        _note(notes, f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
+              f"overrides on this command line apply)")
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir, Path(cfg.data.corpus), notes=notes)
