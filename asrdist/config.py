@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from asrdist.checks import MAX_SLOWDOWN, check_field
+from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.features.fbank import MAX_MEL_BINS, MIN_MEL_BINS
 from asrdist.models.registry import ModelConfig
@@ -25,6 +25,7 @@ from asrdist.optim.build import OptimConfig
 from asrdist.parallel import STRATEGIES, strategy_config_class
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 from asrdist.parallel.groups import check_group_size
+from asrdist.train.loop import StragglerConfig
 
 
 @dataclass
@@ -83,29 +84,6 @@ class DataConfig:
         check_field("data.freq_mask_bins", self.freq_mask_bins, at_least=1, at_most=self.num_mel_bins)
         check_field("data.edge_crop", self.edge_crop, float, at_least=0, at_most=1)
         check_field("data.freq_warp", self.freq_warp, float, at_least=0, at_most=0.3)
-
-
-
-
-@dataclass
-class StragglerConfig:
-    ranks: list[int] = field(default_factory=list)
-    """Learners made slow."""
-    slowdown: float = 1.0
-    """Each slow learner sleeps (slowdown - 1) x its own compute time after every step."""
-    jitter: float = 0.0
-    """Random mode: every learner sleeps uniform(0, jitter) x its compute time."""
-
-    def __post_init__(self):
-        if not isinstance(self.ranks, list):
-            raise ConfigError(f"train.straggler.ranks: expected a list of learner ranks, got {self.ranks!r}")
-        for rank in self.ranks:
-            check_field("train.straggler.ranks", rank, at_least=0)
-        if len(set(self.ranks)) != len(self.ranks):
-            raise ConfigError(f"train.straggler.ranks: rank {next(r for r in self.ranks if self.ranks.count(r) > 1)} "
-                              f"given twice, got {self.ranks}")
-        check_field("train.straggler.slowdown", self.slowdown, float, at_least=1, at_most=MAX_SLOWDOWN)
-        check_field("train.straggler.jitter", self.jitter, float, at_least=0, at_most=MAX_SLOWDOWN)
 
 
 @dataclass

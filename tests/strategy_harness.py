@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from asrdist.data.batch import Batch
 from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.train.loop import LoopConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
 
 
@@ -38,17 +39,17 @@ def as_batch(item: Batch | tuple[torch.Tensor, torch.Tensor]) -> Batch:
 
 def make_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy, *,
                  ctx: LearnerContext | None = None, loss_fn=default_loss,
-                 lr: float | Callable[[float, int], float] | None = None) -> Trainer:
+                 lr: float | Callable[[float, int], float] | None = None, **loop: Any) -> Trainer:
     """A Trainer for `train_step` alone: no sampler, nothing written to its run directory.
 
     `ctx`: the strategy's context by default. `lr`: a rate, or the trainer's `lr_at(step, epoch)`
     schedule; None keeps the optimizer's rate as it is now (pass it explicitly once a strategy
-    with lr_scale() != 1 has stepped this optimizer)."""
+    with lr_scale() != 1 has stepped this optimizer). `loop`: `LoopConfig` fields (one epoch, no progress)."""
     base_lr = optimizer.param_groups[0]["lr"] if lr is None else lr
     lr_at = base_lr if callable(base_lr) else (lambda step, epoch: base_lr)
     hooks = TrainerHooks(loss_fn=loss_fn, lr_at=lr_at)
     return Trainer(model, optimizer, strategy, None, hooks, ctx or strategy.ctx, tempfile.gettempdir(),
-                   epochs=1, progress=False)
+                   LoopConfig(**{"epochs": 1, "progress": False, **loop}))
 
 
 def train_steps(trainer: Trainer, batches: Iterable[Any],

@@ -16,6 +16,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel import comm, topology
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import CommCounters
+from asrdist.train.loop import LoopConfig, StragglerConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
 from dist_utils import learner_context, run_distributed
 from test_engine import ListOrder, _loss
@@ -139,8 +140,9 @@ def _straggler(rank, world_size, run_dir, pattern):
     strategy.setup(model, opt, ctx)
     sampler = JobEpochSampler(ListOrder(60), ctx.store, world_size)
     hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
-    tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=1, progress=False,
-                 emulate_compute_ms=50.0, straggler_ranks=[1], straggler_slowdown=3.0)
+    tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir),
+                 LoopConfig(epochs=1, progress=False, emulate_compute_ms=50.0,
+                            straggler=StragglerConfig(ranks=[1], slowdown=3.0)))
     state = tr.fit()
     return {"taken": state.history[0]["minibatches"], "distance": state.history[0]["consensus_distance"],
             "by_learner": state.history[0]["minibatches_by_learner"],
@@ -227,8 +229,8 @@ def _job_loss(rank: int, world_size: int, run_dir: str):
         losses.append((float(loss), frames))
         return loss, frames
     tr = Trainer(model, opt, strategy, JobEpochSampler(ListOrder(40), ctx.store, world_size),
-                 TrainerHooks(loss_fn=recorded_loss, lr_at=lambda s, e: 0.01), ctx, Path(run_dir), epochs=1,
-                 progress=False)
+                 TrainerHooks(loss_fn=recorded_loss, lr_at=lambda s, e: 0.01), ctx, Path(run_dir),
+                 LoopConfig(epochs=1, progress=False))
     return {"train_loss": tr.fit().history[0]["train_loss"], "own": losses}
 
 

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
+from asrdist.train.loop import LoopConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
 from dist_utils import learner_context, run_distributed
 from test_engine import ListOrder, _loss
@@ -43,7 +44,7 @@ def _learner(rank, world_size, run_dir, steps, delay_by_one):
     if strategy.active:
         sampler = ListOrder(steps)
         trainer = Trainer(model, opt, strategy, sampler, TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: LR), ctx,
-                          Path(run_dir), epochs=1, progress=False)
+                          Path(run_dir), LoopConfig(epochs=1, progress=False))
         for batch in sampler.batches:
             trainer.train_step(batch)
     strategy.end_exchanges()  # the last exchange lands; the passive hears the goodbye

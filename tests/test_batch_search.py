@@ -165,6 +165,7 @@ def _learner(corpus, tmp_path):
     from asrdist.train import checkpoint as ckpt
     from asrdist.run.prepare import build_targets, frame_labels
     from asrdist.run.task import SpeechTask
+    from asrdist.train.loop import LoopConfig
     from asrdist.train.trainer import Trainer, TrainerHooks
 
     torch.set_num_threads(1)
@@ -187,7 +188,7 @@ def _learner(corpus, tmp_path):
     ctx = LearnerContext()
     strategy.setup(model, optimizer, ctx)
     trainer = Trainer(model, optimizer, strategy, sampler_at(128, 0), TrainerHooks(loss_fn=task.loss,
-                      lr_at=lambda step, epoch: cfg.optim.lr), ctx, tmp_path, epochs=1, progress=False)
+                      lr_at=lambda step, epoch: cfg.optim.lr), ctx, tmp_path, LoopConfig(epochs=1, progress=False))
 
     def save_state():
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),

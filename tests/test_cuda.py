@@ -25,6 +25,7 @@ from asrdist.models.registry import ModelConfig, build_model
 from asrdist.parallel import build_strategy, strategy_config_class
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
+from asrdist.train.loop import LoopConfig
 from asrdist.train.synthetic import SyntheticSampler
 from asrdist.run.task import SpeechTask
 from asrdist.train.trainer import Trainer, TrainerHooks
@@ -211,7 +212,7 @@ def _checkpoint_trainer(device: str, run_dir, seed: int) -> Trainer:
     loss_fn = SpeechTask.loss.__get__(types.SimpleNamespace(kind=cfg.kind))
     hooks = TrainerHooks(loss_fn=loss_fn, lr_at=lambda step, epoch: 0.05)
     sampler = SyntheticSampler(24, 8, _batch(cfg, model, 0))
-    return Trainer(model, opt, strategy, sampler, hooks, ctx, run_dir, epochs=1, progress=False)
+    return Trainer(model, opt, strategy, sampler, hooks, ctx, run_dir, LoopConfig(epochs=1, progress=False))
 
 
 def _tensors(value):
@@ -274,7 +275,8 @@ def test_a_checkpoint_resumes_the_devices_dropout_masks(tmp_path, device):
         hooks = TrainerHooks(loss_fn=SpeechTask.loss.__get__(types.SimpleNamespace(kind=cfg.kind)),
                              lr_at=lambda step, epoch: 0.05)
         return Trainer(model, opt, strategy, SyntheticSampler(24, 8, _batch(cfg, model, 0)), hooks,
-                       LearnerContext(device=torch.device(device)), tmp_path / run, epochs=1, progress=False)
+                       LearnerContext(device=torch.device(device)), tmp_path / run,
+                       LoopConfig(epochs=1, progress=False))
 
     original = trainer(0, "run")
     batches = [_batch(cfg, original.model, s) for s in range(4)]

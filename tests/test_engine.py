@@ -20,6 +20,7 @@ from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
+from asrdist.train.loop import LoopConfig, StragglerConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
 from dist_utils import learner_context, run_distributed
 
@@ -123,7 +124,7 @@ def _linear(strategy, ctx) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def _trainer(tmp_path, strategy, sampler, *, validate=None, loss=_loss, **kw):
     model, opt = _linear(strategy, LearnerContext(store=dist.HashStore()))
     hooks = TrainerHooks(loss_fn=loss, validate_fn=validate, lr_at=lambda s, e: 0.01)
-    return Trainer(model, opt, strategy, sampler, hooks, strategy.ctx, tmp_path, progress=False, **kw)
+    return Trainer(model, opt, strategy, sampler, hooks, strategy.ctx, tmp_path, LoopConfig(progress=False, **kw))
 
 
 def test_hooks_run_in_the_trainers_order_and_state_is_touched_only_while_paused(tmp_path):
@@ -199,7 +200,7 @@ def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_stor
         strategy = Independent()
         model, opt = _linear(strategy, LearnerContext(store=store, job_rank=rank, job_world_size=2))
         return Trainer(model, opt, strategy, ListOrder(3), TrainerHooks(loss_fn=_loss), strategy.ctx,
-                       tmp_path / str(rank), epochs=2, progress=False)
+                       tmp_path / str(rank), LoopConfig(epochs=2, progress=False))
 
     leader, other = learner(0), learner(1)
     other.validator.stop_if_told_diverged()  # no verdict yet: goes on
@@ -220,8 +221,8 @@ def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
     strategy = SyncStrategy()
     model, opt = _linear(strategy, ctx)
     hooks = TrainerHooks(loss_fn=_loss, validate_fn=lambda m: {"valid_loss": float("nan")}, lr_at=lambda s, e: 0.01)
-    tr = Trainer(model, opt, strategy, ListOrder(4), hooks, ctx, Path(run_dir) / f"r{rank}", epochs=2,
-                 progress=False)
+    tr = Trainer(model, opt, strategy, ListOrder(4), hooks, ctx, Path(run_dir) / f"r{rank}",
+                 LoopConfig(epochs=2, progress=False))
     try:
         tr.fit()
     except TrainingError as e:
@@ -243,7 +244,7 @@ def test_a_diverging_trial_returns_inf_instead_of_raising(tmp_path):
         return loss * float("nan"), n
 
     tr = _trainer(tmp_path, Strategy(), ListOrder(3), loss=nan_loss, epochs=1)
-    tr.trial = True
+    tr.stepper.trial = True
     loss, frames = tr.train_step(ListOrder(1).batches[0])
     assert loss != loss and frames == 8  # NaN comes back to the search, which rejects the size
 
@@ -290,8 +291,9 @@ def _straggler_learner(rank: int, world_size: int, run_dir: str) -> dict:
     model, opt = _linear(strategy, ctx)
     sampler = JobEpochSampler(ListOrder(48), ctx.store, world_size)
     hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
-    tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir), epochs=2, progress=False,
-                 emulate_compute_ms=50.0, straggler_ranks=[1], straggler_slowdown=3.0)
+    tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir),
+                 LoopConfig(epochs=2, progress=False, emulate_compute_ms=50.0,
+                            straggler=StragglerConfig(ranks=[1], slowdown=3.0)))
     state = tr.fit()
     return {"per_epoch": [h["minibatches"] for h in state.history], "steps": state.step}
 
@@ -339,7 +341,8 @@ def _lockstep_learner(rank: int, world_size: int, name: str, config: dict, run_d
         batches = ListOrder(12, seed=rank).batches
         if path == "trainer":
             hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.05)
-            tr = Trainer(model, opt, strategy, ListOrder(1), hooks, ctx, Path(run_dir), epochs=1, progress=False)
+            tr = Trainer(model, opt, strategy, ListOrder(1), hooks, ctx, Path(run_dir),
+                         LoopConfig(epochs=1, progress=False))
             for batch in batches:
                 tr.train_step(batch)
         else:

@@ -177,7 +177,7 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
     import torch
 
     from asrdist.cluster import launcher, netem
-    from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV
+    from asrdist.cluster.process_group import NETWORK_ENV, THREADS_ENV, JobEnv
     from asrdist.run.learner import set_threads
 
     started = []
@@ -214,11 +214,13 @@ def test_learners_of_emulated_hosts_get_this_machines_cores_shared_among_all_of_
         assert env["GLOO_SOCKET_IFNAME"] == "eth0"
     before = torch.get_num_threads()
     try:
-        monkeypatch.setenv(THREADS_ENV, share)
-        assert set_threads(0, local_world_size=1) == int(share) == torch.get_num_threads()
-        assert set_threads(1, local_world_size=1) == 1  # train.threads, when set, wins
-        monkeypatch.delenv(THREADS_ENV)
-        assert set_threads(0, local_world_size=1) == cores  # a real host's learner: all its cores
+        one_per_host = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+        given = JobEnv.from_environ({**one_per_host, THREADS_ENV: share}).num_threads
+        assert set_threads(0, given, local_world_size=1) == int(share) == torch.get_num_threads()
+        assert set_threads(1, given, local_world_size=1) == 1  # train.threads, when set, wins
+        alone = JobEnv.from_environ(one_per_host).num_threads
+        assert set_threads(0, alone, local_world_size=1) == cores  # a real host's learner: all its cores
+        assert set_threads(0, 0, local_world_size=1) == cores  # a learner built in this process alone
     finally:
         torch.set_num_threads(before)
 

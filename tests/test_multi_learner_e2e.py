@@ -74,6 +74,7 @@ def _learner(rank: int, world_size: int, run_dir: str):
     """One learner of a prepared run, through the same run_learner as `asrdist train`."""
     import yaml
 
+    from asrdist.cluster.process_group import JobEnv
     from asrdist.config import config_from_tree
     from asrdist.parallel.base import LearnerContext
     from asrdist.run.learner import run_learner
@@ -81,7 +82,8 @@ def _learner(rank: int, world_size: int, run_dir: str):
     cfg = config_from_tree(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
     ctx = LearnerContext(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size,
                          timeout=timedelta(seconds=60), seed=cfg.seed)
-    summary = run_learner(cfg, Path(run_dir), ctx, progress=False)
+    env = JobEnv(rank=rank, world_size=world_size, local_rank=rank, local_world_size=world_size)
+    summary = run_learner(cfg, Path(run_dir), env, ctx, progress=False)
     return summary and {"final": summary.final.to_json(), "history": [r.to_json() for r in summary.history]}
 
 

@@ -47,8 +47,7 @@ def _trainer(strategy: Strategy, loss_fn, nonfinite: str, ctx: LearnerContext | 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy.setup(model, opt, ctx or LearnerContext())
-    trainer = make_trainer(model, opt, strategy, loss_fn=loss_fn)
-    trainer.nonfinite, trainer.max_skips_in_a_row = nonfinite, max_skips
+    trainer = make_trainer(model, opt, strategy, loss_fn=loss_fn, nonfinite=nonfinite, max_skips_in_a_row=max_skips)
     return trainer, model
 
 
@@ -72,7 +71,7 @@ def test_skip_drops_exactly_the_bad_minibatch():
     train_steps(reference, batches[:2] + batches[3:])  # the run without minibatch 2
     trainer, model = _trainer(Strategy(), _loss_bad_at({2}, math.inf), "skip")
     train_steps(trainer, batches)
-    assert trainer.skipped == 1
+    assert trainer.stepper.skipped == 1
     for a, b in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
 
@@ -83,7 +82,7 @@ def test_too_many_skips_in_a_row_stop_the_run():
         train_steps(trainer, _batches())
     trainer, _ = _trainer(Strategy(), _loss_bad_at({1, 3}), "skip", max_skips=2)
     train_steps(trainer, _batches())  # not in a row
-    assert trainer.skipped == 2
+    assert trainer.stepper.skipped == 2
 
 
 def _two_learners(rank: int, world_size: int) -> dict:
@@ -93,7 +92,7 @@ def _two_learners(rank: int, world_size: int) -> dict:
         trainer, model = _trainer(strategy, _loss_bad_at(bad), "skip", ctx=learner_context())
         train_steps(trainer, _batches(rank))
         residuals = getattr(strategy, "_residuals", None) or []
-        out[name] = {"params": [p.detach().clone() for p in model.parameters()], "skipped": trainer.skipped,
+        out[name] = {"params": [p.detach().clone() for p in model.parameters()], "skipped": trainer.stepper.skipped,
                      "finite": all(bool(torch.isfinite(r.materialize()).all()) for r in residuals)}
     return out
 

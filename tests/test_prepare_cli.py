@@ -112,9 +112,9 @@ def test_readme_slurm_torchrun_line_on_two_nodes(tone_corpus, tmp_path):
     assert (run / "model.pt").is_file() and all(p["bytes_sent"] > 0 for p in summary["comm"]["per_learner"])
 
 
-def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_it(tmp_path, monkeypatch):
+def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_it(tmp_path):
     # a resume through torchrun kept the failed start's reports and was not counted in `starts`
-    from asrdist.cluster.process_group import NETWORK_ENV
+    from asrdist.cluster.process_group import JobEnv
     from asrdist.config import config_from_tree
     from asrdist.run import worker
     from asrdist.run.rundir import resume_configs
@@ -122,18 +122,20 @@ def test_a_start_under_an_outside_torchrun_is_recorded_as_asrdist_train_records_
     cfg = config_from_tree({})
     for rank in (0, 1):
         (tmp_path / f"failed-rank-{rank}.txt").write_text("learner rank 1: killed\n")
-    monkeypatch.setenv(NETWORK_ENV, "loopback")  # asrdist's own launcher: it keeps the records itself
-    worker._record_start(tmp_path, cfg, 0, resumed=True)
+    def learner(rank: int, network: str | None = None) -> JobEnv:
+        return JobEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2, network=network)
+
+    # asrdist's own launcher (it gives its learners their network): it keeps the records itself
+    worker._record_start(tmp_path, cfg, learner(0, "loopback"), resumed=True)
     assert (tmp_path / "failed-rank-0.txt").exists() and resume_configs(tmp_path) == {}
-    monkeypatch.delenv(NETWORK_ENV)
-    worker._record_start(tmp_path, cfg, 1, resumed=True)  # each learner clears its own report
+    worker._record_start(tmp_path, cfg, learner(1), resumed=True)  # each learner clears its own report
     assert not (tmp_path / "failed-rank-1.txt").exists() and resume_configs(tmp_path) == {}
-    worker._record_start(tmp_path, cfg, 0, resumed=True)  # rank 0 records the resume
+    worker._record_start(tmp_path, cfg, learner(0), resumed=True)  # rank 0 records the resume
     assert not (tmp_path / "failed-rank-0.txt").exists()
     assert list(resume_configs(tmp_path)) == [1]
     assert (tmp_path / "config-resume-1.yaml").read_text().startswith(
         "# asrdist train --resume: (asrdist.run.worker under torchrun)")
-    worker._record_start(tmp_path, cfg, 0, resumed=False)  # a first start records nothing
+    worker._record_start(tmp_path, cfg, learner(0), resumed=False)  # a first start records nothing
     assert list(resume_configs(tmp_path)) == [1]
 
 

@@ -10,6 +10,7 @@ import torch
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig, build_model
 from asrdist.parallel.base import LearnerContext
+from asrdist.train.loop import LoopConfig, Sampler, Task
 from asrdist.train.synthetic import FrameTask, SyntheticSampler, SyntheticTask
 
 
@@ -34,6 +35,22 @@ def test_emulated_task_yields_empty_minibatches_and_refuses_the_loss():
     assert task.kind == "frame" and task.validate is None and task.samples_per_step == 64
     with pytest.raises(RuntimeError, match="compute emulation"):
         task.loss(task.model, batches[0])
+
+
+def test_the_benchmarks_tasks_are_what_the_loop_takes():
+    """The loop's protocols (`asrdist.train.loop`), and its config built from `train.*` once."""
+    from asrdist.config import RunConfig, TrainConfig
+    from asrdist.run.learner import loop_config
+
+    task = SyntheticTask(_dnn(), local_batch=8, steps=2)
+    assert isinstance(task, Task) and isinstance(FrameTask(_dnn(), task.sampler), Task)
+    assert isinstance(task.sampler, Sampler) and isinstance(task.sampler_for(4), Sampler)
+    cfg = RunConfig(train=TrainConfig(epochs=3, max_steps=7, nonfinite="skip", average_last=2))
+    loop = loop_config(cfg, progress=False)
+    assert (loop.epochs, loop.max_steps, loop.nonfinite, loop.average_last, loop.progress) == (3, 7, "skip", 2, False)
+    assert loop.straggler == cfg.train.straggler and loop.checkpoint_minutes == cfg.train.checkpoint_minutes
+    with pytest.raises(ConfigError, match="log_every"):
+        LoopConfig(epochs=1, log_every=0)
 
 
 def test_real_task_repeats_one_fixed_batch_with_a_finite_loss():

@@ -78,7 +78,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
                 if distributed:
                     dist.barrier()
                 t0, cpu0 = time.perf_counter(), time.process_time()
-                counters0, compute0 = dict(strategy.counters.as_dict()), trainer.compute_seconds
+                counters0, compute0 = dict(strategy.counters.as_dict()), trainer.stepper.compute_seconds
             _, n = trainer.train_step(batch)
             trainer.state.step += 1
             if i >= warmup:
@@ -121,7 +121,7 @@ def scaling_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
         "frames": frames_all,
         "steps": steps,
         "seconds_per_step": elapsed / steps,
-        "compute_seconds_per_step": (trainer.compute_seconds - compute0) / steps,
+        "compute_seconds_per_step": (trainer.stepper.compute_seconds - compute0) / steps,
         # this learner process's CPU (every thread, user and system, the kernel's work on its sends
         # and receives included): more than its cores' share means it queued for them
         "cpu_seconds_per_step": cpu / steps,

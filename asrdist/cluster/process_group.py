@@ -3,7 +3,8 @@
 `JobEnv.from_environ()` reads what torchrun (or `torch.distributed.run`) tells a learner;
 `start_learner(...)` joins the job through a c10d store, has `asrdist.parallel.groups` build the
 job's process groups (the one module that builds any), and returns the `LearnerContext`
-everything below receives. Nothing else in asrdist reads RANK / WORLD_SIZE.
+everything below receives. Nothing else in asrdist reads RANK / WORLD_SIZE or asrdist's own
+variables below (the launcher writes them): `run_learner` receives the `JobEnv`.
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class JobEnv:
         try:
             world = int(env["WORLD_SIZE"])
             local_world = int(env.get("LOCAL_WORLD_SIZE", world))
-            threads = int(env.get(THREADS_ENV, 0) or 0) or max(1, len(os.sched_getaffinity(0)) // local_world)
+            threads = int(env.get(THREADS_ENV, 0) or 0) or cores_per_learner(local_world)
             return cls(rank=int(env["RANK"]), world_size=world, local_rank=int(env.get("LOCAL_RANK", 0)),
                        local_world_size=local_world,
                        restart=int(env.get("TORCHELASTIC_RESTART_COUNT", 0) or 0),
@@ -97,12 +98,6 @@ class JobEnv:
         except KeyError as e:
             raise ConfigError(f"learner: environment variable {e} not set (not started by torchrun?)") from e
 
-    @classmethod
-    def of_this_process(cls) -> "JobEnv":
-        """This process' place in its job: `from_environ` when a launcher started it, else one
-        learner alone (`asrdist train --learners 1` trains in its own process)."""
-        return cls.from_environ() if "WORLD_SIZE" in os.environ else cls(0, 1, 0, 1)
-
     def as_environ(self) -> dict[str, str]:
         """The variables torchrun gives this learner (`from_environ` reads them back), for a
         launcher that starts learners itself."""
@@ -113,6 +108,13 @@ class JobEnv:
         if self.survive_lost:
             env[SURVIVE_ENV] = "1"
         return env
+
+
+def cores_per_learner(local_world_size: int) -> int:
+    """This process' cores over the learners of its node: a learner's threads where neither
+    `train.threads` nor its launcher (THREADS_ENV) says."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world_size))
 
 
 def default_backend() -> str:

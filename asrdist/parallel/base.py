@@ -96,7 +96,7 @@ class CommCounters:
 
 @dataclass(frozen=True)
 class LearnerContext:
-    """Who this learner is. Rank and world size are explicit; nothing below reads os.environ.
+    """Who this learner is. Rank and world size are explicit; nothing below reads the process environment.
 
     `group` is the process group a strategy works on (None: the whole world), and `rank` /
     `world_size` are this learner's place in it; `on_group(g)` gives the context of a strategy

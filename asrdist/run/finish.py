@@ -20,11 +20,10 @@ from asrdist.train.epoch_average import Averaged
 from asrdist.utils.throughput import job_frames_per_second
 
 
-def hosts() -> dict:
+def hosts(env: JobEnv) -> dict:
     """`nodes` (torchrun's GROUP_WORLD_SIZE: its agents, one per host) and `network`, the link
     between them as asrdist's launcher set it up (`loopback` on one machine; None where another
     launcher started the job: a real cluster's network is not asrdist's to know)."""
-    env = JobEnv.of_this_process()
     return {"nodes": env.num_nodes, "network": env.network if env.network is not None else
             "loopback" if env.num_nodes == 1 else None}
 
@@ -46,11 +45,13 @@ def _figures(evaluated: dict) -> dict:
 
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
-               lost_learners: list[dict] | None = None, averaged: Averaged | None = None) -> RunSummary:
+               lost_learners: list[dict] | None = None, averaged: Averaged | None = None, *,
+               env: JobEnv) -> RunSummary:
     """`model`: the job's final model; `averaged` (train.average_last): the average of the last
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
     figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
-    the final model alone (the last epoch's: what averaging changed)."""
+    the final model alone (the last epoch's: what averaging changed). `env`: the learner's
+    `JobEnv` (its hosts, network and restarts)."""
     final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
     train_loss = state.history[-1]["train_loss"] if state.history else None
     final = {"train_loss": train_loss, **final_figures}
@@ -65,14 +66,14 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
     lost = [LostLearner.from_json(x) for x in lost_learners or []]
     summary = RunSummary(
         strategy=cfg.strategy_name, learners=n + len(lost), lost_learners=lost, cores=os.cpu_count(),
-        threads_per_learner=threads, **hosts(), model=cfg.model.name, parameters=count_parameters(model),
+        threads_per_learner=threads, **hosts(env), model=cfg.model.name, parameters=count_parameters(model),
         epochs=cfg.train.epochs, steps=state.step, train_frames=sum(p.frames for p in learners),
         frames_per_second=job_frames_per_second([p.frames for p in learners], [p.stepping_seconds for p in learners]),
         skipped_nonfinite=max(p.skipped_nonfinite or 0 for p in learners),
         wall_seconds=max(state.wall_seconds, wall_seconds), wall_seconds_last_start=wall_seconds,
         steal_share=busiest_host(learners),
         # the first start, each --resume, and the last one's restarts by torch's launcher (max_restarts)
-        starts=1 + len(list(run_dir.glob("config-resume-*.yaml"))) + JobEnv.of_this_process().restart,
+        starts=1 + len(list(run_dir.glob("config-resume-*.yaml"))) + env.restart,
         final=FinalFigures.from_json(final),
         comm=CommTotals(bytes_sent=sum(p.bytes_sent for p in learners),
                         comm_seconds=sum(p.comm_seconds for p in learners) / n,

@@ -14,7 +14,6 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy
 import torch
@@ -58,42 +57,32 @@ from asrdist.train import checkpoint as ckpt
 from asrdist.train import state as run_state
 from asrdist.utils.machine import machine_info
 
-_held_notes: list[str] | None = None
-"""While `asrdist train` checks its job, its notes wait here: a note before an error line would
-read as part of the error (`notes_held`); they are printed once the checks have passed."""
+
+class HeldNotes:
+    """While `asrdist train` checks its job, its notes wait here: a note before an error line would
+    read as part of the error. `release` prints them once the checks have passed; after an error
+    they are dropped."""
+
+    def __init__(self):
+        self.lines: list[str] | None = []
+        """The notes held; None once released (later notes are printed at once)."""
+
+    def release(self) -> None:
+        held, self.lines = self.lines or [], None
+        for line in held:
+            print(line, file=sys.stderr, flush=True)
 
 
-def _note(text: str) -> None:
-    """`[asrdist] note: text` on stderr, or held until the job's checks have passed."""
+def _note(notes: HeldNotes | None, text: str) -> None:
+    """`[asrdist] note: text` on stderr, or in `notes` until the job's checks have passed."""
     line = f"[asrdist] note: {text}"
-    if _held_notes is not None:
-        _held_notes.append(line)
+    if notes is not None and notes.lines is not None:
+        notes.lines.append(line)
     else:
         print(line, file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def notes_held() -> Iterator[Callable[[], None]]:
-    """Hold `_note`s inside until the `release` it yields is called (or the block ends without an
-    error): then they are printed; after an error they are dropped."""
-    global _held_notes
-    outer, _held_notes = _held_notes, []
-
-    def release() -> None:
-        global _held_notes
-        held, _held_notes = _held_notes or [], outer
-        for line in held:
-            _note(line.removeprefix("[asrdist] note: "))
-
-    try:
-        yield release
-    except BaseException:
-        _held_notes = outer
-        raise
-    release()
-
-
-def resolve_config(args) -> RunConfig:
+def resolve_config(args, notes: HeldNotes | None = None) -> RunConfig:
     overrides = list(args.overrides or [])
     given = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
     flag_overrides = []
@@ -116,7 +105,7 @@ def resolve_config(args) -> RunConfig:
         tree["strategy"] = {"name": args.strategy}
         dropped = sorted(k for k in recipe_strategy if k != "name" and f"strategy.{k}" not in given)
         if dropped:  # they belong to the recipe's strategy; the new one starts from its defaults
-            _note(f"--strategy {args.strategy}: the recipe's settings of strategy {recipe_strategy.get('name')} "
+            _note(notes, f"--strategy {args.strategy}: the recipe's settings of strategy {recipe_strategy.get('name')} "
                  f"({', '.join(dropped)}) are not used; give strategy.KEY=VALUE to set them")
     for o in flag_overrides + overrides:
         apply_override(tree, o)
@@ -130,14 +119,14 @@ def environment_record(cfg: RunConfig) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNotes | None = None) -> None:
     corpus = Path(cfg.data.corpus)
     check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
     ensure_features(corpus, cfg, progress=progress)
     check_front_end(corpus / "train", cfg.data)
     build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
-    check_frames_against_alignments(corpus, targets.kind in ("monophone", "tied", "phones"))
+    check_frames_against_alignments(corpus, targets.kind in ("monophone", "tied", "phones"), notes)
     if targets.kind in CTC_TARGETS:
         note_short_utterances(corpus / "train", targets, cfg.model.subsample)
     with output_errors(run_dir, creating=True):
@@ -148,7 +137,8 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool) -> None:
     run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
 
 
-def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False) -> None:
+def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False,
+                                    notes: HeldNotes | None = None) -> None:
     """Features of other audio than the corpus' alignments (a corpus rebuilt without re-extracting,
     an edited store) would train on misaligned labels: their frame counts must match. Where the
     targets come from the alignments, utterances without one are left out, and a note says so."""
@@ -160,11 +150,12 @@ def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool =
             if learns_from_alignments:
                 unaligned = [u for u in store.utt_ids if u not in lengths]
                 if unaligned:
-                    _note(f"{split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no alignment in "
+                    _note(notes, f"{split}: {len(unaligned)} of {len(store.utt_ids)} utterances have no alignment in "
                          f"alignment.scp (first: {unaligned[0]}); their targets come from it, so they are left out")
 
 
-def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it") -> None:
+def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --out or --resume it",
+                      notes: HeldNotes | None = None) -> None:
     """One line when `run_dir` cannot take a new run: a file, a directory already holding anything
     (a run, a prepared run, a user's files, which the run's files would replace), or a place inside
     the corpus (a run's files would become part of a split). A directory holding only the failure
@@ -183,8 +174,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
         # a start that failed before its first checkpoint left only the reasons: start again here
         for path in entries:
             path.unlink()
-        _note(f"{run_dir}: a start that failed left only its reports ({', '.join(sorted(p.name for p in entries))}); "
-             f"removed, starting again")
+        reports = ", ".join(sorted(p.name for p in entries))
+        _note(notes, f"{run_dir}: a start that failed left only its reports ({reports}); removed, starting again")
     elif entries:
         if rundir.prepared_not_started(run_dir):
             raise AsrdistError(rundir.start_prepared_advice(run_dir))
@@ -210,16 +201,17 @@ counted once: 115-220 MiB (PSS) measured on a 4-learner run of a tiny DNN; the c
 low end, so that it only refuses what cannot fit."""
 
 
-def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool = True) -> None:
+def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool = True,
+              notes: HeldNotes | None = None) -> None:
     """What `asrdist train` checks of a resolved config before it writes anything; `asrdist compare`
     checks every strategy's run with it before it trains the first."""
-    check_this_machine(cfg, note)
+    check_this_machine(cfg, note, notes)
     if nodes != 1:
         check_emulated_cluster(cfg.train.learners, nodes, network)
     learners = cfg.train.learners
     if (note and STRATEGIES[cfg.strategy_name].moves_by_node and nodes == 1 and learners > 1
             and cfg.train.group_size in (0, learners)):
-        _note(f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
+        _note(notes, f"{cfg.strategy_name} with one node of {learners} learners (train.group_size "
                           f"{cfg.train.group_size or 'unset'}, no --nodes) has no other node to exchange with: it "
                           f"trains as sync; set train.group_size (e.g. {learners // 2 if learners % 2 == 0 else 1}) "
                           f"or --nodes")
@@ -228,7 +220,7 @@ def check_job(cfg: RunConfig, nodes: int = 1, network: str = "1gbit", note: bool
                           "restarting; set it to 0")
 
 
-def check_this_machine(cfg: RunConfig, note: bool = True) -> None:
+def check_this_machine(cfg: RunConfig, note: bool = True, notes: HeldNotes | None = None) -> None:
     """`asrdist train` starts every learner on this machine: refuse a job whose learners cannot fit
     in its memory (300 learners filled 24 GiB, and the kernel's OOM killer ended the job), and say
     (`note`) when their threads outnumber its cores."""
@@ -241,7 +233,7 @@ def check_this_machine(cfg: RunConfig, note: bool = True) -> None:
                           f"{available / 2 ** 30:.1f} GiB available; start fewer, or spread them over hosts with "
                           f"`asrdist prepare` and torchrun")
     if note and cfg.train.threads and learners * cfg.train.threads > cores:
-        _note(f"train.threads={cfg.train.threads} x {learners} learner(s) = "
+        _note(notes, f"train.threads={cfg.train.threads} x {learners} learner(s) = "
                           f"{learners * cfg.train.threads} threads on {cores} core(s): oversubscribed, each step "
                           f"slower (train.threads=0 shares the cores out)")
 
@@ -258,14 +250,16 @@ def _available_memory() -> int | None:
 
 
 def train_command(args) -> int:
-    with notes_held() as release_notes:  # printed once the job is checked and its run directory prepared
-        return _train(args, release_notes)
+    notes = HeldNotes()  # printed once the job is checked and its run directory prepared
+    code = _train(args, notes)
+    notes.release()
+    return code
 
 
-def _train(args, release_notes: Callable[[], None]) -> int:
-    cfg = resolve_config(args)
+def _train(args, notes: HeldNotes) -> int:
+    cfg = resolve_config(args, notes)
     nodes, network = getattr(args, "nodes", 1), getattr(args, "network", "1gbit")
-    check_job(cfg, nodes, network)
+    check_job(cfg, nodes, network, notes=notes)
     cpu = host_cpu_plan(cfg, nodes, network, getattr(args, "cpus_per_host", None))
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
     from_start = False
@@ -276,15 +270,15 @@ def _train(args, release_notes: Callable[[], None]) -> int:
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         from_start = rundir.check_resume(cfg, run_dir, saved) is None  # nothing is written before this passes
         if rundir.finished(run_dir, cfg):
-            release_notes()
+            notes.release()
             print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing "
                   f"to resume: raise train.epochs (--epochs) or train.max_steps to train on", file=sys.stderr)
             return 0
-        _note(f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
+        _note(notes, f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
               f"overrides on this command line apply)")
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        check_new_run_dir(run_dir, Path(cfg.data.corpus))
+        check_new_run_dir(run_dir, Path(cfg.data.corpus), notes=notes)
     # a `kill` or a closed terminal ends one learner (in this process) as Ctrl-C does: cleaned up,
     # one line; with several, the launcher's own handler takes over while they run
     stop = signals_raise(stopped_error, (signal.SIGTERM, signal.SIGHUP))
@@ -297,10 +291,10 @@ def _train(args, release_notes: Callable[[], None]) -> int:
                 restart_from_the_start(run_dir)
             rundir.record_resume(cfg, run_dir, _given_overrides(args))
         else:
-            prepare_run_dir(cfg, run_dir, progress=not args.no_progress)
+            prepare_run_dir(cfg, run_dir, progress=not args.no_progress, notes=notes)
             held.enter_context(rundir.locked(Path(run_dir)))
         run_state.write_state(run_dir, "started", learners=cfg.train.learners)
-        release_notes()
+        notes.release()
         summary = _start_learners(cfg, run_dir, args, nodes, network,
                                   resume=args.resume is not None and not from_start, cpu=cpu)
     print_summary(run_dir, summary)
@@ -320,9 +314,9 @@ def _start_learners(cfg: RunConfig, run_dir: Path, args, nodes: int, network: st
                     cpu: HostCpuPlan | None = None) -> RunSummary | None:
     progress = not args.no_progress  # a bar on a terminal, plain lines elsewhere (asrdist.train.progress)
     if cfg.train.learners == 1 and cfg.strategy_name == "single" and nodes == 1 and cpu is None:
-        ctx = start_learner(JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1), seed=cfg.seed,
-                            timeout=timedelta(seconds=cfg.train.timeout_seconds))
-        summary = run_learner(cfg, run_dir, ctx, resume=resume, progress=progress)
+        env = JobEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)
+        ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds))
+        summary = run_learner(cfg, run_dir, env, ctx, resume=resume, progress=progress)
     else:
         prebuild_native_kernels(cfg)
         summary = run_workers(cfg, run_dir, resume=resume, progress=progress,

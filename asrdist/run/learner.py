@@ -8,16 +8,14 @@ minibatch-size search (`asrdist.optim.batch_search`) run by all learners in lock
 from __future__ import annotations
 
 import math
-import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from asrdist.cluster.process_group import THREADS_ENV, stop_learner
+from asrdist.cluster.process_group import JobEnv, cores_per_learner, stop_learner
 from asrdist.config import RunConfig
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import ConfigError
@@ -38,18 +36,17 @@ from asrdist.run.prepare import load_targets
 from asrdist.run.finish import finish_run
 from asrdist.run.summary import RunSummary
 from asrdist.run.task import SpeechTask
+from asrdist.train.loop import LoopConfig, Task
 from asrdist.train.state import write_state
 from asrdist.train.trainer import Trainer, TrainerHooks
 from asrdist.utils.machine import machine_steal_ticks, steal_share
 from asrdist.utils.memory import keep_freed_memory
 
 
-def set_threads(threads: int, local_world_size: int) -> int:
-    """Torch threads for this learner: `train.threads` if set; else the share asrdist's launcher
-    gave (THREADS_ENV: its cores over all the learners it started here); else, under torchrun on
-    a real node, this process' cores over the node's learners."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    n = threads or int(os.environ.get(THREADS_ENV, 0) or 0) or max(1, cores // max(1, local_world_size))
+def set_threads(configured: int, given: int, local_world_size: int) -> int:
+    """Torch threads for this learner: `train.threads` if set; else the share its launcher gave
+    (`JobEnv.num_threads`); else this process' cores over the node's learners."""
+    n = configured or given or cores_per_learner(local_world_size)
     torch.set_num_threads(n)
     return n
 
@@ -77,7 +74,7 @@ def _agree(ctx: LearnerContext):
     return mean
 
 
-def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
+def batch_search_hooks(cfg: RunConfig, task: Task, ctx: LearnerContext) -> tuple:
     """(batch_search, sampler_at) for TrainerHooks: onebit's automatic minibatch-size search.
 
     Trials start from an in-memory snapshot of the epoch start (model, optimizer, strategy
@@ -95,7 +92,7 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
 
     def search(tr: Trainer) -> None:
         epoch, previous = tr.state.epoch, tr.state.batch_size or base
-        compute_seconds = tr.compute_seconds
+        compute_seconds = tr.stepper.compute_seconds
         # every trial size on the same frames: batch_search_minibatches at the base size (CNTK)
         trials = EpochStartTrials(tr.train_step, lambda size: sampler_at(size, epoch), tr.snapshot,
                                   tr.restore_snapshot, cfg.strategy.batch_search_minibatches * base, agree)
@@ -108,13 +105,13 @@ def batch_search_hooks(cfg: RunConfig, task, ctx: LearnerContext) -> tuple:
             return trials(size)
 
         log: list[tuple[int, float]] = []
-        tr.trial = True  # a diverging trial rejects its size instead of ending the run
+        tr.stepper.trial = True  # a diverging trial rejects its size instead of ending the run
         try:
             chosen = search_batch_size(train_minibatches, base, previous, log=log)
         finally:
-            tr.trial = False
+            tr.stepper.trial = False
         trials.restore()
-        tr.compute_seconds = compute_seconds  # the epoch's compute, not the search's
+        tr.stepper.compute_seconds = compute_seconds  # the epoch's compute, not the search's
         tr.sampler = sampler_at(chosen, epoch)
         tr.state.batch_size = chosen
         tr.metrics.log("batch_search", tr.state.step, epoch=epoch, previous=previous, chosen=chosen,
@@ -134,22 +131,28 @@ class Learner:
     optimizer: torch.optim.Optimizer
     strategy: Strategy
     trainer: Trainer
-    task: Any
+    task: Task
     threads: int
 
 
-def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any, *,
-                  progress: bool = False) -> Learner:
+def loop_config(cfg: RunConfig, progress: bool) -> LoopConfig:
+    """The training loop's config: `train.*` for every field of its name, and `progress`."""
+    return LoopConfig(progress=progress, **{f.name: getattr(cfg.train, f.name) for f in fields(LoopConfig)
+                                            if f.name != "progress"})
+
+
+def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Task, *,
+                  progress: bool = False, threads: int = 0) -> Learner:
     """The one way to build a learner: the process' malloc told to keep freed memory
     (`asrdist.utils.memory`), tiny floats computed as zero (`flush_denormals`), model on its
     device, natural-gradient layers, max-change, optimizer, schedule, strategy, sampler
     (per-learner for lock-step strategies, the job's shared order otherwise) and the trainer.
     `task` supplies the model, samplers, loss and validation (`SpeechTask`, or a benchmark's
-    synthetic task)."""
+    synthetic task). `threads`: torch threads when `train.threads` is 0 (`set_threads`)."""
     keep_freed_memory()
     flush_denormals()
-    threads = set_threads(cfg.train.threads, ctx.local_world_size)
-    ctx = replace(ctx, samples_per_step=getattr(task, "samples_per_step", 0))
+    threads = set_threads(cfg.train.threads, threads, ctx.local_world_size)
+    ctx = replace(ctx, samples_per_step=task.samples_per_step)
     model = task.model
     hooks = TrainerHooks(loss_fn=task.loss, validate_fn=task.validate)
     if cfg.optim.natural_gradient:
@@ -184,33 +187,27 @@ def build_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, task: Any,
         hooks.batch_search, hooks.sampler_at = batch_search_hooks(cfg, task, ctx)
         hooks.base_batch_size = cfg.data.batch_size
     torch.manual_seed(cfg.seed * 1000 + ctx.job_rank)  # per-learner randomness (dropout) from here on
-    tc = cfg.train
-    trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir,
-                      epochs=tc.epochs, max_steps=tc.max_steps, log_every=tc.log_every,
-                      checkpoint_every=tc.checkpoint_every, checkpoint_minutes=tc.checkpoint_minutes,
-                      validate_every_epochs=tc.validate_every_epochs,
-                      emulate_compute_ms=tc.emulate_compute_ms, straggler_ranks=tc.straggler.ranks,
-                      straggler_slowdown=tc.straggler.slowdown, straggler_jitter=tc.straggler.jitter,
-                      progress=progress, nonfinite=tc.nonfinite, max_skips_in_a_row=tc.max_skips_in_a_row,
-                      average_last=tc.average_last)
+    trainer = Trainer(model, optimizer, strategy, sampler, hooks, ctx, run_dir, loop_config(cfg, progress))
     return Learner(model, optimizer, strategy, trainer, task, threads)
 
 
-def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool = False,
+def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext, resume: bool = False,
                 progress: bool = True) -> RunSummary | None:
     """Train, finalize, leave the job's process group; the summary on the learner that writes it
-    (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere."""
+    (rank 0, or the first survivor when adpsgd went on without lost learners), None elsewhere.
+    `env`: what this learner's launcher told it (threads, network, restarts, nodes); `ctx`: the
+    job it joined (`start_learner`)."""
     torch.manual_seed(cfg.seed)  # identical initial model on every learner
     targets = load_targets(run_dir)
     task = SpeechTask(cfg, targets, ctx.job_rank, ctx.job_world_size)
-    learner = build_learner(cfg, run_dir, ctx, task, progress=progress)
+    learner = build_learner(cfg, run_dir, ctx, task, progress=progress, threads=env.num_threads)
     t0, steal_before = time.perf_counter(), machine_steal_ticks()
     state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
     per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
                    "train_seconds": state.train_seconds, "loop_seconds": state.loop_seconds,
-                   "compute_seconds": learner.trainer.compute_seconds,
-                   "skipped_nonfinite": learner.trainer.skipped,
+                   "compute_seconds": learner.trainer.stepper.compute_seconds,
+                   "skipped_nonfinite": learner.trainer.stepper.skipped,
                    "steal_share": steal_share(steal_before, machine_steal_ticks()),
                    **learner.strategy.counters.as_dict()}
     gathered = [per_learner]
@@ -228,7 +225,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, ctx: LearnerContext, resume: bool
         return None
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost,
-                         averaged=learner.trainer.averaged())
+                         averaged=learner.trainer.averaged(), env=env)
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

@@ -1,6 +1,7 @@
 """The speech side of a run: model, sampler and objective for one learner.
 
-The trainer sees only `model`, `sampler`, `loss(model, batch)` and `validate(model)`.
+`SpeechTask` is what the loop takes of a task (`asrdist.train.loop.Task`): its model, samplers,
+`loss(model, batch)` and `validate(model)`.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from asrdist.cluster.failures import record_failure, report_path
-from asrdist.cluster.process_group import NETWORK_ENV, JobEnv, start_learner
+from asrdist.cluster.process_group import JobEnv, start_learner
 from asrdist.cluster.supervisor import die_with_agent
 from asrdist.config import config_from_tree
 from asrdist.errors import ConfigError
@@ -47,18 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         slowed_by_quota(cfg, env)
         resume = (args.resume and not _nothing_to_resume(args.run_dir, rank)) or _restarted(args.run_dir, env)
         check_start(args.run_dir, cfg.train.learners, env.world_size, resume)
-        _record_start(args.run_dir, cfg, rank, resumed=args.resume)
+        _record_start(args.run_dir, cfg, env, resumed=args.resume)
         ctx = start_learner(env, seed=cfg.seed, timeout=timedelta(seconds=cfg.train.timeout_seconds),
                             group_size=cfg.train.group_size)
 
-        run_learner(cfg, args.run_dir, ctx, resume=resume, progress=not args.no_progress)
+        run_learner(cfg, args.run_dir, env, ctx, resume=resume, progress=not args.no_progress)
         sys.stdout.flush()
         sys.stderr.flush()
         # leave at once: after a lost learner, a communication thread may still wait on it in gloo
         os._exit(0)
     except Exception as exc:  # report this learner's own failure, naming its rank, then exit non-zero
         message = record_failure(args.run_dir, rank, exc)
-        if _outside_torchrun_started(args.run_dir):  # asrdist's launcher records the job's own failure
+        if _outside_torchrun_started(args.run_dir, env):  # asrdist's launcher records the job's own failure
             try:
                 write_state(args.run_dir, "failed", reason=message[:300])
             except OSError:  # a full disk: the line on stderr still reaches the launcher's log
@@ -97,22 +97,22 @@ def _nothing_to_resume(run_dir: Path, rank: int) -> bool:
     return True
 
 
-def _record_start(run_dir: Path, cfg, rank: int, resumed: bool) -> None:
+def _record_start(run_dir: Path, cfg, env: JobEnv, resumed: bool) -> None:
     """What `asrdist train` keeps of a start, kept as well when an outside torchrun started this
-    job (asrdist's launcher, which sets NETWORK_ENV, keeps it itself): this learner's report of an
-    earlier failed start goes, and rank 0 records a `--resume` as `config-resume-K.yaml`, which
-    summary.json's `starts` counts."""
-    if NETWORK_ENV in os.environ:
+    job (asrdist's launcher, which gives its learners `env.network`, keeps it itself): this
+    learner's report of an earlier failed start goes, and rank 0 records a `--resume` as
+    `config-resume-K.yaml`, which summary.json's `starts` counts."""
+    if env.network is not None:
         return
-    report_path(run_dir, rank).unlink(missing_ok=True)
-    if rank == 0:
+    report_path(run_dir, env.rank).unlink(missing_ok=True)
+    if env.rank == 0:
         if resumed:
             record_resume(cfg, run_dir, ["(asrdist.run.worker under torchrun)"])
         write_state(run_dir, "started", learners=cfg.train.learners)
 
 
-def _outside_torchrun_started(run_dir: Path) -> bool:
-    return NETWORK_ENV not in os.environ and (run_dir / "state.json").is_file()
+def _outside_torchrun_started(run_dir: Path, env: JobEnv) -> bool:
+    return env.network is None and (run_dir / "state.json").is_file()
 
 
 def _restarted(run_dir: Path, env: JobEnv) -> bool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from asrdist.errors import TrainingError
+from asrdist.train.loop import LoopConfig
 
 
 def gradients_finite(model: torch.nn.Module) -> bool:
@@ -28,18 +29,16 @@ def gradients_finite(model: torch.nn.Module) -> bool:
 
 
 class Stepper:
-    """The step of `Trainer.train_step`; `hooks` are the trainer's (loss_fn, lr_at, before_optimizer_step)."""
+    """The step of `Trainer.train_step`; `hooks` are the trainer's (loss_fn, lr_at, before_optimizer_step).
+    It owns the step's counters (`skipped`, `compute_seconds`) and the batch search's `trial` mode."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Any, hooks: Any,
-                 ctx: Any, *, emulate_compute_ms: float = 0.0, straggler_ranks: Iterable[int] = (),
-                 straggler_slowdown: float = 1.0, straggler_jitter: float = 0.0, nonfinite: str = "stop",
-                 max_skips_in_a_row: int = 10):
+                 ctx: Any, config: LoopConfig):
         self.model, self.optimizer, self.strategy, self.hooks, self.ctx = model, optimizer, strategy, hooks, ctx
-        self.emulate_compute_ms = emulate_compute_ms
-        self.slowdown = straggler_slowdown if ctx.rank in set(straggler_ranks) else 1.0
-        self.jitter = straggler_jitter
+        self.config = config
+        straggler = config.straggler
+        self.slowdown = straggler.slowdown if ctx.rank in set(straggler.ranks) else 1.0
         self.jitter_rng = random.Random(ctx.seed * 1000 + ctx.rank)
-        self.nonfinite, self.max_skips_in_a_row = nonfinite, max_skips_in_a_row
         self.skipped = 0
         """Minibatches dropped for a non-finite loss or gradient (`nonfinite: skip`)."""
         self._skips_in_a_row = 0
@@ -47,6 +46,7 @@ class Stepper:
         """Batch-size search trials: a non-finite loss is returned (the trial is rejected), not raised,
         so every learner still reaches the strategy's collectives."""
         self.compute_seconds = 0.0
+        """Seconds in forward/backward (or its emulation), over this start's steps."""
         self._synthetic: list[torch.Tensor] | None = None
         self._synthetic_grads: list[torch.Tensor] | None = None
 
@@ -57,7 +57,7 @@ class Stepper:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
-        if self.emulate_compute_ms > 0:
+        if self.config.emulate_compute_ms > 0:
             loss_value, frames = self._emulated_compute(batch)
         else:
             self.model.train()
@@ -65,7 +65,7 @@ class Stepper:
             loss_value = float(loss.detach())
             if math.isfinite(loss_value):
                 loss.backward()
-            elif self.nonfinite == "skip" or self.trial:
+            elif self.config.nonfinite == "skip" or self.trial:
                 self._poison_gradients()
             else:
                 raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {loop.step} "
@@ -77,15 +77,15 @@ class Stepper:
         if math.isfinite(loss_value):
             self.strategy.note_loss(loss_value)
         self.strategy.after_backward()
-        if self.trial or self.emulate_compute_ms > 0 or gradients_finite(self.model):
+        if self.trial or self.config.emulate_compute_ms > 0 or gradients_finite(self.model):
             self._skips_in_a_row = 0
             self.strategy.apply_update(lambda: self._update_parameters(lr))
         else:
             self._skip_step(loss_value, loop, metrics)
         self.strategy.after_step()
         delay = (self.slowdown - 1.0) * compute
-        if self.jitter > 0:
-            delay += self.jitter_rng.uniform(0.0, self.jitter) * compute
+        if self.config.straggler.jitter > 0:
+            delay += self.jitter_rng.uniform(0.0, self.config.straggler.jitter) * compute
         if delay > 0:
             time.sleep(delay)
         return loss_value, frames
@@ -99,7 +99,7 @@ class Stepper:
 
     def _skip_step(self, loss_value: float, loop: Any, metrics: Any) -> None:
         where = f"at step {loop.step} (epoch {loop.epoch})"
-        if self.nonfinite != "skip":
+        if self.config.nonfinite != "skip":
             raise TrainingError(f"rank {self.ctx.job_rank}: non-finite gradient {where} (loss {loss_value:g}); "
                                 f"lower optim.lr or check the data (or train.nonfinite=skip)")
         self.skipped += 1
@@ -108,7 +108,7 @@ class Stepper:
         self.strategy.discard_step()
         if metrics is not None:
             metrics.log("skipped", loop.step, epoch=loop.epoch, loss=loss_value, skipped=self.skipped)
-        if self._skips_in_a_row >= self.max_skips_in_a_row:
+        if self._skips_in_a_row >= self.config.max_skips_in_a_row:
             raise TrainingError(f"rank {self.ctx.job_rank}: {self._skips_in_a_row} minibatches in a row had a "
                                 f"non-finite loss or gradient (last {where}); train.nonfinite=skip gives up: "
                                 f"lower optim.lr or check the data")
@@ -120,7 +120,7 @@ class Stepper:
         self.optimizer.zero_grad(set_to_none=True)
 
     def _emulated_compute(self, batch: Any) -> tuple[float, int]:
-        time.sleep(self.emulate_compute_ms / 1000.0)
+        time.sleep(self.config.emulate_compute_ms / 1000.0)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self._synthetic is None:
             # Drawn once: a fresh randn of a 46M-parameter model per step costs more than the

@@ -1,4 +1,4 @@
-"""Tasks for benchmarks: what `build_learner` needs from a task, without a corpus.
+"""Tasks for benchmarks: what `build_learner` needs from a task (`asrdist.train.loop.Task`), without a corpus.
 
 `FrameTask` wraps a given frame model and sampler (`bench trainer`). `SyntheticTask` makes its
 own minibatches of a fixed number of frames: empty ones under the trainer's compute emulation

@@ -20,28 +20,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable
 
 import torch
 
-from asrdist.errors import ConfigError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.checkpointer import Checkpointer
 from asrdist.train.epoch_average import Averaged, EpochAverage
 from asrdist.train.epochs import epochs_for
+from asrdist.train.loop import LoopConfig, Sampler
 from asrdist.train.metrics import MetricsLog, TrainWindow, epoch_line, read_metrics, warn_if_loss_rose
 from asrdist.train.progress import EpochProgress
 from asrdist.train.step import Stepper
 from asrdist.train.validator import Validator
-
-
-class Sampler(Protocol):
-    def set_epoch(self, epoch: int) -> None: ...
-    def __iter__(self): ...
-    def __len__(self) -> int: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass
@@ -116,48 +108,27 @@ class RunClock:
             state.loop_seconds = self.loop_before + time.perf_counter() - self.loop_started
 
 
-def _kept_by_stepper(name: str) -> property:
-    """A Trainer attribute that its `Stepper` keeps (read and set by batch search, summaries, tests)."""
-    return property(lambda self: getattr(self.stepper, name), lambda self, value: setattr(self.stepper, name, value))
-
-
 class Trainer:
     """One learner's training: the loop over its parts (module docstring). `train_step` is the one
     step benches and strategy tests train through; `fit` runs the epochs."""
 
-    trial = _kept_by_stepper("trial")
-    compute_seconds = _kept_by_stepper("compute_seconds")
-    skipped = _kept_by_stepper("skipped")
-    nonfinite = _kept_by_stepper("nonfinite")
-    max_skips_in_a_row = _kept_by_stepper("max_skips_in_a_row")
-
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
-                 sampler: Sampler, hooks: TrainerHooks, ctx: LearnerContext, run_dir: Path, *,
-                 epochs: int, max_steps: int = 0, log_every: int = 20, checkpoint_every: int = 0,
-                 checkpoint_minutes: float = 0.0, validate_every_epochs: int = 1, emulate_compute_ms: float = 0.0,
-                 straggler_ranks: Iterable[int] = (), straggler_slowdown: float = 1.0,
-                 straggler_jitter: float = 0.0, progress: bool = True, nonfinite: str = "stop",
-                 max_skips_in_a_row: int = 10, average_last: int = 1):
-        if min(log_every, validate_every_epochs, average_last) < 1 or checkpoint_every < 0 or max_steps < 0:
-            raise ConfigError("trainer: log_every, validate_every_epochs and average_last must be >= 1, "
-                              "checkpoint_every and max_steps >= 0")
+                 sampler: Sampler, hooks: TrainerHooks, ctx: LearnerContext, run_dir: Path, config: LoopConfig):
         self.model, self.optimizer, self.strategy = model, optimizer, strategy
         self.sampler, self.hooks, self.ctx, self.run_dir = sampler, hooks, ctx, Path(run_dir)
-        self.epochs, self.max_steps, self.log_every = epochs, max_steps, log_every
-        self.stepper = Stepper(model, optimizer, strategy, hooks, ctx, emulate_compute_ms=emulate_compute_ms,
-                               straggler_ranks=straggler_ranks, straggler_slowdown=straggler_slowdown,
-                               straggler_jitter=straggler_jitter, nonfinite=nonfinite,
-                               max_skips_in_a_row=max_skips_in_a_row)
+        self.config = config
+        self.stepper = Stepper(model, optimizer, strategy, hooks, ctx, config)
+        """One minibatch's step; it owns the step's counters (`compute_seconds`, `skipped`) and `trial`."""
         self.coordinator = epochs_for(sampler, strategy, ctx, hooks.base_batch_size)
-        self.checkpointer = Checkpointer(self.run_dir, strategy, ctx, epochs=epochs, tag=self.coordinator.tag,
+        self.checkpointer = Checkpointer(self.run_dir, strategy, ctx, epochs=config.epochs, tag=self.coordinator.tag,
                                          mid_epoch=self.coordinator.mid_epoch_checkpoints,
-                                         every=checkpoint_every, minutes=checkpoint_minutes)
-        self.validator = Validator(hooks.validate_fn, validate_every_epochs, strategy, ctx)
-        self.epoch_average = EpochAverage(average_last, epochs)
+                                         every=config.checkpoint_every, minutes=config.checkpoint_minutes)
+        self.validator = Validator(hooks.validate_fn, config.validate_every_epochs, strategy, ctx)
+        self.epoch_average = EpochAverage(config.average_last, config.epochs)
         self.final_epoch = -1
         """The epoch (0-based) the model ends in after `fit`: the last one ended, or the one a
         stop (max_steps, the strategy) cut short."""
-        self.progress = progress and ctx.job_rank == 0
+        self.progress = config.progress and ctx.job_rank == 0
         self.state = LoopState()
         self.metrics: MetricsLog | None = None
         self.clock = RunClock()
@@ -243,7 +214,7 @@ class Trainer:
         return self.epoch_average.result(self.model, self.final_epoch)
 
     def _train(self, mid_epoch: bool) -> None:
-        while self.state.epoch < self.epochs:
+        while self.state.epoch < self.config.epochs:
             self.strategy.start_epoch(self.state.epoch)
             self.coordinator.begin_epoch(self.sampler)
             if not mid_epoch:
@@ -261,13 +232,13 @@ class Trainer:
                 break
 
     def _done(self) -> bool:
-        return (self.max_steps > 0 and self.state.step >= self.max_steps) or self.strategy.should_stop()
+        return (self.config.max_steps > 0 and self.state.step >= self.config.max_steps) or self.strategy.should_stop()
 
     def _run_epoch(self) -> bool:
         """Train until the epoch's data is used up (True) or training must stop (False)."""
         state, total = self.state, len(self.sampler)
         start = self.sampler.state_dict().get("position", 0)
-        shown = EpochProgress(state.epoch, self.epochs, total, start, enabled=self.progress)
+        shown = EpochProgress(state.epoch, self.config.epochs, total, start, enabled=self.progress)
         window = TrainWindow(self.ctx.store)
         if start == 0:
             state.epoch_loss_sum, state.epoch_loss_frames = 0.0, 0
@@ -284,7 +255,7 @@ class Trainer:
             state.epoch_loss_frames += frames
             window.add(loss, frames)
             done_steps += 1
-            if state.step % self.log_every == 0:
+            if state.step % self.config.log_every == 0:
                 shown.window_rate(window.log(self.metrics, state.step, state.epoch,
                                              self.optimizer.param_groups[0]["lr"]))
             so_far = state.epoch_loss_sum / state.epoch_loss_frames if state.epoch_loss_frames else None
@@ -313,7 +284,7 @@ class Trainer:
         # wall_seconds: the job's time to this epoch's model (since training started, every start
         # summed), taken before validation: what `compare` reads time to a target from
         record: dict[str, Any] = {"epoch": state.epoch, "train_loss": None, "wall_seconds": round(self.clock.wall(), 3)}
-        last = state.epoch == self.epochs - 1 or self._done()
+        last = state.epoch == self.config.epochs - 1 or self._done()
         with self.strategy.paused():
             self.coordinator.end_epoch(record, state, self.sampler)
             record.update(self.strategy.epoch_end_metrics())
