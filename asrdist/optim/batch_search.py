@@ -6,7 +6,8 @@
 2. Each trial restores the epoch-start state and trains the same budget of frames at its size
    (`train_minibatches(size) -> loss`, `EpochStartTrials`); the search only chooses.
 3. Trials go on while a loss stays <= 1.01 x the first trial's; the first above it ends the search.
-4. The result is the largest size that passed. In full: docs/optimizers.md#the-minibatch-size-search-optimbatch_searchpy."""
+4. The result is the largest size that passed.
+In full: docs/optimizers.md#the-minibatch-size-search-optimbatch_searchpy."""
 from __future__ import annotations
 
 import copy
