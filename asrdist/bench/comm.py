@@ -1,35 +1,10 @@
 """`asrdist bench comm`: 1-bit vs fp32 gradient exchange on the 46M-parameter `swbd` shapes.
 
-N learners (default 4, one emulated host each) are started by `launcher.run_learners` on the
-emulated network (default 1 Gbit/s links; loopback when emulation is unavailable, recorded in
-`network`). Every learner holds random gradients of Seide et al.'s Switchboard DNN and, per
-repeat, times one `sync` exchange (bucketed fp32 allreduce, then the mean) and one `onebit`
-exchange (quantize + error feedback + pack, all-to-all, owner's sum and re-quantization,
-all-to-all, dequantize) through the strategies' own hooks: each is set up on a stand-in model of
-those shapes (`asrdist.parallel.standin`), the gradients land in p.grad and `after_backward` is
-timed, as the trainer runs it. The two alternate which goes
-first, each after a barrier, so machine noise hits both alike. A repeat's time is its slowest
-learner's; the figures are medians over repeats.
-
-- `bytes_ratio`: onebit / sync payload bytes per exchange *seen on the wire*: on emulated hosts
-  one learner per host reads its NIC's kernel counters (the host end of its veth link: tx bytes
-  and segments) around every timed exchange, which runs between two barriers so that when the
-  second returns every byte of the exchange has crossed its link. The payload is the counted
-  frames less one Ethernet + IPv4 + TCP header (with timestamps: 66 bytes) per counted segment
-  (`netem.payload_on_wire`), less the closing barrier's own payload, measured alone each repeat.
-  On loopback there is no NIC of the job's own to read: `bytes_ratio` is null there.
-  `bytes_ratio_counted` is the same ratio from the strategies' own counts; `wire` holds both per
-  strategy and `counted_matches_wire` whether they agree within 5% (null when learners share a
-  host: their traffic inside it never reaches the wire).
-- `exchange_speedup`: sync exchange time / onebit exchange time (quantization included).
-- `quantize_vs_copy`: quantize + error feedback + pack throughput vs copying the same fp32
-  tensors into preallocated buffers, one thread, measured in this process before the learners.
-- `onebit_phases_seconds`: where a onebit exchange's time goes (median over repeats of the mean
-  over learners): quantize, reduce (stripe owners), dequantize, and scatter_wait / gather_wait,
-  the time blocked on the two all-to-alls. The exchange is pipelined over `onebit_chunks` column
-  chunks, so the waits are only the wire time not hidden behind the other phases; with
-  `--chunks 1` the phases run one after another.
-"""
+N learners on emulated hosts (`launcher.run_learners`) time one `sync` and one `onebit` exchange
+per repeat through the strategies' own hooks on a stand-in model, alternating, and report
+`bytes_ratio` (read on the wire), `exchange_speedup`, `quantize_vs_copy` and
+`onebit_phases_seconds`. How each is measured:
+docs/benchmarks.md#asrdist-bench-comm-1-bit-vs-fp32-gradient-exchange."""
 from __future__ import annotations
 
 import argparse

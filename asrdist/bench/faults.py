@@ -1,37 +1,9 @@
 """`asrdist bench faults`: what a real `asrdist train` job does when learners die or hang.
 
-Every case runs the `asrdist train` command itself (torch's launcher, the real learners) on a
-corpus (`--data`, default the built-in demo corpus) with a small DNN, and injects the fault from
-outside, as an operator or the kernel would:
-
-- `sync_detect_seconds`: SIGKILL of learner rank 1 of a `--learners` sync job, to the moment the
-  command has exited; `sync_message` is its one line (it must name rank 1).
-- `hang_detect_seconds`: SIGSTOP of learner rank 1 (a hung learner: alive, silent) with
-  `train.timeout_seconds` = `--timeout-seconds`, to the exit; `hang_message` must call it hung.
-  The figure is the timeout, plus the launcher's grace (3 s) before it kills the stopped process,
-  plus the agent's and the command's own end (about 2 s measured).
-- `adpsgd_survived`: a `--learners` adpsgd job loses learner rank 1 (SIGKILL) in its second
-  epoch (1 of 4 lost), then rank 2 once the others trained on (2 of 4 lost); it survives when the
-  command still ends with a model (exit 0, summary.json) and its summary names exactly the killed
-  learners (`adpsgd_lost_learners`: rank, the step it was lost at, why). No learner restarts
-  (`adpsgd_restarts` 0): the survivors go on. `adpsgd_frames_lost`: the frames of the minibatch
-  each killed learner had claimed and not yet applied (the one in flight: every other update of
-  an active learner was already averaged into its partner; a passive's since its last answer are
-  lost too, not counted: a lower bound).
-- `hierarchical_survived`: a `--learners` hierarchical job in nodes of 2 (`train.group_size=2`)
-  loses learner rank 3 (SIGKILL, not a leader) once its first epoch ended: its node goes (rank 2 stops
-  when its allreduce fails) and the other nodes train on; it survives when the command ends with
-  a model and its summary names ranks 2 and 3 (`hierarchical_lost_learners`).
-- For both, `adpsgd` and `hierarchical` hold what the run directory says after the job ended:
-  `checkpoint_after_loss` is true when `checkpoints/latest` names a checkpoint of a later epoch
-  than the one in which the first loss was recorded (`loss_epoch`, `latest_checkpoint`: the
-  survivors published it), and `minibatches_lost` counts, over the epochs from the loss on, the
-  minibatches of each epoch (`minibatches_in_epoch` of its metrics.jsonl record) that no learner's
-  share of the record accounts for (`minibatches_by_learner`: the survivors', the lost learners'
-  finished ones, and those the survivors trained again, `minibatches_retrained`); 0 is the target.
-
-All learners share this machine's cores (`cores`, `learners` in the JSON).
-"""
+Every case runs the `asrdist train` command itself on a small DNN and injects the fault from
+outside (SIGKILL, SIGSTOP): sync and hang detection time, adpsgd's and hierarchical's survival of
+lost learners, and what their run directories hold after the loss. The cases and their keys:
+docs/reliability.md#what-asrdist-bench-faults-does."""
 from __future__ import annotations
 
 import argparse

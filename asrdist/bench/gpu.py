@@ -1,21 +1,9 @@
-"""The measurements of `scripts/gpu_check.sh`: one learner's compute phases on a device, short
-real trainings, and two learners sharing the device (`asrdist.bench.gpu_pair`), each written as
-one part of the check's JSON.
+"""The measurements of `scripts/gpu_check.sh`, each written as one part of the check's JSON.
 
-    python -m asrdist.bench.gpu --device cuda --out parts/phases.json phases
-    python -m asrdist.bench.gpu --device cuda --recipe configs/default.yaml --data CORPUS \
-        --steps 300 --name train_dnn --out parts/train_dnn.json train
-    python -m asrdist.bench.gpu --device cuda --backend nccl --name pair_nccl --out parts/pair_nccl.json pair
-    python -m asrdist.bench.gpu --out gpu_check.json merge parts/*.json
-
-`phases` times what the simulator's device presets hold (`asrdist.sim.cluster.Device`,
-`asrdist.sim.spec.SimSpec`): forward and backward of the Switchboard DNN at a large minibatch
-(sustained FLOP/s, `backward_share`), a BLSTM minibatch of IBM's size (`recurrent_step_cost`),
-1-bit quantize and dequantize per value (`quantize_cost`, `dequantize_cost`) and the parameter
-arithmetic of an average (`copy_cost`). `--quick` shrinks every model and tensor so that the
-check's dry run on a CPU (ASRDIST_GPU_CHECK_DEVICE=cpu) ends in a minute; it writes the same keys.
-Every time is the median of timed repeats after warm-up, with the device synchronised around it.
-"""
+`phases` (one learner's compute phases on a device: what the simulator's device presets hold),
+`train` (a short real training), `pair` (two learners sharing the device,
+`asrdist.bench.gpu_pair`) and `merge` (the parts into one JSON). Commands and what each phase
+times: docs/gpu.md#the-checks-measurements-asrdistbenchgpu."""
 from __future__ import annotations
 
 import argparse

@@ -1,39 +1,10 @@
 """`asrdist bench ngsgd`: NG-SGD step time vs plain SGD, and averaging vs sync bytes per sample.
 
-- `step_time_ratio`: one training step (the trainer's own `Trainer.train_step`) of the default DNN
-  (11×40 inputs -> 4×512 ReLU -> 40 phones) with natural-gradient layers, over the same step with
-  plain layers; both learners from `build_learner` (`optim.natural_gradient` true / false), same
-  initial weights, same optimizer (the recipe default: plain SGD), same batch (256 frames).
-- `step_time_ratio_swbd`: the same on the 1-bit SGD paper's shapes (429 -> 7×2048 sigmoid -> 9304).
-- `step_time_ratio_targets` / `targets_met`: per width (and `swbd`) the ratio to reach — 1.25 from
-  width 512, 1.10 from width 1024 — and whether it was; `step_time_ratio_target` is DESIGN.md's 1.10.
-- `bytes_per_sample_ratio`: bytes each learner sends per training sample, `averaging` (default
-  `average_every`) over `sync`, read from the strategies' own counters in a real gloo run of
-  `--learners` processes (started by `launcher.run_learners`, on loopback) splitting the global
-  batch, each learner from `build_learner` taking the trainer's own steps.
-
-`kernel`: the natural-gradient preconditioner that ran (`--kernel`: `native`, the compiled one of
-asrdist/native/ngsgd_kernel.cpp, by default where it builds; `python` for the reference).
-
-Timing: after a warm-up past the preconditioners' first 10 statistics updates, steps are timed in
-blocks of `update_period` (4) consecutive steps, so every block holds exactly one statistics
-update; NG and SGD blocks alternate (order swapped every round) and the median block is reported,
-as wall time and as process CPU time (steadier on a shared machine). `flop_ratio` (beside every
-`step_time_ratio`) is the same ratio in multiply-adds of the affine layers; `floor_ratio` adds
-the rank×rank eigendecompositions (their measured time over the plain step's): what a step would
-cost if the extra products ran exactly as fast as the plain step's own GEMMs and nothing else were
-added. `step_time_ratio` − `floor_ratio` is the overhead an implementation can still remove.
-
-`phases_ms` says where an NG-SGD step's extra process CPU time (`extra_cpu_ms` = NG-SGD step −
-SGD step) goes, per step, all layers together: each layer's preconditioners are re-run alone on
-the inputs and output derivatives captured from a real step. `preconditioning_products`: the
-per-step work (X Wᵀ, X̂, the norms for γ); `statistics_update`: a block of `update_period` steps
-less as many plain ones, per step, without the eigendecomposition; `eigendecomposition`: the
-rank×rank float64 eigh of each update, per step; `autograd_overhead`: the rest of
-`extra_cpu_ms` (the autograd Function, the bias column, the weight-gradient product, Python per
-layer). CPU time, not wall: the phases are short, and other processes on a shared machine would
-swamp them.
-"""
+`step_time_ratio` (and `_swbd`, per width against its target) times the trainer's own
+`Trainer.train_step` with and without natural-gradient layers, in alternating blocks of
+`update_period` steps; `flop_ratio`, `floor_ratio` and `phases_ms` say where the extra time goes;
+`bytes_per_sample_ratio` comes from a real gloo run of `--learners`. What each key is and how it
+is timed: docs/benchmarks.md#how-bench-ngsgd-measures."""
 from __future__ import annotations
 
 import argparse

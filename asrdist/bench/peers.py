@@ -1,32 +1,11 @@
 """`asrdist bench peers`: asrdist's strategies beside what a user would pick instead in torch.
 
-In one job per network (`--networks`, default loopback and emulated 1 Gbit/s links, one learner
-per emulated host), every learner (started by `launcher.run_learners`) trains seven models from
-the same initial weights on the same minibatches (a synthetic 40-class frame task, a fixed random
-linear teacher labelling Gaussian inputs; each learner its own batches), the same optimizer (SGD,
-lr 0.1, Nesterov momentum 0.9):
-
-- `sync`, `onebit`, `averaging`: asrdist's learner (`build_learner`, the trainer's own
-  `Trainer.train_step`) with that strategy;
-- `ddp`: torch DistributedDataParallel (its reducer, default buckets);
-- `powersgd_rank1`, `powersgd_rank4`: DDP with torch's PowerSGD communication hook at that rank
-  (one bucket: with DDP's default buckets the hook aborts on gloo in torch 2.13, "Received data
-  size doesn't match expected size"); PowerSGD starts at its second step;
-- `torch_averaging`: local SGD with torch's `PeriodicModelAverager` at asrdist averaging's
-  period (`--period` steps; torch's warm-up set so that both average after the same steps).
-
-Rounds alternate (`--rounds` of `--steps` steps per contender, the order reversed every other
-round) so that machine noise hits all alike. A contender's frames/s is `job_frames_per_second`
-of its frames over its learners' round seconds. Bytes per step are all learners': asrdist's
-counted bytes, and on emulated links the payload the hosts' NICs carried (`bench comm`'s wire
-measure) for every contender.
-
-- `sync_vs_ddp`: frames/s of sync / DDP (target >= 0.97), with the largest parameter difference
-  after the same steps (`same_work`: within float rounding of the gradient mean's order).
-- `onebit_vs_powersgd`: frames/s, bytes per step and held-out loss after all steps, onebit beside
-  PowerSGD rank 1 and rank 4 (and sync's loss as the uncompressed reference).
-- `averaging_vs_torch`: frames/s of averaging / torch's averager, and their parameter difference.
-"""
+In one job per network (`--networks`), every learner (`launcher.run_learners`) trains seven
+contenders from the same weights on the same minibatches with the same optimizer: asrdist's
+`sync`, `onebit`, `averaging` (the trainer's own `Trainer.train_step`), torch's DDP, DDP with
+PowerSGD at rank 1 and 4, and torch's `PeriodicModelAverager`, in alternating rounds. Keys
+`sync_vs_ddp`, `onebit_vs_powersgd`, `averaging_vs_torch`; the contenders and how they are timed:
+docs/benchmarks.md#asrdist-bench-peers-asrdist-beside-torchs-own-mechanisms."""
 from __future__ import annotations
 
 import argparse

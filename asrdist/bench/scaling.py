@@ -1,42 +1,11 @@
 """`asrdist bench scaling`: frames/s of 1, 2, 4 learners per strategy, with compute emulation.
 
-Every learner runs the trainer's own `Trainer.train_step` on the real model (default the
-46M-parameter `swbd` DNN) with `train.emulate_compute_ms`: forward/backward become a sleep of
-`--compute-ms` and synthetic gradients of the model's shapes, so a 2-core machine drives the
-real communication and optimizer update of many learners (DESIGN.md §5.8). Learners sit one per
-emulated host on the emulated network (default 1 Gbit/s links; loopback when emulation is
-unavailable, recorded in `network`); one learner needs no network and runs alone.
-
-Weak scaling: each learner's minibatch is `--local-batch` frames whatever the learner count
-(as each GPU of the seeds takes its own share), so the ideal is `speedup` = learners.
-`speedup[strategy][n]` = frames/s of n learners / frames/s of 1 learner of that strategy. All
-learners share this machine's cores: `cores` says how many, `threads_per_learner` how they were
-split; the synthetic gradients and the optimizer update are real CPU work that the learners
-share.
-
-`--nodes A --per-node B` (either one turns it on; defaults 2 x 2): A emulated hosts of B learners
-each, `--network` links between hosts (default 1 Gbit/s) and loopback inside one (`run_learners`'
-`nodes`; the learners of a node are its process group, torchrun's LOCAL_WORLD_SIZE). The JSON
-section `nodes` holds the frames/s of `NODE_CONFIGS` (or the `--configs` among them) at A x B learners: sync flat and
-hierarchical, onebit hierarchical, adpsgd, hierarchical (ADPSGD between nodes, sync inside) and
-hybrid with `sync_epochs: 0` (the worker calls `start_epoch(0)`, so the timed phase is hybrid's
-asynchronous one, recorded in `details.hybrid.phase`). Lock-step configurations report the job's
-frames / the slowest learner's seconds; the others (`lockstep` false) the sum of every learner's
-own frames/s. When emulation is unavailable everything runs on loopback and `network_fallback`
-says why.
-
-`hierarchical_allreduce_speedup` (in `nodes` and at the top level) = flat / hierarchical time of
-one sync exchange (bucketed allreduce and mean) of the bench model's gradient (default the
-45M-parameter swbd DNN), timed on its own by the A x B learners of the `sync_flat` job once its
-steps are timed (`scaling_worker.time_exchanges`, as `bench comm` does: the two alternate, a
-barrier before each, the slowest learner's time, the median over `--exchange-repeats`). It is
-preferred to the ratio of the sync runs' `comm_seconds_per_step`, whose communication windows
-also absorb the other learners' emulated compute, gradient copies and optimizer updates on the
-shared cores and the lock-step waits for the slowest learner; that in-training ratio is recorded
-beside it (`details.hierarchical_comm_speedup_in_training`), and so is the bandwidth model's
-ratio, `hierarchical_allreduce_predicted` (`predict_hierarchical_allreduce`). The learner-count
-sweep (`results`, `speedup`, ...) runs too when `--learners` is given.
-"""
+Every learner runs the trainer's own `Trainer.train_step` on the real model with
+`train.emulate_compute_ms` (a sleep and synthetic gradients for forward/backward), one per
+emulated host: weak scaling, `speedup[strategy][n]` against one learner. `--nodes A --per-node B`
+times `NODE_CONFIGS` on A hosts of B learners and `hierarchical_allreduce_speedup`, flat against
+hierarchical sync exchange. Details and keys:
+docs/benchmarks.md#asrdist-bench-scaling-framess-with-compute-emulation."""
 from __future__ import annotations
 
 import argparse

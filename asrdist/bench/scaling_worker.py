@@ -1,21 +1,10 @@
 """One learner of `asrdist bench scaling`: the real model, optimizer, strategy and `Trainer`, fed
 synthetic minibatches, with the trainer's compute emulation (DESIGN.md §5.8).
 
-`scaling_learner(spec, args)` is run by `launcher.run_learners`. It builds the learner with
-`build_learner`, the way `run_learner` does (same seed on every learner, the strategy's `setup`),
-from a `RunConfig` made of its args and a `SyntheticTask`, then calls the trainer's own
-`Trainer.train_step` on `warmup + steps` minibatches of `local_batch` frames and times the last
-`steps`. `train.emulate_compute_ms` makes the trainer sleep instead of computing and write
-synthetic gradients of the model's shapes, so the step's real work is the strategy's
-communication and the optimizer update. Before the first minibatch it calls
-`strategy.start_epoch(args["epoch"])` (default 0), as the trainer does at every epoch start, so a
-strategy with phases (`hybrid`: `sync_epochs`) runs the phase of that epoch; the result says
-whether the timed phase was lock-step (`lockstep`).
-
-With `args["exchange_repeats"]` (`bench scaling --nodes`), after the timed steps the learners
-also time the bucketed sync allreduce of the model's gradient, flat and hierarchical side by side
-(`time_exchanges`), and the result holds it under `exchange`: one job fewer to start.
-"""
+`scaling_learner(spec, args)`, run by `launcher.run_learners`, builds the learner with
+`build_learner` and times the last `steps` of the trainer's own `Trainer.train_step`;
+`time_exchanges` times the flat and hierarchical sync allreduce side by side. Details:
+docs/benchmarks.md#one-learner-of-the-bench-benchscaling_workerpy."""
 from __future__ import annotations
 
 import tempfile

@@ -1,20 +1,10 @@
 """`asrdist bench seeds --json OUT [--claims S1,S7,...] [--learners N] [--keep DIR]`: the source
 papers' claims reproduced in miniature on dedicated emulated hosts, each a check that can fail.
 
-Every run is a real `asrdist train` job: the recipe (`--config`, default configs/default.yaml) on
-the built-in espeak corpus of `--utterances` (or `--data`), `--learners` learners each on an
-emulated host of its own (a network namespace and a cgroup with `--cpus-per-host` cores: it
-computes at that speed whether its neighbours are busy or idle, and a straggler's host gets a
-quota `slowdown` times smaller), joined by `--network` links. The claims, their runs and their
-rules are in `asrdist.bench.seed_claims`. Each claim's rule is written into OUT before its runs
-start (`claims.<id>.rule`, `status: running`), and OUT is rewritten after every claim, so a claim
-can be rerun alone (`--claims S7`) and a stopped bench keeps what it finished.
-
-Each run records its strategy, learners, hosts, quota, links, validations (wall seconds, error),
-final error, frames/s, the machine's load average around it, and the CPU the machine spent outside
-the hosts while it ran (`outside_hosts`: the launcher, the kernel, other jobs). `predicted` and
-`simulator_error` are null: the simulator does not model dedicated CPU hosts yet (docs/seeds.md).
-"""
+Every run is a real `asrdist train` job, each learner on an emulated host of its own with
+`--cpus-per-host` cores; the claims, their runs and their rules are in `asrdist.bench.seed_claims`.
+OUT is rewritten after every claim, so a claim can be rerun alone. Where and how the claims are
+tested, and what each run records: docs/seeds.md#where-the-claims-are-tested."""
 from __future__ import annotations
 
 import argparse

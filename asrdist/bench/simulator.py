@@ -1,27 +1,11 @@
 """`asrdist bench simulator`: the simulator against real `asrdist train` runs it never saw.
 
-Every row (a strategy at a learner count) is measured `--run-repeats` times, in rounds (every run
-once, then every run again), because this machine's speed is not steady: identical runs a minute
-apart have measured 4,508 and 8,862 frames/s, in spells that hold for minutes. Each repeat, in order:
-
-1. Calibration, just before its run trains, in this process: microbenchmarks of one learner of
-   that run's config alone, of the link between two learners on `--network` and of the run's
-   learners on the shared cores (`asrdist.calibrate.microbench.measure_microbenchmarks`; what each
-   figure is: docs/calibration.md). `asrdist.sim.calibration.calibrate` turns these, and nothing
-   else, into the simulator's inputs.
-2. Prediction: the run from its resolved config and those inputs.
-3. Validation: the run trained for real (`asrdist train`, the recipe on the corpus, one learner
-   per emulated host on `--network`, a lone learner on loopback), its frames/s from its
-   summary.json (`asrdist.utils.throughput`: the job's frames over its longest learner's loop),
-   read only now.
-
-Each row: every repeat's measured and predicted frames/s and error, their medians, the spread of
-each (max / min - 1: the noise the row's error is read against), and the row's relative error (the
-median of its repeats'); target: every row within TARGET.
-
-The default corpus is the built-in synthetic one, built once under OUT/corpus and reused (a cache:
-its features and audio never come from the runs).
-"""
+Every row (a strategy at a learner count) is measured `--run-repeats` times, in rounds; each
+repeat is 1. calibrated just before it trains (`asrdist.calibrate.microbench`), 2. predicted from
+its resolved config and those inputs alone, 3. trained for real, its frames/s read from its
+summary.json only now. A row's error is the median of its repeats'; target: every row within
+TARGET. The steps, the JSON and why a calibration per repeat:
+docs/simulator.md#asrdists-own-runs-asrdist-bench-simulator."""
 from __future__ import annotations
 
 import argparse

@@ -1,30 +1,11 @@
 """`asrdist bench straggler`: time to a target accuracy with one learner s times slower, sync
 against adpsgd, and what delay-by-one buys (DESIGN.md §5.5, §5.8).
 
-Every run is a real `asrdist train` job (the launcher, the learners, the trainer): the default
-recipe (`--config`) on a corpus (`--data`; default: the built-in espeak corpus of `--utterances`,
-built once into a cache directory and reused), `--learners` learners (2: one core each on a
-2-core machine), one learner per emulated host joined by `--network` links (1 Gbit/s; needs
-root; `loopback` runs them on one host). `section.key=value` arguments go to every run. The
-straggler is the trainer's own `train.straggler`: after every step learner
-`--straggler-rank` sleeps (slowdown - 1) x the compute time it just measured, so its steps really
-take s times as long (a sleep stands in for the extra compute; the learner's own compute is real).
-
-Time to target: every validation (one per epoch) is a point (wall seconds since the job's
-training began, validation loss); a run's time to target is the wall time of its first validation
-at or below the target. The target (`--target`, a validation loss) defaults to the best loss that
-every run of a comparison reached: the straggler comparison's four runs share one target, the
-delay-by-one pair another.
-
-- `sync_time_to_target_ratio`, `adpsgd_time_to_target_ratio`: with the straggler / without it.
-- `delay_by_one_time_to_target_ratio`: adpsgd with delay-by-one / without, equal learners, on
-  links of `--delay-network` (default: the rate at which one exchange takes about one step's
-  compute, scaled from the equal-learner adpsgd run; `exchange_vs_compute` is the ratio measured
-  in the plain run at that rate).
-- `adpsgd_copes_with_straggler`: the seeds' claim as a check that can fail: adpsgd's ratio must
-  be at most 0.6 x sync's (ADPSGD "copes well with slow learners"; judged at any `--slowdown`,
-  stated for s = 3).
-"""
+Every run is a real `asrdist train` job, one learner per emulated host; the straggler is the
+trainer's own `train.straggler`. A run's time to target is the wall time of its first validation
+at or below the target loss. Keys `sync_time_to_target_ratio`, `adpsgd_time_to_target_ratio`,
+`delay_by_one_time_to_target_ratio`, `adpsgd_copes_with_straggler`; the runs and the rules:
+docs/benchmarks.md#asrdist-bench-straggler-time-to-a-target-with-a-slow-learner."""
 from __future__ import annotations
 
 import argparse

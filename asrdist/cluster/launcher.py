@@ -1,30 +1,12 @@
 """The one launch path of learners: torch's own elastic launcher, `torch.distributed.run`, under
 asrdist's supervisor (`asrdist.cluster.supervisor`), the emulated network an option of it.
 
-`launch_learners("asrdist.run.worker", [RUN_DIR, ...], n, RUN_DIR)` runs
-`python -m asrdist.cluster.agent --standalone --nproc-per-node n -m MODULE ARGS`: torchrun's own
-main (`torch.distributed.run.main`) with those arguments, exactly what `torchrun --nnodes A
---nproc-per-node B` runs on a cluster, ended without the interpreter's teardown. With `nodes=A` it runs that
-cluster command on this machine, one `torch.distributed.run` agent per host with a static
-rendezvous on host 0: on an `EmulatedNetwork` of A hosts (namespaces joined by links shaped to the
-`network` rate and `delay`), or, with `network` 'loopback', A agents on this machine's loopback
-(hosts without a network between them: the layout of A hosts, nothing shaped). Each learner gets
-`cores / n` threads, whatever host it emulates: they all share this machine.
-
-`run_learners(module, name, n, nodes, network, args, timeout)` runs a learner function,
-`module.name(env: JobEnv, args: dict) -> dict`, in n learners through `launch_learners`: each is
-`python -m asrdist.cluster.netem_launch --function module:name ...` under torch.distributed.run,
-and their results come back by rank. Benches and tests start their learners this way.
-
-A job that survives lost learners (`survive_lost`: adpsgd on one machine) cannot run under
-torch's agent: an agent stops all its learners when one fails, an agent per learner waits 300 s
-in its exit barrier for a failed peer's agent (not settable from torchrun's command line), and the
-learners' c10d store lives in agent 0 (torch 2.13). Here the launcher is the agent: it hosts the
-job's TCPStore, starts each learner as its own process with the environment torchrun gives it
-(every learner a client of that store: TORCHELASTIC_USE_AGENT_STORE), and the supervisor watches
-them itself (`Survival`): a learner that fails or that its peers declared lost (hung) is reported
-in one line and recorded in the store; the job succeeds when at least one learner finishes.
-"""
+`launch_learners(module, args, n, report_dir, ...)` runs torchrun's own main for n learners, one
+agent per host with `nodes=A` (on an `EmulatedNetwork` or loopback); `run_learners` runs a learner
+function `module.name(env, args) -> dict` in n learners and returns their results by rank. A job
+that survives lost learners (`survive_lost`) runs without torch's agent: the launcher hosts the
+store and the supervisor watches each learner (`Survival`). How and why:
+docs/process-groups.md#one-launch-path."""
 from __future__ import annotations
 
 import contextlib

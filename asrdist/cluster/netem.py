@@ -1,26 +1,10 @@
 """An emulated cluster network on one machine: Linux network namespaces, veth links, a bridge, tc.
 
-Loopback measures memory copies, not networks (DESIGN.md §5.8). `EmulatedNetwork(n)` builds n
-"hosts", each a network namespace with one NIC (`eth0`) whose link to a switch is capped with `tc`
-(default 1 Gbit/s and 0.1 ms; a CPU learner is ~100x slower than a V100, so this is the seeds'
-100 Gbit/s Ethernet scaled alike). Topology:
-
-    [ns n0: lo, eth0 10.213.0.1] --veth p0--+
-    [ns n1: lo, eth0 10.213.0.2] --veth p1--+-- br0 in ns "sw" (the switch)
-    ...
-
-Every link is shaped in both directions: egress of the node's eth0 (host -> switch) and egress of
-the switch port pN (switch -> host), each a `tbf` rate cap with a `netem` delay under it when the
-kernel has netem. Nothing is created or changed in the root namespace; names carry the creator's
-pid and a random suffix, so parallel runs never clash, and `cleanup_stale()` removes leftovers of
-dead creators. Namespaces, links and the processes started in them are removed on normal exit,
-on exceptions, on SIGINT/SIGTERM and at interpreter exit.
-
-Learners are launched on it by `asrdist.cluster.launcher` (`launch_learners`, `run_learners`):
-one `torch.distributed.run` agent per host, started inside the host's namespace with
-GLOO_SOCKET_IFNAME=eth0, exactly the torchrun command of a real cluster, where
-GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME names the cluster NIC.
-"""
+`EmulatedNetwork(n)` builds n "hosts", each a network namespace with one NIC (`eth0`) linked to a
+switch namespace, every link rate-capped (`tbf`) and delayed (`netem`) in both directions; nothing
+is changed in the root namespace, everything is removed on exit, exceptions and signals, and
+`cleanup_stale()` removes dead creators' leftovers. The topology and why:
+docs/clusters.md#how-the-emulated-network-is-built-clusternetempy."""
 from __future__ import annotations
 
 import atexit

@@ -1,23 +1,11 @@
 """The learner side of `asrdist.cluster.launcher.run_learners`, and an allreduce timing on it.
 
-Under torch.distributed.run (which `run_learners` starts through `launch_learners`, and which is
-torchrun on a cluster), `python -m asrdist.cluster.netem_launch --function MODULE:NAME --args JSON
---result-dir DIR` is one learner: it reads torchrun's environment (`JobEnv.from_environ`), calls
-`MODULE.NAME(env, args) -> dict` and writes the dict to DIR/result<RANK>.json (printed without
---result-dir). A function that raises writes `failed-rank-RANK.txt` into DIR (its one line, then
-the traceback), prints `asrdist: error: learner rank RANK: ...` and exits 1: the supervisor turns
-it into one TrainingError line naming that rank.
-
-Run as a script it measures an allreduce, e.g. the 46M-parameter gradient on 4 learners:
-
-    python -m asrdist.cluster.netem_launch --learners 4 --network 1gbit --floats 46000000
-
-The same learner functions run under torchrun on a real cluster (one command per host, R = 0..A-1):
-
-    GLOO_SOCKET_IFNAME=<cluster NIC> torchrun --nnodes A --nproc-per-node B --node-rank R \
-        --master-addr HOST0 --master-port 29500 -m asrdist.cluster.netem_launch \
-        --function asrdist.cluster.netem_launch:allreduce_timing --args '{"floats": 46000000}'
-"""
+`python -m asrdist.cluster.netem_launch --function MODULE:NAME --args JSON --result-dir DIR`,
+under torch.distributed.run (or torchrun on a cluster), is one learner: it calls
+`MODULE.NAME(env, args) -> dict` and writes DIR/result<RANK>.json, or `failed-rank-RANK.txt` when
+the function raises. Run as a script (`--learners 4 --network 1gbit --floats 46000000`) it times an
+allreduce. Details: docs/process-groups.md#one-launch-path; the torchrun command of a real
+cluster: docs/clusters.md#how-asrdist-starts-learners."""
 from __future__ import annotations
 
 import argparse

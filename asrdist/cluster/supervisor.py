@@ -1,21 +1,10 @@
 """asrdist's supervisor around the launcher agents (`torch.distributed.run`, one per host) or,
 for a job that survives lost learners, around the learners themselves (`Survival`).
 
-- A learner that fails records it (`asrdist.cluster.failures.record_failure`: torch's error file
-  and `failed-rank-R.txt` in the report directory); the agents hand over torch's failure records
-  (`LearnerExit`), and a failed job becomes one `TrainingError` line naming the learner that failed
-  first (`failure_message`). Everything the agents print on stderr goes to
-  `launcher.log` in the report directory; the terminal gets the learners' own output without
-  torch's launcher tracebacks. A job that outlives its deadline is a `JobTimedOut`.
-- SIGTERM, SIGINT or SIGHUP to this process stops every agent (they stop their learners) and
-  becomes one line; agents die with this process even when it is SIGKILLed (PR_SET_PDEATHSIG), and
-  so do learners with their agent (they set it for themselves).
-- A stopped learner (SIGSTOP: alive, silent, deaf to the agent's SIGTERM) is killed by the
-  supervisor `SHUTDOWN_GRACE_S` after a peer reported its failure (`_StoppedLearners`): torch 2.13's
-  agent stops a failed group with a fixed 30 s grace (`_stop_workers` ignores
-  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which only its other shutdowns honour), so a hang took its
-  timeout + 30 s to report.
-"""
+A failed job becomes one `TrainingError` line naming the learner that failed first (from torch's
+failure records), a job past its deadline a `JobTimedOut`; SIGTERM, SIGINT or SIGHUP stop every
+agent and learner; a stopped (SIGSTOP) learner is killed `SHUTDOWN_GRACE_S` after a peer reported
+it. Details: docs/reliability.md#how-the-supervisor-does-it-clustersupervisorpy."""
 from __future__ import annotations
 
 import json

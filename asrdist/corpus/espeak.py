@@ -1,31 +1,10 @@
 """espeak-ng through libespeak-ng's C API (ctypes), with phoneme events at exact sample positions.
 
-The library runs in AUDIO_OUTPUT_SYNCHRONOUS mode with `espeakINITIALIZE_PHONEME_EVENTS`: the synth
-callback receives the audio and, for every phoneme, an `espeakEVENT_PHONEME` event whose `sample`
-field is the sample index where that phoneme starts (22050 Hz). A phoneme ends where the next
-event starts, so the alignment is exact, not estimated.
-
-Determinism: libespeak-ng keeps state across calls (glottal-cycle phase, flutter index, gain
-control, libc `rand()` noise), so synthesizing the same text twice in one process gives slightly
-different audio. Every state-changing call therefore runs in a child forked from a process whose
-library has been initialized and never used: each utterance starts from the same state, whatever
-ran before it in that process and however utterances are spread over workers.
-
-Phone mapping, espeak en-us mnemonic -> ARPAbet (stress dropped). A compound maps to two phones
-that split its duration 60/40 (e.g. `A@` "car" -> aa r):
-
-    pauses _ _: _! _| _;_ _^_ || ............ sil
-    3 3: -> er     @ @2 @5 @# @- a# V -> ah    a aa a2 a#2 -> ae    A: 0 0# 02 O2 A# A~ -> aa
-    O O: o: O~ -> ao    E E# E2 e# -> eh    I I2 I# I2# -> ih    i i: -> iy    U -> uh
-    u: -> uw    aU -> aw    oU oU# -> ow    aI -> ay    eI e: -> ey    OI -> oy
-    A@ -> aa r    O@ o@ -> ao r    e@ -> eh r    i@3 IR -> ih r    VR -> ah r    U@ -> uh r
-    i@ -> iy ah    aI@ aI3 -> ay er    aU@ -> aw er    @L -> ah l
-    p b t d k g f v s z m n l r w -> same    T -> th    D -> dh    S -> sh    Z -> zh
-    h -> hh    N -> ng    j -> y    tS -> ch    dZ -> jh
-    t# (flap) t2 ? (glottal stop) -> t    d# -> d    z# z/2 -> z    l/ l/2 -> l
-    r- r/ -> r    w# -> w    n- -> n    m- -> m
-    ; (linking glide after an i vowel, not a phoneme of its own) -> merged into the phone before
-"""
+Every phoneme's `espeakEVENT_PHONEME` event carries the sample where it starts, so the alignment
+is exact; each utterance is synthesized in a child forked from a freshly initialized library, so
+the same text gives the same audio whatever ran before. espeak's en-us mnemonics map to ARPAbet
+by `ESPEAK_TO_ARPABET` (a compound splits its duration 60/40). Why, and the mapping as a table:
+docs/data.md#espeak-ngs-exact-alignments-corpusespeakpy."""
 from __future__ import annotations
 
 import ctypes

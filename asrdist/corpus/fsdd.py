@@ -1,19 +1,9 @@
 """The Free Spoken Digit Dataset (FSDD) as an asrdist corpus: real speech, one digit per file.
 
-Recordings are `{digit}_{speaker}_{take}.wav` (8 kHz mono) in the checkout's `recordings/`; the
-same names with another audio suffix (`.flac`, `.mp3`, ...) are read too, other audio files are
-named in one note and left out, and a multi-channel recording needs `--channel K`.
-The corpus has the synthetic corpus' layout (`phones.txt`, `summary.json`, `train/`, `valid/`,
-`test/` Kaldi data directories; transcript = the digit word; no alignments; `lexicon.txt` with the
-digits' pronunciations, for phone targets and `asrdist align`) and holds its own
-copy of the audio (`SPLIT/wav/UTT.wav`, paths relative to the split), resampled on request.
-
-Splits:
-- `speaker` (default): one whole speaker is the test set (the last by name, or `--test-speaker`);
-  takes 5-9 of every other speaker are `valid`, the rest `train`. Speaker-independent.
-- `official`: the dataset's own convention, takes 0-4 of everyone are `test`; takes 5-9 `valid`.
-Any checkout works: speakers and takes are discovered from the file names.
-"""
+Recordings `{digit}_{speaker}_{take}` (8 kHz mono, any audio format asrdist reads) become a corpus
+of the synthetic corpus' layout with its own copy of the audio and the digits' lexicon. Splits:
+`speaker` (default: one whole speaker is the test set) or `official` (takes 0-4 of everyone).
+Details: docs/data.md#fsdd-as-a-corpus-corpusfsddpy."""
 from __future__ import annotations
 
 import json

@@ -1,21 +1,10 @@
 """Import a Kaldi data directory as an asrdist split directory (`export_kaldi` writes one back).
 
-Import reads `wav.scp` (paths of audio files, `asrdist.io.audio.READABLE`, relative ones tried
-against SRC, then the current directory; Kaldi's command pipes `CMD |`, run by the shell in the
-current directory as Kaldi runs them; or WAVs in a Kaldi archive, `wav.ark:OFFSET`, read by
-kaldiio; the audio of the last two stored as OUT/audio/REC.wav), `segments` (times kept to the
-millisecond; an end up to 0.5 s after the recording is cut at its end, as Kaldi does), `text`,
-`utt2spk`, optional `feats.scp` and optional alignments (int phone ids per 10 ms frame: a Kaldi
-int-vector `.scp`, a binary or text `.ark`, or text `utt id id ...`). With `sample_rate`, audio at
-another rate is resampled, and with `channel` the channel of multi-channel audio is taken; either
-copy is stored as OUT/audio/REC.wav too, so the corpus is plain mono audio at one rate.
-Every utterance is checked: audio readable and in the corpus' sample rate, transcript present and
-UTF-8, alignment ids below the size of `phones.txt` (SRC's, or asrdist's table) and alignment /
-feature lengths against the audio's `num_frames` (a difference of one edge frame is tolerated;
-exactly two frames short is Kaldi's `snip_edges=true` framing, padded by repeating the first and
-last frame once so every asrdist stage shares the `snip_edges=false` frames).
-Audio files are referenced by absolute path, not copied. Imported features go into the feature store.
-"""
+Import reads `wav.scp` (audio files, command pipes, or a Kaldi archive), `segments`, `text`,
+`utt2spk`, optional `feats.scp` and alignments, resamples or takes one channel on request, and
+checks every utterance (audio, transcript, alignment ids and lengths; Kaldi's `snip_edges=true`
+frames padded to asrdist's). What it reads and checks:
+docs/data.md#what-import-kaldi-reads-and-checks-corpusimport_kaldipy."""
 from __future__ import annotations
 
 import json

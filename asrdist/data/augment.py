@@ -1,31 +1,13 @@
 """Data augmentation for speaker generalisation, switched on in the recipe's `data` section.
 
-1. Speed perturbation (Ko et al. 2015, Kaldi's `perturb_data_dir_speed.sh`): for each factor s in
-   `data.speed_perturb` other than 1.0, a copy `sp{s}-UTT` of every training utterance whose audio is
-   resampled to last 1/s as long (pitch and tempo change together); its speaker is `sp{s}-SPK`.
-2. Additive noise (`data.noise_snr`): pink (1/f) Gaussian noise at the given SNR over the whole
-   utterance, drawn per copy from the run's seed, on every copy of step 1 plus one copy `noise-UTT` at
-   speed 1.0. Originals stay clean.
-3. SpecAugment masks (Park et al. 2019; `data.time_masks`, `data.freq_masks`): zeroed (= the CMVN
-   mean) bands of filterbank bins and runs of frames, drawn per training batch from the sampler's
-   (seed, epoch, rank, batch) stream, so a resumed run sees the same masks. Spliced DNN frames get
-   frequency masks only.
-4. Edge cropping (`data.edge_crop` = p, CTC utterances only): with probability p an utterance loses
-   a random part of its leading and of its trailing quiet frames (those before the first / after
-   the last frame louder than halfway between its quietest and loudest, mean over bins), as if
-   recorded with tighter end-pointing; drawn from the same stream. Models trained on recordings
-   with long silences otherwise fail on tightly cut ones (FSDD's speaker nicolas).
-5. Vocal tract length perturbation (Jaitly & Hinton 2013; `data.freq_warp` = w): each training
-   utterance (chunk, spliced frame) is read from its filterbank as if every frequency f had been
-   f / a, a drawn uniformly from [1 - w, 1 + w] (linear interpolation between the bins, the edge
-   bins repeated beyond the band): a longer or shorter vocal tract than any training speaker's, at
-   any factor, where speed perturbation gives three. Same stream.
-
-Copies of steps 1-2 (`asrdist.features.augment`) are made once, from the audio, with the corpus' own filterbank and CMVN settings
-(per-copy-speaker statistics under speaker CMVN, the training split's under global), into
-`train/augmented/KEY/` (a feature store, KEY = the settings), and are reused by later runs. Frame
-labels of a copy are the original's stretched to its length; transcripts are the original's.
-"""
+1. Speed perturbation (Ko et al. 2015; `data.speed_perturb`): resampled copies `sp{s}-UTT`.
+2. Additive pink noise at `data.noise_snr` on every copy, plus a noisy copy at speed 1.0.
+3. SpecAugment masks (Park et al. 2019; `data.time_masks`, `data.freq_masks`), per batch.
+4. Edge cropping (`data.edge_crop`, CTC): part of the leading and trailing quiet frames cut off.
+5. Vocal tract length perturbation (Jaitly & Hinton 2013; `data.freq_warp`), per utterance.
+Copies of 1-2 are made once into `train/augmented/KEY/`; 3-5 are drawn from the sampler's
+(seed, epoch, rank, batch) stream, so a resumed run sees the same. Each step in full:
+docs/data.md#how-each-augmentation-is-made-dataaugmentpy."""
 from __future__ import annotations
 
 from dataclasses import dataclass

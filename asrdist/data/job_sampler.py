@@ -1,28 +1,10 @@
 """Epochs that belong to the job, not to each learner (for strategies that are not lock-step).
 
-Every learner holds the same seeded order of the whole corpus's minibatches (a one-rank sampler
-at the learner's own minibatch size) and claims the next unclaimed one with the job store's atomic
-`add`, so a fast learner trains on more minibatches than a slow one and the epoch ends, for
-everyone, when the order is used up. Nothing is negotiated beyond one counter per epoch; the
-store is torch.distributed's c10d store (a HashStore for one learner).
-
-The learning-rate clock follows the job: after claiming minibatch k of an epoch, the job has
-consumed k + 1 local minibatches, i.e. (k + 1) / n minibatches of the configured global size.
-A job epoch resumes from its start (the claims of an interrupted epoch are not recorded).
-
-With `group_size` g > 1 (hierarchical strategies: a node's learners allreduce every step, so they
-must step together) a claim takes g consecutive minibatches, one per member: the group's first
-learner claims and publishes the claim under a per-group, per-step key, the others read it.
-
-A job that goes on without lost learners (`lost_ranks` set: survival mode) keeps, per learner, what
-it holds of the epoch (`holding/<rank>`: epoch, the unit it trains now or -1 once done with the
-order, units it finished) and the units it finished (`epoch/<e>/done/<rank>`, appended to): two
-store writes per claim. Once every live group is done, a unit in nobody's finished record was held
-by a lost learner (even one claimed an instant before it died, before its holding was written). A group done with the order waits until every
-other group is done too or lost (at most `wait_seconds`), meanwhile claiming again (once each,
-job-wide) the units the lost learners held unfinished and training them in this epoch;
-`lost_shares` tells the epoch's record what the lost learners finished and what was left over.
-"""
+Every learner holds the same seeded order of the corpus's minibatches and claims the next
+unclaimed one with the job store's atomic `add`, so a fast learner trains on more of them and the
+epoch ends when the order is used up; the learning-rate clock follows the job. A group of g
+learners claims g at once; in survival mode (`lost_ranks`) the units a lost learner held are
+claimed again. How: docs/data.md#epochs-that-belong-to-the-job-datajob_samplerpy."""
 from __future__ import annotations
 
 import time

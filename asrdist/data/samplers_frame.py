@@ -1,19 +1,12 @@
 """Frame-level randomized minibatches with spliced context, for DNN acoustic models.
 
-Randomization is CNTK's block randomizer in its simplest form:
-
+CNTK's block randomizer in its simplest form:
 1. shuffle this learner's shard of utterances (RNG of seed, epoch, rank);
 2. cut the shuffled list into windows of `window_utterances` utterances;
-3. load one window into a matrix (each utterance padded with C copies of its edge frames) and
-   shuffle its frames (RNG of seed, epoch, rank, window);
-4. the epoch's frame stream is the windows' shuffled frames one after another; batch k is
-   frames [kB, (k+1)B) of the stream, spliced by one vectorized gather.
-
-Only one window is in memory, so memory is bounded whatever the corpus size. Every frame of the
-shard appears exactly once per epoch, except the stream's tail past len(self) * B: the partial
-last batch, plus whatever a rank holds beyond the smallest shard (all ranks take the same number of
-steps). The tail is different frames every epoch.
-"""
+3. load one window (edge frames padded C times) and shuffle its frames (RNG of ..., window);
+4. batch k is frames [kB, (k+1)B) of the windows' frames in turn, spliced by one gather.
+One window is in memory at a time; every frame appears once per epoch but the stream's tail
+(docs/data.md#frame-minibatches-for-dnns-datasamplers_framepy)."""
 from __future__ import annotations
 
 from typing import Iterator, Mapping, Sequence

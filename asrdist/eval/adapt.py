@@ -2,29 +2,13 @@
 (a linear input network, Neto et al. 1995), fitted to the model's own first-pass hypotheses: the
 neural counterpart of Kaldi's two-pass fMLLR decoding. The model's weights never change.
 
-For each speaker of the split, with x -> A x + b starting at A = I, b = 0:
-1. Decode every utterance of the speaker with the current map (the run's own search).
-2. Take `eval.adapt_steps` Adam steps (`eval.adapt_lr`) on the CTC loss of those hypotheses per
-   input frame, all the speaker's utterances at once, plus `eval.adapt_l2` (|A - I|^2 + |b|^2);
-   utterances whose hypothesis is empty or cannot be aligned to their frames sit the round out.
-3. Repeat from 1 for `eval.adapt_rounds` rounds; the final decoding uses the last map.
-A speaker's map is fitted on that speaker alone, so nothing of one test speaker leaks into another.
-
-A model trained on isolated words and decoding with a vocabulary can instead fit the map by
-information maximisation (`eval.adapt_word_balance` > 0; Krause et al. 2010, and Liang et al. 2020
-for adapting a trained model to unlabelled data): every utterance's posterior q_u over the
-vocabulary words (the CTC probability of each word's token sequences, normalised over the words)
-is made certain (the mean entropy of q_u falls) while the speaker's mean posterior q̄ is held to
-the training transcripts' word frequencies p (+ weight x KL(q̄ ‖ p)). Fitting to the hypotheses
-confirms a confusion the speaker's voice causes ("two" heard as "four" half the time); holding the
-speaker's words to p does not let one word absorb another. It assumes a test speaker says the words
-about as often as the training speakers did, so it is used only for a speaker whose first-pass
-word counts are implausible under p (a G-test, 2n KL(counts/n ‖ p) against chi-squared with W - 1
-degrees of freedom, at 1%), and its fit is kept only if it changes at most `_MOST_CHANGED` of the
-speaker's first-pass words. Otherwise (a few files of one word, a speaker the first pass already
-hears in the training proportions, a speaker who says only some of the words) the speaker is
-fitted to its hypotheses as before.
-"""
+For each speaker, with x -> A x + b starting at the identity:
+1. decode the speaker's utterances with the current map;
+2. take `eval.adapt_steps` Adam steps on the CTC loss of those hypotheses plus `eval.adapt_l2`;
+3. repeat for `eval.adapt_rounds` rounds; the final decoding uses the last map.
+With `eval.adapt_word_balance` > 0 the map is fitted by information maximisation instead (Krause
+et al. 2010), for speakers whose first-pass word counts fail a G-test. The steps in full, and when
+word balance is used: docs/evaluation.md#the-algorithm-evaladaptpy."""
 from __future__ import annotations
 
 import sys

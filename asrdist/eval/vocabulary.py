@@ -1,24 +1,13 @@
 """Word-constrained CTC decoding: hypotheses made only of vocabulary words (`eval.vocabulary`).
 
-The vocabulary is the training transcripts' words (`train`), a word list or lexicon file (first
-field of each line), or off (`none`). The search is CTC prefix beam search (as `ctc_beam_decode`)
-whose prefixes walk a trie of the words' token sequences:
-1. A prefix is a token sequence and its trie node(s); it may be extended only by a child of a
-   node, or, when a node ends a word, by the word separator (the space of a character model),
-   which returns to the root (without a separator: by a child of the root). Each prefix keeps
-   log P(its paths end in blank) and log P(end in its last token).
-2. Per frame every prefix stays (blank, or its last token repeated) or extends; equal prefixes merge
-   by log-sum; the `beam` most probable survive, plus the best prefix ending on a whole word
-   when none of them does (so a narrow beam still ends on words).
-3. At the end the most probable token sequence among the prefixes that end on a whole word wins;
-   none surviving gives [].
-With a beam covering every prefix this is the exact most probable word sequence (tested against
-brute force), the grammar decoding of Kaldi's digit recipes, scored by the CTC model alone.
-
-A character model spells the words; a phone model pronounces them, by a lexicon (every
-pronunciation of a word is a path of the trie), and its hypothesis is read back as the fewest
-vocabulary words whose pronunciations make it (homophones read as the first of them).
-"""
+The vocabulary is the training transcripts' words (`train`), a word list or lexicon file, or off
+(`none`). The search is CTC prefix beam search whose prefixes walk a trie of the words' tokens:
+1. a prefix extends only by a child of its trie node, or by the word separator at a word's end;
+2. per frame prefixes stay or extend, equal ones merge, the `beam` best survive (plus the best
+   ending on a whole word);
+3. the most probable prefix ending on a whole word wins.
+A phone model's hypothesis is read back as the fewest words whose pronunciations make it. The
+steps in full: docs/evaluation.md#the-word-constrained-search-evalvocabularypy."""
 from __future__ import annotations
 
 import math

@@ -1,34 +1,10 @@
 """The feature store: per-utterance float32 matrices in memory-mapped shards, for random access.
 
-Layout of `SPLIT/feats/` (format version 1):
-
-- `meta.json`: `{"version": 1, "dim", "num_mel_bins", "cmvn", "sample_rate", "frame_shift"
-  (seconds), "num_utterances", "total_frames", "num_shards", "skipped", ...}`.
-- `index.tsv`: one line per utterance, sorted by id: `utt_id<TAB>shard<TAB>offset<TAB>frames`;
-  `offset` and `frames` count rows of the shard. `meta.json`'s `source` (see `source_record`) is
-  what the features were computed from; a split that no longer matches it has a stale store.
-- `shard-00000.f32`, ...: raw little-endian float32 rows of `dim` values, utterances back to back,
-  no header (`np.memmap(path, "<f4", "r").reshape(-1, dim)`). A shard closes once it passes
-  `SHARD_BYTES`, so one utterance never spans two shards.
-- `cmvn.json`: the normalization statistics applied (see `asrdist.features.cmvn`).
-- `feats.scp` / `feats.ark`: optional Kaldi copy (`asrdist features --export-kaldi`).
-
-Readers open shards read-only and lazily, so many learner processes share one page cache.
-Opening a store checks it without reading any features: `meta.json` present and consistent with
-the index, every shard a whole number of rows, and the index's rows tiling each shard exactly (no
-row read for two utterances, none for nobody), so a damaged or edited index is an error naming
-the file and the utterance instead of training on the wrong frames. Reading an utterance checks
-its values once (NaN or infinity from a damaged shard is an error naming shard and utterance).
-`check_frames` compares the frame counts with a corpus' alignments.
-A store is never rewritten under a reader: a command that reads a split's features (`asrdist
-train`, `decode`, `align`) holds a shared lock on the split directory for as long as it runs
-(`hold_for_reading`; the lock goes with the process however it ends), and writing the split's
-features (`asrdist features`, or a recipe asking for other settings) takes it exclusively, or is
-refused with one line while another command reads them (`rewriting`).
-Frame counts follow `asrdist.io.audio.num_frames`. An alignment may differ from its
-features by at most one (edge) frame; the store never changes alignments, readers use
-`min(len(features), len(alignment))` frames.
-"""
+`SPLIT/feats/` holds `meta.json`, `index.tsv` (utterance, shard, offset, frames) and raw float32
+shards. Readers open shards read-only and lazily; opening a store checks it without reading
+features, reading an utterance checks its values, and a store is never rewritten under a reader
+(`hold_for_reading`, `rewriting`). The layout and the checks:
+docs/data.md#the-feature-store-featuresstorepy."""
 from __future__ import annotations
 
 import contextlib

@@ -1,29 +1,12 @@
 """AdaGrad as CNTK implements it for 1-bit SGD (Seide et al. 2014; CNTK `Matrix::Adagrad`).
 
 Per parameter tensor ("matrix") and minibatch, with G its gradient and A its running sum:
-1. G <- G + weight_decay * W                 (L2, folded into the gradient first; 0 = off)
-2. A <- A + G * G                             (elementwise)
-3. m <- 1 / sqrt(A + 1e-16)                   (per-element multiplier)
-4. U <- G * m / mean(m)                       CNTK returns mean(m) ("aveMultiplier") and scales the
-                                              learning rate by 1/mean(m): the effective per-matrix
-                                              lr = lr / mean(m), so the multipliers average to 1 and
-                                              `lr` keeps plain SGD's scale.
-5. optional momentum on U: B <- mu * B + U; U <- B (or U + mu * B with nesterov)
-6. W <- W - lr * U
-
-CNTK has no momentum on this path; it is an extension here (0 reproduces CNTK exactly).
-
-An option, `skip_unseen=True` (default False, CNTK's literal mean): mean(m) runs over the elements whose
-gradient has been non-zero at least once (A > 0). An element whose gradient has always been exactly
-0 has m = 1e8 under CNTK's mean, which drags mean(m) up and shrinks the step of its whole matrix by
-orders of magnitude. CNTK's DNNs were sigmoid, whose gradients are never exactly 0; a ReLU DNN
-has dead units every minibatch (in the default DNN about 10% of the deeper layers' weight
-gradients are exact zeros), and with CNTK's mean AdaGrad stalls on it. Such an element's own
-update is 0 either way; when every element has seen a gradient the two means are identical.
-Note also the scale: updates are G·m/mean(m), and mean(m) is dominated by the elements with the
-smallest gradients, so a typical element moves several times less than under plain SGD at the
-same `lr` (on the default DNN, lr 3.0 trains about as fast as SGD at 0.1 with momentum 0.9).
-"""
+1. G <- G + weight_decay * W;  2. A <- A + G * G;  3. m <- 1 / sqrt(A + 1e-16);
+4. U <- G * m / mean(m) (CNTK's "aveMultiplier": `lr` keeps plain SGD's scale);
+5. optional momentum on U (an extension: 0 reproduces CNTK exactly);  6. W <- W - lr * U.
+`skip_unseen=True` takes mean(m) over the elements that have had a non-zero gradient, where CNTK's
+literal mean stalls a ReLU DNN. Why, and the scale of `lr`:
+docs/optimizers.md#adagrad-as-cntk-has-it-optimadagradpy."""
 from __future__ import annotations
 
 from typing import Callable, Iterable

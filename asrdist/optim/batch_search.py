@@ -1,22 +1,13 @@
 """Automatic minibatch-size search at an epoch start (Seide et al. 2014; CNTK's
 `SGD::SearchForBestMinibatchSize`; DESIGN.md §5.2).
 
-1. Trial sizes: `base_size`, then base x sqrt(2)^k rounded to the nearest multiple of 64, for as
-   long as base x sqrt(2)^k <= 2 x the previous epoch's size (sizes that round to a repeat or
-   beyond that limit are skipped).
-2. Each trial restores the epoch-start state (model, optimizer, strategy residuals, RNG), trains
-   the same budget of frames of the epoch at the trial size (round(budget / size) minibatches,
-   at least one: as CNTK, which trains every trial on the same number of samples, so a larger
-   size is not judged on more data) and reports their mean loss per frame;
-   `train_minibatches(size) -> loss` does both (`EpochStartTrials`), the search only chooses.
-3. The first trial's loss is the base loss. Trials go on while a loss stays <= 1.01 x the base
-   loss; the first one above it (or not finite) ends the search, as in CNTK.
-4. The result is the largest size that passed. The caller restores the epoch-start state once
-   more and trains the epoch at that size.
-
-A larger minibatch means fewer model updates per epoch and, for 1-bit SGD, proportionally less
-communication; the search takes the largest that does not hurt the objective.
-"""
+1. Trial sizes: `base_size`, then base x sqrt(2)^k rounded to multiples of 64, up to 2 x the
+   previous epoch's size.
+2. Each trial restores the epoch-start state and trains the same budget of frames at its size
+   (`train_minibatches(size) -> loss`, `EpochStartTrials`); the search only chooses.
+3. Trials go on while a loss stays <= 1.01 x the first trial's; the first above it ends the search.
+4. The result is the largest size that passed.
+In full: docs/optimizers.md#the-minibatch-size-search-optimbatch_searchpy."""
 from __future__ import annotations
 
 import copy

@@ -1,19 +1,10 @@
 """Kaldi's max-change: cap how far one minibatch may move each layer and the whole model.
 
-Per layer, the Frobenius norm of the change lr·g (all of the layer's parameters together) is
-capped at `hidden` (0.75) for hidden layers and `output` (1.5) for the output layer; then the norm
-of the whole model's (already capped) change is capped at `total` (2.0). Capping scales the
-gradients in place, so `clip_change` goes between `loss.backward()` (and the strategy's gradient
-communication) and `optimizer.step()` of plain SGD.
-
-With momentum μ underneath, the cap applies to this minibatch's contribution lr·g, which then
-enters the momentum buffer; that equals the parameter change exactly when μ = 0, the setting of
-Kaldi's NG-SGD recipes.
-
-A "layer" is a module owning parameters directly (`recurse=False`): each `nn.Linear` (natural-
-gradient or not), an `nn.LSTM` as a whole, etc. The output layer is the last `nn.Linear` in
-`model.modules()` order unless `output_layer` names another module.
-"""
+Per layer the norm of the change lr·g is capped at `hidden` (0.75) or, for the output layer,
+`output` (1.5), then the whole model's at `total` (2.0), by scaling the gradients in place:
+`clip_change` goes between backward (and the strategy's communication) and `optimizer.step()`.
+With momentum the cap applies to this minibatch's contribution. What a layer is, and which is the
+output layer: docs/optimizers.md#kaldis-max-change-optimmax_changepy."""
 from __future__ import annotations
 
 import math

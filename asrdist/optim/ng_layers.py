@@ -1,27 +1,11 @@
 """Natural-gradient affine layers (Kaldi's NaturalGradientAffineComponent) for any PyTorch model.
 
-`NaturalGradientLinear` is an `nn.Linear` (same parameters, forward and state_dict) whose backward
-replaces the weight and bias gradient by s_in·s_out·X̂_outᵀ X̂_in: X_in are the layer's inputs with
-a column of ones appended for the bias, preconditioned by an `OnlineNaturalGradient` of dim
-D_in+1 and rank min(20, (D_in+1)//2); X_out are the derivatives w.r.t. the outputs, preconditioned
-by one of dim D_out and rank min(80, (D_out+1)//2); s_in, s_out are their norm-preserving γ. The
-input gradient is the plain one. The gradient lands in `p.grad` through autograd, so DDP hooks and
-every strategy (which only touch `p.grad` after backward) see it like any other gradient.
-
-X̂_in is computed in the forward pass (it needs only the activations, and they are still in cache
-then), so the input preconditioner's statistics advance at forward time, the output one's at
-backward time. The column of ones is never built: the preconditioner takes it analytically
-(`OnlineNaturalGradient.precondition_with_ones`) and returns X̂_in's bias column apart.
-
-`apply_natural_gradient(model)` swaps every `nn.Linear` in place, keeping the same Parameter
-objects (an optimizer built before the swap stays valid). `nn.LSTM`'s fused kernel hides its
-affine maps, so `AffineLSTM` below is an LSTM made of `nn.Linear` maps that the swap reaches;
-`apply_natural_gradient(model, convert_lstm=True)` replaces unidirectional or bidirectional
-batch-first `nn.LSTM`s by it (with the same weights). Preconditioner statistics only update while
-the layer is in training mode; each layer's preconditioner state can be saved for exact resume
-with `natural_gradient_state` / `load_natural_gradient_state` (it is kept out of state_dict so
-checkpoints stay loadable into plain models).
-"""
+`NaturalGradientLinear` is an `nn.Linear` whose backward replaces the weight and bias gradient by
+s_in·s_out·X̂_outᵀ X̂_in, its inputs (with the bias column) and output derivatives preconditioned by
+an `OnlineNaturalGradient` each; the gradient lands in `p.grad`, so every strategy sees it as any
+other. `apply_natural_gradient(model)` swaps every `nn.Linear` in place (`convert_lstm=True`: LSTMs
+too, as `AffineLSTM`); `natural_gradient_state` / `load_natural_gradient_state` save the
+preconditioners for exact resume. Details: docs/optimizers.md#natural-gradient-layers-optimng_layerspy."""
 from __future__ import annotations
 
 from typing import Any

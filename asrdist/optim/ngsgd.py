@@ -1,41 +1,15 @@
 """Online natural-gradient preconditioner (Povey, Zhang & Khudanpur 2015; Kaldi nnet3's
 `OnlineNaturalGradient`).
 
-It keeps a low-rank-plus-identity estimate of the scatter (Fisher) matrix of the row vectors it is
-given, F = Rᵀ D R + ρ I (R: rank×dim with orthonormal rows, D diagonal), and multiplies each
-minibatch X (N×dim) by the inverse of F smoothed with the identity. Per minibatch (DESIGN.md §5.3):
-
-1. η = 1 − exp(−N / num_samples_history), at most 0.9.
-2. T = η XᵀX/N + (1−η) F;  Y = R T;  Z = Y Yᵀ (rank×rank, float64);  Z = U C Uᵀ (C descending).
-3. R ← C^{-½} Uᵀ Y;  D ← C^{½} − ρ' I;
-   ρ' = [η tr(XᵀX)/N + (1−η)(dim·ρ + tr D) − tr C^{½}] / (dim − rank).
-   Floors: C ≥ (ρ(1−η))²; ρ and D ≥ max(1e-10, 5e-4·max √c). R is re-orthogonalized (Cholesky of
-   R Rᵀ) when cond(C) > 1e6 or the floor on C was hit (as in Kaldi: the floors on ρ and D do not
-   enter R, so they cannot spoil its orthonormality).
-4. Identity smoothing: β = ρ(1+α) + (α/dim) tr D;  e_ii = 1/(β/d_ii + 1);  W = E^{½} R, so that
-   X − X Wᵀ W = β X G⁻¹ with G = F + (α/dim) tr(F) I.
-5. X̂ = X − (X Wᵀ) W, rescaled by γ = sqrt(tr(XXᵀ)/tr(X̂X̂ᵀ)) so its norm equals the raw one.
-6. Steps 2–3 (the statistics update) run on the first 10 minibatches, then every `update_period`.
-
-X is always preconditioned with the current F (before the update), as in Kaldi. A layer's inputs
-with their bias column, [x, 1], are preconditioned without materializing the column of ones
-(`precondition_with_ones`): it enters H = X Wᵀ as a broadcast row, Hᵀ X as the column sums of H.
-Like Kaldi we store W = E^{½} R rather than R, so a minibatch costs two thin matmuls (N×dim×rank) and an update
-one more plus rank×rank×dim work; Z is assembled from J = Hᵀ X, K = J Jᵀ and L = Hᵀ H (H = X Wᵀ).
-
-Two implementations compute these values: this module's Python, the specification, and the
-compiled kernel asrdist/native/ngsgd_kernel.cpp, which spares the per-operation dispatch (at width
-512 it cost as much as the arithmetic). The kernel matches Python bit for bit in float64 and to
-float32 rounding on float32 CPU tensors, where it calls BLAS directly. `kernel="auto"` (the
-default) takes the compiled one where it builds and falls back to Python with one warning;
-"native" insists, "python" never builds it.
-
-Initialization (deterministic): R starts as the orthonormal rows of the QR factor of a Gaussian
-(dim×rank) matrix drawn from `torch.Generator().manual_seed(seed)`, D and ρ at 1e-10; then, as in
-Kaldi, three statistics updates on the first minibatch (a few power-method steps towards its top
-eigenvectors) set R, D and ρ before that minibatch is preconditioned. A preconditioner with
-rank 0 (dim 1) is the identity.
-"""
+It keeps a low-rank-plus-identity estimate F = Rᵀ D R + ρ I of the scatter (Fisher) matrix of the
+rows it is given and multiplies each minibatch X by the inverse of F smoothed with the identity:
+1. η = 1 − exp(−N / num_samples_history), at most 0.9;
+2. T = η XᵀX/N + (1−η) F;  Z = (R T)(R T)ᵀ = U C Uᵀ;
+3. R ← C^{-½} Uᵀ R T;  D ← C^{½} − ρ' I (floors on C, ρ and D; re-orthogonalize R if needed);
+4. W = E^{½} R with the identity smoothing E;  5. X̂ = X − (X Wᵀ) W, rescaled to X's norm;
+6. steps 2–3 run on the first 10 minibatches, then every `update_period`.
+`kernel` picks the compiled asrdist/native/ngsgd_kernel.cpp or this Python (the specification).
+The formulas, floors, initialization and costs: docs/optimizers.md#online-natural-gradient-optimngsgdpy."""
 from __future__ import annotations
 
 import math

@@ -1,21 +1,10 @@
 """Learning-rate schedules: a pure function of the global step, so a resumed run is exact.
 
-lr(step) = cfg.lr x scale x batch_scaling x warmup(step) x anneal(epoch) x decay(step), where
-- batch_scaling = 1, G/R or sqrt(G/R) for lr_scaling none | linear | sqrt (G the global batch,
-  R cfg.reference_batch; Goyal et al. 2017 for linear, the IBM ADPSGD recipe);
-- warmup(step) = min(1, (step + 1) / warmup_steps) (linear warmup, 1 when warmup_steps = 0);
-- anneal(epoch) = anneal_factor ** max(0, epoch - E + 1) with epoch counted from 0 (the caller's,
-  else step // steps_per_epoch) and E = anneal_after_epoch: the first E epochs run at the full
-  rate, every later epoch is annealed once more (IBM: x 1/sqrt(2) per epoch late in training);
-  a run whose minibatch size changes between epochs (onebit's auto_batch_size) must pass its
-  epoch, since steps per epoch then vary, and count its steps at the configured size (a
-  minibatch of twice the size is two steps: the trainer's `schedule_step`, a float), so
-  warmup and decay follow the data seen;
-- decay(step) = (final_lr / lr) ** (step / (total_steps - 1)) for decay = geometric, Kaldi's
-  geometric interpolation from the initial to the final learning rate over the whole run (the
-  last step uses final_lr exactly; later steps stay there).
-`scale` multiplies everything, e.g. the number of learners for Kaldi model averaging.
-"""
+lr(step) = cfg.lr x scale x batch_scaling x warmup(step) x anneal(epoch) x decay(step): batch
+scaling none | linear (Goyal et al. 2017) | sqrt, linear warmup, annealing by `anneal_factor` per
+epoch after `anneal_after_epoch` (IBM), and Kaldi's geometric decay to `final_lr`. A run whose
+minibatch size changes passes its epoch and counts steps at the configured size. Each factor:
+docs/optimizers.md#learning-rate-schedules-optimschedulespy."""
 from __future__ import annotations
 
 import math
