@@ -1,47 +1,17 @@
 """`adpsgd`: asynchronous decentralized parallel SGD (Lian et al. 2018; IBM ICASSP 2019,
 Interspeech 2019, ICASSP 2020), DESIGN.md §5.5.
 
-Learners sit on a ring split into a fixed *active* set (even positions) and a fixed *passive* set
-(`asrdist.parallel.topology`): actives start every exchange, passives only answer, whoever asks,
-in arrival order, from a communication thread while their trainer computes. Nobody waits for
-anybody but the partner of the exchange in progress: no barrier or collective inside an epoch.
-
-One exchange between active i and passive j (both sides apply x ← x + (x_other_pre − x_pre)/2):
-1. i takes x_i_pre (its parameters after its last local step) and sends it to j;
-2. on i's request j copies x_j_pre under its parameter lock and sends it back while x_i_pre
-   arrives (the link's two directions at once: an exchange takes one message's time, not two);
-3. each side, once it has the other's, adds (x_other_pre − x_pre)/2 under its lock. Both end at
-   the average of the pre-exchange values plus whatever local step ran meanwhile, so averaging
-   and the local step x ← x − η·g (taken under the same lock, `apply_update`) never lose an
-   update, and the sum of all parameters is preserved exactly by the averaging.
-Partners: `fixed` alternates each active between its two ring neighbours; `random` draws every
-round's partners from a permutation seeded by (strategy.seed, round), so nothing is negotiated.
-`delay_by_one` (an active's steps; IBM ICASSP 2019): x_{k+1} = W_k x_k − η g(x_{k−1}). The
-exchange of x_k runs on the active's communication thread while the trainer computes g(x_k) on
-the unchanged x_k; the update then lands the exchange's half-step first (W_k x_k) and applies the
-gradient held since the previous step, g(x_{k−1}), holding g(x_k) for the next (`apply_update`).
-The first step has no g(x_{−1}) (it only mixes), the last gradient is never applied, and a pause
-(epoch end) lands the exchange in flight before the model is read. Passives already overlap: they
-answer from their thread while they compute, and step with their own current gradient.
-
-While a passive is paused (its trainer checkpoints or validates) it answers by echoing x_i_pre:
-the exchange then changes nothing on either side; an exchange that completes after its pause
-began adds its half when the pause ends. At the end every active says goodbye to every
-passive; when a passive has heard all of them its thread ends, and `finalize` leaves the average
-of all learners (one allreduce) in the model. Transport: torch.distributed point-to-point on one
-gloo group of the strategy's learners (CPU staging on GPUs: NCCL cannot receive from any source).
-
-Lost learners (`asrdist.parallel.membership`; DESIGN.md §8). A gloo pair whose peer died fails at
-once ("Connection closed by peer") and only that pair: the group goes on for everyone else. But a
-gloo operation that times out closes every pair of its group ("Application timeout caused pair
-closure"; both measured on torch 2.13), so in a job that survives losses (`ctx.survive_lost`: the
-launcher supervises every learner) its waits pass the passives' wait of a day instead of the
-timeout (the group itself is built within the timeout, `groups.exchange_group`) and a watchdog reports a
-partner that misses the deadline as hung; the launcher then stops it, which ends the
-wait. An exchange that fails or gets no answer within the timeout marks the partner lost: an active then takes the next live passive on the ring instead, a passive
-stops expecting the lost active's goodbye. Epoch-end metrics and the final average run over the
-survivors the learners agree on. A strategy nested in another (hierarchical) keeps failing fast.
-"""
+Learners sit on a ring of fixed *actives* (even positions), which start every exchange, and
+*passives*, which answer whoever asks from a communication thread while they compute
+(`asrdist.parallel.topology`). No barrier inside an epoch. One exchange between active i and passive j:
+1. i sends x_i_pre (its parameters after its last local step) to j;
+2. j copies x_j_pre under its parameter lock and sends it back while x_i_pre arrives;
+3. each side adds (x_other_pre − x_pre)/2 under its lock (the local step, `apply_update`, takes
+   the same lock: no update is lost, the sum of all parameters is preserved).
+Partners: `fixed` ring neighbours, or `random` per round from (seed, round). `delay_by_one`:
+x_{k+1} = W_k x_k − η g(x_{k−1}). `finalize` leaves the average of all learners.
+Pauses, goodbyes, transport: docs/strategies.md#adpsgd-asynchronous-decentralized-sgd-paralleladpsgdpy;
+lost learners: docs/reliability.md#how-survivors-agree-parallelmembershippy."""
 from __future__ import annotations
 
 import threading

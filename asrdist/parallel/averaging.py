@@ -1,41 +1,17 @@
 """`averaging`: periodic model averaging (Povey, Zhang & Khudanpur 2015; Kaldi's parallel training).
 
-Every learner starts from rank 0's parameters (broadcast at setup), trains alone on its own
-shard (NG-SGD in configs/averaging.yaml, plain SGD as the ablation) and:
-
-1. counts its minibatches, each as `samples_per_step` samples (or, if 0, as many as the first
-   minibatch the trainer reported with `note_samples(n)`): a count every learner keeps identically;
-2. once that count reaches `average_every` samples since the last average, all learners replace
-   their parameters (and floating-point buffers) by the mean over learners, computed by ONE
-   flattened allreduce; learner i contributes w_i·x_i and the sum is divided by Σ w_i;
-3. optional exclusion (`exclude_threshold`): before the average, the learners' mean objectives
-   since the last average (`note_loss(loss)` from the trainer) are shared by a tiny allreduce
-   (n×2 floats); a learner whose objective is worse (higher) than the best by more than the
-   threshold, or non-finite, gets w_i = 0 and simply receives the average of the others (Kaldi's
-   "successful models" rule);
-4. `lr_scale()` returns 1 by default (`scale_lr: false`); see "Learning rate" below. The
-   trainer's schedule supplies the rate and its geometric decay (optim.decay=geometric);
-5. `finalize()` averages once more, so every learner ends with the identical consensus model.
-
-All learners must reach step 2 at the same step, so the decision never uses a learner's own frame
-count, which differs between learners with utterance (CTC) or chunk (LSTM) minibatches, and needs
-no collective. Optimizer state: Kaldi's setup has no momentum; with it, each learner's buffer
-keeps pushing along its own path after an average, and on the default recipe (4 learners,
-Nesterov 0.9) that made one run's loss spike in its second epoch (PER 0.355 against 0.085).
-So by default (`average_momentum: true`) the optimizer's per-parameter tensors (SGD's
-momentum_buffer, AdaGrad's accumulator) join the same allreduce: twice the bytes with momentum,
-nothing more without it. `average_momentum: false` keeps them local, as local SGD often does.
-
-Learning rate. Kaldi gives each of n jobs n × the effective rate because each job has a full-size
-minibatch with a summed objective: averaging n such steps divides every sample's step by n. This
-trainer splits the global batch B instead, and each learner's loss is the MEAN over its B/n
-frames, so a learner's per-frame rate is already lr·n/B = n × the averaged model's lr/B (which is
-sync's): the factor n is built in, and multiplying by n again overshoots n-fold. Check: with
-average_every <= one step, averaging with lr_scale 1 reproduces `sync` (plain SGD, with or
-without momentum: the update is linear and the mean of the local momentum buffers follows sync's),
-while lr_scale n reproduces sync at n × lr. `scale_lr: true` is Kaldi's rule for a fixed
-per-learner batch (data.batch_size grown with n), like optim.lr_scaling=linear.
-"""
+Every learner starts from rank 0's parameters, trains alone on its own shard and:
+1. counts its minibatches, each as `samples_per_step` samples (or the first one's, if 0): a count
+   every learner keeps identically, so all reach step 2 at the same step without a collective;
+2. every `average_every` samples, replaces its parameters (and float buffers, and by default the
+   optimizer's momentum/accumulator: `average_momentum`) by the weighted mean over learners, ONE
+   flattened allreduce; learner i contributes w_i·x_i, the sum divided by Σ w_i;
+3. with `exclude_threshold`, a learner whose mean objective since the last average is worse than
+   the best by more than it (or non-finite) gets w_i = 0 (Kaldi's "successful models" rule);
+4. `lr_scale()` is 1 unless `scale_lr` (the factor n is already in the trainer's split batch);
+5. `finalize()` averages once more: every learner ends with the identical consensus model.
+Why momentum is averaged, and the learning-rate argument:
+docs/strategies.md#averaging-periodic-model-averaging-parallelaveragingpy."""
 from __future__ import annotations
 
 import math

@@ -1,26 +1,12 @@
 """The strategy interface: how the one trainer talks to every data-parallel algorithm.
 
-The trainer calls, per minibatch:
-
-    loss.backward()
-    strategy.after_backward()           # gradient communication (p.grad may be replaced)
-    strategy.apply_update(step_fn)      # the one place parameters change: step_fn() runs
-                                        # max-change, optimizer.step() and zero_grad()
-    strategy.after_step()               # parameter communication (averaging, gossip)
-    strategy.should_stop()              # a strategy may end training early
-
-and wraps every read or write of the learner's state (checkpoint, snapshot, restore, validation)
-in `with strategy.paused():`. On the way out, `close(error)` runs first (also on failure: a
-communication thread stops at once), then, after a successful run, `finalize()`.
-
-`lockstep = True` (sync, onebit, averaging) means every learner takes the same steps in the same
-order: the trainer keeps per-learner samplers and exact resume. A strategy with `lockstep = False`
-(adpsgd) gets epochs that belong to the job (learners claim minibatches from one shared order),
-checkpoints without a barrier, and resume from the last job checkpoint.
-
-A strategy knows nothing of speech: it sees a `torch.nn.Module`, its optimizer and a
-`LearnerContext`.
-"""
+Per minibatch the trainer calls `loss.backward()`, `after_backward()` (gradient communication),
+`apply_update(step_fn)` (the one place parameters change), `after_step()` (parameter
+communication) and `should_stop()`; it wraps every read or write of the learner's state in
+`with strategy.paused():`, and ends with `close(error)`, then `finalize()` after a success.
+`lockstep` says whether every learner takes the same steps (per-learner samplers, exact resume)
+or epochs belong to the job. A strategy knows nothing of speech.
+Details: docs/strategies.md#the-strategy-interface-parallelbasepy."""
 from __future__ import annotations
 
 import threading

@@ -1,21 +1,12 @@
 """Every process group of asrdist is built here, and nowhere else.
 
-torch requires every rank to take part in creating every group (made without
-`use_local_synchronization`), in the same order. Keeping all of them in one module makes that
-order readable in one place: a learner calls, in this order,
-1. `init_job` (the default group over the whole job), then `build_groups` (one group per node,
-   then one per *rail*: the learners with the same place in their node), from
-   `asrdist.cluster.process_group.start_learner`;
-2. at its strategy's `setup`, the strategy's private groups: adpsgd's `exchange_group` (over its
-   learners, or over the node leaders' rails for hierarchical), the rails of a hierarchical
-   allreduce (`build_rails`), onebit's `copy_group`;
-3. during training, only the survivors of a decentralized job build `survivors_group`, which only
-   its members take part in (`use_local_synchronization`).
-
-The job's layout: `group_size` consecutive ranks per node (torchrun's LOCAL_WORLD_SIZE unless
-`train.group_size` says otherwise). `node_ranks` and `rail_ranks` are the one place the rank sets
-of both levels are computed.
-"""
+torch requires every rank to create every group in the same order; a learner calls:
+1. `init_job` (the whole job), then `build_groups` (one group per node, then one per *rail*);
+2. at its strategy's `setup`, the strategy's private groups (`exchange_group`, `build_rails`,
+   onebit's `copy_group`);
+3. during training, only the survivors of a decentralized job build `survivors_group`.
+`node_ranks` and `rail_ranks` are the one place the rank sets of both levels are computed.
+Details: docs/process-groups.md#every-process-group-is-built-in-asrdistparallelgroupspy."""
 from __future__ import annotations
 
 from dataclasses import dataclass

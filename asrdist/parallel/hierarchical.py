@@ -1,30 +1,13 @@
-"""`hierarchical`: H-ADPSGD (IBM, Interspeech 2019), DESIGN.md §5.6.
+"""`hierarchical`: H-ADPSGD (IBM, Interspeech 2019), DESIGN.md §5.6, and `hybrid` (IBM ICASSP 2019).
 
-The learners of a node (`train.group_size`, by default torchrun's LOCAL_WORLD_SIZE) form one
-"super learner" and the super learners run ADPSGD among themselves:
-
-1. every learner computes its gradient; `sync` (bucketed, overlapped with backward) allreduces
-   it inside the node, so the node's learners take the same step;
-2. the node's leader (its first learner) runs `adpsgd` with the other leaders: actives start an
-   exchange after their step, passives answer from a communication thread while their whole
-   node computes (any pattern, delay-by-one included);
-3. the leader's parameters are broadcast inside the node after every step, so the exchange
-   reaches every member.
-A node's learners move in lock step; nodes move at their own pace (job-wide epochs claim one
-minibatch per member at a time: `moves_by_node`). One node: plain `sync`; one learner per node:
-plain `adpsgd`. `finalize` averages the leaders and broadcasts the result: every learner ends
-with the consensus model.
-
-Lost nodes (`ctx.survive_lost`: the launcher supervises every learner, one machine): a learner
-that dies or hangs takes its node with it (its node's allreduce fails, and the learners left
-there stop), and the other nodes go on: their leaders skip the lost node's leader as adpsgd skips
-a lost learner (`NodeMembership`), and epoch-end metrics and the final average run over the
-learners of the nodes that lost nobody, as all of them agree (`Membership` with the node size).
-
-`hybrid` (IBM ICASSP 2019): the same groups, but the first `sync_epochs` epochs allreduce the
-gradient over all learners (synchronous start, for stability; hierarchical allreduce across
-nodes), then ADPSGD between nodes (asynchronous, for speed).
-"""
+The learners of a node (`train.group_size`) form one "super learner"; the super learners run ADPSGD:
+1. every learner computes its gradient; `sync` allreduces it inside the node (same step for all);
+2. the node's leader runs `adpsgd` with the other leaders (passives answer while their node computes);
+3. the leader's parameters are broadcast inside the node after every step.
+Nodes move at their own pace (`moves_by_node`); `finalize` averages the leaders and broadcasts.
+A lost learner takes its node with it; the other nodes go on (`NodeMembership`).
+`hybrid`: the first `sync_epochs` epochs allreduce over all learners, then ADPSGD between nodes.
+Details: docs/strategies.md#hierarchical-h-adpsgd-and-hybrid-parallelhierarchicalpy."""
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext

@@ -1,23 +1,11 @@
-"""Hierarchical allreduce: the fast links inside a node carry the data, the links between nodes
-carry 1/L of it (the scheme of Horovod's hierarchical allreduce).
-
-A job of n = N nodes x L learners, L consecutive ranks per node (`ProcessGroups.node`); the learners
-with local rank l on every node form the *rail* l. For a flat tensor of S values (S a multiple of L):
+"""Hierarchical allreduce (the scheme of Horovod's): the links inside a node carry the data, the links
+between nodes 1/L of it. For n = N nodes x L learners and a flat tensor of S values (S a multiple of L):
 1. Reduce-scatter inside the node: local rank l holds part l (S/L values) of its node's sum.
 2. Allreduce part l across nodes, in rail l. (onebit: the 1-bit stripe exchange runs here instead.)
 3. All-gather inside the node: every learner holds the whole sum.
-Bytes one learner sends: S(L-1)/L + 2(S/L)(N-1)/N + S(L-1)/L; only step 2 leaves the node.
-The sum is that of the flat allreduce in another order (equal within float rounding), and the
-same on every learner: each part is reduced once, then copied.
-
-A tensor larger than `PIPELINE_CHUNK_BYTES` runs as a pipeline of chunks: while chunk k crosses
-the nodes (step 2, on the rail's process group), chunk k+1 is reduce-scattered and chunk k−1
-all-gathered inside the node (on the node's group), so the in-node steps hide behind the slow link
-instead of adding to it. Chunking changes neither the bytes nor the result.
-
-`strategy.hierarchical` (sync, onebit): auto | true | false; auto = hierarchical when the strategy
-works on the whole job and the job spans more than one node of more than one learner.
-"""
+A tensor over `PIPELINE_CHUNK_BYTES` is pipelined in chunks (in-node steps behind the slow link).
+Bytes, pipeline and `strategy.hierarchical`:
+docs/strategies.md#hierarchical-allreduce-parallelhierarchical_allreducepy."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,29 +1,12 @@
 """Which learners of a decentralized job are still alive, as every survivor agrees (DESIGN.md §8).
 
-A learner is *lost* when it died (the launcher saw its process end with an error) or when a peer
-could not finish an exchange with it (connection closed, or no answer within the timeout: hung).
-Whoever notices first writes `lost/<rank>` into the job's c10d store, which lives in the launcher,
-not in any learner, so it outlives every loss. Nothing is negotiated per step: a survivor only
-skips the lost learners it knows of.
-
-Collectives (epoch-end metrics, the final consensus) need every member to agree on the set:
-`agree(tag)` is a store barrier that waits until every learner has either arrived at `tag` or
-been reported lost (a learner that does neither within the timeout is declared lost as hung);
-the first survivor to decide fixes the member list with the store's compare-and-set, and every
-survivor builds the same gloo group over it (only its members take part). A learner its peers
-declared lost (it was only slow) learns it there and stops.
-
-A member may still die or hang after the agreement, inside the collective itself (e.g. stopped
-between arriving and averaging): the collective then fails on every survivor (a closed link, or
-gloo's timeout, which closes the whole group). `collective(fn)` runs the survivors' collective
-`fn(group, members)` and, when it fails that way, agrees again on a new sync point, which the
-failed member cannot reach (it is declared lost as any other), and runs `fn` once more over a
-fresh group of those who did; `fn` must leave nothing half-done (the consensus helpers work on
-copies).
-
-Store keys (under the job's `asrdist/` prefix): `progress/<rank>` the last step a learner finished
-(the trainer writes it), `lost/<rank>` a JSON record {rank, step, reason, by}, `sync/<tag>/...`.
-"""
+1. Whoever notices a loss (a dead process, a closed connection, no answer within the timeout)
+   writes `lost/<rank>` into the job's c10d store (in the launcher: it outlives every loss);
+   a survivor skips the lost learners it knows of, nothing is negotiated per step.
+2. `agree(tag)`: a store barrier until every learner has arrived at `tag` or been reported lost;
+   the first survivor to decide fixes the member list (compare-and-set), all build one gloo group.
+3. `collective(fn)` runs `fn(group, members)`; when a member dies inside it, agree again and rerun.
+Details and store keys: docs/reliability.md#how-survivors-agree-parallelmembershippy."""
 from __future__ import annotations
 
 import json

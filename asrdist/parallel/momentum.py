@@ -1,21 +1,12 @@
 """Momentum correction for compressed-gradient strategies (Lin et al., ICLR 2018, "Deep Gradient
 Compression", §3.2; applied here to 1-bit quantization).
 
-SGD with momentum μ, dampening 0 and weight decay λ updates, per parameter p with gradient g:
-d = g + λp; u ← μu + d; p ← p − lr·(d + μu if Nesterov else u). Everything before the `lr·` is
-linear in g, so the mean over learners of each learner's own direction (from its own buffer u_i)
-equals the direction that one momentum buffer fed the mean gradient would give. Quantizing
-that local direction, instead of the raw gradient, therefore changes nothing in exact arithmetic,
-but the quantization error then enters the model once (lr × error), where quantized raw gradients
-let it circulate in the momentum buffer and be applied 1/(1−μ) times over. With 1-bit gradients,
-momentum 0.9 and 4 learners, that amplification made the default recipe diverge.
-
-`MomentumCorrection.take_over(optimizer, params)` moves momentum, Nesterov and weight decay out
-of a `torch.optim.SGD`'s parameter groups (setting them to 0 there, so the optimizer applies
-plain steps) into per-parameter buffers here; `apply(params)` turns each p.grad into its
-direction in place. Other optimizers (CNTK AdaGrad normalizes the gradient before its momentum,
-which is not linear) are left alone: `take_over` returns None for them.
-"""
+Each learner applies SGD's momentum, Nesterov and weight decay to its own gradient before it is
+quantized: the mean of the learners' directions is the global one (it is linear in g), and the
+quantization error enters the model once instead of circulating in the momentum buffer.
+`MomentumCorrection.take_over(optimizer, params)` moves them out of a `torch.optim.SGD` (None for
+other optimizers); `apply(params)` turns each p.grad into its direction in place.
+Derivation: docs/strategies.md#momentum-correction-parallelmomentumpy."""
 from __future__ import annotations
 
 from typing import Any, Sequence

@@ -1,38 +1,15 @@
 """`onebit`: 1-bit SGD with error feedback, as in CNTK (Seide et al., Interspeech 2014; DESIGN.md §5.2).
 
-Per minibatch, on every learner (n learners, this one is `rank`):
-1. Quantize each gradient column (a column of W[out, in] is W[:, j]; a bias is one column):
-   v = g + r, bit = (v >= 0), reconstruction values = mean of the negative / non-negative
-   entries (0 if a side is empty), new residual r = v - dequant (error feedback).
-2. Columns are split into n stripes: each matrix's columns into n contiguous blocks, the blocks
-   dealt to the learners round-robin in matrix order, so one-column biases spread over them.
-   One all-to-all sends every learner's quantized stripe s (bits packed 32 per int32, plus two
-   floats per column) to learner s.
-3. The owner dequantizes and sums the n contributions, divides by n (the mean), adds its second
-   residual, and quantizes again (second error feedback).
-4. The re-quantized stripes are all-gathered (an all-to-all of the stripe repeated n times: gloo's
-   all-gather wants equal sizes), and every learner dequantizes the same bits into p.grad, so all
-   learners apply the identical gradient and training stays deterministic.
-
-`error_feedback: false` drops both residuals (the ablation). `double_buffering: true` runs steps
-2-4 of minibatch t on a communication thread while minibatch t+1 is computed; the gradient of t is
-applied at step t+1, so the first step applies nothing (every p.grad is set to None, which torch
-optimizers skip) and `finalize()` applies the last pending gradient with one more `apply_update`.
-Off, the update is exact 1-bit SGD.
-
-Steps 1-4 are software-pipelined (`_Chunks`): the columns are cut into a few chunks, each chunk
-has its own pair of all-to-alls, and while one chunk is on the wire the next is quantized, an
-earlier one reduced by its owners or dequantized. Per column the arithmetic is unchanged, so the
-result is bit-identical to the unchunked exchange; only which columns travel together changes. `auto_batch_size: true` asks the trainer for CNTK's
-minibatch-size search at epoch starts (`asrdist.optim.batch_search`); the strategy itself only
-carries the switch, since the search restarts from the epoch-start state of everything.
-
-`hierarchical` (auto: when the job spans more than one node; `asrdist.parallel.hierarchical_allreduce`):
-the fp32 gradients are reduce-scattered inside the node by whole columns (`ColumnShards`), steps 1-4
-run across nodes only, among the learners of the same local rank, on this learner's columns of the
-node mean, and the result is all-gathered inside the node. Per column the arithmetic is that of a
-flat exchange among the N node means; residuals, plan and checkpoint state are those of the rail.
-"""
+Per minibatch, on every learner (n learners):
+1. quantize each gradient column: v = g + r, bit = (v >= 0), reconstruction values the means of
+   the negative / non-negative entries, new residual r = v − dequant (error feedback);
+2. split the columns into n stripes (each matrix's columns into n blocks, dealt round-robin) and
+   send every learner its stripe by one all-to-all (bits packed 32 per int32, two floats a column);
+3. the owner dequantizes and averages the n contributions, adds its second residual, re-quantizes;
+4. the stripes are all-gathered and every learner dequantizes the same bits into p.grad.
+`error_feedback: false` is the ablation; `double_buffering` runs steps 2-4 of step t behind the
+compute of t+1; steps 1-4 are pipelined in chunks (bit-identical); `hierarchical` runs them across
+nodes only. Details: docs/strategies.md#onebit-1-bit-sgd-with-error-feedback-parallelonebitpy."""
 from __future__ import annotations
 
 import time

@@ -1,22 +1,11 @@
 """1-bit column quantization kernels: quantize + error feedback + pack, and unpack + dequantize.
 
-Wire format of one column segment (columns [c0, c1) of a matrix viewed as [R, C], w = c1 - c0):
-int32 `words[ceil(R/32), w]`, bit (i % 32) of words[i // 32, j] being (v[i, j] >= 0), and float32
-`recon[2, w]`: row 0 the mean of the column's negative entries, row 1 the mean of its non-negative
-entries (0 for an empty side). v = g + residual; the new residual is v - dequant(quant(v)).
-
-Column sums are pairwise (a binary tree over rows; an odd last element passes up unchanged), so
-the pure-torch reference and the fused C kernel agree bit for bit. The residual is kept lazily as
-the last v and its reconstruction means (`Residual`): folding v - recon(v) into the next
-quantization is the same arithmetic, and lets the kernel sweep memory once (read g, read and
-write v: 12 bytes per value against a copy's 8) instead of twice.
-
-The fused kernel (asrdist/native/onebit_kernel.cpp) is built at first use by
-torch.utils.cpp_extension through `asrdist.native` (cached under TORCH_EXTENSIONS_DIR) and
-releases the GIL while it runs. It walks the row-major matrix four rows at a time, packing bits
-and keeping per-column partial sums in a binary counter. Without a C++ compiler,
-`get_quantizer("auto")` warns in one line and falls back to the reference.
-"""
+Per column segment: int32 `words[ceil(R/32), w]` (bit i % 32 of words[i // 32, j] is v[i, j] >= 0)
+and float32 `recon[2, w]` (the means of the negative and non-negative entries), v = g + residual.
+Column sums are pairwise, so the pure-torch reference and the fused C++ kernel
+(asrdist/native/onebit_kernel.cpp, built at first use; `get_quantizer("auto")` falls back to the
+reference without a compiler) agree bit for bit. Wire format, the lazy residual and the kernel's
+memory sweep: docs/strategies.md#the-1-bit-kernels-parallelonebit_kernelpy."""
 from __future__ import annotations
 
 import functools

@@ -1,30 +1,15 @@
 """`sync`: synchronous allreduce SGD, the baseline (DESIGN.md §5.1).
 
 1. At setup every learner takes rank 0's parameters and buffers (broadcast).
-2. Parameters are grouped into flat buckets in reverse registration order (roughly the order
-   backward produces their gradients) by torch's own bucket assignment, the one
-   DistributedDataParallel uses (`torch.distributed._compute_bucket_assignment_by_size`): the
-   first bucket holds at most `first_bucket_mb` (DDP's 1 MiB), so that its allreduce leaves early
-   in backward, the others at most `bucket_cap_mb` (DDP's 25 MB); one kind (device, dtype) per bucket.
-3. During backward a post-accumulate-grad hook copies each gradient into its bucket; when a bucket
-   is full its allreduce is launched asynchronously, buckets strictly in index order so that all
-   learners issue the same collectives in the same order.
-4. `after_backward` launches what is left (a parameter without a gradient contributes zeros),
-   waits, divides by n and makes every p.grad a view of the mean in its bucket (no copy back, as
-   DDP's `gradient_as_bucket_view`); the optimizer then takes the same step everywhere.
-
-With `hierarchical` (auto: when the job spans more than one node) each bucket's allreduce is
-`hierarchical_allreduce`: reduce-scatter inside the node, allreduce of 1/L of the bucket across
-nodes, all-gather inside the node; buckets are padded to a multiple of the node size L. The mean
-equals the flat one within float rounding (another summation order).
-
-Why hooks and not DistributedDataParallel: DDP must wrap the module and see its forward, but the
-trainer calls the model it built and only hands the strategy `(model, optimizer, ctx)`. Hooks give
-the same bucketing (DDP's layout after its first step, from the same torch function) and overlap
-behind the common Strategy interface; `asrdist bench peers` measures sync beside DDP (`sync_vs_ddp`).
-A single whole-model bucket (what a 25 MB cap alone gives a model under 25 MB) leaves nothing to
-overlap: its allreduce starts only when backward has ended.
-"""
+2. Parameters are grouped into flat buckets in reverse registration order by torch's own bucket
+   assignment, the one DistributedDataParallel uses: a first bucket of at most `first_bucket_mb`,
+   the others at most `bucket_cap_mb`; one kind (device, dtype) per bucket.
+3. During backward a post-accumulate-grad hook copies each gradient into its bucket; a full bucket's
+   allreduce is launched asynchronously, buckets strictly in index order on every learner.
+4. `after_backward` launches what is left, waits, divides by n and makes every p.grad a view of
+   the mean in its bucket; the optimizer then takes the same step everywhere.
+With `hierarchical` (auto: more than one node) each bucket goes through `hierarchical_allreduce`.
+Why hooks and not DDP: docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
 from __future__ import annotations
 
 from dataclasses import dataclass

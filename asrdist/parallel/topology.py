@@ -1,37 +1,15 @@
-"""Gossip patterns of ADPSGD and their mixing-matrix / spectral-gap analysis (DESIGN.md §5.5, §5.7).
+"""Gossip patterns of ADPSGD and their mixing-matrix / spectral-gap analysis (DESIGN.md §5.5, §5.7;
+Lian et al. 2018, ICML; IBM's randomized ring, Zhang et al., ICASSP 2020).
 
-Lian et al. 2018 ("Asynchronous Decentralized Parallel Stochastic Gradient Descent", ICML) show
-that decentralized SGD converges at a rate governed by the spectral gap 1 - max(|λ2|, |λn|) of
-E[WᵀW], W the mixing matrix of one round. IBM's randomized ring (Zhang et al., ICASSP 2020)
-redraws every round whom each learner averages with: the gap of a fixed ring shrinks like
-O(1/n²), that of the random pattern stays roughly constant.
-
-Layout. Learners sit on a ring of n positions, split in two so that no exchange can deadlock:
-an *active* learner starts exchanges, a *passive* one only answers. Active positions are the even
-ones that have an odd successor: 0, 2, 4, ... up to n-2 (n even) or n-3 (n odd), so for odd n the
-last position n-1 is passive too. There are n // 2 actives and n - n // 2 passives.
-
-One round: every active learner i averages with one passive partner j, x_i, x_j <- (x_i + x_j)/2.
-  - ``fixed``: i pairs with (i+1) mod n in even rounds, (i-1) mod n in odd rounds.
-  - ``random``: a permutation of the passives drawn from ``numpy.random.default_rng([seed, round])``
-    gives active number k the passive perm[k]; every learner computes it alone, nothing is sent.
-Both patterns pair the actives with distinct passives (a matching). Should a passive be asked
-twice, its averages are applied one after the other in ascending active rank (arrival order).
-
-``random`` and the IBM ICASSP 2020 scheme (Zhang et al., "Improving efficiency in large-scale
-decentralized distributed training"; the seeds hold its abstract: a larger spectral gap at the
-same communication cost). What is kept: one partner per exchange, drawn at random each round
-from a seed every learner shares, instead of a fixed ring neighbour. What asrdist does, exactly:
-each round is a uniformly random matching of the actives into the passives (active k meets each
-passive with probability 1/p), the active/passive split kept for deadlock freedom, so two actives
-(or two passives) never meet: the graph of possible partners is complete bipartite, not a ring
-reshuffled each round. Rounds are per active: every active counts its own exchanges
-(`AdpsgdStrategy._round`), so actives a round apart draw from different matchings and may ask
-the same passive at once (answered in arrival order). The matching, and E[WᵀW] below, hold
-round by round, i.e. in wall time only while the actives keep the same pace.
-For odd n the fixed ring never uses the edge n-2 -- n-1 (two passives), so it mixes like a path:
-its gap is about a quarter of the neighbouring even n's.
-"""
+Learners sit on a ring of n positions: the *actives* (even positions with an odd successor,
+n // 2 of them) start exchanges, the *passives* only answer. One round: every active i averages
+with one passive partner j, x_i, x_j <- (x_i + x_j)/2:
+  - ``fixed``: i pairs with (i+1) mod n in even rounds, (i-1) mod n in odd rounds;
+  - ``random``: a permutation of the passives from ``numpy.random.default_rng([seed, round])``
+    gives active number k the passive perm[k]; nothing is sent.
+The spectral gap 1 - max(|λ2|, |λn|) of E[WᵀW] sets the convergence rate: O(1/n²) for the fixed
+ring, roughly constant for random. How `random` relates to the ICASSP 2020 scheme, odd n:
+docs/strategies.md#gossip-patterns-paralleltopologypy."""
 from __future__ import annotations
 
 import functools
