@@ -1,42 +1,10 @@
 """The discrete-event simulation of one strategy on one cluster (SimPy processes, one per learner,
 or per node where a node moves in lock step). Learners that move alike are simulated once
 (`asrdist.sim.alike`). The process follows the shape the strategy's descriptor declares
-(`asrdist.parallel.descriptor`), its traffic the strategy module's own byte accounting.
-
-What a step costs, per shape:
-- compute: a fixed cost per minibatch, then local minibatch x seconds per frame (x a straggler's
-  slowdown or a random jitter, the excess slept); the last `backward_share` of it is backward.
-  CPU learners (`Cluster.shared_cores`) run their CPU work (compute, 1-bit coding, averaging
-  arithmetic, and `network_cost` per byte moved) on their threads' cores, shared as the
-  scheduler shares them (`SharedCores`): more learners than cores slow each other down, and one
-  learner's work overlaps another's sleep or communication. Fewer threads cost
-  `Cluster.cpu_slowdown`. The first lock-step collective that needs every learner's whole compute
-  of a step (the last bucket, a pipelined exchange, an average, a node's last bucket) also waits
-  `lockstep_wait` for the learner the scheduler's time slices left last, and each sequential
-  message of a lock-step collective takes at least `collective_step_seconds` (its receiver must be
-  woken and get a core; overlapping the bytes on the wire) and `collective_step_cpu` beyond the
-  bytes' CPU.
-- lock-step (sync, averaging, a lone learner): each bucket's collectives start when backward has
-  produced its gradients (`overlap`), one after another on the learner's communication stream,
-  and every collective waits for all members of its group: the slowest learner sets the pace;
-  then the mean's arithmetic (`mean_cost`). A periodic average runs every `average_every`
-  minibatches (a period of more than MAX_AVERAGING_STEPS / 2 simulated shortened, its cost in
-  proportion: `spec.averaging_period`).
-- pipelined (onebit): quantize, owner reduce and dequantize cost `quantize_cost`
-  (`dequantize_cost`) per value and pass; the chunked pipeline leaves max(cpu, wire) + min(cpu,
-  wire) / chunks; double buffering moves the exchange of step t behind the compute of step t + 1.
-- pairwise (adpsgd; hierarchical and hybrid's asynchronous phase by node): participants claim
-  minibatches from one job-wide pool (`own_steps`: each its own steps), each claim `claim_seconds`
-  on the job's store; an active one exchanges with its partner (`topology.partner`) after each
-  step: two messages at once, one each way (the passive replies as soon as it is asked; a link
-  keeps `Link.duplex` of its rate each way meanwhile); a passive answers one partner at a time (a
-  SimPy resource: contention), without stopping its compute; an exchange across nodes shares both
-  nodes' cards with the exchanges in flight on them (its rate is divided by the flows on the
-  busier card); a passive that trains gets its answer going `answer_delay` late, and each side
-  spends `exchange_cpu` beyond its bytes' CPU; delay-by-one overlaps the exchange with the next
-  step. A node first runs its buckets in lock step and ends with its leader's broadcast.
-The cost of a collective and the shared CPU cores: `asrdist.sim.resources`.
-"""
+(`asrdist.parallel.descriptor`: lock-step, pipelined, pairwise), its traffic the strategy module's
+own byte accounting; compute runs on shared CPU cores or a device. The cost of a collective and the
+shared CPU cores: `asrdist.sim.resources`. What a step costs, per shape:
+docs/simulator.md#how-a-step-is-simulated-simenginepy."""
 from __future__ import annotations
 
 import random

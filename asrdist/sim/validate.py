@@ -1,19 +1,10 @@
 """`asrdist simulate --validate`: the source documents' reported speeds and times against the
-simulator's, in two tables.
-
-1. The rows that set the presets (`KNOBS`), each named with the knob it sets, fitted on all the
-   papers: the GPUs' sustained share of their fp32 peak (one share for every GPU: the IBM blog's
-   one-V100 week) and the 1-bit cost per value and pass (Seide 2014's 27 kfps). These rows match
-   by construction.
-2. Every row predicted with the knobs fitted on the other papers only (leave one paper out): a
-   knob whose row is in the held-out paper is fitted on its next row from another paper or, where
-   no other paper has one, takes its prior (`Knob.prior`, a figure from a datasheet or an
-   assumption named as such). The target is on these rows.
-
-No knob exists for one row: a GPU has no fixed cost per minibatch (6661d5e's 101 ms per LSTM
-minibatch, fitted on ICASSP 2019's HYBRID time, is gone), and the ICASSP 2020 job has the IBM
-recipes' IBM_EPOCHS (its size was fitted on its 64-V100 time: 15.2 epochs, as good as the 16).
-"""
+simulator's, in two tables: the rows that set the presets (`KNOBS`: the GPUs' sustained share of
+fp32 peak, the 1-bit cost per value and pass), fitted on all the papers and matching by
+construction; and every row predicted with the knobs fitted on the other papers only (leave one
+paper out; a knob with no row elsewhere takes its prior, `Knob.prior`), where the target is.
+What is fitted on which row, and what was removed:
+docs/simulator.md#the-papers-asrdist-simulate---validate."""
 from __future__ import annotations
 
 import dataclasses
