@@ -1,19 +1,11 @@
 """`asrdist decode RUN WAV...`: transcribe audio files with a run's model.
 
-The audio goes through the run's own front end: resampled to the training corpus' rate, fbank
-with the recipe's bins, and the recipe's CMVN (global: the training split's statistics, which
-`targets.pt` keeps; speaker: the statistics of the file's speaker). Then CTC models are searched
-greedily or by prefix beam (`eval.beam`), hybrid models by the phone-loop Viterbi of `asrdist eval`.
-Output is Kaldi's `utt text`; `utterance_ids` says how files are named.
-
-Who speaks: by default every file is its own unknown speaker (its own CMVN statistics, topped up
-to a second's worth by the training speakers' as `asrdist features` does, `cmvn.SpeakerPrior`;
-decoded as soon as it is read). Files known to share a speaker (`speakers`: `--same-speaker`, `--utt2spk`) are
-decoded as `asrdist eval` decodes a speaker: CMVN statistics pooled over the speaker's files and,
-for CTC models, the run's unsupervised speaker adaptation (`asrdist.eval.adapt`, `eval.adapt_rounds`)
-fitted to them. One utterance's statistics are a poor stand-in for a speaker's (its share of
-silence and of each sound sets them), so pooling is much the better when the files allow it.
-"""
+The audio goes through the run's own front end (resampled to the training rate, the recipe's
+fbank and CMVN); CTC models are searched greedily or by prefix beam (`eval.beam`), hybrid models
+by `asrdist eval`'s phone-loop Viterbi. Output is Kaldi's `utt text`. By default every file is its
+own unknown speaker (`cmvn.SpeakerPrior` tops up its statistics); files known to share a speaker
+(`speakers`: `--same-speaker`, `--utt2spk`) are decoded as `asrdist eval` decodes a speaker.
+Details: docs/evaluation.md#decode-audio-files-asrdist-decode."""
 from __future__ import annotations
 
 import os

@@ -1,20 +1,11 @@
 """What `asrdist train` may do to a run directory, and what it undoes.
 
-- A `--resume` is checked against the run's saved config and its latest checkpoint before the
-  run directory is touched: settings that shape the model, the optimizer state, the learners or
-  their samplers must be the ones the checkpoint was made with (`check_resume`).
-- Each resume records its resolved config and the overrides that made it as
-  `config-resume-K.yaml` beside the first start's `config.yaml`, which is never rewritten.
-- A start that fails before any checkpoint is published removes what it added to the run
-  directory (config.yaml, env.json, targets.pt, metrics, tensorboard/, a resume's config record),
-  keeping only the failure reports (`failed-rank-*`, `*.log`). Once a checkpoint exists the run
-  directory stays, to be resumed.
-- `state.json` says what state the run is in, rewritten atomically at each change: `prepared`
-  (config and targets written), `started` (learners started; `starts` counts them), `checkpointed`
-  (`checkpoint`, `epoch` of `epochs`), `finished`, `failed` (`reason`). A process killed outright
-  (SIGKILL, the OOM killer) writes nothing more: its run stays `started` or `checkpointed`, which is
-  what a new start or a `--resume` of it reads (`describe`).
-"""
+- `check_resume`: a `--resume` is checked against the saved config and latest checkpoint before
+  anything in the run directory is touched; each resume records `config-resume-K.yaml`.
+- A start that fails before any checkpoint removes what it added, keeping the failure reports.
+- `state.json` (`prepared`, `started`, `checkpointed`, `finished`, `failed`), rewritten
+  atomically at each change, says what state the run is in; `describe` reads it.
+Details: docs/reliability.md#run-directories-and-resume, docs/reliability.md#the-state-record-runstatejson."""
 from __future__ import annotations
 
 import contextlib

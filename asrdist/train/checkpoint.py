@@ -1,19 +1,10 @@
 """Atomic, per-learner checkpoints with exact resume.
 
-Layout: RUN_DIR/checkpoints/TAG/rank-R.pt (one file per learner: its model, optimizer, strategy
-state, sampler position and RNG states; TAG is step-00000120 for lock-step strategies, epoch-0003
-for the others) and RUN_DIR/checkpoints/latest, a one-line pointer rewritten atomically by the
-learner that writes the last file of a checkpoint (the job store counts them; no barrier). Files
-are fsynced before their rename and before `latest` moves, so a crash (or a full disk) at any moment
-leaves `latest` pointing at a complete checkpoint; the temporary files of an interrupted write are
-removed when the learner next resumes. A checkpoint that cannot be resumed (empty or truncated file,
-empty `latest`, files of another number of learners) is one line saying what to do.
-
-A job that went on without lost learners (survival mode) publishes checkpoints of its survivors:
-`members.json` in the checkpoint directory lists who wrote (`members`) and who was lost; a resume
-starts every learner again, each lost rank from a survivor's file (`stand_in`), so the job resumes
-with all its learners.
-"""
+`RUN_DIR/checkpoints/TAG/rank-R.pt` per learner (TAG `step-N` for lock-step strategies, `epoch-E`
+for the others) and `checkpoints/latest`, a pointer moved atomically by the learner that writes a
+checkpoint's last file; everything fsynced first, so `latest` always names a complete checkpoint.
+A survivors' checkpoint lists its `members`; a resume gives each lost rank a survivor's file.
+Details: docs/reliability.md#checkpoint-files-traincheckpointpy."""
 from __future__ import annotations
 
 import json

@@ -2,20 +2,10 @@
 mean of the models of the run's last N epochs, as speech toolkits end a run (ESPnet's average of
 the last or best epoch snapshots, icefall's `--avg N`).
 
-What is averaged: at the end of each of the last N-1 planned epochs, the consensus model the
-epoch's validation sees (the learners' average, `Validator.consensus`), and, as the Nth, the job's
-final model (what `strategy.finalize()` leaves: the same rule the run's model.pt always had). The
-kept models are CPU copies of their state dicts, taken only once the window starts (epoch
-`epochs - N` on), so a run holds at most N-1 extra copies, and only in its last epochs.
-
-Floating-point tensors (parameters, and buffers such as batch norm's running statistics, as ESPnet
-and icefall do) are averaged in float64 and cast back; integer buffers (batch norm's
-`num_batches_tracked`) are the final model's, the count of the model that last trained.
-
-The kept models travel in every learner's checkpoint (`state_dict`), so `--resume` averages the
-same models as an uninterrupted run. Every learner keeps them (the consensus is on every
-learner), so whichever learner writes the summary (rank 0, or the first survivor) has them.
-"""
+The last N-1 epochs' consensus models (CPU copies, kept only once the window starts) and the job's
+final model are averaged in float64 (floating-point tensors; integer buffers are the final
+model's). The kept models travel in every learner's checkpoint, so `--resume` averages the same.
+Details: docs/training.md#averaging-the-last-epochs-models-trainaverage_last."""
 from __future__ import annotations
 
 from dataclasses import dataclass

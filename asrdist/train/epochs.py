@@ -1,19 +1,11 @@
 """Whose epochs the trainer runs: each learner's own, or the job's.
 
-Lock-step strategies (`LearnerEpochs`) keep per-learner samplers: every learner takes the same
-number of minibatches an epoch, checkpoints may fall at any step (step-N) and a resume is exact,
-mid-epoch included. The others (`JobEpochs`) get a `JobEpochSampler`: the epoch belongs to the
-job, a fast learner takes more of its minibatches than a slow one, checkpoints fall at epoch ends
-only (epoch-E) and a resume starts at the beginning of the last completed epoch.
-
-The trainer calls each method of its coordinator once, in the same places for both; what differs
-is here. The job-store protocols of job epochs:
-- `start/ready`, `start/go`: every learner adds 1 to `start/ready` before its first epoch; the one
-  whose add reaches the number of learners sets `start/go`, which all wait for (a learner's slower
-  set-up does not hand the first epoch to the others);
-- `progress/RANK` (`asrdist.parallel.membership.progress_key`): the job step this learner finished
-  last, set after every step: who was lost when (survival mode).
-"""
+Lock-step strategies (`LearnerEpochs`) keep per-learner samplers: checkpoints at any step, exact
+resume mid-epoch. The others (`JobEpochs`) share a `JobEpochSampler`: a fast learner takes more
+of the epoch, checkpoints fall at epoch ends, a resume starts the last completed epoch again.
+The trainer calls each coordinator method once, in the same places for both; the job-store
+protocols (`start/ready`, `start/go`, `progress/RANK`):
+docs/data.md#whose-epochs-the-trainer-runs-trainepochspy."""
 from __future__ import annotations
 
 from typing import Any

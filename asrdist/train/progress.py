@@ -1,19 +1,10 @@
 """An epoch's progress as the user watches it: a tqdm bar on a terminal, plain lines elsewhere.
 
-Each shows the minibatches done of the epoch's total, the epoch's training loss so far
-(frame-weighted; with several learners the job's first learner's own, the epoch line after it has
-the job's), frames per second and the time left in the epoch. On a terminal the bar is drawn
-where one is: stderr, or stdout when stderr is not a terminal (a learner under the launcher, whose
-stderr the launcher reads line by line, still has the user's terminal as stdout). Anywhere else (a
-log file, `nohup`, a pipe) a bar's carriage returns would pile up into one endless line, so a plain
-`[asrdist] epoch ...` line goes to stderr at every tenth of the epoch and at least every
-`PLAIN_INTERVAL_S` seconds, which a log keeps and `tail -f` shows.
-
-frames/s is the job's rate over the last logging window (`train.log_every` steps: the figure
-metrics.jsonl records); before the epoch's first window closes, this learner's own rate since the
-epoch (or this start) began. The time left is the epoch's remaining minibatches at the rate of
-those done since then.
-"""
+Each shows the minibatches done of the epoch's total, the training loss so far, frames per second
+and the time left. The bar goes to stderr, or stdout when only stdout is a terminal (a learner under
+the launcher); anywhere else a plain `[asrdist] epoch ...` line goes to stderr at every tenth of the
+epoch and at least every `PLAIN_INTERVAL_S` seconds.
+Which loss and which rate: docs/training.md#an-epochs-progress-trainprogresspy."""
 from __future__ import annotations
 
 import sys
