@@ -302,10 +302,11 @@ def test_the_agent_hands_the_supervisor_torchs_record_of_a_learners_failure(tmp_
     format of torch's ErrorHandler), read by torch into a ProcessFailure, handed over by the agent."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from asrdist.cluster.failures import ERROR_FILE_ENV, read_exits, record_failure, write_exits
+    from asrdist.cluster.failures import read_exits, record_failure, write_exits
+    from asrdist.utils.environ import ELASTIC_ERROR_FILE
 
     error_file = tmp_path / "error.json"
-    monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
+    monkeypatch.setenv(ELASTIC_ERROR_FILE, str(error_file))
     try:
         raise ValueError("injected failure on rank 1")
     except ValueError as caught:

@@ -25,6 +25,7 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.run.summary import RunSummary
 from asrdist.run.train_cli import add_cpus_per_host_option
 from asrdist.train.metrics import read_metrics
+from asrdist.utils import environ
 from asrdist.utils.throughput import job_frames_per_second
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -154,7 +155,7 @@ def _label(network: str) -> str:
 def cached_corpus(utterances: int) -> Path:
     """The built-in espeak corpus of `utterances` (seed 0), built once under the user's cache
     directory (`$XDG_CACHE_HOME/asrdist`, default ~/.cache/asrdist) and reused by later runs."""
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "asrdist"
+    root = environ.cache_home() / "asrdist"
     out = root / f"corpus-espeak-{utterances}-seed0"
     if not (out / "summary.json").is_file():  # synth writes summary.json last: a finished corpus
         root.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import time
 import torch
 
 from asrdist.errors import TrainingError
+from asrdist.utils import environ
 
 ROWS, COLS = 128, 1024
 """A minibatch's frames by a hidden layer's width: the default DNN's layer product."""
@@ -49,7 +50,7 @@ def corun_slowdown(cores: int, repeats: int = 5) -> dict:
     try:
         x, w = torch.randn(ROWS, COLS), torch.randn(COLS, COLS)
         _products(x, w)  # first touch
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = environ.child_environment(OMP_NUM_THREADS="1")
         for i in range(max(0, cores - 1)):
             siblings.append(subprocess.Popen([sys.executable, "-c", _SIBLING], stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, env=env, text=True))

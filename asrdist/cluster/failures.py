@@ -9,7 +9,6 @@ reads the error file into its `ChildFailedError.failures` (`ProcessFailure` by g
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -17,10 +16,7 @@ from pathlib import Path
 
 from asrdist.errors import AsrdistError
 from asrdist.io.atomic import write_json_atomic
-
-ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-"""Where torch's agent (or asrdist's launcher, for the learners it supervises itself) wants a
-learner's error file."""
+from asrdist.utils import environ
 
 
 def report_path(report_dir: Path, rank: int) -> Path:
@@ -43,7 +39,7 @@ def record_failure(report_dir: Path | None, rank: int, exc: BaseException) -> st
     launcher's log."""
     message = failure_line(rank, exc)
     stack = traceback.format_exc()
-    error_file = os.environ.get(ERROR_FILE_ENV)
+    error_file = environ.elastic_error_file()
     try:
         if error_file:
             data = {"message": {"message": message, "extraInfo": {"py_callstack": stack,

@@ -32,6 +32,7 @@ from asrdist.cluster.process_group import (CPU_QUOTA_ENV, NETWORK_ENV, QUOTA_SLO
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S, JobTimedOut, Survival, run_agents
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
+from asrdist.utils.environ import child_environment
 
 AGENT = (sys.executable, "-m", "asrdist.cluster.agent")
 """An agent's command: torch.distributed.run's own main, without the interpreter's teardown after
@@ -60,8 +61,8 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         threads = [max(1, round(q / per_host)) for q in cpu.quotas]
     else:  # every learner, of every emulated node, shares this machine's cores
         threads = [max(1, len(os.sched_getaffinity(0)) // learners)] * nodes
-    env = dict(os.environ, TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
-               **{NETWORK_ENV: network if nodes > 1 else "loopback"})
+    env = child_environment(TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(SHUTDOWN_GRACE_S),
+                            **{NETWORK_ENV: network if nodes > 1 else "loopback"})
     if nodes == 1 or network == "loopback":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every learner is on this machine
 

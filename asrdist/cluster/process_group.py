@@ -20,6 +20,7 @@ from asrdist.errors import ConfigError
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS, LearnerContext
 from asrdist.parallel.groups import build_groups, check_group_size, init_job
 from asrdist.parallel.membership import survival_wait
+from asrdist.utils.environ import process_environment
 
 STORE_PREFIX = "asrdist/"
 """Keys asrdist writes to the job's store (job-wide epochs, checkpoint publication)."""
@@ -81,7 +82,7 @@ class JobEnv:
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "JobEnv":
         """The learner torchrun (or asrdist's launcher, which sets the same variables) started."""
-        env = os.environ if environ is None else environ
+        env = process_environment() if environ is None else environ
         try:
             world = int(env["WORLD_SIZE"])
             local_world = int(env.get("LOCAL_WORLD_SIZE", world))

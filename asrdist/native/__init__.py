@@ -13,7 +13,6 @@ changes a result in these kernels. Without a C++ compiler (`CXX`, default `c++`)
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import shutil
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+
+from asrdist.utils import environ
 
 SOURCE_DIR = Path(__file__).parent
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
@@ -42,7 +43,7 @@ class NativeBuildError(RuntimeError):
 
 def compiler() -> str:
     """The C++ compiler cpp_extension uses: `CXX`, else `c++`."""
-    return os.environ.get("CXX", "c++")
+    return environ.compiler()
 
 
 def load(stem: str, flags: Sequence[str] = BASE_FLAGS):
@@ -76,7 +77,7 @@ def _ensure_ninja() -> None:
         import ninja  # optional until a kernel is built: installed below when missing
     except ImportError:
         raise NativeBuildError("ninja not found (pip install ninja, as pyproject.toml pins it)") from None
-    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    environ.prepend_to_path(ninja.BIN_DIR)
 
 
 def _one_line(error: BaseException) -> str:
@@ -104,7 +105,7 @@ def _build(stem: str, flags: tuple[str, ...]):
     from torch.utils import cpp_extension  # only when a kernel is built (a cached one loads without it)
 
     source = SOURCE_DIR / f"{stem}.cpp"
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+    root = Path(environ.torch_extensions_dir() or cpp_extension.get_default_build_root())
     reasons = []
     for arch in ARCH_FLAGS:
         cflags = [*flags, *arch]

@@ -8,8 +8,9 @@ and the measurements: docs/benchmarks.md#memory-kept-between-steps."""
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
+
+from asrdist.utils import environ
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's <malloc.h>
 MMAP_THRESHOLD = 32 << 20
@@ -19,7 +20,7 @@ USER_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 def keep_freed_memory() -> bool:
     """Fix malloc's mmap and trim thresholds high (see the module docstring); whether it did."""
-    if not sys.platform.startswith("linux") or any(os.environ.get(v) for v in USER_VARIABLES):
+    if not sys.platform.startswith("linux") or environ.any_set(USER_VARIABLES):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
