@@ -118,7 +118,7 @@ step() {  # $1 name, $2 seconds, then the bench's step and arguments
     echo "asrdist: gpu check: $name: exit $? after $((SECONDS - t)) s"
 }
 # at most 530 s in all (each step's limit), so that the whole check ends inside 10 minutes
-step tests 170 tests -- -m cuda tests/test_cuda.py  # every cuda test is there: no need to collect the rest
+step tests 170 tests -- -m cuda tests/train/test_cuda.py  # every cuda test is there: no need to collect the rest
 step phases 60 phases "${QUICK[@]}"
 step train_dnn 90 train --recipe configs/default.yaml --data "$CORPUS" --steps $DNN_STEPS "${DNN_SET[@]}"
 step train_ctc_chars 120 train --recipe configs/real_chars.yaml --data "$CORPUS" --steps $CTC_STEPS "${CTC_SET[@]}"

@@ -1,4 +1,4 @@
-"""Fixtures shared by test modules, and the quick loop's guard (quick_loop_guard.py): a test not
+"""Fixtures shared by test modules, and the quick loop's guard (support/quick_loop_guard.py): a test not
 marked slow that starts a learner process, a browser or a network namespace fails, naming what."""
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pytest
 # and 48 s with spinning, 7 s and 8 s passive, same losses). Setdefault: a caller's choice stands.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import quick_loop_guard  # noqa: E402  (after the environment above: it leads to torch)
+from tests.support import quick_loop_guard  # noqa: E402  (after the environment above: it leads to torch)
 from asrdist.cli import main  # noqa: E402
-from corpus_fixture import make_tone_corpus  # noqa: E402
+from tests.support.corpus_fixture import make_tone_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """`asrdist bench compare`: the table (and JSON) from finished runs, its argument checks, and
-`--train` over finished runs (its training is `asrdist compare`'s, trained in tests/test_compare.py)."""
+`--train` over finished runs (its training is `asrdist compare`'s, trained in tests/compare/test_compare.py)."""
 from __future__ import annotations
 
 import json
@@ -54,9 +54,9 @@ def test_other_benchmarks_still_require_json():
 
 def test_train_reuses_finished_runs_of_the_same_recipe(tmp_path, capsys, monkeypatch):
     """`--train` is `asrdist compare`'s training (asrdist/compare/runs.py, trained end to end in
-    tests/test_compare.py): finished runs of the same recipe are read, not trained again."""
+    tests/compare/test_compare.py): finished runs of the same recipe are read, not trained again."""
     import asrdist.run.launch as launch
-    from tests.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
+    from tests.support.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
 
     corpus, out, first = make_corpus(tmp_path / "corpus"), tmp_path / "compare", tmp_path / "first.json"
     fabricate_runs(out, corpus, ["sync", "onebit"])

@@ -16,8 +16,9 @@ from asrdist.compare import runs as compare_runs
 from asrdist.run.summary import RunSummary
 from asrdist.sim import calibration
 from asrdist.sim.calibration import Microbenchmarks
+from tests.support.paths import DEFAULT_RECIPE
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+CONFIG = DEFAULT_RECIPE
 
 
 def _micro(cores: int = 2) -> Microbenchmarks:

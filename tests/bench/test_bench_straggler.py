@@ -7,7 +7,7 @@ import pytest
 
 from asrdist.bench.straggler import _shared_target, copes_check, regime, time_to_target
 from asrdist.cli import main
-from corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
 
 POINTS = [{"wall_seconds": 10.0, "valid_loss": 2.0}, {"wall_seconds": 20.0, "valid_loss": 1.5},
           {"wall_seconds": 30.0, "valid_loss": 1.6}, {"wall_seconds": 40.0, "valid_loss": 1.2}]

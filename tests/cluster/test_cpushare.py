@@ -18,6 +18,7 @@ from asrdist.cluster.launcher import run_learners
 from asrdist.cluster.process_group import CPU_QUOTA_ENV, QUOTA_SLOWDOWN_ENV, JobEnv
 from asrdist.errors import ConfigError
 from asrdist.run.train_cli import cpus_per_host_arg
+from tests.support.paths import DEFAULT_RECIPE
 
 HANG_S = 120  # only catches hangs
 MODULE = "test_cpushare"  # learners import this file's functions through PYTHONPATH
@@ -214,7 +215,7 @@ def test_compare_refuses_a_share_it_cannot_give_before_it_writes_anything(tmp_pa
 
     monkeypatch.setattr(netem, "available", lambda: (True, ""))
     monkeypatch.setattr(cpushare, "available", lambda: (True, ""))
-    recipe = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+    recipe = DEFAULT_RECIPE
     with pytest.raises(ConfigError, match=r"single: --cpus-per-host: 9 cores per host"):
         resolve_all(recipe, ["single", "sync"], 2, tmp_path / "corpus", [], Hosts(2, "1gbit", 9.0))
     assert not list(tmp_path.iterdir())

@@ -250,7 +250,7 @@ def test_a_learner_functions_failure_report_is_the_line_the_supervisor_names(tmp
 
 
 def test_run_learners_runs_the_learner_side_through_launch_learners(tmp_path, monkeypatch):
-    """In-process, the agents faked (tests/test_netem.py runs the real thing, marked slow): hosts on
+    """In-process, the agents faked (tests/cluster/test_netem.py runs the real thing, marked slow): hosts on
     loopback are one torch.distributed.run agent each (asrdist.cluster.agent), static rendezvous on 127.0.0.1; run_learners
     hands launch_learners the learner side, the label, the deadline and the link's delay."""
     import json

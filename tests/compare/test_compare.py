@@ -17,7 +17,7 @@ from asrdist.cli import build_parser, main
 from asrdist.compare.report import build_summary
 from asrdist.compare.runs import resolve_all, train_missing
 from asrdist.sim.calibration import Microbenchmarks
-from tests.compare_fixture import CONFIG, FIGURES, TINY, fabricate_runs, make_corpus
+from tests.support.compare_fixture import CONFIG, FIGURES, TINY, fabricate_runs, make_corpus
 
 SETUP = {"config": str(CONFIG), "learners": 2, "overrides": TINY}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.compare.cli import compare
-from tests.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
+from tests.support.compare_fixture import CONFIG, TINY, fabricate_runs, make_corpus
 
 BROWSER = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
 WIDTH, HEIGHT = 1280, 1600

@@ -3,14 +3,14 @@ replaces the compared recipe's whole, its strategy keys are set, the user's over
 and a bad recipe file is a one-line error naming it."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from asrdist.compare.recipes import recipe_overrides, recipes_for
 from asrdist.compare.runs import resolve_all
 from asrdist.errors import ConfigError
-from tests.compare_fixture import CONFIG, TINY, make_corpus
+from tests.support.compare_fixture import CONFIG, TINY, make_corpus
+from tests.support.paths import CONFIGS
 
 STRATEGIES = ["single", "sync", "onebit", "averaging", "adpsgd"]
 
@@ -88,7 +88,7 @@ def test_a_variant_naming_another_strategy_is_one_line(tmp_path):
 
 
 def test_the_an4_character_recipe_compares_onebit_with_its_own_variant():
-    an4 = Path(__file__).resolve().parents[1] / "configs" / "an4_chars.yaml"
+    an4 = CONFIGS / "an4_chars.yaml"
     overrides = recipes_for(["onebit", "sync"], same_recipe=False, config=an4)
     assert "optim.lr=10.0" in overrides["onebit"] and "optim.name=\"adagrad\"" in overrides["onebit"]
     assert overrides["sync"] == []

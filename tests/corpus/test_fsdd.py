@@ -13,9 +13,9 @@ from asrdist.io.audio import num_frames, read_wav
 from asrdist.corpus.fsdd import DIGIT_WORDS, build_fsdd
 from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.corpus.phones import PhoneTable
+from tests.support.paths import FSDD
 
 # ../shared beside the checkout, as in CI and in the project layout
-FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
 SPEAKERS = ("george", "jackson")
 DIGITS = (0, 7)
 TAKES = range(12)

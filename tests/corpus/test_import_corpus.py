@@ -14,7 +14,8 @@ import pytest
 from asrdist.cli import main
 from asrdist.io.audio import read_wav
 from asrdist.io.kaldi_dir import read_data_dir
-from fsdd_kaldi import FSDD, WORDS, make_kaldi_tree
+from tests.support.fsdd_kaldi import FSDD, WORDS, make_kaldi_tree
+from tests.support.paths import DEFAULT_RECIPE
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 
@@ -68,7 +69,7 @@ def test_written_kaldi_files_are_read_by_kaldiio_and_lhotse_from_another_directo
 
 
 def test_alignment_scp_is_absolute_and_old_relative_corpora_still_load(tmp_path: Path, monkeypatch):
-    from corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     corpus = make_tone_corpus(tmp_path / "tones", utterances_per_speaker=2, speakers=3)
     scp = corpus / "train" / "alignment.scp"
@@ -132,7 +133,7 @@ def test_missing_splits_are_found_before_anything_is_written(tmp_path: Path, cap
 
 def test_training_checks_its_splits_up_front(tmp_path: Path, capsys):
     src = make_kaldi_tree(tmp_path, test=())
-    recipe = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+    recipe = DEFAULT_RECIPE
     split_only = tmp_path / "split"
     assert main(["corpus", "import-kaldi", str(src / "train"), str(split_only)]) == 0
     capsys.readouterr()
@@ -241,7 +242,7 @@ def test_splits_that_share_utterances_or_speakers_with_train_are_noted(tmp_path:
     src = make_kaldi_tree(tmp_path / "takes", train=("george", "jackson"), test=())
     test = src / "test"
     test.mkdir()
-    from fsdd_kaldi import copy_recordings
+    from tests.support.fsdd_kaldi import copy_recordings
     rows = copy_recordings(tmp_path / "takes" / "audio", ("george",), takes=(5, 6))
     (test / "wav.scp").write_text("".join(f"{u} {p}\n" for u, _, _, p in rows))
     (test / "text").write_text("".join(f"{u} {WORDS[g]}\n" for u, _, g, _ in rows))

@@ -12,7 +12,7 @@ import pytest
 from asrdist.cli import main
 from asrdist.io.audio import read_wav
 from asrdist.io.kaldi_dir import read_data_dir
-from fsdd_kaldi import FSDD, WORDS, copy_recordings
+from tests.support.fsdd_kaldi import FSDD, WORDS, copy_recordings
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 

@@ -303,7 +303,7 @@ def test_flac_sphere_and_24_bit_recordings_import_as_their_16_bit_originals(tmp_
     imported and featurised in place, with exactly the features of the 16-bit WAVs they were made
     from."""
     soundfile = pytest.importorskip("soundfile")
-    from fsdd_kaldi import FSDD, make_kaldi_tree
+    from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
 
     if not FSDD.is_dir():
         pytest.skip(f"FSDD recordings not found at {FSDD}")
@@ -369,7 +369,7 @@ def test_command_pipes_in_wav_scp_are_run_and_their_audio_stored(tmp_path: Path)
 
 
 def test_a_corpus_of_piped_data_directories_keeps_its_audio(tmp_path: Path):
-    from fsdd_kaldi import FSDD, make_kaldi_tree
+    from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
 
     if not FSDD.is_dir():
         pytest.skip(f"FSDD recordings not found at {FSDD}")

@@ -73,7 +73,7 @@ def test_corpus_lexicon_gives_phone_targets_of_an_unaligned_split(tmp_path: Path
 def test_import_kaldi_stores_the_lexicon_and_refuses_a_bad_one_up_front(tmp_path: Path, capsys):
     from asrdist.cli import main
     from asrdist.io.kaldi_dir import read_data_dir
-    from corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     src = make_tone_corpus(tmp_path / "src", utterances_per_speaker=2, speakers=4, seed=0)
     for split in ("train", "valid", "test"):  # an unaligned corpus
@@ -98,7 +98,7 @@ def test_import_kaldi_stores_the_lexicon_and_refuses_a_bad_one_up_front(tmp_path
 
 
 def _unaligned_tone_corpus(root: Path) -> Path:
-    from corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     src = make_tone_corpus(root, utterances_per_speaker=2, speakers=4, seed=0)
     for split in ("train", "valid", "test"):

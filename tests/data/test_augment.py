@@ -143,7 +143,7 @@ def test_augmented_store_feeds_the_samplers_with_stretched_labels(tmp_path: Path
     from asrdist.cli import main
     from asrdist.io.kaldi_dir import read_alignments, read_data_dir
     from asrdist.data.samplers import FrameSampler, UtteranceBatchSampler
-    from corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     corpus = make_tone_corpus(tmp_path / "c", utterances_per_speaker=3, speakers=4, seed=1)
     assert main(["features", str(corpus), "--cmvn", "speaker", "--jobs", "1"]) == 0

@@ -10,7 +10,7 @@ import torch
 from asrdist.cli import main
 from asrdist.cluster.process_group import JobEnv, device_for_backend, start_learner
 from asrdist.data.batch import Batch
-from corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
 
 TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.log_every=10"]
 

@@ -1,6 +1,6 @@
 """adpsgd end to end through `asrdist train`: a fixed ring, and a random one with delay-by-one, train the tone
 corpus as well as sync (PER within 3% relative), with 3 learners (an odd ring);
-a straggler's fast peers take more of the job's minibatches (`bench straggler`: tests/test_bench_straggler.py)."""
+a straggler's fast peers take more of the job's minibatches (`bench straggler`: tests/bench/test_bench_straggler.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from asrdist.cli import main
-from per_check import assert_per_as_good_as
+from tests.support.per_check import assert_per_as_good_as
 
 pytestmark = pytest.mark.slow
 

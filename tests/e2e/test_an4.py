@@ -13,8 +13,8 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.io.kaldi_dir import read_data_dir
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 AN4 = ROOT.parent / "shared" / "data" / "an4"
 SPEAKERS = 4
 PER_SPEAKER = 5

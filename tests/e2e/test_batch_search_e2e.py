@@ -18,11 +18,11 @@ from asrdist.optim.schedules import LRSchedule
 from asrdist.parallel.base import LearnerContext
 from asrdist.run.learner import batch_search_hooks
 from asrdist.train.metrics import read_metrics
-from tests.corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow  # end to end: two learners through `asrdist train`
 
-ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["strategy.auto_batch_size=true", "strategy.batch_search_minibatches=3", "data.batch_size=128",
         "model.hidden_dim=32", "model.hidden_layers=1", "optim.warmup_steps=0", "train.threads=1"]
 

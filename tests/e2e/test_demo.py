@@ -12,8 +12,8 @@ import yaml
 
 import asrdist.run.launch as launch
 from asrdist.cli import main
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _workdir(tone_corpus: Path, tmp_path: Path) -> tuple[Path, Path]:

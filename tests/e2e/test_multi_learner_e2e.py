@@ -1,7 +1,7 @@
 """Multi-learner training end to end: `asrdist train --learners 2`, 1-bit SGD against sync on the
-tone corpus. A killed learner is tests/test_fault_matrix.py's (every strategy); the cluster recipe
-(two torchrun "nodes") is tested by the SLURM line of docs/clusters.md (tests/test_prepare_cli.py) and by
-`asrdist train --nodes` (tests/test_hierarchical.py)."""
+tone corpus. A killed learner is tests/run/test_fault_matrix.py's (every strategy); the cluster recipe
+(two torchrun "nodes") is tested by the SLURM line of docs/clusters.md (tests/run/test_prepare_cli.py) and by
+`asrdist train --nodes` (tests/parallel/test_hierarchical.py)."""
 from __future__ import annotations
 
 import json
@@ -15,8 +15,9 @@ import torch
 from asrdist.cli import main
 from asrdist.config import load_config
 from asrdist.run.launch import prepare_run_dir
-from tests.corpus_fixture import make_tone_corpus
-from tests.dist_utils import run_distributed
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.dist_utils import run_distributed
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,6 @@ FAST = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.
 CONVERGE = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=64", "model.hidden_layers=2",
             "optim.lr=0.1", "optim.momentum=0", "optim.nesterov=false", "optim.warmup_steps=0",
             "optim.anneal_after_epoch=null", "train.epochs=4", "train.learners=2", "train.log_every=5"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_bench_comm_runs_both_strategies_side_by_side(tmp_path):
     assert r["network"] == "loopback" and r["learners"] == 2 and r["cores"] == len(os.sched_getaffinity(0))
     assert len(r["sync_seconds"]) == len(r["onebit_seconds"]) == 2
     assert r["onebit_identical_on_all_learners"] and r["sync_mean_correct"]
-    # loopback: no NIC of the job's own to read, so no wire figure (tests/test_wire_bytes.py: emulated hosts)
+    # loopback: no NIC of the job's own to read, so no wire figure (tests/cluster/test_wire_bytes.py: emulated hosts)
     assert r["bytes_ratio"] is None and r["wire"] is None and r["counted_matches_wire"] is None
     assert r["bytes_ratio_counted"] == r["onebit_bytes_per_exchange"] / r["sync_bytes_per_exchange"] < 0.1
     assert r["exchange_speedup"] == r["sync_seconds_median"] / r["onebit_seconds_median"] > 0

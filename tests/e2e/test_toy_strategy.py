@@ -1,5 +1,5 @@
 """Adding a strategy touches one module and one registry line: a copy of the package with the toy
-strategy (tests/toy_strategy.py) as asrdist/parallel/toy.py and one line in `parallel.STRATEGIES`,
+strategy (tests/support/toy_strategy.py) as asrdist/parallel/toy.py and one line in `parallel.STRATEGIES`,
 and nothing else, trains (`asrdist train`), is compared (`asrdist compare`) and is simulated
 (`asrdist simulate`). The commands run as processes on the copy (PYTHONPATH), so the learners they
 start import the copy too."""
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.paths import ROOT, SUPPORT
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "default.yaml"
 REGISTRY_LINE = '    "toy": "asrdist.parallel.toy:TOY",\n'
 TINY = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
@@ -29,7 +29,7 @@ def package_with_toy(tmp_path_factory) -> Path:
     """A copy of the package with the toy strategy added: its module and one registry line."""
     src = tmp_path_factory.mktemp("toy") / "src"
     shutil.copytree(ROOT / "asrdist", src / "asrdist", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(Path(__file__).with_name("toy_strategy.py"), src / "asrdist" / "parallel" / "toy.py")
+    shutil.copy(SUPPORT / "toy_strategy.py", src / "asrdist" / "parallel" / "toy.py")
     registry = src / "asrdist" / "parallel" / "__init__.py"
     lines = registry.read_text().splitlines(keepends=True)
     end = lines.index("})\n", next(i for i, line in enumerate(lines) if line.startswith("STRATEGIES")))

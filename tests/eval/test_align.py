@@ -67,7 +67,7 @@ def test_too_few_frames_is_a_data_error():
 def hybrid_run(tmp_path_factory):
     """A DNN trained briefly on a small tone corpus (words = phone names)."""
     from asrdist.cli import main
-    from corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     root = tmp_path_factory.mktemp("align")
     corpus = make_tone_corpus(root / "corpus", utterances_per_speaker=16, speakers=4, seed=3)

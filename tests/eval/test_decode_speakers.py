@@ -15,7 +15,8 @@ from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.features.frontend import features_of, normalize, raw_features
 from asrdist.run.decode import read_utt2spk
 from asrdist.errors import DataError
-from fsdd_kaldi import FSDD, make_kaldi_tree
+from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
+from tests.support.paths import DEFAULT_RECIPE
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 
@@ -226,13 +227,12 @@ def test_a_bad_file_among_a_speakers_files_is_named_and_the_rest_decoded(speaker
 
 def test_a_hybrid_model_decodes_a_speakers_files_as_eval_does(tmp_path, capsys):
     """Frame classifiers take the pooled statistics too (they have no adaptation)."""
-    from pathlib import Path
 
-    from tests.corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     corpus = make_tone_corpus(tmp_path / "corpus", utterances_per_speaker=4, speakers=4)
     run = tmp_path / "run"
-    recipe = str(Path(__file__).resolve().parents[1] / "configs/default.yaml")
+    recipe = str(DEFAULT_RECIPE)
     assert main(["train", recipe, "--data", str(corpus), "--out", str(run), "data.cmvn=speaker",
                  "data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
                  "train.threads=1", "train.max_steps=6", "--epochs", "1", "--no-progress"]) == 0

@@ -20,7 +20,7 @@ from asrdist.train.checkpoint import save_model
 from asrdist.data.targets import Targets
 from asrdist.run.prepare import save_targets
 from asrdist.run.task import build_model_for
-from tests.corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
 
 INPUT_DIM, CLASSES, CHUNK = 6, 5, 7
 TARGETS = Targets(kind="monophone", phones=[f"p{i}" for i in range(CLASSES)], silence_id=0, num_classes=CLASSES)

@@ -16,8 +16,8 @@ from asrdist.cli import main
 from asrdist.io.audio import read_wav, write_wav
 from asrdist.io.kaldi_dir import read_data_dir
 from asrdist.run import evaluate as eval_run
-from fsdd_kaldi import FSDD, make_kaldi_tree
-from test_audio_reader import PCM_GUID, fmt_chunk, wav_bytes
+from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
+from tests.support.wav_files import PCM_GUID, fmt_chunk, wav_bytes
 
 pytestmark = pytest.mark.skipif(not FSDD.is_dir(), reason=f"FSDD recordings not found at {FSDD}")
 

@@ -14,8 +14,8 @@ from asrdist.corpus.lexicon import Lexicon
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
 from asrdist.eval.vocabulary import PronouncedSearch
-from fsdd_kaldi import FSDD, make_kaldi_tree
-from test_vocab_decode import _labelling_log_prob, _sequences
+from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
+from tests.support.ctc_reference import labelling_log_prob, sequences
 
 DIGITS = ("zero z ih r ow\nzero z iy r ow\none w ah n\ntwo t uw\nthree th r iy\nfour f ao r\nfive f ay v\n"
           "six s ih k s\nseven s eh v ah n\neight ey t\nnine n ay n\n")
@@ -40,13 +40,13 @@ def test_search_finds_the_most_probable_pronunciation_sequence(tmp_path: Path, s
     probs = np.full((6, vocab), 1e-9)
     probs[:, [0, *symbols]] = frames
     log_probs = np.log(probs / probs.sum(1, keepdims=True))
-    allowed = _sequences(prons, None, 6)
-    best = max(allowed, key=lambda s: (_labelling_log_prob(log_probs, s), s))
+    allowed = sequences(prons, None, 6)
+    best = max(allowed, key=lambda s: (labelling_log_prob(log_probs, s), s))
     found = search.search(log_probs)
-    assert np.isclose(_labelling_log_prob(log_probs, found), _labelling_log_prob(log_probs, best))
+    assert np.isclose(labelling_log_prob(log_probs, found), labelling_log_prob(log_probs, best))
     single = PronouncedSearch(lexicon, ["a", "b", "c", "d"], beam=10_000, one_word=True).search(log_probs)
     assert tuple(single) in prons
-    assert np.isclose(_labelling_log_prob(log_probs, single), max(_labelling_log_prob(log_probs, p) for p in prons))
+    assert np.isclose(labelling_log_prob(log_probs, single), max(labelling_log_prob(log_probs, p) for p in prons))
 
 
 def test_hypotheses_read_back_as_the_fewest_words(tmp_path: Path, capsys):

@@ -7,40 +7,16 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from asrdist.config import load_config
 from asrdist.data.targets import CharTokenizer
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.vocabulary import VocabularySearch, WordTrie, ctc_vocabulary_decode, vocabulary_words
-
-
-def _labelling_log_prob(log_probs: np.ndarray, labels) -> float:
-    if not labels:
-        return float(np.sum(log_probs[:, 0]))
-    lp = torch.from_numpy(log_probs)[:, None]
-    loss = torch.nn.functional.ctc_loss(lp, torch.tensor([list(labels)]), torch.tensor([lp.shape[0]]),
-                                        torch.tensor([len(labels)]), reduction="sum")
-    return -float(loss)  # -inf when the labelling does not fit in the frames
-
-
-def _sequences(words, separator, max_len):
-    """Every token sequence of >= 1 vocabulary words (joined by `separator`) up to `max_len` tokens."""
-    out, frontier = set(), [()]
-    while frontier:
-        grown = []
-        for seq in frontier:
-            for word in words:
-                nxt = seq + ((separator,) if seq and separator is not None else ()) + tuple(word)
-                if len(nxt) <= max_len and nxt not in out:
-                    out.add(nxt)
-                    grown.append(nxt)
-        frontier = grown
-    return out
+from tests.support.ctc_reference import labelling_log_prob, sequences
 
 
 def _brute_force(log_probs, words, separator):
-    scores = {seq: _labelling_log_prob(log_probs, seq) for seq in _sequences(words, separator, len(log_probs))}
+    scores = {seq: labelling_log_prob(log_probs, seq) for seq in sequences(words, separator, len(log_probs))}
     scores = {s: v for s, v in scores.items() if math.isfinite(v)}
     best = max(scores, key=lambda s: (scores[s], s))
     return best, scores
@@ -60,7 +36,7 @@ def test_exact_with_a_wide_beam_against_brute_force(seed, separator):
     narrow = ctc_vocabulary_decode(log_probs, WordTrie(words), separator, beam=2)
     assert tuple(narrow) in scores  # a narrow beam may miss the best, never leave the vocabulary or end empty
     single = ctc_vocabulary_decode(log_probs, WordTrie(words), None, beam=10_000, one_word=True)
-    assert tuple(single) == max(words, key=lambda w: (_labelling_log_prob(log_probs, w), w))
+    assert tuple(single) == max(words, key=lambda w: (labelling_log_prob(log_probs, w), w))
 
 
 def test_isolated_words_pick_the_most_likely_word_not_the_greedy_spelling():
@@ -75,7 +51,7 @@ def test_isolated_words_pick_the_most_likely_word_not_the_greedy_spelling():
         frames.append(row / row.sum())
     log_probs = np.log(np.array(frames))
     assert tok.decode(search.search(log_probs)) in {"one", "two", "nine"}
-    totals = {w: _labelling_log_prob(log_probs, tok.encode(w)) for w in ("one", "two", "nine")}
+    totals = {w: labelling_log_prob(log_probs, tok.encode(w)) for w in ("one", "two", "nine")}
     assert tok.decode(search.search(log_probs)) == max(totals, key=totals.get)
 
 

@@ -11,7 +11,7 @@ from asrdist.config import EvalConfig
 from asrdist.errors import ConfigError
 from asrdist.eval.vocabulary import WordScorer, WordTrie, ctc_vocabulary_decode
 from asrdist.eval.wordlm import END, WordBigram
-from test_vocab_decode import _labelling_log_prob, _sequences
+from tests.support.ctc_reference import labelling_log_prob, sequences
 
 
 def test_bigram_is_a_distribution_in_every_context_and_prefers_what_it_saw():
@@ -46,8 +46,8 @@ def test_search_with_the_bigram_is_exact_with_a_wide_beam(seed):
     lm = WordBigram([["w1", "w31"], ["w31", "w2"], ["w1", "w31"]], vocabulary=names.values())
     weight, bonus = 2.0, 0.5
     log_probs = np.log(rng.dirichlet(np.full(5, 0.6), size=7))
-    scores = {seq: _labelling_log_prob(log_probs, seq) + _lm_score(lm, seq, separator, names, weight, bonus)
-              for seq in _sequences(words, separator, len(log_probs))}
+    scores = {seq: labelling_log_prob(log_probs, seq) + _lm_score(lm, seq, separator, names, weight, bonus)
+              for seq in sequences(words, separator, len(log_probs))}
     scores = {s: v for s, v in scores.items() if math.isfinite(v)}
     best = max(scores, key=lambda s: (scores[s], s))
     scorer = WordScorer(lm, names, weight, bonus)

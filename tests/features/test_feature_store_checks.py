@@ -25,9 +25,9 @@ from asrdist.errors import ConfigError, DataError
 from asrdist.features.extract import extract_features
 from asrdist.features.store import FeatureStore
 from asrdist.run.prepare import ensure_features, feature_mismatch
-from tests.corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs/default.yaml")
 TINY = ["data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1", "optim.warmup_steps=0",
         "optim.anneal_after_epoch=null", "train.log_every=5", "train.threads=1", "--no-progress"]

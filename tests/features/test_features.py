@@ -361,7 +361,7 @@ def test_bad_input_fails_cleanly_or_is_skipped(corpus: Path, tmp_path: Path, cap
 def test_speaker_cmvn_over_one_utterance_speakers_is_noted(tmp_path, capsys):
     """A split whose utt2spk names no speakers (each utterance its own, as many Kaldi dirs without
     speaker information have it) gets a note: per-utterance statistics cost accuracy."""
-    from tests.corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     corpus = make_tone_corpus(tmp_path / "c", utterances_per_speaker=3, speakers=3)
     capsys.readouterr()

@@ -5,13 +5,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from asrdist.io.atomic import atomic_dir, sigterm_as_exit
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

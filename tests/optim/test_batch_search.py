@@ -148,7 +148,7 @@ def test_onebit_config_switch_is_validated():
 @pytest.fixture(scope="module")
 def tone_corpus(tmp_path_factory):
     from asrdist.cli import main
-    from tests.corpus_fixture import make_tone_corpus
+    from tests.support.corpus_fixture import make_tone_corpus
 
     path = make_tone_corpus(tmp_path_factory.mktemp("tones") / "corpus")
     assert main(["features", str(path)]) == 0

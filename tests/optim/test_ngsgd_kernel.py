@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from native_fixture import run_without_compiler
+from tests.support.native_fixture import run_without_compiler
 from torch.testing import assert_close
 
 from asrdist.errors import ConfigError

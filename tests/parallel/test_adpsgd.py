@@ -18,8 +18,8 @@ from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import CommCounters
 from asrdist.train.loop import LoopConfig, StragglerConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
-from dist_utils import learner_context, run_distributed
-from test_engine import ListOrder, _loss
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.engine_fixture import ListOrder, mse_loss
 
 pytestmark = pytest.mark.slow
 
@@ -139,7 +139,7 @@ def _straggler(rank, world_size, run_dir, pattern):
     strategy = AdpsgdStrategy(AdpsgdConfig(pattern=pattern))
     strategy.setup(model, opt, ctx)
     sampler = JobEpochSampler(ListOrder(60), ctx.store, world_size)
-    hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
+    hooks = TrainerHooks(loss_fn=mse_loss, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir),
                  LoopConfig(epochs=1, progress=False, emulate_compute_ms=50.0,
                             straggler=StragglerConfig(ranks=[1], slowdown=3.0)))
@@ -225,7 +225,7 @@ def _job_loss(rank: int, world_size: int, run_dir: str):
     losses = []
 
     def recorded_loss(model, batch):
-        loss, frames = _loss(model, batch)
+        loss, frames = mse_loss(model, batch)
         losses.append((float(loss), frames))
         return loss, frames
     tr = Trainer(model, opt, strategy, JobEpochSampler(ListOrder(40), ctx.store, world_size),

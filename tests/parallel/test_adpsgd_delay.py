@@ -14,8 +14,8 @@ import torch.distributed as dist
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.train.loop import LoopConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
-from dist_utils import learner_context, run_distributed
-from test_engine import ListOrder, _loss
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.engine_fixture import ListOrder, mse_loss
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _learner(rank, world_size, run_dir, steps, delay_by_one):
     dist.barrier(group=ctx.group)  # both starting points set before the first exchange
     if strategy.active:
         sampler = ListOrder(steps)
-        trainer = Trainer(model, opt, strategy, sampler, TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: LR), ctx,
+        trainer = Trainer(model, opt, strategy, sampler, TrainerHooks(loss_fn=mse_loss, lr_at=lambda s, e: LR), ctx,
                           Path(run_dir), LoopConfig(epochs=1, progress=False))
         for batch in sampler.batches:
             trainer.train_step(batch)
@@ -56,7 +56,7 @@ def _flat_grad(model: torch.nn.Module, x: torch.Tensor, batch) -> torch.Tensor:
     """g(x) on `batch`, with the parameters set to the flat vector x."""
     model = copy.deepcopy(model)
     torch.nn.utils.vector_to_parameters(x, model.parameters())
-    loss, _ = _loss(model, batch)
+    loss, _ = mse_loss(model, batch)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return torch.cat([g.reshape(-1) for g in grads])
 

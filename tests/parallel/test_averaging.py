@@ -13,8 +13,8 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import build_strategy
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
-from dist_utils import run_distributed
-from strategy_harness import default_loss, make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import default_loss, make_trainer, train_steps
 
 BATCH, STEPS = 8, 7
 

@@ -11,8 +11,8 @@ import torch
 from asrdist.errors import TrainingError
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
-from tests.dist_utils import TIMEOUT, run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import TIMEOUT, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 STEPS, NOMINAL, EVERY = 23, 100, 500  # an average due every 5 minibatches: after 5, 10, 15, 20
 

@@ -14,8 +14,8 @@ from torch.testing import assert_close
 
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
-from dist_utils import run_distributed
-from strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 pytestmark = pytest.mark.slow  # multi-process: every test runs gloo learners
 

@@ -5,26 +5,25 @@ from __future__ import annotations
 import ast
 import re
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from asrdist.errors import ConfigError
 from asrdist.parallel import groups
+from tests.support.paths import PACKAGE
 
-ROOT = Path(__file__).resolve().parent.parent / "asrdist"
 TIMEOUT = timedelta(seconds=5)
 
 
 def test_no_module_but_groups_builds_a_process_group():
     builders = re.compile(r"\b(init_process_group|new_group|new_subgroups)\b")
-    found = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if builders.search(p.read_text()))
+    found = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if builders.search(p.read_text()))
     assert found == ["parallel/groups.py"]
 
 
 def test_parallel_does_not_import_cluster():
     importers = []
-    for path in (ROOT / "parallel").glob("*.py"):
+    for path in (PACKAGE / "parallel").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

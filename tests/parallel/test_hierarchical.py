@@ -12,8 +12,8 @@ import torch.distributed as dist
 from asrdist.cli import main
 from asrdist.cluster.netem import available, list_namespaces
 from asrdist.data.job_sampler import JobEpochSampler
-from per_check import assert_per_as_good_as
-from test_engine import ListOrder
+from tests.support.per_check import assert_per_as_good_as
+from tests.support.engine_fixture import ListOrder
 
 TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=128", "train.log_every=10",
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.group_size=2"]

@@ -23,8 +23,8 @@ from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, as_columns, packed_words
 from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
-from tests.dist_utils import TIMEOUT, learner_context, run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import TIMEOUT, learner_context, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 WORLD, NODE = 4, 2
 LENGTHS = (1, 7, 64, 1001)  # 1, 7 and 1001 are padded to a multiple of the node size

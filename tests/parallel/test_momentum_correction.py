@@ -9,7 +9,7 @@ import torch
 from asrdist.optim.adagrad import CntkAdaGrad
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.momentum import MomentumCorrection
-from strategy_harness import make_trainer, train_steps
+from tests.support.strategy_harness import make_trainer, train_steps
 
 
 def _model() -> torch.nn.Module:

@@ -18,8 +18,8 @@ from asrdist.parallel.onebit_kernel import (SWBD_SHAPES, ReferenceQuantizer, Res
                                             quantize_dequantize)
 from asrdist.parallel.onebit_plan import _Plan
 from asrdist.parallel.standin import StandIn
-from tests.dist_utils import run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 STEPS, BATCH = 5, 12
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_fixture import run_without_compiler
+from tests.support.native_fixture import run_without_compiler
 
 from asrdist.errors import ConfigError
 from asrdist.parallel import onebit_kernel as K

@@ -14,8 +14,8 @@ from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_plan import _Chunks, _Plan
 from asrdist.parallel.onebit_kernel import ReferenceQuantizer, Residual, get_quantizer, packed_words
 from asrdist.parallel.standin import StandIn
-from tests.dist_utils import run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 SHAPES = [(40, 6), (40,), (3, 40), (3,), (70, 33), (70,)]
 

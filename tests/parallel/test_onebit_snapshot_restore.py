@@ -10,8 +10,8 @@ import torch
 
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
-from tests.dist_utils import TIMEOUT, run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import TIMEOUT, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 BATCH, TRIAL_STEPS, STEPS_AFTER = 8, 3, 2
 

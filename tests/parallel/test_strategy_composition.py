@@ -16,7 +16,7 @@ from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import CommCounters
 from asrdist.parallel.groups import build_groups
 from asrdist.parallel.hierarchical import HierarchicalConfig, HierarchicalStrategy, HybridConfig, HybridStrategy
-from dist_utils import TIMEOUT, learner_context, run_distributed
+from tests.support.dist_utils import TIMEOUT, learner_context, run_distributed
 
 # a value other than the default for every AdpsgdConfig field: a new field fails
 # test_every_adpsgd_field_has_a_value_here until it is added, and then has to reach the inner adpsgd

@@ -24,7 +24,7 @@ from asrdist.parallel import membership as membership_module
 from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy
 from asrdist.parallel.base import CommCounters, LearnerContext
 from asrdist.parallel.membership import Membership, NodeMembership, report_lost
-from dist_utils import learner_context, run_distributed
+from tests.support.dist_utils import learner_context, run_distributed
 
 DEADLINE_S = 180.0
 # The two end-to-end survival runs kill a learner once 8 steps are logged: the rest of the run must

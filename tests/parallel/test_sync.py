@@ -14,8 +14,8 @@ from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.standin import StandIn
 from asrdist.parallel.sync import SyncConfig, SyncStrategy, bucket_layout
-from tests.dist_utils import run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 STEPS, BATCH = 4, 8
 

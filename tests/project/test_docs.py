@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from asrdist.cli import build_parser, main
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # what may stand before `asrdist` on a shell line: environment settings and wrappers that pass

@@ -7,14 +7,13 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from asrdist.bench import gpu, gpu_pair
-from corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 SIM_KEYS = {"flops", "recurrent_step_cost", "backward_share", "quantize_cost", "dequantize_cost", "copy_cost"}
 

@@ -9,8 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from tests.support.paths import PACKAGE
 
-PACKAGE = Path(__file__).resolve().parents[1] / "asrdist"
 
 FORBIDDEN = {
     "parallel": {"corpus", "features", "data", "models", "train", "run", "eval", "bench", "compare", "sim",

@@ -7,13 +7,12 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
-from quick_loop_guard import GUARD_ENV, SITE_DIR, refusal
+from tests.support.quick_loop_guard import GUARD_ENV, SITE_DIR, refusal
+from tests.support.paths import TESTS
 
-TESTS = Path(__file__).resolve().parent
 PY = sys.executable
 
 

@@ -2,14 +2,13 @@
 rather than in a user's first `asrdist train`."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from asrdist.compare.recipes import RECIPES_DIR, recipe_overrides
 from asrdist.config import load_config
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 STRATEGY_RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
 

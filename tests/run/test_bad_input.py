@@ -1,15 +1,12 @@
 """Bad input, bad resumes and full disks, one table (issue 12): every case must exit non-zero with
 one line on stderr, `asrdist: error: ...`, naming the thing, and leave nothing half-written.
 
-Run the table: `.venv/bin/python -m pytest -q tests/test_bad_input.py`. Almost every case fails
+Run the table: `.venv/bin/python -m pytest -q tests/run/test_bad_input.py`. Almost every case fails
 before a learner starts (in-process `asrdist.cli.main`); three real one-learner runs on a tiny
 corpus give a checkpointed run to resume, a run that diverges and a run whose disk fills up.
 """
 from __future__ import annotations
 
-import builtins
-import errno
-import io
 import json
 import os
 import shutil
@@ -29,7 +26,8 @@ from asrdist.io.kaldi_dir import read_alignments, write_alignments
 from asrdist.errors import DataError
 from asrdist.features.store import FeatureStore
 from asrdist.train import checkpoint as ckpt
-from tests.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
+from tests.support.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
+from tests.support.full_disk import fill_disk
 
 
 
@@ -71,38 +69,6 @@ def error_line(capsys) -> str:
     lines = [line for line in lines if line.strip() and "%|" not in line and not line.startswith("[asrdist] note:")]
     assert len(lines) == 1 and lines[0].startswith("asrdist: error: "), lines
     return lines[0]
-
-
-def fill_disk(monkeypatch, under: Path, only: str = "") -> None:
-    """Every file opened for writing below `under` (whose path contains `only`) fails to write with
-    ENOSPC, as on a full disk: the files a command writes, whichever module writes them."""
-    real_open = builtins.open
-
-    class FullFile:
-        def __init__(self, f):
-            self._f = f
-
-        def write(self, data):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-        def __getattr__(self, name):
-            return getattr(self._f, name)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self._f.close()
-
-    def full_open(file, mode="r", *args, **kwargs):
-        f = real_open(file, mode, *args, **kwargs)
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") \
-                and str(Path(file).absolute()).startswith(str(under)) and only in str(file):
-            return FullFile(f)
-        return f
-
-    monkeypatch.setattr(builtins, "open", full_open)
-    monkeypatch.setattr(io, "open", full_open)
 
 
 def write_stereo(path: Path, seconds: float = 0.5, rate: int = 16000) -> None:

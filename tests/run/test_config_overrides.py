@@ -3,14 +3,13 @@ that is not YAML, a flag and an override of the same key, `--strategy` naming th
 settings it drops, an empty section filled by an override."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from asrdist.config import load_config
 from asrdist.errors import ConfigError
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs/default.yaml")
 
 

@@ -8,7 +8,6 @@ import dataclasses
 import math
 import types
 import typing
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from asrdist import config as config_module
 from asrdist.config import config_from_tree, load_config
 from asrdist.errors import ConfigError
 from asrdist.parallel import STRATEGIES, strategy_config_class
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs/default.yaml")
 
 # override -> (the key the message names, the allowed range it states)

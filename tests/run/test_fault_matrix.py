@@ -2,7 +2,7 @@
 a SIGKILLed or SIGSTOPped learner (sync, onebit, averaging) ends the job with one line naming the
 rank and leaves the run directory resumable; a slow link between two emulated hosts only slows the
 job (sync, onebit, adpsgd: collectives, all-to-all and point-to-point). adpsgd and hierarchical, which go on without lost
-learners, are tests/test_survival.py. Tiny DNN on the tone corpus; deadlines only catch hangs."""
+learners, are tests/parallel/test_survival.py. Tiny DNN on the tone corpus; deadlines only catch hangs."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ from asrdist.bench.faults import learner_pids
 from asrdist.cluster import netem
 from asrdist.cluster.supervisor import SHUTDOWN_GRACE_S
 from asrdist.train.checkpoint import check_resumable
-from test_faults import DEADLINE_S, TINY, _launch, _until
+from tests.support.fault_jobs import DEADLINE_S, TINY, launch_job, until
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def _side_by_side(tone_corpus: Path, tmp_path: Path, waves: list[tuple[signal.Si
     def launch(w: int) -> None:
         sig, jobs = waves[w]
         run_dirs.append({strategy: tmp_path / f"{sig.name.lower()}-{strategy}" for strategy in jobs})
-        procs.append({strategy: _launch(tone_corpus, run_dirs[w][strategy], strategy, *SMALL, *more)
+        procs.append({strategy: launch_job(tone_corpus, run_dirs[w][strategy], strategy, *SMALL, *more)
                       for strategy, more in jobs.items()})
 
     def progress() -> bool:
@@ -85,7 +85,7 @@ def _side_by_side(tone_corpus: Path, tmp_path: Path, waves: list[tuple[signal.Si
 
     try:
         launch(0)
-        _until(progress, "every job to be signalled and to end", deadline_s=2 * DEADLINE_S)  # two waves
+        until(progress, "every job to be signalled and to end", deadline_s=2 * DEADLINE_S)  # two waves
     finally:
         for w, wave in enumerate(procs):
             for strategy, proc in wave.items():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.bench.faults import learner_pids
-from test_faults import DEADLINE_S, _until
+from tests.support.fault_jobs import DEADLINE_S, until
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,11 @@ def test_a_run_killed_in_its_first_epoch_restarts_from_the_start_on_resume(tone_
     # minibatches of 32 frames: some 200 steps in an epoch, so the kill lands in the first one
     proc = _train(tone_corpus, run, "data.batch_size=32", "train.checkpoint_minutes=0", "--epochs", "50",
                   learners=learners)
-    _until(lambda: _records(run, "train") or proc.poll() is not None, "training to start")
+    until(lambda: _records(run, "train") or proc.poll() is not None, "training to start")
     assert proc.poll() is None, proc.stderr.read()
     os.killpg(proc.pid, signal.SIGKILL)  # the out-of-memory killer's way: nothing is cleaned up
     proc.wait(timeout=DEADLINE_S)
-    _until(lambda: not learner_pids(run), "its learners to die with it")
+    until(lambda: not learner_pids(run), "its learners to die with it")
     assert not (run / "checkpoints" / "latest").exists(), "the machine reached the first checkpoint first"
     assert _state(run)["state"] == "started"
     again = _train(tone_corpus, run, "data.batch_size=32", "--epochs", "1", learners=learners)
@@ -86,10 +86,10 @@ def test_a_long_first_epoch_is_checkpointed_within_it_and_resumed_from_there(ton
     proc = _train(tone_corpus, run, "data.batch_size=32", "train.checkpoint_minutes=0.00001", "--epochs", "50",
                   "--strategy", "sync", learners=2)
     pointer = run / "checkpoints" / "latest"
-    _until(lambda: _state(run).get("checkpoint") or proc.poll() is not None, "a checkpoint")
+    until(lambda: _state(run).get("checkpoint") or proc.poll() is not None, "a checkpoint")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=DEADLINE_S)
-    _until(lambda: not learner_pids(run), "its learners to die with it")
+    until(lambda: not learner_pids(run), "its learners to die with it")
     name = pointer.read_text().strip()
     state = _state(run)  # written just after `latest` moves: a kill in between leaves it one behind
     assert state["checkpoint"].startswith("step-") and state["epoch"] == 0, state  # in epoch 1
@@ -106,13 +106,13 @@ def test_a_long_first_epoch_is_checkpointed_within_it_and_resumed_from_there(ton
 def test_ctrl_c_exits_130_with_any_number_of_learners(tone_corpus, tmp_path, learners):
     run = tmp_path / "run"
     proc = _train(tone_corpus, run, "data.batch_size=32", "--epochs", "50", learners=learners)
-    _until(lambda: _records(run, "train") or proc.poll() is not None, "training to start")
+    until(lambda: _records(run, "train") or proc.poll() is not None, "training to start")
     assert proc.poll() is None, proc.stderr.read()
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: every process of the group
     err = _finish(proc)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("asrdist: "), err
-    _until(lambda: not learner_pids(run), "every learner to be gone")
+    until(lambda: not learner_pids(run), "every learner to be gone")
 
 
 @pytest.mark.parametrize("strategy, victim, lost, extra", [
@@ -126,7 +126,7 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     proc = _train(tone_corpus, run, "data.batch_size=128", "optim.lr=0.05", "train.timeout_seconds=6", *extra,
                   "--strategy", strategy, "--epochs", str(epochs), learners=4)
     # at once: the others may train a whole epoch while rank 0 validates the last (it then logs nothing)
-    _until(lambda: len(_records(run, "epoch")) >= 1 and len(learner_pids(run)) == 4 or proc.poll() is not None,
+    until(lambda: len(_records(run, "epoch")) >= 1 and len(learner_pids(run)) == 4 or proc.poll() is not None,
            "the first epoch's end")
     assert proc.poll() is None, proc.stderr.read()
     os.kill(learner_pids(run)[victim], signal.SIGKILL)

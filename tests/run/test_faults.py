@@ -7,81 +7,33 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from asrdist.bench.faults import learner_pids
+from tests.support.fault_jobs import DEADLINE_S, TINY, processes_of, start_job, started, until
 
 pytestmark = pytest.mark.slow
 
-TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=128", "train.log_every=1",
-        "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
-DEADLINE_S = 180.0
-
-
-def _processes_of(run_dir: Path) -> list[int]:
-    """Pids of every process whose command line names the run directory (agents and learners)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (entry / "stat").read_text().split(") ")[-1][:1]
-            except OSError:
-                continue
-            if str(run_dir) in cmdline and "asrdist" in cmdline and state != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
-def _until(condition, what: str, deadline_s: float = DEADLINE_S) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.2)  # polling interval, not synchronisation
-
-
-def _start(corpus: Path, run_dir: Path, strategy: str = "sync", *extra: str) -> subprocess.Popen:
-    """A 2-learner `asrdist train` job, once its first minibatch is logged."""
-    return _started(_launch(corpus, run_dir, strategy, *extra), run_dir)
-
-
-def _launch(corpus: Path, run_dir: Path, strategy: str = "sync", *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, *extra,
-                             "--data", str(corpus), "--learners", "2", "--strategy", strategy, "--epochs", "500",
-                             "--out", str(run_dir), "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _started(proc: subprocess.Popen, run_dir: Path) -> subprocess.Popen:
-    metrics = run_dir / "metrics.jsonl"
-    _until(lambda: metrics.is_file() and metrics.stat().st_size > 0 or proc.poll() is not None, "training to start")
-    assert proc.poll() is None, proc.stderr.read()
-    return proc
-
-
 def test_a_stop_signal_stops_every_learner_with_one_line(tone_corpus, tmp_path, sig=signal.SIGTERM):
     run_dir = tmp_path / "run"
-    proc = _start(tone_corpus, run_dir)
-    assert len(_processes_of(run_dir)) >= 3  # the agent and two learners
+    proc = start_job(tone_corpus, run_dir)
+    assert len(processes_of(run_dir)) >= 3  # the agent and two learners
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode != 0
     lines = err.strip().splitlines()
     assert lines[-1] == f"asrdist: error: stopped by {sig.name}: every learner and launcher was stopped", err
     assert "Traceback" not in err
-    _until(lambda: not _processes_of(run_dir), "every learner to be gone")
+    until(lambda: not processes_of(run_dir), "every learner to be gone")
 
 
 def test_learners_die_with_a_sigkilled_command(tone_corpus, tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start(tone_corpus, run_dir)
+    proc = start_job(tone_corpus, run_dir)
     proc.kill()
     proc.wait(DEADLINE_S)
-    _until(lambda: not _processes_of(run_dir), "the orphaned agent and learners to stop by themselves")
+    until(lambda: not processes_of(run_dir), "the orphaned agent and learners to stop by themselves")
 
 
 def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends_as_uninterrupted(
@@ -98,7 +50,7 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_and_the_run_ends
     proc = subprocess.Popen([sys.executable, "-m", "asrdist.cli", *common, "--out", str(run_dir),
                              "train.max_restarts=1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _until(lambda: (run_dir / "checkpoints" / "latest").is_file() or proc.poll() is not None, "a checkpoint")
+        until(lambda: (run_dir / "checkpoints" / "latest").is_file() or proc.poll() is not None, "a checkpoint")
         victims = learner_pids(run_dir)
         assert proc.poll() is None and len(victims) == 2
         os.kill(victims[1], signal.SIGKILL)
@@ -138,7 +90,7 @@ def test_a_stop_signal_stops_a_single_learner_with_one_line_and_cleans_up(tone_c
     """One learner trains in the command's own process: a `kill` or a closed terminal ends it as
     with several learners (one line, non-zero exit), and a run without a checkpoint leaves nothing."""
     run_dir = tmp_path / "run"
-    proc = _started(subprocess.Popen(
+    proc = started(subprocess.Popen(
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", *TINY, "--data", str(tone_corpus),
          "--epochs", "500", "train.checkpoint_every=0", "--out", str(run_dir), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -16,8 +16,8 @@ import pytest
 from asrdist.cli import main
 from asrdist.errors import ConfigError
 from asrdist.run.worker import check_start
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["train.threads=1", "data.batch_size=128", "model.hidden_dim=32", "model.hidden_layers=1",
         "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.timeout_seconds=60", "train.max_steps=6"]
 

@@ -21,7 +21,7 @@ from asrdist.eval.decode import PhoneBigram
 from asrdist.io.torch_data import load_data
 from asrdist.run.prepare import load_targets
 from asrdist.train import checkpoint as ckpt
-from tests.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
+from tests.support.corpus_fixture import RECIPE, TINY, tiny_run_with_checkpoints, tone_corpus_with_features
 
 REFUSED = "holds objects other than tensors and plain data"
 

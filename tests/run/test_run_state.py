@@ -2,7 +2,7 @@
 from it; checkpoints published by the survivors of a lost learner and resumed by every learner;
 lost learners' minibatches trained again in the survivors' epoch; an empty recipe; notes never
 before an error; a stop by signal exits 128 + signal; features never rewritten under a reader.
-The slow half (real jobs killed, stopped and interrupted) is tests/test_fault_recovery.py."""
+The slow half (real jobs killed, stopped and interrupted) is tests/run/test_fault_recovery.py."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ from asrdist.errors import ConfigError, DataError, TrainingError
 from asrdist.train import checkpoint as ckpt, state as run_state
 from asrdist.run import rundir
 from asrdist.run.launch import check_new_run_dir
-from test_engine import ListOrder
+from tests.support.engine_fixture import ListOrder
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "0\n", "false\n", "[]\n", "just words\n", "[1, 2]\n"])
@@ -251,7 +251,7 @@ def test_a_full_disk_is_one_line_with_no_progress_bar_left_above_it(tone_corpus,
     away before the error line: what the terminal shows is that one line."""
     import shutil
 
-    from test_bad_input import fill_disk
+    from tests.support.full_disk import fill_disk
 
     shutil.copytree(tone_corpus / "train", tmp_path / "split", ignore=shutil.ignore_patterns("feats"))
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

@@ -3,7 +3,6 @@ wrote load and are written back key for key; keys added since take the defaults 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,9 @@ from asrdist.cluster.cpushare import HostCpuUsage
 from asrdist.cluster.launcher import HostWire, WireCounters
 from asrdist.errors import DataError
 from asrdist.run.summary import DedicatedHosts, RunSummary
-from corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _learner(rank: int, **more) -> dict:

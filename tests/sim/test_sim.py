@@ -13,6 +13,7 @@ from asrdist.sim.cluster import LINKS, Cluster
 from asrdist.sim.engine import simulate
 from asrdist.sim.spec import SimSpec
 from asrdist.sim.scenario import ADVISED, Job, advise, strategy_config
+from tests.support.paths import CONFIGS
 
 SHAPES = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]
 
@@ -330,12 +331,11 @@ def test_a_run_config_averages_what_its_optimizer_keeps_per_parameter():
     """The simulated average carries the optimizer tensors the real one does (averaging.py's
     `average_momentum`): SGD momentum one copy of the parameters, CNTK AdaGrad with momentum two,
     none without momentum or with `average_momentum=false`, and the bytes follow."""
-    from pathlib import Path
 
     from asrdist.config import load_config
     from asrdist.sim.scenario import averaged_state_copies, config_job, run_job
 
-    configs = Path(__file__).resolve().parent.parent / "configs"
+    configs = CONFIGS
     default = load_config(configs / "default.yaml", ["strategy.name=averaging"])  # Nesterov 0.9
     cases = {
         "momentum": (default, 1),

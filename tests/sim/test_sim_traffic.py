@@ -12,8 +12,8 @@ from asrdist.parallel import build_strategy, comm, strategy_config_class
 from asrdist.sim.cluster import Cluster
 from asrdist.sim.engine import simulate
 from asrdist.sim.spec import SimSpec
-from tests.dist_utils import learner_context, run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 STEPS, BATCH = 4, 8
 CASES = {  # name -> (strategy, settings, group size)

@@ -10,8 +10,8 @@ import yaml
 
 from asrdist.compare.recipes import recipes_for
 from asrdist.compare.runs import resolve_all
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "default.yaml"
 TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.epochs=2"]
 FIGURES = {  # strategy -> (PER after epochs 1 and 2, frames/s, bytes sent, compute seconds per frame)

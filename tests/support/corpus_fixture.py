@@ -12,6 +12,7 @@ import numpy as np
 from asrdist.io.audio import num_frames, write_wav
 from asrdist.io.kaldi_dir import Utterance, write_data_dir
 from asrdist.corpus.phones import PHONES, PhoneTable
+from tests.support.paths import DEFAULT_RECIPE
 
 RATE = 16000
 TONE_PHONES = list(range(1, 9))  # 8 phones + silence
@@ -65,7 +66,7 @@ def make_tone_corpus(out: Path, utterances_per_speaker: int = 12, speakers: int 
     return out
 
 
-RECIPE = str(Path(__file__).resolve().parents[1] / "configs/default.yaml")
+RECIPE = str(DEFAULT_RECIPE)
 TINY = ["data.batch_size=128", "model.hidden_dim=16", "model.hidden_layers=1", "optim.warmup_steps=0",
         "optim.anneal_after_epoch=null", "train.log_every=1", "train.threads=1", "--epochs", "1", "--no-progress"]
 """A one-learner run of RECIPE small enough for a test: a one-layer net of 16 units, one epoch."""

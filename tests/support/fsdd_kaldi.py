@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from tests.support.paths import FSDD
 
-FSDD = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

@@ -1,4 +1,4 @@
-"""`toy`: a strategy in one file, for tests/test_toy_strategy.py, which copies it into a copy of
+"""`toy`: a strategy in one file, for tests/e2e/test_toy_strategy.py, which copies it into a copy of
 the package as asrdist/parallel/toy.py and adds one line to `parallel.STRATEGIES`. Every learner
 sums its gradients with the others', one allreduce per parameter, and steps with the mean."""
 from __future__ import annotations

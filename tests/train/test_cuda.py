@@ -29,8 +29,8 @@ from asrdist.train.loop import LoopConfig
 from asrdist.train.synthetic import SyntheticSampler
 from asrdist.run.task import SpeechTask
 from asrdist.train.trainer import Trainer, TrainerHooks
-from dist_utils import learner_context, run_distributed
-from strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 NO_CUDA = "needs a CUDA device (scripts/gpu_check.sh runs these on a GPU)"
 CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)])

@@ -15,57 +15,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from asrdist.data.batch import Batch
 from asrdist.data.job_sampler import JobEpochSampler
 from asrdist.errors import TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.loop import LoopConfig, StragglerConfig
 from asrdist.train.trainer import Trainer, TrainerHooks
-from dist_utils import learner_context, run_distributed
-
-
-class ListOrder:
-    """A one-rank sampler over `n` fixed minibatches of a linear-regression task."""
-
-    world_size = 1
-
-    def __init__(self, n: int, rows: int = 8, seed: int = 0):
-        gen = torch.Generator().manual_seed(seed)
-        self.batches = [Batch(inputs=torch.randn(rows, 4, generator=gen), targets=torch.randn(rows, 1, generator=gen),
-                              num_frames=rows) for _ in range(n)]
-        self._epoch, self._position = 0, 0
-
-    def __len__(self):
-        return len(self.batches)
-
-    def batch_at(self, epoch, k):
-        return self.batches[k]
-
-    def set_epoch(self, epoch):
-        if epoch != self._epoch:
-            self._epoch, self._position = epoch, 0
-
-    @property
-    def epoch(self):
-        return self._epoch
-
-    def __iter__(self):
-        for k in range(self._position, len(self)):
-            self._position = k + 1
-            if self._position == len(self):
-                self._epoch, self._position = self._epoch + 1, 0
-            yield self.batches[k]
-
-    def state_dict(self):
-        return {"epoch": self._epoch, "position": self._position, "config": {"n": len(self)}}
-
-    def load_state_dict(self, state):
-        self._epoch, self._position = state["epoch"], state["position"]
-
-
-def _loss(model, batch):
-    return torch.nn.functional.mse_loss(model(batch.inputs), batch.targets), batch.num_frames
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.engine_fixture import ListOrder, linear_model, linear_trainer, mse_loss
 
 
 class Recorder(Strategy):
@@ -112,21 +69,6 @@ class Recorder(Strategy):
         super().load_state_dict(state)
 
 
-def _linear(strategy, ctx) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The tests' model (the same initial weights every time) and its optimizer, set up under `strategy`."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    strategy.setup(model, opt, ctx)
-    return model, opt
-
-
-def _trainer(tmp_path, strategy, sampler, *, validate=None, loss=_loss, **kw):
-    model, opt = _linear(strategy, LearnerContext(store=dist.HashStore()))
-    hooks = TrainerHooks(loss_fn=loss, validate_fn=validate, lr_at=lambda s, e: 0.01)
-    return Trainer(model, opt, strategy, sampler, hooks, strategy.ctx, tmp_path, LoopConfig(progress=False, **kw))
-
-
 def test_hooks_run_in_the_trainers_order_and_state_is_touched_only_while_paused(tmp_path):
     rec = Recorder()
     validated = []
@@ -135,7 +77,7 @@ def test_hooks_run_in_the_trainers_order_and_state_is_touched_only_while_paused(
         validated.append(rec.paused_now)
         return {"valid_metric": 1.0}
 
-    tr = _trainer(tmp_path, rec, ListOrder(3), validate=validate, epochs=2, checkpoint_every=2)
+    tr = linear_trainer(tmp_path, rec, ListOrder(3), validate=validate, epochs=2, checkpoint_every=2)
     tr.fit()
     step = ["note_samples", "note_loss", "after_backward", "apply_update", "after_step", "should_stop"]
     calls = rec.calls
@@ -154,10 +96,10 @@ def test_close_gets_the_error_and_finalize_is_skipped_when_training_fails(tmp_pa
     rec = Recorder()
 
     def nan_loss(model, batch):
-        loss, n = _loss(model, batch)
+        loss, n = mse_loss(model, batch)
         return loss * float("nan"), n
 
-    tr = _trainer(tmp_path, rec, ListOrder(3), loss=nan_loss, epochs=1)
+    tr = linear_trainer(tmp_path, rec, ListOrder(3), loss=nan_loss, epochs=1)
     with pytest.raises(TrainingError, match="loss is nan"):
         tr.fit()
     assert rec.calls[-1] == "close(TrainingError)" and "finalize" not in rec.calls
@@ -171,7 +113,7 @@ def test_a_non_finite_validation_loss_stops_the_run_naming_the_epoch(tmp_path):
     def validate(model):
         return {"valid_loss": next(losses)}
 
-    tr = _trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, epochs=3)
+    tr = linear_trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, epochs=3)
     with pytest.raises(TrainingError, match=r"rank 0: the model diverged in epoch 1: its validation loss is not "
                                             r"finite \(train loss [0-9.e+-]+\); lower optim.lr"):
         tr.fit()
@@ -198,8 +140,8 @@ def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_stor
 
     def learner(rank):
         strategy = Independent()
-        model, opt = _linear(strategy, LearnerContext(store=store, job_rank=rank, job_world_size=2))
-        return Trainer(model, opt, strategy, ListOrder(3), TrainerHooks(loss_fn=_loss), strategy.ctx,
+        model, opt = linear_model(strategy, LearnerContext(store=store, job_rank=rank, job_world_size=2))
+        return Trainer(model, opt, strategy, ListOrder(3), TrainerHooks(loss_fn=mse_loss), strategy.ctx,
                        tmp_path / str(rank), LoopConfig(epochs=2, progress=False))
 
     leader, other = learner(0), learner(1)
@@ -219,8 +161,8 @@ def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
 
     ctx = learner_context()
     strategy = SyncStrategy()
-    model, opt = _linear(strategy, ctx)
-    hooks = TrainerHooks(loss_fn=_loss, validate_fn=lambda m: {"valid_loss": float("nan")}, lr_at=lambda s, e: 0.01)
+    model, opt = linear_model(strategy, ctx)
+    hooks = TrainerHooks(loss_fn=mse_loss, validate_fn=lambda m: {"valid_loss": float("nan")}, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, ListOrder(4), hooks, ctx, Path(run_dir) / f"r{rank}",
                  LoopConfig(epochs=2, progress=False))
     try:
@@ -240,10 +182,10 @@ def test_every_learner_stops_on_the_leaders_diverged_validation(tmp_path):
 
 def test_a_diverging_trial_returns_inf_instead_of_raising(tmp_path):
     def nan_loss(model, batch):
-        loss, n = _loss(model, batch)
+        loss, n = mse_loss(model, batch)
         return loss * float("nan"), n
 
-    tr = _trainer(tmp_path, Strategy(), ListOrder(3), loss=nan_loss, epochs=1)
+    tr = linear_trainer(tmp_path, Strategy(), ListOrder(3), loss=nan_loss, epochs=1)
     tr.stepper.trial = True
     loss, frames = tr.train_step(ListOrder(1).batches[0])
     assert loss != loss and frames == 8  # NaN comes back to the search, which rejects the size
@@ -288,9 +230,9 @@ class Independent(Strategy):
 def _straggler_learner(rank: int, world_size: int, run_dir: str) -> dict:
     ctx = learner_context()
     strategy = Independent()
-    model, opt = _linear(strategy, ctx)
+    model, opt = linear_model(strategy, ctx)
     sampler = JobEpochSampler(ListOrder(48), ctx.store, world_size)
-    hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.01)
+    hooks = TrainerHooks(loss_fn=mse_loss, lr_at=lambda s, e: 0.01)
     tr = Trainer(model, opt, strategy, sampler, hooks, ctx, Path(run_dir),
                  LoopConfig(epochs=2, progress=False, emulate_compute_ms=50.0,
                             straggler=StragglerConfig(ranks=[1], slowdown=3.0)))
@@ -317,7 +259,7 @@ def _old_main_step(model, opt, strategy, batch, lr):
     zero_grad, after_step): the reference the new trainer must reproduce bit for bit."""
     for group in opt.param_groups:
         group["lr"] = lr * strategy.lr_scale()
-    loss, frames = _loss(model, batch)
+    loss, frames = mse_loss(model, batch)
     loss.backward()
     strategy.note_samples(frames)
     strategy.note_loss(float(loss))
@@ -340,7 +282,7 @@ def _lockstep_learner(rank: int, world_size: int, name: str, config: dict, run_d
         strategy.setup(model, opt, ctx)
         batches = ListOrder(12, seed=rank).batches
         if path == "trainer":
-            hooks = TrainerHooks(loss_fn=_loss, lr_at=lambda s, e: 0.05)
+            hooks = TrainerHooks(loss_fn=mse_loss, lr_at=lambda s, e: 0.05)
             tr = Trainer(model, opt, strategy, ListOrder(1), hooks, ctx, Path(run_dir),
                          LoopConfig(epochs=1, progress=False))
             for batch in batches:

@@ -12,7 +12,7 @@ from asrdist.run.launch import print_summary
 from asrdist.run.summary import RunSummary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.epoch_average import EpochAverage, average_state_dicts, cpu_state
-from test_engine import ListOrder, _trainer
+from tests.support.engine_fixture import ListOrder, linear_trainer
 
 
 def test_the_average_of_state_dicts_is_the_hand_computed_mean():
@@ -56,7 +56,7 @@ def _epoch_models(tmp_path, **kw):
         seen.append(cpu_state(model))
         return {"valid_loss": 0.5}
 
-    tr = _trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, **kw)
+    tr = linear_trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, **kw)
     return tr, seen
 
 
@@ -95,7 +95,7 @@ def test_more_epochs_than_trained_average_them_all_and_a_bad_n_is_refused(tmp_pa
     assert averaged.epochs == [0, 1]
     assert torch.equal(averaged.state["bias"], ((seen[0]["bias"].double() + seen[1]["bias"].double()) / 2).float())
     with pytest.raises(ConfigError, match="average_last"):
-        _trainer(tmp_path / "bad", Strategy(), ListOrder(3), epochs=2, average_last=0)
+        linear_trainer(tmp_path / "bad", Strategy(), ListOrder(3), epochs=2, average_last=0)
 
 
 def test_a_run_stopped_inside_an_epoch_averages_the_window_it_reached(tmp_path):

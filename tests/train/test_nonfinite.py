@@ -14,8 +14,8 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.sync import SyncStrategy
-from tests.dist_utils import learner_context, run_distributed
-from tests.strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import learner_context, run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 STEPS = 5
 

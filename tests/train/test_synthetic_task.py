@@ -1,7 +1,7 @@
 """The benchmarks' learners come from `build_learner` with `asrdist.train.synthetic`'s tasks:
 the tasks' minibatches and loss, `bench scaling`'s run config, `bench ngsgd`'s identical starting
 weights and `bench trainer`'s fair comparison. The benches' end-to-end runs and JSON keys are
-tests/test_bench_cli.py's."""
+tests/bench/test_bench_cli.py's."""
 from __future__ import annotations
 
 import pytest

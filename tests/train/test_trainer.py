@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +9,8 @@ import torch
 from asrdist.cli import main
 from asrdist.train.checkpoint import latest_step_dir
 from asrdist.train.metrics import read_metrics
-from tests.corpus_fixture import make_tone_corpus
+from tests.support.corpus_fixture import make_tone_corpus
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow  # end to end: `asrdist train` on a tone corpus
 
@@ -148,7 +148,7 @@ def test_features_follow_the_recipe(tmp_path, capsys):
     from asrdist.config import load_config
     from asrdist.features.store import FeatureStore
     from asrdist.run.prepare import ensure_features
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     corpus = make_tone_corpus(tmp_path / "corpus")
     ensure_features(corpus, load_config(root / "configs/default.yaml", [f"data.corpus={corpus}"]), progress=False)
     assert "it has none" in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""Installs the quick-loop guard (tests/quick_loop_guard.py) in a Python process that a test not
-marked slow started, directly or through other processes: conftest.py puts this directory first on
+"""Installs the quick-loop guard (tests/support/quick_loop_guard.py) in a Python process that a test not
+marked slow started, directly or through other processes: tests/conftest.py puts this directory first on
 PYTHONPATH and names the refusals file in ASRDIST_QUICK_LOOP_GUARD. Then runs the sitecustomize
 this file hides, if the interpreter has one."""
 import os
