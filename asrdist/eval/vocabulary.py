@@ -303,7 +303,7 @@ def vocabulary_search(cfg, targets: Targets) -> VocabularySearch | None:
     if targets.kind == "phones":
         if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
             raise DataError("eval.lm_weight / eval.word_bonus: the word bigram is for character CTC models "
-                            f"(this run has data.targets=phones); set them to 0")
+                            "(this run has data.targets=phones); set them to 0")
         return _pronounced_search(spec, targets, train_dir, cfg.eval.beam, where)
     if targets.kind != "chars":
         raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "

@@ -1,7 +1,7 @@
 """Learners that move alike, simulated once: without jitter and shared cores, the learners of a
 lock-step strategy differ only by being a straggler or sharing a node or a rail with one, so one
 learner of each kind stands for the others, in its node's and rail's collectives too (with the
-same figures as simulating each: tests/test_sim_inputs.py). Nodes that exchange pairwise
+same figures as simulating each: tests/sim/test_sim_inputs.py). Nodes that exchange pairwise
 (hierarchical, hybrid) are each simulated: its leader and one other learner."""
 from __future__ import annotations
 

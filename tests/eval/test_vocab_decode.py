@@ -2,7 +2,6 @@
 sequence the vocabulary allows, scored by its summed CTC path probability (torch's ctc_loss)."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np

@@ -189,3 +189,30 @@ def test_an_unexplained_inner_import_is_found(tmp_path, monkeypatch):
     module.write_text("def f():\n    # why\n    import json\n    import os\n\n\ndef g():\n    import re\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "asrdist")
     assert unexplained_inner_imports(module) == ["asrdist/m.py:8: import re"]
+
+
+def environment_reads(path: Path) -> list[str]:
+    """`os.environ` / `os.getenv` / `os.putenv` uses in the file: each a line `path:line: text`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = path.read_text().splitlines()
+    uses = sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id == "os" and n.attr in ("environ", "getenv", "putenv", "unsetenv"))
+    return [f"{path.relative_to(PACKAGE.parent)}:{line}: {lines[line - 1].strip()}" for line in uses]
+
+
+def test_only_the_environment_module_touches_the_environment():
+    """STYLE.md 5: nothing deep in the code reads os.environ; `asrdist.utils.environ` is the one
+    module that reads or writes the process's variables (JobEnv reads the job's through it)."""
+    owner = PACKAGE / "utils" / "environ.py"
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) if path != owner for line in environment_reads(path)]
+    assert not found, "\n".join(found)
+    assert environment_reads(owner)
+
+
+def test_an_environment_read_is_found(tmp_path, monkeypatch):
+    module = tmp_path / "asrdist" / "m.py"
+    module.parent.mkdir()
+    module.write_text("import os\n\nHOME = os.environ.get('HOME')\nX = os.getenv('X')\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "asrdist")
+    assert environment_reads(module) == ["asrdist/m.py:3: HOME = os.environ.get('HOME')",
+                                         "asrdist/m.py:4: X = os.getenv('X')"]

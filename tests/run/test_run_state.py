@@ -230,7 +230,7 @@ def test_features_are_never_rewritten_under_another_reader(tone_corpus, tmp_path
     # another command reading the corpus' features (as `asrdist train` holds them while it runs)
     reader = subprocess.Popen(
         [sys.executable, "-c", "import sys; from asrdist.features.store import hold_for_reading as h; "
-         f"[h(p) for p in sys.argv[1:]]; print('held', flush=True); sys.stdin.read()",
+         "[h(p) for p in sys.argv[1:]]; print('held', flush=True); sys.stdin.read()",
          str(corpus / "train"), str(corpus / "valid")],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
