@@ -255,8 +255,10 @@ def test_a_fast_learner_takes_proportionally_more_minibatches_of_the_jobs_epoch(
 
 
 def _old_main_step(model, opt, strategy, batch, lr):
-    """The step as main ran it before the contract grew (loss, backward, hooks, optimizer.step,
-    zero_grad, after_step): the reference the new trainer must reproduce bit for bit."""
+    """The step as main ran it before the contract grew (loss, backward, hooks, optimizer.step and
+    zero_grad, after_step): the reference the new trainer must reproduce bit for bit. The update
+    goes through `apply_update`, as every update does since (onebit's `finalize` applies its last
+    pending gradient with the last update it was given)."""
     for group in opt.param_groups:
         group["lr"] = lr * strategy.lr_scale()
     loss, frames = mse_loss(model, batch)
@@ -264,8 +266,12 @@ def _old_main_step(model, opt, strategy, batch, lr):
     strategy.note_samples(frames)
     strategy.note_loss(float(loss))
     strategy.after_backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+
+    def update():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    strategy.apply_update(update)
     strategy.after_step()
 
 
