@@ -13,9 +13,9 @@ mean of its members', the leaders average) follow the same recurrence, hybrid af
 Determinism, without sleeps: in the passive's process its answers are gated. Exchange j is answered
 only once the passive's trainer has computed the gradient the recurrence pairs with it (plain: step
 j−1's; delay: step j's) and the passive steps only once that exchange has landed; an active's
-parameters change only on its own thread. On 5b0691c (x ← W(x − ηg); passives step with their
-current gradient under delay-by-one; hybrid's leader holding gradients in its synchronous epochs)
-every case fails."""
+parameters change only on its own thread. Before issue 63 (x ← W(x − ηg); passives stepping with
+their current gradient under delay-by-one; a hybrid leader holding gradients in its synchronous
+epochs) every case fails."""
 from __future__ import annotations
 
 import copy
