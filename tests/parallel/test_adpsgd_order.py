@@ -18,7 +18,6 @@ their current gradient under delay-by-one; a hybrid leader holding gradients in 
 epochs) every case fails."""
 from __future__ import annotations
 
-import copy
 import threading
 from dataclasses import replace
 

@@ -14,8 +14,8 @@ from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel.averaging import AVERAGING, AveragingConfig, AveragingStrategy, block_momentum_for
 from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.descriptor import SimJob
-from dist_utils import run_distributed
-from strategy_harness import make_trainer, train_steps
+from tests.support.dist_utils import run_distributed
+from tests.support.strategy_harness import make_trainer, train_steps
 
 BATCH = 8
 
