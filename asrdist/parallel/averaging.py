@@ -9,8 +9,12 @@ Every learner starts from rank 0's parameters, trains alone on its own shard and
 3. with `exclude_threshold`, a learner whose mean objective since the last average is worse than
    the best by more than it (or non-finite) gets w_i = 0 (Kaldi's "successful models" rule);
 4. `lr_scale()` is 1 unless `scale_lr` (the factor n is already in the trainer's split batch);
-5. `finalize()` averages once more: every learner ends with the identical consensus model.
-Why momentum is averaged, and the learning-rate argument:
+5. with block momentum (BMUF, Chen & Huo 2016; CNTK's BlockMomentumSGD), after the average x̄:
+   G = x̄ − b, Δ ← ηΔ + ζG, x_g = b + Δ; learners restart from b ← x_g (+ ηΔ with Nesterov), no
+   extra communication; η = 0, ζ = 1 (the default) is plain averaging, bit for bit;
+6. `finalize()` averages once more: every learner ends with the identical consensus model (with
+   block momentum, the global model x_g without the Nesterov look-ahead).
+Why momentum is averaged, the learning-rate argument and block momentum's default:
 docs/strategies.md#averaging-periodic-model-averaging-parallelaveragingpy."""
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from asrdist.checks import check_field
-from asrdist.errors import TrainingError
+from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.descriptor import LockStep, SimJob, StrategyDescriptor
@@ -55,13 +59,40 @@ class AveragingConfig:
     """Also average the optimizer's per-parameter state tensors (momentum buffers; AdaGrad's
     accumulator), if it has any; false keeps them local to each learner."""
 
+    block_momentum: Any = 0.0
+    """η of block momentum (BMUF): a number in [0, 1), or auto = CNTK's default 1 − 1/n for n
+    learners. 0 with block_lr 1 (the default) is plain averaging; see docs/strategies.md for why
+    the default is not CNTK's (this trainer's split batch already carries the factor n)."""
+    block_lr: float = 1.0
+    """ζ of block momentum (BMUF's block learning rate): the averaged change's weight in Δ."""
+    block_nesterov: bool = True
+    """Nesterov-style block momentum (CNTK's default): learners restart from x_g + ηΔ."""
+
     def __post_init__(self):
+        self.block_momentum = check_block_momentum(self.block_momentum)
+        check_field("strategy.block_lr", self.block_lr, float, above=0)
+        check_field("strategy.block_nesterov", self.block_nesterov, bool)
         check_field("strategy.average_every", self.average_every, at_least=1)
         check_field("strategy.samples_per_step", self.samples_per_step, at_least=0)
         if self.exclude_threshold is not None:
             check_field("strategy.exclude_threshold", self.exclude_threshold, float, at_least=0)
         for name in ("scale_lr", "average_momentum"):
             check_field(f"strategy.{name}", getattr(self, name), bool)
+
+
+def check_block_momentum(value: Any) -> float | str:
+    """`strategy.block_momentum`: "auto", or a number in [0, 1) (as a float)."""
+    if value == "auto":
+        return value
+    try:
+        return float(check_field("strategy.block_momentum", value, float, at_least=0, below=1))
+    except ConfigError:
+        raise ConfigError(f"strategy.block_momentum: expected auto or a number >= 0 and < 1, got {value!r}") from None
+
+
+def block_momentum_for(config: AveragingConfig, learners: int) -> float:
+    """η for a job of `learners`: the configured number, or CNTK's 1 − 1/n for auto."""
+    return 1.0 - 1.0 / learners if config.block_momentum == "auto" else float(config.block_momentum)
 
 
 def steps_between_averages(config: AveragingConfig, samples_per_step: int) -> int:
@@ -106,6 +137,13 @@ class AveragingStrategy(Strategy):
         self.loss_count = 0
         self.last_included: list[bool] = []
         """Which learners the last average used (all True without exclusion)."""
+        self.block_momentum = 0.0
+        """η for this job (set at setup; `auto` resolved with the number of learners)."""
+        self.block_base: list[torch.Tensor] | None = None
+        """Block momentum's b: the parameters every learner started the current block from (None:
+        block momentum is off)."""
+        self.block_delta: list[torch.Tensor] = []
+        """Block momentum's Δ per parameter."""
 
     # -- what the trainer tells us ---------------------------------------------------------------
     def note_samples(self, n: int) -> None:
@@ -140,6 +178,15 @@ class AveragingStrategy(Strategy):
             comm.broadcast_module(model, self.counters, src=0, group=ctx.group, timeout=ctx.timeout)
         if not self.config.samples_per_step and ctx.samples_per_step:
             self.samples_per_minibatch = ctx.samples_per_step
+        self.block_momentum = block_momentum_for(self.config, ctx.world_size)
+        if self.block_on:
+            self.block_base = [p.detach().clone() for p in model.parameters()]
+            self.block_delta = [torch.zeros_like(p) for p in self.block_base]
+
+    @property
+    def block_on(self) -> bool:
+        """Whether averages apply block momentum (η > 0 or ζ != 1)."""
+        return self.block_momentum > 0 or self.config.block_lr != 1.0
 
     def after_step(self) -> None:
         self.steps += 1
@@ -153,7 +200,7 @@ class AveragingStrategy(Strategy):
             self.average()
 
     def finalize(self) -> None:
-        self.average()
+        self.average(final=True)
 
     # -- the average ----------------------------------------------------------------------------
     def averaged_tensors(self) -> list[torch.Tensor]:
@@ -172,8 +219,9 @@ class AveragingStrategy(Strategy):
         """Bytes of one learner's contribution to an average (S in the ring cost 2·S·(n−1)/n)."""
         return sum(t.numel() * t.element_size() for t in self.averaged_tensors())
 
-    def average(self) -> None:
-        """Average now (a collective: every learner must call it at the same point)."""
+    def average(self, final: bool = False) -> None:
+        """Average now (a collective: every learner must call it at the same point); `final`: the
+        last one (`finalize`), which leaves block momentum's global model without the look-ahead."""
         n = self.ctx.world_size
         included = [True] * n
         if n > 1:
@@ -181,6 +229,8 @@ class AveragingStrategy(Strategy):
                 included = self._included_learners()
             self._allreduce_average(included)
             self.counters.add(exchanges=1)
+        if self.block_base is not None:
+            self._block_update(final, pending=self.samples_since_average > 0 or not final)
         self.last_included = included
         self.num_averages += 1
         self.samples_since_average = 0
@@ -216,12 +266,33 @@ class AveragingStrategy(Strategy):
             with torch.no_grad():
                 comm.unflatten_into(flat, same)
 
+    def _block_update(self, final: bool, pending: bool) -> None:
+        """Block momentum (step 5) on the averaged parameters, the same arithmetic on every learner.
+        `pending` false (finalize right after an average): no new block, only the look-ahead is
+        taken back, so the final model is x_g either way."""
+        eta, zeta = self.block_momentum, self.config.block_lr
+        lookahead = eta if self.config.block_nesterov else 0.0
+        with torch.no_grad():
+            for p, base, delta in zip(self.model.parameters(), self.block_base, self.block_delta):
+                if pending:
+                    delta.mul_(eta).add_(p.data - base, alpha=zeta)  # Δ = ηΔ + ζ(x̄ − b)
+                    target = base + delta  # x_g = b + Δ
+                else:
+                    target = base - lookahead * delta  # b = x_g + ηΔ
+                if not final:
+                    target.add_(delta, alpha=lookahead)  # the next block starts at x_g + ηΔ
+                base.copy_(target)
+                p.data.copy_(target)
+
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(samples_since_average=self.samples_since_average, samples_noted=self.samples_noted,
                      steps=self.steps, num_averages=self.num_averages, loss_sum=self.loss_sum,
                      loss_count=self.loss_count, samples_per_minibatch=self.samples_per_minibatch)
+        if self.block_base is not None:
+            state.update(block_base=[t.clone() for t in self.block_base],
+                         block_delta=[t.clone() for t in self.block_delta])
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -232,6 +303,20 @@ class AveragingStrategy(Strategy):
         if not (self.config.samples_per_step or self.ctx.samples_per_step):  # None (not reported yet, or an older checkpoint): the next report
             size = state.get("samples_per_minibatch")
             self.samples_per_minibatch = None if size is None else int(size)
+        if self.block_base is not None:
+            self._load_block_state(state)
+
+    def _load_block_state(self, state: dict[str, Any]) -> None:
+        """b and Δ from a checkpoint; one saved without them (block momentum off, or an older
+        asrdist) starts a block at the loaded parameters with Δ = 0."""
+        mine = self.block_base + self.block_delta
+        saved = state.get("block_base", []) + state.get("block_delta", [])
+        if not saved:
+            saved = [p.detach() for p in self.model.parameters()] + [torch.zeros_like(d) for d in self.block_delta]
+        if len(saved) != len(mine) or any(a.shape != b.shape for a, b in zip(mine, saved)):
+            raise TrainingError("averaging: the checkpoint's block momentum state does not fit this model")
+        for t, value in zip(mine, saved):
+            t.copy_(value)
 
 
 def _simulated(config: AveragingConfig, job: SimJob) -> LockStep:
