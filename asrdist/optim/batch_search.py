@@ -1,8 +1,8 @@
 """Automatic minibatch-size search at an epoch start (Seide et al. 2014; CNTK's
 `SGD::SearchForBestMinibatchSize`; DESIGN.md §5.2).
 
-1. Trial sizes: `base_size`, then base x sqrt(2)^k rounded to multiples of 64, up to 2 x the
-   previous epoch's size.
+1. Trial sizes: from the larger of `base_size` and half the previous epoch's size, x sqrt(2)^k
+   rounded to multiples of 64, up to 2 x the previous epoch's size (CNTK's AdaptiveMinibatchSizing).
 2. Each trial restores the epoch-start state and trains the same budget of frames at its size
    (`train_minibatches(size) -> loss`, `EpochStartTrials`); the search only chooses.
 3. Trials go on while a loss stays <= 1.01 x the first trial's; the first above it ends the search.
@@ -36,17 +36,21 @@ def round_to_multiple(value: float, multiple: int = MULTIPLE) -> int:
 
 def trial_sizes(base_size: int, previous_size: int | None = None, *, growth: float = GROWTH,
                 multiple: int = MULTIPLE, max_growth: float = MAX_GROWTH) -> list[int]:
-    """The minibatch sizes the search tries, in order (step 1 of the module docstring)."""
+    """The minibatch sizes the search tries, in order (step 1 of the module docstring). As CNTK
+    (SGD.cpp, `AdaptiveMinibatchSizing`: minMinibatchSize = max(initial, previous / 2),
+    maxMinibatchSize = min(tuning max, previous x 2)), an epoch's search starts from the previous
+    epoch's choice, not from the configured size; the first size is always tried."""
     _check_size("base_size", base_size, multiple)
     previous = base_size if previous_size is None else previous_size
     _check_size("previous_size", previous, 1)
     if not growth > 1 or not max_growth >= 1:
         raise ConfigError(f"batch-size search: growth must be > 1 and max_growth >= 1, got {growth}, {max_growth}")
     limit = max_growth * previous
-    sizes = [base_size]
+    lowest = max(base_size, previous / max_growth)
+    sizes = [round_to_multiple(lowest, multiple)]
     k = 1
     while True:
-        target = base_size * growth ** k
+        target = lowest * growth ** k
         if target > limit * (1 + 1e-9):  # 1e-9: base * sqrt(2)^2 must count as exactly 2 x base
             return sizes
         size = round_to_multiple(target, multiple)

@@ -12,7 +12,7 @@ import pytest
 from asrdist.cli import main
 from asrdist.config import load_config
 from asrdist.errors import ConfigError
-from asrdist.optim.batch_search import trial_sizes
+from asrdist.optim.batch_search import round_to_multiple, trial_sizes
 from asrdist.optim.build import OptimConfig
 from asrdist.optim.schedules import LRSchedule
 from asrdist.parallel.base import LearnerContext
@@ -42,10 +42,11 @@ def _check_searches(run: Path, epochs: int) -> list[dict]:
     for r in searches:
         sizes = [size for size, _ in r["trials"]]
         assert r["previous"] == previous
-        assert sizes == trial_sizes(128, previous)[:len(sizes)] and sizes[0] == 128
-        # the rule of batch_search: the largest size before the first loss above 1.01 x base
+        assert sizes == trial_sizes(128, previous)[:len(sizes)]
+        assert sizes[0] == max(128, round_to_multiple(previous / 2))  # from half the last choice (CNTK)
+        # the rule of batch_search: the largest size before the first loss above 1.01 x the first
         base = r["trials"][0][1]
-        expected = 128
+        expected = sizes[0]
         for size, loss in r["trials"][1:]:
             if not (math.isfinite(loss) and loss <= 1.01 * base):
                 break

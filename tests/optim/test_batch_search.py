@@ -42,9 +42,11 @@ def test_rounding_is_to_the_nearest_multiple_of_64():
 
 def test_trial_sizes_grow_by_sqrt2_up_to_twice_the_previous_size():
     assert trial_sizes(256) == [256, 384, 512]
-    assert trial_sizes(256, 1024) == [256, 384, 512, 704, 1024, 1472, 2048]
+    assert trial_sizes(256, 1024) == [512, 704, 1024, 1472, 2048]  # from half the previous size (CNTK)
+    assert trial_sizes(256, 768) == [384, 512, 768, 1088, 1536]
+    assert trial_sizes(256, 384) == [256, 384, 512, 704]  # half of 384 is below the base
     assert trial_sizes(64) == [64, 128]  # 64 * sqrt(2) rounds back to 64: skipped
-    assert trial_sizes(1024, 256) == [1024]  # the base is always tried
+    assert trial_sizes(1024, 256) == [1024]  # the first size is always tried
     assert trial_sizes(128, 120) == [128, 192]  # 256 would exceed 2 x 120
 
 
