@@ -15,18 +15,9 @@ from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext
 from tests.support.dist_utils import run_distributed
 from tests.support.strategy_harness import default_loss, make_trainer, train_steps
+from tests.support.tiny_classifier import BATCH, tiny_batch, tiny_model
 
-BATCH, STEPS = 8, 7
-
-
-def _model(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
-
-
-def _batch(rank: int, step: int):
-    gen = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(BATCH, 5, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
+STEPS = 7
 
 
 def _reported_loss(rank: int, loss, bad_rank: int | None):
@@ -36,7 +27,7 @@ def _reported_loss(rank: int, loss, bad_rank: int | None):
 
 def _learner(rank: int, world_size: int, config: AveragingConfig, bad_rank: int | None):
     """The trainer's own step on this learner's minibatches."""
-    model = _model(seed=rank)  # learners start different: setup must broadcast rank 0's
+    model = tiny_model(seed=rank)  # learners start different: setup must broadcast rank 0's
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     strategy = AveragingStrategy(config)
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
@@ -51,7 +42,7 @@ def _learner(rank: int, world_size: int, config: AveragingConfig, bad_rank: int 
             included.append(strategy.last_included)
 
     trainer = make_trainer(model, opt, strategy, loss_fn=reported_loss)
-    train_steps(trainer, [_batch(rank, step) for step in range(STEPS)], after_each=record_average)
+    train_steps(trainer, [tiny_batch(rank, step) for step in range(STEPS)], after_each=record_average)
     strategy.finalize()
     included.append(strategy.last_included)
     return {"params": [p.detach().clone() for p in model.parameters()],
@@ -62,7 +53,7 @@ def _learner(rank: int, world_size: int, config: AveragingConfig, bad_rank: int 
 
 def _reference(world_size: int, config: AveragingConfig, bad_rank: int | None):
     """The same learners simulated in one process, averaging by hand."""
-    models = [_model(seed=0) for _ in range(world_size)]
+    models = [tiny_model(seed=0) for _ in range(world_size)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.5) for m in models]
     losses = [[] for _ in range(world_size)]
     samples = 0
@@ -89,7 +80,7 @@ def _reference(world_size: int, config: AveragingConfig, bad_rank: int | None):
 
     for step in range(STEPS):
         for rank, (model, opt) in enumerate(zip(models, opts)):
-            x, y = _batch(rank, step)
+            x, y = tiny_batch(rank, step)
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
@@ -139,7 +130,7 @@ def test_averaging_matches_single_process_reference(tmp_path, world_size, exclud
 
 
 def test_single_learner_counting_and_state():
-    model = _model(0)
+    model = tiny_model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     strategy = build_strategy("averaging", AveragingConfig(average_every=20, samples_per_step=8))
     strategy.setup(model, opt, LearnerContext())
@@ -157,7 +148,7 @@ def test_single_learner_counting_and_state():
     assert (scaled.lr_scale(), unscaled.lr_scale()) == (4.0, 1.0)
 
     silent = AveragingStrategy()
-    silent.setup(_model(0), opt, LearnerContext())
+    silent.setup(tiny_model(0), opt, LearnerContext())
     silent.after_step()
     with pytest.raises(TrainingError, match="note_samples"):
         silent.after_step()

@@ -16,18 +16,8 @@ from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.descriptor import SimJob
 from tests.support.dist_utils import run_distributed
 from tests.support.strategy_harness import make_trainer, train_steps
+from tests.support.tiny_classifier import BATCH, tiny_batch, tiny_model
 
-BATCH = 8
-
-
-def _model(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
-
-
-def _batch(rank: int, step: int):
-    gen = torch.Generator().manual_seed(1000 * rank + step)
-    return torch.randn(BATCH, 5, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
 
 
 def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -35,7 +25,7 @@ def _optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def _start(rank: int, world_size: int, config: AveragingConfig, seed: int):
-    model = _model(seed)  # learners start different: setup must broadcast rank 0's
+    model = tiny_model(seed)  # learners start different: setup must broadcast rank 0's
     opt = _optimizer(model)
     strategy = AveragingStrategy(config)
     strategy.setup(model, opt, LearnerContext(rank=rank, world_size=world_size))
@@ -46,7 +36,7 @@ def _learner(rank: int, world_size: int, config: AveragingConfig, steps: int, re
     """The trainer's own steps; with `resume_at`, the learner is rebuilt there from its checkpoint
     state (a fresh model, setup's broadcast, then the saved model, optimizer and strategy)."""
     model, opt, strategy = _start(rank, world_size, config, seed=rank)
-    batches = [_batch(rank, step) for step in range(steps)]
+    batches = [tiny_batch(rank, step) for step in range(steps)]
     if resume_at:
         train_steps(make_trainer(model, opt, strategy), batches[:resume_at])
         saved = copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -66,7 +56,7 @@ def _reference(world_size: int, config: AveragingConfig, steps: int):
     """The same learners in one process: average by hand, then BMUF's arithmetic on the mean."""
     eta = 1 - 1 / world_size if config.block_momentum == "auto" else config.block_momentum
     zeta, look = config.block_lr, (eta if config.block_nesterov else 0.0)
-    models = [_model(seed=0) for _ in range(world_size)]
+    models = [tiny_model(seed=0) for _ in range(world_size)]
     opts = [_optimizer(m) for m in models]
     base = [p.detach().clone() for p in models[0].parameters()]
     delta = [torch.zeros_like(b) for b in base]
@@ -91,7 +81,7 @@ def _reference(world_size: int, config: AveragingConfig, steps: int):
     samples = 0
     for step in range(steps):
         for rank, (model, opt) in enumerate(zip(models, opts)):
-            x, y = _batch(rank, step)
+            x, y = tiny_batch(rank, step)
             F.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
@@ -135,7 +125,7 @@ def test_block_momentum_matches_single_process_reference(tmp_path, case):
 
 
 def test_off_is_plain_averaging_and_auto_is_cntks_default():
-    model = _model(0)
+    model = tiny_model(0)
     for config, learners, on in [(AveragingConfig(), 4, False), (AveragingConfig(block_momentum="auto"), 1, False),
                                  (AveragingConfig(block_momentum="auto"), 4, True),
                                  (AveragingConfig(block_lr=0.5), 1, True)]:
@@ -152,18 +142,18 @@ def test_off_is_plain_averaging_and_auto_is_cntks_default():
 def test_block_state_round_trip_on_one_learner():
     """With ζ != 1 one learner is its own average: x_g = b + ηΔ + ζ(x − b), saved and resumed."""
     config = AveragingConfig(average_every=8, samples_per_step=8, block_momentum=0.5, block_lr=2.0)
-    model = _model(0)
+    model = tiny_model(0)
     opt = _optimizer(model)
     strategy = AveragingStrategy(config)
     strategy.setup(model, opt, LearnerContext())
     start = [p.detach().clone() for p in model.parameters()]
-    train_steps(make_trainer(model, opt, strategy), [_batch(0, 0)])
+    train_steps(make_trainer(model, opt, strategy), [tiny_batch(0, 0)])
     assert strategy.num_averages == 1
     state = copy.deepcopy(strategy.state_dict())
     for d, b, s in zip(state["block_delta"], state["block_base"], start):
         assert_close(b, s + 1.5 * d)  # Nesterov: restart at x_g + ηΔ, with x_g = start + Δ
     twin = AveragingStrategy(config)
-    twin.setup(_model(5), _optimizer(_model(5)), LearnerContext())
+    twin.setup(tiny_model(5), _optimizer(tiny_model(5)), LearnerContext())
     twin.load_state_dict(state)
     for a, b in zip(twin.block_base + twin.block_delta, strategy.block_base + strategy.block_delta):
         assert torch.equal(a, b)
