@@ -100,7 +100,8 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
                 continue
             yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
         return
-    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers), channel, noted)
+    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers), channel,
+                        noted)
     for utt, wav, text in zip(ids, wavs, texts):
         yield (utt, Path(wav), None, text) if isinstance(text, DataError) else (utt, Path(wav), text, None)
 

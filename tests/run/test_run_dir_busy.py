@@ -39,7 +39,8 @@ def test_a_second_train_is_told_another_command_holds_the_run_dir(tone_corpus, t
                       ["prepare", recipe, "--out", str(run), "--data", str(tone_corpus), *TINY]):
             assert main(again) == 2
             err = capsys.readouterr().err.strip().splitlines()
-            assert len(err) == 1 and "another asrdist command (train or prepare) is preparing or training" in err[0], err
+            assert len(err) == 1, err
+            assert "another asrdist command (train or prepare) is preparing or training" in err[0], err
             assert err == [f"asrdist: error: {rundir.busy_new_run(run)}"]
         assert main(["train", recipe, "--resume", str(run), *TINY]) == 2  # the resume's own line, unchanged
         err = capsys.readouterr().err.strip().splitlines()
