@@ -1,7 +1,8 @@
 """The decode-time front end: a run's own features for new audio files. Resampled to the training
 corpus' rate (from a higher one, with a note; a lower one lacks the model's top band: refused),
-fbank with the recipe's bins, and the recipe's CMVN (global: the training split's statistics kept in `targets.pt`; speaker: the statistics of the file's speaker, topped up to a
-second's worth by the training speakers' prior, `cmvn.SpeakerPrior`)."""
+fbank with the recipe's bins, and the recipe's CMVN (global: the training split's statistics kept
+in `targets.pt`; speaker: the statistics of the file's speaker, topped up to a second's worth by
+the training speakers' prior, `cmvn.SpeakerPrior`)."""
 from __future__ import annotations
 
 import json
