@@ -1,10 +1,12 @@
 """The decode-time front end: a run's own features for new audio files. Resampled to the training
-corpus' rate, fbank with the recipe's bins, and the recipe's CMVN (global: the training split's
-statistics kept in `targets.pt`; speaker: the statistics of the file's speaker, topped up to a
-second's worth by the training speakers' prior, `cmvn.SpeakerPrior`)."""
+corpus' rate (from a higher one, with a note; a lower one lacks the model's top band: refused),
+fbank with the recipe's bins, and the recipe's CMVN (global: the training split's statistics kept
+in `targets.pt`; speaker: the statistics of the file's speaker, topped up to a second's worth by
+the training speakers' prior, `cmvn.SpeakerPrior`)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -66,12 +68,25 @@ def _corpus_prior(train: Path, record: dict) -> dict:
     return {"speaker_prior": current["speaker_prior"]}
 
 
-def raw_features(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
+def raw_features(path: Path, front: dict, channel: int | None = None, noted: set[int] | None = None) -> np.ndarray:
     """The file's filterbank features through the run's front end, before CMVN (`channel`: the one
-    to read of a multi-channel file)."""
+    to read of a multi-channel file). Audio at a higher rate than the model's is resampled to it
+    with the resampler the corpus' own resampling uses, and a note says so once per rate (`noted`:
+    the rates noted so far; None: no note). Audio at a lower rate is refused: the model's top mel
+    filters read up to its Nyquist frequency, a band this audio does not hold and resampling cannot
+    add (an 8 kHz file on a 16 kHz model decoded to 4 of its 12 phones)."""
     samples, rate = read_wav(path, channel=channel)
+    model_rate = front["sample_rate"]
+    if rate < model_rate:
+        raise DataError(f"{path}: sample rate {rate} Hz, below the model's {model_rate} Hz: its filterbank reads up to "
+                        f"{model_rate // 2} Hz, this audio holds nothing above {rate // 2} Hz, which resampling cannot "
+                        f"add; decode it with a model trained at {rate} Hz or lower")
+    if rate != model_rate and noted is not None and rate not in noted:
+        noted.add(rate)
+        print(f"[asrdist] note: {path}: resampled from {rate} Hz to the model's {model_rate} Hz, the rate its "
+              f"features were trained at (noted once per rate)", file=sys.stderr, flush=True)
     try:  # the front end's reasons (audio too short for a frame) name no file
-        samples = resample(samples, rate, front["sample_rate"])
+        samples = resample(samples, rate, model_rate)
         return compute_fbank(samples, front["sample_rate"], front["num_mel_bins"])
     except DataError as exc:
         raise DataError(f"{path}: {exc}") from None
@@ -92,6 +107,6 @@ def normalize(feats: Sequence[np.ndarray], front: dict) -> list[np.ndarray]:
     return list(feats)
 
 
-def features_of(path: Path, front: dict, channel: int | None = None) -> np.ndarray:
-    """One file's features, the file its own speaker."""
-    return normalize([raw_features(path, front, channel)], front)[0]
+def features_of(path: Path, front: dict, channel: int | None = None, noted: set[int] | None = None) -> np.ndarray:
+    """One file's features, the file its own speaker (`noted`: as `raw_features`)."""
+    return normalize([raw_features(path, front, channel, noted)], front)[0]

@@ -1,8 +1,9 @@
 """`asrdist decode RUN WAV...`: transcribe audio files with a run's model.
 
-The audio goes through the run's own front end (resampled to the training rate, the recipe's
-fbank and CMVN); CTC models are searched greedily or by prefix beam (`eval.beam`), hybrid models
-by `asrdist eval`'s phone-loop Viterbi. Output is Kaldi's `utt text`. By default every file is its
+The audio goes through the run's own front end (audio at a higher rate resampled to the training
+rate, with a note; at a lower one refused, file by file; the recipe's fbank and CMVN); CTC
+models are searched greedily or by prefix beam (`eval.beam`), hybrid models by `asrdist eval`'s
+phone-loop Viterbi. Output is Kaldi's `utt text`. By default every file is its
 own unknown speaker (`cmvn.SpeakerPrior` tops up its statistics); files known to share a speaker
 (`speakers`: `--same-speaker`, `--utt2spk`) are decoded as `asrdist eval` decodes a speaker.
 Details: docs/evaluation.md#decode-audio-files-asrdist-decode."""
@@ -89,29 +90,31 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     if speakers is None and front["cmvn"] == "speaker" and len(wavs) > 1:
         print("[asrdist] note: each file is normalised as its own speaker (the run uses speaker CMVN); files "
               "that share a speaker decode better with --same-speaker or --utt2spk", file=sys.stderr, flush=True)
+    noted: set[int] = set()  # the rates resampled from, each said once
     if speakers is None:
         for utt, wav in zip(ids, wavs):
             try:
-                feats = features_of(Path(wav), front, channel)
+                feats = features_of(Path(wav), front, channel, noted)
             except DataError as exc:
                 yield utt, Path(wav), None, exc
                 continue
             yield utt, Path(wav), recognize(model, feats, targets, cfg, constrained), None
         return
-    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers), channel)
+    texts = _by_speaker(model, cfg, targets, front, constrained, [Path(w) for w in wavs], list(speakers), channel,
+                        noted)
     for utt, wav, text in zip(ids, wavs, texts):
         yield (utt, Path(wav), None, text) if isinstance(text, DataError) else (utt, Path(wav), text, None)
 
 
 def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speakers: list[str],
-                channel: int | None = None) -> list:
+                channel: int | None = None, noted: set[int] | None = None) -> list:
     """Each file's text (or the DataError that kept it from being decoded), speaker by speaker."""
 
     out: list = [None] * len(wavs)
     raw: dict[int, np.ndarray] = {}
     for i, wav in enumerate(tqdm(wavs, desc="features", unit="file", disable=None, leave=False)):
         try:
-            raw[i] = raw_features(wav, front, channel)
+            raw[i] = raw_features(wav, front, channel, noted)
         except DataError as exc:
             out[i] = exc
     adapts = model.kind == "ctc" and cfg.eval.adapt_rounds > 0

@@ -119,7 +119,10 @@ def environment_record(cfg: RunConfig) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNotes | None = None) -> None:
+def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNotes | None = None,
+                    held: contextlib.ExitStack | None = None) -> None:
+    """Features, targets, then the run directory's files, written while this command holds the
+    directory (`rundir.locked`; into `held` to go on holding it after)."""
     corpus = Path(cfg.data.corpus)
     check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
     ensure_features(corpus, cfg, progress=progress)
@@ -131,10 +134,15 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNo
         note_short_utterances(corpus / "train", targets, cfg.model.subsample)
     with output_errors(run_dir, creating=True):
         run_dir.mkdir(parents=True, exist_ok=True)
-    save_targets(run_dir, targets)
-    write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    write_json_atomic(run_dir / ENV_NAME, environment_record(cfg))
-    run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
+    with contextlib.ExitStack() as own:  # held from before the first file is written (`held`: by the caller)
+        (held if held is not None else own).enter_context(rundir.locked(run_dir, rundir.busy_new_run(run_dir)))
+        if any(not rundir.is_report(path) for path in run_dir.iterdir()):  # a run written here meanwhile
+            raise rundir.RunDirBusy(f"{run_dir}: another asrdist command wrote a run in this directory while this "
+                                    f"one prepared; pick another --out")
+        save_targets(run_dir, targets)
+        write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        write_json_atomic(run_dir / ENV_NAME, environment_record(cfg))
+        run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
 
 
 def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False,
@@ -159,7 +167,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
     """One line when `run_dir` cannot take a new run: a file, a directory already holding anything
     (a run, a prepared run, a user's files, which the run's files would replace), or a place inside
     the corpus (a run's files would become part of a split). A directory holding only the failure
-    reports of an earlier start (`rundir.is_report`) is emptied of them and taken."""
+    reports of an earlier start (`rundir.is_report`) is emptied of them and taken. A directory
+    another command holds (`rundir.locked`: preparing or training a run) is refused as such."""
     run_dir, corpus = Path(run_dir), Path(corpus).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise AsrdistError(f"{run_dir}: run directory is an existing file; pick another --out")
@@ -169,6 +178,8 @@ def check_new_run_dir(run_dir: Path, corpus: Path, hint: str = "pick another --o
     where = run_dir.resolve()
     if where == corpus or corpus in where.parents:
         raise AsrdistError(f"{run_dir}: run directory inside the corpus {corpus}; pick another --out")
+    if run_dir.is_dir() and rundir.held_elsewhere(run_dir):  # before its files are read as a prepared run's
+        raise rundir.RunDirBusy(rundir.busy_new_run(run_dir))
     entries = list(run_dir.iterdir()) if run_dir.is_dir() else []
     if entries and all(path.is_file() and rundir.is_report(path) for path in entries):
         # a start that failed before its first checkpoint left only the reasons: start again here
@@ -291,8 +302,7 @@ def _train(args, notes: HeldNotes) -> int:
                 restart_from_the_start(run_dir)
             rundir.record_resume(cfg, run_dir, _given_overrides(args))
         else:
-            prepare_run_dir(cfg, run_dir, progress=not args.no_progress, notes=notes)
-            held.enter_context(rundir.locked(Path(run_dir)))
+            prepare_run_dir(cfg, run_dir, progress=not args.no_progress, notes=notes, held=held)
         run_state.write_state(run_dir, "started", learners=cfg.train.learners)
         notes.release()
         summary = _start_learners(cfg, run_dir, args, nodes, network,

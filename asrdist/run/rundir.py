@@ -3,6 +3,7 @@
 - `check_resume`: a `--resume` is checked against the saved config and latest checkpoint before
   anything in the run directory is touched; each resume records `config-resume-K.yaml`.
 - A start that fails before any checkpoint removes what it added, keeping the failure reports.
+- `locked`: a command preparing or training a run holds its directory; a second is refused.
 - `state.json` (`prepared`, `started`, `checkpointed`, `finished`, `failed`), rewritten
   atomically at each change, says what state the run is in; `describe` reads it.
 Details: docs/reliability.md#run-directories-and-resume, docs/reliability.md#the-state-record-runstatejson."""
@@ -170,6 +171,8 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
     state = _file_as_it_is(run_dir / STATE_NAME)
     try:
         yield
+    except RunDirBusy:  # another command's directory: what is in it is that command's
+        raise
     except BaseException as exc:
         now_latest = _latest_name(run_dir) if run_dir.is_dir() else None
         if now_latest == latest or now_latest is None:
@@ -227,21 +230,44 @@ def _entries(run_dir: Path) -> set[Path]:
     return entries | set(board.iterdir()) if board.is_dir() else entries
 
 
+class RunDirBusy(ConfigError):
+    """The run directory is held (`locked`) by another asrdist command: nothing of it is this
+    command's to undo."""
+
+
+def busy_new_run(run_dir: Path) -> str:
+    """The line for a new run (`--out`) in a directory another command holds."""
+    return (f"{run_dir}: another asrdist command (train or prepare) is preparing or training a run in this "
+            f"directory now; pick another --out")
+
+
 @contextlib.contextmanager
-def locked(run_dir: Path) -> Iterator[None]:
+def locked(run_dir: Path, busy: str | None = None) -> Iterator[None]:
     """Hold the run directory for this command (an advisory lock on the directory itself: no file
     is made, and the lock goes with the process however it ends), so that a second `asrdist train
-    --resume` of a run still training is refused instead of training it twice over."""
+    --resume` of a run still training is refused instead of training it twice over, and a second
+    new run in it is told so (`busy`: its line)."""
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"{run_dir}: another asrdist command is training this run now; resume it when "
-                              f"that one has ended") from None
+            raise RunDirBusy(busy or f"{run_dir}: another asrdist command is training this run now; resume it "
+                             f"when that one has ended") from None
         yield
     finally:
         os.close(fd)
+
+
+def held_elsewhere(run_dir: Path) -> bool:
+    """Whether another process holds `run_dir` (`locked`): a command preparing or training it."""
+    try:
+        with locked(run_dir):
+            return False
+    except RunDirBusy:
+        return True
+    except OSError:  # not a directory, or not readable: the other checks say what it is
+        return False
 
 
 

@@ -259,6 +259,37 @@ def test_decode_prints_the_good_files_then_names_the_bad_one(resumed_run, tmp_pa
     assert not out.exists()  # no output file for a run that failed
 
 
+def test_decode_resamples_higher_rates_and_refuses_a_lower_one(resumed_run, tmp_path, capsys):
+    """The model is FSDD's 8 kHz: the same utterance at 16 and 44.1 kHz decodes as the original,
+    a note per rate; at 4 kHz it is refused in one line (the old code decoded it silently)."""
+    from asrdist.eval.scoring import cer
+    from asrdist.io.audio import resample
+
+    run, corpus, _, _ = resumed_run
+    wav = _test_wavs(corpus, 1)[0]
+    samples, rate = read_wav(wav)
+    assert rate == 8000
+    for r in (16000, 44100, 4000):
+        write_wav(tmp_path / f"at{r}.wav", resample(samples, rate, r), r)
+    capsys.readouterr()
+    assert main(["decode", str(run), str(wav), str(tmp_path / "at16000.wav"), str(tmp_path / "at44100.wav"),
+                 str(tmp_path / "at4000.wav")]) == 2
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert [line.split()[0] for line in lines] == [wav.stem, "at16000", "at44100"]
+    texts = [" ".join(line.split()[1:]) for line in lines]
+    # nearly the same: the resampler rolls off at the top filter's edge, and the model is a few steps
+    # old (the original decodes 'rwewowow', the others 'rwewewow': one character in eight)
+    assert len(texts[0]) >= 4 and cer([texts[0]] * 2, texts[1:])["rate"] <= 0.25, texts
+    err = captured.err.strip().splitlines()
+    assert len(err) == 3, err
+    for r, line in zip((16000, 44100), err):
+        assert line.startswith(f"[asrdist] note: {tmp_path / f'at{r}.wav'}: resampled from {r} Hz to the model's "
+                               f"8000 Hz"), err
+    assert err[2].startswith(f"asrdist: error: {tmp_path / 'at4000.wav'}: sample rate 4000 Hz, below the model's "
+                             f"8000 Hz"), err
+
+
 def test_decode_ids_stay_unique(resumed_run, tmp_path, capsys):
     run, corpus, _, _ = resumed_run
     wav = _test_wavs(corpus, 1)[0]
