@@ -2,7 +2,7 @@
 # Issue 5's experiment (DESIGN.md §5.4): the same learners, corpus and epochs with
 #   sync             configs/default.yaml --strategy sync      (the baseline recipe)
 #   averaging-ngsgd  configs/averaging.yaml                    (NG-SGD + max-change, Kaldi-style)
-#   averaging-sgd    configs/averaging.yaml optim.natural_gradient=false optim.max_change=false
+#   averaging-sgd    configs/averaging.yaml optim.natural_gradient=false  (max-change on in both arms)
 # then `asrdist bench compare` of the three runs (table, and OUT_DIR/compare.json). A run whose
 # summary.json exists is not redone.
 #
@@ -31,7 +31,7 @@ run() {  # NAME RECIPE [overrides...]
 mkdir -p "$out"
 run sync configs/default.yaml --strategy sync
 run averaging-ngsgd configs/averaging.yaml
-run averaging-sgd configs/averaging.yaml optim.natural_gradient=false optim.max_change=false
+run averaging-sgd configs/averaging.yaml optim.natural_gradient=false
 
 echo "[experiment] $learners learners, $epochs epochs, corpus $corpus"
 "$asrdist" bench compare "$out/sync" "$out/averaging-ngsgd" "$out/averaging-sgd" --json "$out/compare.json"

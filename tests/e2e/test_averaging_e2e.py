@@ -31,7 +31,7 @@ TINY = ["model.hidden_dim=64", "model.hidden_layers=2", "data.batch_size=128", "
 SYNC = ["configs/default.yaml", "--strategy", "sync", "optim.warmup_steps=0", "optim.anneal_after_epoch=null"]
 # 53 steps per epoch per learner; an average every 20 local steps (1280 frames of 64)
 AVERAGING = ["configs/averaging.yaml", "strategy.average_every=1280"]
-PLAIN_SGD = ["optim.natural_gradient=false", "optim.max_change=false"]
+PLAIN_SGD = ["optim.natural_gradient=false"]  # max-change on in both arms: only NG-SGD differs
 CHECKPOINT_EVERY = 31  # the last two checkpoints kept: step 93 (mid epoch 2, mid interval) and 106
 
 
