@@ -61,7 +61,6 @@ def test_a_damaged_state_record_is_named_and_the_resume_counts_the_starts_again(
     run = _trained_once(tmp_path)
     content, what = DAMAGE[kind]
     (run / "state.json").write_bytes(content)
-    assert rundir.state_problem(run).startswith(what)
     assert main(["train", str(CONFIGS / "default.yaml"), "--resume", str(run), "--no-progress"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "state.json" in line]
     assert len(notes) == 1 and notes[0].startswith(f"[asrdist] note: {run / 'state.json'}: {what}"), notes
@@ -73,7 +72,6 @@ def test_a_damaged_state_record_is_named_and_the_resume_counts_the_starts_again(
 
 def test_a_sound_record_says_nothing_and_counts_on(tmp_path, capsys, learners_stood_in):
     run = _trained_once(tmp_path)
-    assert rundir.state_problem(run) is None
     assert main(["train", str(CONFIGS / "default.yaml"), "--resume", str(run), "--no-progress"]) == 0
     assert "state.json" not in capsys.readouterr().err
     assert run_state.read_state(run)["starts"] == 2
