@@ -195,14 +195,19 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
                     path.unlink(missing_ok=True)
             if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
                 run_dir.rmdir()
-        elif isinstance(exc, AsrdistError):
-            diverged = "non-finite" in str(exc) or "loss is nan" in str(exc) or "loss is inf" in str(exc)
+        diverged = isinstance(exc, AsrdistError) and bool(_DIVERGED.search(str(exc)))
+        if isinstance(exc, AsrdistError) and now_latest is not None and (now_latest != latest or diverged):
+            # the last checkpoint stays (a diverged run's: the last one its losses were finite up to)
             lower = " with a lower optim.lr: its weights may already be diverging" if diverged else ""
-            told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
+            since = "" if now_latest != latest else ", from before this start"
+            told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}{since}: continue it with "
                              f"`asrdist train --resume {run_dir}`{lower})")
             told.exit_code = exc.exit_code  # a stop by signal keeps its shell status
             raise told from None
         raise
+
+
+_DIVERGED = re.compile(r"non-finite|loss is -?(nan|inf)\b|diverged")
 
 
 def _file_as_it_is(path: Path) -> tuple[bytes, int, int] | None:
