@@ -110,6 +110,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
 def write_report(out: Path, summary_of, stop: bool = False) -> dict | None:
     """Write summary.json and report.html of `summary_of()`; on a full disk put back what was
     there and raise DiskFull (`stop`) or return None. Returns the summary written."""
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.compare.disk import DiskFull, Step, disk_full_line, is_disk_full
     from asrdist.compare.report import write_outputs
 

@@ -2,7 +2,7 @@
 averaging) stop on a non-finite loss, the error line says the model diverged (epoch, step, which
 learners), not that an earlier lost learner hung; the last checkpoint is kept and `--resume` advised.
 Quick: the supervisor's outcome and the run directory's advice; slow: a real hierarchical job that
-loses a node, then its survivors' loss is made NaN (tests/support/nan_site)."""
+loses a node, then its survivors' loss is made NaN (tests/support/hook_site)."""
 from __future__ import annotations
 
 import json
@@ -86,7 +86,7 @@ def test_a_hierarchical_job_whose_survivors_diverge_says_so(tone_corpus, tmp_pat
     """4 learners in nodes of 2; once the first checkpoint is published rank 3 is killed (node 1
     goes), then the survivors' loss turns NaN: the one line names the divergence and the checkpoint."""
     run_dir, flag = tmp_path / "run", tmp_path / "nan-now"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "support" / "nan_site"), str(ROOT)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "support" / "hook_site"), str(ROOT)]),
            "ASRDIST_TEST_NAN_FILE": str(flag), "ASRDIST_TEST_NAN_RANKS": "0,1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "asrdist.cli", "train", "configs/default.yaml", "model.hidden_dim=32",

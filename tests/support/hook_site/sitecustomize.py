@@ -1,14 +1,28 @@
-"""A non-finite loss injected into the learners of a test's job (tests/parallel/test_survivors_diverge.py):
-with ASRDIST_TEST_NAN_FILE and ASRDIST_TEST_NAN_RANKS set, learners of those ranks (RANK) see their
-loss become NaN at the first step after the file exists. The test puts this directory first on
-PYTHONPATH; then runs the sitecustomize this file hides, if the interpreter has one."""
+"""Faults and shortcuts a slow test installs in the processes of the command it starts (the test puts
+this directory first on PYTHONPATH; then the sitecustomize this file hides runs, if there is one):
+- ASRDIST_TEST_NAN_FILE and ASRDIST_TEST_NAN_RANKS: learners of those ranks (RANK) see their loss
+  become NaN from the first step after the file exists (tests/parallel/test_survivors_diverge.py);
+- ASRDIST_TEST_NO_CALIBRATION: `asrdist compare` times no learner (its runs are not calibrated), so
+  that a test of what compare does with its runs does not wait for the microbenchmarks
+  (tests/compare/test_compare_faults.py)."""
 import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _install() -> None:
+def _no_calibration() -> None:
+    if not os.environ.get("ASRDIST_TEST_NO_CALIBRATION"):
+        return
+    from asrdist.calibrate import microbench
+    from asrdist.errors import AsrdistError
+
+    def calibrate_run(name, cfg, nodes, network, when):
+        raise AsrdistError("not timed in this test (ASRDIST_TEST_NO_CALIBRATION)")
+    microbench.calibrate_run = calibrate_run
+
+
+def _nan() -> None:
     flag, ranks = os.environ.get("ASRDIST_TEST_NAN_FILE"), os.environ.get("ASRDIST_TEST_NAN_RANKS", "")
     if not flag or os.environ.get("RANK") not in ranks.split(","):
         return
@@ -50,5 +64,6 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
-_install()
+_nan()
+_no_calibration()
 _chain()
