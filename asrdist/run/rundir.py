@@ -5,7 +5,8 @@
 - A start that fails before any checkpoint removes what it added, keeping the failure reports.
 - `locked`: a command preparing or training a run holds its directory; a second is refused.
 - `state.json` (`prepared`, `started`, `checkpointed`, `finished`, `failed`), rewritten
-  atomically at each change, says what state the run is in; `describe` reads it.
+  atomically at each change, says what state the run is in; `describe` reads it. A damaged one
+  (`state_problem`) is named by `--resume`, which counts the starts again (`counted_starts`).
 Details: docs/reliability.md#run-directories-and-resume, docs/reliability.md#the-state-record-runstatejson."""
 from __future__ import annotations
 
