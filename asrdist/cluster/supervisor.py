@@ -116,11 +116,44 @@ class Survival:
             self.log.write(line)
 
     def outcome(self, codes: list[int]) -> None:
-        """Nothing when a learner finished; else one line naming the learner lost first."""
+        """Nothing when a learner finished; else one line: the survivors' divergence when the last
+        of them stopped on a non-finite loss (`diverged_line`), else the learner lost first."""
         if any(c == 0 for c in codes):
             return
-        rank, how = next(iter(self.lost.items()))
-        raise TrainingError(f"learner rank {rank}: {how}; no learner finished")
+        line = diverged_line(self.lost)
+        if line is None:
+            rank, how = next(iter(self.lost.items()))
+            line = f"learner rank {rank}: {how}"
+        raise TrainingError(f"{line}; no learner finished")
+
+
+_NONFINITE = re.compile(r"loss is -?(nan|inf)\b|non-finite|diverged")
+_WHERE = re.compile(r"at step (\d+) \(epoch (\d+)\)|in epoch (\d+)")
+
+
+def diverged_line(lost: dict[int, str]) -> str | None:
+    """When a lost learner (`lost`: rank -> why, in the order they were lost) stopped on a
+    non-finite loss or gradient, or a diverged model, the line naming that: the epoch and step,
+    which learners, and the learners lost before it (whose loss did not end the job); else None."""
+    order = list(lost.items())
+    first = next((k for k, (_, how) in enumerate(order) if _NONFINITE.search(how)), None)
+    if first is None:
+        return None
+    before, after = order[:first], order[first:]
+    diverged = [(r, how) for r, how in after if _NONFINITE.search(how)]
+    with_it = [(r, how) for r, how in after if not _NONFINITE.search(how)]
+    first_rank, first_how = diverged[0]
+    where = _WHERE.search(first_how)
+    at = ("" if where is None else f" in epoch {where.group(3)}" if where.group(3) is not None
+          else f" at step {where.group(1)} (epoch {where.group(2)})")
+    what = _WHERE.sub("", first_how.split(";")[0]).strip().rstrip(",")
+    ranks = ", ".join(str(r) for r, _ in diverged)
+
+    def listed(losses: list[tuple[int, str]]) -> str:
+        return ", ".join(f"rank {r} ({how})" for r, how in losses)
+    return (f"the survivors' model diverged{at}: learner{'s' * (len(diverged) > 1)} {ranks} stopped on a "
+            f"non-finite value (rank {first_rank}: {what})" + (f", with it {listed(with_it)}" if with_it else "")
+            + (f"; lost before it: {listed(before)}" if before else "") + "; lower optim.lr or check the data")
 
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from asrdist.checks import cli_number
 from asrdist.commands import help_of
-from asrdist.errors import ConfigError, TrainingError
+from asrdist.errors import ConfigError, OutputError, TrainingError
 from asrdist.run.train_cli import add_emulated_cluster_options
 
 DEFAULT_STRATEGIES = "single,sync,onebit,averaging,adpsgd"
@@ -51,7 +51,8 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     strategy with its own recipe unless `same_recipe`; time to `target` (None: the default)."""
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.compare.recipes import recipes_for
-    from asrdist.compare.report import build_summary, write_outputs
+    from asrdist.compare.disk import NOT_RUN, DiskFull, is_disk_full
+    from asrdist.compare.report import build_summary
     from asrdist.compare.runs import Hosts, parse_strategies, resolve_all, train_missing
 
     names = parse_strategies(strategies)
@@ -72,25 +73,59 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
         where = hosts.of(name)
         calibrations[name] = microbench.measure_and_save(out, name, configs[name], where.nodes,
                                                          where.network_name, "before it trained")
+        if isinstance(calibrations[name], str) and is_disk_full(calibrations[name]):  # the step stops
+            raise OutputError(calibrations[name].removeprefix("not calibrated: "))
 
-    run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes,
-                             before=calibrate if microbench else None)
+    setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
+             "data": None if data is None else str(data), "overrides": list(overrides),
+             "same_recipe": same_recipe, "recipes": recipes, "cpus_per_host": hosts.cpus_per_host}
+    learner_counts = {n: c.train.learners for n, c in configs.items()}
+    try:
+        run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes,
+                                 before=calibrate if microbench else None,
+                                 files_of=lambda name: [out / "calibration" / f"{name}.json"])
+    except DiskFull as exc:  # the report, if it fits, says which runs the disk stopped
+        runs = {name: out / name for name in configs}
+        stopped = {n: NOT_RUN for n, d in runs.items() if n not in failed and not (d / "summary.json").is_file()}
+        calibrations = {n: c for n, c in calibrations.items() if n not in stopped}
+        written = out.is_dir() and write_report(out, lambda: build_summary(runs, setup, {**failed, **stopped}, learner_counts,
+                                                          calibrations=calibrations, target=target))
+        if written:
+            raise DiskFull(f"{exc}; the report of the runs so far: {out / 'report.html'}", exc.strategy) from None
+        raise
     for name in run_dirs:
         if microbench and name not in calibrations and name not in failed:  # trained earlier: its saved one
             where = hosts.of(name)
             calibrations[name] = microbench.saved_or_measured(out, name, configs[name], where.nodes,
                                                               where.network_name)
-    setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
-             "data": None if data is None else str(data), "overrides": list(overrides),
-             "same_recipe": same_recipe, "recipes": recipes, "cpus_per_host": hosts.cpus_per_host}
-    summary = build_summary(run_dirs, setup, failed, {n: c.train.learners for n, c in configs.items()},
-                            calibrations=calibrations, target=target)
-    write_outputs(out, summary)
+    summary = build_summary(run_dirs, setup, failed, learner_counts, calibrations=calibrations, target=target)
+    write_report(out, lambda: summary, stop=True)
     if failed:
         name, reason = next(iter(failed.items()))
         raise TrainingError(f"{', '.join(failed)}: training failed ({name}: {reason}); the report shows it "
                             f"beside the others: {out / 'report.html'}")
     return summary
+
+
+def write_report(out: Path, summary_of, stop: bool = False) -> dict | None:
+    """Write summary.json and report.html of `summary_of()`; on a full disk put back what was
+    there and raise DiskFull (`stop`) or return None. Returns the summary written."""
+    # the command's work, imported when it runs: `asrdist --help` stays light
+    from asrdist.compare.disk import DiskFull, Step, disk_full_line, is_disk_full
+    from asrdist.compare.report import write_outputs
+
+    step = Step(out, None, [out / "summary.json", out / "report.html"])
+    try:
+        summary = summary_of()
+        write_outputs(out, summary)
+        return summary
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        step.undo()
+        if stop:
+            raise DiskFull(disk_full_line(out, None, exc)) from None
+        return None
 
 
 def compare_command(args) -> int:

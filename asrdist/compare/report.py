@@ -23,6 +23,7 @@ from asrdist.compare.target import (
     recommendation,
     time_to_target,
 )
+from asrdist.compare.disk import NOT_RUN
 from asrdist.errors import AsrdistError
 from asrdist.io.atomic import write_json_atomic, write_text_atomic
 
@@ -68,7 +69,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
     calibrated = {}
     for record, (name, run_dir) in zip(runs, run_dirs.items()):
         if record["failed"]:
-            record["prediction"] = "training failed"
+            record["prediction"] = NOT_RUN if record["failed"] == NOT_RUN else "training failed"
             continue
         calibration = calibrations.get(name, "not calibrated (no microbenchmarks of its learner were timed)")
         predicted, record["prediction"], calibrated[name] = _predict(record, run_dir, calibration)
@@ -251,6 +252,11 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
              "bytes sent and time spent communicating / waiting", costs)]
 
 
+def _why_failed(reason: str) -> str:
+    """A failed run's note: a run the disk stopped was not run, which says nothing of its strategy."""
+    return reason if reason == NOT_RUN else f"training failed: {reason}"
+
+
 def render_html(summary: dict) -> str:
     esc = html.escape
     title = f"asrdist compare: {', '.join(r['run'] for r in summary['runs'])}"
@@ -258,7 +264,7 @@ def render_html(summary: dict) -> str:
     body = "".join("<tr>" + "".join(f"<td>{esc(cell(v, fmt))}</td>"
                                     for v, (_, _, fmt) in zip(row, TABLE)) + "</tr>\n"
                    for row in summary["table"]["rows"])
-    notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
+    notes = "".join(f"<li>{esc(r['run'])}: {esc(_why_failed(r['failed']))}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
     notes += "".join(f"<li>{esc(line)}</li>" for line in note_lines(summary))

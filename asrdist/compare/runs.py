@@ -14,11 +14,12 @@ from typing import Callable
 import yaml
 
 from asrdist.cluster import cpushare
+from asrdist.compare import disk
 from asrdist.compare.target import run_points
 from asrdist.config import RunConfig, config_from_tree, read_config_tree
 from asrdist.errors import ConfigError, DataError, Stopped, TrainingError
 from asrdist.parallel import STRATEGIES
-from asrdist.run import launch
+from asrdist.run import launch, rundir
 from asrdist.run.launch import check_job, host_cpu_plan, resolve_config
 from asrdist.run.rundir import run_config_path
 from asrdist.run.summary import Figures, RunSummary
@@ -155,12 +156,15 @@ def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
                   overrides: list[str], failed: dict[str, str] | None = None,
                   hosts: Hosts = Hosts(), recipes: dict[str, list[str]] | None = None,
-                  before: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run with a
-    checkpoint is resumed); finished runs are kept. Returns strategy -> run directory. With
-    `failed`, a run that fails in training (a TrainingError: it diverged, a learner died) is
-    recorded there (strategy -> reason) and the others still train. `before(strategy)` is called
-    just before each training starts (a comparison times the run's microbenchmarks there)."""
+                  before: Callable[[str], None] | None = None,
+                  files_of: Callable[[str], list[Path]] | None = None) -> dict[str, Path]:
+    """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run a
+    start got as far as its config is resumed: `resume_from`); finished runs are kept. Returns
+    strategy -> run directory. With `failed`, a run that fails in training (a TrainingError: it
+    diverged, a learner died) is recorded there (strategy -> reason) and the others still train.
+    `before(strategy)` is called just before each training starts (a comparison times the run's
+    microbenchmarks there; `files_of(strategy)`: the files it writes). A full disk in a step
+    (`before` and the training) undoes the step and stops the comparison (`disk.DiskFull`)."""
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts
         check_same_recipe(run_dir, configs[name])
@@ -169,21 +173,55 @@ def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: 
         if (run_dir / "summary.json").is_file():
             print(f"[compare] {name}: finished run {run_dir}, not trained again", flush=True)
             continue
-        resume = run_dir if latest_step_dir(run_dir) is not None else None
+        resume = resume_from(name, run_dir)
         learners = configs[name].train.learners
-        if before is not None:
-            before(name)
-        print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
-              f"({learners} learner(s))", flush=True)
+        step = disk.Step(out, run_dir, files_of(name) if files_of else [])
         try:
+            if before is not None:
+                before(name)
+            print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
+                  f"({learners} learner(s))", flush=True)
             launch.train_command(_train_args(config, name, learners, data, (recipes or {}).get(name, []) + overrides,
-                                      out=run_dir, resume=resume, hosts=hosts))
-        except TrainingError as exc:
-            if failed is None or isinstance(exc, Stopped):  # a stopped run stops the comparison
-                raise
+                                             out=run_dir, resume=resume, hosts=hosts))
+        except Exception as exc:
+            if not isinstance(exc, Stopped) and disk.is_disk_full(exc):  # the machine's fault: not a row
+                kept = step.undo()
+                raise disk.DiskFull(disk.disk_full_line(out, name, exc, kept), name) from None
+            if failed is None or not isinstance(exc, TrainingError) or isinstance(exc, Stopped):
+                raise  # a stopped run stops the comparison
             failed[name] = str(exc)
             print(f"[compare] {name}: training failed: {exc}", flush=True)
     return runs
+
+
+HALF_PREPARED = ("targets.pt", "env.json", "state.json")
+"""What a start killed while it prepared its run directory can have written before config.yaml."""
+
+
+def resume_from(name: str, run_dir: Path) -> Path | None:
+    """How the unfinished run of `name` in `run_dir` trains on: `--resume` (its run directory) where
+    a start of it got as far as config.yaml, with or without a checkpoint (`asrdist train --resume`
+    trains a run killed before its first checkpoint from the start, removing what that checkpoint
+    left half-written); None (a new start) where there is none, or only what a start killed while
+    preparing wrote, which goes first. A run another command is training is refused."""
+    if not run_dir.is_dir():
+        return None
+    if rundir.held_elsewhere(run_dir):
+        raise ConfigError(f"{run_dir}: another asrdist command is training this run now; run this comparison "
+                          f"again when that one has ended, or pick another --out")
+    if (run_dir / rundir.CONFIG_NAME).is_file():
+        if latest_step_dir(run_dir) is None:
+            print(f"[compare] {name}: {run_dir} ended before its first checkpoint ({rundir.describe(run_dir)}); "
+                  f"training it again from the start", flush=True)
+        return run_dir
+    entries = list(run_dir.iterdir())
+    if entries and all(p.name in HALF_PREPARED or rundir.is_report(p) or
+                       (p.name.startswith(".") and p.name.endswith(".tmp")) for p in entries):
+        print(f"[compare] {name}: {run_dir} was left while its run was prepared "
+              f"({', '.join(sorted(p.name for p in entries))}); removed, training it from the start", flush=True)
+        for path in entries:
+            path.unlink()
+    return None
 
 
 def error_metric(final: Figures) -> str | None:

@@ -273,13 +273,14 @@ def _train(args, notes: HeldNotes) -> int:
     check_job(cfg, nodes, network, notes=notes)
     cpu = host_cpu_plan(cfg, nodes, network, getattr(args, "cpus_per_host", None))
     cfg.data.corpus = str(Path(cfg.data.corpus).resolve())
-    from_start = False
+    from_start, damaged = False, None
     if args.resume is not None:
         run_dir = args.resume
         if args.out is not None and Path(args.out).resolve() != Path(run_dir).resolve():
             raise ConfigError(f"--out {args.out}: --resume {run_dir} trains on in its own run directory; drop --out")
         saved = config_from_tree(read_config_tree(run_config_path(run_dir)))
         from_start = rundir.check_resume(cfg, run_dir, saved) is None  # nothing is written before this passes
+        damaged = rundir.state_problem(run_dir)
         if rundir.finished(run_dir, cfg):
             notes.release()
             print(f"[asrdist] {run_dir}: already trained as far as this config asks (its summary.json); nothing "
@@ -287,6 +288,10 @@ def _train(args, notes: HeldNotes) -> int:
             return 0
         _note(notes, f"--resume trains with {run_config_path(run_dir)} (the recipe {args.config} is not read; "
               f"overrides on this command line apply)")
+        if damaged:  # the record is rewritten below; the checkpoints and the config records speak for the run
+            _note(notes, f"{run_dir / run_state.STATE_NAME}: {damaged}; not used: the run goes on from its "
+                  f"{'start' if from_start else 'checkpoints'}, its starts counted from its config records "
+                  f"(config.yaml, config-resume-K.yaml)")
     else:
         run_dir = args.out or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_new_run_dir(run_dir, Path(cfg.data.corpus), notes=notes)
@@ -303,7 +308,9 @@ def _train(args, notes: HeldNotes) -> int:
             rundir.record_resume(cfg, run_dir, _given_overrides(args))
         else:
             prepare_run_dir(cfg, run_dir, progress=not args.no_progress, notes=notes, held=held)
-        run_state.write_state(run_dir, "started", learners=cfg.train.learners)
+        recount = args.resume is not None and damaged
+        run_state.write_state(run_dir, "started", starts=rundir.counted_starts(run_dir) if recount else None,
+                              learners=cfg.train.learners)
         notes.release()
         summary = _start_learners(cfg, run_dir, args, nodes, network,
                                   resume=args.resume is not None and not from_start, cpu=cpu)

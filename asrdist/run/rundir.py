@@ -5,12 +5,14 @@
 - A start that fails before any checkpoint removes what it added, keeping the failure reports.
 - `locked`: a command preparing or training a run holds its directory; a second is refused.
 - `state.json` (`prepared`, `started`, `checkpointed`, `finished`, `failed`), rewritten
-  atomically at each change, says what state the run is in; `describe` reads it.
+  atomically at each change, says what state the run is in; `describe` reads it. A damaged one
+  (`state_problem`) is named by `--resume`, which counts the starts again (`counted_starts`).
 Details: docs/reliability.md#run-directories-and-resume, docs/reliability.md#the-state-record-runstatejson."""
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -28,6 +30,7 @@ from asrdist.io.torch_data import load_data
 from asrdist.run.summary import SUMMARY_NAME, RunSummary
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.state import STATE_NAME, read_state, write_state
+from asrdist.train.state import damage as state_damage
 
 # The run directory's files (beside summary.json's SUMMARY_NAME, the checkpointer's CHECKPOINTS_DIR and the
 # launcher's LOG_NAME).
@@ -193,14 +196,19 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
                     path.unlink(missing_ok=True)
             if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
                 run_dir.rmdir()
-        elif isinstance(exc, AsrdistError):
-            diverged = "non-finite" in str(exc) or "loss is nan" in str(exc) or "loss is inf" in str(exc)
+        diverged = isinstance(exc, AsrdistError) and bool(_DIVERGED.search(str(exc)))
+        if isinstance(exc, AsrdistError) and now_latest is not None and (now_latest != latest or diverged):
+            # the last checkpoint stays (a diverged run's: the last one its losses were finite up to)
             lower = " with a lower optim.lr: its weights may already be diverging" if diverged else ""
-            told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}: continue it with "
+            since = "" if now_latest != latest else ", from before this start"
+            told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}{since}: continue it with "
                              f"`asrdist train --resume {run_dir}`{lower})")
             told.exit_code = exc.exit_code  # a stop by signal keeps its shell status
             raise told from None
         raise
+
+
+_DIVERGED = re.compile(r"non-finite|loss is -?(nan|inf)\b|diverged")
 
 
 def _file_as_it_is(path: Path) -> tuple[bytes, int, int] | None:
@@ -281,13 +289,57 @@ def run_config_path(run_dir: Path) -> Path:
 
 
 def prepared_not_started(run_dir: Path) -> bool:
-    """Whether `run_dir` is as `asrdist prepare` left it: its state record says so (a run of an
-    older asrdist: its config and targets, and no checkpoint, summary or log of any start)."""
+    """Whether `run_dir` is as `asrdist prepare` left it: its state record says so, and no file of
+    a start contradicts it (a run of an older asrdist: its config and targets, and no checkpoint,
+    summary or log of any start)."""
     record = read_state(run_dir)
     if record is not None:
-        return record["state"] == "prepared"
+        return record["state"] == "prepared" and _trained_sign(run_dir) is None
     return ((run_dir / TARGETS_NAME).is_file() and (run_dir / CONFIG_NAME).is_file()
             and not any((run_dir / name).exists() for name in (ckpt.CHECKPOINTS_DIR, SUMMARY_NAME, LOG_NAME)))
+
+
+def _trained_sign(run_dir: Path) -> str | None:
+    """The first file showing that the run has trained (a checkpoint, its summary, its metrics, a
+    resume's config record); None when there is none."""
+    latest = run_dir / ckpt.CHECKPOINTS_DIR / ckpt.LATEST_NAME
+    if latest.is_file():
+        return str(latest)
+    complete = ckpt.complete_checkpoints(run_dir) if (run_dir / ckpt.CHECKPOINTS_DIR).is_dir() else []
+    if complete:
+        return str(complete[0])
+    for name in (SUMMARY_NAME, "metrics.jsonl"):
+        if (run_dir / name).is_file():
+            return str(run_dir / name)
+    resumes = resume_configs(run_dir)
+    return str(resumes[min(resumes)]) if resumes else None
+
+
+def state_problem(run_dir: Path) -> str | None:
+    """What is wrong with the run's state.json, in a few words (unreadable, or contradicted by the
+    run's files); None when it is sound or there is none."""
+    damage = state_damage(run_dir)
+    if damage is not None:
+        return damage
+    record = read_state(run_dir)
+    if record is not None and record["state"] == "prepared":
+        sign = _trained_sign(run_dir)
+        if sign is not None:
+            return f"says 'prepared', but the run has trained ({sign})"
+    return None
+
+
+def counted_starts(run_dir: Path) -> int:
+    """How many starts the run has had, counted from its config records: the first start's
+    config.yaml (unless `asrdist prepare` wrote it: env.json's command) and one
+    config-resume-K.yaml per `--resume` (a start counts itself once it has written its record)."""
+    try:
+        argv = json.loads((run_dir / ENV_NAME).read_text()).get("argv")
+    except (OSError, ValueError, AttributeError):
+        argv = None
+    prepared = isinstance(argv, list) and len(argv) > 1 and argv[1] == "prepare"
+    first = (run_dir / CONFIG_NAME).is_file() and not prepared
+    return int(first) + len(resume_configs(run_dir))
 
 
 def start_prepared_advice(run_dir: Path) -> str:

@@ -17,7 +17,7 @@ STATES = ("prepared", "started", "checkpointed", "finished", "failed")
 
 def read_state(run_dir: Path) -> dict | None:
     """The run's state record; None when it has none (a run of an older asrdist, or no run) or
-    when it cannot be read (then the run's files speak for it, see `describe`)."""
+    when it cannot be read (then the run's files speak for it, see `describe`; `damage` says why)."""
     try:
         record = json.loads((Path(run_dir) / STATE_NAME).read_text())
     except (OSError, ValueError):
@@ -25,12 +25,47 @@ def read_state(run_dir: Path) -> dict | None:
     return record if isinstance(record, dict) and record.get("state") in STATES else None
 
 
-def write_state(run_dir: Path, state: str, **fields) -> None:
-    """Rewrite the run's state record (atomically); `starts` is carried over from the last one."""
+def damage(run_dir: Path) -> str | None:
+    """What makes the run's state.json unreadable as a record, in a few words; None when it is
+    sound or there is none."""
+    try:
+        text = (Path(run_dir) / STATE_NAME).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not text.strip():
+        return "empty"
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(record, dict):
+        return f"a JSON {_json_kind(record)}, not a record"
+    if record.get("state") not in STATES:
+        return f"unknown state {record.get('state')!r} (known: {', '.join(STATES)})"
+    if not _count(record.get("starts", 0)):
+        return f"'starts' is not a count ({record.get('starts')!r})"
+    return None
+
+
+def _json_kind(value) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def write_state(run_dir: Path, state: str, starts: int | None = None, **fields) -> None:
+    """Rewrite the run's state record (atomically); `starts` is carried over from the last one
+    (counted one up by a start), unless given (a damaged record's, counted again)."""
     if state not in STATES:
         raise ValueError(f"unknown run state {state!r}")
     before = read_state(run_dir) or {}
-    starts = before.get("starts", 0) + (state == "started")
+    if starts is None:
+        earlier = before.get("starts", 0)
+        starts = (earlier if _count(earlier) else 0) + (state == "started")
     record = {"state": state, "starts": starts, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **fields}
     if state not in ("started", "prepared") and "checkpoint" not in record and before.get("checkpoint"):
         record["checkpoint"] = before["checkpoint"]  # a failure or the end keeps naming the last one
