@@ -186,9 +186,11 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             with contextlib.suppress(OSError):  # a full disk: the error line says why already
                 write_state(run_dir, "failed", reason=reason[:300])
+        kept_reports: list[str] = []
         if now_latest == latest or now_latest is None:
             for path in (_entries(run_dir) - before) if run_dir.is_dir() else ():
                 if is_report(path):
+                    kept_reports.append(path.name)
                     continue
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path, ignore_errors=True)
@@ -204,6 +206,11 @@ def undone_on_failure(run_dir: Path) -> Iterator[None]:
             told = type(exc)(f"{exc} ({run_dir} keeps checkpoint {now_latest}{since}: continue it with "
                              f"`asrdist train --resume {run_dir}`{lower})")
             told.exit_code = exc.exit_code  # a stop by signal keeps its shell status
+            raise told from None
+        failures = sorted(name for name in kept_reports if name.startswith("failed-rank-"))
+        if isinstance(exc, AsrdistError) and failures:  # say where the learners' reports stay
+            told = type(exc)(f"{exc} (the learners' failure reports stay in {run_dir}: {', '.join(failures)})")
+            told.exit_code = exc.exit_code
             raise told from None
         raise
 

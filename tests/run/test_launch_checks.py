@@ -66,3 +66,22 @@ def test_a_run_directory_is_held_by_one_command_at_a_time(tmp_path):
     with locked(tmp_path):  # released with its command
         pass
     assert list(tmp_path.iterdir()) == []  # no lock file left in the run
+
+
+def test_a_failed_start_names_where_its_failure_reports_stay(tmp_path):
+    import pytest
+
+    from asrdist.errors import TrainingError
+    from asrdist.run.rundir import undone_on_failure
+
+    run = tmp_path / "run"
+    with pytest.raises(TrainingError) as told:  # e.g. a full disk before the first checkpoint
+        with undone_on_failure(run):
+            run.mkdir()
+            (run / "config.yaml").write_text("seed: 0\n")
+            (run / "failed-rank-1.txt").write_text("rank 1: No space left on device\n")
+            (run / "failed-rank-0.txt").write_text("rank 0: No space left on device\n")
+            raise TrainingError("rank 0: No space left on device")
+    assert str(told.value) == (f"rank 0: No space left on device (the learners' failure reports stay in {run}: "
+                               "failed-rank-0.txt, failed-rank-1.txt)")
+    assert sorted(p.name for p in run.iterdir()) == ["failed-rank-0.txt", "failed-rank-1.txt"]
