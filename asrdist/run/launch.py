@@ -389,8 +389,15 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
         if cpu is not None:
             summary.dedicated = DedicatedHosts(counters.hosts, cpu.cpus_per_host, cpu.straggler_emulation(),
                                                counters.outside_hosts)
+            summary.set_cpu_share(quota_cores(cpu.quotas, summary.learners))  # entitled to its host's quota
         summary.write(run_dir)
     return summary
+
+
+def quota_cores(quotas: tuple[float, ...], learners: int) -> list[float]:
+    """Each learner's entitled cores on dedicated hosts: its host's quota shared by the host's learners."""
+    per_host = learners // len(quotas)
+    return [quotas[rank // per_host] / per_host for rank in range(learners)]
 
 
 def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:
