@@ -81,3 +81,10 @@ def test_this_process_reads_its_own_counters():
     sum(i * i for i in range(200_000))
     cpu, wait = received(before, read_cpu())
     assert cpu > 0 and (wait is None or wait >= 0)
+
+
+def test_on_dedicated_hosts_each_learner_is_entitled_to_its_hosts_quota():
+    from asrdist.run.launch import quota_cores
+
+    assert quota_cores((0.5, 0.25), 4) == [0.25, 0.25, 0.125, 0.125]  # a straggler's host: half the quota
+    assert quota_cores((1.9,), 1) == [1.9]
