@@ -23,7 +23,8 @@ def mark(record: dict, key: str) -> str:
 def load_text(load: dict | None) -> str:
     if not load or load.get("start") is None:
         return "load average not read"
-    return f"load average {load['start']:.1f} at its start, {load.get('end') or 0:.1f} at its end, on {load.get('cores')} cores"
+    return (f"load average {load['start']:.1f} at its start, {load.get('end') or 0:.1f} at its end, on "
+            f"{load.get('cores')} cores")
 
 
 def contended_lines(runs: list[dict]) -> list[str]:

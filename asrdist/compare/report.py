@@ -283,7 +283,8 @@ th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%
 <p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
 (consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
 comm / wait s: per learner, mean; CPU share: the CPU the learners received over the CPU they were
-entitled to, marked (contended) under {CONTENDED_SHARE:.0%}.{esc(simulator_line(summary))}{esc(uncertainty_line(summary))}{esc(ranking_line(summary))}</p>
+entitled to, marked (contended) under {CONTENDED_SHARE:.0%}.{esc(simulator_line(summary))}
+{esc(uncertainty_line(summary))}{esc(ranking_line(summary))}</p>
 <table id="summary"><thead><tr>{head}</tr></thead><tbody>
 {body}</tbody></table>
 {f'<ul>{notes}</ul>' if notes else ''}
