@@ -115,7 +115,8 @@ def calibrated_run(args, corpus: Path, name: str, n: int, cfg, base: Path) -> di
     measured = {"frames_per_second": summary.frames_per_second, "train_frames": summary.train_frames,
                 "loop_seconds": max(summary.stepping_seconds()),
                 "threads_per_learner": summary.threads_per_learner, "nodes": summary.nodes,
-                "network": summary.network, "run": str(run_dir), "steal_share": summary.steal_share}
+                "network": summary.network, "run": str(run_dir), "steal_share": summary.steal_share,
+                "cpu_share": summary.cpu_share, "contended": summary.contended}
     return {"micro": micro, "detail": detail, "inputs": inputs, "predicted": predicted, "measured": measured}
 
 
@@ -158,6 +159,8 @@ def result(rows: dict[tuple[str, int], list[dict]], args, corpus: Path, load: di
             "predicted_repeats": guesses, "predicted_spread": _spread(guesses), "relative_errors_by_repeat": errors,
             "predicted_comm_share": first["predicted"].comm_share, "predicted_wait_share": first["predicted"].wait_share,
             "steal_shares": [r["measured"]["steal_share"] for r in repeats],
+            "cpu_shares": [r["measured"].get("cpu_share") for r in repeats],
+            "contended": any(r["measured"].get("contended") for r in repeats),
             "measured_run": {**first["measured"], "runs": [r["measured"]["run"] for r in repeats]}}
         by_run.setdefault(name, {})[str(n)] = [
             {"microbenchmarks": dataclasses.asdict(r["micro"]), "inputs": dataclasses.asdict(r["inputs"]),
@@ -228,7 +231,7 @@ def format_result(result: dict) -> str:
         for n, r in by_n.items():
             lines.append(f"{name:12s} {n:>8s} {r['measured']:10,.0f} {100 * r['measured_spread']:6.1f}% "
                          f"{r['predicted']:10,.0f} {100 * r['predicted_spread']:6.1f}% "
-                         f"{100 * r['relative_error']:+7.1f}%")
+                         f"{100 * r['relative_error']:+7.1f}%" + (" (contended)" if r.get("contended") else ""))
     lines.append(f"largest error {100 * result['max_relative_error']:.1f}% (target {100 * result['target']:.0f}%), "
                  f"frames/s on {result['cores']} cores, network {result['network']}, load "
                  f"{result['load_average']['before'][0]:.2f} -> {result['load_average']['after'][0]:.2f}; "

@@ -26,6 +26,7 @@ from asrdist.parallel.base import LearnerContext
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
 from asrdist.parallel.standin import StandIn
+from asrdist.run.launch import prepare_features
 from asrdist.run.prepare import build_targets
 from asrdist.run.task import SpeechTask, model_kind
 from asrdist.sim.calibration import Microbenchmarks, calibrate, predict_run, threads_of
@@ -190,7 +191,10 @@ class RunCalibration:
 
 def calibrate_run(name: str, cfg, nodes: int, network: str, when: str) -> RunCalibration:
     """Microbenchmarks of one learner of the run of strategy `name` and resolved config `cfg` on
-    `nodes` hosts joined by `network` (1 node: loopback). Raises AsrdistError or OSError."""
+    `nodes` hosts joined by `network` (1 node: loopback), its corpus' features prepared first as
+    the run would prepare them (`launch.prepare_features`: a comparison on a corpus without
+    features times its first run as it times the others). Raises AsrdistError or OSError."""
+    prepare_features(cfg, progress=True)
     micro, detail = measure_microbenchmarks(name, cfg.train.learners, cfg, network if nodes > 1 else "loopback",
                                             REPEATS, LINK_TIMEOUT)
     return RunCalibration(micro, detail, when, datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from asrdist.compare.contention import MARK, flagged
 from asrdist.errors import AsrdistError, DataError
 from asrdist.run.summary import RunSummary
 from asrdist.sim.uncertainty import apart, describe, nearest, placement_of
@@ -19,6 +20,12 @@ def nearest_validated(record: dict) -> dict | None:
                                 placement=placement_of(record["learners"], record.get("nodes"), record.get("network"))))
     except AsrdistError:
         return None
+
+
+def mark_contended(record: dict) -> None:
+    """A contended run's simulator error is the other job's as much as the simulator's: its record
+    says so (`prediction_error_contended`), beside the figure."""
+    record["prediction_error_contended"] = flagged(record) and record.get("prediction_error") is not None
 
 
 def uncertainty_line(summary: dict) -> str:
@@ -72,7 +79,8 @@ def time_to_target_check(runs: list[dict], target: float | None = None) -> dict 
         rows.append({"run": r["run"], "strategy": r["strategy"], "learners": r["learners"], "epochs": point["epoch"],
                      "measured_seconds": point["seconds"],
                      "predicted_seconds": point["epoch"] * frames_per_epoch / r["predicted_frames_per_second"],
-                     "nearest_validated_error": case["relative_error"] if case else None})
+                     "nearest_validated_error": case["relative_error"] if case else None,
+                     "contended": flagged(r)})
     if len(rows) < 2:
         return None
     measured = [x["run"] for x in sorted(rows, key=lambda x: x["measured_seconds"])]
@@ -109,8 +117,8 @@ def ranking_line(summary: dict) -> str:
     check = summary.get("time_to_target_prediction")
     if not check:
         return ""
-    times = "; ".join(f"{r['run']} {r['measured_seconds']:.0f} s measured, {r['predicted_seconds']:.0f} s predicted "
-                      f"({r['epochs']} epoch(s))" for r in check["rows"])
+    times = "; ".join(f"{r['run']} {r['measured_seconds']:.0f} s measured{MARK if r.get('contended') else ''}, "
+                      f"{r['predicted_seconds']:.0f} s predicted ({r['epochs']} epoch(s))" for r in check["rows"])
     line = (f" Time to {check['metric'].upper()} {check['target']:.4f}: {times}. Fastest first, measured: "
             f"{', '.join(check['measured_ranking'])}; the simulator: {', '.join(check['predicted_ranking'])} "
             f"({'the same ranking' if check['rankings_match'] else 'another ranking'}).")

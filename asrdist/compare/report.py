@@ -8,7 +8,9 @@ import io
 from dataclasses import asdict
 from pathlib import Path
 
+from asrdist.compare.contention import CONTENDED_SHARE, contended_lines, mark
 from asrdist.compare.prediction import (
+    mark_contended,
     nearest_validated,
     ranking_line,
     time_to_target_check,
@@ -33,21 +35,29 @@ TABLE = (("strategy", "strategy", "{}"), ("learners", "learners", "{}"),
          ("predicted_frames_per_second", "simulated frames/s", "{:,.0f}"),
          ("prediction_error", "simulator error", "{:+.1%}"), ("mb_sent", "MB sent", "{:,.1f}"),
          ("comm_seconds", "comm s", "{:.2f}"), ("wait_seconds", "wait s", "{:.2f}"),
-         ("wall_seconds", "wall s", "{:.1f}"))
+         ("wall_seconds", "wall s", "{:.1f}"), ("cpu_share", "CPU share", "{:.0%}"))
 """(key in a run's record, column heading, format): the summary table of the page and the JSON.
-A run that finished without reaching the target shows `never` as its time to target."""
+A run that finished without reaching the target shows `never` as its time to target; a contended
+run's CPU share and simulator error are marked (`compare.contention`)."""
 NEVER = "never"
 
 
-def cell(value, fmt: str) -> str:
-    """A table cell: '-' for no figure, text as it is (`never`), a number formatted."""
-    return "-" if value is None else value if isinstance(value, str) and fmt != "{}" else fmt.format(value)
+def cell(value, fmt: str, marked: str = "") -> str:
+    """A table cell: '-' for no figure, text as it is (`never`), a number formatted (then `marked`)."""
+    return "-" if value is None else value if isinstance(value, str) and fmt != "{}" else fmt.format(value) + marked
+
+
+def _cells(summary: dict) -> list[list[str]]:
+    """The table's rows as text, each contended run's marked cells marked."""
+    runs = summary["runs"]
+    return [[cell(v, fmt, mark(runs[i], key) if i < len(runs) else "") for v, (key, _, fmt) in zip(row, TABLE)]
+            for i, row in enumerate(summary["table"]["rows"])]
 
 
 def failed_record(run_dir: Path, strategy: str, learners: int, reason: str) -> dict:
     """A run that did not finish: its row says why; every figure is None."""
     keys = [k for k, _, _ in TABLE] + ["metric", "cores", "threads_per_learner", "compute_seconds_per_frame",
-                                       "step_seconds_per_frame", "nodes", "network"]
+                                       "step_seconds_per_frame", "nodes", "network", "contended", "load"]
     return {**dict.fromkeys(keys), "run": Path(run_dir).name, "path": str(run_dir), "strategy": strategy,
             "learners": learners, "curve": [], "points": [], "failed": reason}
 
@@ -77,6 +87,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
         measured = record["frames_per_second"]
         record["prediction_error"] = (predicted - measured) / measured if predicted is not None and measured else None
         record["prediction_nearest_validated"] = nearest_validated(record)
+        mark_contended(record)
     metric = next((r["metric"] for r in runs if r["metric"]), "per")
     goal = time_to_targets(runs, metric, target)
     columns = [heading.format(metric=metric.upper()) for _, heading, _ in TABLE]
@@ -91,6 +102,7 @@ def build_summary(run_dirs: dict[str, Path], setup: dict, failed: dict[str, str]
             "calibration": calibrated, "runs": runs,
             "time_to_target_prediction": time_to_target_check(runs, goal.value if goal else None),
             "behind_sync": behind_sync(runs, metric), "busy_host": busy_host(runs),
+            "contended_runs": contended_lines(runs),
             "table": {"columns": columns, "rows": rows}}
 
 
@@ -130,9 +142,7 @@ def time_to_targets(runs: list[dict], metric: str, value: float | None) -> Targe
 
 def format_table(summary: dict) -> str:
     """The summary table as text (what `asrdist compare` prints)."""
-    cells = [summary["table"]["columns"]]
-    for row in summary["table"]["rows"]:
-        cells.append([cell(v, fmt) for v, (_, _, fmt) in zip(row, TABLE)])
+    cells = [summary["table"]["columns"], *_cells(summary)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in cells]
@@ -141,8 +151,8 @@ def format_table(summary: dict) -> str:
 
 def note_lines(summary: dict) -> list[str]:
     """The notes after the table and in the report: strategies behind sync's accuracy, runs whose
-    host was busy (a summary written before either kind simply has none)."""
-    return [*summary.get("behind_sync", []), *summary.get("busy_host", [])]
+    host was busy, runs that were contended (a summary written before any kind simply has none)."""
+    return [*summary.get("behind_sync", []), *summary.get("busy_host", []), *summary.get("contended_runs", [])]
 
 
 def sharing_line(runs: list[dict], cores: int | None) -> str:
@@ -261,9 +271,7 @@ def render_html(summary: dict) -> str:
     esc = html.escape
     title = f"asrdist compare: {', '.join(r['run'] for r in summary['runs'])}"
     head = "".join(f"<th>{esc(c)}</th>" for c in summary["table"]["columns"])
-    body = "".join("<tr>" + "".join(f"<td>{esc(cell(v, fmt))}</td>"
-                                    for v, (_, _, fmt) in zip(row, TABLE)) + "</tr>\n"
-                   for row in summary["table"]["rows"])
+    body = "".join("<tr>" + "".join(f"<td>{esc(text)}</td>" for text in row) + "</tr>\n" for row in _cells(summary))
     notes = "".join(f"<li>{esc(r['run'])}: {esc(_why_failed(r['failed']))}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
@@ -280,7 +288,9 @@ th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%
 <p>{esc(target_line(summary))}</p>
 <p>{esc(setup_line(summary))}. Error rate: validation {esc(summary['metric'].upper())} of the final
 (consensus) model; frames/s: the whole job's training frames per second; MB sent: all learners;
-comm / wait s: per learner, mean.{esc(simulator_line(summary))}{esc(uncertainty_line(summary))}{esc(ranking_line(summary))}</p>
+comm / wait s: per learner, mean; CPU share: the CPU the learners received over the CPU they were
+entitled to, marked (contended) under {CONTENDED_SHARE:.0%}.{esc(simulator_line(summary))}
+{esc(uncertainty_line(summary))}{esc(ranking_line(summary))}</p>
 <table id="summary"><thead><tr>{head}</tr></thead><tbody>
 {body}</tbody></table>
 {f'<ul>{notes}</ul>' if notes else ''}

@@ -253,6 +253,7 @@ def run_record(run_dir: Path) -> dict:
         "frames_per_second": s.frames_per_second, "mb_sent": comm.bytes_sent / 1e6,
         "comm_seconds": comm.comm_seconds, "wait_seconds": comm.wait_seconds,
         "wall_seconds": s.wall_seconds, "steal_share": s.steal_share,
+        "contended": s.contended, "load": s.load, "cpu_share": s.cpu_share,
         "compute_seconds_per_frame": compute / frames if frames and compute else None,
         "step_seconds_per_frame": stepping / frames if frames and stepping else None,
         "curve": curve,

@@ -17,6 +17,7 @@ from asrdist.run.summary import (ERROR_KEYS, CommTotals, EpochRecord, FinalFigur
                                  RunSummary)
 from asrdist.train.checkpoint import save_model
 from asrdist.train.epoch_average import Averaged
+from asrdist.utils.contention import machine_cores, shared_cores
 from asrdist.utils.throughput import job_frames_per_second
 
 
@@ -46,12 +47,15 @@ def _figures(evaluated: dict) -> dict:
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None, averaged: Averaged | None = None, *,
-               env: JobEnv) -> RunSummary:
+               env: JobEnv, load: tuple[float | None, float | None] = (None, None)) -> RunSummary:
     """`model`: the job's final model; `averaged` (train.average_last): the average of the last
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
     figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
     the final model alone (the last epoch's: what averaging changed). `env`: the learner's
-    `JobEnv` (its hosts, network and restarts)."""
+    `JobEnv` (its hosts, network and restarts). `load`: the machine's load average when this
+    learner's training started and ended; with the learners' CPU figures, `cpu_share` and
+    `contended` on shared cores (`asrdist.utils.contention`; `launch.run_workers` sets them again
+    on dedicated hosts, from their quotas)."""
     final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
     train_loss = state.history[-1]["train_loss"] if state.history else None
     final = {"train_loss": train_loss, **final_figures}
@@ -78,7 +82,9 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         comm=CommTotals(bytes_sent=sum(p.bytes_sent for p in learners),
                         comm_seconds=sum(p.comm_seconds for p in learners) / n,
                         wait_seconds=sum(p.wait_seconds for p in learners) / n, per_learner=learners),
-        history=[EpochRecord.from_json(r) for r in state.history])
+        history=[EpochRecord.from_json(r) for r in state.history],
+        load={"start": load[0], "end": load[1], "cores": machine_cores()})
+    summary.set_cpu_share(shared_cores(summary.learners))
     # the report first: summary.json marks the run finished, so a disk that fills up on the report
     # must fail the run before it (a resume then finishes it) rather than leave it without one
     plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")

@@ -124,10 +124,7 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNo
     """Features, targets, then the run directory's files, written while this command holds the
     directory (`rundir.locked`; into `held` to go on holding it after)."""
     corpus = Path(cfg.data.corpus)
-    check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
-    ensure_features(corpus, cfg, progress=progress)
-    check_front_end(corpus / "train", cfg.data)
-    build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
+    prepare_features(cfg, progress)
     targets = build_targets(corpus, cfg, model_kind(cfg))  # a model that does not fit fails before the run dir
     check_frames_against_alignments(corpus, targets.kind in ("monophone", "tied", "phones"), notes)
     if targets.kind in CTC_TARGETS:
@@ -143,6 +140,17 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNo
         write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         write_json_atomic(run_dir / ENV_NAME, environment_record(cfg))
         run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)
+
+
+def prepare_features(cfg: RunConfig, progress: bool = True) -> None:
+    """The corpus' features as `cfg` trains on them: extracted where missing or stale, the
+    augmented copies built where the recipe asks for them. What a run prepares first, and what
+    `asrdist compare` prepares before it times a run's microbenchmarks (`calibrate.microbench`)."""
+    corpus = Path(cfg.data.corpus)
+    check_alignment_ids(corpus, cfg.data.targets)  # before features are (re-)extracted into the corpus
+    ensure_features(corpus, cfg, progress=progress)
+    check_front_end(corpus / "train", cfg.data)
+    build_augmented_store(corpus / "train", cfg.data, cfg.seed, progress=progress)
 
 
 def check_frames_against_alignments(corpus: Path, learns_from_alignments: bool = False,
@@ -388,8 +396,15 @@ def run_workers(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool, nod
         if cpu is not None:
             summary.dedicated = DedicatedHosts(counters.hosts, cpu.cpus_per_host, cpu.straggler_emulation(),
                                                counters.outside_hosts)
+            summary.set_cpu_share(quota_cores(cpu.quotas, summary.learners))  # entitled to its host's quota
         summary.write(run_dir)
     return summary
+
+
+def quota_cores(quotas: tuple[float, ...], learners: int) -> list[float]:
+    """Each learner's entitled cores on dedicated hosts: its host's quota shared by the host's learners."""
+    per_host = learners // len(quotas)
+    return [quotas[rank // per_host] / per_host for rank in range(learners)]
 
 
 def survives_lost_learners(cfg: RunConfig, nodes: int) -> bool:

@@ -39,6 +39,7 @@ from asrdist.run.task import SpeechTask
 from asrdist.train.loop import LoopConfig, Task
 from asrdist.train.state import write_state
 from asrdist.train.trainer import Trainer, TrainerHooks
+from asrdist.utils.contention import load_average, read_cpu, received
 from asrdist.utils.machine import machine_steal_ticks, steal_share
 from asrdist.utils.memory import keep_freed_memory
 
@@ -201,14 +202,16 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
     targets = load_targets(run_dir)
     task = SpeechTask(cfg, targets, ctx.job_rank, ctx.job_world_size)
     learner = build_learner(cfg, run_dir, ctx, task, progress=progress, threads=env.num_threads)
-    t0, steal_before = time.perf_counter(), machine_steal_ticks()
+    t0, steal_before, cpu_before, load_start = time.perf_counter(), machine_steal_ticks(), read_cpu(), load_average()
     state = learner.trainer.fit(resume=resume)
     wall = time.perf_counter() - t0
+    cpu_seconds, cpu_wait = received(cpu_before, read_cpu())  # the CPU this learner got while it trained
     per_learner = {"rank": ctx.job_rank, "device": str(ctx.device), "steps": state.step, "frames": state.frames,
                    "train_seconds": state.train_seconds, "loop_seconds": state.loop_seconds,
                    "compute_seconds": learner.trainer.stepper.compute_seconds,
                    "skipped_nonfinite": learner.trainer.stepper.skipped,
                    "steal_share": steal_share(steal_before, machine_steal_ticks()),
+                   "cpu_seconds": cpu_seconds, "cpu_wait_seconds": cpu_wait, "cpu_wall_seconds": wall,
                    **learner.strategy.counters.as_dict()}
     gathered = [per_learner]
     if ctx.job_world_size > 1:
@@ -225,7 +228,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
         return None
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost,
-                         averaged=learner.trainer.averaged(), env=env)
+                         averaged=learner.trainer.averaged(), env=env, load=(load_start, load_average()))
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

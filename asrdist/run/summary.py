@@ -16,6 +16,7 @@ from asrdist.cluster.cpushare import HostCpuUsage
 from asrdist.cluster.launcher import WireCounters
 from asrdist.errors import DataError
 from asrdist.io.atomic import write_json_atomic
+from asrdist.utils.contention import job_share
 
 SUMMARY_NAME = "summary.json"
 ERROR_KEYS = ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy")
@@ -142,7 +143,17 @@ class LearnerFigures(_Record):
     bytes_sent: int = 0
     comm_seconds: float = 0.0
     wait_seconds: float = 0.0
-    OPTIONAL = ("device", "steps", "loop_seconds", "compute_seconds", "skipped_nonfinite", "steal_share")
+    cpu_seconds: float | None = None
+    """CPU it received while it trained this start (`asrdist.utils.contention`)."""
+    cpu_wait_seconds: float | None = None
+    """Its threads' time ready to run but waiting for a core, meanwhile (None: no schedstat)."""
+    cpu_wall_seconds: float | None = None
+    OPTIONAL = ("device", "steps", "loop_seconds", "compute_seconds", "skipped_nonfinite", "steal_share",
+                "cpu_seconds", "cpu_wait_seconds", "cpu_wall_seconds")
+
+    def cpu_figures(self) -> tuple[float | None, float | None, float | None]:
+        """(CPU s received, run-queue wait s, wall s): what `contention.job_share` takes."""
+        return self.cpu_seconds, self.cpu_wait_seconds, self.cpu_wall_seconds
 
     @property
     def stepping_seconds(self) -> float:
@@ -229,9 +240,18 @@ class RunSummary(_Record):
     wire: WireCounters | None = None
     """What the emulated hosts' NICs sent (`asrdist train --nodes` on an emulated network)."""
     dedicated: DedicatedHosts | None = None
+    load: dict[str, Any] | None = None
+    """The machine's 1-minute load average when the training started and ended (`start`, `end`),
+    and its `cores`."""
+    cpu_share: float | None = None
+    """The CPU the learners received / their entitlement (`asrdist.utils.contention`), this start."""
+    contended: bool | None = None
+    """`cpu_share` under `contention.CONTENDED_SHARE`: another job took cores the run would have had."""
+    cpu_received: dict[str, Any] | None = None
+    """The figures behind `cpu_share` (`contention.CpuShare.as_dict`)."""
     NESTED = {"lost_learners": _records(LostLearner), "final": FinalFigures.from_json, "comm": CommTotals.from_json,
               "history": _records(EpochRecord), "wire": WireCounters.from_json}
-    OPTIONAL = ("wire", "dedicated")
+    OPTIONAL = ("wire", "dedicated", "load", "cpu_share", "contended", "cpu_received")
 
     @classmethod
     def from_json(cls, data: Any, where: str = SUMMARY_NAME) -> "RunSummary":
@@ -276,4 +296,13 @@ class RunSummary(_Record):
 
     def stepping_seconds(self) -> list[float]:
         return [p.stepping_seconds for p in self.comm.per_learner]
+
+    def set_cpu_share(self, cores_per_learner: list[float]) -> None:
+        """`cpu_share`, `contended` and `cpu_received` from the learners' own figures, each entitled
+        to its `cores_per_learner` (by rank); left None where a learner has no reading."""
+        learners = sorted(self.comm.per_learner, key=lambda p: p.rank)
+        share = job_share([p.cpu_figures() for p in learners], [cores_per_learner[p.rank] for p in learners])
+        if share is not None and share.share is not None:
+            self.cpu_share, self.contended = round(share.share, 4), share.contended
+            self.cpu_received = share.as_dict()
 

@@ -225,6 +225,51 @@ def within_error_of_winner(ranked, nearest: list) -> list[str]:
     return [p.name for i, p in enumerate(ranked) if i and not apart(timed(0), timed(i))]
 
 
+def _error_text(errors: list[float | None]) -> str:
+    """The simulator's error band over some strategies: the largest |error| of their nearest
+    validated cases, or that one of them has no case to bound it."""
+    if any(e is None for e in errors):
+        return "error unbounded: no validated case near some of them"
+    return f"error \u00b1{100 * max(abs(e) for e in errors):.0f}%"
+
+
+def advice(ranked, nearest: list) -> tuple[str, list[list[str]]]:
+    """One advice from a ranking and each strategy's nearest validated case: the tiers of
+    strategies the simulator cannot tell apart (the winner's: those whose epoch-time bands overlap
+    its own, `within_error_of_winner`; after it, each next strategy joins the tier before when its
+    band overlaps one of that tier's), and one sentence. Either the winner is apart from every
+    other, and the sentence is the ranking, "X, then Y, then Z or W" (a later tier's strategies
+    joined by "or"); or it is not, and the sentence says only that "X and Y cannot be told apart
+    by the simulator here (error ±E%)", and which are slower than the winner beyond that error."""
+    from asrdist.sim.uncertainty import apart  # imported when the command runs: `--help` stays light
+
+    def timed(i: int) -> tuple[float, float | None]:
+        return ranked[i].epoch_seconds, None if nearest[i] is None else nearest[i].relative_error
+
+    close = set(within_error_of_winner(ranked, nearest))
+    first = [0] + [i for i in range(1, len(ranked)) if ranked[i].name in close]
+    tiers: list[list[int]] = [first]
+    for i in range(1, len(ranked)):
+        if i in first:
+            continue
+        if len(tiers) > 1 and any(not apart(timed(i), timed(j)) for j in tiers[-1]):
+            tiers[-1].append(i)
+        else:
+            tiers.append([i])
+    names = [[ranked[i].name for i in tier] for tier in tiers]
+    errors = [timed(i)[1] for i in range(len(ranked))]
+    if len(first) > 1:
+        tied = names[0]
+        who = ", ".join(tied[:-1]) + f" and {tied[-1]}"
+        line = f"{who} cannot be told apart by the simulator here ({_error_text([errors[i] for i in first])})"
+        rest = [n for tier in names[1:] for n in tier]
+        if rest:
+            line += f"; slower than {tied[0]} beyond that error: {', '.join(rest)}"
+        return line, names
+    order = ", then ".join(" or ".join(tier) for tier in names)
+    return f"{order} (fastest epoch first, each apart beyond the simulator's {_error_text(errors)})", names
+
+
 def _nearest(predictions, strategy_of, device: str, cluster, network: str) -> list:
     """Each prediction's nearest validated case. CPU learners of one node share its cores and
     loopback (`placement_of`); GPU learners have a device each, as in the papers' clusters."""
@@ -267,18 +312,20 @@ def run(args) -> int:
 
         device = "gpu" if args.seconds_per_frame is None else "cpu"
         if args.strategy is None:
+            from asrdist.sim.scenario import explain, left_out_note  # imported when the command runs
+
             ranked, why, left_out = advise(job, progress=True)
             nearest = _nearest(ranked, lambda p: ADVISED[p.name][0], device, c, args.network)
+            said, tiers = advice(ranked, nearest)
+            why = explain(ranked, tied=len(tiers[0])) + left_out_note(left_out)  # no winner where tied
             print(head)
             print(table(ranked, nearest))
             print(why)
-            close = within_error_of_winner(ranked, nearest)
-            if close:
-                print(f"not ranked apart from {ranked[0].name}, within the simulator's error (each time -/+ its "
-                      f"nearest validated case's error): {', '.join(close)}")
+            print(f"advice: {said}")
             result = {"setting": head, "ranking": [{**p.as_dict(), "nearest_validated": describe(case)}
                                                    for p, case in zip(ranked, nearest)],
-                      "why": why, "within_error_of_winner": close, "not_simulated": left_out}
+                      "why": why, "advice": said, "advice_tiers": tiers,
+                      "within_error_of_winner": tiers[0][1:], "not_simulated": left_out}
         else:
             p = run_job(job)
             nearest = _nearest([p], lambda p: job.strategy, device, c, args.network)

@@ -194,13 +194,13 @@ def advise(job: Job, variants: dict[str, tuple[str, dict[str, Any]]] | None = No
     ranked = [run_job(each, name) for name, each in tqdm(todo, desc="simulate", unit="strategy", file=sys.stderr,
                                                          disable=None if progress else True)]
     ranked.sort(key=lambda p: p.epoch_seconds)
-    why = explain(ranked)
-    if left_out:
-        why += f"; not simulated at this size: {', '.join(left_out)}"
-    return ranked, why, left_out
+    return ranked, explain(ranked) + left_out_note(left_out), left_out
 
 
-def explain(ranked: list[Prediction]) -> str:
+def explain(ranked: list[Prediction], tied: int = 1) -> str:
+    """Why the ranking is what it is. `tied`: how many leading strategies the simulator cannot
+    tell apart (their epoch times within its error, `asrdist.sim.cli.advice`): then none of them
+    is said to win and no runner-up is said to be slower."""
     best, rest = ranked[0], ranked[1:]
     sync = next((p for p in ranked if p.name == "sync"), None)
     if best.speedup < 1:  # distributing costs more than it brings: say so before naming a winner
@@ -210,16 +210,22 @@ def explain(ranked: list[Prediction]) -> str:
     else:
         hours = best.epoch_seconds / 3600
         hours_text = f"{hours:.2f}" if hours >= 0.1 else f"{hours:.2g}"  # 0.00013 h, not 0.00
-        why = [f"{best.name} wins: {hours_text} h per epoch, {best.speedup:.1f}x one learner, "
+        lead = f"{best.name} wins" if tied <= 1 else f"{best.name} predicted fastest"
+        why = [f"{lead}: {hours_text} h per epoch, {best.speedup:.1f}x one learner, "
                f"{100 * best.wait_share:.0f}% of each step waiting on communication"]
     if sync is not None and sync is not best:
         bound = "wire-bound" if sync.wait_share > 0.3 else "compute-bound"
         why.append(f"sync is {bound}: {100 * sync.wait_share:.0f}% of each step blocked communicating "
                    f"({sync.bytes_per_step / 1e6:.0f} MB sent per learner and step)")
-    if rest:
+    if rest and tied <= 1:
         runner = rest[0]
         why.append(f"runner-up {runner.name} is {runner.epoch_seconds / best.epoch_seconds:.2f}x slower")
     return "; ".join(why)
+
+
+def left_out_note(left_out: dict[str, str]) -> str:
+    """What `advise` adds to its `why` for the variants too large to simulate ('' for none)."""
+    return f"; not simulated at this size: {', '.join(left_out)}" if left_out else ""
 
 
 CPU_QUANTIZE_COST = 1e-9

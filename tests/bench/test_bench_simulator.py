@@ -130,6 +130,7 @@ def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone
             "frames_per_second": 10_000 / loop * cfg.train.learners, "train_frames": 10_000 * cfg.train.learners,
             "threads_per_learner": 1, "nodes": 1, "network": "loopback",
             "steal_share": 0.3 if speed[0] == 2.0 else 0.01,  # the run's own figure (round 2: a busy host)
+            "cpu_share": 0.5 if speed[0] == 1.5 else 0.95, "contended": speed[0] == 1.5,  # round 3: contended
             "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0, "per_learner": per}}))
         return {name: run_dir}
 
@@ -151,10 +152,12 @@ def test_each_run_is_trained_again_in_a_later_round_and_its_spread_reported(tone
     # the host's steal over each repeat's training, read from the run's summary; runs above the
     # line are counted and said
     assert row["steal_shares"] == [0.01, 0.3, 0.01]
+    assert row["cpu_shares"] == [0.95, 0.95, 0.5] and row["contended"] is True  # a repeat contended: marked
     noise = result["machine_noise"]
     assert noise["run_repeats"] == 3 and noise["max_spread"] == pytest.approx(1.0)
     assert noise["runs_with_busy_host"] == 4 and noise["runs"] == 12 and noise["max_steal_share"] == 0.3
     printed = simulator.format_result(result)
+    assert printed.count("% (contended)") == 4
     assert "spread up to 100.0%" in printed and "host took more than 5% of its CPU in 4 of 12 runs (up to 30%" in printed
 
 

@@ -130,6 +130,9 @@ def test_a_real_finished_run_is_read_and_written_back_key_for_key(tmp_path):
     assert list(json.loads(text)) == [  # what the learner wrote before RunSummary, in its order
         "strategy", "learners", "lost_learners", "cores", "threads_per_learner", "nodes", "network", "model",
         "parameters", "epochs", "steps", "train_frames", "frames_per_second", "skipped_nonfinite", "wall_seconds",
-        "wall_seconds_last_start", "steal_share", "starts", "final", "comm", "history"]
+        "wall_seconds_last_start", "steal_share", "starts", "final", "comm", "history", "load", "cpu_share",
+        "contended", "cpu_received"]
+    assert summary.load["cores"] and summary.cpu_share > 0 and summary.contended in (True, False)
+    assert all(p.cpu_seconds > 0 and p.cpu_wall_seconds > 0 for p in summary.comm.per_learner)
     assert [p.rank for p in summary.comm.per_learner] == [0, 1] and summary.nodes == 1
     assert summary.history[0].valid_loss is not None and summary.final.valid_loss is not None
