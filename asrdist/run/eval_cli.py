@@ -27,7 +27,10 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     p.add_argument("--data", type=Path, required=True, help="a split directory or a corpus directory (uses test)")
     p.add_argument("--out", type=Path, default=None,
                    help="output JSON (default RUN_DIR/eval.json); hypotheses go beside it, to NAME.hyp.txt "
-                        "(hyp.txt for eval.json)")
+                        "(hyp.txt for eval.json), and each utterance's alignment to NAME.errs.txt (errs.txt)")
+    p.add_argument("--bootstrap", action="store_true",
+                   help="also a 95%% confidence interval of each error rate, by resampling utterances "
+                        "(kaldialign.bootstrap_wer_ci, 10000 resamples; Kaldi's compute-wer-bootci)")
     _vocabulary_option(p)
     p.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
@@ -100,13 +103,14 @@ def _balance_option(p: argparse.ArgumentParser) -> None:
 def _eval(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.eval.details import hyp_path
+    from asrdist.eval.kaldi_scoring import errs_path
     from asrdist.run.evaluate import eval_command
     from asrdist.run.rundir import CONFIG_NAME, MODEL_NAME, TARGETS_NAME
 
     out = args.out or args.run_dir / "eval.json"
     run_files = tuple(args.run_dir / name for name in (MODEL_NAME, TARGETS_NAME, CONFIG_NAME))
     data = (args.data,) if args.data is not None else ()
-    for path in (out, hyp_path(out)):
+    for path in (out, hyp_path(out), errs_path(out)):
         check_output_file(path, inputs=run_files + data)
     return eval_command(args)
 
