@@ -206,7 +206,7 @@ def after_loss(job: _Job) -> dict[str, Any]:
     if at is None:
         return {"checkpoint_after_loss": False, "minibatches_lost": None, "loss_epoch": None,
                 "latest_checkpoint": latest, "why": "no epoch record names a lost learner"}
-    loss_epoch = epochs[at]["epoch"]  # 0-based; its end's checkpoint is epoch-(loss_epoch + 1)
+    loss_epoch = epochs[at]["epoch"]  # numbered from 1, as its end's checkpoint: epoch-(loss_epoch)
     number = int(latest.split("-")[1]) if latest and latest.startswith("epoch-") else -1
     lost, retrained = 0, 0
     for record in epochs[at:]:
@@ -215,7 +215,7 @@ def after_loss(job: _Job) -> dict[str, Any]:
         lost += (total if total is not None else 0) - (sum(shares.values()) if total is not None else 0)
         retrained += record.get("minibatches_retrained") or 0
     unrecorded = sum(1 for r in epochs[at:] if r.get("minibatches_in_epoch") is None)
-    return {"checkpoint_after_loss": number > loss_epoch, "minibatches_lost": lost if not unrecorded else None,
+    return {"checkpoint_after_loss": number >= loss_epoch, "minibatches_lost": lost if not unrecorded else None,
             "minibatches_retrained": retrained, "loss_epoch": loss_epoch, "latest_checkpoint": latest,
             "epochs_recorded": len(epochs), "epochs_without_the_count": unrecorded}
 

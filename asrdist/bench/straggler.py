@@ -211,13 +211,13 @@ def validations(run_dir: Path, summary: RunSummary) -> list[dict[str, Any]]:
     line in metrics.jsonl (seconds since the run's metrics log opened, before its first step)."""
     logged = {r["epoch"]: r["seconds"] for r in read_metrics(run_dir) if r.get("kind") == "epoch"}
     out = []
-    for record in summary.history:
+    for epoch, record in zip(summary.epoch_numbers(), summary.history):  # both numbered from 1
         if record.valid_loss is None:
             continue
-        seconds = record.wall_seconds if record.wall_seconds is not None else logged.get(record.epoch)
+        seconds = record.wall_seconds if record.wall_seconds is not None else logged.get(epoch)
         if seconds is None:
-            raise TrainingError(f"{run_dir}: validation of epoch {record.epoch} has no wall time")
-        out.append({"epoch": record.epoch, "wall_seconds": seconds, "valid_loss": record.valid_loss,
+            raise TrainingError(f"{run_dir}: validation of epoch {epoch} has no wall time")
+        out.append({"epoch": epoch, "wall_seconds": seconds, "valid_loss": record.valid_loss,
                     "per": record.per})
     return out
 

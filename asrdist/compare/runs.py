@@ -238,7 +238,7 @@ def run_record(run_dir: Path) -> dict:
     curve = []
     for r in read_metrics(run_dir):
         if r.get("kind") == "epoch" and metric in r:
-            curve.append({"epoch": r["epoch"] + 1, "step": r["step"], "seconds": r.get("seconds"),
+            curve.append({"epoch": r["epoch"], "step": r["step"], "seconds": r.get("seconds"),
                           "wall_seconds": r.get("wall_seconds"), metric: r[metric],
                           "valid_loss": r.get("valid_loss"), "frame_accuracy": r.get("frame_accuracy")})
     compute = sum(p.compute_seconds or 0.0 for p in comm.per_learner)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.errors import DataError
@@ -209,20 +209,33 @@ def store_lexicon(lexicon: "str | Path | Lexicon", corpus: Path, texts: Iterable
 _reported: set[str] = set()
 
 
-def lexicon_phone_tokens(split_dir: Path, data=None) -> dict[str, list[int]] | None:
-    """Phone CTC targets of an unaligned split from its corpus' lexicon (None without one); words
-    missing from the lexicon are reported once per split and process, their utterances left out.
-    `data`: the split's `DataDir`, when the caller has read it already."""
-    corpus = Path(split_dir).parent
-    if not (corpus / LEXICON_NAME).is_file():
+def split_lexicon(split_dir: Path) -> Path | None:
+    """The lexicon a split's words are pronounced by: `SPLIT/lexicon.txt` (a split imported alone
+    with `--lexicon`: a held-out set), else its corpus' `CORPUS/lexicon.txt`; None without either."""
+    for where in (Path(split_dir), Path(split_dir).parent):
+        if (where / LEXICON_NAME).is_file():
+            return where / LEXICON_NAME
+    return None
+
+
+def lexicon_phone_tokens(split_dir: Path, data=None, phones: Sequence[str] | None = None) -> dict[str, list[int]] | None:
+    """Phone targets of an unaligned split from its lexicon (`split_lexicon`; None without one);
+    words missing from the lexicon are reported once per split and process, their utterances left
+    out. `data`: the split's `DataDir`, when the caller has read it already. `phones`: the phone
+    symbols the ids index (a model's); default: the lexicon directory's phones.txt, else asrdist's."""
+    path = split_lexicon(split_dir)
+    if path is None:
         return None
-    table = PhoneTable.read(corpus / "phones.txt") if (corpus / "phones.txt").is_file() else PhoneTable()
-    lexicon = Lexicon.read(corpus / LEXICON_NAME, table)
+    if phones is not None:
+        table = PhoneTable(tuple(phones))
+    else:
+        table = PhoneTable.read(path.parent / "phones.txt") if (path.parent / "phones.txt").is_file() else PhoneTable()
+    lexicon = Lexicon.read(path, table)
     data = data if data is not None else read_data_dir(split_dir)
     tokens, missing, skipped = lexicon.phone_targets({u: data.utterances[u].text for u in data.utt_ids})
     if str(split_dir) not in _reported:
         _reported.add(str(split_dir))
         report_missing(missing, skipped, str(split_dir))
     if not tokens:
-        raise DataError(f"{split_dir}: no utterance has all its words in {corpus / LEXICON_NAME}")
+        raise DataError(f"{split_dir}: no utterance has all its words in {path}")
     return tokens

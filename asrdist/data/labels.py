@@ -67,10 +67,11 @@ def ctc_tokens(split_dir: Path, targets: Targets, data=None) -> dict[str, list[i
     the caller has read it already (targets from transcripts read it otherwise)."""
     if targets.kind == "phones":
         if not (split_dir / "alignment.scp").is_file():
-            tokens = lexicon_phone_tokens(split_dir, data)
+            tokens = lexicon_phone_tokens(split_dir, data, targets.phones)
             if tokens is None:
-                raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (CORPUS/lexicon.txt, "
-                                f"`asrdist corpus import-kaldi ... --lexicon FILE`); or use data.targets=chars")
+                raise DataError(f"{split_dir}: phone CTC targets need alignment.scp or a lexicon (SPLIT/lexicon.txt or "
+                                f"CORPUS/lexicon.txt, `asrdist corpus import-kaldi ... --lexicon FILE`); or use "
+                                f"data.targets=chars")
             return tokens
         return phone_sequences(checked_alignments(split_dir, len(targets.phones)), targets.silence_id)
     return char_tokens(split_dir, targets.tokenizer, data)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from asrdist.corpus.lexicon import lexicon_phone_tokens
 from asrdist.data.labels import (
     ctc_tokens,
     frame_labels,
@@ -19,7 +20,7 @@ from asrdist.data.targets import Targets
 from asrdist.errors import DataError
 from asrdist.eval.decode import ctc_beam_decode, ctc_greedy_decode, viterbi_decode
 from asrdist.eval.details import phone_details, text_details
-from asrdist.eval.scoring import error_rate
+from asrdist.eval.scoring import counts_of, error_rate
 from asrdist.eval.vocabulary import vocabulary_search
 from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir
@@ -81,22 +82,41 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
         model.train(was_training)
 
 
+def no_hybrid_reference(split_dir) -> DataError:
+    return DataError(f"{split_dir}: a hybrid model is scored against the split's alignment.scp or its words through a "
+                     f"lexicon (SPLIT/lexicon.txt or CORPUS/lexicon.txt: `asrdist corpus import-kaldi ... --lexicon "
+                     f"FILE`); the split has neither")
+
+
+def _frame_references(split_dir, targets) -> tuple[dict | None, dict[str, list[int]]]:
+    """(frame labels or None, reference phones) of a split: from its alignments where it has them,
+    else from its words through the lexicon (`split_lexicon`: a held-out set imported alone), each
+    word's first pronunciation with adjacent equal phones merged, as an alignment's runs are."""
+    if (Path(split_dir) / "alignment.scp").is_file():
+        alignments = split_alignments(split_dir, len(targets.phones))
+        return frame_labels(split_dir, targets, alignments), phone_sequences(alignments, targets.silence_id)
+    tokens = lexicon_phone_tokens(split_dir, None, targets.phones)
+    if tokens is None:
+        raise no_hybrid_reference(split_dir)
+    return None, {u: [p for i, p in enumerate(t) if i == 0 or p != t[i - 1]] for u, t in tokens.items()}
+
+
 def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bool = False) -> dict:
-    alignments = split_alignments(split_dir, len(targets.phones))
-    labels = frame_labels(split_dir, targets, alignments)
-    ref_phones = phone_sequences(alignments, targets.silence_id)
-    utt_ids = [u for u in utt_ids if u in labels]  # `asrdist align` leaves out utterances with unknown words
+    """PER by the phone-loop search; loss and frame accuracy only where the split has alignments."""
+    labels, ref_phones = _frame_references(split_dir, targets)
+    # `asrdist align` leaves out utterances with unknown words, as does the lexicon
+    utt_ids = [u for u in utt_ids if u in ref_phones and (labels is None or u in labels)]
     log_priors = decoding_log_priors(targets)
     loss_sum, correct, frames = 0.0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
         feats = store[utt]
-        lab = labels[utt]
-        t = min(len(feats), len(lab))
+        t = min(len(feats), len(labels[utt])) if labels is not None else len(feats)
         logits = _frame_logits(model, feats[:t], cfg.model.context)
-        y = torch.from_numpy(np.asarray(lab[:t], dtype=np.int64))
-        loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(-1) == y).sum())
+        if labels is not None:
+            y = torch.from_numpy(np.asarray(labels[utt][:t], dtype=np.int64))
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(-1) == y).sum())
         frames += t
         log_post = frame_log_posteriors(logits)
         try:
@@ -108,10 +128,13 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
             hyps.append([])
         refs.append(ref_phones[utt])
     per = error_rate(refs, hyps)
-    result = {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1),
-              "per": per["rate"], "utterances": len(utt_ids), "frames": frames}
+    result = {"loss": loss_sum / max(frames, 1), "frame_accuracy": correct / max(frames, 1)} if labels is not None \
+        else {"reference": "lexicon"}
+    result.update({"per": per["rate"], "utterances": len(utt_ids), "frames": frames,
+                   "error_counts": {"per": counts_of(per)}})
     if details:
         result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
+        result["sequences"] = {"per": (refs, hyps)}
     return result
 
 
@@ -171,6 +194,7 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
                     "sentence_accuracy": exact / max(len(utt_ids), 1)}
     if adaptation is not None:
         result["adaptation"] = adaptation
+    scored = {}  # metric -> (references, hypotheses) as token sequences
     if targets.kind == "phones" and constrained is not None:
         # Hypotheses are words: score them as words (a word said with another of its pronunciations
         # is right), and the phones as before.
@@ -179,12 +203,11 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
         ref_text = [" ".join(map(normalize_word, data.utterances[u].text.split())) for u in utt_ids]
         hyp_text = [" ".join(constrained.words(h)) for h in hyps]
         result["sentence_accuracy"] = sum(r == h for r, h in zip(ref_text, hyp_text)) / max(len(utt_ids), 1)
-        result["per"] = error_rate(refs, hyps)["rate"]
-        result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
+        scored = {"wer": ([r.split() for r in ref_text], [h.split() for h in hyp_text]), "per": (refs, hyps)}
         if details:
             result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
     elif targets.kind == "phones":
-        result["per"] = error_rate(refs, hyps)["rate"]
+        scored = {"per": (refs, hyps)}
         if details:
             result["per_utterance"] = phone_details(utt_ids, refs, hyps, targets.phones)
     else:
@@ -195,8 +218,13 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
                 set().union(*(tok.unseen(references[u]) for u in without_loss)))}
         ref_text = [references[u] for u in utt_ids]
         hyp_text = [tok.decode(h) for h in hyps]
-        result["cer"] = error_rate([list(r) for r in ref_text], [list(h) for h in hyp_text])["rate"]
-        result["wer"] = error_rate([r.split() for r in ref_text], [h.split() for h in hyp_text])["rate"]
+        scored = {"cer": ([list(r) for r in ref_text], [list(h) for h in hyp_text]),
+                  "wer": ([r.split() for r in ref_text], [h.split() for h in hyp_text])}
         if details:
             result["per_utterance"] = text_details(utt_ids, ref_text, hyp_text)
+    rates = {name: error_rate(*pair) for name, pair in scored.items()}
+    result.update({name: r["rate"] for name, r in rates.items()})
+    result["error_counts"] = {name: counts_of(r) for name, r in rates.items()}
+    if details:
+        result["sequences"] = scored
     return result

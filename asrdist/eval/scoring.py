@@ -36,6 +36,12 @@ def error_rate(refs: Sequence[Sequence[Hashable]], hyps: Sequence[Sequence[Hasha
             "substitutions": subs, "deletions": dels, "insertions": ins}
 
 
+def counts_of(result: dict) -> dict:
+    """An `error_rate` result as eval.json keeps it: {errors, ref_length, ins, del, sub} (Kaldi's names)."""
+    return {"errors": result["errors"], "ref_length": result["ref_length"], "ins": result["insertions"],
+            "del": result["deletions"], "sub": result["substitutions"]}
+
+
 def per(refs: Sequence[Sequence[int]], hyps: Sequence[Sequence[int]]) -> dict:
     """Phone error rate over phone-id sequences (silence already removed by the caller)."""
     return error_rate(refs, hyps)

@@ -1,4 +1,4 @@
-"""`asrdist decode RUN WAV...`: transcribe audio files with a run's model.
+"""`asrdist decode RUN WAV...` (or `--scp wav.scp`): transcribe audio files with a run's model.
 
 The audio goes through the run's own front end (audio at a higher rate resampled to the training
 rate, with a note; at a lower one refused, file by file; the recipe's fbank and CMVN); CTC
@@ -26,7 +26,8 @@ from asrdist.eval.vocabulary import vocabulary_search
 from asrdist.features.frontend import features_of, front_end, normalize, raw_features
 from asrdist.io.atomic import write_text_atomic
 from asrdist.io.audio import AUDIO_SUFFIXES, check_audio_path
-from asrdist.io.kaldi_dir import read_table
+from asrdist.corpus.kaldi_tables import resolve_path
+from asrdist.io.kaldi_dir import COMMAND_PIPE, read_table, wav_entry_kind
 from asrdist.run import evaluate as run_evaluate
 from asrdist.run.evaluate import command_line_overrides
 
@@ -71,14 +72,16 @@ def _numbered(ids: list[str]) -> list[str]:
 
 
 def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None = None, channel: int | None = None,
-               eval_overrides: dict | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+               eval_overrides: dict | None = None,
+               ids: Sequence[str] | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
     """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
     audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
     cost the others. Every path is checked (exists, a regular file) before the model loads.
     `eval_overrides` replace the run's `eval` settings (`load_run_model`: the vocabulary, speaker
     adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
     eval` decodes one (module docstring); then every file is read before the first line comes.
-    `channel`: the channel read of multi-channel files."""
+    `channel`: the channel read of multi-channel files. `ids`: the files' utterance ids (a wav.scp's);
+    default: `utterance_ids`."""
     for wav in wavs:
         check_audio_path(wav)
     model, cfg, targets, input_dim = run_evaluate.load_run_model(run_dir, eval_overrides)
@@ -86,7 +89,7 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
     constrained = vocabulary_search(cfg, targets) if model.kind == "ctc" else None
-    ids = utterance_ids(wavs)
+    ids = list(ids) if ids is not None else utterance_ids(wavs)
     if speakers is None and front["cmvn"] == "speaker" and len(wavs) > 1:
         print("[asrdist] note: each file is normalised as its own speaker (the run uses speaker CMVN); files "
               "that share a speaker decode better with --same-speaker or --utt2spk", file=sys.stderr, flush=True)
@@ -132,6 +135,28 @@ def _by_speaker(model, cfg, targets, front, constrained, wavs: list[Path], speak
     return out
 
 
+def read_wav_scp(path: Path) -> tuple[list[str], list[Path]]:
+    """(utterance ids, audio files) of a Kaldi wav.scp of plain paths, in its order (a relative path
+    from the file's directory, else from the current one, as `corpus import-kaldi` reads them). A
+    command pipe or an archive entry is one DataError line: import such a directory instead."""
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file")
+    table = read_table(path)
+    if not table:
+        raise DataError(f"{path}: no utterances")
+    for utt, entry in table.items():
+        kind = wav_entry_kind(entry)
+        if kind is not None:
+            what = "a command pipe" if kind == COMMAND_PIPE else "a Kaldi archive entry"
+            shown = entry.strip()[:40] + ("..." if len(entry.strip()) > 40 else "")
+            raise DataError(f"{path}: utterance {utt}: {what} ('{shown}'); decode --scp reads audio files only: "
+                            f"import the directory with `asrdist corpus import-kaldi DIR OUT` (which runs the "
+                            f"commands) and score OUT with `asrdist eval --data OUT`")
+        if not entry.strip():
+            raise DataError(f"{path}: utterance {utt}: no audio path")
+    return list(table), [resolve_path(path.parent, entry.strip()) for entry in table.values()]
+
+
 def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
     """The speaker of each of `utts` from a Kaldi utt2spk file (`utt speaker` lines, read as the
     corpus reads its tables; lines for other utterances are allowed). One DataError line for a
@@ -153,24 +178,28 @@ def read_utt2spk(path: Path, utts: Sequence[str]) -> list[str]:
 def decode_command(args) -> int:
     """Print each file's line as it is decoded; --out gets them all, written only when every file
     decoded (a non-zero exit leaves no output file behind). Bad files: one error line at the end."""
+    if args.scp is not None:
+        ids, wavs = read_wav_scp(args.scp)
+    else:
+        ids, wavs = utterance_ids(args.wavs), list(args.wavs)
     speakers = None
     if args.utt2spk is not None:
-        speakers = read_utt2spk(args.utt2spk, utterance_ids(args.wavs))
+        speakers = read_utt2spk(args.utt2spk, ids)
     elif args.same_speaker:
-        speakers = ["speaker"] * len(args.wavs)
+        speakers = ["speaker"] * len(wavs)
     elif args.adapt_rounds or args.adapt_word_balance:
         option = "--adapt-rounds" if args.adapt_rounds else "--adapt-word-balance"
         raise ConfigError(f"{option}: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
     lines, failed = [], []
-    for utt, wav, text, error in transcribe(args.run_dir, args.wavs, speakers=speakers, channel=args.channel,
-                                            eval_overrides=command_line_overrides(args)):
+    for utt, wav, text, error in transcribe(args.run_dir, wavs, speakers=speakers, channel=args.channel,
+                                            eval_overrides=command_line_overrides(args), ids=ids):
         if error is not None:
             failed.append((wav, error))
             continue
         lines.append(f"{utt} {text}".rstrip() + "\n")
         print(lines[-1], end="", flush=True)
     if failed:
-        raise DataError(_failure_line(failed, len(args.wavs), args.out))
+        raise DataError(_failure_line(failed, len(wavs), args.out))
     if args.out is not None:
         write_text_atomic(args.out, "".join(lines))
     return 0

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from asrdist.checks import cli_number
 from asrdist.commands import help_of
+from asrdist.errors import ConfigError
 from asrdist.io.atomic import check_output_file
 
 DECODE_EPILOG = """\
@@ -14,6 +15,7 @@ whitespace replaced by '_' (in `utt text` lines the first space ends the id).
 When two files share a name, every id is the file's path relative to the
 files' common directory, without the suffix (d1/x, d2/x), or with it where
 only the suffix differs (x.flac, x.ogg); a file given twice gets -2, -3, ...
+With --scp, the ids are the wav.scp's.
 
 A file that cannot be decoded (unreadable audio, shorter than one frame) does
 not stop the others: they are decoded and printed, then the command exits
@@ -27,7 +29,10 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     p.add_argument("--data", type=Path, required=True, help="a split directory or a corpus directory (uses test)")
     p.add_argument("--out", type=Path, default=None,
                    help="output JSON (default RUN_DIR/eval.json); hypotheses go beside it, to NAME.hyp.txt "
-                        "(hyp.txt for eval.json)")
+                        "(hyp.txt for eval.json), and each utterance's alignment to NAME.errs.txt (errs.txt)")
+    p.add_argument("--bootstrap", action="store_true",
+                   help="also a 95%% confidence interval of each error rate, by resampling utterances "
+                        "(kaldialign.bootstrap_wer_ci, 10000 resamples; Kaldi's compute-wer-bootci)")
     _vocabulary_option(p)
     p.add_argument("--adapt-rounds", type=cli_number(int, at_least=0), default=None, metavar="N",
                    help="CTC: rounds of unsupervised speaker adaptation (a feature map per speaker fitted to the "
@@ -40,7 +45,10 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     d = sub.add_parser("decode", help=help_of("decode"),
                        epilog=DECODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("run_dir", type=Path)
-    d.add_argument("wavs", type=Path, nargs="+", metavar="WAV")
+    d.add_argument("wavs", type=Path, nargs="*", metavar="WAV")
+    d.add_argument("--scp", type=Path, default=None, metavar="WAV_SCP",
+                   help="instead of WAV...: a Kaldi wav.scp (`utterance path` lines; its ids name the lines, as in "
+                        "--utt2spk); command pipes and archive entries are refused (import such a directory)")
     d.add_argument("--out", type=Path, default=None,
                    help="also write the lines to this file (only when every file decodes)")
     _vocabulary_option(d)
@@ -100,13 +108,14 @@ def _balance_option(p: argparse.ArgumentParser) -> None:
 def _eval(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.eval.details import hyp_path
+    from asrdist.eval.kaldi_scoring import errs_path
     from asrdist.run.evaluate import eval_command
     from asrdist.run.rundir import CONFIG_NAME, MODEL_NAME, TARGETS_NAME
 
     out = args.out or args.run_dir / "eval.json"
     run_files = tuple(args.run_dir / name for name in (MODEL_NAME, TARGETS_NAME, CONFIG_NAME))
     data = (args.data,) if args.data is not None else ()
-    for path in (out, hyp_path(out)):
+    for path in (out, hyp_path(out), errs_path(out)):
         check_output_file(path, inputs=run_files + data)
     return eval_command(args)
 
@@ -116,7 +125,9 @@ def _decode(args):
     from asrdist.run.decode import decode_command
     from asrdist.run.rundir import MODEL_NAME
 
+    if bool(args.wavs) == (args.scp is not None):
+        raise ConfigError("decode: give audio files (WAV...) or --scp wav.scp" + (", not both" if args.wavs else ""))
     if args.out is not None:
-        extra = (args.utt2spk,) if args.utt2spk is not None else ()
+        extra = tuple(p for p in (args.utt2spk, args.scp) if p is not None)
         check_output_file(args.out, inputs=(*args.wavs, args.run_dir / MODEL_NAME, *extra))
     return decode_command(args)

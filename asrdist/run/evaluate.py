@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from asrdist.config import RunConfig, config_from_tree
+from asrdist.corpus.lexicon import split_lexicon
 from asrdist.data.labels import split_alignments
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
@@ -19,7 +20,8 @@ from asrdist.eval.details import (
     speaker_table,
     worst_utterances,
 )
-from asrdist.eval.evaluate import evaluate_split
+from asrdist.eval.evaluate import evaluate_split, no_hybrid_reference
+from asrdist.eval.kaldi_scoring import bootstrap, bootstrap_line, errs_path, errs_text, kaldi_line
 from asrdist.features.store import FeatureStore, has_features
 from asrdist.io.atomic import atomic_path, json_text
 from asrdist.io.kaldi_dir import read_data_dir
@@ -125,7 +127,10 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
     model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
     split = resolve_split(data)
     if targets.kind in ("monophone", "tied"):  # before any features are written into the corpus
-        split_alignments(split, len(targets.phones))
+        if (split / "alignment.scp").is_file():
+            split_alignments(split, len(targets.phones))
+        elif split_lexicon(split) is None:
+            raise no_hybrid_reference(split)
     rate = trained_sample_rate(cfg, targets)
     if feature_mismatch(split, cfg, rate):
         target = split.parent if (split.parent / "train").is_dir() and split.parent != split else split
@@ -170,23 +175,33 @@ def command_line_overrides(args) -> dict:
 
 
 def eval_command(args) -> int:
-    """eval.json (scores and the worst utterances) and hyp.txt (`utt text`) beside it."""
+    """eval.json (scores and the worst utterances), hyp.txt (`utt text`) and errs.txt (each
+    utterance's alignment, icefall's form) beside it; `%WER`-style lines (Kaldi's) on stdout."""
     result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
     records = result.pop("per_utterance")
+    sequences = result.pop("sequences")
+    if getattr(args, "bootstrap", False):
+        result["bootstrap"] = bootstrap(sequences)
     result["worst_utterances"] = worst_utterances(records)
     data = read_data_dir(Path(result["data"]), require_text=False)
     result["not_scored"] = not_scored(Path(result["data"]), data.utt_ids, {r["utt"] for r in records})
     result["speakers"] = speaker_rates(records, {u: d.speaker for u, d in data.utterances.items()})
     result["confusions"] = confusions(records)
     out = args.out or args.run_dir / "eval.json"
-    # both files or neither: each is written beside itself first, and renamed only when both are
-    with atomic_path(hyp_path(out)) as hyp_tmp, atomic_path(out) as out_tmp:
+    errs_metric = "per" if records and records[0]["unit"] == "phones" else "wer"
+    # all three files or none: each is written beside itself first, and renamed only when all are
+    with atomic_path(hyp_path(out)) as hyp_tmp, atomic_path(errs_path(out)) as errs_tmp, atomic_path(out) as out_tmp:
         hyp_tmp.write_text(hyp_lines(records), encoding="utf-8")
+        errs_tmp.write_text(errs_text(records, errs_metric), encoding="utf-8")
         out_tmp.write_text(json_text(result), encoding="utf-8")
-    listed = ("worst_utterances", "speakers", "confusions")
+    listed = ("worst_utterances", "speakers", "confusions", "error_counts", "bootstrap")
     print(json.dumps({k: v for k, v in result.items() if k not in listed}, indent=2))
-    print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; worst utterances, each speaker's "
-          f"error rate and the most frequent errors in {out}")
+    for metric, counts in result["error_counts"].items():
+        print(kaldi_line(metric, counts))
+    for metric, interval in result.get("bootstrap", {}).items():
+        print(bootstrap_line(metric, interval))
+    print(f"[asrdist] {hyp_path(out)}: {len(records)} hypotheses; {errs_path(out)}: each one aligned with its "
+          f"reference; worst utterances, each speaker's error rate and the most frequent errors in {out}")
     if records:
         unit = {"words": "word", "phones": "phone"}.get(records[0]["unit"], records[0]["unit"])
         speakers = result["speakers"]

@@ -50,7 +50,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
                env: JobEnv, load: tuple[float | None, float | None] = (None, None)) -> RunSummary:
     """`model`: the job's final model; `averaged` (train.average_last): the average of the last
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
-    figures, `final.averaged_epochs` its epochs (0-based) and `final.unaveraged` the figures of
+    figures, `final.averaged_epochs` its epochs (from 1) and `final.unaveraged` the figures of
     the final model alone (the last epoch's: what averaging changed). `env`: the learner's
     `JobEnv` (its hosts, network and restarts). `load`: the machine's load average when this
     learner's training started and ended; with the learners' CPU figures, `cpu_share` and
@@ -63,7 +63,7 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         unaveraged = final_figures
         model.load_state_dict(averaged.state)
         final = {"train_loss": train_loss, **_figures(evaluate_split(model, task.valid_dir, targets, cfg)),
-                 "averaged_epochs": averaged.epochs, "unaveraged": unaveraged}
+                 "averaged_epochs": [e + 1 for e in averaged.epochs], "unaveraged": unaveraged}
     save_model(run_dir / MODEL_NAME, model, {"config": cfg.to_dict(), "input_dim": task.store.dim})
     learners = [LearnerFigures.from_json(p) for p in per_learner]
     n = len(learners)  # the learners that finished

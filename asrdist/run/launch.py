@@ -422,6 +422,6 @@ def print_summary(run_dir: Path, summary: RunSummary | None) -> None:
           f"{summary.frames_per_second:,.0f} frames/s; sent {summary.comm.bytes_sent / 1e6:.1f} MB")
     if f.averaged_epochs:  # train.average_last: what the average changed, beside the model alone
         alone = ", ".join(f"{k}={v:.4f}" for k, v in f.unaveraged.floats().items())
-        print(f"[asrdist] model.pt averages epochs {', '.join(str(e + 1) for e in f.averaged_epochs)}; "
+        print(f"[asrdist] model.pt averages epochs {', '.join(str(e) for e in f.averaged_epochs)}; "
               f"the last epoch's model alone: {alone}")
     print(f"[asrdist] run directory: {run_dir} (summary.json, report.png, metrics.jsonl, tensorboard/)")

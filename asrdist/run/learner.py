@@ -115,11 +115,11 @@ def batch_search_hooks(cfg: RunConfig, task: Task, ctx: LearnerContext) -> tuple
         tr.stepper.compute_seconds = compute_seconds  # the epoch's compute, not the search's
         tr.sampler = sampler_at(chosen, epoch)
         tr.state.batch_size = chosen
-        tr.metrics.log("batch_search", tr.state.step, epoch=epoch, previous=previous, chosen=chosen,
+        tr.metrics.log("batch_search", tr.state.step, epoch=epoch + 1, previous=previous, chosen=chosen,
                        trials=[[size, loss] for size, loss in log])
         if ctx.rank == 0:
             shown = ", ".join(f"{size}: {loss:.4f}" for size, loss in log)
-            print(f"[asrdist] epoch {epoch}: minibatch {chosen} (trials {shown})", flush=True)
+            print(f"[asrdist] epoch {epoch + 1}: minibatch {chosen} (trials {shown})", flush=True)
 
     return search, sampler_at
 

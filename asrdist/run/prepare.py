@@ -47,7 +47,9 @@ def check_corpus(corpus: Path) -> None:
                         f"`asrdist corpus import-kaldi SRC OUT --split train` (a valid set is carved off by "
                         f"speaker) or from a directory holding train / dev / test")
     if not corpus.is_dir():
-        raise DataError(f"{corpus}: corpus directory not found")
+        raise DataError(f"{corpus}: corpus directory not found; make it with `asrdist corpus synth {corpus}` (the "
+                        f"synthetic corpus configs/default.yaml trains on) or `asrdist corpus fsdd|import-kaldi|"
+                        f"import-lhotse ... {corpus}`, or give another with --data CORPUS")
     if not (corpus / "train" / "wav.scp").is_file():
         raise DataError(f"{corpus}: not a corpus directory (no train/ inside); build one with `asrdist corpus "
                         f"synth|fsdd|import-kaldi|import-lhotse ...`")

@@ -33,7 +33,7 @@ def plot_report(run_dir: Path, title: str = "") -> Path:
     ax_loss.grid(alpha=0.3)
     for key, label in (("frame_accuracy", "frame accuracy"), ("per", "PER"), ("cer", "CER"),
                        ("wer", "WER"), ("sentence_accuracy", "sentence accuracy")):
-        pts = [(r["epoch"] + 1, r[key]) for r in epochs if key in r]
+        pts = [(r["epoch"], r[key]) for r in epochs if key in r]
         if pts:
             ax_acc.plot(*zip(*pts), "o-", label=label)
     ax_acc.set_xlabel("epoch")

@@ -63,7 +63,7 @@ def describe(run_dir: Path) -> str:
     if what == "checkpointed":
         what += f" at {record.get('checkpoint')}"
         if record.get("epochs"):
-            what += f" (epoch {record.get('epoch')} of {record['epochs']})"
+            what += f" ({record.get('epoch')} of {record['epochs']} epochs done)"
     elif what == "failed" and record.get("reason"):
         what += f": {record['reason']}"
     return f"{what}, {record.get('since', '?')}"

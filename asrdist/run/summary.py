@@ -102,7 +102,7 @@ class Figures(_Record):
 @dataclass(kw_only=True)
 class FinalFigures(Figures):
     """`final`: the figures of model.pt, the average of the last epochs' models where
-    `train.average_last` made one (`averaged_epochs`, 0-based; `unaveraged`: the model alone)."""
+    `train.average_last` made one (`averaged_epochs`, numbered from 1; `unaveraged`: the model alone)."""
 
     train_loss: float | None = None
     averaged_epochs: list[int] | None = None
@@ -289,6 +289,12 @@ class RunSummary(_Record):
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: not JSON ({exc})") from None
         return cls.from_json(data, str(path))
+
+    def epoch_numbers(self) -> list[int]:
+        """`history`'s epochs numbered from 1, as runs number them since 2026-12; an older summary,
+        read and written back as it was, numbered them from 0 (its first says 0)."""
+        shift = 1 if self.history and self.history[0].epoch == 0 else 0
+        return [r.epoch + shift for r in self.history]
 
     def write(self, run_dir: Path) -> None:
         """The one writer of summary.json (whole or not at all): it marks the run finished."""

@@ -91,4 +91,6 @@ class SpeechTask:
 
     def validate(self, model: torch.nn.Module) -> dict:
         result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)
-        return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items() if k != "utterances"}
+        # the epoch record keeps the rates; eval.json alone keeps the error counts
+        return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items()
+                if k not in ("utterances", "error_counts")}

@@ -142,7 +142,7 @@ class JobEpochs(LearnerEpochs):
         """Survival mode: what the lost learners finished of this epoch joins their shares; the
         minibatches they held unfinished were trained again by survivors (`minibatches_retrained`)
         or, when their loss came too late in the epoch, not (`minibatches_lost`)."""
-        finished, left = sampler.lost_shares(record["epoch"])
+        finished, left = sampler.lost_shares(record["epoch"] - 1)  # the record's epochs count from 1
         shares = record["minibatches_by_learner"]
         for rank, n in finished.items():
             shares.setdefault(str(rank), n)

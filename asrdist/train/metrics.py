@@ -37,10 +37,11 @@ class MetricsLog:
             return
         if resume_step is not None and self.path.is_file():
             # Drop records written after the checkpoint we resume from: they will be redone.
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line and json.loads(line).get("step", 0) <= resume_step]
-            self.path.write_text("".join(k + "\n" for k in kept))
-            self._seconds_before = max((json.loads(k).get("seconds", 0.0) for k in kept), default=0.0)
+            # an older run's records, epochs numbered from 0, are renumbered as the new ones will be
+            kept = numbered_from_one([json.loads(line) for line in self.path.read_text().splitlines() if line])
+            kept = [r for r in kept if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self._seconds_before = max((r.get("seconds", 0.0) for r in kept), default=0.0)
         elif self.path.exists():
             self.path.unlink()
         try:
@@ -133,8 +134,19 @@ def epoch_line(record: dict) -> str:
     return f"[asrdist] {shown}"
 
 
+def numbered_from_one(records: list[dict]) -> list[dict]:
+    """`records` (metrics.jsonl's, an epoch history) with their epochs numbered from 1, as runs
+    number them since 2026-12 (the progress line, the log, metrics.jsonl, summary.json, the
+    checkpoints' epoch-N): those of an older run, numbered from 0 (one of them says epoch 0: its
+    first), come back shifted by one; newer ones as they are."""
+    if not any(r.get("epoch") == 0 and not isinstance(r.get("epoch"), bool) for r in records):
+        return records
+    return [{**r, "epoch": r["epoch"] + 1} if isinstance(r.get("epoch"), int) else r for r in records]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's records, epochs numbered from 1 (an older run's too: `numbered_from_one`)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return numbered_from_one([json.loads(line) for line in path.read_text().splitlines() if line.strip()])

@@ -69,7 +69,7 @@ class Stepper:
                 self._poison_gradients()
             else:
                 raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {loop.step} "
-                                    f"(epoch {loop.epoch}); lower optim.lr or check the data "
+                                    f"(epoch {loop.epoch + 1}); lower optim.lr or check the data "
                                     f"(or train.nonfinite=skip)")
         compute = time.perf_counter() - t0
         self.compute_seconds += compute
@@ -98,7 +98,7 @@ class Stepper:
                 p.grad = torch.full_like(p, math.nan)
 
     def _skip_step(self, loss_value: float, loop: Any, metrics: Any) -> None:
-        where = f"at step {loop.step} (epoch {loop.epoch})"
+        where = f"at step {loop.step} (epoch {loop.epoch + 1})"
         if self.config.nonfinite != "skip":
             raise TrainingError(f"rank {self.ctx.job_rank}: non-finite gradient {where} (loss {loss_value:g}); "
                                 f"lower optim.lr or check the data (or train.nonfinite=skip)")
@@ -107,7 +107,7 @@ class Stepper:
         self.optimizer.zero_grad(set_to_none=True)
         self.strategy.discard_step()
         if metrics is not None:
-            metrics.log("skipped", loop.step, epoch=loop.epoch, loss=loss_value, skipped=self.skipped)
+            metrics.log("skipped", loop.step, epoch=loop.epoch + 1, loss=loss_value, skipped=self.skipped)
         if self._skips_in_a_row >= self.config.max_skips_in_a_row:
             raise TrainingError(f"rank {self.ctx.job_rank}: {self._skips_in_a_row} minibatches in a row had a "
                                 f"non-finite loss or gradient (last {where}); train.nonfinite=skip gives up: "

@@ -30,7 +30,14 @@ from asrdist.train.checkpointer import Checkpointer
 from asrdist.train.epoch_average import Averaged, EpochAverage
 from asrdist.train.epochs import epochs_for
 from asrdist.train.loop import LoopConfig, Sampler
-from asrdist.train.metrics import MetricsLog, TrainWindow, epoch_line, read_metrics, warn_if_loss_rose
+from asrdist.train.metrics import (
+    MetricsLog,
+    TrainWindow,
+    epoch_line,
+    numbered_from_one,
+    read_metrics,
+    warn_if_loss_rose,
+)
 from asrdist.train.progress import EpochProgress
 from asrdist.train.step import Stepper
 from asrdist.train.validator import Validator
@@ -164,6 +171,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.strategy.load_state_dict(state["strategy"])
             loop = LoopState(**state["loop"])
+            loop.history = numbered_from_one(loop.history)  # a checkpoint from before epochs counted from 1
             if "schedule_step" not in state["loop"]:  # a checkpoint from before the schedule clock
                 loop.schedule_step = float(loop.step)
             if loop.batch_size != self.state.batch_size and self.hooks.sampler_at is not None:
@@ -256,7 +264,7 @@ class Trainer:
             window.add(loss, frames)
             done_steps += 1
             if state.step % self.config.log_every == 0:
-                shown.window_rate(window.log(self.metrics, state.step, state.epoch,
+                shown.window_rate(window.log(self.metrics, state.step, state.epoch + 1,
                                              self.optimizer.param_groups[0]["lr"]))
             so_far = state.epoch_loss_sum / state.epoch_loss_frames if state.epoch_loss_frames else None
             shown.update(self.coordinator.shown_done(self.sampler, done_steps), frames, so_far)
@@ -283,7 +291,9 @@ class Trainer:
         state = self.state
         # wall_seconds: the job's time to this epoch's model (since training started, every start
         # summed), taken before validation: what `compare` reads time to a target from
-        record: dict[str, Any] = {"epoch": state.epoch, "train_loss": None, "wall_seconds": round(self.clock.wall(), 3)}
+        # records number epochs from 1, as the progress line and the checkpoints (epoch-N) do
+        record: dict[str, Any] = {"epoch": state.epoch + 1, "train_loss": None,
+                                  "wall_seconds": round(self.clock.wall(), 3)}
         last = state.epoch == self.config.epochs - 1 or self._done()
         with self.strategy.paused():
             self.coordinator.end_epoch(record, state, self.sampler)

@@ -81,7 +81,7 @@ class Validator:
         if diverged:
             train_loss = record.get("train_loss")
             shown = f"{train_loss:.4g}" if train_loss is not None else "none"
-            verdict = (f"the model diverged in epoch {epoch}: its validation loss is not finite "
+            verdict = (f"the model diverged in epoch {epoch + 1}: its validation loss is not finite "
                        f"(train loss {shown}); lower optim.lr or check the data")
             if not at_once:
                 self.ctx.store.set(DIVERGED_KEY, verdict)

@@ -44,8 +44,8 @@ def plain(tone_corpus, tmp_path_factory):
 def test_model_pt_is_the_mean_of_the_last_two_epochs_models(averaged):
     summary = json.loads((averaged / "summary.json").read_text())
     final = summary["final"]
-    assert final["averaged_epochs"] == [1, 2]
-    # the checkpoints kept (KEEP_LAST = 2, none inside an epoch) are the ends of epochs 1 and 2
+    assert final["averaged_epochs"] == [2, 3]
+    # the checkpoints kept (KEEP_LAST = 2, none inside an epoch) are the ends of epochs 2 and 3
     ends = ckpt.complete_checkpoints(averaged)
     loops = [torch.load(d / "rank-0.pt", weights_only=False)["loop"] for d in ends]
     assert [loop["epoch"] for loop in loops] == [2, 3]
@@ -82,10 +82,10 @@ def test_a_run_cut_inside_the_window_and_resumed_writes_the_same_model(tone_corp
     cut = tmp_path / "cut"
     epoch_steps = [r["step"] for r in read_metrics(plain) if r["kind"] == "epoch"]
     assert _train(tone_corpus, cut, "train.average_last=2", f"train.max_steps={epoch_steps[1] + 2}") == 0
-    assert json.loads((cut / "summary.json").read_text())["final"]["averaged_epochs"] == [1, 2]
+    assert json.loads((cut / "summary.json").read_text())["final"]["averaged_epochs"] == [2, 3]
     assert main(["train", "configs/default.yaml", "--resume", str(cut), "train.max_steps=0", "--no-progress"]) == 0
     resumed = json.loads((cut / "summary.json").read_text())
-    assert resumed["final"]["averaged_epochs"] == [1, 2] and resumed["starts"] == 2
+    assert resumed["final"]["averaged_epochs"] == [2, 3] and resumed["starts"] == 2
     resumed_model, saved = _model(cut / "model.pt"), _model(averaged / "model.pt")
     for key, value in saved.items():
         assert torch.equal(resumed_model[key], value), key
@@ -99,7 +99,7 @@ def test_two_asynchronous_learners_average_their_consensus_models(tone_corpus, t
                  "--strategy", "adpsgd", "--learners", "2", "--data", str(tone_corpus), "--epochs", "2",
                  "--out", str(run), "--no-progress"]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["final"]["averaged_epochs"] == [0, 1] and "per" in summary["final"]["unaveraged"]
+    assert summary["final"]["averaged_epochs"] == [1, 2] and "per" in summary["final"]["unaveraged"]
     assert [("per" in h) for h in summary["history"]] == [False, True]
     kept = [torch.load(run / "checkpoints" / "epoch-0002" / f"rank-{r}.pt", weights_only=False)["epoch_average"]["kept"]
             for r in (0, 1)]

@@ -353,6 +353,9 @@ CASES: dict[str, Case] = {
     "eval: no such run directory": Case(lambda tmp, corpus, trained: ["eval", str(tmp / "nowhere"), "--data",
                                                                       str(corpus)],
                                         ("nowhere: run directory not found",)),
+    "train: no such corpus (says how to make one)": Case(
+        _fresh(), ("no-corpus: corpus directory not found; make it with `asrdist corpus synth ",
+                   "/no-corpus` (the synthetic corpus configs/default.yaml trains on)")),
     "align: no such corpus": Case(lambda tmp, corpus, trained: ["align", str(trained), "--data", str(tmp / "nowhere")],
                                   ("nowhere: corpus or data directory not found",)),
 }

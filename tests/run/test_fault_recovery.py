@@ -76,7 +76,7 @@ def test_a_run_killed_in_its_first_epoch_restarts_from_the_start_on_resume(tone_
     assert resumed.returncode == 0, err
     assert f"{run}: no checkpoint to resume from (started" in err and "training from the start" in err, err
     assert (run / "summary.json").is_file() and _state(run)["state"] == "finished"
-    assert [r["epoch"] for r in _records(run, "epoch")] == [0]
+    assert [r["epoch"] for r in _records(run, "epoch")] == [1]
 
 
 def test_a_long_first_epoch_is_checkpointed_within_it_and_resumed_from_there(tone_corpus, tmp_path):
@@ -135,7 +135,7 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     summary = json.loads((run / "summary.json").read_text())
     assert sorted(x["rank"] for x in summary["lost_learners"]) == lost
     epochs_recorded = _records(run, "epoch")
-    assert [r["epoch"] for r in epochs_recorded] == list(range(epochs)), epochs_recorded  # none missing
+    assert [r["epoch"] for r in epochs_recorded] == list(range(1, epochs + 1)), epochs_recorded  # none missing
     # the survivors published every epoch's checkpoint, their own files and who was lost
     assert (run / "checkpoints" / "latest").read_text().strip() == f"epoch-{epochs:04d}"
     members = json.loads((run / "checkpoints" / f"epoch-{epochs:04d}" / "members.json").read_text())

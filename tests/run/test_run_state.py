@@ -59,7 +59,7 @@ def test_the_state_record_follows_a_run_and_a_checkpoint_publishes_its_epoch(tmp
     ckpt.publish(run, "epoch-0001", 2, progress={"epoch": 1, "epochs": 4})
     state = run_state.read_state(run)
     assert state["state"] == "checkpointed" and state["checkpoint"] == "epoch-0001" and state["epoch"] == 1
-    assert "epoch 1 of 4" in rundir.describe(run)
+    assert "1 of 4 epochs done" in rundir.describe(run)
     run_state.write_state(run, "failed", reason="learner rank 1: killed")
     state = run_state.read_state(run)
     assert state["checkpoint"] == "epoch-0001" and state["reason"] == "learner rank 1: killed"

@@ -114,10 +114,10 @@ def test_a_non_finite_validation_loss_stops_the_run_naming_the_epoch(tmp_path):
         return {"valid_loss": next(losses)}
 
     tr = linear_trainer(tmp_path, Strategy(), ListOrder(3), validate=validate, epochs=3)
-    with pytest.raises(TrainingError, match=r"rank 0: the model diverged in epoch 1: its validation loss is not "
+    with pytest.raises(TrainingError, match=r"rank 0: the model diverged in epoch 2: its validation loss is not "
                                             r"finite \(train loss [0-9.e+-]+\); lower optim.lr"):
         tr.fit()
-    assert [h["epoch"] for h in tr.state.history] == [0]  # epoch 0 kept; the diverged one never recorded
+    assert [h["epoch"] for h in tr.state.history] == [1]  # epoch 1 kept; the diverged one never recorded
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["valid_loss"] for r in records if r["kind"] == "epoch"] == [0.5]
 
@@ -148,7 +148,7 @@ def test_learners_out_of_lock_step_stop_on_the_leaders_verdict_from_the_job_stor
     other.validator.stop_if_told_diverged()  # no verdict yet: goes on
     with pytest.raises(TrainingError) as said:
         leader.validator.stop_if_diverged({"train_loss": 0.5, "valid_loss": float("inf")}, epoch=0)
-    assert str(said.value) == ("rank 0: the model diverged in epoch 0: its validation loss is not finite "
+    assert str(said.value) == ("rank 0: the model diverged in epoch 1: its validation loss is not finite "
                                "(train loss 0.5); lower optim.lr or check the data")
     other.validator.stop_if_diverged({"train_loss": 0.7}, epoch=0)  # not the leader: nothing validated, nothing to say
     with pytest.raises(TrainingError) as said_too:
@@ -176,7 +176,7 @@ def _diverging_learner(rank: int, world_size: int, run_dir: str) -> str:
 def test_every_learner_stops_on_the_leaders_diverged_validation(tmp_path):
     # only rank 0 validates: without agreeing on its verdict, rank 1 would wait in the next exchange
     said = run_distributed(_diverging_learner, 2, tmp_path, str(tmp_path))
-    assert said[0].startswith("rank 0: the model diverged in epoch 0: its validation loss is not finite")
+    assert said[0].startswith("rank 0: the model diverged in epoch 1: its validation loss is not finite")
     assert said[1] == said[0].replace("rank 0", "rank 1", 1)  # the same verdict, the same train loss
 
 

@@ -142,7 +142,7 @@ def test_a_resume_that_moves_the_window_drops_the_models_outside_it():
 
 
 def test_the_end_of_train_prints_the_unaveraged_figures_beside_the_average(tmp_path, capsys):
-    final = {"train_loss": 0.2, "valid_loss": 0.19, "cer": 0.2075, "averaged_epochs": [3, 4, 5],
+    final = {"train_loss": 0.2, "valid_loss": 0.19, "cer": 0.2075, "averaged_epochs": [4, 5, 6],
              "unaveraged": {"valid_loss": 0.16, "cer": 0.1663}}
     summary = {"final": final, "strategy": "single", "learners": 1, "model": "ctc", "parameters": 10,
                "frames_per_second": 100.0, "wall_seconds": 1.0,

@@ -57,21 +57,21 @@ def test_a_windows_job_rate_counts_every_learners_frames_through_the_store(tmp_p
 
 
 def test_a_learner_taking_over_from_a_lost_rank_0_records_the_epochs_it_left_unrecorded(tmp_path, capsys):
-    """Rank 0 lost while validating epoch 1 (after the epoch's end, before its record): the first
-    survivor records epoch 1 from its own history when it takes over, once, and says so."""
+    """Rank 0 lost while validating epoch 2 (after the epoch's end, before its record): the first
+    survivor records epoch 2 from its own history when it takes over, once, and says so."""
     from asrdist.train.trainer import Trainer
 
     rank0 = MetricsLog(tmp_path)
-    rank0.log("epoch", 10, epoch=0, train_loss=2.0, valid_loss=1.9)
+    rank0.log("epoch", 10, epoch=1, train_loss=2.0, valid_loss=1.9)
     rank0.close()
     survivor = SimpleNamespace(run_dir=tmp_path, ctx=SimpleNamespace(job_rank=1),
-                               state=SimpleNamespace(step=30, history=[{"epoch": 0, "train_loss": 2.0},
-                                                                       {"epoch": 1, "train_loss": 1.5}]),
+                               state=SimpleNamespace(step=30, history=[{"epoch": 1, "train_loss": 2.0},
+                                                                       {"epoch": 2, "train_loss": 1.5}]),
                                metrics=MetricsLog(tmp_path, resume_step=float("inf")))
     Trainer._record_epochs_the_lost_leader_did_not(survivor)
     Trainer._record_epochs_the_lost_leader_did_not(survivor)  # nothing twice
     survivor.metrics.close()
     epochs = [r for r in read_metrics(tmp_path) if r["kind"] == "epoch"]
-    assert [(r["epoch"], r["train_loss"]) for r in epochs] == [(0, 2.0), (1, 1.5)]
+    assert [(r["epoch"], r["train_loss"]) for r in epochs] == [(1, 2.0), (2, 1.5)]
     assert epochs[0]["valid_loss"] == 1.9 and "valid_loss" not in epochs[1]
-    assert "epoch 1: recorded by rank 1, without validation" in capsys.readouterr().err
+    assert "epoch 2: recorded by rank 1, without validation" in capsys.readouterr().err

@@ -68,7 +68,7 @@ def test_learners_out_of_lock_step_read_the_leaders_verdict_from_the_store():
     other.stop_if_diverged({"train_loss": 0.7}, epoch=2)  # it validated nothing: nothing to say
     with pytest.raises(TrainingError) as said:
         leader.stop_if_diverged({"train_loss": 0.5, "valid_loss": float("nan")}, epoch=2)
-    assert str(said.value) == ("rank 0: the model diverged in epoch 2: its validation loss is not finite "
+    assert str(said.value) == ("rank 0: the model diverged in epoch 3: its validation loss is not finite "
                                "(train loss 0.5); lower optim.lr or check the data")
     assert store.get(DIVERGED_KEY).decode() == str(said.value).removeprefix("rank 0: ")
     with pytest.raises(TrainingError) as told:
@@ -79,7 +79,7 @@ def test_learners_out_of_lock_step_read_the_leaders_verdict_from_the_store():
 def test_learners_in_lock_step_agree_at_once_and_leave_nothing_in_the_store():
     store = dist.HashStore()
     alone, _ = _validator(0, 1, store, lockstep=True)
-    with pytest.raises(TrainingError, match="diverged in epoch 0"):
+    with pytest.raises(TrainingError, match="diverged in epoch 1"):
         alone.stop_if_diverged({"train_loss": None, "valid_loss": float("inf")}, epoch=0)
     alone.stop_if_diverged({"train_loss": 0.1, "valid_loss": 0.2}, epoch=1)
     assert not store.check([DIVERGED_KEY])
