@@ -14,7 +14,7 @@ from asrdist.models.registry import count_parameters
 from asrdist.run.report import plot_report
 from asrdist.run.rundir import MODEL_NAME
 from asrdist.run.summary import (ERROR_KEYS, CommTotals, EpochRecord, FinalFigures, LearnerFigures, LostLearner,
-                                 RunSummary)
+                                 RunSummary, ValidationRecord)
 from asrdist.train.checkpoint import save_model
 from asrdist.train.epoch_average import Averaged
 from asrdist.utils.throughput import job_frames_per_second
@@ -78,7 +78,8 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
         comm=CommTotals(bytes_sent=sum(p.bytes_sent for p in learners),
                         comm_seconds=sum(p.comm_seconds for p in learners) / n,
                         wait_seconds=sum(p.wait_seconds for p in learners) / n, per_learner=learners),
-        history=[EpochRecord.from_json(r) for r in state.history])
+        history=[EpochRecord.from_json(r) for r in state.history],
+        validations=[ValidationRecord.from_json(r) for r in state.validations] if cfg.train.validate_every else None)
     # the report first: summary.json marks the run finished, so a disk that fills up on the report
     # must fail the run before it (a resume then finishes it) rather than leave it without one
     plot_report(run_dir, title=f"{cfg.model.name} / {cfg.strategy_name} / {n} learner(s) on {os.cpu_count()} cores")
