@@ -312,7 +312,7 @@ class Trainer:
             self.validator.validate(self.model, record, self.state.epoch)
         self.state.validation_seconds += time.perf_counter() - t0
         self.state.validations.append(record)
-        self.metrics.log("validation", self.state.step, **record)
+        self.metrics.log("validation", self.state.step, **{k: v for k, v in record.items() if k != "step"})
 
     def _end_epoch(self) -> None:
         state = self.state
