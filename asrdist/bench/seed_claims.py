@@ -4,8 +4,9 @@ it and the rule that judges them, fixed before any run starts.
 A claim is `Claim(id, source, statement, rule, plan, judge)`: `plan(setup)` lists its runs
 (`RunSpec`: strategy, learners, hosts, overrides), `judge(runs, setup)` turns the finished runs
 into `(measured, passed, reason)`. Every run trains the bench's recipe on dedicated emulated hosts
-(`--cpus-per-host`); time to target is the wall time of the first validation at or below the
-claim's target error (the worst of the runs' best errors: every run can reach it).
+(`--cpus-per-host`), validating every `train.validate_every` minibatches as well; time to target
+is the training time (wall less validating) of the first validation at or below the claim's
+target error (the worst of the runs' best errors: every run can reach it).
 """
 from __future__ import annotations
 
@@ -74,9 +75,11 @@ def shared_target(runs: list[dict]) -> float | None:
 
 
 def time_to(run: dict, target: float | None) -> float | None:
+    """Seconds to the first validation at or below `target`: its training seconds (`seconds`: wall
+    less the time spent validating before it) where the run recorded them, else its wall seconds."""
     if target is None:
         return None
-    return next((v["wall_seconds"] for v in run.get("validations", []) if v["error"] is not None
+    return next((v.get("seconds", v["wall_seconds"]) for v in run.get("validations", []) if v["error"] is not None
                  and v["error"] <= target), None)
 
 
