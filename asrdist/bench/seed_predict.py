@@ -85,7 +85,8 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
 
 def progress_at(run: dict, seconds: float | None) -> float | None:
     """Epochs done (`epoch_progress`) at the validation whose time to target is `seconds`."""
-    return next((v.get("epoch_progress") for v in run.get("validations", []) if v.get("seconds") == seconds), None)
+    return next((v.get("epoch_progress") for v in run.get("validations", [])
+                 if v.get("seconds", v.get("wall_seconds")) == seconds), None)
 
 
 def fill_time_to_target(runs: dict[str, dict], times: dict[str, float | None]) -> None:
