@@ -20,6 +20,7 @@ from pathlib import Path
 from asrdist.checks import cli_list, cli_number
 from asrdist.cluster import cpushare
 from asrdist.errors import ConfigError
+from asrdist.utils.environ import child_environment
 
 CHILD = r"""
 import json, sys, time, torch
@@ -49,7 +50,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml
 
 
 def _child(steps: int, frames: int, config: Path, preexec=None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = child_environment(OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", CHILD, str(steps), str(frames), str(config)], capture_output=True,
                           text=True, env=env, preexec_fn=preexec, timeout=1800)
     if done.returncode != 0:

@@ -98,12 +98,13 @@ def build_job(args):
         raise ConfigError(f"--model: unknown model preset {args.model!r} (known: {', '.join(MODELS)})")
     m = MODELS[args.model]
     shapes = model_shapes(m["model"], m["feature_dim"], m["num_classes"])
+    # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.sim.dedicated import CPU_CORE_FLOPS, parse_cpu_device, share_of
 
     quota = parse_cpu_device(args.device)
     share = 1.0 if quota is None else share_of(quota, per_node)
     if quota is not None:  # a dedicated CPU host: one core's compute (measured, or the preset) over the share
-        from asrdist.sim.cluster import Device
+        from asrdist.sim.cluster import Device  # (the command's work: `--help` stays light)
 
         one_core = args.seconds_per_frame or seconds_per_frame(Device(CPU_CORE_FLOPS), parameter_count(shapes))
         spf = one_core / share
