@@ -336,7 +336,8 @@ def _judge_allreduce(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None,
                 "time_to_target_ratio": _ratio(ttt["sync_flat"], ttt["sync_hierarchical"])}
     if speed is None:
         return measured, None, "a run recorded no frames/s"
-    return measured, speed >= 1.3, "" if speed >= 1.3 else f"the hierarchical allreduce is {speed:.2f}x the flat ring's frames/s"
+    passed = speed >= 1.3
+    return measured, passed, "" if passed else f"the hierarchical allreduce is {speed:.2f}x the flat ring's frames/s"
 
 
 CLAIMS: dict[str, Claim] = {c.id: c for c in [

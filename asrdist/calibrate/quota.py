@@ -54,7 +54,8 @@ def _child(steps: int, frames: int, config: Path, preexec=None) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, str(steps), str(frames), str(config)], capture_output=True,
                           text=True, env=env, preexec_fn=preexec, timeout=1800)
     if done.returncode != 0:
-        raise ConfigError(f"calibrate quota: the timing child failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise ConfigError(f"calibrate quota: the timing child failed: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -71,7 +72,8 @@ def measure(quotas: list[float], steps: int, frames: int, config: Path = DEFAULT
             timed = _child(steps, frames, config, shares.preexec(0))
             usage = shares.usage(0)
         expected = alone["step_seconds"] / quota
-        rows.append({"quota": quota, "step_seconds": timed["step_seconds"], "cpu_seconds_per_step": timed["cpu_seconds"],
+        rows.append({"quota": quota, "step_seconds": timed["step_seconds"],
+                     "cpu_seconds_per_step": timed["cpu_seconds"],
                      "predicted_step_seconds": expected, "measured_over_predicted": timed["step_seconds"] / expected,
                      "group_cpu_seconds": usage.cpu_seconds, "group_throttled_seconds": usage.throttled_seconds})
     load["after"] = list(os.getloadavg())

@@ -206,7 +206,8 @@ def test_s6_finds_each_strategys_largest_batch_on_the_sqrt2_grid():
 
 def test_s11_needs_the_hierarchical_allreduce_13x_the_flat_rings_frames_per_second():
     plan = CLAIMS["S11"].plan(SETUP)
-    assert {(r.learners, r.nodes) for r in plan} == {(8, 2)} and all(r.cpus_per_host == pytest.approx(0.8) for r in plan)
+    assert {(r.learners, r.nodes) for r in plan} == {(8, 2)}
+    assert all(r.cpus_per_host == pytest.approx(0.8) for r in plan)
     assert {o for r in plan for o in r.overrides if "hierarchical" in o} == {"strategy.hierarchical=true",
                                                                               "strategy.hierarchical=false"}
     runs = {"sync_hierarchical": fake_run([0.3, 0.2], fps=1400.0), "sync_flat": fake_run([0.3, 0.2], fps=1000.0)}
