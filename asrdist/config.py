@@ -101,6 +101,9 @@ class TrainConfig:
     interval is fixed in steps from the time of the first steps of each start), so that a run killed
     in a long first epoch can be resumed; 0 = only at epoch ends (and `checkpoint_every`)."""
     validate_every_epochs: int = 1
+    validate_every: int = 0
+    """Validate the consensus model every this many minibatches within an epoch as well (0 = at
+    epoch ends only); each validation is in summary.json's `validations` with its wall seconds."""
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
     """Timeout of every collective and of the whole launch's rendezvous."""
     threads: int = 0
@@ -125,7 +128,8 @@ class TrainConfig:
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
-                             ("checkpoint_every", 0), ("validate_every_epochs", 1), ("threads", 0)):
+                             ("checkpoint_every", 0), ("validate_every_epochs", 1), ("validate_every", 0),
+                             ("threads", 0)):
             check_field(f"train.{key}", getattr(self, key), at_least=minimum)
         check_field("train.timeout_seconds", self.timeout_seconds, float, above=0)
         check_field("train.checkpoint_minutes", self.checkpoint_minutes, float, at_least=0, at_most=7 * 24 * 60)

@@ -4,8 +4,9 @@ it and the rule that judges them, fixed before any run starts.
 A claim is `Claim(id, source, statement, rule, plan, judge)`: `plan(setup)` lists its runs
 (`RunSpec`: strategy, learners, hosts, overrides), `judge(runs, setup)` turns the finished runs
 into `(measured, passed, reason)`. Every run trains the bench's recipe on dedicated emulated hosts
-(`--cpus-per-host`); time to target is the wall time of the first validation at or below the
-claim's target error (the worst of the runs' best errors: every run can reach it).
+(`--cpus-per-host`), validating every `train.validate_every` minibatches as well; time to target
+is the training time (wall less validating) of the first validation at or below the claim's
+target error (the worst of the runs' best errors: every run can reach it).
 """
 from __future__ import annotations
 
@@ -74,9 +75,11 @@ def shared_target(runs: list[dict]) -> float | None:
 
 
 def time_to(run: dict, target: float | None) -> float | None:
+    """Seconds to the first validation at or below `target`: its training seconds (`seconds`: wall
+    less the time spent validating before it) where the run recorded them, else its wall seconds."""
     if target is None:
         return None
-    return next((v["wall_seconds"] for v in run.get("validations", []) if v["error"] is not None
+    return next((v.get("seconds", v["wall_seconds"]) for v in run.get("validations", []) if v["error"] is not None
                  and v["error"] <= target), None)
 
 
@@ -271,6 +274,72 @@ def _judge_hier(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None, str]
     return measured, passed, "; ".join(reasons)
 
 
+# --------------------------------------------------------- S6: the largest batch that converges
+GRID = 7
+"""Global minibatches of S6: the setup's x sqrt(2)^i, i = 0 .. GRID - 1 (up to 8x)."""
+S6_SCALING = ("optim.lr_scaling=sqrt",)
+"""S6's learning rate follows the batch (x sqrt(batch / reference), the recipe's reference_batch) for
+both strategies alike: a larger batch takes fewer steps per epoch."""
+
+
+def batch_grid(s: Setup) -> list[int]:
+    """The setup's batch x sqrt(2)^i, each rounded to a multiple of the learners (an even split)."""
+    out: list[int] = []
+    for i in range(GRID):
+        b = max(s.learners, round(s.batch_size * 2 ** (i / 2) / s.learners) * s.learners)
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def _plan_batches(s: Setup) -> list[RunSpec]:
+    return [RunSpec(f"{name}_b{b}", name, s.learners, _nodes(s), s.network,
+                    (f"data.batch_size={b}", f"optim.reference_batch={s.batch_size}", *S6_SCALING))
+            for name in ("sync", "adpsgd") for b in batch_grid(s)]
+
+
+def _judge_batches(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None, str]:
+    grid = batch_grid(s)
+    reference = final_error(runs[f"sync_b{grid[0]}"])
+    if reference is None:
+        return {"batches": grid}, None, "sync at the setup's batch recorded no validation"
+    target = NO_LOSS * reference
+    reached = {name: {str(b): (best_error(runs[f"{name}_b{b}"]) or float("inf")) <= target for b in grid}
+               for name in ("sync", "adpsgd")}
+    largest = {name: max((b for b in grid if reached[name][str(b)]), default=None) for name in reached}
+    measured = {"batches": grid, "target_error": target, "reached": reached, "largest_batch": largest,
+                "ratio": _ratio(largest["adpsgd"], largest["sync"]),
+                "time_to_target_seconds": {name: time_to(r, target) for name, r in runs.items()}}
+    if largest["sync"] == grid[-1]:
+        return measured, None, (f"sync reached the target at the grid's largest batch ({grid[-1]}): the grid does "
+                                f"not find sync's limit (raise --batch-size)")
+    if largest["adpsgd"] is None:
+        return measured, False, "adpsgd reached the target at no batch of the grid"
+    passed = largest["adpsgd"] >= 2 * largest["sync"]
+    return measured, passed, "" if passed else (f"adpsgd's largest batch {largest['adpsgd']} is under 2 x sync's "
+                                                f"{largest['sync']}")
+
+
+# ----------------------------------------------- S11: hierarchical allreduce against a flat ring
+def _plan_allreduce(s: Setup) -> list[RunSpec]:
+    nodes, per = 2, 4
+    share, group = s.cpus_per_host * per, f"train.group_size={per}"  # each learner the flat setup's share
+    return [RunSpec(f"sync_{kind}", "sync", nodes * per, nodes, s.network, (group, f"strategy.hierarchical={flag}"),
+                    cpus_per_host=share) for kind, flag in (("hierarchical", "true"), ("flat", "false"))]
+
+
+def _judge_allreduce(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None, str]:
+    target = shared_target(list(runs.values()))
+    ttt = {k: time_to(r, target) for k, r in runs.items()}
+    speed = _ratio(runs["sync_hierarchical"]["frames_per_second"], runs["sync_flat"]["frames_per_second"])
+    measured = {"frames_per_second_ratio": speed, "target_error": target, "time_to_target_seconds": ttt,
+                "time_to_target_ratio": _ratio(ttt["sync_flat"], ttt["sync_hierarchical"])}
+    if speed is None:
+        return measured, None, "a run recorded no frames/s"
+    passed = speed >= 1.3
+    return measured, passed, "" if passed else f"the hierarchical allreduce is {speed:.2f}x the flat ring's frames/s"
+
+
 CLAIMS: dict[str, Claim] = {c.id: c for c in [
     Claim("S1", "Seide et al. 2014", "1-bit SGD trains at no or nearly no loss of accuracy",
           f"onebit's mean final error over seeds <= {NO_LOSS} x sync's; same recipe and epochs",
@@ -284,6 +353,11 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
     Claim("S5", "Povey, Zhang, Khudanpur 2015", "model averaging needs NG-SGD",
           "averaging with NG-SGD ends at a lower final error than with plain SGD (both with max-change)",
           _plan_ngsgd, _judge_ngsgd),
+    Claim("S6", "Zhang et al. (IBM) 2019", "ADPSGD converges at 3x sync's batch",
+          f"global batches of the setup's x sqrt(2)^i (i < {GRID}), the learning rate x sqrt(batch / the setup's) "
+          f"for both; target: sync's final error at the setup's batch x {NO_LOSS}; the largest batch at which "
+          "adpsgd reaches it within the epochs >= 2 x sync's (no verdict if sync reaches it at every batch)",
+          _plan_batches, _judge_batches, needs_learners=2),
     Claim("S7", "Zhang et al. (IBM) 2020", "ADPSGD copes with slow learners",
           f"one learner {SLOWDOWN:g}x slower (an active, a passive; the random ring): every adpsgd time-to-target "
           "ratio (with / without) <= 0.6 x sync's", _plan_straggler, _judge_straggler, needs_learners=4),
@@ -298,16 +372,15 @@ CLAIMS: dict[str, Claim] = {c.id: c for c in [
           f"4 hosts x 2 and 2 x 4 (loopback inside a host, the setup's links between): hierarchical and hybrid "
           f"each reach the shared target before sync and adpsgd, final error <= {NO_LOSS} x sync's",
           _plan_hier, _judge_hier, needs_learners=8),
+    Claim("S11", "Cho et al. (PowerAI DDL) 2017", "a hierarchical allreduce beats a flat ring",
+          "sync on 2 hosts x 4 learners (each learner the setup's share, loopback inside a host, the setup's "
+          "links between): frames/s with the hierarchical allreduce >= 1.3 x with the flat ring",
+          _plan_allreduce, _judge_allreduce, needs_learners=2),
 ]}
 
 NOT_BUILT: dict[str, dict[str, str]] = {
     "S4": {"source": "Povey, Zhang, Khudanpur 2015", "statement": "NG-SGD costs 10-25% more per step",
            "where": "asrdist bench ngsgd --json OUT (step ratios beside their floors)"},
-    "S6": {"source": "Zhang et al. (IBM) 2019", "statement": "ADPSGD converges at 3x sync's batch",
-           "where": "not reproduced yet: the batch grid (x sqrt 2 per point) is not built into bench seeds"},
-    "S11": {"source": "Cho et al. (PowerAI DDL) 2017", "statement": "a hierarchical allreduce beats a flat ring",
-            "where": "not reproduced yet in bench seeds; asrdist bench scaling --nodes 2 --per-node 4 times "
-                     "flat against hierarchical allreduces"},
 }
 """Claims `bench seeds` does not reproduce in this version, with where to look instead."""
 

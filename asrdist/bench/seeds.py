@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from asrdist.bench import seed_predict
 from asrdist.bench.seed_claims import CLAIMS, NOT_BUILT, Claim, RunSpec, Setup, describe
 from asrdist.bench.straggler import cached_corpus, run_train
 from asrdist.checks import cli_number
@@ -79,8 +80,14 @@ def run(args) -> dict[str, Any]:
     result: dict[str, Any] = {
         "claims": {}, "setup": asdict(setup), "corpus": str(corpus), "config": str(args.config),
         "cores": len(os.sched_getaffinity(0)), "overrides": list(args.overrides),
-        "time_to_target": "wall seconds (since the job's training began) of the first validation, one per "
-                          "epoch, at or below the claim's target error: the worst of its runs' best errors"}
+        "time_to_target": "training seconds (wall seconds since the job's training began, less the time spent "
+                          "validating before it) of the first validation at or below the claim's target error: the "
+                          f"worst of its runs' best errors; every run validates at least {seed_predict.VALIDATIONS} "
+                          "times (train.validate_every, within epochs and at their ends)",
+        "simulator_error": "each run's predicted frames/s (made before it trained, from microbenchmarks of one "
+                           "learner alone and the link, for learners on dedicated hosts: asrdist.sim.dedicated) "
+                           "less the measured, over the measured; simulator_error_time_to_target the same for the "
+                           "time to the claim's target (predicted training seconds per epoch x the epochs it took)"}
     for c in ids:  # every rule is on record before any run starts
         result["claims"][c] = (dict(describe(CLAIMS[c], setup), status="pending") if c in CLAIMS
                                else dict(NOT_BUILT[c], status="not reproduced by bench seeds", passed=None))
@@ -102,12 +109,21 @@ def _save(args, result: dict) -> None:
 
 
 def run_claim(claim: Claim, setup: Setup, corpus: Path, out: Path, args) -> dict[str, Any]:
+    """Each run predicted (`seed_predict.plan_run`), then trained; the rule judges them; each
+    run's predicted time to the claim's target beside the measured one."""
     t0 = time.monotonic()
-    runs = {spec.name: train_run(spec, setup, corpus, out / spec.name, args) for spec in claim.plan(setup)}
+    cache: dict = {}
+
+    def planned_and_trained(specs: list[RunSpec]) -> dict[str, dict]:
+        return {spec.name: train_run(spec, setup, corpus, out / spec.name, args,
+                                     seed_predict.plan_run(spec, setup, corpus, args, cache))
+                for spec in specs}
+
+    runs = planned_and_trained(claim.plan(setup))
     if claim.runs_after is not None:
-        runs.update({spec.name: train_run(spec, setup, corpus, out / spec.name, args)
-                     for spec in claim.runs_after(runs, setup)})
+        runs.update(planned_and_trained(claim.runs_after(runs, setup)))
     measured, passed, reason = claim.judge(runs, setup)
+    seed_predict.fill_time_to_target(runs, seed_predict.claim_times(measured))
     return {**describe(claim, setup), "status": "done", "measured": measured, "passed": passed, "reason": reason,
             "runs": runs, "seconds": round(time.monotonic() - t0, 1),
             "conditions": {"learners": setup.learners, "cpus_per_host": setup.cpus_per_host,
@@ -115,24 +131,29 @@ def run_claim(claim: Claim, setup: Setup, corpus: Path, out: Path, args) -> dict
                            "cores": len(os.sched_getaffinity(0))}}
 
 
-def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) -> dict[str, Any]:
-    """One `asrdist train` job on dedicated emulated hosts; what the claim reads of it."""
+def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args, plan: dict) -> dict[str, Any]:
+    """One `asrdist train` job on dedicated emulated hosts, validating every `plan["validate_every"]`
+    minibatches; what the claim reads of it, beside `plan["predicted"]` (made before it trained)."""
     cpus = spec.cpus_per_host or setup.cpus_per_host
     load_before = os.getloadavg()
-    seconds = run_train([str(args.config), *args.overrides, f"data.batch_size={setup.batch_size}", *spec.overrides,
+    seconds = run_train([str(args.config), *seed_predict.run_overrides(spec, setup, args),
+                         f"train.validate_every={plan['validate_every']}",
                          "--data", str(corpus), "--learners", str(spec.learners), "--nodes", str(spec.nodes),
-                         "--network", spec.network, "--cpus-per-host", repr(cpus), "--strategy", spec.strategy,
-                         "--epochs", str(setup.epochs)], run_dir, args.deadline, "bench seeds")
+                         "--network", spec.network, "--cpus-per-host", repr(cpus), "--strategy", spec.strategy],
+                        run_dir, args.deadline, "bench seeds")
     summary = RunSummary.read(run_dir)
     learners = summary.comm.per_learner
-    validations = [{"epoch": r.epoch, "wall_seconds": r.wall_seconds, "error": r.error_rate(ERROR_KEYS)[1],
-                    "valid_loss": r.valid_loss, "consensus_distance": r.consensus_distance}
-                   for r in summary.history if r.valid_loss is not None]
+    validations = [{"epoch": r.epoch, "epoch_progress": r.epoch_progress, "step": r.step,
+                    "wall_seconds": r.wall_seconds, "seconds": r.training_seconds,
+                    "error": r.error_rate(ERROR_KEYS)[1], "valid_loss": r.valid_loss,
+                    "consensus_distance": r.consensus_distance}
+                   for r in summary.validations or [] if r.valid_loss is not None]
     dedicated = summary.dedicated.to_json() if summary.dedicated is not None else {}
+    fps = job_frames_per_second([p.frames for p in learners], summary.stepping_seconds())
     return {"strategy": spec.strategy, "learners": spec.learners, "nodes": spec.nodes, "network": spec.network,
-            "cpus_per_host": cpus, "overrides": list(spec.overrides),
+            "cpus_per_host": cpus, "overrides": list(spec.overrides), "validate_every": plan["validate_every"],
             "validations": validations, "final_error": validations[-1]["error"] if validations else None,
-            "frames_per_second": job_frames_per_second([p.frames for p in learners], summary.stepping_seconds()),
+            "frames_per_second": fps,
             "hosts": dedicated.get("hosts"), "straggler_emulation": dedicated.get("straggler_emulation"),
             "outside_hosts": dedicated.get("outside_hosts"),
             "per_learner": [{k: p.to_json().get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
@@ -140,7 +161,8 @@ def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args) ->
                             for p in learners],
             "command_seconds": round(seconds, 1),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-            "predicted": None, "simulator_error": None}
+            "predicted": plan["predicted"],
+            "simulator_error": seed_predict.relative_error(plan["predicted"]["frames_per_second"], fps)}
 
 
 def format_result(result: dict) -> str:

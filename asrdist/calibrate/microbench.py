@@ -100,13 +100,15 @@ def _onebit_seconds(shapes: list[tuple[int, ...]], repeats: int) -> tuple[float,
 
 
 def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats: int = REPEATS,
-                            timeout: float = LINK_TIMEOUT):
+                            timeout: float = LINK_TIMEOUT, *, dedicated: bool = False):
     """`Microbenchmarks` of one learner of the resolved config `cfg` of strategy `name` on
     `learners` learners (its corpus' features in place) on this machine, the link measured on
     `network` ("loopback": this machine's), and the details behind them (docs/calibration.md).
-    Reads no run."""
+    `dedicated`: the run's learners are on hosts of their own CPU share (`--cpus-per-host`): its
+    step on 1 thread (the launcher's threads under a quota below 1.5 cores) and the link only, no
+    measurement of learners sharing the cores (`asrdist.sim.dedicated`). Reads no run."""
     cores = len(os.sched_getaffinity(0))
-    threads = threads_of(cores, learners)
+    threads = 1 if dedicated else threads_of(cores, learners)
     key = f"{learners}x{threads}"
     targets = build_targets(Path(cfg.data.corpus), cfg, model_kind(cfg))
     timed, ended = config_step_seconds_per_frame({key: (cfg, targets, learners, threads)}, epoch_ends=EPOCH_ENDS)
@@ -115,11 +117,12 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     shapes = config_shapes(cfg, lone.store.dim, targets.num_classes)
     figures = per_value_figures(shapes, repeats)
     many = learners > 1
-    corun = corun_slowdown(cores, repeats) if many else {"slowdown": 1.0}
+    corun = corun_slowdown(cores, repeats) if many and not dedicated else {"slowdown": 1.0}
     link: dict[str, Any] = {}
     waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}, "step": {}}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
+    if many and not dedicated:
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
         waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes),
                               recipe=cfg.to_dict())

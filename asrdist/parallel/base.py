@@ -216,7 +216,8 @@ class Strategy:
         strategy may keep answering partners until every learner is done, then leaves the average."""
 
     def epoch_end_metrics(self) -> dict[str, float]:
-        """Called on every learner at every epoch end, inside `paused()`; may use collectives.
+        """Called on every learner at every epoch end and every validation within an epoch
+        (`train.validate_every`), inside `paused()`; may use collectives.
         Its values go into the epoch's record in metrics.jsonl (e.g. adpsgd's consensus distance)."""
         return {}
 

@@ -14,7 +14,7 @@ from asrdist.models.registry import count_parameters
 from asrdist.run.report import plot_report
 from asrdist.run.rundir import MODEL_NAME
 from asrdist.run.summary import (ERROR_KEYS, CommTotals, EpochRecord, FinalFigures, LearnerFigures, LostLearner,
-                                 RunSummary)
+                                 RunSummary, ValidationRecord)
 from asrdist.train.checkpoint import save_model
 from asrdist.train.epoch_average import Averaged
 from asrdist.utils.contention import machine_cores, shared_cores
@@ -83,7 +83,8 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
                         comm_seconds=sum(p.comm_seconds for p in learners) / n,
                         wait_seconds=sum(p.wait_seconds for p in learners) / n, per_learner=learners),
         history=[EpochRecord.from_json(r) for r in state.history],
-        load={"start": load[0], "end": load[1], "cores": machine_cores()})
+        load={"start": load[0], "end": load[1], "cores": machine_cores()},
+        validations=[ValidationRecord.from_json(r) for r in state.validations] if cfg.train.validate_every else None)
     summary.set_cpu_share(shared_cores(summary.learners))
     # the report first: summary.json marks the run finished, so a disk that fills up on the report
     # must fail the run before it (a resume then finishes it) rather than leave it without one

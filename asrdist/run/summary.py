@@ -128,6 +128,26 @@ class EpochRecord(Figures):
 
 
 @dataclass(kw_only=True)
+class ValidationRecord(Figures):
+    """One entry of `validations` (`train.validate_every`): a validation within an epoch or at its
+    end, where it fell (`epoch_progress`: epochs done) and when (`wall_seconds`: the job's time to
+    it, `validation_seconds` of which the leader had spent validating before it)."""
+
+    epoch: int = 0
+    step: int = 0
+    epoch_progress: float = 0.0
+    wall_seconds: float | None = None
+    validation_seconds: float | None = None
+    consensus_distance: float | None = None
+    OPTIONAL = ("valid_loss", *ERROR_KEYS, "validation_seconds", "consensus_distance")
+
+    @property
+    def training_seconds(self) -> float | None:
+        """Wall seconds to it less the validating before it: the training's own time."""
+        return None if self.wall_seconds is None else self.wall_seconds - (self.validation_seconds or 0.0)
+
+
+@dataclass(kw_only=True)
 class LearnerFigures(_Record):
     """One learner's figures (`comm.per_learner`); its strategy's other counters are in `extra`."""
 
@@ -237,6 +257,8 @@ class RunSummary(_Record):
     final: FinalFigures
     comm: CommTotals
     history: list[EpochRecord] = field(default_factory=list)
+    validations: list[ValidationRecord] | None = None
+    """Every validation, within epochs and at their ends, in order (`train.validate_every`; None: off)."""
     wire: WireCounters | None = None
     """What the emulated hosts' NICs sent (`asrdist train --nodes` on an emulated network)."""
     dedicated: DedicatedHosts | None = None
@@ -250,8 +272,9 @@ class RunSummary(_Record):
     cpu_received: dict[str, Any] | None = None
     """The figures behind `cpu_share` (`contention.CpuShare.as_dict`)."""
     NESTED = {"lost_learners": _records(LostLearner), "final": FinalFigures.from_json, "comm": CommTotals.from_json,
-              "history": _records(EpochRecord), "wire": WireCounters.from_json}
-    OPTIONAL = ("wire", "dedicated", "load", "cpu_share", "contended", "cpu_received")
+              "history": _records(EpochRecord), "validations": _records(ValidationRecord),
+              "wire": WireCounters.from_json}
+    OPTIONAL = ("validations", "wire", "dedicated", "load", "cpu_share", "contended", "cpu_received")
 
     @classmethod
     def from_json(cls, data: Any, where: str = SUMMARY_NAME) -> "RunSummary":

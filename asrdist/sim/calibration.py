@@ -254,15 +254,21 @@ def calibrate(micro: Microbenchmarks, learners: int, strategy: str | None = None
 
 
 def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feature_dim: int | None = None,
-                num_classes: int | None = None):
+                num_classes: int | None = None, dedicated: bool = False):
     """The simulator's `Prediction` of the run of resolved config `cfg` on `inputs.learners`
     learners as `nodes` emulated hosts of this machine joined by `network` (1 node: loopback);
-    the model's input and output sizes from the corpus where given (`config_shapes`)."""
+    the model's input and output sizes from the corpus where given (`config_shapes`).
+    `dedicated`: every learner computes on a CPU share of its own (`asrdist.sim.dedicated`): no
+    learner's work queues for another's cores, and a straggler's share is `slowdown` times smaller."""
     if inputs.learners != cfg.train.learners:
         raise ConfigError(f"calibration: inputs for {inputs.learners} learners, the run has {cfg.train.learners}")
     job = config_job(cfg, inputs.learners, inputs.seconds_per_frame, nodes=nodes,
                      network="loopback" if nodes == 1 else network, network_cost=inputs.network_cost,
                      feature_dim=feature_dim, num_classes=num_classes)
+    if dedicated:
+        straggler = cfg.train.straggler
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, shared_cores=0, one_machine=False),
+                                  slowdown={r: straggler.slowdown for r in straggler.ranks if r < inputs.learners})
     if inputs.learners == 1 and STRATEGIES[cfg.strategy_name].codes_alone:  # a lone onebit learner still codes
         job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)
     if inputs.learners > 1 and inputs.link_bytes_per_second > 0:  # the measured link, between the hosts or,

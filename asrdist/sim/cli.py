@@ -35,12 +35,16 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
                         f"Learners that move alike are simulated once (sync, averaging; hierarchical, hybrid: 2 per node), others one by "
                         f"one (adpsgd, onebit, any with --jitter), at most {MAX_LEARNER_STEPS // 24} learners x 24 "
                         f"steps; hierarchical onebit: at most {MAX_ONEBIT_SPAN} learners per node")
-    p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}, or a measured one "
-                                                   f"(python -m asrdist.sim.measured show)")
+    p.add_argument("--device", default="v100", help=f"compute preset: {', '.join(DEVICES)}, a measured one "
+                                                   f"(python -m asrdist.sim.measured show), or cpu:CORES: every "
+                                                   f"node a dedicated CPU host of CORES cores (asrdist train "
+                                                   f"--cpus-per-host), shared by its learners")
     p.add_argument("--seconds-per-frame", type=cli_number(float, above=0), default=None,
-                   help="measured compute per frame and learner (instead of --device)")
+                   help="measured compute per frame and learner (instead of --device); with --device cpu:CORES, "
+                        "one learner's on one core")
     p.add_argument("--model", default="swbd", help=f"model preset: {', '.join(MODELS)}")
-    p.add_argument("--inside", default="nvlink", help=f"link inside a node: {', '.join(LINKS)} or a rate (25gbit)")
+    p.add_argument("--inside", default=None, help=f"link inside a node: {', '.join(LINKS)} or a rate (25gbit); "
+                                                 f"default nvlink (loopback with --device cpu:CORES)")
     p.add_argument("--network", default="100gbit", help="link between nodes (same names)")
     p.add_argument("--global-batch", type=cli_number(int, at_least=1), default=None,
                    help="frames per minibatch over all learners (default: 256 per learner)")
@@ -80,7 +84,7 @@ def build_job(args):
         parameter_count,
         seconds_per_frame,
     )
-    from asrdist.sim.scenario import Job
+    from asrdist.sim.scenario import CPU_COPY_COST, Job
     from asrdist.sim.spec import simulated_names
 
     cluster_text = args.cluster or DEFAULT_CLUSTER
@@ -94,7 +98,17 @@ def build_job(args):
         raise ConfigError(f"--model: unknown model preset {args.model!r} (known: {', '.join(MODELS)})")
     m = MODELS[args.model]
     shapes = model_shapes(m["model"], m["feature_dim"], m["num_classes"])
-    if args.seconds_per_frame is not None:
+    # the command's work, imported when it runs: `asrdist --help` stays light
+    from asrdist.sim.dedicated import CPU_CORE_FLOPS, parse_cpu_device, share_of
+
+    quota = parse_cpu_device(args.device)
+    share = 1.0 if quota is None else share_of(quota, per_node)
+    if quota is not None:  # a dedicated CPU host: one core's compute (measured, or the preset) over the share
+        from asrdist.sim.cluster import Device  # (the command's work: `--help` stays light)
+
+        one_core = args.seconds_per_frame or seconds_per_frame(Device(CPU_CORE_FLOPS), parameter_count(shapes))
+        spf = one_core / share
+    elif args.seconds_per_frame is not None:
         spf = args.seconds_per_frame
     else:
         from asrdist.sim.measured import all_devices  # imported when the command runs: `--help` stays light
@@ -103,7 +117,8 @@ def build_job(args):
         if args.device not in devices:
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(devices)})")
         spf = seconds_per_frame(devices[args.device], parameter_count(shapes))
-    cluster = Cluster(nodes, per_node, _link("--inside", args.inside), _link("--network", args.network))
+    inside = args.inside or ("loopback" if quota is not None else "nvlink")
+    cluster = Cluster(nodes, per_node, _link("--inside", inside), _link("--network", args.network))
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
         raise ConfigError(f"--global-batch: must be at least {cluster.learners} (one frame per learner), got {batch}")
@@ -122,9 +137,11 @@ def build_job(args):
         cfg = _strategy_config(args.strategy, settings)
     elif settings:
         raise ConfigError("--set needs --strategy")
+    # a dedicated host's CPU work (1-bit coding, the copies of an average) runs at its share too
+    copy_cost = {} if quota is None else {"copy_cost": CPU_COPY_COST / share, "mean_cost": CPU_COPY_COST / share}
     return Job(args.strategy or "sync", cfg, shapes, cluster, batch, spf,
-               quantize_cost=args.quantize_ns * 1e-9, frames_per_epoch=args.frames_per_epoch,
-               epochs=args.epochs, slowdown=slowdown, jitter=args.jitter)
+               quantize_cost=args.quantize_ns * 1e-9 / share, frames_per_epoch=args.frames_per_epoch,
+               epochs=args.epochs, slowdown=slowdown, jitter=args.jitter, **copy_cost)
 
 
 def _cluster(text: str):
@@ -304,13 +321,17 @@ def run(args) -> int:
 
         job = build_job(args)
         c = job.cluster
+        dedicated = args.device.lower().startswith("cpu:")
+        compute = ("measured compute" if args.seconds_per_frame is not None and not dedicated else args.device
+                   + (" (dedicated CPU hosts" + (", one core measured)" if args.seconds_per_frame else ")")
+                      if dedicated else ""))
         head = (f"{args.model} ({parameter_count(job.shapes):,} parameters), {c.nodes}x{c.per_node} "
-                f"learners, {args.device if args.seconds_per_frame is None else 'measured compute'}, "
-                f"inside {args.inside}, between {args.network}, global batch {job.global_batch} frames")
+                f"learners, {compute}, inside {args.inside or ('loopback' if dedicated else 'nvlink')}, "
+                f"between {args.network}, global batch {job.global_batch} frames")
         from asrdist.sim.scenario import ADVISED  # imported when the command runs: `--help` stays light
         from asrdist.sim.uncertainty import describe  # imported when the command runs: `--help` stays light
 
-        device = "gpu" if args.seconds_per_frame is None else "cpu"
+        device = "gpu" if args.seconds_per_frame is None and not dedicated else "cpu"
         if args.strategy is None:
             from asrdist.sim.scenario import explain, left_out_note  # imported when the command runs
 

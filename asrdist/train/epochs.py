@@ -52,6 +52,19 @@ class LearnerEpochs:
         """Minibatches of the epoch done, for its progress display."""
         return done_steps
 
+    def validation_before_step(self, sampler: Any, every: int) -> float | None:
+        """The fraction of the epoch done when a validation within it (`train.validate_every`) is
+        due before the minibatch just handed out is trained; None: none is."""
+        return None
+
+    def validation_after_step(self, done_steps: int, total: int, every: int) -> float | None:
+        """The same, after the epoch's `done_steps`-th minibatch: every `every` of them, in lock
+        step on every learner (its own sampler, as long as every other's); the epoch's end
+        validates on its own."""
+        if every and done_steps % every == 0 and done_steps < total:
+            return done_steps / total
+        return None
+
     def finished(self, stopped: bool, done_steps: int, total: int) -> bool:
         """Whether the epoch's data was used up (`stopped`: training stopped after a step of it)."""
         return done_steps >= total
@@ -107,6 +120,30 @@ class JobEpochs(LearnerEpochs):
 
     def begin_epoch(self, sampler: JobEpochSampler) -> None:
         sampler.lockstep = self.strategy.lockstep_now  # a strategy's synchronous phase takes turns
+        self._last_unit = -1
+
+    _last_unit = -1
+    """The unit of this epoch's order this learner (its group) claimed last."""
+
+    def validation_before_step(self, sampler: JobEpochSampler, every: int) -> float | None:
+        """At the job's minibatch (unit) b = j x every x groups of the epoch's order: each group's
+        first claim at or past b validates before it trains. A learner waits there for the
+        others, so the claims at or past b before it are one per group (b .. b + groups - 1):
+        every learner crosses every b once, and b is used only when all of them fall inside the
+        epoch (else the epoch's end validates instead)."""
+        if not every:
+            return None
+        groups = sampler.learners // sampler.group_size
+        span, units = every * groups, len(sampler) // sampler.group_size
+        unit, last = sampler.claimed // sampler.group_size, self._last_unit
+        self._last_unit = max(last, unit)
+        boundary = unit // span * span
+        if unit < 0 or boundary == 0 or unit // span <= last // span or boundary + groups > units // groups * groups:
+            return None
+        return boundary / units
+
+    def validation_after_step(self, done_steps: int, total: int, every: int) -> float | None:
+        return None  # (before the step: the claim says where the job is)
 
     def before_step(self, loop: Any, sampler: JobEpochSampler) -> None:
         loop.schedule_step = sampler.schedule_step()  # the job's clock: minibatches claimed by anyone

@@ -53,6 +53,9 @@ class LoopConfig:
     """Lock-step strategies: a checkpoint about every this many minutes within an epoch (0 = none)."""
     validate_every_epochs: int = 1
     """Validate the consensus model every this many epochs (and after the last)."""
+    validate_every: int = 0
+    """Validate it every this many global minibatches within an epoch as well (0 = at epoch ends
+    only): the consensus as at epoch ends, at the same points of the job on every learner."""
     emulate_compute_ms: float = 0.0
     """Replace forward/backward by a sleep and synthetic gradients (scaling benchmarks)."""
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
@@ -68,9 +71,9 @@ class LoopConfig:
 
     def __post_init__(self):
         if (min(self.log_every, self.validate_every_epochs, self.average_last) < 1 or self.checkpoint_every < 0
-                or self.max_steps < 0):
+                or self.max_steps < 0 or self.validate_every < 0):
             raise ConfigError("trainer: log_every, validate_every_epochs and average_last must be >= 1, "
-                              "checkpoint_every and max_steps >= 0")
+                              "checkpoint_every, max_steps and validate_every >= 0")
 
 
 @runtime_checkable

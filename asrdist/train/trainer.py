@@ -67,6 +67,11 @@ class LoopState:
     """Wall time in the epoch loop (steps, exchanges, epoch ends: everything but set-up and the
     end of `fit`), over every start: the time the job's throughput is measured against, the same
     for learners that wait inside their steps (lock-step) and those that wait at epoch ends."""
+    validations: list[dict] = field(default_factory=list)
+    """With `train.validate_every`: every validation, within epochs and at their ends, in order
+    (epoch, step, epoch_progress, wall_seconds, validation_seconds and the figures)."""
+    validation_seconds: float = 0.0
+    """Wall seconds this learner spent validating (and waiting for the consensus), over every start."""
 
 
 @dataclass
@@ -251,8 +256,12 @@ class Trainer:
         if start == 0:
             state.epoch_loss_sum, state.epoch_loss_frames = 0.0, 0
         stopped, done_steps = False, start
+        every = self.config.validate_every if self.hooks.validate_fn else 0
         for batch in self.sampler:
             self.coordinator.before_step(state, self.sampler)
+            due = self.coordinator.validation_before_step(self.sampler, every)
+            if due is not None:
+                self._validate_within_epoch(due)
             t0 = time.perf_counter()
             loss, frames = self.train_step(batch)
             state.train_seconds += time.perf_counter() - t0
@@ -268,6 +277,9 @@ class Trainer:
                                              self.optimizer.param_groups[0]["lr"]))
             so_far = state.epoch_loss_sum / state.epoch_loss_frames if state.epoch_loss_frames else None
             shown.update(self.coordinator.shown_done(self.sampler, done_steps), frames, so_far)
+            due = self.coordinator.validation_after_step(done_steps, total, every)
+            if due is not None:
+                self._validate_within_epoch(due)
             if self.checkpointer.due(state.step) and done_steps < total:
                 self.save_checkpoint()  # (the epoch's end saves its own)
             if self._done():
@@ -287,19 +299,48 @@ class Trainer:
                 print(f"[asrdist] note: epoch {past['epoch']}: recorded by rank {self.ctx.job_rank}, without "
                       f"validation: rank 0 was lost before it recorded the epoch", file=sys.stderr, flush=True)
 
+    def _validation_point(self, progress: float) -> dict[str, Any]:
+        """Where a validation falls: epoch, step, epochs done (`epoch_progress`), the run's wall
+        seconds (as an epoch's record has them) and its seconds spent validating before it."""
+        return {"epoch": self.state.epoch + 1, "step": self.state.step, "epoch_progress": round(progress, 4),
+                "wall_seconds": round(self.clock.wall(), 3),
+                "validation_seconds": round(self.state.validation_seconds, 3)}
+
+    def _validate_within_epoch(self, done: float) -> None:
+        """`train.validate_every`: the consensus validated as at an epoch's end (with the strategy's
+        epoch-end figures: adpsgd's consensus distance), `done` of the epoch done; recorded in
+        `state.validations` and metrics.jsonl (kind `validation`). The random number generators
+        are left as they were: a run trains the same model with validations or without."""
+        record = self._validation_point(self.state.epoch + done)
+        devices = [self.ctx.device] if torch.device(self.ctx.device).type == "cuda" else []
+        t0 = time.perf_counter()
+        with torch.random.fork_rng(devices=devices):
+            with self.strategy.paused():
+                record.update(self.strategy.epoch_end_metrics())
+            self.validator.validate(self.model, record, self.state.epoch)
+        self.state.validation_seconds += time.perf_counter() - t0
+        self.state.validations.append(record)
+        self.metrics.log("validation", self.state.step, **{k: v for k, v in record.items() if k != "step"})
+
     def _end_epoch(self) -> None:
         state = self.state
         # wall_seconds: the job's time to this epoch's model (since training started, every start
         # summed), taken before validation: what `compare` reads time to a target from
         # records number epochs from 1, as the progress line and the checkpoints (epoch-N) do
-        record: dict[str, Any] = {"epoch": state.epoch + 1, "train_loss": None,
-                                  "wall_seconds": round(self.clock.wall(), 3)}
+        point = self._validation_point(float(state.epoch + 1))
+        record: dict[str, Any] = {"epoch": state.epoch + 1, "train_loss": None, "wall_seconds": point["wall_seconds"]}
         last = state.epoch == self.config.epochs - 1 or self._done()
         with self.strategy.paused():
             self.coordinator.end_epoch(record, state, self.sampler)
             record.update(self.strategy.epoch_end_metrics())
-        validated = self.validator.validate(self.model, record, state.epoch) \
-            if self.validator.due(state.epoch, last) else None
+        validated = None
+        if self.validator.due(state.epoch, last):
+            t0 = time.perf_counter()
+            validated = self.validator.validate(self.model, record, state.epoch)
+            state.validation_seconds += time.perf_counter() - t0
+            if self.config.validate_every:
+                state.validations.append({**point, **{k: v for k, v in record.items()
+                                                      if k not in point and k != "minibatches_by_learner"}})
         if self.epoch_average.wants(state.epoch, last):  # the same epochs on every learner: a collective
             with self.strategy.paused():
                 self.epoch_average.add(state.epoch, validated if validated is not None

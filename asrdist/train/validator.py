@@ -1,4 +1,5 @@
-"""Validation during training: at which epoch ends, on what model, and how its verdict is shared.
+"""Validation during training: at which epoch ends, on what model, and how its verdict is shared
+(the same within epochs, `train.validate_every`: the trainer's `_validate_within_epoch`).
 
 The model validated is the consensus (the average of the learners that are members now:
 `strategy.survivors()`), taken by a collective among them; the leader (rank 0, or the first

@@ -23,6 +23,7 @@ RECIPE = str(ROOT / "configs/default.yaml")
 BAD = {
     "train.log_every=0": ("train.log_every", ">= 1"),
     "train.validate_every_epochs=0": ("train.validate_every_epochs", ">= 1"),
+    "train.validate_every=-1": ("train.validate_every", ">= 0"),
     "train.threads=-1": ("train.threads", ">= 0"),
     "train.timeout_seconds=0": ("train.timeout_seconds", "> 0"),
     "train.timeout_seconds=-5": ("train.timeout_seconds", "> 0"),

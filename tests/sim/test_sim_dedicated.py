@@ -1,0 +1,68 @@
+"""The simulator on dedicated CPU hosts (`asrdist.sim.dedicated`, `simulate --device cpu:CORES`):
+every CPU figure takes 1 / share as long, nothing queues for another learner's cores, a
+straggler's host computes `slowdown` times slower, and the shared-core terms are left out."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asrdist.cli import main
+from asrdist.config import load_config
+from asrdist.errors import ConfigError
+from asrdist.sim.calibration import Microbenchmarks, predict_run
+from asrdist.sim.dedicated import dedicated_inputs, parse_cpu_device
+from tests.support.paths import CONFIGS
+
+# one learner's figures on one core (as measure_microbenchmarks(dedicated=True) gives them), with
+# shared-core figures that the dedicated inputs must drop
+MICRO = Microbenchmarks(2, {"1x1": 1e-4, "8x1": 2e-4}, {"1x1": 0.4, "8x1": 0.4}, 100_000.0, 1e-9, 1e-9, 1e-9, 1e-9,
+                        "1gbit", 1.2e8, 1.0, 1e-9, 1e-4, corun_slowdown=1.5, lockstep_wait_seconds=0.01,
+                        claim_seconds=0.002, answer_delay_seconds=0.003)
+
+
+def _cfg(strategy: str, learners: int, *extra: str):
+    return load_config(CONFIGS / "default.yaml", [f"strategy.name={strategy}", f"train.learners={learners}",
+                                                  "train.epochs=2", *extra])
+
+
+def test_every_cpu_figure_takes_one_over_the_share_and_shared_core_terms_are_dropped():
+    inputs = dedicated_inputs(MICRO, 8, 0.25, "sync", validations_per_epoch=3)
+    assert inputs.seconds_per_frame == pytest.approx(2e-4 / 0.25)  # the 1-thread step, no co-run slowdown
+    assert inputs.epoch_end_seconds == pytest.approx(0.4 / 0.25 * 4)  # the end and 3 validations within
+    assert inputs.quantize_cost == pytest.approx(4e-9) and inputs.network_cost == pytest.approx(4e-9)
+    assert inputs.lockstep_wait_seconds == inputs.claim_seconds == inputs.answer_delay_seconds == 0.0
+    assert "dedicated host" in inputs.sources["seconds_per_frame"]
+    with pytest.raises(ConfigError):
+        dedicated_inputs(MICRO, 8, 0.0)
+
+
+def test_a_lone_learners_speed_is_its_share_and_a_stragglers_host_slows_sync():
+    single = _cfg("single", 1)
+    half = predict_run(single, dedicated_inputs(MICRO, 1, 0.5), 1, "loopback", dedicated=True)
+    quarter = predict_run(single, dedicated_inputs(MICRO, 1, 0.25), 1, "loopback", dedicated=True)
+    assert half.frames_per_second == pytest.approx(2 * quarter.frames_per_second, rel=0.02)
+    sync = predict_run(_cfg("sync", 8), dedicated_inputs(MICRO, 8, 0.25), 8, "1gbit", dedicated=True)
+    slow = predict_run(_cfg("sync", 8, "train.straggler.ranks=[3]", "train.straggler.slowdown=3.0"),
+                       dedicated_inputs(MICRO, 8, 0.25), 8, "1gbit", dedicated=True)
+    # lock step waits for the 3x slower host: its compute (32 frames x 8e-4 s) 3x (the learners' mean: 10/8)
+    assert slow.detail.compute_seconds_per_step == pytest.approx(10 / 8 * sync.detail.compute_seconds_per_step,
+                                                                 rel=0.01)
+    assert slow.frames_per_second < 0.7 * sync.frames_per_second
+    # eight dedicated hosts compute side by side: far above one host's pace, not capped by 2 cores' worth
+    shared = predict_run(_cfg("sync", 8), dedicated_inputs(MICRO, 8, 0.25), 8, "1gbit")
+    assert sync.frames_per_second > shared.frames_per_second
+
+
+def test_simulate_takes_cpu_hosts_and_refuses_a_bad_quota(tmp_path, capsys):
+    out = {}
+    for cores in ("0.22", "0.44"):
+        path = tmp_path / f"{cores}.json"
+        assert main(["simulate", "--cluster", "1x1", "--strategy", "sync", "--device", f"cpu:{cores}",
+                     "--frames-per-epoch", "100000", "--global-batch", "256", "--json", str(path)]) == 0
+        out[cores] = json.loads(path.read_text())["prediction"]["frames_per_second"]
+    assert out["0.44"] == pytest.approx(2 * out["0.22"], rel=0.02)
+    assert "dedicated CPU hosts" in capsys.readouterr().out
+    assert parse_cpu_device("v100") is None and parse_cpu_device("CPU:1.5") == 1.5
+    assert main(["simulate", "--cluster", "8x1", "--device", "cpu:0"]) == 2
+    assert "--device: expected cpu:CORES" in capsys.readouterr().err
