@@ -232,3 +232,42 @@ def test_the_test_error_and_the_utterance_interval_are_columns(tmp_path):
     kinds = dict(zip(columns, summary["table"]["kinds"]))
     assert {kinds[c] for c in ("s to target", "PER", "test PER", "frames/s", "wall s")} == {"measured"}
     assert kinds["MB sent"] == "counted"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # four trainings one after another on a loaded machine (a hang still ends the test)
+def test_compare_with_two_repeats_end_to_end_extends_a_comparison_and_resumes(tone_corpus, tmp_path, capsys,
+                                                                                monkeypatch):
+    """The real thing, small: single and 2-learner sync for 1 epoch on the tone corpus, first one
+    round (a comparison without repeats), then --repeats 2 trains round 2 only, then nothing. The
+    simulator's calibration is left out (tests/e2e/test_demo.py times it): the runs are the point."""
+    from asrdist.calibrate import microbench
+
+    monkeypatch.setattr(microbench, "measure_and_save", lambda *args: "not calibrated: left out of this test")
+    out = tmp_path / "cmp"
+    argv = ["compare", str(CONFIG), "--strategies", "single,sync", "--learners", "2", "--out", str(out),
+            "--data", str(tone_corpus), *TINY[:-1], "train.epochs=1"]
+    assert main(argv) == 0
+    assert main([*argv, "--repeats", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "single: finished run" in printed and "[compare] single-r2: training" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["repeats"] == 2 and summary["target"]["how"].startswith("baseline: single's final PER")
+    for entry in summary["runs"]:
+        assert [r["seed"] for r in entry["rounds"]] == [0, 1] and entry["repeats"] == 2
+        finals = [json.loads((Path(r["path"]) / "summary.json").read_text())["final"]["per"] for r in entry["rounds"]]
+        # the utterances scored again reproduce each run's final figure (the same model, the same split)
+        assert [r["error_rate"] for r in entry["rounds"]] == pytest.approx(finals)
+        low, high = entry["interval"]["error_rate_utterances"]
+        assert low <= entry["error_rate"] <= high and entry["interval"]["error_rate"] == [min(finals), max(finals)]
+        assert entry["test_error_rate"] is not None and entry["interval"]["test_error_rate_utterances"]
+        assert entry["interval"]["frames_per_second"][0] <= entry["frames_per_second"]
+    assert summary["runs"][0]["speedup_vs_single"]["frames_per_second"] == 1.0
+    page = (out / "report.html").read_text()
+    assert "Each strategy trained 2 times in interleaved rounds" in page and "<th>counted</th>" in page
+    scores = {p.name: p.stat().st_mtime_ns for p in (out / "scores").iterdir()}
+    assert sorted(scores) == ["single-r2.json", "single.json", "sync-r2.json", "sync.json"]
+    monkeypatch.setattr(launch, "train_command", lambda args: pytest.fail(f"trained {args.out} again"))
+    assert main([*argv, "--repeats", "2"]) == 0
+    assert json.loads((out / "summary.json").read_text())["runs"] == summary["runs"]
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "scores").iterdir()} == scores  # scored once
