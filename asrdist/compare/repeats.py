@@ -127,7 +127,7 @@ def _text(pair: list) -> str:
     return "[" + "-".join(NEVER if v == NEVER or v is None else f"{v:.1f}" for v in pair) + " s]"
 
 
-MEDIAN_KEYS = ("error_rate", "test_error_rate", "frame_accuracy", "frames_per_second", "mb_sent", "comm_seconds",
+MEDIAN_KEYS = ("error_rate", "test_error_rate", "frame_accuracy", "frames_per_second", "mb_sent", "mb_wire", "comm_seconds",
                "wait_seconds", "wall_seconds", "compute_seconds_per_frame", "step_seconds_per_frame")
 """A strategy's figures that are the median of its runs'."""
 ROUND_KEYS = ("run", "path", "round", "seed", "time_to_target_seconds", "error_rate", "error_rate_utterances",

@@ -31,6 +31,7 @@ TABLE = (("strategy", "strategy", "{}", ""), ("learners", "learners", "{}", ""),
          ("speedup_vs_single.frames_per_second", "speed-up frames/s", "{:.2f}x", "measured"),
          ("predicted_frames_per_second", "simulated frames/s", "{:,.0f}", "simulated"),
          ("prediction_error", "simulator error", "{:+.1%}", "simulated"), ("mb_sent", "MB sent", "{:,.1f}", "counted"),
+         ("mb_wire", "MB on the wire", "{:,.1f}", "measured"),
          ("comm_seconds", "comm s", "{:.2f}", "measured"), ("wait_seconds", "wait s", "{:.2f}", "measured"),
          ("wall_seconds", "wall s", "{:.1f}", "measured"))
 """(key in a strategy's entry, dotted into its dicts; column heading; format; measured, counted
@@ -39,8 +40,8 @@ reaching the target shows `never` as its time to target. With repeats a cell is 
 the strategy's runs, then [lowest-highest] over them."""
 KINDS = {"measured": "timed or scored on this machine's runs", "simulated": "asrdist's simulator",
          "counted": "the bytes each learner's exchange hands to torch.distributed, counted from the tensors' "
-                    "sizes (on loopback no wire is there to measure; `asrdist bench comm` and `bench peers` measure "
-                    "a link's bytes)"}
+                    "sizes (on loopback no wire is there to measure; on emulated hosts, --nodes, `MB on the wire` is "
+                    "what their NICs carried over the whole job, start-up and validation included)"}
 """What each kind of figure is, for the line under the table."""
 RANGED = {"time_to_target_seconds", "error_rate", "test_error_rate", "frames_per_second"}
 """The columns whose cell, with repeats, carries the range over the strategy's runs."""

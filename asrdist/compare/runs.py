@@ -251,6 +251,7 @@ def run_record(run_dir: Path) -> dict:
         "metric": metric, "error_rate": error_rate,
         "frame_accuracy": final.frame_accuracy, "epochs": s.epochs,
         "frames_per_second": s.frames_per_second, "mb_sent": comm.bytes_sent / 1e6,
+        "mb_wire": s.wire.payload_bytes / 1e6 if s.wire is not None else None,
         "comm_seconds": comm.comm_seconds, "wait_seconds": comm.wait_seconds,
         "wall_seconds": s.wall_seconds, "steal_share": s.steal_share,
         "compute_seconds_per_frame": compute / frames if frames and compute else None,

@@ -368,7 +368,8 @@ def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys):
 
 def _on_hosts(run: Path, nodes: int, network: str) -> None:
     summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network}))
+    wire = {"payload_bytes": 45_000_000, "frame_bytes": 47_000_000, "segments": 1000, "hosts": []}
+    (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network, "wire": wire}))
 
 
 def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tmp_path, no_training,
@@ -390,6 +391,8 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     assert _compare(out, corpus, "single,sync", "--nodes", "2", "--network", "1gbit") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["nodes"], summary["network"]) == (2, "1gbit")
+    # the bytes the hosts' NICs carried, measured, beside the counted ones; none on loopback
+    assert [(r["mb_sent"], r["mb_wire"]) for r in summary["runs"]] == [(0.0, None), (40.0, 45.0)]
     assert [c[2:4] for c in fake_calibration] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
     assert [r["prediction"] for r in summary["runs"]] == ["simulated", "simulated"]
     assert predicted_on == [("single", 1, "loopback"), ("sync", 2, "1gbit")]  # and simulated so
