@@ -109,7 +109,7 @@ def recommendation(target: Target | None, entries: list[dict], setup: str) -> st
     if runner is None:
         return f"Recommendation: {winner['run']} reached {goal} in {first:.1f} s (median of {repeats}), alone ({setup})."
     mine, theirs = _range(winner), _range(runner)
-    ranges = (f"{winner['run']} {_text(mine)}, {runner['run']} {_text(theirs)} over {repeats}+ runs each")
+    ranges = f"{winner['run']} {_text(mine)}, {runner['run']} {_text(theirs)} over {repeats} runs each"
     if seconds(mine[1]) < seconds(theirs[0]):
         return (f"Recommendation: {winner['run']} reached {goal} first on this machine, in {first:.1f} s (median), "
                 f"separated from the runner-up ({ranges}){tail} ({setup}).")

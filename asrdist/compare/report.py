@@ -62,14 +62,21 @@ def cell(value, fmt: str) -> str:
     return "-" if value is None else value if isinstance(value, str) and fmt != "{}" else fmt.format(value)
 
 
-def row_cells(entry: dict) -> list[str]:
-    """A strategy's row as text: each figure, with repeats followed by its range over the runs."""
+def row_cells(entry: dict, html_: bool = False) -> list[str]:
+    """A strategy's row as text: each figure, with repeats followed by its range over the runs
+    (`html_`: the range on a line of its own, escaped)."""
     out = []
     for key, _, fmt, _ in TABLE:
         text = cell(value_of(entry, key), fmt)
+        if key == "strategy" and entry.get("contended"):  # the runs' own flag, where they carry one
+            text += " (contended)"
         ranged = (entry.get("interval") or {}).get(key) if key in RANGED else None
-        if ranged and (entry.get("repeats") or 1) > 1:
-            text += f" [{cell(ranged, fmt)}]"
+        if ranged and (entry.get("repeats") or 1) > 1 and ranged != [NEVER, NEVER]:
+            bracket = f"[{cell(ranged, fmt)}]"
+            text = (f"{html.escape(text)}<br><small>{html.escape(bracket)}</small>" if html_
+                    else f"{text} {bracket}")
+        elif html_:
+            text = html.escape(text)
         out.append(text)
     return out
 
@@ -349,8 +356,9 @@ def _figures(summary: dict) -> list[tuple[str, str]]:
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     costs = _png(fig)
-    return [(f"Validation {label} of the consensus model against epoch and against wall time (the last point: "
-             f"the final evaluation; dashed: the target)", curves),
+    first = " (each strategy's first run)" if (summary.get("repeats") or 1) > 1 else ""
+    return [(f"Validation {label} of the consensus model against epoch and against wall time{first} (the last "
+             f"point: the final evaluation; dashed: the target)", curves),
             ("Throughput (measured, and the simulator's prediction from each run's microbenchmarks), "
              "bytes sent and time spent communicating / waiting", costs)]
 
@@ -361,7 +369,7 @@ def render_html(summary: dict) -> str:
     head = "".join(f"<th>{esc(c)}</th>" for c in summary["table"]["columns"])
     kinds = summary["table"].get("kinds")
     head += ("</tr><tr>" + "".join(f"<th>{esc(k)}</th>" for k in kinds)) if kinds else ""
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row_cells(r)) + "</tr>\n"
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row_cells(r, html_=True)) + "</tr>\n"
                    for r in summary["runs"])
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
@@ -372,7 +380,8 @@ def render_html(summary: dict) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;color:#222}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #bbb;padding:4px 10px;text-align:right}} td:first-child,th:first-child{{text-align:left}}
+table{{font-size:90%}} td,th{{border:1px solid #bbb;padding:3px 6px;text-align:right}}
+small{{color:#555}} td:first-child,th:first-child{{text-align:left}}
 th{{background:#eee}} img{{max-width:100%}} figcaption{{color:#555;font-size:90%}}</style></head>
 <body><h1>{esc(title)}</h1>
 <p id="recommendation"><strong>{esc(summary['recommendation'])}</strong></p>

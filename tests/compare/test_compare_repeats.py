@@ -271,3 +271,29 @@ def test_compare_with_two_repeats_end_to_end_extends_a_comparison_and_resumes(to
     assert main([*argv, "--repeats", "2"]) == 0
     assert json.loads((out / "summary.json").read_text())["runs"] == summary["runs"]
     assert {p.name: p.stat().st_mtime_ns for p in (out / "scores").iterdir()} == scores  # scored once
+
+
+def test_a_run_that_says_it_was_contended_is_flagged_in_its_strategys_row_and_notes(tmp_path):
+    """The runs' `contended`, `load` and `cpu_share` (recorded by `asrdist train`, issue 58 item 3)
+    are read where a run's record has them: kept per round, flagged in the row and a note."""
+    from asrdist.compare.report import note_lines, row_cells
+    import asrdist.compare.report as report
+
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    runs = fabricate_runs(out, corpus, ["single", "sync"])
+    original = report.run_record
+
+    def with_contention(run_dir):
+        record = original(run_dir)
+        busy = Path(run_dir).name == "single"
+        return {**record, "contended": busy, "load": 3.5 if busy else 1.0, "cpu_share": 0.45 if busy else 0.97}
+    try:
+        report.run_record = with_contention
+        summary = build_summary(runs, SETUP, scores=_no_scores)
+    finally:
+        report.run_record = original
+    single, sync = summary["runs"]
+    assert (single["contended"], single["cpu_share"], single["load"]) == (True, 0.45, 3.5)
+    assert single["rounds"][0]["contended"] is True and sync["contended"] is False
+    assert row_cells(single)[0] == "single (contended)" and row_cells(sync)[0] == "sync"
+    assert [line.split(":")[0] for line in note_lines(summary) if "contended" in line] == ["single"]
