@@ -28,7 +28,7 @@ DEFAULT_LEARNERS = 4
 
 def _target(text: str):
     """--target's argparse type (`compare.target.cli_target`, imported when the option is given)."""
-    from asrdist.compare.target import cli_target
+    from asrdist.compare.target import cli_target  # when the option is given: `asrdist --help` stays light
 
     return cli_target(text)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import kaldialign
+
 from asrdist.errors import AsrdistError
 from asrdist.io.atomic import write_json_atomic
 
@@ -78,8 +80,6 @@ def bootstrap_interval(refs: list[str], hyps: list[str], replications: int = REP
                        seed: int = 0) -> list[float] | None:
     """The 95% bootstrap interval [low, high] of the error rate over the utterances (texts of
     space-separated tokens); None without an utterance that has a reference."""
-    import kaldialign
-
     pairs = [(r.split(), h.split()) for r, h in zip(refs, hyps) if r.split()]
     if not pairs:
         return None

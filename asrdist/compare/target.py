@@ -11,9 +11,10 @@ the strategies plus N% of it). With repeats, a strategy's final figure is the me
 """
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
-from statistics import median_high
+from statistics import median, median_high
 
 from asrdist.errors import ConfigError
 from asrdist.run.summary import EpochRecord
@@ -79,8 +80,6 @@ def parse_target(text: str | float | None) -> TargetSpec:
 
 def cli_target(text: str) -> TargetSpec:
     """argparse's `type=` for --target: its message is argparse's usage error."""
-    import argparse
-
     try:
         return parse_target(text)
     except ConfigError as exc:
@@ -118,8 +117,6 @@ def choose_target(spec: TargetSpec, finals: dict[str, list[float]], metric: str)
     """The target `spec` asks for, from each strategy's final figures (strategy -> its runs'; a
     failed run has none). The default, `baseline`, falls back to best+5% where neither single
     nor sync has a final figure, and says so."""
-    from statistics import median
-
     if spec.kind == "number":
         return Target(metric, float(spec.value), f"given (--target {spec.value:g})")
     medians = {name: median(v) for name, values in finals.items() if (v := [x for x in values if x is not None])}
