@@ -118,16 +118,19 @@ def test_rounds_are_interleaved_with_a_seed_each_and_resume_trains_only_what_is_
     assert rounds["sync-r3"] == Round("sync", 3, ["seed=2"]) and rounds["sync"] == Round("sync", 1, [])
     out = tmp_path / "cmp"
     fabricate_runs(out, corpus, ["single", "sync"])  # round 1 finished (a comparison without repeats)
+    stopped = out / "sync-r2"  # round 2's sync stopped half-way: resumed from its checkpoint
+    (stopped / "checkpoints" / "step-10").mkdir(parents=True)
+    (stopped / "checkpoints" / "latest").write_text("step-10\n")
     trained, before = [], []
 
     def train(args):
-        trained.append((args.out.name, args.strategy, args.overrides[-1]))
-        args.out.mkdir()
+        trained.append((args.out.name, args.strategy, args.overrides[-1], args.resume))
+        args.out.mkdir(exist_ok=True)
         (args.out / "summary.json").write_text("{}")
     monkeypatch.setattr(launch, "train_command", train)
     train_missing(CONFIG, configs, out, corpus, TINY, rounds=rounds, before=before.append)
-    assert trained == [("single-r2", "single", "seed=1"), ("sync-r2", "sync", "seed=1"),
-                       ("single-r3", "single", "seed=2"), ("sync-r3", "sync", "seed=2")]
+    assert trained == [("single-r2", "single", "seed=1", None), ("sync-r2", "sync", "seed=1", stopped),
+                       ("single-r3", "single", "seed=2", None), ("sync-r3", "sync", "seed=2", None)]
     assert before == []  # a strategy is calibrated before its first round only (finished here)
 
 
