@@ -374,6 +374,8 @@ def render_html(summary: dict) -> str:
     notes = "".join(f"<li>{esc(r['run'])}: training failed: {esc(r['failed'])}</li>" if r["failed"] else
                     f"<li>{esc(r['run'])}: simulated frames/s: {esc(r['prediction'])}</li>"
                     for r in summary["runs"] if r["failed"] or r["prediction"] != "simulated")
+    notes += "".join(f"<li>{esc(r['run'])}: error rate over utterances, test split: {esc(r['scores'])}</li>"
+                     for r in summary["runs"] if not r["failed"] and r.get("scores") not in (None, "scored"))
     notes += "".join(f"<li>{esc(line)}</li>" for line in note_lines(summary))
     figures = "".join(f'<figure><img alt="{esc(cap)}" src="data:image/png;base64,{png}">'
                       f"<figcaption>{esc(cap)}</figcaption></figure>\n" for cap, png in _figures(summary))

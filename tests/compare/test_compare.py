@@ -144,6 +144,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert "their own optimizer recipes (configs/recipes/) for onebit" in page
     assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>-</td><td>0\.2200</td>", page)
     assert "<th>counted</th>" in page and "speed-up frames/s" in page
+    assert "sync: error rate over utterances, test split: " in page and "no model.pt to score" in page
     assert page.index('<p id="recommendation">') < page.index("<table")  # the page leads with it
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(pngs) == 2 and all(base64.b64decode(p).startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
