@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/system_deps.sh
 
+# `make demo REPEATS=2`: each strategy of the comparison twice, in interleaved rounds, with intervals
+# (asrdist demo --repeats; its default: asrdist/demo_cli.py's DEMO_REPEATS)
 demo: setup
 	$(PY) -m asrdist.native
-	$(VENV)/bin/asrdist demo
+	$(VENV)/bin/asrdist demo $(if $(REPEATS),--repeats $(REPEATS))
 
 # four test processes (pytest-xdist), a test file each at a time, the files in the order
 # tests/conftest.py gives them (longest first; xdist's own order is most tests first): most tests

@@ -4,8 +4,9 @@ Builds the espeak-ng corpus (and a flite corpus as an unseen-synthesizer test se
 extracts features, trains the default DNN with one learner (the baseline), evaluates it on the
 held-out speakers and on flite speech next to a prior-only model, then trains the same model and
 data with 4 learners under each strategy, each with its own optimizer recipe unless --same-recipe
-(`asrdist compare`), and prints which strategy reached the target first and where the report
-is. Runs already finished under the work directory are reused.
+(`asrdist compare`, each strategy --repeats times in interleaved rounds), and prints which
+strategy reached the target first, whether its runs' times separate it from the next, and where
+the report is. Runs already finished under the work directory are reused.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 from asrdist.compare.cli import compare
 from asrdist.calibrate.microbench import measure_and_save
 from asrdist.compare.recipes import recipes_for
-from asrdist.compare.report import format_table, target_line
+from asrdist.compare.report import format_table, kinds_line, note_lines, repeats_line, target_line
 from asrdist.compare.runs import parse_strategies, resolve_all, train_missing
 from asrdist.corpus.synth import synth_command
 from asrdist.eval.evaluate import evaluate_split
@@ -85,13 +86,15 @@ def demo_command(args) -> int:
     print(f"\n[demo] the same model and data with {args.learners} learners under {', '.join(strategies[1:])}"
           f"{' (one recipe)' if args.same_recipe else ', each with its own recipe'}", flush=True)
     summary = compare(args.config, ",".join(strategies), args.learners, out, corpus, overrides,
-                      same_recipe=args.same_recipe)
+                      same_recipe=args.same_recipe, repeats=args.repeats)
     print()
     print(summary["recommendation"])
     print(target_line(summary))
+    print(repeats_line(summary))
     print()
     print(format_table(summary))
-    for line in summary["behind_sync"]:
+    print(kinds_line(summary))
+    for line in note_lines(summary):
         print(f"note: {line}")
     print(f"\nreport: {(out / 'report.html').resolve()}   (open it in a browser)   summary: {out / 'summary.json'}")
     return 0

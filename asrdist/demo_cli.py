@@ -8,6 +8,10 @@ from asrdist.checks import cli_number
 from asrdist.commands import help_of
 
 DEMO_STRATEGIES = "sync,onebit,averaging,adpsgd"
+DEMO_REPEATS = 1
+"""One round: two (the comparison's second round, about 14 min of training on the idle 2-core
+machine, estimated from the 4-epoch runs' wall times) would take `make demo` past 30 minutes;
+`make demo REPEATS=2` or `asrdist demo --repeats 2` gives intervals."""
 
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
@@ -21,6 +25,9 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     p.add_argument("--learners", type=cli_number(int, at_least=1), default=4, help="learners of each strategy in the comparison")
     p.add_argument("--strategies", default=DEMO_STRATEGIES, help=f"compared (default: {DEMO_STRATEGIES})")
     p.add_argument("--config", type=Path, default=Path(__file__).resolve().parent.parent / "configs" / "default.yaml")
+    p.add_argument("--repeats", type=cli_number(int, at_least=1), default=DEMO_REPEATS, metavar="K",
+                   help=f"runs of each strategy in the comparison, in interleaved rounds (default: {DEMO_REPEATS}; "
+                        "the baseline is round 1's single run)")
     p.add_argument("--same-recipe", action="store_true",
                    help="every strategy with the default recipe's optimizer (default: each its own, configs/recipes/)")
     p.set_defaults(func=_demo)

@@ -20,7 +20,9 @@ def mark(record: dict, key: str) -> str:
     return MARK if key in MARKED and flagged(record) else ""
 
 
-def load_text(load: dict | None) -> str:
+def load_text(load: dict | float | None) -> str:
+    if isinstance(load, int | float):
+        return f"load average {load:.1f}"
     if not load or load.get("start") is None:
         return "load average not read"
     return (f"load average {load['start']:.1f} at its start, {load.get('end') or 0:.1f} at its end, on "

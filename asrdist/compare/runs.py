@@ -153,35 +153,73 @@ def check_same_hosts(run_dir: Path, hosts: Hosts) -> None:
                           f"{hosts.network_name} asked; pick another --out")
 
 
+@dataclass(frozen=True)
+class Round:
+    """One run of a comparison with repeats: its strategy, round (1-based) and the overrides of
+    its round (the seed) after the user's."""
+
+    strategy: str
+    round: int = 1
+    overrides: tuple[str, ...] | list[str] = ()
+
+
+def resolve_rounds(config: Path, strategies: list[str], learners: int, data: Path | None,
+                   overrides: list[str], repeats: int, hosts: Hosts = Hosts(),
+                   recipes: dict[str, list[str]] | None = None) -> tuple[dict[str, RunConfig], dict[str, Round]]:
+    """The resolved configs of every run of a comparison of `repeats` rounds (run name -> config)
+    in the order they train, interleaved (round 1: every strategy once, then round 2, ...), and
+    each run's `Round`. Round r trains with the recipe's seed + r - 1 (a `seed=` override after
+    the user's); round 1 is the comparison without repeats, run for run."""
+    from asrdist.compare.repeats import run_name  # the names of the runs of each round
+
+    first = resolve_all(config, strategies, learners, data, overrides, hosts, recipes)
+    configs, rounds = {}, {}
+    for r in range(1, repeats + 1):
+        extra = [] if r == 1 else [f"seed={first[strategies[0]].seed + r - 1}"]
+        resolved = first if r == 1 else resolve_all(config, strategies, learners, data, overrides + extra,
+                                                    hosts, recipes)
+        for name in strategies:
+            run = run_name(name, r)
+            configs[run], rounds[run] = resolved[name], Round(name, r, extra)
+    return configs, rounds
+
+
 def train_missing(config: Path, configs: dict[str, RunConfig], out: Path, data: Path | None,
                   overrides: list[str], failed: dict[str, str] | None = None,
                   hosts: Hosts = Hosts(), recipes: dict[str, list[str]] | None = None,
                   before: Callable[[str], None] | None = None,
-                  files_of: Callable[[str], list[Path]] | None = None) -> dict[str, Path]:
-    """`asrdist train` for each strategy whose run under OUT/<strategy> is not finished (a run a
-    start got as far as its config is resumed: `resume_from`); finished runs are kept. Returns
-    strategy -> run directory. With `failed`, a run that fails in training (a TrainingError: it
-    diverged, a learner died) is recorded there (strategy -> reason) and the others still train.
-    `before(strategy)` is called just before each training starts (a comparison times the run's
-    microbenchmarks there; `files_of(strategy)`: the files it writes). A full disk in a step
-    (`before` and the training) undoes the step and stops the comparison (`disk.DiskFull`)."""
+                  files_of: Callable[[str], list[Path]] | None = None,
+                  rounds: dict[str, Round] | None = None) -> dict[str, Path]:
+    """`asrdist train` for each run whose directory OUT/<run> is not finished (a run a start got as
+    far as its config is resumed: `resume_from`); finished runs are kept. `configs`: run -> its
+    config, in training order; `rounds`: run -> its `Round` (None: each run is the strategy of its
+    name, once). Returns run -> run directory. With `failed`, a run that fails in training (a
+    TrainingError: it diverged, a learner died) is recorded there (run -> reason) and the others
+    still train. `before(strategy)` is called just before a strategy's first round starts training
+    (a comparison times the run's microbenchmarks there, `files_of(strategy)`: the files it writes;
+    later rounds are predicted from it). A full disk in a step (`before` and the training) undoes
+    the step and stops the comparison (`disk.DiskFull`)."""
+    rounds = rounds or {name: Round(name) for name in configs}
     runs = {name: out / name for name in configs}
     for name, run_dir in runs.items():  # all of them before the first training starts
         check_same_recipe(run_dir, configs[name])
-        check_same_hosts(run_dir, hosts.of(name))
+        check_same_hosts(run_dir, hosts.of(rounds[name].strategy))
     for name, run_dir in runs.items():
         if (run_dir / "summary.json").is_file():
             print(f"[compare] {name}: finished run {run_dir}, not trained again", flush=True)
             continue
         resume = resume_from(name, run_dir)
         learners = configs[name].train.learners
-        step = disk.Step(out, run_dir, files_of(name) if files_of else [])
+        strategy, round_ = rounds[name].strategy, rounds[name].round
+        step = disk.Step(out, run_dir, files_of(strategy) if files_of and round_ == 1 else [])
         try:
-            if before is not None:
-                before(name)
+            if before is not None and round_ == 1:
+                before(strategy)
             print(f"[compare] {name}: {'resuming' if resume else 'training'} {run_dir} "
-                  f"({learners} learner(s))", flush=True)
-            launch.train_command(_train_args(config, name, learners, data, (recipes or {}).get(name, []) + overrides,
+                  f"({learners} learner(s){f', round {round_}' if round_ > 1 else ''})", flush=True)
+            launch.train_command(_train_args(config, strategy, learners, data,
+                                             (recipes or {}).get(strategy, []) + overrides
+                                             + list(rounds[name].overrides),
                                              out=run_dir, resume=resume, hosts=hosts))
         except Exception as exc:
             if not isinstance(exc, Stopped) and disk.is_disk_full(exc):  # the machine's fault: not a row
@@ -251,6 +289,7 @@ def run_record(run_dir: Path) -> dict:
         "metric": metric, "error_rate": error_rate,
         "frame_accuracy": final.frame_accuracy, "epochs": s.epochs,
         "frames_per_second": s.frames_per_second, "mb_sent": comm.bytes_sent / 1e6,
+        "mb_wire": s.wire.payload_bytes / 1e6 if s.wire is not None else None,
         "comm_seconds": comm.comm_seconds, "wait_seconds": comm.wait_seconds,
         "wall_seconds": s.wall_seconds, "steal_share": s.steal_share,
         "contended": s.contended, "load": s.load, "cpu_share": s.cpu_share,

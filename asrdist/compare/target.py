@@ -4,19 +4,27 @@ A run's points are its validations (summary.json's `history`: the consensus mode
 and `wall_seconds`, the job's seconds since training started, every --resume summed) and its
 final evaluation, at the run's `wall_seconds` (the model it evaluates exists when training ends).
 Its time to the target is the wall time of its first point at or below the target; a run with
-no such point never reached it. The target is `--target` or, by default, the best final error
-rate among the runs plus 5% of it (docs/measurements.md).
+no such point never reached it. The target (`--target`, `parse_target`) is by default the
+baseline's final error rate (single's when it runs, else sync's), so that every strategy that
+does as well as the baseline gets a time; or a number; or `best+N%` (the best final figure among
+the strategies plus N% of it). With repeats, a strategy's final figure is the median of its runs'.
 """
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import dataclass
+from statistics import median, median_high
 
+from asrdist.errors import ConfigError
 from asrdist.run.summary import EpochRecord
 
 DEFAULT_MARGIN = 0.05
-"""The default target: within this fraction (relative) of the best final figure among the runs."""
+"""`best+5%`: within this fraction (relative) of the best final figure among the strategies."""
 TIE_SECONDS = 1e-3
 """Times closer than this are a tie (wall seconds are recorded to the millisecond)."""
+BASELINES = ("single", "sync")
+"""The default target's baseline: the first of these the comparison trains."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,55 @@ class Target:
     """Where the value came from, in words."""
 
 
+@dataclass(frozen=True)
+class TargetSpec:
+    """What `--target` asked for: `baseline` (the default), a `number`, or `best` plus `margin`."""
+
+    kind: str = "baseline"
+    value: float | None = None
+    """The error rate (kind `number`) or the relative margin (kind `best`)."""
+
+    def __post_init__(self):
+        if self.kind not in ("baseline", "number", "best"):
+            raise ConfigError(f"--target: unknown kind {self.kind!r}")
+        if self.kind != "baseline" and (self.value is None or not self.value >= 0):
+            raise ConfigError(f"--target: expected a number >= 0, got {self.value!r}")
+
+
+_BEST = re.compile(r"best(?:\+(\d+(?:\.\d*)?|\.\d+)%)?")
+
+
+def parse_target(text: str | float | None) -> TargetSpec:
+    """`--target`'s text: `baseline`, an error rate (`0.05`) or `best+N%` (`best` alone: +0%).
+    Raises ConfigError in one line naming what is accepted."""
+    if text is None:
+        return TargetSpec()
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return TargetSpec("number", float(text))
+    word = str(text).strip().lower()
+    if word == "baseline":
+        return TargetSpec()
+    best = _BEST.fullmatch(word)
+    if best:
+        return TargetSpec("best", float(best.group(1) or 0.0) / 100.0)
+    try:
+        number = float(word)
+    except ValueError:
+        number = None
+    if number is None or not number >= 0 or number == float("inf"):
+        raise ConfigError(f"--target: expected an error rate >= 0, 'baseline' or 'best+N%' (e.g. best+5%), "
+                          f"got {text!r}")
+    return TargetSpec("number", number)
+
+
+def cli_target(text: str) -> TargetSpec:
+    """argparse's `type=` for --target: its message is argparse's usage error."""
+    try:
+        return parse_target(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--target: ")) from None
+
+
 def default_target(finals: dict[str, float | None], metric: str, margin: float = DEFAULT_MARGIN) -> Target | None:
     """Within `margin` (relative) of the best final error rate among the runs (run -> final figure,
     None for a run that has none); None when no run has one."""
@@ -38,7 +95,38 @@ def default_target(finals: dict[str, float | None], metric: str, margin: float =
     best_run = min(known, key=known.get)
     best = known[best_run]
     return Target(metric, best * (1.0 + margin),
-                  f"within {margin:.0%} relative of the best final {metric.upper()} ({best:.4f}, {best_run})")
+                  f"best+{margin * 100:g}%: within {margin * 100:g}% relative of the best final {metric.upper()} "
+                  f"({best:.4f}, {best_run})")
+
+
+def baseline_target(finals: dict[str, list[float]], metric: str) -> Target | None:
+    """The baseline's final error rate: single's when it ran, else sync's (strategy -> the final
+    figures of its runs; with repeats the upper median, so that at least half the baseline's own
+    runs reach it); None without a baseline with a final figure."""
+    for name in BASELINES:
+        values = [v for v in finals.get(name) or [] if v is not None]
+        if values:
+            value = median_high(values)
+            runs = f"the upper median of its {len(values)} runs' final figures" if len(values) > 1 else "its final figure"
+            return Target(metric, float(value), f"baseline: {name}'s final {metric.upper()} ({value:.4f}, {runs}); "
+                                                f"every run that does as well reaches it")
+    return None
+
+
+def choose_target(spec: TargetSpec, finals: dict[str, list[float]], metric: str) -> Target | None:
+    """The target `spec` asks for, from each strategy's final figures (strategy -> its runs'; a
+    failed run has none). The default, `baseline`, falls back to best+5% where neither single
+    nor sync has a final figure, and says so."""
+    if spec.kind == "number":
+        return Target(metric, float(spec.value), f"given (--target {spec.value:g})")
+    medians = {name: median(v) for name, values in finals.items() if (v := [x for x in values if x is not None])}
+    if spec.kind == "best":
+        return default_target(medians, metric, spec.value)
+    goal = baseline_target(finals, metric)
+    if goal is not None or not medians:
+        return goal
+    fallback = default_target(medians, metric)
+    return Target(metric, fallback.value, f"no baseline (single or sync) has a final figure: {fallback.how}")
 
 
 def run_points(history: list[EpochRecord], metric: str, final_value: float | None,
@@ -63,25 +151,6 @@ def first_to_target(times: dict[str, float | None]) -> list[str]:
         return []
     first = min(reached.values())
     return [run for run, t in reached.items() if t - first < TIE_SECONDS]
-
-
-def recommendation(target: Target | None, times: dict[str, float | None], setup: str) -> str:
-    """The line that names the strategy that got to the target first, on this machine (`setup`:
-    how many learners shared how many cores)."""
-    if target is None:
-        return "No recommendation: no run has a final error rate to set a target from."
-    goal = f"{target.metric.upper()} <= {target.value:.4f}"
-    winners = first_to_target(times)
-    if not winners:
-        return f"No recommendation: no run reached {goal} ({setup})."
-    seconds = times[winners[0]]
-    who = winners[0] if len(winners) == 1 else " and ".join(winners) + " (tied)"
-    others = sorted((t, run) for run, t in times.items() if t is not None and run not in winners)
-    behind = "; ".join(f"{run} {t:.1f} s ({t / seconds:.2f}x)" if seconds > 0 else f"{run} {t:.1f} s"
-                       for t, run in others)
-    never = [run for run, t in times.items() if t is None]
-    tail = (f"; then {behind}" if behind else "") + (f"; never: {', '.join(never)}" if never else "")
-    return f"Recommendation: {who} reached {goal} first on this machine, in {seconds:.1f} s{tail} ({setup})."
 
 
 SYNC_MARGIN = 0.10

@@ -104,19 +104,34 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert onebit["mb_sent"] == 2.0 and sync["comm_seconds"] == 0.5 and sync["wait_seconds"] == 0.25
     assert [p["per"] for p in sync["curve"]] == list(FIGURES["sync"][0])
     assert [p["epoch"] for p in sync["curve"]] == [1, 2] and sync["curve"][1]["seconds"] > sync["curve"][0]["seconds"]
-    # time to target: within 5% of the best final PER (single's 0.20), the job's wall seconds to the
-    # first validation at or below it (the fixture's epoch e at (e + 1) x frames / fps / 2)
-    assert summary["target"]["value"] == pytest.approx(0.21) and "single" in summary["target"]["how"]
+    # time to target: by default the baseline's final PER (single's 0.20), the job's wall seconds to
+    # the first validation at or below it (the fixture's epoch e at (e + 1) x frames / fps / 2)
+    assert summary["target"]["value"] == pytest.approx(0.20) and summary["target"]["how"].startswith(
+        "baseline: single's final PER (0.2000, its final figure)")
     assert single["time_to_target_seconds"] == pytest.approx(20.0) and single["reached_target"] is True
-    assert sync["time_to_target_seconds"] == pytest.approx(20_000 / 1500)
+    assert sync["time_to_target_seconds"] == "never" and sync["reached_target"] is False
     assert onebit["time_to_target_seconds"] == "never" and onebit["reached_target"] is False
-    assert summary["recommendation"].startswith("Recommendation: sync reached PER <= 0.2100 first on this machine, "
-                                                "in 13.3 s; then single 20.0 s (1.50x); never: onebit (")
+    # one run each: no interval separates anyone
+    assert summary["recommendation"].startswith(
+        "Recommendation: not separated (one run each, no interval; --repeats 2 or more gives one): single reached "
+        "PER <= 0.2000 first on this machine, in 20.0 s; never: sync, onebit (")
     assert "2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in summary["recommendation"]
+    # the speed-ups over single, the kinds of the figures; no model.pt in the made-up runs: no
+    # utterance scores, no test figure, and each run says why
+    assert sync["speedup_vs_single"] == {"time_to_target": None, "frames_per_second": 1.5}
+    assert single["speedup_vs_single"] == {"time_to_target": 1.0, "frames_per_second": 1.0}
+    assert sync["test_error_rate"] is None and sync["interval"]["error_rate_utterances"] is None
+    assert sync["repeats"] == 1 and [r["run"] for r in sync["rounds"]] == ["sync"] and sync["rounds"][0]["seed"] == 0
+    assert sync["interval"]["frames_per_second"] == [1500.0, 1500.0]
+    assert "no model.pt to score" in sync["scores"]
+    kinds = dict(zip(summary["table"]["columns"], summary["table"]["kinds"]))
+    assert kinds["MB sent"] == "counted" and kinds["frames/s"] == "measured" and kinds["simulated frames/s"] == "simulated"
+    assert "counted (the bytes each learner's exchange hands to torch.distributed" in printed
     assert printed.index(summary["recommendation"]) < printed.index("s to target")  # it leads
     table = summary["table"]
-    assert table["columns"][:4] == ["strategy", "learners", "s to target", "PER"] and len(table["rows"]) == 3
-    assert table["rows"][2][:4] == ["onebit", 2, "never", FIGURES["onebit"][0][-1]]
+    assert table["columns"][:5] == ["strategy", "learners", "s to target", "speed-up to target", "PER"]
+    assert len(table["rows"]) == 3
+    assert table["rows"][2][:5] == ["onebit", 2, "never", None, FIGURES["onebit"][0][-1]]
     # each strategy with its own recipe: onebit's is CNTK's AdaGrad (configs/recipes/onebit.yaml)
     assert 'optim.name="adagrad"' in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
     assert summary["same_recipe"] is False
@@ -127,7 +142,9 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
             and "(timed after training for onebit, single, sync: no calibration was saved before)" in page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in page
     assert "their own optimizer recipes (configs/recipes/) for onebit" in page
-    assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>0\.2200</td>", page)
+    assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>-</td><td>0\.2200</td>", page)
+    assert "<th>counted</th>" in page and "speed-up frames/s" in page
+    assert "sync: error rate over utterances, test split: " in page and "no model.pt to score" in page
     assert page.index('<p id="recommendation">') < page.index("<table")  # the page leads with it
     pngs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert len(pngs) == 2 and all(base64.b64decode(p).startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
@@ -140,8 +157,10 @@ def test_target_flag_sets_the_target(tmp_path, no_training, capsys, target, firs
     fabricate_runs(out, corpus, ["single", "sync", "onebit"])
     assert _compare(out, corpus, "single,sync,onebit", "--target", target) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["target"] == {"metric": "per", "value": float(target), "how": "given (--target)"}
-    assert summary["recommendation"].startswith(f"Recommendation: {first} reached PER <= {float(target):.4f} first")
+    assert summary["target"] == {"metric": "per", "value": float(target), "how": f"given (--target {target})"}
+    assert summary["recommendation"].startswith(f"Recommendation: not separated (one run each, no interval; "
+                                                f"--repeats 2 or more gives one): {first} reached PER <= "
+                                                f"{float(target):.4f} first")
     assert [r["run"] for r in summary["runs"] if r["reached_target"] is False] == never
     if target == "0.35":  # every run there at its first validation: epoch 1 at frames / fps / 2
         assert [r["time_to_target_seconds"] for r in summary["runs"]] == pytest.approx(
@@ -350,7 +369,8 @@ def test_a_stopped_run_stops_the_comparison(tmp_path, monkeypatch, capsys):
 
 def _on_hosts(run: Path, nodes: int, network: str) -> None:
     summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network}))
+    wire = {"payload_bytes": 45_000_000, "frame_bytes": 47_000_000, "segments": 1000, "hosts": []}
+    (run / "summary.json").write_text(json.dumps({**summary, "nodes": nodes, "network": network, "wire": wire}))
 
 
 def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tmp_path, no_training,
@@ -372,6 +392,8 @@ def test_runs_on_emulated_hosts_are_simulated_as_such_and_other_hosts_refused(tm
     assert _compare(out, corpus, "single,sync", "--nodes", "2", "--network", "1gbit") == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["nodes"], summary["network"]) == (2, "1gbit")
+    # the bytes the hosts' NICs carried, measured, beside the counted ones; none on loopback
+    assert [(r["mb_sent"], r["mb_wire"]) for r in summary["runs"]] == [(0.0, None), (40.0, 45.0)]
     assert [c[2:4] for c in fake_calibration] == [(1, "loopback"), (2, "1gbit")]  # single alone, sync on the hosts
     assert [r["prediction"] for r in summary["runs"]] == ["simulated", "simulated"]
     assert predicted_on == [("single", 1, "loopback"), ("sync", 2, "1gbit")]  # and simulated so

@@ -35,8 +35,8 @@ def test_report_renders_in_headless_chromium(tmp_path):
     url = (out / "report.html").resolve().as_uri()
     dom = _chromium(tmp_path, "--dump-dom", url).stdout
     assert "<title>asrdist compare: single, sync, onebit, adpsgd</title>" in dom
-    # strategy, learners, seconds to the target, PER
-    assert "<td>adpsgd</td><td>2</td><td>8.0</td><td>0.2000</td>" in dom and dom.count("data:image/png;base64,") == 2
+    # strategy, learners, seconds to the target (single's final PER), speed-up over single's 20 s, PER
+    assert "<td>adpsgd</td><td>2</td><td>8.0</td><td>2.50x</td><td>0.2000</td>" in dom and dom.count("data:image/png;base64,") == 2
     shot = tmp_path / "report.png"
     _chromium(tmp_path, f"--screenshot={shot}", url)
     image = Image.open(shot).convert("RGB")

@@ -28,14 +28,15 @@ def test_a_contended_run_is_marked_in_the_table_the_notes_and_its_simulator_erro
     calibrations = {name: microbench.RunCalibration(MICRO, {"feature_dim": 40, "num_classes": 9}, "before it trained",
                                                     "", run_config(run).to_dict()) for name, run in runs.items()}
     summary = build_summary(runs, {"config": "c.yaml", "learners": 2, "overrides": TINY, "same_recipe": True},
-                            calibrations=calibrations)
+                            calibrations=calibrations, target=1.0)  # both runs reach it: both rows timed
     single, sync = summary["runs"]
     assert (single["contended"], single["cpu_share"], single["load"]["start"]) == (True, 0.42, 6.5)
     assert single["prediction_error_contended"] is True and sync["prediction_error_contended"] is False
     table = format_table(summary).splitlines()
     assert "CPU share" in table[0]
-    assert table[2].count("(contended)") == 2 and "42% (contended)" in table[2]
-    assert "(contended)" not in table[3] and "97%" in table[3]
+    single_row, sync_row = (next(line for line in table if line.startswith(name)) for name in ("single", "sync"))
+    assert single_row.count("(contended)") == 3 and "42% (contended)" in single_row  # strategy, CPU share, simulator error
+    assert "(contended)" not in sync_row and "97%" in sync_row
     (note,) = [line for line in note_lines(summary) if "contended" in line]
     assert note.startswith("single: contended: its learners received 42% of the CPU they were entitled to")
     assert "load average 6.5 at its start" in note

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asrdist.compare.target import (Target, default_target, first_to_target, recommendation, run_points,
-                                    time_to_target)
+from asrdist.compare.repeats import recommendation
+from asrdist.compare.target import Target, default_target, first_to_target, run_points, time_to_target
 from asrdist.run.summary import EpochRecord
 
 
@@ -47,7 +47,7 @@ def test_points_without_a_wall_time_or_the_metric_are_left_out():
 def test_the_default_target_is_within_five_percent_of_the_best_final_figure():
     target = default_target({"sync": 0.30, "adpsgd": 0.20, "failed": None}, "per")
     assert target.value == pytest.approx(0.21)
-    assert target.metric == "per" and "adpsgd" in target.how and "5%" in target.how
+    assert target.metric == "per" and "adpsgd" in target.how and target.how.startswith("best+5%: within 5%")
     assert default_target({"a": None}, "per") is None
     assert default_target({"a": 0.0}, "per").value == 0.0  # a perfect run: the others must be perfect too
 
@@ -58,16 +58,24 @@ def test_first_to_target_with_ties_and_without_anyone():
     assert first_to_target({"sync": None, "adpsgd": None}) == []
 
 
-def test_the_recommendation_names_the_first_ties_and_never():
+def _entries(times: dict, repeats: int = 1, ranges: dict | None = None) -> list[dict]:
+    return [{"run": run, "strategy": run, "time_to_target_seconds": "never" if t is None else t, "failed": None,
+             "repeats": repeats, "interval": {"time_to_target_seconds": (ranges or {}).get(run)}}
+            for run, t in times.items()]
+
+
+def test_the_recommendation_of_one_run_each_names_the_first_ties_and_never_but_no_winner():
     target = Target("per", 0.21, "given")
     setup = "4 learner(s) x 1 thread(s) sharing 2 CPU core(s)"
-    line = recommendation(target, {"sync": 12.0, "adpsgd": 8.0, "onebit": None}, setup)
-    assert line.startswith("Recommendation: adpsgd reached PER <= 0.2100 first on this machine, in 8.0 s")
+    line = recommendation(target, _entries({"sync": 12.0, "adpsgd": 8.0, "onebit": None}), setup)
+    assert line.startswith("Recommendation: not separated (one run each, no interval; --repeats 2 or more gives "
+                           "one): adpsgd reached PER <= 0.2100 first on this machine, in 8.0 s")
     assert "sync 12.0 s (1.50x)" in line and "never: onebit" in line and setup in line
-    tied = recommendation(target, {"sync": 8.0, "adpsgd": 8.0}, setup)
-    assert "sync and adpsgd (tied)" in tied
-    assert recommendation(target, {"sync": None}, setup).startswith("No recommendation: no run reached PER <= 0.2100")
-    assert recommendation(None, {"sync": None}, setup).startswith("No recommendation")
+    tied = recommendation(target, _entries({"sync": 8.0, "adpsgd": 8.0}), setup)
+    assert tied.startswith("Recommendation: not separated: sync and adpsgd reached PER <= 0.2100 in the same median")
+    assert recommendation(target, _entries({"sync": None}), setup).startswith(
+        "No recommendation: no run reached PER <= 0.2100")
+    assert recommendation(None, _entries({"sync": None}), setup).startswith("No recommendation")
 
 
 def test_a_strategy_more_than_ten_percent_behind_sync_is_named_and_others_are_not():
