@@ -1,16 +1,14 @@
-"""`adpsgd`: asynchronous decentralized parallel SGD (Lian et al. 2018; IBM ICASSP 2019,
-Interspeech 2019, ICASSP 2020), DESIGN.md §5.5.
-
-Learners sit on a ring of fixed *actives* (even positions), which start every exchange, and
-*passives*, which answer whoever asks from a communication thread while they compute
-(`asrdist.parallel.topology`). No barrier inside an epoch. One exchange between active i and passive j:
-1. i sends x_i_pre (its parameters after its last local step) to j;
-2. j copies x_j_pre under its parameter lock and sends it back while x_i_pre arrives;
-3. each side adds (x_other_pre − x_pre)/2 under its lock (the local step, `apply_update`, takes
-   the same lock: no update is lost, the sum of all parameters is preserved).
-Partners: `fixed` ring neighbours, or `random` per round from (seed, round). `delay_by_one`:
-x_{k+1} = W_k x_k − η g(x_{k−1}). `finalize` leaves the average of all learners.
-Pauses, goodbyes, transport: docs/strategies.md#adpsgd-asynchronous-decentralized-sgd-paralleladpsgdpy;
+"""`adpsgd`: asynchronous decentralized parallel SGD (Lian et al. 2018, Alg. 1; IBM ICASSP 2019,
+Interspeech 2019, ICASSP 2020), DESIGN.md §5.5. Every learner's step k, as the paper writes it:
+1. compute g(x̂_k), the gradient of the model as it is before this step's averaging;
+2. average: an *active* (even ring position) exchanges with one *passive* (`asrdist.parallel.topology`),
+   which answers from a communication thread while it computes; each side adds (x_other − x)/2
+   under its parameter lock (the sum of all parameters is preserved, no update is lost);
+3. step: x_{k+1} = W_k x_k − η g(x̂_k), the optimizer's step with g on the averaged model.
+`delay_by_one`: x_{k+1} = W_k x_k − η g(x_{k−1}) on every learner (an active's exchange of x_k
+overlaps g(x_k)). "η g" is the optimizer's step (momentum, AdaGrad: local state, never averaged).
+Partners: `fixed` or `random` per round from (seed, round). `finalize` leaves the average of all.
+Details: docs/strategies.md#adpsgd-asynchronous-decentralized-sgd-paralleladpsgdpy;
 lost learners: docs/reliability.md#how-survivors-agree-parallelmembershippy."""
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ import torch.distributed as dist
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError, TrainingError
 from asrdist.parallel import comm, topology
-from asrdist.parallel.base import CommCounters, LearnerContext, Strategy
+from asrdist.parallel.base import CommCounters, LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.descriptor import Pairwise, SimJob, StrategyDescriptor, Survival
 from asrdist.parallel.consensus import average_into, consensus_distance
 from asrdist.parallel.groups import exchange_group
@@ -46,8 +44,8 @@ class AdpsgdConfig:
     """fixed: each active alternates between its ring neighbours; random: partners from a
     permutation every learner draws from `seed` and the round (IBM ICASSP 2020)."""
     delay_by_one: bool = False
-    """x_{k+1} = W_k x_k − η g(x_{k−1}) on actives: the exchange of x_k overlaps the computation of
-    g(x_k), which is applied one step later (module docstring)."""
+    """x_{k+1} = W_k x_k − η g(x_{k−1}) on every learner: an active's exchange of x_k overlaps the
+    computation of g(x_k), which every learner applies one step later (module docstring)."""
     seed: int = 0
     """Seed of the random pattern's permutations (the same on every learner)."""
 
@@ -77,6 +75,21 @@ def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return flat
 
 
+class HeldGradient:
+    """delay-by-one's gradient: each step applies the previous step's gradient and keeps its own (a
+    copy: sync's gradients are views of its buckets, which the next backward refills)."""
+
+    def __init__(self):
+        self._held: list[torch.Tensor | None] | None = None
+
+    def swap(self, params: list[torch.Tensor]) -> bool:
+        """Hold g(x_k) and make p.grad g(x_{k−1}); False at the first step (nothing held yet, p.grad None)."""
+        held, self._held = self._held, [None if p.grad is None else p.grad.detach().clone() for p in params]
+        for p, g in zip(params, held or [None] * len(params)):
+            p.grad = g
+        return held is not None
+
+
 class AdpsgdStrategy(Strategy):
     name = "adpsgd"
     config_class = AdpsgdConfig
@@ -99,7 +112,9 @@ class AdpsgdStrategy(Strategy):
         self._pending: Future | None = None
         self._landing: torch.Tensor | None = None
         """delay-by-one: the finished exchange's half-step, added when the update takes it (W_k x_k)."""
-        self._held_gradient: list[torch.Tensor | None] | None = None
+        self._delay = False
+        """delay-by-one in a distributed job (set at setup): every learner steps with `_held`."""
+        self._held = HeldGradient()
         """delay-by-one: g(x_{k−1}), the gradient of the previous step, applied at this one."""
         self._answerer: threading.Thread | None = None
         self._answer_error: BaseException | None = None
@@ -124,6 +139,7 @@ class AdpsgdStrategy(Strategy):
         self._flat = flat_parameters(model)
         if not ctx.distributed:
             return
+        self._delay = self.config.delay_by_one
         self._group = self._exchange_group or exchange_group(
             None if ctx.group is None else dist.get_process_group_ranks(ctx.group), ctx.timeout)
         self.active = topology.is_active(ctx.rank, ctx.world_size)
@@ -149,29 +165,36 @@ class AdpsgdStrategy(Strategy):
         return self._lock
 
     # -- the trainer's hooks ---------------------------------------------------------------
+    def after_backward(self) -> None:
+        """Plain ADPSGD's averaging, between the gradient of x̂_k (just computed) and the step:
+        an active exchanges now, on the training thread (the paper's order, W_k x_k − η g(x̂_k))."""
+        if not self._delay:
+            self._exchange_now(stalled=True)
+
     def apply_update(self, step_fn: Callable[[], None]) -> None:
-        if self._executor is None:  # the gradient of the current x, now
+        if not self._delay:  # x_{k+1} = W_k x_k − η g(x̂_k): the averaged model takes the step
             with self._lock:
                 step_fn()
             return
-        self._wait_pending()  # W_k x_k: the exchange of x_k, which ran while g(x_k) was computed
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        held, self._held_gradient = self._held_gradient, [p.grad for p in params]  # hold g(x_k)
-        for p, g in zip(params, held or [None] * len(params)):
-            p.grad = g
-        if held is not None:  # no g(x_{-1}) at the first step: x_1 = W_0 x_0
+        self._wait_pending()  # an active's W_k x_k: the exchange of x_k, which ran while g(x_k) was computed
+        if self._held.swap(parameters_with_grad(self.model)):  # no g(x_{-1}) at the first step: x_1 = W_0 x_0
             with self._lock:
-                step_fn()  # x_{k+1} = W_k x_k - lr g(x_{k-1})
+                step_fn()  # x_{k+1} = W_k x_k − η g(x_{k−1}); a passive's W_k: the answers landed so far
 
     def after_step(self) -> None:
         self._raise_answer_error()
+        if self._delay:  # the exchange of x_{k+1} overlaps the computation of g(x_{k+1})
+            self._exchange_now(stalled=False)
+
+    def _exchange_now(self, stalled: bool) -> None:
+        """An active's exchange with this round's partner: now (`stalled`) or on its thread."""
         if not self.ctx.distributed or not self.active:
             return
         partner = self._partner()
         self._round += 1
         if partner is None:  # every passive is lost: train alone
             return
-        if self._executor is None:
+        if stalled:
             self._exchange(partner, self._snapshot(), stalled=True)
             return
         self._wait_pending()

@@ -1,9 +1,10 @@
 """`hierarchical`: H-ADPSGD (IBM, Interspeech 2019), DESIGN.md §5.6, and `hybrid` (IBM ICASSP 2019).
 
-The learners of a node (`train.group_size`) form one "super learner"; the super learners run ADPSGD:
+The learners of a node (`train.group_size`) form one "super learner"; the super learners run ADPSGD
+in its order (`adpsgd`: x_{k+1} = W_k x_k − η g(x̂_k), or g(x_{k−1}) with delay-by-one):
 1. every learner computes its gradient; `sync` allreduces it inside the node (same step for all);
-2. the node's leader runs `adpsgd` with the other leaders (passives answer while their node computes);
-3. the leader's parameters are broadcast inside the node after every step.
+2. the node's leader averages with another leader (`adpsgd`; passives answer while their node computes);
+3. every learner steps; the leader's parameters (W_k x_k − η g) are broadcast inside the node.
 Nodes move at their own pace (`moves_by_node`); `finalize` averages the leaders and broadcasts.
 A lost learner takes its node with it; the other nodes go on (`NodeMembership`).
 `hybrid`: the first `sync_epochs` epochs allreduce over all learners, then ADPSGD between nodes.
@@ -19,8 +20,8 @@ import torch
 from asrdist.checks import check_field
 from asrdist.errors import TrainingError
 from asrdist.parallel import comm, sync
-from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, exchange_traffic, flat_parameters
-from asrdist.parallel.base import LearnerContext, Strategy
+from asrdist.parallel.adpsgd import AdpsgdConfig, AdpsgdStrategy, HeldGradient, exchange_traffic, flat_parameters
+from asrdist.parallel.base import LearnerContext, Strategy, parameters_with_grad
 from asrdist.parallel.consensus import average_into, consensus_distance
 from asrdist.parallel.descriptor import LockStep, Pairwise, SimJob, StrategyDescriptor, Survival
 from asrdist.parallel.groups import exchange_group
@@ -72,6 +73,8 @@ class HierarchicalStrategy(Strategy):
         self.outer: AdpsgdStrategy | None = None
         """The ADPSGD between nodes, on a node's leader (built at setup, from `config.adpsgd()`)."""
         self._flat: torch.Tensor | None = None
+        self._held: HeldGradient | None = None
+        """delay-by-one on a node's other learners: they step with g(x_{k−1}) as their leader does."""
 
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
         super().setup(model, optimizer, ctx)
@@ -96,6 +99,8 @@ class HierarchicalStrategy(Strategy):
                 self._flat = self.outer.flat
         if self._flat is None:
             self._flat = flat_parameters(model)
+        if nodes > 1 and not self.leader and self.config.delay_by_one:
+            self._held = HeldGradient()
 
     # -- the trainer's hooks ---------------------------------------------------------------
     def note_samples(self, n: int) -> None:
@@ -105,12 +110,16 @@ class HierarchicalStrategy(Strategy):
         self.inner.note_loss(loss)
 
     def after_backward(self) -> None:
-        self.inner.after_backward()
+        self.inner.after_backward()  # the node's g(x̂_k)
+        if self.outer is not None:  # then the leader averages (plain ADPSGD's order)
+            self.outer.after_backward()
 
     def apply_update(self, step_fn: Callable[[], None]) -> None:
+        """The leader's step is adpsgd's; the others take the same one (with delay-by-one the held
+        gradient), which the leader's broadcast then replaces by W_k x_k − η g."""
         if self.outer is not None:
             self.outer.apply_update(step_fn)
-        else:
+        elif self._held is None or self._held.swap(parameters_with_grad(self.model)):
             step_fn()
 
     def after_step(self) -> None:
@@ -208,7 +217,16 @@ class HybridStrategy(HierarchicalStrategy):
         return self._synchronous
 
     def after_backward(self) -> None:
-        (self.everyone if self._synchronous else self.inner).after_backward()
+        if self._synchronous:
+            self.everyone.after_backward()
+        else:
+            super().after_backward()
+
+    def apply_update(self, step_fn: Callable[[], None]) -> None:
+        if self._synchronous:  # the same step everywhere, now (never delay-by-one's held gradient)
+            step_fn()
+        else:
+            super().apply_update(step_fn)
 
     def after_step(self) -> None:
         if not self._synchronous:  # the synchronous phase leaves every learner identical

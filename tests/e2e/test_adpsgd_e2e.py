@@ -1,5 +1,5 @@
-"""adpsgd end to end through `asrdist train`: a fixed ring, and a random one with delay-by-one, train the tone
-corpus as well as sync (PER within 3% relative), with 3 learners (an odd ring);
+"""adpsgd end to end through `asrdist train`: a fixed ring, and a random one with delay-by-one (at IBM's
+batch-scaled rate), train the tone corpus as well as sync (PER within 3% relative), with 3 learners (an odd ring);
 a straggler's fast peers take more of the job's minibatches (`bench straggler`: tests/bench/test_bench_straggler.py)."""
 from __future__ import annotations
 
@@ -32,9 +32,14 @@ def sync_run(corpus, tmp_path_factory):
     return _train(corpus, tmp_path_factory.mktemp("sync") / "run", "--strategy", "sync")
 
 
-# (the random ring and delay-by-one share a run: each run costs ~20 s of the suite's budget)
-@pytest.mark.parametrize("variant", [["strategy.pattern=fixed"],
-                                     ["strategy.pattern=random", "strategy.delay_by_one=true"]])
+# (the random ring and delay-by-one share a run: each run costs ~20 s of the suite's budget). Delay-by-one
+# takes IBM's rate, scaled with the global batch as configs/recipes/adpsgd.yaml does (0.1 x 126/256): at
+# sync's 0.1 with 42 frames a learner, a learner stepping with g(x_{k-1}) is past its stable step (alone it
+# diverges; here the averaging held it in most runs, not all: docs/strategies.md#delay-by-ones-stable-step)
+DELAY_BY_ONE = ["strategy.delay_by_one=true", "optim.lr_scaling=linear", "optim.reference_batch=256"]
+
+
+@pytest.mark.parametrize("variant", [["strategy.pattern=fixed"], ["strategy.pattern=random", *DELAY_BY_ONE]])
 def test_adpsgd_trains_as_well_as_sync(corpus, sync_run, tmp_path, variant):
     run = _train(corpus, tmp_path / "run", "--strategy", "adpsgd", *variant)
     assert_per_as_good_as(run, sync_run)

@@ -53,7 +53,8 @@ def _spread(rank, world_size, pattern, rounds):
     total0 = _sum(flat)
     d0 = strategy.epoch_end_metrics()["consensus_distance"]
     for _ in range(rounds):
-        if strategy.active:
+        if strategy.active:  # the trainer's hooks of one step, without a step (lr 0)
+            strategy.after_backward()
             strategy.after_step()
         # rounds in order (this test's own barrier): a passive answers in arrival order, so an
         # active a round ahead would otherwise mix in another order than the mixing matrices'
@@ -106,6 +107,7 @@ def _busy(rank, world_size, rounds, delay_by_one):
     steps = rounds if strategy.active else rounds // 2
     for _ in range(steps):
         time.sleep(rng.uniform(0, 0.002))
+        strategy.after_backward()  # plain: the exchange, between the gradient and the step
         strategy.apply_update(step)  # a local step that a passive's exchange may interleave with
         strategy.after_step()
         if rng.random() < 0.3:  # a pause (validation, checkpoint) may begin mid-answer: echoed or deferred
