@@ -164,9 +164,11 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
         raise DataError(f"{source}: splits have different sample rates "
                         f"({', '.join(f'{n} {r} Hz' for n, r in rates.items())}); give --sample-rate HZ to "
                         f"resample every recording to one rate")
-    tables = {name: s.phones.symbols for name, s in splits.items()}
-    if len({tuple(t) for t in tables.values()}) > 1:
+    # the tables that say something: of alignments, or read from a phones.txt (others take train's)
+    telling = [s.phones for s in splits.values() if s.alignments or s.phones.source is not None]
+    if len({t.symbols for t in telling}) > 1:
         raise DataError(f"{source}: splits have different phones.txt tables")
+    phones = telling[0] if telling else train.phones
     utts = {name: s.utterances for name, s in splits.items()}
     carved: list[str] = []
     if "valid" not in splits:
@@ -183,7 +185,7 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
             stats["valid"]["speaker_list"] = carved
         for name, path in (extra_dirs or {}).items():
             shutil.move(str(path), str(tmp / name))
-        table, lexicon = corpus_phones(train.phones, lexicon, any(s.alignments for s in splits.values()), source)
+        table, lexicon = corpus_phones(phones, lexicon, any(s.alignments for s in splits.values()), source)
         table.write(tmp / "phones.txt")
         everything = [u for group in utts.values() for u in group]
         skipped = [reason for s in splits.values() for reason in s.skipped]

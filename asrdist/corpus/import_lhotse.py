@@ -242,7 +242,7 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          sample_rate: int | None = None) -> dict:
     """Build the asrdist corpus OUT from the lhotse manifests in SRC (a directory of them, or one
     CutSet manifest); returns its summary."""
-    from asrdist.corpus.lhotse_cuts import read_cuts_part  # (it imports this module)
+    from asrdist.corpus.lhotse_cuts import one_table, read_cuts_part  # (it imports this module)
 
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
@@ -265,19 +265,20 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
     require_train(found, src, sorted(parts) if src.is_dir() else [f"{next(iter(parts))} (give --split train)"])
     check_valid_speakers(valid_speakers, "valid" in found)
     with decoded_audio(out) as decoded:
-        splits = {}
+        splits, read = {}, {}
         for split, part in found.items():
             files = parts[part]
             if "cuts" in files:
-                tables, where, bad, features = read_cuts_part(files["cuts"], decoded, skip_bad)
+                read[split] = read_cuts_part(files["cuts"], decoded, skip_bad)
             else:
-                (tables, where, bad), features = read_part(files["recordings"], files["supervisions"], decoded,
-                                                           skip_bad), None
+                read[split] = (*read_part(files["recordings"], files["supervisions"], decoded, skip_bad), {})
+        one_table([given for *_, given in read.values()])
+        for split, (tables, where, bad, given) in read.items():
             for reason in bad.values():
                 print(f"asrdist: skipped: {reason}", file=sys.stderr)
-            source = files.get("cuts", files.get("supervisions"))
+            source = parts[found[split]].get("cuts", parts[found[split]].get("supervisions"))
             imported = import_split(source, skip_bad=skip_bad, progress=progress, tables=tables, files=where,
-                                    decoded=decoded, sample_rate=sample_rate, features=features)
+                                    decoded=decoded, sample_rate=sample_rate, **given)
             imported.skipped[:0] = list(bad.values())
             imported.source = source
             splits[split] = imported

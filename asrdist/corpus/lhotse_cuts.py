@@ -8,7 +8,9 @@ recording is referenced in place or decoded, as for a recordings manifest (`impo
 stored in the feature store and checked against the audio's frame count as Kaldi's feats.scp is.
 Export (`export_lhotse`): each utterance one MonoCut over its segment of the recording, with one
 supervision (text, speaker) spanning it and, where the split is aligned, the frame alignment as the
-supervision's `phone` alignment (one item per run of equal phones); one `cuts_SPLIT.jsonl.gz` per split.
+supervision's `phone` alignment (one item per run of equal phones, timed on the recording as
+lhotse times them), read back onto the table its symbols make (`phones.inventory`); one
+`cuts_SPLIT.jsonl.gz` per split.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from asrdist.corpus.import_lhotse import load_manifest, utterance_tables
-from asrdist.corpus.phones import PhoneTable
+from asrdist.corpus.phones import PhoneTable, inventory
 from asrdist.errors import DataError
 from asrdist.features.extract import find_splits
 from asrdist.io.atomic import atomic_dir, check_output_dir, output_errors
@@ -26,13 +28,14 @@ from asrdist.io.kaldi_dir import read_data_dir
 
 FRAME_SHIFT = 0.01
 """asrdist's frames; imported features must have lhotse's frame shift equal to it."""
+SILENCE_ID = 0
 ALIGNMENT_KEY = "phone"
 """The supervision alignment type export writes (lhotse's convention: `word`, `phone`, ...)."""
 
 
 def read_cuts_part(path: Path, audio_dir: Path, skip_bad: bool):
-    """One split's Kaldi-style tables from a CutSet manifest, and its features by utterance (None
-    when no cut has any); returns (tables, files, bad, features)."""
+    """One split's Kaldi-style tables from a CutSet manifest; returns (tables, files, bad, given):
+    `given` the keywords of `import_split` for its features and phone alignments, where it has them."""
     cuts = load_manifest(path, "cuts")
     recordings, supervisions, owner = {}, [], {}
     for cut in cuts:
@@ -41,30 +44,66 @@ def read_cuts_part(path: Path, audio_dir: Path, skip_bad: bool):
             raise DataError(f"{where}: a {type(cut).__name__}; one recording per cut expected (MonoCut)")
         if not cut.has_recording:
             raise DataError(f"{where}: no recording; an asrdist corpus is made from audio")
-        if not cut.supervisions:
-            continue  # nothing said in it (lhotse keeps such cuts): no utterance
         recordings.setdefault(cut.recording.id, cut.recording)
-        for sup in cut.supervisions:
+        for sup in cut.supervisions:  # a cut without any (lhotse keeps such) is no utterance
             moved = sup.with_offset(cut.start)
             supervisions.append(moved)
-            owner[moved.id] = (cut, sup)
+            owner[moved.id] = (cut, sup, moved)
     if not supervisions:
         raise DataError(f"{path}: no cut holds a supervision")
     tables, files, bad = utterance_tables(recordings, supervisions, path, path, audio_dir, skip_bad)
     files["feats.scp"] = path
-    with_features = [cut for cut, _ in owner.values() if cut.has_features]
-    if not with_features:
-        return tables, files, bad, None
+    given = {}
+    if any(cut.has_features for cut, _, _ in owner.values()):
+        given["features"] = _features(path, tables["segments"], owner)
+    aligned = {u: moved for u, (_, _, moved) in owner.items()
+               if u in tables["segments"] and ALIGNMENT_KEY in (moved.alignment or {})}
+    if aligned:
+        table = inventory(item.symbol for sup in aligned.values() for item in sup.alignment[ALIGNMENT_KEY])
+        given["phones"] = table
+        given["given_alignments"] = {u: _frames(sup, owner[u][0].sampling_rate, table, f"{path}: utterance {u}")
+                                     for u, sup in aligned.items()}
+    return tables, files, bad, given
+
+
+def one_table(given: list[dict]) -> None:
+    """Put the phone alignments of several parts (`read_cuts_part`'s `given`) onto one table, that
+    of all their symbols: a test part may lack phones that train has."""
+    tables = [g["phones"] for g in given if "phones" in g]
+    if len({t.symbols for t in tables}) <= 1:
+        return
+    table = inventory(s for t in tables for s in t.symbols)
+    for g in given:
+        if "phones" in g:
+            remap = np.asarray([table.id(s) for s in g["phones"].symbols], dtype=np.int32)
+            g["given_alignments"] = {u: remap[a] for u, a in g["given_alignments"].items()}
+            g["phones"] = table
+
+
+def _features(path: Path, utterances, owner) -> dict[str, np.ndarray]:
     features = {}
-    for utt in tables["segments"]:
-        cut, sup = owner[utt]
+    for utt in utterances:
+        cut, sup, _ = owner[utt]
         if not cut.has_features:
             continue  # the import names it: missing features
         if abs(cut.frame_shift - FRAME_SHIFT) > 1e-6:
             raise DataError(f"{path}: cut {cut.id}: features at a frame shift of {cut.frame_shift} s; asrdist's "
                             f"frames are {FRAME_SHIFT} s (compute them again, or import without them)")
         features[utt] = _rows(cut, sup, np.asarray(cut.load_features(), dtype=np.float32))
-    return tables, files, bad, features
+    return features
+
+
+def _frames(sup, rate: int, table: PhoneTable, where: str) -> np.ndarray:
+    """A supervision's `phone` alignment (items timed on the recording) as a phone id per 10 ms
+    frame of it; frames no item covers are silence."""
+    from lhotse.utils import compute_num_frames
+
+    ids = np.full(compute_num_frames(sup.duration, FRAME_SHIFT, rate), SILENCE_ID, dtype=np.int32)
+    for item in sup.alignment[ALIGNMENT_KEY]:
+        first = max(int(round((item.start - sup.start) / FRAME_SHIFT)), 0)
+        last = int(round((item.start + item.duration - sup.start) / FRAME_SHIFT))
+        ids[first:last] = table.lookup(item.symbol, where)
+    return ids
 
 
 def _rows(cut, sup, feats: np.ndarray) -> np.ndarray:
@@ -95,8 +134,8 @@ def _cut(utt, data, table: PhoneTable | None, recordings: dict):
         a = np.asarray(utt.alignment)
         edges = np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]]))
         ends = np.append(edges[1:], len(a))
-        alignment = {ALIGNMENT_KEY: [AlignmentItem(table.symbol(int(a[b])), round(b * FRAME_SHIFT, 2),
-                                                   round((e - b) * FRAME_SHIFT, 2)) for b, e in zip(edges, ends)]}
+        alignment = {ALIGNMENT_KEY: [AlignmentItem(table.symbol(int(a[b])), round(start + b * FRAME_SHIFT, 3),
+                                                   round((e - b) * FRAME_SHIFT, 3)) for b, e in zip(edges, ends)]}
     sup = SupervisionSegment(id=utt.utt_id, recording_id=rec_id, start=0.0, duration=duration, channel=0,
                              text=utt.text, speaker=utt.speaker, alignment=alignment)
     return MonoCut(id=utt.utt_id, start=start, duration=duration, channel=0, recording=recording, supervisions=[sup])
