@@ -18,6 +18,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from lhotse import CutSet, Recording, SupervisionSegment  # this module runs only for its commands
+from lhotse.cut import MonoCut
+from lhotse.supervision import AlignmentItem
+from lhotse.utils import compute_num_frames
 
 from asrdist.corpus.import_lhotse import load_manifest, utterance_tables
 from asrdist.corpus.phones import PhoneTable, inventory
@@ -96,8 +100,6 @@ def _features(path: Path, utterances, owner) -> dict[str, np.ndarray]:
 def _frames(sup, rate: int, table: PhoneTable, where: str) -> np.ndarray:
     """A supervision's `phone` alignment (items timed on the recording) as a phone id per 10 ms
     frame of it; frames no item covers are silence."""
-    from lhotse.utils import compute_num_frames
-
     ids = np.full(compute_num_frames(sup.duration, FRAME_SHIFT, rate), SILENCE_ID, dtype=np.int32)
     for item in sup.alignment[ALIGNMENT_KEY]:
         first = max(int(round((item.start - sup.start) / FRAME_SHIFT)), 0)
@@ -108,8 +110,6 @@ def _frames(sup, rate: int, table: PhoneTable, where: str) -> np.ndarray:
 
 def _rows(cut, sup, feats: np.ndarray) -> np.ndarray:
     """The rows of a cut's features that its supervision spans (all of them when it spans the cut)."""
-    from lhotse.utils import compute_num_frames
-
     rate = cut.sampling_rate
     first = compute_num_frames(max(sup.start, 0.0), FRAME_SHIFT, rate)
     count = compute_num_frames(sup.duration, FRAME_SHIFT, rate)
@@ -118,10 +118,6 @@ def _rows(cut, sup, feats: np.ndarray) -> np.ndarray:
 
 def _cut(utt, data, table: PhoneTable | None, recordings: dict):
     """The MonoCut of one utterance (its recording read by lhotse once per file)."""
-    from lhotse import Recording, SupervisionSegment
-    from lhotse.cut import MonoCut
-    from lhotse.supervision import AlignmentItem
-
     path = data.wav_path(utt).resolve()
     rec_id = utt.segment.recording if utt.segment is not None else utt.utt_id
     if rec_id not in recordings:
@@ -143,8 +139,6 @@ def _cut(utt, data, table: PhoneTable | None, recordings: dict):
 
 def export_lhotse(src: str | Path, out: str | Path, overwrite: bool = False) -> dict:
     """Write every split of corpus `src` (or the split directory `src`) as CutSet manifests in OUT."""
-    from lhotse import CutSet
-
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))
     splits = find_splits(src)
