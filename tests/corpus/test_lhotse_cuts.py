@@ -80,8 +80,9 @@ def _cuts_with_features(root: Path, speakers) -> Path:
         cut.id = f"{utt}-cut"
         cuts.append(cut)
     path = root / "fsdd_cuts_train-clean.jsonl.gz"
-    CutSet.from_cuts(cuts).compute_and_store_features(Fbank(FbankConfig(num_mel_bins=23, sampling_rate=8000)), root / "feats",
-                                                      num_jobs=1, progress_bar=False).to_file(path)
+    fbank = Fbank(FbankConfig(num_mel_bins=23, sampling_rate=8000))
+    cuts = CutSet.from_cuts(cuts).compute_and_store_features(fbank, root / "feats", num_jobs=1, progress_bar=False)
+    cuts.to_file(path)
     return path
 
 

@@ -48,7 +48,8 @@ def test_a_user_without_the_optional_packages_is_told_and_goes_on(tmp_path: Path
     done = _run(tmp_path, NEEDED, uid=1000)
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 2 and all(line.startswith("asrdist: note: optional Debian package missing: ") for line in lines)
+    note = "asrdist: note: optional Debian package missing: "
+    assert len(lines) == 2 and all(line.startswith(note) for line in lines)
     assert "chromium: the test that renders the comparison report in a browser is skipped" in lines[1]
     assert "sudo apt-get install chromium" in lines[1] and "sudo apt-get install flac" in lines[0]
     assert not (tmp_path / "apt.log").exists()
