@@ -1,8 +1,9 @@
 """`asrdist corpus import-lhotse`: a corpus from lhotse manifests, read by lhotse itself.
 
-SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write them,
-`{prefix}_recordings_{part}.jsonl.gz` and `{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`,
-`.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
+SRC is one CutSet manifest (read by `asrdist.corpus.lhotse_cuts`: cuts onto their recordings,
+features, phone alignments), or holds manifests named as lhotse recipes write them,
+`{prefix}_cuts_{part}.jsonl.gz`, or `{prefix}_recordings_{part}.jsonl.gz` and
+`{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`, `.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
 `asrdist.corpus.assemble`). Every supervision becomes one utterance (id, speaker, text, and its
 segment of the recording). A recording that is one mono WAV, FLAC, Ogg, AIFF, NIST SPHERE, AU or
 CAF file, played as it is, is referenced where it lies; any other (MP3, several channels, a
