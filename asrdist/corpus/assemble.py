@@ -20,7 +20,8 @@ from asrdist.corpus.import_kaldi import (
     move_decoded,
     write_split,
 )
-from asrdist.corpus.lexicon import Lexicon, store_lexicon
+from asrdist.corpus.lexicon import Lexicon, corpus_phones, store_lexicon
+from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import ConfigError, DataError
 from asrdist.io.atomic import atomic_dir, check_output_dir, write_json_atomic
 from asrdist.io.kaldi_dir import Utterance
@@ -163,9 +164,11 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
         raise DataError(f"{source}: splits have different sample rates "
                         f"({', '.join(f'{n} {r} Hz' for n, r in rates.items())}); give --sample-rate HZ to "
                         f"resample every recording to one rate")
-    tables = {name: s.phones.symbols for name, s in splits.items()}
-    if len({tuple(t) for t in tables.values()}) > 1:
+    # the tables that say something: of alignments, or read from a phones.txt (others take train's)
+    telling = [s.phones for s in splits.values() if s.alignments or s.phones.source is not None]
+    if len({t.symbols for t in telling}) > 1:
         raise DataError(f"{source}: splits have different phones.txt tables")
+    phones = telling[0] if telling else train.phones
     utts = {name: s.utterances for name, s in splits.items()}
     carved: list[str] = []
     if "valid" not in splits:
@@ -182,7 +185,8 @@ def write_corpus(out: Path, splits: dict, source: Path, valid_speakers: int | No
             stats["valid"]["speaker_list"] = carved
         for name, path in (extra_dirs or {}).items():
             shutil.move(str(path), str(tmp / name))
-        train.phones.write(tmp / "phones.txt")
+        table, lexicon = corpus_phones(phones, lexicon, any(s.alignments for s in splits.values()), source)
+        table.write(tmp / "phones.txt")
         everything = [u for group in utts.values() for u in group]
         skipped = [reason for s in splits.values() for reason in s.skipped]
         summary = {
@@ -212,13 +216,18 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
     """A corpus from Kaldi data directories: SRC is one of them (with `single_split`) or holds
     several (train / dev / test by Kaldi's names, or `split_dirs` {split: subdirectory}).
     `alignments` (a file for any utterances) must cover the training split. `lexicon` (a file) is
-    read before the audio and stored as OUT/lexicon.txt."""
+    read before the audio and stored as OUT/lexicon.txt. The phone table: each data directory's
+    phones.txt, else SRC/phones.txt or SRC/lang/phones.txt, else the lexicon's phones
+    (`lexicon.corpus_phones`), else the default."""
     src = Path(src)
     inputs = (src, alignments, lexicon)
     check_output_dir(out, overwrite, inputs)  # before any audio is read
     if not src.is_dir():
         raise DataError(f"{src}: directory not found")
-    lexicon = Lexicon.read(lexicon) if lexicon is not None else None  # a bad lexicon fails before any output
+    # a phone table beside the data directories (Kaldi's data/lang/phones.txt) serves those without their own
+    shared = next((PhoneTable.read(p) for p in (src / "phones.txt", src / "lang" / "phones.txt") if p.is_file()), None)
+    # a bad lexicon fails before any output
+    lexicon = Lexicon.read(lexicon, shared) if lexicon is not None else None
     single = (src / "wav.scp").is_file()
     if single:
         if split_dirs:
@@ -247,7 +256,8 @@ def import_kaldi_corpus(src: str | Path, out: str | Path, single_split: str | No
         for split, name in found.items():
             path = src if name is None else src / name
             splits[split] = import_split(path, ali, skip_bad, progress, optional_alignments=split != "train",
-                                         channel=channel, decoded=decoded, sample_rate=sample_rate)
+                                         channel=channel, decoded=decoded, sample_rate=sample_rate,
+                                         phones=None if (path / "phones.txt").is_file() else shared)
         extra = move_decoded(decoded, [u for s in splits.values() for u in s.utterances], Path(out))
         return write_corpus(Path(out), splits, src, valid_speakers, overwrite, "kaldi", extra_dirs=extra,
                             inputs=inputs, lexicon=lexicon)

@@ -1,4 +1,4 @@
-"""`asrdist corpus synth|fsdd|import-kaldi|import-lhotse|export-kaldi`."""
+"""`asrdist corpus synth|fsdd|import-kaldi|import-lhotse|export-kaldi|export-lhotse`."""
 from __future__ import annotations
 
 import argparse
@@ -52,9 +52,11 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     k.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     k.set_defaults(func=_import_kaldi)
 
-    h = csub.add_parser("import-lhotse", help="a corpus from lhotse manifests (recordings + supervisions)")
-    h.add_argument("src", type=Path, help="a directory of *recordings*.jsonl[.gz] / *supervisions*.jsonl[.gz] "
-                                          "manifests, named by split as lhotse recipes write them")
+    h = csub.add_parser("import-lhotse", help="a corpus from lhotse manifests (a CutSet, or recordings + supervisions)")
+    h.add_argument("src", type=Path, help="a CutSet manifest (CUTS.jsonl.gz, with or without features), or a "
+                                          "directory of *cuts*.jsonl[.gz] or *recordings*.jsonl[.gz] + "
+                                          "*supervisions*.jsonl[.gz] manifests, named by split as lhotse recipes "
+                                          "write them")
     h.add_argument("out", type=Path)
     _add_split_options(h, "manifest part (e.g. train-clean-5)")
     h.add_argument("--skip-bad", action="store_true")
@@ -66,6 +68,12 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     e.add_argument("out", type=Path)
     e.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     e.set_defaults(func=_export_kaldi)
+
+    x = csub.add_parser("export-lhotse", help="export a corpus (or one split) as lhotse CutSets, one per split")
+    x.add_argument("src", type=Path, metavar="CORPUS")
+    x.add_argument("out", type=Path, help="directory for cuts_SPLIT.jsonl.gz")
+    x.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    x.set_defaults(func=_export_lhotse)
 
 
 def _add_split_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -108,3 +116,9 @@ def _export_kaldi(args):
     # the command's work, imported when it runs: `asrdist --help` stays light
     from asrdist.corpus.export_kaldi import export_command
     return export_command(args)
+
+
+def _export_lhotse(args):
+    # the command's work, imported when it runs: `asrdist --help` stays light
+    from asrdist.corpus.lhotse_cuts import export_lhotse_command
+    return export_lhotse_command(args)

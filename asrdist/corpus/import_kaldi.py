@@ -32,7 +32,7 @@ from asrdist.corpus.kaldi_tables import (
     read_table,
     resolve_path,
 )
-from asrdist.corpus.lexicon import Lexicon, store_lexicon
+from asrdist.corpus.lexicon import Lexicon, corpus_phones, store_lexicon
 from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError, Stopped
 from asrdist.features.store import FeatureStoreWriter
@@ -118,6 +118,8 @@ class ImportedSplit:
     """Imported features by utterance (empty when the source has none)."""
     skipped: list[str]
     alignments: bool
+    features_from: str = "kaldi feats.scp"
+    """Where imported features came from (the feature store's `imported`)."""
 
 
 class _Importer:
@@ -316,18 +318,15 @@ class _Importer:
             alignment = self.alignments[utt_id]
             if alignment.ndim != 1 or not np.issubdtype(alignment.dtype, np.integer):
                 raise DataError(f"{ali_where}: alignment is not an integer vector")
-            out_of_range = alignment[(alignment < 0) | (alignment >= len(self.phones))]
-            if out_of_range.size:
-                raise DataError(f"{ali_where}: unknown phone id {int(out_of_range[0])} "
-                                f"(phone table has {len(self.phones)} phones)")
+            alignment = self.phones.map_ids(alignment, ali_where)  # Kaldi's ids onto the table's
             alignment = _fit_frames(alignment, frames, ali_where, "alignment").astype(np.int32)
         if self.feats:
             feats = self.feats.get(utt_id)
             if feats is None:
-                raise DataError(f"{self.src / 'feats.scp'}: utterance {utt_id}: missing features")
+                raise DataError(f"{self.where('feats.scp')}: utterance {utt_id}: missing features")
             if feats.ndim != 2 or not np.all(np.isfinite(feats)):
-                raise DataError(f"{self.src / 'feats.scp'}: utterance {utt_id}: not a finite matrix")
-            self.feats[utt_id] = _fit_frames(feats, frames, f"{self.src / 'feats.scp'}: utterance {utt_id}",
+                raise DataError(f"{self.where('feats.scp')}: utterance {utt_id}: not a finite matrix")
+            self.feats[utt_id] = _fit_frames(feats, frames, f"{self.where('feats.scp')}: utterance {utt_id}",
                                              "features")
         return Utterance(utt_id=utt_id, speaker=self.utt2spk[utt_id], wav=str(path),
                          text=self.text[utt_id], duration=round(count / rate, 3),
@@ -337,16 +336,26 @@ class _Importer:
 def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = False, progress: bool = True,
                  optional_alignments: bool = False, tables: dict[str, dict[str, str]] | None = None,
                  files: dict[str, Path] | None = None, channel: int | None = None,
-                 decoded: Path | None = None, sample_rate: int | None = None) -> ImportedSplit:
+                 decoded: Path | None = None, sample_rate: int | None = None,
+                 features: dict[str, np.ndarray] | None = None, given_alignments: dict[str, np.ndarray] | None = None,
+                 phones: PhoneTable | None = None) -> ImportedSplit:
     """Read and check one Kaldi data directory (or the tables given); DataError on the first bad
     utterance, or with `skip_bad` every bad one is left out, reported and counted. Multi-channel
     audio needs `channel`. wav.scp commands are run, their audio stored in `decoded`
     (`decoded_audio`), and refused without it; so are the mono copies of multi-channel files and
-    the copies resampled to `sample_rate` (default: the rate of most recordings; others refused)."""
+    the copies resampled to `sample_rate` (default: the rate of most recordings; others refused).
+    `features` (utt -> frames x dims, `files["feats.scp"]` naming their source) replace feats.scp;
+    `given_alignments` (utt -> phone ids of `phones`, `src` naming their source) the alignment file."""
     if tables is None and not src.is_dir():
         raise DataError(f"{src}: Kaldi data directory not found")
     imp = _Importer(src, alignments, progress, tables, files, optional_alignments)
     imp.channel, imp.decoded, imp.sample_rate = channel, decoded, sample_rate
+    if features is not None:
+        imp.feats = features
+    if phones is not None:
+        imp.phones = phones
+    if given_alignments is not None:
+        imp.alignments, imp.alignment_path = given_alignments, src
     rec_of = imp.recordings()
     audio, rate, rates = imp.read_audio({u: r for u, r in rec_of.items() if u not in imp.bad})
     utts: list[Utterance] = []
@@ -393,7 +402,8 @@ def import_split(src: Path, alignments: Path | None = None, skip_bad: bool = Fal
             raise DataError(f"{imp.where('feats.scp')}: features of different dimensions {sorted(dims)}")
     return ImportedSplit(source=src, utterances=utts, sample_rate=rate, phones=imp.phones,
                          features={u.utt_id: imp.feats[u.utt_id] for u in utts} if imp.feats else {},
-                         skipped=skipped, alignments=imp.alignment_path is not None)
+                         skipped=skipped, alignments=imp.alignment_path is not None,
+                         features_from="lhotse cuts" if features is not None else "kaldi feats.scp")
 
 
 def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utterance]) -> dict:
@@ -405,7 +415,7 @@ def write_split(tmp: Path, final: Path, split: ImportedSplit, utts: list[Utteran
         for u in utts:
             writer.add(u.utt_id, split.features[u.utt_id])
         writer.close({"num_mel_bins": None, "cmvn": "none", "sample_rate": split.sample_rate,
-                      "frame_shift": 0.01, "imported": "kaldi feats.scp", "skipped": 0, "skipped_utterances": []})
+                      "frame_shift": 0.01, "imported": split.features_from, "skipped": 0, "skipped_utterances": []})
     return {"utterances": len(utts), "speakers": len({u.speaker for u in utts}),
             "hours": round(sum(u.duration for u in utts) / 3600.0, 6)}
 
@@ -431,7 +441,8 @@ def import_kaldi(src: str | Path, out: str | Path, alignments: str | Path | None
             stats = write_split(tmp, out, split, utts)
             for name, path in extra.items():
                 shutil.move(str(path), str(tmp / name))
-            split.phones.write(tmp / "phones.txt")
+            table, lex = corpus_phones(split.phones, lex, split.alignments, src)
+            table.write(tmp / "phones.txt")
             summary = {
                 "source": str(src.resolve()), "sample_rate": split.sample_rate, **stats,
                 "alignments": split.alignments, "features": bool(split.features),

@@ -1,8 +1,9 @@
 """`asrdist corpus import-lhotse`: a corpus from lhotse manifests, read by lhotse itself.
 
-SRC holds RecordingSet / SupervisionSet manifests named as lhotse recipes write them,
-`{prefix}_recordings_{part}.jsonl.gz` and `{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`,
-`.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
+SRC is one CutSet manifest (read by `asrdist.corpus.lhotse_cuts`: cuts onto their recordings,
+features, phone alignments), or holds manifests named as lhotse recipes write them,
+`{prefix}_cuts_{part}.jsonl.gz`, or `{prefix}_recordings_{part}.jsonl.gz` and
+`{prefix}_supervisions_{part}.jsonl.gz` (`.jsonl`, `.json` too); each part is a split (`train-clean-5` -> train, `dev-clean-2` -> valid, see
 `asrdist.corpus.assemble`). Every supervision becomes one utterance (id, speaker, text, and its
 segment of the recording). A recording that is one mono WAV, FLAC, Ogg, AIFF, NIST SPHERE, AU or
 CAF file, played as it is, is referenced where it lies; any other (MP3, several channels, a
@@ -38,12 +39,20 @@ from asrdist.errors import ConfigError, DataError, Stopped
 from asrdist.io.atomic import check_output_dir, output_errors
 from asrdist.io.audio import AUDIO_SUFFIXES, write_wav
 
-_MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions)(?:_(?P<part>.+?))?"
+_MANIFEST = re.compile(r"^(?P<prefix>.*?)_?(?P<kind>recordings|supervisions|cuts)(?:_(?P<part>.+?))?"
                        r"\.(?:jsonl|json)(?:\.gz)?$")
 
 
-def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
-    """Part name -> (recordings, supervisions) manifest paths in `src`."""
+def part_name(path: Path) -> str:
+    """The part a lhotse manifest's name says (`librispeech_cuts_dev-clean.jsonl.gz` -> dev-clean);
+    the name without its suffixes where it follows no recipe's pattern."""
+    m = _MANIFEST.match(path.name)
+    return m["part"] or m["prefix"] if m else path.name.split(".")[0]
+
+
+def find_manifests(src: Path) -> dict[str, dict[str, Path]]:
+    """Part name -> {"cuts": path} or {"recordings": path, "supervisions": path} in `src`; a part
+    with a CutSet takes it (cuts carry the recordings, supervisions and any features)."""
     found: dict[tuple[str, str], dict[str, Path]] = {}
     for path in sorted(src.iterdir()):
         m = _MANIFEST.match(path.name)
@@ -55,11 +64,14 @@ def find_manifests(src: Path) -> dict[str, tuple[Path, Path]]:
     prefixes = {prefix for prefix, _ in found}
     out = {}
     for (prefix, part), files in found.items():
+        name = part if len(prefixes) == 1 else "_".join(x for x in (prefix, part) if x)
+        if "cuts" in files:
+            out[name] = {"cuts": files["cuts"]}
+            continue
         missing = {"recordings", "supervisions"} - set(files)
         if missing:
             raise DataError(f"{next(iter(files.values()))}: no matching {missing.pop()} manifest in {src}")
-        name = part if len(prefixes) == 1 else "_".join(x for x in (prefix, part) if x)
-        out[name] = (files["recordings"], files["supervisions"])
+        out[name] = files
     return out
 
 
@@ -99,13 +111,14 @@ def _channel(sup, recording, where: str) -> int | None:
     return None if recording.num_channels == 1 else int(channel)
 
 
-def _load_manifest(path: Path, kind: str) -> list:
-    """The entries of one manifest, `kind` "recordings" or "supervisions". lhotse reads a file by
-    what each line holds, not by the set asked for, so a swapped pair of files (or a cuts
-    manifest) is caught here by the entries' type; an empty file reads as None."""
-    from lhotse import Recording, RecordingSet, SupervisionSegment, SupervisionSet  # seconds to import: here only
+def load_manifest(path: Path, kind: str) -> list:
+    """The entries of one manifest, `kind` "recordings", "supervisions" or "cuts". lhotse reads a
+    file by what each line holds, not by the set asked for, so a file of another kind is caught
+    here by the entries' type; an empty file reads as None."""
+    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet  # seconds to import
+    from lhotse.cut import Cut
 
-    manifest_set, entry = {"recordings": (RecordingSet, Recording),
+    manifest_set, entry = {"recordings": (RecordingSet, Recording), "cuts": (CutSet, Cut),
                            "supervisions": (SupervisionSet, SupervisionSegment)}[kind]
     try:
         manifest = manifest_set.from_file(path)
@@ -122,8 +135,8 @@ def _load_manifest(path: Path, kind: str) -> list:
         raise DataError(f"{path}: holds no {kind}")
     wrong = next((e for e in entries if not isinstance(e, entry)), None)
     if wrong is not None:
-        raise DataError(f"{path}: not a {kind} manifest: it holds {type(wrong).__name__} entries "
-                        f"(recordings and supervisions files swapped?)")
+        hint = "" if kind == "cuts" else " (recordings and supervisions files swapped?)"
+        raise DataError(f"{path}: not a {kind} manifest: it holds {type(wrong).__name__} entries{hint}")
     return entries
 
 
@@ -168,8 +181,16 @@ def _decoded_path(audio_dir: Path, key: str, where: str) -> Path:
 def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, skip_bad: bool):
     """One split's Kaldi-style tables from its two manifests (lhotse reads them), decoding the
     audio asrdist cannot read in place into `audio_dir`; returns (tables, files, bad)."""
-    recordings = {r.id: r for r in _load_manifest(recordings_path, "recordings")}
-    supervisions = _load_manifest(supervisions_path, "supervisions")
+    recordings = {r.id: r for r in load_manifest(recordings_path, "recordings")}
+    supervisions = load_manifest(supervisions_path, "supervisions")
+    return utterance_tables(recordings, supervisions, recordings_path, supervisions_path, audio_dir, skip_bad)
+
+
+def utterance_tables(recordings: dict, supervisions, recordings_path: Path, supervisions_path: Path,
+                     audio_dir: Path, skip_bad: bool, checked=None):
+    """Kaldi-style tables of `supervisions` (times on their recordings, `recordings` by id): each
+    one utterance; audio asrdist cannot read in place decoded into `audio_dir`. `checked(sup, where)`
+    (optional) checks more of each one, raising DataError. Returns (tables, files, bad)."""
     wav_scp, segments, text, utt2spk, bad = {}, {}, {}, {}, {}
     for sup in supervisions:
         where = f"{supervisions_path}: utterance {sup.id}"
@@ -179,6 +200,8 @@ def read_part(recordings_path: Path, supervisions_path: Path, audio_dir: Path, s
             raise DataError(f"{where}: duplicate supervision id")
         try:
             _check_times(sup, where)
+            if checked is not None:
+                checked(sup, where)
             if sup.recording_id not in recordings:
                 raise DataError(f"{where}: recording '{sup.recording_id}' not in the recordings manifest "
                                 f"{recordings_path}")
@@ -218,14 +241,21 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
                          split_parts: dict[str, str] | None = None, valid_speakers: int | None = None,
                          skip_bad: bool = False, overwrite: bool = False, progress: bool = True,
                          sample_rate: int | None = None) -> dict:
-    """Build the asrdist corpus OUT from the lhotse manifests in SRC; returns its summary."""
+    """Build the asrdist corpus OUT from the lhotse manifests in SRC (a directory of them, or one
+    CutSet manifest); returns its summary."""
+    from asrdist.corpus.lhotse_cuts import one_table, read_cuts_part  # (it imports this module)
+
     src, out = Path(src), Path(out)
     check_output_dir(out, overwrite, (src,))  # before any audio is decoded; SRC holds the manifests
-    if not src.is_dir():
-        raise DataError(f"{src}: directory not found")
-    parts = find_manifests(src)
+    if src.is_file():
+        parts = {part_name(src): {"cuts": src}}
+    elif not src.is_dir():
+        raise DataError(f"{src}: not found")
+    else:
+        parts = find_manifests(src)
     if not parts:
-        raise DataError(f"{src}: no lhotse manifests (*recordings*.jsonl[.gz] and *supervisions*.jsonl[.gz])")
+        raise DataError(f"{src}: no lhotse manifests (*cuts*.jsonl[.gz], or *recordings*.jsonl[.gz] and "
+                        f"*supervisions*.jsonl[.gz])")
     if single_split is not None:
         if single_split != "train" or len(parts) != 1:
             raise ConfigError(f"--split {single_split}: a bare split names the one part of SRC as train; "
@@ -233,18 +263,25 @@ def import_lhotse_corpus(src: str | Path, out: str | Path, single_split: str | N
         found = {"train": next(iter(parts))}
     else:
         found = match_splits(sorted(parts), dict(split_parts or {}), src)
-    require_train(found, src, sorted(parts))
+    require_train(found, src, sorted(parts) if src.is_dir() else [f"{next(iter(parts))} (give --split train)"])
     check_valid_speakers(valid_speakers, "valid" in found)
     with decoded_audio(out) as decoded:
-        splits = {}
+        splits, read = {}, {}
         for split, part in found.items():
-            tables, files, bad = read_part(*parts[part], decoded, skip_bad)
+            files = parts[part]
+            if "cuts" in files:
+                read[split] = read_cuts_part(files["cuts"], decoded, skip_bad)
+            else:
+                read[split] = (*read_part(files["recordings"], files["supervisions"], decoded, skip_bad), {})
+        one_table([given for *_, given in read.values()])
+        for split, (tables, where, bad, given) in read.items():
             for reason in bad.values():
                 print(f"asrdist: skipped: {reason}", file=sys.stderr)
-            imported = import_split(parts[part][1], skip_bad=skip_bad, progress=progress,
-                                    tables=tables, files=files, decoded=decoded, sample_rate=sample_rate)
+            source = parts[found[split]].get("cuts", parts[found[split]].get("supervisions"))
+            imported = import_split(source, skip_bad=skip_bad, progress=progress, tables=tables, files=where,
+                                    decoded=decoded, sample_rate=sample_rate, **given)
             imported.skipped[:0] = list(bad.values())
-            imported.source = parts[part][1]
+            imported.source = source
             splits[split] = imported
         extra = move_decoded(decoded, [u for s in splits.values() for u in s.utterances], out)
         return write_corpus(out, splits, src, valid_speakers, overwrite, "lhotse", extra_dirs=extra, inputs=(src,))

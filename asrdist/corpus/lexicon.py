@@ -1,12 +1,14 @@
 """Pronunciation lexicons: Kaldi `lexicon.txt` / `lexiconp.txt` and CMU dictionary files, with their
-phones mapped onto asrdist's phone table (`asrdist.corpus.phones`).
+phones mapped onto the corpus' phone table (`asrdist.corpus.phones`).
 
 Accepted lines: `word p1 p2 ...` (Kaldi, CMU), `word 1.0 p1 p2 ...` (Kaldi lexiconp: a probability
 after the word), CMU variants `word(2) ...`, comments `;;;` / `#`. Words are matched lowercased.
-Phones lose their stress digits and are lowercased; symbols outside ARPAbet that Kaldi and TIMIT
-lexicons use map to their nearest ARPAbet phone (`PHONE_ALIASES`), silence and noise symbols to
-`sil`. A word's first pronunciation is its CTC target; alignment may use any of them.
-A corpus keeps its lexicon as `CORPUS/lexicon.txt` in asrdist's own phones.
+Read onto the default (ARPAbet) table, phones lose their stress digits and are lowercased; symbols
+outside ARPAbet that Kaldi and TIMIT lexicons use map to their nearest ARPAbet phone
+(`PHONE_ALIASES`), silence and noise symbols to `sil`. A lexicon with other phones, read without a
+table, defines its own (`phones.inventory`): its phones as written. A word's first pronunciation is
+its CTC target; alignment may use any of them. A corpus keeps its lexicon as `CORPUS/lexicon.txt`
+in the symbols of `CORPUS/phones.txt`.
 """
 from __future__ import annotations
 
@@ -15,19 +17,12 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from asrdist.corpus.phones import SILENCE, PhoneTable
+from asrdist.corpus.phones import PhoneTable, inventory
 from asrdist.errors import DataError
 from asrdist.io.atomic import write_text_atomic
 from asrdist.io.kaldi_dir import read_data_dir
 
 LEXICON_NAME = "lexicon.txt"
-PHONE_ALIASES = {
-    "ax": "ah", "axh": "ah", "ax-h": "ah", "axr": "er", "ix": "ih", "ux": "uw", "dx": "t", "nx": "n",
-    "hv": "hh", "el": "l", "em": "m", "en": "n", "eng": "ng",
-    "sil": SILENCE, "sp": SILENCE, "spn": SILENCE, "nsn": SILENCE, "<sil>": SILENCE, "h#": SILENCE,
-    "pau": SILENCE, "epi": SILENCE,
-}
-"""Non-ARPAbet symbols -> asrdist phones (TIMIT's reduced vowels and flaps, Kaldi's silence/noise)."""
 _VARIANT = re.compile(r"^(.+)\(\d+\)$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 """Characters no text lexicon holds (all but tab and line ends): their presence means a binary file."""
@@ -39,12 +34,8 @@ def normalize_word(word: str) -> str:
 
 
 def map_phone(symbol: str, table: PhoneTable, where: str) -> int:
-    """One lexicon phone symbol -> asrdist phone id (stress dropped, aliases applied)."""
-    s = symbol.lower().rstrip("012")
-    s = PHONE_ALIASES.get(s, s)
-    if s not in table:
-        raise DataError(f"{where}: phone '{symbol}' is not an ARPAbet phone asrdist knows")
-    return table.id(s)
+    """One lexicon phone symbol -> phone id of `table` (`PhoneTable.lookup`)."""
+    return table.lookup(symbol, where)
 
 
 def _read_text(path: Path) -> str:
@@ -85,14 +76,15 @@ class Lexicon:
 
     @classmethod
     def read(cls, path: str | Path, table: PhoneTable | None = None) -> "Lexicon":
+        """The lexicon at `path` in `table`'s phones; without a table, in the table its own phones
+        make (`phones.inventory`: ARPAbet's where they all map onto it)."""
         path = Path(path)
-        table = table or PhoneTable()
         if path.is_dir():
             raise DataError(f"{path}: is a directory, not a lexicon file")
         if not path.is_file():
             raise DataError(f"{path}: lexicon not found")
         text = _read_text(path)
-        entries: dict[str, list[tuple[int, ...]]] = {}
+        lines: list[tuple[str, str, list[str]]] = []  # (where, word, phone symbols)
         for lineno, line in enumerate(text.splitlines(), 1):
             fields = line.split()
             if not fields or fields[0].startswith((";;;", "#")):
@@ -107,12 +99,16 @@ class Lexicon:
                 phones = phones[:phones.index("#")]
             if not phones:
                 raise DataError(f"{where}: word '{fields[0]}' has no phones")
-            pron = tuple(map_phone(p, table, where) for p in phones)
+            lines.append((where, word, phones))
+        if not lines:
+            raise DataError(f"{path}: no lexicon entries")
+        table = table or inventory(p for _, _, phones in lines for p in phones)
+        entries: dict[str, list[tuple[int, ...]]] = {}
+        for where, word, phones in lines:
+            pron = tuple(table.lookup(p, where) for p in phones)
             prons = entries.setdefault(word, [])
             if pron not in prons:
                 prons.append(pron)
-        if not entries:
-            raise DataError(f"{path}: no lexicon entries")
         lexicon = cls(entries, table)
         lexicon.source = path
         return lexicon
@@ -170,9 +166,31 @@ def report_missing(missing: list[str], skipped: int, where: str, shown: int = 20
 
 
 def corpus_lexicon(corpus: Path) -> Lexicon | None:
-    """The lexicon stored with a corpus (`CORPUS/lexicon.txt`), or None."""
+    """The lexicon stored with a corpus (`CORPUS/lexicon.txt`, in `CORPUS/phones.txt`), or None."""
     path = Path(corpus) / LEXICON_NAME
-    return Lexicon.read(path) if path.is_file() else None
+    return Lexicon.read(path, corpus_table(corpus)) if path.is_file() else None
+
+
+def corpus_table(corpus: Path) -> PhoneTable:
+    """A corpus' phone table (`CORPUS/phones.txt`); the default where it has none."""
+    path = Path(corpus) / "phones.txt"
+    return PhoneTable.read(path) if path.is_file() else PhoneTable()
+
+
+def corpus_phones(table: PhoneTable, lexicon: Lexicon | None, aligned: bool,
+                  where: str | Path) -> tuple[PhoneTable, Lexicon | None]:
+    """An import's phone table and its lexicon in that table: a phones.txt the source came with
+    (`table.source`) defines the phones, and the lexicon's must be among them; without one the
+    lexicon's own phones do (`Lexicon.read` without a table), unless alignments hold ids of the
+    default table."""
+    if lexicon is None or lexicon.table.symbols == table.symbols:
+        return table, lexicon
+    if table.source is not None:
+        return table, Lexicon.read(lexicon.source, table)
+    if aligned:
+        raise DataError(f"{lexicon.source}: its phones are not ARPAbet, and the alignments of {where} hold ids of "
+                        f"asrdist's ARPAbet table; put the phones.txt whose ids they are beside them")
+    return lexicon.table, lexicon
 
 
 def check_coverage(lexicon: Lexicon, words: set[str], where: str | Path) -> None:
@@ -226,10 +244,7 @@ def lexicon_phone_tokens(split_dir: Path, data=None, phones: Sequence[str] | Non
     path = split_lexicon(split_dir)
     if path is None:
         return None
-    if phones is not None:
-        table = PhoneTable(tuple(phones))
-    else:
-        table = PhoneTable.read(path.parent / "phones.txt") if (path.parent / "phones.txt").is_file() else PhoneTable()
+    table = PhoneTable(tuple(phones)) if phones is not None else corpus_table(path.parent)
     lexicon = Lexicon.read(path, table)
     data = data if data is not None else read_data_dir(split_dir)
     tokens, missing, skipped = lexicon.phone_targets({u: data.utterances[u].text for u in data.utt_ids})

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word, report_missing
+from asrdist.corpus.phones import PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.align_graph import build_graph, viterbi_align
@@ -138,7 +139,7 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
         data.parent / LEXICON_NAME
     if lexicon_path is None and not stored.is_file():
         raise ConfigError(f"{data}: no {LEXICON_NAME} in the corpus; pass --lexicon FILE")
-    lexicon = Lexicon.read(lexicon_path or stored)
+    lexicon = Lexicon.read(lexicon_path or stored, PhoneTable(targets.phones))
     splits = find_splits(data)
     # the model's filterbank, CMVN and sample rate, from the split as it is now
     ensure_features(data, cfg, progress=progress, check=False, sample_rate=trained_sample_rate(cfg, targets))

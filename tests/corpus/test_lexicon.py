@@ -35,12 +35,13 @@ def test_cmu_kaldi_and_lexiconp_lines(tmp_path: Path):
     assert Lexicon.read(tmp_path / "out.txt").entries == lex.entries
 
 
-@pytest.mark.parametrize("line, message", [("word qq", "phone 'qq'"), ("word", "no phones")])
+@pytest.mark.parametrize("line, message", [("word qq", "phone 'qq' is not an ARPAbet phone"), ("word", "no phones")])
 def test_bad_lines_name_file_and_line(tmp_path: Path, line: str, message: str):
+    """Read onto the default table (a corpus whose phones.txt is ARPAbet's), a phone outside it is an error."""
     path = tmp_path / "lex.txt"
     path.write_text(f"ok ow k ey\n{line}\n")
     with pytest.raises(DataError, match=rf"lex.txt:2: .*{message}"):
-        Lexicon.read(path)
+        Lexicon.read(path, PhoneTable())
 
 
 def test_missing_words_skip_their_utterances_and_are_listed_in_one_line(tmp_path: Path, capsys):
