@@ -71,7 +71,9 @@ def test_a_diverging_learner_is_named_by_its_own_error_not_by_a_signal(corpus, t
     assert rc != 0
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("asrdist: error: learner rank") and "loss is" in last and "signal" not in last, last
+    # every learner diverged: named as the survivors' divergence, with the learner's own error (issue 59 item 5)
+    assert last.startswith("asrdist: error: the survivors' model diverged at step") and "loss is" in last, last
+    assert "signal" not in last and "failed-rank-0.txt" in last, last
     assert err.count("asrdist: error") == 1 and "Traceback" not in err and "ChildFailedError" not in err, err
     assert "Traceback" in "".join(p.read_text() for p in out.glob("failed-rank-*.txt"))  # kept, off the terminal
     assert "lost at step" in err  # adpsgd goes on without a learner that fails until none is left
