@@ -3,6 +3,7 @@ words' pronunciations from a lexicon, searched as characters are (checked agains
 read back as words; and end to end on real FSDD digits, eval scoring words and decode printing them."""
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from asrdist.corpus.phones import PhoneTable
 from asrdist.errors import DataError
 from asrdist.eval.vocabulary import PronouncedSearch
 from tests.support.fsdd_kaldi import FSDD, make_kaldi_tree
-from tests.support.ctc_reference import labelling_log_prob, sequences
+from tests.support.ctc_reference import best_path_log_prob, following_words_best_paths
 
 DIGITS = ("zero z ih r ow\nzero z iy r ow\none w ah n\ntwo t uw\nthree th r iy\nfour f ao r\nfive f ay v\n"
           "six s ih k s\nseven s eh v ah n\neight ey t\nnine n ay n\n")
@@ -40,13 +41,17 @@ def test_search_finds_the_most_probable_pronunciation_sequence(tmp_path: Path, s
     probs = np.full((6, vocab), 1e-9)
     probs[:, [0, *symbols]] = frames
     log_probs = np.log(probs / probs.sum(1, keepdims=True))
-    allowed = sequences(prons, None, 6)
-    best = max(allowed, key=lambda s: (labelling_log_prob(log_probs, s), s))
+    scores = following_words_best_paths(search.decoder, log_probs, prons)
     found = search.search(log_probs)
-    assert np.isclose(labelling_log_prob(log_probs, found), labelling_log_prob(log_probs, best))
+    assert scores[tuple(found)] == pytest.approx(max(scores.values()), abs=1e-4)
+    said = search.words(found)  # the words the search read, which pronounced make its tokens
+    assert said and any(sum(prons, ()) == tuple(found)
+                        for prons in itertools.product(*(search.spellings[w] for w in said)))
     single = PronouncedSearch(lexicon, ["a", "b", "c", "d"], beam=10_000, one_word=True).search(log_probs)
     assert tuple(single) in prons
-    assert np.isclose(labelling_log_prob(log_probs, single), max(labelling_log_prob(log_probs, p) for p in prons))
+    assert best_path_log_prob(log_probs, single) == pytest.approx(
+        max(best_path_log_prob(log_probs, p) for p in prons), abs=1e-4)
+
 
 
 def test_hypotheses_read_back_as_the_fewest_words(tmp_path: Path, capsys):
