@@ -1,14 +1,15 @@
 """CTC search through flashlight-text's beam-search decoders (wav2letter: Collobert et al. 2016,
 Pratap et al. 2019): words of a lexicon with a word n-gram (`LexiconDecoder`), or tokens alone
 with a token n-gram (`LexiconFreeDecoder`). KenLM (Heafield 2011) reads ARPA or binary models.
-1. The model's [T, V] log-probs get two more columns, END (never emitted) and BREAK (a copy of
-   the blank), and one more frame on which only the word separator may be emitted (the space;
-   END for a model without one, BREAK for words that follow each other), so every hypothesis can
-   finish its last word, and with END words can only end there (one word per utterance).
-2. The lexicon is a trie of every word's token sequences, each followed by the separator; words
-   that follow each other (phones) end on their last token or on a BREAK after it (so the last
-   token may last several frames); leaves carry the word's unigram score, smeared to every node
-   by max (look-ahead).
+1. The model's [T, V] log-probs get two more columns, END and BREAK (a copy of the blank), a
+   frame before them on which only the word separator (a character model's space) may be
+   emitted, and one after them on which only END or BREAK may be, so every hypothesis can finish
+   its last word (and with END words end only there: one word per utterance).
+2. The lexicon is a trie of every word's token sequences, each led by the separator: a word ends
+   on its last token or on a BREAK after it (so that token may last several frames), and between
+   words the trie's root emits only blanks, so every separator the model says starts a word (as
+   in asrdist's earlier search). Leaves carry the word's unigram score, smeared to every node by
+   max (look-ahead).
 3. Per frame each hypothesis (trie node, LM state, last token) extends by the children of its
    node, stays (blank, or its last token), and on reaching a word adds lm_weight x ln P(word |
    history) + word_bonus; equal hypotheses keep the best (Viterbi); the `beam` best survive.
@@ -114,9 +115,12 @@ class LexiconSearch:
         self.words_list = sorted(spellings)
         self.num_tokens, self.blank, self.separator = num_tokens, blank, separator
         self.end, self.brk = num_tokens, num_tokens + 1  # the END and BREAK columns
-        self.follow = separator is None and not one_word  # words follow each other (phones)
-        self.sil = separator if separator is not None else (self.brk if self.follow else self.end)
-        tails = [(separator,)] if separator is not None else ([(), (self.brk,)] if self.follow else [(self.end,)])
+        self.one_word = one_word and separator is None
+        self.sil = self.end  # the root emits nothing but blanks: no separator without a word
+        # a word begins with the separator (the first one on a frame put before the utterance) and
+        # ends on its last token or on a BREAK after it; one word per utterance ends on END
+        lead = (separator,) if separator is not None else ()
+        tails = [(self.end,)] if self.one_word else [(), (self.brk,)]
         if lm is not None:
             self.lm, ids = lm_with_words(self.words_list, lm, where)
         else:
@@ -127,7 +131,7 @@ class LexiconSearch:
         for i, word in zip(ids, self.words_list):
             unigram = self.lm.score(start, i)[1]
             for spelled, tail in itertools.product(spellings[word], tails):
-                trie.insert([int(t) for t in spelled] + list(tail), i, unigram)
+                trie.insert(list(lead) + [int(t) for t in spelled] + list(tail), i, unigram)
         trie.smear(SmearingMode.MAX)
         options = LexiconDecoderOptions(beam_size=beam, beam_size_token=num_tokens + 2,
                                         beam_threshold=beam_threshold, lm_weight=lm_weight * LN10,
@@ -142,15 +146,20 @@ class LexiconSearch:
         self.wide = LexiconDecoder(wide, trie, self.lm, self.sil, blank, -1, [], False)
 
     def emissions(self, log_probs: np.ndarray) -> np.ndarray:
-        """[T + 1, V + 2]: the log-probs, the END and BREAK columns, the final frame of the separator alone."""
+        """[T + 1 (+ 1), V + 2]: the log-probs and the END and BREAK columns; a first frame of the
+        separator alone (when there is one) and a last one of END or BREAK alone."""
         log_probs = np.asarray(log_probs)
         if log_probs.ndim != 2 or log_probs.shape[1] != self.num_tokens:
             raise DataError(f"ctc decode: expected [time, {self.num_tokens}] log-probs, got shape {log_probs.shape}")
-        out = np.full((log_probs.shape[0] + 1, self.num_tokens + 2), FLOOR, dtype=np.float32)
-        out[:-1, :-2] = np.maximum(log_probs, FLOOR)
-        if self.follow:
-            out[:-1, self.brk] = out[:-1, self.blank]
-        out[-1, self.sil] = 0.0
+        first = int(self.separator is not None)
+        out = np.full((first + log_probs.shape[0] + 1, self.num_tokens + 2), FLOOR, dtype=np.float32)
+        out[first:-1, :-2] = np.maximum(log_probs, FLOOR)
+        if first:
+            out[0, self.separator] = 0.0
+        if not self.one_word:
+            out[first:-1, self.brk] = out[first:-1, self.blank]
+            out[-1, self.brk] = 0.0
+        out[-1, self.end] = 0.0
         return out
 
     def decode(self, log_probs: np.ndarray) -> tuple[list[int], list[str]]:
@@ -164,16 +173,9 @@ class LexiconSearch:
         return [], []
 
     def _tokens(self, path: Sequence[int]) -> list[int]:
-        """A frame path's labelling: repeats merged, blank, END and BREAK dropped, separators single and inside."""
+        """A frame path's labelling: repeats merged, blank, END and BREAK dropped, the first separator too."""
         tokens = [t for t, _ in itertools.groupby(path) if t not in (self.blank, self.end, self.brk, -1)]
-        if self.separator is None:
-            return tokens
-        tokens = [t for i, t in enumerate(tokens) if t != self.separator or (i and tokens[i - 1] != t)]
-        while tokens and tokens[0] == self.separator:
-            tokens.pop(0)
-        while tokens and tokens[-1] == self.separator:
-            tokens.pop()
-        return tokens
+        return tokens[1:] if self.separator is not None and tokens and tokens[0] == self.separator else tokens
 
 
 class LexiconFreeSearch:

@@ -134,3 +134,31 @@ def test_a_phone_model_needs_pronunciations(phone_run, capsys):
         assert err.count("\n") == 1 and "corpus lexicon" in err and "lexicon.txt), which is missing" in err
     finally:
         (root / "kept.txt").rename(corpus / "lexicon.txt")
+
+
+def test_the_run_keeps_its_training_lm_and_eval_takes_an_lm_and_a_lexicon(phone_run, capsys):
+    from flashlight.lib.text.dictionary import Dictionary
+
+    from asrdist.eval.lexdecoder import load_kenlm
+
+    run, corpus, root = phone_run
+    words = Dictionary()
+    for w in ("zero", "one", "two"):
+        words.add_entry(w)
+    lm = load_kenlm(run / "lm.arpa", words)  # written at training, valid: KenLM reads it
+    assert lm.score(lm.start(False), 0)[1] > -2.0  # a training word, not <unk>
+    lexicon = root / "own.dict"
+    lexicon.write_text(DIGITS.replace("zero z iy r ow\n", ""))
+    out = root / "lm-eval.json"
+    assert main(["eval", str(run), "--data", str(corpus), "--lexicon", str(lexicon), "--lm-weight", "0.5",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["lm"] == str(run / "lm.arpa") and result["lm_weight"] == 0.5
+    hyps = [line.split()[1:] for line in (root / "lm-eval.hyp.txt").read_text().splitlines()]
+    assert hyps and all(len(h) == 1 and h[0] in {"zero", "one", "two"} for h in hyps)
+    for flag, why in (("--lm", "language model not found"), ("--lexicon", "lexicon not found")):
+        capsys.readouterr()
+        missing = root / "missing.txt"
+        assert main(["eval", str(run), "--data", str(corpus), flag, str(missing), "--lm-weight", "0.5"]) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"eval.{flag[2:]}: {missing}: {why}" in err

@@ -1,9 +1,8 @@
 """Word-constrained CTC decoding (`eval.vocabulary`, flashlight-text's lexicon decoder) against a
 brute-force reference: every word sequence the vocabulary allows, scored by its most probable CTC
-path (the decoder's Viterbi criterion)."""
+path (the decoder's Viterbi criterion; tests/support/ctc_reference.py says which paths)."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -17,19 +16,7 @@ from tests.support.ctc_reference import (
     best_path_log_prob,
     following_words_best_paths,
     labelling_log_prob,
-    sequences,
-    with_extra_separators,
 )
-
-
-def _brute_force(log_probs, words, separator):
-    """{token sequence: its best path's log probability} over every word sequence (extra separators
-    before, between and after the words read as the same sequence)."""
-    scores = {}
-    for seq in sequences(words, separator, len(log_probs)):
-        variants = with_extra_separators(seq, separator, len(log_probs))
-        scores[seq] = max(best_path_log_prob(log_probs, v) for v in variants)
-    return {s: v for s, v in scores.items() if math.isfinite(v)}
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -42,10 +29,7 @@ def test_exact_with_a_wide_beam_against_brute_force(seed, separator):
     vocab = 5 if separator is not None else 4
     log_probs = np.log(rng.dirichlet(np.full(vocab, 0.6), size=7 if separator is not None else 6))
     search = LexiconSearch(spellings, vocab, separator, beam=10_000, beam_threshold=1e4)
-    if separator is None:
-        scores = following_words_best_paths(search, log_probs, words)
-    else:
-        scores = _brute_force(log_probs, words, separator)
+    scores = following_words_best_paths(search, log_probs, words)
     best = max(scores.values())
     found, said = search.decode(log_probs)
     assert scores[tuple(found)] == pytest.approx(best, abs=1e-4)

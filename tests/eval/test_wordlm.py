@@ -15,7 +15,7 @@ from asrdist.errors import ConfigError, DataError
 from asrdist.eval.decode import ctc_greedy_decode
 from asrdist.eval.lexdecoder import LexiconSearch, load_kenlm
 from asrdist.eval.wordlm import END, WordBigram, write_training_lm
-from tests.support.ctc_reference import best_path_log_prob, sequences, with_extra_separators
+from tests.support.ctc_reference import following_words_best_paths
 
 TRANSCRIPTS = [["a", "b"], ["a", "b"], ["a", "c"], ["b"]]
 
@@ -71,14 +71,11 @@ def test_search_with_the_lm_is_exact_with_a_wide_beam(tmp_path, seed):
     path = write_training_lm(tmp_path / "lm.arpa", transcripts)
     weight, bonus = 2.0, 0.5
     log_probs = np.log(rng.dirichlet(np.full(5, 0.6), size=7))
-    scores = {}
-    for seq in sequences(words, separator, len(log_probs)):
-        said = [names[w] for w in _split(seq, separator)]
-        acoustic = max(best_path_log_prob(log_probs, v) for v in with_extra_separators(seq, separator, 7))
-        scores[seq] = acoustic + _lm_score(lm, said, weight, bonus)
-    scores = {s: v for s, v in scores.items() if math.isfinite(v)}
     search = LexiconSearch({n: [w] for w, n in names.items()}, 5, separator, beam=10_000, lm=path,
                            lm_weight=weight, word_bonus=bonus, beam_threshold=1e4)
+    acoustic = following_words_best_paths(search, log_probs, words)
+    scores = {seq: a + _lm_score(lm, [names[w] for w in _split(seq, separator)], weight, bonus)
+              for seq, a in acoustic.items()}
     found, said = search.decode(log_probs)
     assert [names[w] for w in _split(tuple(found), separator)] == said
     assert scores[tuple(found)] == pytest.approx(max(scores.values()), abs=1e-3)
@@ -105,7 +102,7 @@ def test_the_lexicon_and_the_lm_change_the_greedy_answer(tmp_path):
     probs = np.full((len(rows), 7), 0.02)
     for i, (token, p) in enumerate(rows):
         probs[i, token] = p
-    probs[5, 0] = 0.0  # frame 5: w 0.45, blank 0.02, e 0.4 next best
+    probs[5, 0] = 0.001  # frame 5: w 0.45, e 0.42 next best
     probs[5, e] = 0.42
     probs[7, e] = 0.44  # frame 7: o 0.45, e 0.44
     probs[2, 0] = 0.45  # frame 2: blank 0.45 above e 0.4 (greedy drops the e)

@@ -59,33 +59,17 @@ def best_path_log_prob(log_probs: np.ndarray, labels, single=()) -> float:
     return float(max(score[-1], score[-2] if s_len > 1 else -np.inf))
 
 
-def with_extra_separators(seq, separator, max_len):
-    """`seq` (words joined by one `separator`) and every variant with more separators before, between
-    and after the words, up to `max_len` tokens: the labellings a lexicon decoder reads as `seq`."""
-    out = {tuple(seq)}
-    frontier = [tuple(seq)]
-    while frontier:
-        grown = []
-        for s in frontier:
-            for i in range(len(s) + 1):
-                at_gap = i == 0 or i == len(s) or s[i - 1] == separator or s[i] == separator
-                nxt = s[:i] + (separator,) + s[i:]
-                if at_gap and len(nxt) <= max_len and nxt not in out:
-                    out.add(nxt)
-                    grown.append(nxt)
-        frontier = grown
-    return out
-
-
 def following_words_best_paths(search, log_probs, words) -> dict:
-    """{token sequence: its best path's log probability} over every sequence of `words` that follow
-    each other (no separator), on the lexicon decoder's own emissions (`search.emissions`): a word
-    ends on its last token, which then lasts one frame, or on a BREAK (the blank's copy) after it."""
+    """{token sequence: its best path's log probability} over every sequence of `words`, on the
+    lexicon decoder's own emissions (`search.emissions`): each word led by the separator (if any),
+    ending on its last token, which then lasts one frame, or on a BREAK (the blank's copy) after it.
+    The sequences are the decoder's tokens (the first separator left out)."""
     em = search.emissions(log_probs).astype(np.float64)
+    lead = (search.separator,) if search.separator is not None else ()
     scores: dict = {}
 
     def grow(seq, labels, single):
-        for word in words:
+        for word in (lead + tuple(w) for w in words):
             for brk in (False, True):
                 nxt = labels + list(word) + [search.brk] * brk
                 if len(nxt) + (not brk) > len(em):
@@ -97,4 +81,4 @@ def following_words_best_paths(search, log_probs, words) -> dict:
                 grow(key, nxt, once)
 
     grow((), [], frozenset())
-    return {s: v for s, v in scores.items() if math.isfinite(v)}
+    return {s[len(lead):]: v for s, v in scores.items() if math.isfinite(v)}
