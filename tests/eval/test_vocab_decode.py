@@ -77,3 +77,25 @@ def test_word_lists_lexicons_and_their_errors(tmp_path):
         load_config(None, ["eval.vocabulary=" + str(tmp_path / "missing.txt")])
     with pytest.raises(ConfigError, match="for CTC models"):
         load_config(None, ["eval.vocabulary=train", "data.targets=monophone"])
+
+
+def test_a_character_lexicon_gives_the_words_and_their_spellings(tmp_path):
+    from types import SimpleNamespace
+
+    from asrdist.config import EvalConfig
+    from asrdist.data.targets import Targets
+    from asrdist.eval.vocabulary import read_spellings, vocabulary_search
+
+    tok = CharTokenizer(list(" enotw"))
+    lexicon = tmp_path / "chars.lex"
+    lexicon.write_text("# flashlight's form\nONE o n e |\nTWO t w o |\nTOO t w o |\nNEW n e w\nCAFE c a f e |\n")
+    assert read_spellings(lexicon, tok) == {"one": [tuple(tok.encode("one"))], "two": [tuple(tok.encode("two"))],
+                                            "too": [tuple(tok.encode("two"))], "new": [tuple(tok.encode("new"))]}
+    cfg = SimpleNamespace(eval=EvalConfig(lexicon=str(lexicon), beam=4), data=SimpleNamespace(corpus=str(tmp_path)))
+    search = vocabulary_search(cfg, Targets(kind="chars", phones=[], silence_id=0, num_classes=tok.vocab_size,
+                                                   tokenizer=tok))
+    assert sorted(search.spellings) == ["new", "one", "too", "two"]  # no vocabulary: the lexicon's words
+    phones = tmp_path / "phones.lex"
+    phones.write_text("ONE w ah n\n")
+    with pytest.raises(DataError, match=r"^eval.lexicon: .*phones.lex: line 1: a character model's lexicon spells"):
+        read_spellings(phones, tok)
