@@ -2,8 +2,8 @@
 Pratap et al. 2019): words of a lexicon with a word n-gram (`LexiconDecoder`), or tokens alone
 with a token n-gram (`LexiconFreeDecoder`). KenLM (Heafield 2011) reads ARPA or binary models.
 1. The model's [T, V] log-probs get two more columns, END and BREAK (a copy of the blank), a
-   frame before them on which only the word separator (a character model's space) may be
-   emitted, and one after them on which only END or BREAK may be, so every hypothesis can finish
+   frame before the utterance on which only the word separator (a character model's space) may
+   be emitted, and one after it on which only END or BREAK may be, so every hypothesis can finish
    its last word (and with END words end only there: one word per utterance).
 2. The lexicon is a trie of every word's token sequences, each led by the separator: a word ends
    on its last token or on a BREAK after it (so that token may last several frames), and between
