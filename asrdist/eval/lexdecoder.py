@@ -30,6 +30,18 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from flashlight.lib.text.decoder import (
+    CriterionType,
+    LexiconDecoder,
+    LexiconDecoderOptions,
+    LexiconFreeDecoder,
+    LexiconFreeDecoderOptions,
+    SmearingMode,
+    Trie,
+    ZeroLM,
+)
+from flashlight.lib.text.decoder.kenlm import KenLM
+from flashlight.lib.text.dictionary import Dictionary
 
 from asrdist.errors import DataError
 
@@ -57,8 +69,6 @@ def _quiet_stderr():
 
 def load_kenlm(path: Path, dictionary, where: str = "eval.lm"):
     """flashlight's KenLM over `dictionary`'s entries; a DataError in one line when it cannot be read."""
-    from flashlight.lib.text.decoder.kenlm import KenLM
-
     if not Path(path).is_file():
         raise DataError(f"{where}: {path}: language model not found (an ARPA or KenLM binary file)")
     try:
@@ -71,8 +81,6 @@ def load_kenlm(path: Path, dictionary, where: str = "eval.lm"):
 
 
 def _dictionary(entries: Sequence[str]):
-    from flashlight.lib.text.dictionary import Dictionary
-
     d = Dictionary()
     for entry in entries:
         d.add_entry(entry)
@@ -107,9 +115,6 @@ class LexiconSearch:
                  beam: int, lm: Path | None = None, lm_weight: float = 0.0, word_bonus: float = 0.0,
                  one_word: bool = False, blank: int = 0, beam_threshold: float = BEAM_THRESHOLD,
                  where: str = "eval.lm"):
-        from flashlight.lib.text.decoder import (CriterionType, LexiconDecoder, LexiconDecoderOptions,
-                                                 SmearingMode, Trie, ZeroLM)
-
         if beam < 1:
             raise DataError(f"ctc decode: beam must be >= 1, got {beam}")
         self.words_list = sorted(spellings)
@@ -184,8 +189,6 @@ class LexiconFreeSearch:
 
     def __init__(self, token_names: Sequence[str], beam: int, lm: Path, lm_weight: float, blank: int = 0,
                  separator: int | None = None, beam_threshold: float = BEAM_THRESHOLD, where: str = "eval.lm"):
-        from flashlight.lib.text.decoder import CriterionType, LexiconFreeDecoder, LexiconFreeDecoderOptions
-
         if beam < 1:
             raise DataError(f"ctc decode: beam must be >= 1, got {beam}")
         self.num_tokens, self.blank = len(token_names), blank
