@@ -177,6 +177,10 @@ class EvalConfig:
     """The language model `lm_weight` weighs: train (the training transcripts' word bigram, the run
     directory's lm.arpa) or PATH (an ARPA file or a KenLM binary, over words; over the model's
     characters, `|` the space, when eval.vocabulary is none)."""
+    decoder: str = "prefix"
+    """CTC with a vocabulary: prefix (`asrdist.eval.prefixsearch`: a hypothesis scores the sum over
+    its alignments, the CTC posterior; more accurate) or flashlight (flashlight-text's lexicon
+    decoder: its best alignment; about 10x faster). Both take eval.lm and eval.lexicon."""
     lexicon: str = "none"
     """CTC only: none, or PATH: the words' token sequences (a phone model's Kaldi / CMU lexicon; a
     character model's `word  c h a r s |` lines); its words are the vocabulary unless eval.vocabulary
@@ -204,6 +208,8 @@ class EvalConfig:
         if self.lm != "train" and not Path(self.lm).is_file():
             raise ConfigError(f"eval.lm: {self.lm}: language model not found (an ARPA or KenLM binary file, "
                               "or train)")
+        if self.decoder not in ("prefix", "flashlight"):
+            raise ConfigError(f"eval.decoder: expected prefix or flashlight, got {self.decoder!r}")
         if not isinstance(self.lexicon, str) or not self.lexicon.strip():
             raise ConfigError(f"eval.lexicon: expected none or a lexicon path, got {self.lexicon!r}")
         if self.lexicon != "none" and not Path(self.lexicon).is_file():

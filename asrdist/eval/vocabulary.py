@@ -3,8 +3,9 @@ optionally under a word language model (`eval.lm`, `eval.lm_weight`).
 
 The vocabulary is the training transcripts' words (`train`), a word list or lexicon file, or, with
 `eval.lexicon PATH`, that lexicon's words. This module builds each word's token sequences (a
-character model's spelling, a phone model's pronunciations) and hands them to flashlight-text's
-lexicon decoder (`asrdist.eval.lexdecoder`):
+character model's spelling, a phone model's pronunciations) and hands them to the search
+`eval.decoder` names: `prefix` (`asrdist.eval.prefixsearch`, the sum over alignments, the default)
+or `flashlight` (flashlight-text's lexicon decoder, `asrdist.eval.lexdecoder`, the best alignment):
 1. the words' token sequences, from the model's characters or a lexicon's phones;
 2. the language model: `eval.lm` (ARPA or KenLM binary), or the training transcripts' bigram
    (`train`: RUN/lm.arpa, written at training time; rebuilt from the transcripts for older runs);
@@ -25,11 +26,13 @@ from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word
 from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
-from asrdist.eval.lexdecoder import LexiconFreeSearch, LexiconSearch
+from asrdist.eval.lexdecoder import LexiconFreeSearch, LexiconSearch, lm_with_words
+from asrdist.eval.prefixsearch import WordScorer, WordTrie, ctc_vocabulary_decode
 from asrdist.eval.wordlm import write_training_lm
 from asrdist.io.kaldi_dir import read_data_dir
 
 OFF, TRAIN = "none", "train"
+PREFIX, FLASHLIGHT = "prefix", "flashlight"
 
 
 def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
@@ -71,8 +74,8 @@ class VocabularySearch:
     """The word language model the search weighs (`use_lm`), None without one."""
 
     def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary",
-                 lexicon: dict[str, list[tuple[int, ...]]] | None = None):
-        self.tokenizer = tokenizer
+                 lexicon: dict[str, list[tuple[int, ...]]] | None = None, decoder: str = PREFIX):
+        self.tokenizer, self.decoder_name = tokenizer, decoder
         self.spellings: dict[str, list[tuple[int, ...]]] = {}
         unusable = 0
         for word in words:
@@ -94,6 +97,10 @@ class VocabularySearch:
             print(f"asrdist: note: {where}: {unusable} of {len(words)} words use characters the model never "
                   f"saw; left out", file=sys.stderr)
         self.num_words = len(encoded)
+        self.word_of = {}
+        for word in sorted(self.spellings):
+            for ids in self.spellings[word]:
+                self.word_of.setdefault(tuple(ids), word)  # homographs: the first word in order
         # A model that never saw a space (isolated-word training) says one word per utterance.
         self.separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
         self.one_word = self.separator is None
@@ -101,12 +108,23 @@ class VocabularySearch:
         self.beam = max(1, beam)
         self.lm_weight, self.word_bonus = 0.0, 0.0
         self._decoder: LexiconSearch | None = None
+        self._scorer: WordScorer | None = None
+        self._trie: WordTrie | None = None
         self._read: dict[tuple[int, ...], list[str]] = {}
 
     def use_lm(self, path: Path | None, weight: float, bonus: float) -> None:
         """Weigh the word LM at `path` (None: none) by `weight` and add `bonus` per word."""
         self.lm, self.lm_weight, self.word_bonus = path, weight, bonus
-        self._decoder = None
+        self._decoder = self._scorer = None
+
+    @property
+    def scorer(self) -> WordScorer | None:
+        """The prefix search's word LM scorer, None without LM and bonus."""
+        if self._scorer is None and (self.lm is not None or self.word_bonus != 0):
+            words = sorted(self.spellings)
+            lm, ids = lm_with_words(words, self.lm) if self.lm is not None else (None, range(len(words)))
+            self._scorer = WordScorer(lm, self.word_of, dict(zip(words, ids)), self.lm_weight, self.word_bonus)
+        return self._scorer
 
     @property
     def decoder(self) -> LexiconSearch:
@@ -117,6 +135,11 @@ class VocabularySearch:
         return self._decoder
 
     def search(self, log_probs: np.ndarray) -> list[int]:
+        if self.decoder_name == PREFIX:
+            if self._trie is None:
+                self._trie = WordTrie(sorted(self.word_of))
+            return ctc_vocabulary_decode(log_probs, self._trie, self.separator, beam=self.beam,
+                                         one_word=self.one_word, lm=self.scorer)
         tokens, words = self.decoder.decode(log_probs)
         self._read[tuple(tokens)] = words
         return tokens
@@ -133,7 +156,8 @@ class PronouncedSearch(VocabularySearch):
     (isolated-word training)."""
 
     def __init__(self, lexicon, words: Sequence[str], beam: int, one_word: bool = False,
-                 where: str = "eval.vocabulary"):
+                 where: str = "eval.vocabulary", decoder: str = PREFIX):
+        self.decoder_name = decoder
         silence = lexicon.table.silence_id if SILENCE in lexicon.table else None
         self.word_of: dict[tuple[int, ...], str] = {}
         missing = 0
@@ -158,7 +182,7 @@ class PronouncedSearch(VocabularySearch):
         self.num_tokens = len(lexicon.table)
         self.separator, self.one_word, self.beam = None, one_word, max(1, beam)
         self.lm_weight, self.word_bonus = 0.0, 0.0
-        self._decoder, self._read = None, {}
+        self._decoder, self._scorer, self._trie, self._read = None, None, None, {}
 
     def word_key(self, word: str) -> str:
         return normalize_word(word)
@@ -258,11 +282,16 @@ def vocabulary_search(cfg, targets: Targets):
         raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "
                         f"data.targets={targets.kind}); use eval.vocabulary=none")
     if targets.kind == "phones":
-        search = _pronounced_search(spec, lexicon_path, targets, train_dir, ev.beam, where)
+        search = _pronounced_search(spec, lexicon_path, targets, train_dir, ev.beam, where, ev.decoder)
+        if ev.decoder == PREFIX and not search.one_word and (ev.lm_weight > 0 or ev.word_bonus != 0):
+            raise DataError("eval.decoder=prefix: a phone model's words follow each other without a separator, "
+                            "which the prefix search cannot score with a word LM; use eval.decoder=flashlight "
+                            "(--decoder flashlight) or eval.lm_weight=0 and eval.word_bonus=0")
     else:
         spellings = read_spellings(Path(lexicon_path), targets.tokenizer) if lexicon_path != OFF else None
         words = vocabulary_words(spec, train_dir) if spec != OFF else sorted(spellings)
-        search = VocabularySearch(words, targets.tokenizer, ev.beam, where=where, lexicon=spellings)
+        search = VocabularySearch(words, targets.tokenizer, ev.beam, where=where, lexicon=spellings,
+                                  decoder=ev.decoder)
     if ev.lm_weight > 0:
         search.use_lm(training_lm(train_dir, targets) if ev.lm == TRAIN else Path(ev.lm), ev.lm_weight,
                       ev.word_bonus)
@@ -272,7 +301,7 @@ def vocabulary_search(cfg, targets: Targets):
 
 
 def _pronounced_search(spec: str, lexicon_path: str, targets: Targets, train_dir: Path, beam: int,
-                       where: str) -> PronouncedSearch:
+                       where: str, decoder: str = PREFIX) -> PronouncedSearch:
     table = PhoneTable(targets.phones)
     if lexicon_path != OFF:
         path = Path(lexicon_path)
@@ -295,4 +324,4 @@ def _pronounced_search(spec: str, lexicon_path: str, targets: Targets, train_dir
     else:
         words = list(lexicon.entries)
     one_word = transcripts is not None and all(len(t) <= 1 for t in transcripts)
-    return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where)
+    return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where, decoder=decoder)

@@ -80,6 +80,10 @@ def _lm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm", default=None, metavar="train|PATH",
                    help="the language model --lm-weight weighs: the training transcripts' bigram (train) or an ARPA "
                         "/ KenLM binary file; default: the recipe's eval.lm")
+    p.add_argument("--decoder", default=None, metavar="prefix|flashlight",
+                   help="CTC with a vocabulary: the word search, prefix (sums a hypothesis' alignments: more "
+                        "accurate) or flashlight (flashlight-text's lexicon decoder, its best alignment: about 10x "
+                        "faster); default: the recipe's eval.decoder (prefix)")
     p.add_argument("--lexicon", default=None, metavar="none|PATH",
                    help="CTC: the words' token sequences (a phone model's Kaldi / CMU lexicon, a character "
                         "model's `word  c h a r s |` lines); default: the recipe's eval.lexicon")

@@ -144,6 +144,8 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
         search = {"lm": cfg.eval.lm, "lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus}
     else:
         search = {}
+    if model.kind == "ctc" and (cfg.eval.vocabulary != "none" or cfg.eval.lexicon != "none"):
+        search = {"decoder": cfg.eval.decoder, **search}
     result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **search, **result}
     return result
 
@@ -169,7 +171,7 @@ def command_line_overrides(args) -> dict:
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
             "adapt_word_balance": args.adapt_word_balance, "lm_weight": args.lm_weight,
             "word_bonus": args.word_bonus, "lm": getattr(args, "lm", None),
-            "lexicon": getattr(args, "lexicon", None), "prior_scale": args.prior_scale,
+            "lexicon": getattr(args, "lexicon", None), "decoder": getattr(args, "decoder", None), "prior_scale": args.prior_scale,
             "acoustic_scale": args.acoustic_scale, "min_duration": args.min_duration}
 
 
