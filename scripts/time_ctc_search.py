@@ -1,5 +1,6 @@
-"""Time a character CTC run's word search on a split and score it: CPU seconds per utterance, CER
-and WER, at each beam, without and with the run's LM (eval.lm_weight 0.5, eval.word_bonus 1.0).
+"""Time a character CTC run's word searches on a split and score them: CPU seconds per utterance,
+CER and WER, for each decoder (eval.decoder prefix and flashlight; a checkout without eval.decoder:
+its one search) at each beam, without and with the run's LM (eval.lm_weight 0.5, eval.word_bonus 1.0).
 
 The network's log-probs are computed once; only the search is timed (time.process_time, one
 thread). The search is whichever asrdist is on PYTHONPATH, so two checkouts compare two searches
@@ -46,16 +47,20 @@ def main(run: Path, split: Path, out: Path, beams: list[int]) -> None:
     rows = {"code": asrdist.__file__, "utterances": len(refs), "frames": sum(len(x) for x in log_probs),
             "lm": getattr(cfg.eval, "lm", "the training bigram, in memory"),
             "greedy": score([tok.decode(ctc_greedy_decode(lp)) for lp in log_probs])}
-    for beam in beams:
+    decoders = ("prefix", "flashlight") if hasattr(cfg.eval, "decoder") else ("",)
+    for decoder, beam in ((d, b) for d in decoders for b in beams):
         for weight, bonus in ((0.0, 0.0), (0.5, 1.0)):
             cfg.eval.beam, cfg.eval.lm_weight, cfg.eval.word_bonus = beam, weight, bonus
+            if decoder:
+                cfg.eval.decoder = decoder
             search = vocabulary_search(cfg, targets)
             search.search(log_probs[0])  # built, its LM loaded, before the clock starts
             start = time.process_time()
             hyps = [tok.decode(search.search(lp)) for lp in log_probs]
             cpu = time.process_time() - start
-            rows[f"beam{beam}_lm{weight}"] = {**score(hyps), "cpu_s_per_utt": cpu / len(refs)}
-            print(f"beam {beam}, lm_weight {weight}: {rows[f'beam{beam}_lm{weight}']}", flush=True)
+            key = f"{decoder + '_' if decoder else ''}beam{beam}_lm{weight}"
+            rows[key] = {**score(hyps), "cpu_s_per_utt": cpu / len(refs)}
+            print(f"{key}: {rows[key]}", flush=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
