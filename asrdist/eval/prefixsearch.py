@@ -8,7 +8,7 @@ alignments (Graves et al. 2006; prefix search as in Hannun et al. 2014), plus a 
    lm_weight x ln P(word | history) + word_bonus as the separator after a word is taken, and at
    the end the last word's and the end's score;
 4. the most probable prefix ending on a whole word wins.
-The steps in full: docs/evaluation.md#the-word-constrained-search-evalvocabularypy."""
+The steps in full: docs/evaluation.md#the-prefix-search-evalprefixsearchpy."""
 from __future__ import annotations
 
 import math
