@@ -8,8 +8,8 @@ with a token n-gram (`LexiconFreeDecoder`). KenLM (Heafield 2011) reads ARPA or 
 2. The lexicon is a trie of every word's token sequences, each led by the separator: a word ends
    on its last token or on a BREAK after it (so that token may last several frames), and between
    words the trie's root emits only blanks, so every separator the model says starts a word (as
-   in asrdist's prefix search, `asrdist.eval.prefixsearch`). Leaves carry the word's unigram score, smeared to every node by
-   max (look-ahead).
+   in asrdist's prefix search, `asrdist.eval.prefixsearch`). Leaves carry the word's unigram
+   score, smeared to every node by max (look-ahead).
 3. Per frame each hypothesis (trie node, LM state, last token) extends by the children of its
    node, stays (blank, or its last token), and on reaching a word adds lm_weight x ln P(word |
    history) + word_bonus; equal hypotheses keep the best (Viterbi); the `beam` best survive.
@@ -17,7 +17,8 @@ with a token n-gram (`LexiconFreeDecoder`). KenLM (Heafield 2011) reads ARPA or 
    When none has a word (a narrow beam filled by hypotheses that are still inside words: an
    undertrained model's blanks), the utterance is searched again with a beam RETRY_WIDER times
    as wide and no threshold.
-Steps, and against the prefix search (the default, `eval.decoder`): docs/evaluation.md#the-lexicon-search-evallexdecoderpy.
+`eval.decoder: flashlight`; against the prefix search (the default):
+docs/evaluation.md#the-lexicon-search-evallexdecoderpy.
 """
 from __future__ import annotations
 
