@@ -172,10 +172,23 @@ class EvalConfig:
     words, taken together, keep the training transcripts' word frequencies; this weight holds them
     there). It assumes a test speaker says the words about as often as the training speakers did."""
     lm_weight: float = 0.0
-    """Character CTC with a vocabulary: weight of a word bigram of the training transcripts in the
-    search (`asrdist.eval.wordlm`); 0 = off."""
+    """CTC with a vocabulary: weight of the word language model `eval.lm` in the search
+    (`asrdist.eval.lexdecoder`: lm_weight x ln P(word | history)); 0 = off. Without a vocabulary
+    (character models): weight of a token LM given as `eval.lm` PATH."""
     word_bonus: float = 0.0
-    """With the word bigram: added per hypothesised word (longer hypotheses against the LM's cost)."""
+    """With a vocabulary: added per hypothesised word (longer hypotheses against the LM's cost)."""
+    lm: str = "train"
+    """The language model `lm_weight` weighs: train (the training transcripts' word bigram, the run
+    directory's lm.arpa) or PATH (an ARPA file or a KenLM binary, over words; over the model's
+    characters, `|` the space, when eval.vocabulary is none)."""
+    decoder: str = "prefix"
+    """CTC with a vocabulary: prefix (`asrdist.eval.prefixsearch`: a hypothesis scores the sum over
+    its alignments, the CTC posterior; more accurate) or flashlight (flashlight-text's lexicon
+    decoder: its best alignment; about 10x faster). Both take eval.lm and eval.lexicon."""
+    lexicon: str = "none"
+    """CTC only: none, or PATH: the words' token sequences (a phone model's Kaldi / CMU lexicon; a
+    character model's `word  c h a r s |` lines); its words are the vocabulary unless eval.vocabulary
+    names one."""
 
     def __post_init__(self):
         check_field("eval.min_duration", self.min_duration, at_least=1)
@@ -190,13 +203,26 @@ class EvalConfig:
         check_field("eval.adapt_word_balance", self.adapt_word_balance, float, at_least=0, at_most=100)
         check_field("eval.lm_weight", self.lm_weight, float, at_least=0, at_most=100)
         check_field("eval.word_bonus", self.word_bonus, float, at_least=-100, at_most=100)
-        if (self.lm_weight > 0 or self.word_bonus != 0) and self.vocabulary == "none":
-            raise ConfigError("eval.lm_weight: the word bigram scores vocabulary words; it needs eval.vocabulary "
-                              "(train or a word list)")
         if not isinstance(self.vocabulary, str) or not self.vocabulary.strip():
             raise ConfigError(f"eval.vocabulary: expected none, train or a word-list path, got {self.vocabulary!r}")
         if self.vocabulary not in ("none", "train") and not Path(self.vocabulary).is_file():
             raise ConfigError(f"eval.vocabulary: {self.vocabulary}: word list not found (or use none / train)")
+        if not isinstance(self.lm, str) or not self.lm.strip():
+            raise ConfigError(f"eval.lm: expected train or the path of an ARPA / KenLM binary file, got {self.lm!r}")
+        if self.lm != "train" and not Path(self.lm).is_file():
+            raise ConfigError(f"eval.lm: {self.lm}: language model not found (an ARPA or KenLM binary file, "
+                              "or train)")
+        if self.decoder not in ("prefix", "flashlight"):
+            raise ConfigError(f"eval.decoder: expected prefix or flashlight, got {self.decoder!r}")
+        if not isinstance(self.lexicon, str) or not self.lexicon.strip():
+            raise ConfigError(f"eval.lexicon: expected none or a lexicon path, got {self.lexicon!r}")
+        if self.lexicon != "none" and not Path(self.lexicon).is_file():
+            raise ConfigError(f"eval.lexicon: {self.lexicon}: lexicon not found (or use none)")
+        words = self.vocabulary != "none" or self.lexicon != "none"
+        if (self.lm_weight > 0 and self.lm == "train" or self.word_bonus != 0) and not words:
+            raise ConfigError("eval.lm_weight: the word bigram scores vocabulary words; it needs eval.vocabulary "
+                              "(train or a word list) or eval.lexicon (or, for a character model, eval.lm=PATH of "
+                              "a character LM)")
 
 
 @dataclass
@@ -226,9 +252,14 @@ class RunConfig:
             check_group_size(self.train.group_size, learners, f"train.learners = {learners}")
         if getattr(self.strategy, "auto_batch_size", False):
             check_search_sizes(self.data.batch_size, learners)
-        if self.eval.vocabulary != "none" and self.data.targets not in ("chars", "phones"):
-            raise ConfigError(f"eval.vocabulary: word-constrained decoding is for CTC models (data.targets=chars "
-                              f"or phones), not data.targets={self.data.targets}")
+        for key in ("vocabulary", "lexicon"):
+            if getattr(self.eval, key) != "none" and self.data.targets not in ("chars", "phones"):
+                raise ConfigError(f"eval.{key}: word-constrained decoding is for CTC models (data.targets=chars "
+                                  f"or phones), not data.targets={self.data.targets}")
+        if (self.eval.lm_weight > 0 and self.eval.vocabulary == "none" and self.eval.lexicon == "none"
+                and self.data.targets != "chars"):
+            raise ConfigError("eval.lm: a token LM (eval.vocabulary none) is for character CTC models, not "
+                              f"data.targets={self.data.targets}; give eval.vocabulary or eval.lexicon")
         for key in ("adapt_rounds", "adapt_word_balance"):
             if getattr(self.eval, key) and self.model.kind != "ctc":
                 raise ConfigError(f"eval.{key}: speaker adaptation is for CTC models, not model.name="

@@ -1,17 +1,22 @@
-"""Word-constrained CTC decoding: hypotheses made only of vocabulary words (`eval.vocabulary`).
+"""Word-constrained CTC decoding: hypotheses made only of vocabulary words (`eval.vocabulary`),
+optionally under a word language model (`eval.lm`, `eval.lm_weight`).
 
-The vocabulary is the training transcripts' words (`train`), a word list or lexicon file, or off
-(`none`). The search is CTC prefix beam search whose prefixes walk a trie of the words' tokens:
-1. a prefix extends only by a child of its trie node, or by the word separator at a word's end;
-2. per frame prefixes stay or extend, equal ones merge, the `beam` best survive (plus the best
-   ending on a whole word);
-3. the most probable prefix ending on a whole word wins.
-A phone model's hypothesis is read back as the fewest words whose pronunciations make it. The
-steps in full: docs/evaluation.md#the-word-constrained-search-evalvocabularypy."""
+The vocabulary is the training transcripts' words (`train`), a word list or lexicon file, or, with
+`eval.lexicon PATH`, that lexicon's words. This module builds each word's token sequences (a
+character model's spelling, a phone model's pronunciations) and hands them to the search
+`eval.decoder` names: `prefix` (`asrdist.eval.prefixsearch`, the sum over alignments, the default)
+or `flashlight` (flashlight-text's lexicon decoder, `asrdist.eval.lexdecoder`, the best alignment):
+1. the words' token sequences, from the model's characters or a lexicon's phones;
+2. the language model: `eval.lm` (ARPA or KenLM binary), or the training transcripts' bigram
+   (`train`: RUN/lm.arpa, written at training time; rebuilt from the transcripts for older runs);
+3. per utterance the decoder's best word sequence, read back as tokens (and words).
+Details: docs/evaluation.md#the-word-constrained-search-evalvocabularypy."""
 from __future__ import annotations
 
-import math
+import atexit
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -21,133 +26,13 @@ from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word
 from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
-from asrdist.eval.wordlm import END, WordBigram
+from asrdist.eval.lexdecoder import LexiconFreeSearch, LexiconSearch, lm_with_words
+from asrdist.eval.prefixsearch import WordScorer, WordTrie, ctc_vocabulary_decode
+from asrdist.eval.wordlm import write_training_lm
 from asrdist.io.kaldi_dir import read_data_dir
 
-NEG_INF = -math.inf
 OFF, TRAIN = "none", "train"
-
-
-class WordTrie:
-    """Token sequences of the vocabulary words; node 0 is the root."""
-
-    def __init__(self, words: Sequence[Sequence[int]]):
-        self.children: list[dict[int, int]] = [{}]
-        self.word_end: list[bool] = [False]
-        for word in words:
-            if not word:
-                continue
-            node = 0
-            for token in word:
-                nxt = self.children[node].get(int(token))
-                if nxt is None:
-                    nxt = len(self.children)
-                    self.children[node][int(token)] = nxt
-                    self.children.append({})
-                    self.word_end.append(False)
-                node = nxt
-            self.word_end[node] = True
-        if len(self.children) == 1:
-            raise DataError("vocabulary: no words to decode with")
-
-
-def _logadd(a: float, b: float) -> float:
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    return max(a, b) + math.log1p(math.exp(-abs(a - b)))
-
-
-def ctc_vocabulary_decode(log_probs: np.ndarray, trie: WordTrie, separator: int | None,
-                          beam: int = 8, blank: int = 0, one_word: bool = False, lm=None) -> list[int]:
-    """The most probable token sequence made of trie words joined by `separator` (None: words
-    simply follow each other, as phones do; `one_word`: exactly one word) among the `beam`
-    prefixes kept per frame. `lm` (`WordScorer`, needs a separator or `one_word`) adds its score
-    of each word a prefix completes (at the separator) and, at the end, of its last word and the end."""
-    log_probs = np.asarray(log_probs, dtype=np.float64)
-    if log_probs.ndim != 2:
-        raise DataError(f"ctc decode: expected [time, vocab] log-probs, got shape {log_probs.shape}")
-    if beam < 1:
-        raise DataError(f"ctc decode: beam must be >= 1, got {beam}")
-    # tokens -> [log P(ends in blank), log P(ends in last token), trie nodes]. Without a separator
-    # one token sequence may split into words in several ways: its nodes are a set (one paths' sum).
-    beams: dict[tuple[int, ...], list] = {(): [0.0, NEG_INF, frozenset([0])]}
-    for frame in log_probs.tolist():
-        new: dict[tuple[int, ...], list] = {}
-
-        def add(tokens, blank_part: float, token_part: float, nodes: frozenset) -> None:
-            slot = new.setdefault(tokens, [NEG_INF, NEG_INF, nodes])
-            slot[0] = _logadd(slot[0], blank_part)
-            slot[1] = _logadd(slot[1], token_part)
-
-        for tokens, (p_blank, p_token, nodes) in beams.items():
-            total = _logadd(p_blank, p_token)
-            last = tokens[-1] if tokens else None
-            add(tokens, total + frame[blank], p_token + frame[last] if last is not None else NEG_INF, nodes)
-            moves: dict[int, set[int]] = {}
-            for node in nodes:
-                for token, child in trie.children[node].items():
-                    moves.setdefault(token, set()).add(child)
-                if trie.word_end[node] and not one_word:
-                    for token, child in ({separator: 0} if separator is not None else trie.children[0]).items():
-                        moves.setdefault(token, set()).add(child)
-            for token, children in moves.items():
-                # The last token again is a new occurrence only after a blank.
-                source = p_blank if token == last else total
-                if lm is not None and token == separator:
-                    source += lm.completed(tokens, separator)
-                add(tokens + (token,), NEG_INF, source + frame[token], frozenset(children))
-        ranked = sorted(new.items(), key=lambda kv: (-_logadd(kv[1][0], kv[1][1]), kv[0]))
-        kept = ranked[:beam]
-        if not any(_ends_word(trie, v[2]) for _, v in kept):
-            # The best whole-word prefix stays too, so a narrow beam still ends on words.
-            kept += [kv for kv in ranked[beam:] if _ends_word(trie, kv[1][2])][:1]
-        beams = {tokens: v for tokens, v in kept if _logadd(v[0], v[1]) > NEG_INF}
-        if not beams:
-            return []
-    finished = [(_logadd(v[0], v[1]) + (lm.ended(tokens, separator) if lm is not None else 0.0), tokens)
-                for tokens, v in beams.items() if _ends_word(trie, v[2])]
-    return list(max(finished)[1]) if finished else []
-
-
-class WordScorer:
-    """Word bigram scores for the search, on token sequences: `weight` x log P(word | previous) +
-    `bonus` per completed word, and `weight` x log P(end | last word) at the end
-    (`asrdist.eval.wordlm`)."""
-
-    def __init__(self, bigram, word_of: dict[tuple[int, ...], str], weight: float, bonus: float = 0.0):
-        self.bigram, self.word_of, self.weight, self.bonus = bigram, word_of, weight, bonus
-
-    def _words(self, tokens: tuple[int, ...], separator: int | None) -> list[str]:
-        if separator is None:  # one word per utterance
-            return [self.word_of[tokens]] if tokens else []
-        words, start = [], 0
-        for i, token in enumerate(tokens + (separator,)):
-            if token == separator:
-                if i > start:
-                    words.append(self.word_of[tokens[start:i]])
-                start = i + 1
-        return words
-
-    def completed(self, tokens: tuple[int, ...], separator: int) -> float:
-        """The score of the word `tokens` end in (a separator comes next)."""
-        words = self._words(tokens, separator)
-        previous = words[-2] if len(words) > 1 else None
-        return self.weight * self.bigram.log_prob(previous, words[-1]) + self.bonus
-
-    def ended(self, tokens: tuple[int, ...], separator: int | None) -> float:
-        """The score of a finished hypothesis' last word (not yet scored) and of its end."""
-        words = self._words(tokens, separator)
-        if not words:
-            return 0.0
-        last = self.completed(tokens, separator) if separator is not None else (
-            self.weight * self.bigram.log_prob(None, words[-1]) + self.bonus)
-        return last + self.weight * self.bigram.log_prob(words[-1], END)
-
-
-def _ends_word(trie: WordTrie, nodes: frozenset) -> bool:
-    return any(trie.word_end[n] for n in nodes)
+PREFIX, FLASHLIGHT = "prefix", "flashlight"
 
 
 def vocabulary_words(spec: str, train_dir: Path | None) -> list[str]:
@@ -181,17 +66,23 @@ def training_transcripts(train_dir: Path | None) -> list[list[str]]:
 
 
 class VocabularySearch:
-    """Constrained search for one run: `search(log_probs)` -> token ids (character models)."""
+    """Constrained search for one run: `search(log_probs)` -> token ids (character models).
+    `spellings`: word (normalised) -> its token sequences; `lexicon`: a lexicon file's spellings
+    (`read_spellings`) that replace a word's own letters."""
 
-    lm: "WordScorer | None" = None
-    """The word bigram (`use_bigram`), None without one (and for phone models)."""
+    lm: "Path | None" = None
+    """The word language model the search weighs (`use_lm`), None without one."""
 
-    def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary"):
-        self.tokenizer = tokenizer
-        self.spellings: dict[str, list[tuple[int, ...]]] = {}  # word (normalised) -> its token sequences
+    def __init__(self, words: Sequence[str], tokenizer, beam: int, where: str = "eval.vocabulary",
+                 lexicon: dict[str, list[tuple[int, ...]]] | None = None, decoder: str = PREFIX):
+        self.tokenizer, self.decoder_name = tokenizer, decoder
+        self.spellings: dict[str, list[tuple[int, ...]]] = {}
         unusable = 0
         for word in words:
             text = tokenizer.normalize(word)
+            if lexicon and text in lexicon:
+                self.spellings[text] = lexicon[text]
+                continue
             try:
                 ids = tokenizer.encode(text)
             except DataError:
@@ -206,32 +97,52 @@ class VocabularySearch:
             print(f"asrdist: note: {where}: {unusable} of {len(words)} words use characters the model never "
                   f"saw; left out", file=sys.stderr)
         self.num_words = len(encoded)
-        self.trie = WordTrie(sorted(encoded))
+        self.word_of = {}
+        for word in sorted(self.spellings):
+            for ids in self.spellings[word]:
+                self.word_of.setdefault(tuple(ids), word)  # homographs: the first word in order
         # A model that never saw a space (isolated-word training) says one word per utterance.
         self.separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
         self.one_word = self.separator is None
+        self.num_tokens = tokenizer.vocab_size
         self.beam = max(1, beam)
+        self.lm_weight, self.word_bonus = 0.0, 0.0
+        self._decoder: LexiconSearch | None = None
+        self._scorer: WordScorer | None = None
+        self._trie: WordTrie | None = None
+        self._read: dict[tuple[int, ...], list[str]] = {}
 
-    def use_bigram(self, transcripts: Sequence[Sequence[str]], weight: float, bonus: float) -> None:
-        """Score hypotheses with a word bigram of `transcripts` (the training split's) too."""
-        word_of = {spelled[0]: word for word, spelled in self.spellings.items()}
-        known = set(self.spellings)
-        sentences = [[self.word_key(w) for w in words] for words in transcripts]
-        # a sentence with a word outside the vocabulary is cut there (its pairs across it unknown)
-        pieces = []
-        for words in sentences:
-            piece: list[str] = []
-            for w in words + [None]:
-                if w is not None and w in known:
-                    piece.append(w)
-                elif piece:
-                    pieces.append(piece)
-                    piece = []
-        self.lm = WordScorer(WordBigram(pieces, known), word_of, weight, bonus)
+    def use_lm(self, path: Path | None, weight: float, bonus: float) -> None:
+        """Weigh the word LM at `path` (None: none) by `weight` and add `bonus` per word."""
+        self.lm, self.lm_weight, self.word_bonus = path, weight, bonus
+        self._decoder = self._scorer = None
+
+    @property
+    def scorer(self) -> WordScorer | None:
+        """The prefix search's word LM scorer, None without LM and bonus."""
+        if self._scorer is None and (self.lm is not None or self.word_bonus != 0):
+            words = sorted(self.spellings)
+            lm, ids = lm_with_words(words, self.lm) if self.lm is not None else (None, range(len(words)))
+            self._scorer = WordScorer(lm, self.word_of, dict(zip(words, ids)), self.lm_weight, self.word_bonus)
+        return self._scorer
+
+    @property
+    def decoder(self) -> LexiconSearch:
+        if self._decoder is None:
+            self._decoder = LexiconSearch(self.spellings, self.num_tokens, self.separator, self.beam,
+                                          lm=self.lm, lm_weight=self.lm_weight, word_bonus=self.word_bonus,
+                                          one_word=self.one_word)
+        return self._decoder
 
     def search(self, log_probs: np.ndarray) -> list[int]:
-        return ctc_vocabulary_decode(log_probs, self.trie, self.separator, beam=self.beam, one_word=self.one_word,
-                                     lm=self.lm)
+        if self.decoder_name == PREFIX:
+            if self._trie is None:
+                self._trie = WordTrie(sorted(self.word_of))
+            return ctc_vocabulary_decode(log_probs, self._trie, self.separator, beam=self.beam,
+                                         one_word=self.one_word, lm=self.scorer)
+        tokens, words = self.decoder.decode(log_probs)
+        self._read[tuple(tokens)] = words
+        return tokens
 
     def word_key(self, word: str) -> str:
         """`word` of a transcript as `spellings` names it."""
@@ -241,10 +152,12 @@ class VocabularySearch:
 class PronouncedSearch(VocabularySearch):
     """Constrained search for a phone CTC model: hypotheses are the vocabulary words'
     pronunciations (a lexicon's, silence left out) one after another, and `words(tokens)` reads a
-    hypothesis back as words. `one_word`: exactly one word per utterance (isolated-word training)."""
+    hypothesis back as the words the search found. `one_word`: exactly one word per utterance
+    (isolated-word training)."""
 
     def __init__(self, lexicon, words: Sequence[str], beam: int, one_word: bool = False,
-                 where: str = "eval.vocabulary"):
+                 where: str = "eval.vocabulary", decoder: str = PREFIX):
+        self.decoder_name = decoder
         silence = lexicon.table.silence_id if SILENCE in lexicon.table else None
         self.word_of: dict[tuple[int, ...], str] = {}
         missing = 0
@@ -265,61 +178,138 @@ class PronouncedSearch(VocabularySearch):
         if missing:
             print(f"asrdist: note: {where}: {missing} of {len(words)} words have no pronunciation in the "
                   f"lexicon{source}; left out", file=sys.stderr)
-        self.num_words = len(set(self.word_of.values()))
-        self.trie = WordTrie(sorted(self.word_of))
+        self.num_words = len(self.spellings)
+        self.num_tokens = len(lexicon.table)
         self.separator, self.one_word, self.beam = None, one_word, max(1, beam)
+        self.lm_weight, self.word_bonus = 0.0, 0.0
+        self._decoder, self._scorer, self._trie, self._read = None, None, None, {}
 
     def word_key(self, word: str) -> str:
         return normalize_word(word)
 
     def words(self, tokens: Sequence[int]) -> list[str]:
-        """The fewest vocabulary words whose pronunciations spell `tokens` in order ([] if none do)."""
-        tokens = [int(t) for t in tokens]
+        """The words the search read `tokens` (one of its hypotheses) as; other tokens: the fewest
+        vocabulary words whose pronunciations spell them in order ([] if none do)."""
+        tokens = tuple(int(t) for t in tokens)
+        if tokens in self._read:
+            return list(self._read[tokens])
+        longest = max(map(len, self.word_of))
         best: list[list[str] | None] = [[]] + [None] * len(tokens)
         for start in range(len(tokens)):
             if best[start] is None:
                 continue
-            node = 0
-            for end in range(start, len(tokens)):
-                node = self.trie.children[node].get(tokens[end])
-                if node is None:
-                    break
-                if self.trie.word_end[node]:
-                    candidate = best[start] + [self.word_of[tuple(tokens[start:end + 1])]]
-                    if best[end + 1] is None or len(candidate) < len(best[end + 1]):
-                        best[end + 1] = candidate
+            for end in range(start + 1, min(len(tokens), start + longest) + 1):
+                word = self.word_of.get(tokens[start:end])
+                if word is not None and (best[end] is None or len(best[start]) + 1 < len(best[end])):
+                    best[end] = best[start] + [word]
         return best[-1] or []
 
 
-def vocabulary_search(cfg, targets: Targets) -> VocabularySearch | None:
-    """The run's constrained search per `cfg.eval.vocabulary`, or None (unconstrained): words
-    spelled with a character model's characters, or pronounced with a phone model's phones through
-    a lexicon (`train`: the corpus lexicon's entries of the training words; PATH: a lexicon file)."""
-    spec = cfg.eval.vocabulary
-    if spec == OFF:
-        return None
-    where = f"eval.vocabulary={spec}"
+class TokenLMSearch:
+    """A character model's free search under a token LM (`eval.lm` whose words are the model's
+    characters, `|` for the space): flashlight-text's lexicon-free decoder."""
+
+    one_word = False
+
+    def __init__(self, tokenizer, beam: int, lm: Path, weight: float):
+        names = ["<blank>"] + ["|" if c == " " else c for c in tokenizer.symbols]
+        separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
+        self.decoder = LexiconFreeSearch(names, max(1, beam), lm, weight, separator=separator)
+
+    def search(self, log_probs: np.ndarray) -> list[int]:
+        return self.decoder.decode(log_probs)
+
+
+def read_spellings(path: Path, tokenizer, where: str = "eval.lexicon") -> dict[str, list[tuple[int, ...]]]:
+    """A character model's lexicon: `word  c h a r s [|]` lines (flashlight's form; `|` is the space
+    and ends a word) -> {word: its spellings as token ids}; a DataError naming a line that does not fit."""
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith((";;;", "#")):
+            continue
+        letters = [f for f in fields[1:] if f != "|"] or list(fields[0])
+        if any(len(f) != 1 for f in letters):
+            raise DataError(f"{where}: {path}: line {number}: a character model's lexicon spells each word in "
+                            f"single characters (word  c h a r s |), got {' '.join(fields[1:])!r}")
+        try:
+            ids = tuple(tokenizer.encode(tokenizer.normalize("".join(letters))))
+        except DataError:
+            continue  # characters the model never saw: left out as for words
+        out.setdefault(tokenizer.normalize(fields[0]), []).append(ids)
+    if not out:
+        raise DataError(f"{where}: {path}: no word spelled with the model's characters")
+    return out
+
+
+def training_lm_sentences(train_dir: Path, targets: Targets) -> list[list[str]]:
+    """The training transcripts' words as the search names them (the LM's words)."""
+    key = targets.tokenizer.normalize if targets.kind == "chars" else normalize_word
+    return [[key(w) for w in words] for words in training_transcripts(train_dir)]
+
+
+_BUILT: dict[tuple, Path] = {}
+
+
+def training_lm(train_dir: Path, targets: Targets) -> Path:
+    """The training transcripts' bigram as an ARPA file, for a run directory without `lm.arpa`
+    (runs trained before it was written, validation during training): a temporary file per process."""
+    text = Path(train_dir) / "text"
+    stamp = (str(text.resolve()), text.stat().st_mtime_ns if text.is_file() else 0, targets.kind)
+    if stamp not in _BUILT or not _BUILT[stamp].is_file():
+        handle, name = tempfile.mkstemp(prefix="asrdist-lm-", suffix=".arpa")
+        os.close(handle)
+        atexit.register(lambda: Path(name).unlink(missing_ok=True))
+        _BUILT[stamp] = write_training_lm(Path(name), training_lm_sentences(train_dir, targets))
+    return _BUILT[stamp]
+
+
+def vocabulary_search(cfg, targets: Targets):
+    """The run's constrained search per `cfg.eval` (vocabulary, lexicon, lm), or None (unconstrained):
+    words spelled with a character model's characters (or by `eval.lexicon`), or pronounced with a
+    phone model's phones through a lexicon (`eval.lexicon`; else with `train` the corpus lexicon's
+    entries of the training words, with PATH that lexicon file); a character model without a
+    vocabulary but with a token LM (`eval.lm` PATH, `eval.lm_weight` > 0) searches tokens under it."""
+    ev = cfg.eval
+    spec, lexicon_path = ev.vocabulary, getattr(ev, "lexicon", OFF)
     train_dir = Path(cfg.data.corpus) / "train"
-    if targets.kind == "phones":
-        if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
-            raise DataError("eval.lm_weight / eval.word_bonus: the word bigram is for character CTC models "
-                            "(this run has data.targets=phones); set them to 0")
-        return _pronounced_search(spec, targets, train_dir, cfg.eval.beam, where)
-    if targets.kind != "chars":
+    if spec == OFF and lexicon_path == OFF:
+        if ev.lm_weight > 0 and targets.kind == "chars" and ev.lm != TRAIN:
+            return TokenLMSearch(targets.tokenizer, ev.beam, Path(ev.lm), ev.lm_weight)
+        return None
+    where = f"eval.vocabulary={spec}" if spec != OFF else f"eval.lexicon={lexicon_path}"
+    if targets.kind not in ("chars", "phones"):
         raise DataError(f"{where}: word-constrained decoding needs a CTC model (this run has "
                         f"data.targets={targets.kind}); use eval.vocabulary=none")
-    search = VocabularySearch(vocabulary_words(spec, train_dir), targets.tokenizer, cfg.eval.beam, where=where)
-    if cfg.eval.lm_weight > 0 or cfg.eval.word_bonus != 0:
-        search.use_bigram(training_transcripts(train_dir), cfg.eval.lm_weight, cfg.eval.word_bonus)
+    if targets.kind == "phones":
+        search = _pronounced_search(spec, lexicon_path, targets, train_dir, ev.beam, where, ev.decoder)
+        if ev.decoder == PREFIX and not search.one_word and (ev.lm_weight > 0 or ev.word_bonus != 0):
+            raise DataError("eval.decoder=prefix: a phone model's words follow each other without a separator, "
+                            "which the prefix search cannot score with a word LM; use eval.decoder=flashlight "
+                            "(--decoder flashlight) or eval.lm_weight=0 and eval.word_bonus=0")
+    else:
+        spellings = read_spellings(Path(lexicon_path), targets.tokenizer) if lexicon_path != OFF else None
+        words = vocabulary_words(spec, train_dir) if spec != OFF else sorted(spellings)
+        search = VocabularySearch(words, targets.tokenizer, ev.beam, where=where, lexicon=spellings,
+                                  decoder=ev.decoder)
+    if ev.lm_weight > 0:
+        search.use_lm(training_lm(train_dir, targets) if ev.lm == TRAIN else Path(ev.lm), ev.lm_weight,
+                      ev.word_bonus)
+    elif ev.word_bonus != 0:
+        search.use_lm(None, 0.0, ev.word_bonus)
     return search
 
 
-def _pronounced_search(spec: str, targets: Targets, train_dir: Path, beam: int, where: str) -> PronouncedSearch:
+def _pronounced_search(spec: str, lexicon_path: str, targets: Targets, train_dir: Path, beam: int,
+                       where: str, decoder: str = PREFIX) -> PronouncedSearch:
     table = PhoneTable(targets.phones)
-    path = train_dir.parent / LEXICON_NAME if spec == TRAIN else Path(spec)
-    if spec == TRAIN and not path.is_file():
+    if lexicon_path != OFF:
+        path = Path(lexicon_path)
+    else:
+        path = train_dir.parent / LEXICON_NAME if spec == TRAIN else Path(spec)
+    if lexicon_path == OFF and spec == TRAIN and not path.is_file():
         raise DataError(f"{where}: a phone model's words are pronounced by the corpus lexicon ({path}), "
-                        "which is missing; give a lexicon file (eval.vocabulary=PATH or --vocabulary PATH)")
+                        "which is missing; give a lexicon file (eval.lexicon=PATH or --vocabulary PATH)")
     try:
         lexicon = Lexicon.read(path, table)
     except DataError as exc:
@@ -327,6 +317,11 @@ def _pronounced_search(spec: str, targets: Targets, train_dir: Path, beam: int, 
     # The training transcripts, read once: the words (with `train`) and, as for characters, whether
     # the model was trained on isolated words and so says one word per utterance.
     transcripts = training_transcripts(train_dir) if spec == TRAIN or (train_dir / "text").is_file() else None
-    words = sorted({w for t in transcripts for w in t}) if spec == TRAIN else list(lexicon.entries)
+    if spec == TRAIN:
+        words = sorted({w for t in transcripts for w in t})
+    elif spec != OFF and lexicon_path != OFF:
+        words = vocabulary_words(spec, train_dir)
+    else:
+        words = list(lexicon.entries)
     one_word = transcripts is not None and all(len(t) <= 1 for t in transcripts)
-    return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where)
+    return PronouncedSearch(lexicon, words, beam, one_word=one_word, where=where, decoder=decoder)

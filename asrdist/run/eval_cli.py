@@ -81,10 +81,20 @@ def _vocabulary_option(p: argparse.ArgumentParser) -> None:
 
 def _lm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-weight", type=cli_number(float, at_least=0, at_most=100), default=None, metavar="W",
-                   help="character CTC with a vocabulary: weight of a word bigram of the training transcripts in "
-                        "the search (0 = off); default: the recipe's eval.lm_weight")
+                   help="CTC with a vocabulary: weight of the word language model (--lm) in the search (0 = "
+                        "off); default: the recipe's eval.lm_weight")
     p.add_argument("--word-bonus", type=cli_number(float, at_least=-100, at_most=100), default=None, metavar="B",
-                   help="with the word bigram: added per hypothesised word; default: the recipe's eval.word_bonus")
+                   help="with a vocabulary: added per hypothesised word; default: the recipe's eval.word_bonus")
+    p.add_argument("--lm", default=None, metavar="train|PATH",
+                   help="the language model --lm-weight weighs: the training transcripts' bigram (train) or an ARPA "
+                        "/ KenLM binary file; default: the recipe's eval.lm")
+    p.add_argument("--decoder", default=None, metavar="prefix|flashlight",
+                   help="CTC with a vocabulary: the word search, prefix (sums a hypothesis' alignments: more "
+                        "accurate) or flashlight (flashlight-text's lexicon decoder, its best alignment: about 10x "
+                        "faster); default: the recipe's eval.decoder (prefix)")
+    p.add_argument("--lexicon", default=None, metavar="none|PATH",
+                   help="CTC: the words' token sequences (a phone model's Kaldi / CMU lexicon, a character "
+                        "model's `word  c h a r s |` lines); default: the recipe's eval.lexicon")
 
 
 def _hybrid_options(p: argparse.ArgumentParser) -> None:

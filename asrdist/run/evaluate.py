@@ -22,6 +22,7 @@ from asrdist.eval.details import (
 )
 from asrdist.eval.evaluate import evaluate_split, no_hybrid_reference
 from asrdist.eval.kaldi_scoring import bootstrap, bootstrap_line, errs_path, errs_text, kaldi_line
+from asrdist.eval.wordlm import LM_NAME
 from asrdist.features.store import FeatureStore, has_features
 from asrdist.io.atomic import atomic_path, json_text
 from asrdist.io.kaldi_dir import read_data_dir
@@ -81,6 +82,8 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     blob = _read_model_file(path)
     tree = blob["config"]
     overrides = {k: v for k, v in (eval_overrides or {}).items() if v is not None}
+    if overrides.get("lm", (tree.get("eval") or {}).get("lm", "train")) == "train" and (run_dir / LM_NAME).is_file():
+        overrides["lm"] = str(run_dir / LM_NAME)  # the training transcripts' bigram, written at training
     if overrides:
         tree = {**tree, "eval": {**(tree.get("eval") or {}), **overrides}}
     cfg = config_from_tree(tree)  # the config the model was trained with
@@ -143,9 +146,11 @@ def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool
         search = {"prior_scale": cfg.eval.prior_scale, "acoustic_scale": cfg.eval.acoustic_scale,
                   "min_duration": cfg.eval.min_duration}
     elif cfg.eval.lm_weight > 0:
-        search = {"lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus}
+        search = {"lm": cfg.eval.lm, "lm_weight": cfg.eval.lm_weight, "word_bonus": cfg.eval.word_bonus}
     else:
         search = {}
+    if model.kind == "ctc" and (cfg.eval.vocabulary != "none" or cfg.eval.lexicon != "none"):
+        search = {"decoder": cfg.eval.decoder, **search}
     result = {"data": str(split), "vocabulary": cfg.eval.vocabulary, **search, **result}
     return result
 
@@ -170,7 +175,8 @@ def command_line_overrides(args) -> dict:
     """The `eval` settings `asrdist eval` and `asrdist decode` take as options (None: the recipe's)."""
     return {"vocabulary": args.vocabulary, "adapt_rounds": args.adapt_rounds,
             "adapt_word_balance": args.adapt_word_balance, "lm_weight": args.lm_weight,
-            "word_bonus": args.word_bonus, "prior_scale": args.prior_scale,
+            "word_bonus": args.word_bonus, "lm": getattr(args, "lm", None),
+            "lexicon": getattr(args, "lexicon", None), "decoder": getattr(args, "decoder", None), "prior_scale": args.prior_scale,
             "acoustic_scale": args.acoustic_scale, "min_duration": args.min_duration}
 
 

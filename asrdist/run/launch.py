@@ -33,6 +33,8 @@ from asrdist.data.labels import (
     note_short_utterances,
 )
 from asrdist.errors import AsrdistError, ConfigError, TrainingError
+from asrdist.eval.vocabulary import training_lm_sentences
+from asrdist.eval.wordlm import LM_NAME, write_training_lm
 from asrdist.features.augment import build_augmented_store, check_front_end
 from asrdist.features.store import FeatureStore, has_features
 from asrdist.io.atomic import (
@@ -137,6 +139,8 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, progress: bool, notes: HeldNo
             raise rundir.RunDirBusy(f"{run_dir}: another asrdist command wrote a run in this directory while this "
                                     f"one prepared; pick another --out")
         save_targets(run_dir, targets)
+        if targets.kind in ("chars", "phones") and (corpus / "train" / "text").is_file():  # the default word LM of eval and decode (eval.lm: train)
+            write_training_lm(run_dir / LM_NAME, training_lm_sentences(corpus / "train", targets))
         write_text_atomic(run_dir / CONFIG_NAME, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         write_json_atomic(run_dir / ENV_NAME, environment_record(cfg))
         run_state.write_state(run_dir, "prepared", learners=cfg.train.learners)

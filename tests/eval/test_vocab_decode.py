@@ -1,8 +1,8 @@
-"""Word-constrained CTC decoding (`eval.vocabulary`) against a brute-force reference: every word
-sequence the vocabulary allows, scored by its summed CTC path probability (torch's ctc_loss)."""
+"""Word-constrained CTC decoding (`eval.vocabulary`, flashlight-text's lexicon decoder) against a
+brute-force reference: every word sequence the vocabulary allows, scored by its most probable CTC
+path (the decoder's Viterbi criterion; tests/support/ctc_reference.py says which paths)."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -10,15 +10,13 @@ import pytest
 from asrdist.config import load_config
 from asrdist.data.targets import CharTokenizer
 from asrdist.errors import ConfigError, DataError
-from asrdist.eval.vocabulary import VocabularySearch, WordTrie, ctc_vocabulary_decode, vocabulary_words
-from tests.support.ctc_reference import labelling_log_prob, sequences
-
-
-def _brute_force(log_probs, words, separator):
-    scores = {seq: labelling_log_prob(log_probs, seq) for seq in sequences(words, separator, len(log_probs))}
-    scores = {s: v for s, v in scores.items() if math.isfinite(v)}
-    best = max(scores, key=lambda s: (scores[s], s))
-    return best, scores
+from asrdist.eval.lexdecoder import LexiconSearch
+from asrdist.eval.vocabulary import VocabularySearch, vocabulary_words
+from tests.support.ctc_reference import (
+    best_path_log_prob,
+    following_words_best_paths,
+    labelling_log_prob,
+)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -27,15 +25,23 @@ def test_exact_with_a_wide_beam_against_brute_force(seed, separator):
     rng = np.random.default_rng(seed)
     # tokens 1..3 are letters, 4 the separator (a space); words share prefixes and repeat letters
     words = [(1,), (1, 2), (2, 2, 3), (3, 1), (2,)]
+    spellings = {"w" + "".join(map(str, w)): [w] for w in words}
     vocab = 5 if separator is not None else 4
-    log_probs = np.log(rng.dirichlet(np.full(vocab, 0.6), size=7))
-    best, scores = _brute_force(log_probs, words, separator)
-    found = ctc_vocabulary_decode(log_probs, WordTrie(words), separator, beam=10_000)
-    assert tuple(found) == best
-    narrow = ctc_vocabulary_decode(log_probs, WordTrie(words), separator, beam=2)
+    log_probs = np.log(rng.dirichlet(np.full(vocab, 0.6), size=7 if separator is not None else 6))
+    search = LexiconSearch(spellings, vocab, separator, beam=10_000, beam_threshold=1e4)
+    scores = following_words_best_paths(search, log_probs, words)
+    best = max(scores.values())
+    found, said = search.decode(log_probs)
+    assert scores[tuple(found)] == pytest.approx(best, abs=1e-4)
+    if separator is not None:  # the words it read are the tokens it gives
+        assert found == [t for i, w in enumerate(said) for t in (separator,) * (i > 0) + spellings[w][0]]
+    narrow, _ = LexiconSearch(spellings, vocab, separator, beam=2).decode(log_probs)
     assert tuple(narrow) in scores  # a narrow beam may miss the best, never leave the vocabulary or end empty
-    single = ctc_vocabulary_decode(log_probs, WordTrie(words), None, beam=10_000, one_word=True)
-    assert tuple(single) == max(words, key=lambda w: (labelling_log_prob(log_probs, w), w))
+    single, said = LexiconSearch(spellings, vocab, None, beam=10_000, one_word=True,
+                                 beam_threshold=1e4).decode(log_probs)
+    assert len(said) == 1 and tuple(single) == spellings[said[0]][0]
+    assert best_path_log_prob(log_probs, single) == pytest.approx(
+        max(best_path_log_prob(log_probs, w) for w in words), abs=1e-4)
 
 
 def test_isolated_words_pick_the_most_likely_word_not_the_greedy_spelling():
@@ -71,3 +77,25 @@ def test_word_lists_lexicons_and_their_errors(tmp_path):
         load_config(None, ["eval.vocabulary=" + str(tmp_path / "missing.txt")])
     with pytest.raises(ConfigError, match="for CTC models"):
         load_config(None, ["eval.vocabulary=train", "data.targets=monophone"])
+
+
+def test_a_character_lexicon_gives_the_words_and_their_spellings(tmp_path):
+    from types import SimpleNamespace
+
+    from asrdist.config import EvalConfig
+    from asrdist.data.targets import Targets
+    from asrdist.eval.vocabulary import read_spellings, vocabulary_search
+
+    tok = CharTokenizer(list(" enotw"))
+    lexicon = tmp_path / "chars.lex"
+    lexicon.write_text("# flashlight's form\nONE o n e |\nTWO t w o |\nTOO t w o |\nNEW n e w\nCAFE c a f e |\n")
+    assert read_spellings(lexicon, tok) == {"one": [tuple(tok.encode("one"))], "two": [tuple(tok.encode("two"))],
+                                            "too": [tuple(tok.encode("two"))], "new": [tuple(tok.encode("new"))]}
+    cfg = SimpleNamespace(eval=EvalConfig(lexicon=str(lexicon), beam=4), data=SimpleNamespace(corpus=str(tmp_path)))
+    search = vocabulary_search(cfg, Targets(kind="chars", phones=[], silence_id=0, num_classes=tok.vocab_size,
+                                                   tokenizer=tok))
+    assert sorted(search.spellings) == ["new", "one", "too", "two"]  # no vocabulary: the lexicon's words
+    phones = tmp_path / "phones.lex"
+    phones.write_text("ONE w ah n\n")
+    with pytest.raises(DataError, match=r"^eval.lexicon: .*phones.lex: line 1: a character model's lexicon spells"):
+        read_spellings(phones, tok)
