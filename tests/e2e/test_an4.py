@@ -13,6 +13,7 @@ import pytest
 
 from asrdist.cli import main
 from asrdist.io.kaldi_dir import read_data_dir
+from tests.support.an4_slice import an4_slice
 from tests.support.paths import ROOT
 
 AN4 = ROOT.parent / "shared" / "data" / "an4"
@@ -27,27 +28,8 @@ pytestmark = [
 ]
 
 
-def _slice(tmp_path: Path) -> Path:
-    """A copy of the AN4 directory's script and list with the first PER_SPEAKER utterances of the
-    first SPEAKERS speakers; the audio is the shared directory's own (linked)."""
-    here = tmp_path / "an4"
-    here.mkdir()
-    shutil.copy(AN4 / "make_kaldi_dir.sh", here)
-    (here / "audio").symlink_to(AN4 / "audio")
-    kept, count = [], {}
-    for line in (AN4 / "train.list").read_text(encoding="utf-8").splitlines():
-        speaker = line.split("\t")[1]
-        if speaker not in count and len(count) == SPEAKERS:
-            continue
-        count[speaker] = count.get(speaker, 0) + 1
-        if count[speaker] <= PER_SPEAKER:
-            kept.append(line)
-    (here / "train.list").write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    return here
-
-
 def test_an4_slice_from_recordings_to_words(tmp_path: Path, capsys):
-    an4 = _slice(tmp_path)
+    an4 = an4_slice(tmp_path / "an4", SPEAKERS, PER_SPEAKER)
     subprocess.run(["bash", str(an4 / "make_kaldi_dir.sh"), str(tmp_path / "kaldi")], check=True,
                    stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
     corpus = tmp_path / "corpus"

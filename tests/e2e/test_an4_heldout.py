@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from asrdist.cli import main
+from tests.support.an4_slice import an4_slice
 from tests.support.paths import AN4, CONFIGS
 
 pytestmark = [
@@ -34,17 +35,7 @@ KALDI_LINE = r"%{} \d+\.\d\d \[ \d+ / \d+, \d+ ins, \d+ del, \d+ sub \]"
 def _kaldi_dir(tmp_path: Path, name: str, speakers: tuple[str, ...]) -> Path:
     """A Kaldi data directory (NAME/train) of the first PER_SPEAKER utterances of `speakers`, made by
     the shipped script from a copy of its list (the audio linked from the shared directory)."""
-    here = tmp_path / f"{name}-src"
-    here.mkdir()
-    shutil.copy(AN4 / "make_kaldi_dir.sh", here)
-    (here / "audio").symlink_to(AN4 / "audio")
-    kept, count = [], {}
-    for line in (AN4 / "train.list").read_text(encoding="utf-8").splitlines():
-        speaker = line.split("\t")[1]
-        count[speaker] = count.get(speaker, 0) + 1
-        if speaker in speakers and count[speaker] <= PER_SPEAKER:
-            kept.append(line)
-    (here / "train.list").write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    here = an4_slice(tmp_path / f"{name}-src", speakers, PER_SPEAKER)
     subprocess.run(["bash", str(here / "make_kaldi_dir.sh"), str(tmp_path / name)], check=True,
                    stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
     return tmp_path / name / "train"

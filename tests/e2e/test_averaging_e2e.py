@@ -56,6 +56,7 @@ def ngsgd_run(corpus, tmp_path_factory):
     return out, _train(corpus, out, AVERAGING, f"train.checkpoint_every={CHECKPOINT_EVERY}")
 
 
+@pytest.mark.timeout(900)  # three 2-learner trainings (and the module's fixture's): past 300 s on a loaded machine
 def test_ngsgd_averaging_keeps_up_with_sync_plain_sgd_does_not(corpus, ngsgd_run, tmp_path):
     sync = _train(corpus, tmp_path / "sync", SYNC)
     plain = _train(corpus, tmp_path / "plain", AVERAGING, *PLAIN_SGD)

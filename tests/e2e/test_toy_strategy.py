@@ -72,6 +72,7 @@ def test_the_toy_strategy_trains(package_with_toy, tone_corpus, tmp_path):
     assert all(p["bytes_sent"] > 0 and p["exchanges"] == summary["steps"] > 0 for p in summary["comm"]["per_learner"])
 
 
+@pytest.mark.timeout(900)  # calibration, training and scoring as processes: past 300 s on a loaded machine
 def test_the_toy_strategy_is_compared(package_with_toy, tone_corpus, tmp_path):
     out = tmp_path / "compare"
     _asrdist(package_with_toy, "compare", str(CONFIG), *TINY, "train.epochs=1", "--strategies", "toy",
