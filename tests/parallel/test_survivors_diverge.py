@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from asrdist.bench.faults import learner_pids
 from asrdist.cluster.supervisor import Survival
 from asrdist.errors import TrainingError
 from asrdist.run import rundir
@@ -65,22 +65,6 @@ def test_a_divergence_keeps_the_checkpoint_from_before_the_start_and_advises_res
     assert (run / "checkpoints" / "epoch-0002" / "rank-0.pt").is_file()
 
 
-def _learner_pids(run_dir: Path) -> dict[int, int]:
-    """rank -> pid of each running learner of the job in `run_dir` (its RANK variable)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = dict(v.split(b"=", 1) for v in (entry / "environ").read_bytes().split(b"\0") if b"=" in v)
-        except OSError:
-            continue
-        if b"asrdist.run.worker" in cmdline and str(run_dir).encode() in cmdline and b"RANK" in environ:
-            found[int(environ[b"RANK"])] = int(entry.name)
-    return found
-
-
 @pytest.mark.slow
 def test_a_hierarchical_job_whose_survivors_diverge_says_so(tone_corpus, tmp_path):
     """4 learners in nodes of 2; once the first checkpoint is published rank 3 is killed (node 1
@@ -98,10 +82,10 @@ def test_a_hierarchical_job_whose_survivors_diverge_says_so(tone_corpus, tmp_pat
     try:
         end = time.monotonic() + 300  # only to catch a hang
         latest = run_dir / "checkpoints" / "latest"
-        while not latest.is_file() or len(_learner_pids(run_dir)) < 4:
+        while not latest.is_file() or len(learner_pids(run_dir)) < 4:
             assert proc.poll() is None and time.monotonic() < end, proc.stderr.read() if proc.poll() else "no start"
             time.sleep(0.1)  # polling an outside process, not synchronisation
-        os.kill(_learner_pids(run_dir)[3], signal.SIGKILL)
+        os.kill(learner_pids(run_dir)[3], signal.SIGKILL)
         said = []
         for line in proc.stderr:  # the launcher says when the job goes on without node 1
             said.append(line)
