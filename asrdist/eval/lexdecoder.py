@@ -119,6 +119,7 @@ class LexiconSearch:
         if beam < 1:
             raise DataError(f"ctc decode: beam must be >= 1, got {beam}")
         self.words_list = sorted(spellings)
+        self.spellings = {w: [tuple(int(t) for t in s) for s in spellings[w]] for w in self.words_list}
         self.num_tokens, self.blank, self.separator = num_tokens, blank, separator
         self.end, self.brk = num_tokens, num_tokens + 1  # the END and BREAK columns
         self.one_word = one_word and separator is None
@@ -174,9 +175,24 @@ class LexiconSearch:
         for decoder in (self.decoder, self.wide):
             for result in decoder.decode(em.ctypes.data, em.shape[0], em.shape[1]):
                 words = [self.word_of[i] for i in result.words if i >= 0]
-                if words:
-                    return self._tokens(result.tokens), words
+                tokens = self._tokens(result.tokens)
+                if words and self._spells(tokens, words):
+                    return tokens, words
         return [], []
+
+    def _spells(self, tokens: list[int], words: list[str]) -> bool:
+        """Whether `tokens` are `words` spelled one after another (with the separator between them).
+        flashlight ends on a hypothesis still inside a word when no hypothesis of the beam is between
+        words: its tokens carry the start of a word it never read."""
+        sep = () if self.separator is None else (self.separator,)
+
+        def rest(at: int, i: int) -> bool:
+            if i == len(words):
+                return at == len(tokens)
+            lead = sep if i else ()
+            return any(tuple(tokens[at:at + len(lead) + len(s)]) == lead + tuple(s)
+                       and rest(at + len(lead) + len(s), i + 1) for s in self.spellings[words[i]])
+        return rest(0, 0)
 
     def _tokens(self, path: Sequence[int]) -> list[int]:
         """A frame path's labelling: repeats merged, blank, END and BREAK dropped, the first separator too."""
