@@ -67,6 +67,7 @@ class Survival:
         """rank -> the one line that says why it was lost."""
         self._declared: dict[int, float] = {}  # rank -> when its peers' report was seen, it still running
         self._stopped: set[int] = set()
+        self._lost_at: dict[int, float] = {}  # rank -> when it failed (its report's time)
 
     def wait(self, procs: list[subprocess.Popen], stop: threading.Event, deadline: float | None) -> list[int] | None:
         """Until every learner has exited (their codes), a stop signal came, or the deadline passed."""
@@ -79,14 +80,24 @@ class Survival:
                         self._stopped.add(rank)
                         procs[rank].kill()
                         codes[rank] = procs[rank].wait()
-                if codes[rank] not in (None, 0) and rank not in self.lost:
-                    self._lose(rank, codes[rank], len(procs))
+            # learners found gone in one pass are lost in the order they failed (their reports'
+            # times): a divergence before the collective failures it caused in its peers
+            gone = [rank for rank, code in enumerate(codes) if code not in (None, 0) and rank not in self.lost]
+            for rank in sorted(gone, key=self._failed_at):
+                self._lose(rank, codes[rank], len(procs))
             if all(c is not None for c in codes):
                 return codes
             if deadline is not None and time.monotonic() > deadline:
                 return None
             stop.wait(0.2)
         return [p.poll() or 0 for p in procs]
+
+    def _failed_at(self, rank: int) -> float:
+        """When learner `rank` wrote its failure report (none, as when it was killed: now)."""
+        try:
+            return report_path(self.report_dir, rank).stat().st_mtime
+        except OSError:
+            return time.time()
 
     def _lose(self, rank: int, code: int, learners: int) -> None:
         report = _first_line(report_path(self.report_dir, rank))
@@ -106,6 +117,7 @@ class Survival:
             record = {**record, "reason": how, "by": "launcher"}
             self.store.set(lost_key(rank), json.dumps(record))
         self.lost[rank] = how
+        self._lost_at[rank] = self._failed_at(rank)
         left = learners - len(self.lost)
         at = f" at step {record['step']}" if record.get("step") is not None else " before its first step"
         goes_on = f"the job goes on with {left} learner{'s' * (left != 1)}" if left else "no learner is left"
@@ -120,7 +132,8 @@ class Survival:
         of them stopped on a non-finite loss (`diverged_line`), else the learner lost first."""
         if any(c == 0 for c in codes):
             return
-        line = diverged_line(self.lost)
+        # in the order they failed: a learner found gone a pass later may have failed first
+        line = diverged_line(dict(sorted(self.lost.items(), key=lambda lost: self._lost_at.get(lost[0], 0.0))))
         if line is None:
             rank, how = next(iter(self.lost.items()))
             line = f"learner rank {rank}: {how}"
