@@ -128,6 +128,8 @@ class AdpsgdStrategy(Strategy):
         self.membership = membership  # made at setup when the job survives losses, unless nested
         self._watchdog: Watchdog | None = None
         self._exchange_group = exchange_group
+        self._exchanges: list[tuple[float, int, int]] = []
+        """(wall time it started, this active's ring position, the passive's) of every exchange."""
 
     # -- set-up ----------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: LearnerContext) -> None:
@@ -267,6 +269,12 @@ class AdpsgdStrategy(Strategy):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
+    def gossip(self) -> dict | None:
+        if not self.ctx.distributed:
+            return None
+        return {"learners": self.ctx.world_size, "pattern": self.config.pattern, "seed": self.config.seed,
+                "exchanges": list(self._exchanges)}
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "round": self._round}
 
@@ -317,7 +325,7 @@ class AdpsgdStrategy(Strategy):
 
     def _exchange(self, partner: int, mine_pre: torch.Tensor, stalled: bool) -> None:
         """Active side: send x_pre while the partner's x_pre comes back, move halfway towards it."""
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         what = f"adpsgd exchange with rank {partner} (timeout {self.ctx.timeout.total_seconds():g} s)"
         header = torch.tensor([_EXCHANGE, self._round], dtype=torch.int64)
         theirs = self._buffers[1]
@@ -338,6 +346,7 @@ class AdpsgdStrategy(Strategy):
             with self._lock:
                 self._flat.add_(delta)
         dt = time.perf_counter() - t0
+        self._exchanges.append((started, self.ctx.rank, partner))
         self.counters.add(bytes_sent=exchange_traffic(mine_pre.numel(), mine_pre.element_size())["exchange"].bytes_sent,
                           exchanges=1, comm_seconds=dt, wait_seconds=dt if stalled else 0.0)
 

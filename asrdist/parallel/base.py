@@ -221,6 +221,12 @@ class Strategy:
         Its values go into the epoch's record in metrics.jsonl (e.g. adpsgd's consensus distance)."""
         return {}
 
+    def gossip(self) -> dict | None:
+        """A gossiping strategy's record of this start (`asrdist.run.gossip`): {"learners", "pattern",
+        "seed", "exchanges": [(wall time, active, passive), ...] it started}, positions on its ring;
+        None for a strategy that does not gossip."""
+        return None
+
     def start_membership(self, ctx: LearnerContext) -> None:
         """Join the job's record of lost learners when this strategy survives losses (`survival`)
         and the job does (`ctx.survive_lost`, a store); a node's learners are lost together

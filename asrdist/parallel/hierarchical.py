@@ -102,6 +102,10 @@ class HierarchicalStrategy(Strategy):
         if nodes > 1 and not self.leader and self.config.delay_by_one:
             self._held = HeldGradient()
 
+    def gossip(self) -> dict | None:
+        """The leaders' exchanges, positions on the ring of nodes (None on the other learners)."""
+        return None if self.outer is None else self.outer.gossip()
+
     # -- the trainer's hooks ---------------------------------------------------------------
     def note_samples(self, n: int) -> None:
         self.inner.note_samples(n)

@@ -150,19 +150,38 @@ def random_expectation_eigenvalues(n: int) -> np.ndarray:
     return np.sort(np.array(eig))[::-1]
 
 
-def _sampled_wtw(n: int, pattern: str, seed: int, rounds: int) -> sp.csr_array:
+def _mean_wtw(n: int, rounds: list[list[tuple[int, int]]]) -> sp.csr_array:
+    """The mean of WᵀW over `rounds`, each the pairs averaged in it, in order."""
     import scipy.sparse as sp  # here, not at the top: see _round_matrix
     # (WᵀW)_ij = sum_k W_ki W_kj: triplets straight from W's short rows, summed once by scipy,
     # which is far cheaper than thousands of small sparse products.
     data, rows, cols = [], [], []
-    for t in range(rounds):
-        for row in _round_rows(n, partners_of_round(n, t, pattern, seed)):
+    for pairs in rounds:
+        for row in _round_rows(n, pairs):
             for i, wi in row.items():
                 for j, wj in row.items():
                     data.append(wi * wj)
                     rows.append(i)
                     cols.append(j)
-    return sp.csr_array((np.array(data) / rounds, (rows, cols)), shape=(n, n))
+    return sp.csr_array((np.array(data) / len(rounds), (rows, cols)), shape=(n, n))
+
+
+def _sampled_wtw(n: int, pattern: str, seed: int, rounds: int) -> sp.csr_array:
+    return _mean_wtw(n, [partners_of_round(n, t, pattern, seed) for t in range(rounds)])
+
+
+def measured_gap(n: int, exchanges: list[tuple[int, int]]) -> float | None:
+    """The spectral gap of the mixing that happened: `exchanges` (active, passive) in the order
+    they started, cut into windows of n // 2 (a lock-step round's worth), each window's W the
+    product of its pairwise averages; the gap of the mean WᵀW (None: not one whole window).
+    In lock step a window is a round and this is the pattern's sampled gap; when learners run at
+    different speeds the fast pairs take more of each window and the slow ones mix less."""
+    n = _check_int(n, "learners", 2)
+    window = n // 2
+    windows = [list(exchanges[k:k + window]) for k in range(0, len(exchanges) - window + 1, window)]
+    if not windows:
+        return None
+    return spectral_gap(_mean_wtw(n, windows))
 
 
 def expected_wtw(n: int, pattern: str, seed: int = 0, rounds: int | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ from asrdist.config import RunConfig
 from asrdist.data.targets import Targets
 from asrdist.eval.evaluate import evaluate_split
 from asrdist.models.registry import count_parameters
+from asrdist.run.gossip import write_gossip
 from asrdist.run.report import plot_report
 from asrdist.run.rundir import MODEL_NAME
 from asrdist.run.summary import (ERROR_KEYS, CommTotals, EpochRecord, FinalFigures, LearnerFigures, LostLearner,
@@ -47,7 +48,8 @@ def _figures(evaluated: dict) -> dict:
 def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targets: Targets,
                state, per_learner: list[dict], wall_seconds: float, threads: int,
                lost_learners: list[dict] | None = None, averaged: Averaged | None = None, *,
-               env: JobEnv, load: tuple[float | None, float | None] = (None, None)) -> RunSummary:
+               env: JobEnv, load: tuple[float | None, float | None] = (None, None),
+               gossip: tuple[dict, list] | None = None) -> RunSummary:
     """`model`: the job's final model; `averaged` (train.average_last): the average of the last
     epochs' models, which replaces it in `model` and model.pt; `final` then holds the average's
     figures, `final.averaged_epochs` its epochs (from 1) and `final.unaveraged` the figures of
@@ -55,7 +57,8 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
     `JobEnv` (its hosts, network and restarts). `load`: the machine's load average when this
     learner's training started and ended; with the learners' CPU figures, `cpu_share` and
     `contended` on shared cores (`asrdist.utils.contention`; `launch.run_workers` sets them again
-    on dedicated hosts, from their quotas)."""
+    on dedicated hosts, from their quotas). `gossip` (`asrdist.run.gossip.gossip_summary`): a
+    gossiping job's exchanges, written to RUN/gossip.tsv, and their mixing, summary.json's `gossip`."""
     final_figures = _figures(evaluate_split(model, task.valid_dir, targets, cfg))
     train_loss = state.history[-1]["train_loss"] if state.history else None
     final = {"train_loss": train_loss, **final_figures}
@@ -84,7 +87,10 @@ def finish_run(cfg: RunConfig, run_dir: Path, model: torch.nn.Module, task, targ
                         wait_seconds=sum(p.wait_seconds for p in learners) / n, per_learner=learners),
         history=[EpochRecord.from_json(r) for r in state.history],
         load={"start": load[0], "end": load[1], "cores": machine_cores()},
-        validations=[ValidationRecord.from_json(r) for r in state.validations] if cfg.train.validate_every else None)
+        validations=[ValidationRecord.from_json(r) for r in state.validations] if cfg.train.validate_every else None,
+        gossip=None if gossip is None else gossip[0])
+    if gossip is not None:
+        write_gossip(run_dir, gossip[1])
     summary.set_cpu_share(shared_cores(summary.learners))
     # the report first: summary.json marks the run finished, so a disk that fills up on the report
     # must fail the run before it (a resume then finishes it) rather than leave it without one

@@ -32,8 +32,9 @@ from asrdist.parallel import build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.consensus import job_totals
 from asrdist.parallel.membership import survival_wait
-from asrdist.run.prepare import load_targets
 from asrdist.run.finish import finish_run
+from asrdist.run.gossip import gossip_summary
+from asrdist.run.prepare import load_targets
 from asrdist.run.summary import RunSummary
 from asrdist.run.task import SpeechTask
 from asrdist.train.loop import LoopConfig, Task
@@ -212,7 +213,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
                    "skipped_nonfinite": learner.trainer.stepper.skipped,
                    "steal_share": steal_share(steal_before, machine_steal_ticks()),
                    "cpu_seconds": cpu_seconds, "cpu_wait_seconds": cpu_wait, "cpu_wall_seconds": wall,
-                   **learner.strategy.counters.as_dict()}
+                   **learner.strategy.counters.as_dict(), "gossip": learner.strategy.gossip()}
     gathered = [per_learner]
     if ctx.job_world_size > 1:
         def gather(group, members: list[int]) -> list:  # every learner, or those adpsgd went on with
@@ -221,6 +222,7 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
                                                                                              group=group))
             return everyone
         gathered = learner.strategy.among_survivors(gather)
+    gossip = gossip_summary([p.pop("gossip", None) for p in gathered])
     group, members = learner.strategy.survivors()
     lost = learner.strategy.lost_learners()
     stop_learner(group, destroy=not lost)
@@ -228,7 +230,8 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
         return None
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost,
-                         averaged=learner.trainer.averaged(), env=env, load=(load_start, load_average()))
+                         averaged=learner.trainer.averaged(), env=env, load=(load_start, load_average()),
+                         gossip=gossip)
 
     write_state(run_dir, "finished", epoch=state.epoch, epochs=cfg.train.epochs)
     return summary

@@ -271,10 +271,12 @@ class RunSummary(_Record):
     """`cpu_share` under `contention.CONTENDED_SHARE`: another job took cores the run would have had."""
     cpu_received: dict[str, Any] | None = None
     """The figures behind `cpu_share` (`contention.CpuShare.as_dict`)."""
+    gossip: dict[str, Any] | None = None
+    """A gossiping job's exchanges this start and the spectral gap of their mixing (`asrdist.run.gossip`)."""
     NESTED = {"lost_learners": _records(LostLearner), "final": FinalFigures.from_json, "comm": CommTotals.from_json,
               "history": _records(EpochRecord), "validations": _records(ValidationRecord),
               "wire": WireCounters.from_json}
-    OPTIONAL = ("validations", "wire", "dedicated", "load", "cpu_share", "contended", "cpu_received")
+    OPTIONAL = ("validations", "wire", "dedicated", "load", "cpu_share", "contended", "cpu_received", "gossip")
 
     @classmethod
     def from_json(cls, data: Any, where: str = SUMMARY_NAME) -> "RunSummary":

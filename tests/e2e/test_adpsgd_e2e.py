@@ -48,6 +48,11 @@ def test_adpsgd_trains_as_well_as_sync(corpus, sync_run, tmp_path, variant):
     assert error <= 3 * sync_error + 0.02, (error, sync_error)  # it learned (the tone corpus is ~99% right)
     per_learner = run["comm"]["per_learner"]
     assert sum(p["exchanges"] for p in per_learner if p["rank"] == 0) > 0  # rank 0 is active
+    # the exchanges rank 0 started, as recorded; one active: the mixing that happened is the schedule's
+    gossip = run["gossip"]
+    assert gossip["exchanges"] == next(p["exchanges"] for p in per_learner if p["rank"] == 0) == gossip["rounds"]
+    assert len((tmp_path / "run" / "gossip.tsv").read_text().splitlines()) == gossip["exchanges"] + 1
+    assert 0 < gossip["spectral_gap"] <= 1 and gossip["spectral_gap"] == pytest.approx(gossip["spectral_gap_lockstep"])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert len(epochs) == 2 and all(0 <= r["consensus_distance"] < 1 for r in epochs)
