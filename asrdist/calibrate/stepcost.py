@@ -4,6 +4,7 @@ calibrated on (`asrdist.calibrate.microbench`). Why not a linear guess:
 docs/calibration.md#a-learners-step-alone-calibratestepcost."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -19,6 +20,7 @@ from asrdist.errors import DataError
 from asrdist.parallel.base import LearnerContext
 from asrdist.run.learner import build_learner
 from asrdist.run.task import SpeechTask
+from asrdist.train.loop import StragglerConfig
 
 ROUNDS, WARMUP, SECONDS, MIN_STEPS = 9, 4, 0.5, 8
 """Each learner's steps are timed in ROUNDS windows, the learners' windows taking turns (so that
@@ -61,7 +63,9 @@ class StepTimer:
 
         tree = cfg.to_dict()
         tree["strategy"] = {"name": "single"}
-        tree["train"].update(learners=1, threads=threads)
+        # one learner alone: nothing of the job's layout (nodes, a straggler's rank) applies to it
+        tree["train"].update(learners=1, threads=threads, group_size=0,
+                             straggler=dataclasses.asdict(StragglerConfig()))
         tree["data"]["batch_size"] = tree["data"]["batch_size"] // learners
         cfg = config_from_tree(tree)
         torch.manual_seed(cfg.seed)

@@ -49,3 +49,20 @@ def test_a_sampler_with_no_minibatch_is_named():
     timer.trainer, timer.batches = _InstantTrainer(), iter(())
     with pytest.raises(DataError, match="corpus/x"):
         timer.window(steps=1, seconds=0.0)
+
+
+def test_the_lone_learner_of_a_job_of_nodes_with_a_straggler_is_built(tone_corpus):
+    # a bench seeds S11 (2 hosts x 4 learners: train.group_size=4) or S7 run (a straggler's rank)
+    # is predicted from one learner of its recipe alone, which has neither nodes nor that rank
+    from contextlib import ExitStack
+
+    from asrdist.config import load_config
+    from asrdist.run.prepare import build_targets
+
+    cfg = load_config("configs/default.yaml", ["model.hidden_dim=16", "model.hidden_layers=1", "train.learners=8",
+                                               "train.group_size=4", "train.straggler.ranks=[3]", "strategy.name=sync",
+                                               f"data.corpus={tone_corpus}"])
+    with ExitStack() as stack:
+        timer = StepTimer(stack, cfg, build_targets(tone_corpus, cfg, cfg.model.kind), learners=8, threads=1)
+        assert timer.trainer.state.step == 0 and timer.task.samples_per_step > 0
+        assert timer.window(steps=2, seconds=0.0) > 0
