@@ -222,12 +222,12 @@ def run_learner(cfg: RunConfig, run_dir: Path, env: JobEnv, ctx: LearnerContext,
                                                                                              group=group))
             return everyone
         gathered = learner.strategy.among_survivors(gather)
-    gossip = gossip_summary([p.pop("gossip", None) for p in gathered])
     group, members = learner.strategy.survivors()
     lost = learner.strategy.lost_learners()
     stop_learner(group, destroy=not lost)
     if ctx.job_rank != members[0]:  # the first survivor writes the summary
         return None
+    gossip = gossip_summary([p.pop("gossip", None) for p in gathered])  # its mixing: on this learner alone
 
     summary = finish_run(cfg, run_dir, learner.model, task, targets, state, gathered, wall, learner.threads, lost,
                          averaged=learner.trainer.averaged(), env=env, load=(load_start, load_average()),
