@@ -7,6 +7,7 @@ Per minibatch, on every learner (n learners):
    send every learner its stripe by one all-to-all (bits packed 32 per int32, two floats a column);
 3. the owner dequantizes and averages the n contributions, adds its second residual, re-quantizes;
 4. the stripes are all-gathered and every learner dequantizes the same bits into p.grad.
+`warm_start_frames` exchanges the job's first frames in fp32 (CNTK's warm start);
 `error_feedback: false` is the ablation; `double_buffering` runs steps 2-4 of step t behind the
 compute of t+1; steps 1-4 are pipelined in chunks (bit-identical); `hierarchical` runs them across
 nodes only. Details: docs/strategies.md#onebit-1-bit-sgd-with-error-feedback-parallelonebitpy."""
@@ -27,7 +28,6 @@ from asrdist.parallel.descriptor import Pipelined, SimJob, StrategyDescriptor
 from asrdist.parallel.groups import copy_group
 from asrdist.parallel.hierarchical_allreduce import (
     ColumnShards,
-    Hierarchy,
     build_hierarchy,
     check_hierarchical,
     use_hierarchical,
@@ -39,7 +39,8 @@ from asrdist.parallel.onebit_kernel import (
     as_columns,
     get_quantizer,
 )
-from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan, chunk_transfers
+from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan
+from asrdist.parallel.onebit_plan import exchange_traffic as plan_traffic
 from asrdist.parallel.sync import hierarchical_in_use
 
 
@@ -70,6 +71,10 @@ class OneBitConfig:
     hierarchical: Any = "auto"
     """auto | true | false: fp32 reduce-scatter inside the node, the 1-bit exchange across nodes on
     this learner's columns, all-gather inside the node; auto = when there are several nodes."""
+    warm_start_frames: int = 0
+    """CNTK's warm start (`distributed_after`, in samples): the job's first this-many frames are
+    exchanged in full precision (one fp32 allreduce of the gradients, sync's arithmetic), then
+    1-bit quantization starts with zero residuals. 0 = quantize from the first minibatch."""
 
     def __post_init__(self):
         self.hierarchical = check_hierarchical(self.hierarchical)
@@ -78,33 +83,7 @@ class OneBitConfig:
         if self.kernel not in KERNEL_KINDS:
             raise ConfigError(f"strategy.kernel: unknown kernel {self.kernel!r} (known: {', '.join(KERNEL_KINDS)})")
         check_field("strategy.batch_search_minibatches", self.batch_search_minibatches, at_least=1)
-
-
-def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
-                     config: OneBitConfig | None = None, chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
-    """One step's 1-bit exchange as learner `rank` sends it (float32 gradients of `shapes`, as
-    `model.parameters()`): the two all-to-alls per chunk, or, hierarchical, the fp32 column
-    reduce-scatter and all-gather inside the node around them. Built from the same plan,
-    chunks and column shards the run uses (on the meta device: no memory); group "rail" is the
-    world when there is one node per learner."""
-    config = config or OneBitConfig()
-    full = [tuple(as_columns(torch.empty(tuple(s), device="meta")).shape) for s in shapes]
-    full = [s for s in full if s[0] * s[1] > 0]
-    if world_size < 2:
-        return []
-    if not hierarchical_in_use(config.hierarchical, world_size, group_size):
-        return [comm.Transfer(t.kind, "world", t.size, t.bytes_sent, t.values)
-                for t in chunk_transfers(full, world_size, rank, chunks)]
-    nodes, local = world_size // group_size, rank % group_size
-    hierarchy = Hierarchy(node=None, rail=None, local_size=group_size, local_rank=local, num_nodes=nodes,
-                          node_index=rank // group_size)
-    shards = ColumnShards(full, hierarchy, torch.device("meta"))
-    values = sum(r * c for r, c in full)
-    inside = [] if group_size == 1 or not shards.part_numel else [
-        comm.Transfer(kind, "node", group_size, comm.reduce_scatter_bytes(4 * shards.flat.numel(), group_size), values)
-        for kind in ("reduce_scatter", "all_gather")]
-    across = chunk_transfers(shards.shard_shapes, nodes, rank // group_size, chunks)
-    return inside[:1] + across + inside[1:]
+        check_field("strategy.warm_start_frames", self.warm_start_frames, at_least=0)
 
 
 class OneBitStrategy(Strategy):
@@ -140,6 +119,8 @@ class OneBitStrategy(Strategy):
         self._residuals: list[Residual] = []
         self._second: dict[_Piece, Residual] = {}
         self._update: Callable[[], None] | None = None  # the trainer's last step_fn
+        self._frames_done = 0  # job frames trained in the warm start so far
+        self._frame_step = 0
 
     # ---------------------------------------------------------------- trainer interface
 
@@ -166,6 +147,9 @@ class OneBitStrategy(Strategy):
     def after_backward(self) -> None:
         if self._momentum is not None:
             self._momentum.apply(self._params)
+        if self.warming_up:
+            self._full_precision_step()
+            return
         sources = self._sources([p.grad for p in self._params])
         if not self.config.double_buffering:
             # Chunk c's columns are read (quantized) before they are overwritten (dequantized).
@@ -184,6 +168,29 @@ class OneBitStrategy(Strategy):
                 p.grad = None
         self._inflight = self._executor.submit(self._exchange, None, buffer, None, False)
         self._step += 1
+
+    @property
+    def warming_up(self) -> bool:
+        """Whether this minibatch is still inside the warm start (the same answer on every learner:
+        it counts the job's nominal frames per lock-step minibatch)."""
+        return self._frames_done < self.config.warm_start_frames
+
+    def note_samples(self, n: int) -> None:
+        if not self._frame_step:  # nominal frames of one job-wide minibatch, fixed at the first one
+            self._frame_step = (self.ctx.samples_per_step or n) * max(1, self.ctx.job_world_size)
+
+    def _full_precision_step(self) -> None:
+        """One warm-start minibatch: the mean of the learners' gradients by a fp32 allreduce."""
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self._params]
+        if self.ctx.distributed:
+            flat = comm.flatten(grads)
+            comm.allreduce(flat, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
+            comm.unflatten_into(flat.div_(self.ctx.world_size), grads)
+            self.counters.add(exchanges=1)
+        self._frames_done += self._frame_step
 
     def close(self, error: BaseException | None = None) -> None:
         """On failure the exchange thread is dropped at once (its collective fails by timeout)."""
@@ -237,6 +244,7 @@ class OneBitStrategy(Strategy):
             "world_size": self._plan.n,
             "shapes": self._plan.shapes,
             "step": self._step,
+            "warm_start_frames_done": self._frames_done,
             "residuals": [r.materialize().cpu() for r in self._residuals] if self._residuals else None,
             "second_residuals": [torch.cat([self._second[p].materialize() for p in pieces], dim=1).cpu()
                                  for pieces in self._owned_pieces] if self._second else None,
@@ -271,6 +279,7 @@ class OneBitStrategy(Strategy):
                     b = piece.block
                     self._second[piece].load(value[:, piece.c0 - b.c0:piece.c1 - b.c0].to(self.ctx.device))
         self._step = state.get("step", 0)
+        self._frames_done = int(state.get("warm_start_frames_done", self.config.warm_start_frames))
         pending = state.get("pending_gradient")
         self._result_ready = pending is not None and self.config.double_buffering
         if self._result_ready:
@@ -469,6 +478,12 @@ class OneBitStrategy(Strategy):
             if p.numel() == 0 and p.grad is None:
                 p.grad = torch.zeros_like(p)
         self._result_ready = False
+
+
+def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
+                     config: OneBitConfig | None = None, chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
+    """One step's 1-bit exchange as learner `rank` sends it: `onebit_plan.exchange_traffic` under `config`."""
+    return plan_traffic(shapes, world_size, group_size, rank, (config or OneBitConfig()).hierarchical, chunks)
 
 
 def _simulated(config: OneBitConfig, job: SimJob) -> Pipelined:

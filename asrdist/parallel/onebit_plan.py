@@ -11,7 +11,9 @@ from typing import Sequence
 import torch
 
 from asrdist.parallel import comm
-from asrdist.parallel.onebit_kernel import packed_words, segment_numel, split_segment
+from asrdist.parallel.hierarchical_allreduce import ColumnShards, Hierarchy
+from asrdist.parallel.onebit_kernel import as_columns, packed_words, segment_numel, split_segment
+from asrdist.parallel.sync import hierarchical_in_use
 
 
 @dataclass(frozen=True)
@@ -186,3 +188,29 @@ def chunk_transfers(shapes2d: Sequence[tuple[int, int]], n: int, rank: int, chun
         out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * k for k in numel], rank), values))
         out.append(comm.Transfer("all_to_all", "rail", n, comm.all_to_all_bytes([4 * numel[rank]] * n, rank), values))
     return out
+
+
+def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
+                     hierarchical: bool | str = "auto", chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
+    """One step's 1-bit exchange as learner `rank` sends it (float32 gradients of `shapes`, as
+    `model.parameters()`): the two all-to-alls per chunk, or, hierarchical, the fp32 column
+    reduce-scatter and all-gather inside the node around them (`hierarchical`: the strategy's
+    setting). Built from the same plan, chunks and column shards the run uses (on the meta
+    device: no memory); group "rail" is the world when there is one node per learner."""
+    full = [tuple(as_columns(torch.empty(tuple(s), device="meta")).shape) for s in shapes]
+    full = [s for s in full if s[0] * s[1] > 0]
+    if world_size < 2:
+        return []
+    if not hierarchical_in_use(hierarchical, world_size, group_size):
+        return [comm.Transfer(t.kind, "world", t.size, t.bytes_sent, t.values)
+                for t in chunk_transfers(full, world_size, rank, chunks)]
+    nodes, local = world_size // group_size, rank % group_size
+    hierarchy = Hierarchy(node=None, rail=None, local_size=group_size, local_rank=local, num_nodes=nodes,
+                          node_index=rank // group_size)
+    shards = ColumnShards(full, hierarchy, torch.device("meta"))
+    values = sum(r * c for r, c in full)
+    inside = [] if group_size == 1 or not shards.part_numel else [
+        comm.Transfer(kind, "node", group_size, comm.reduce_scatter_bytes(4 * shards.flat.numel(), group_size), values)
+        for kind in ("reduce_scatter", "all_gather")]
+    across = chunk_transfers(shards.shard_shapes, nodes, rank // group_size, chunks)
+    return inside[:1] + across + inside[1:]
