@@ -296,7 +296,8 @@ def test_swbd_bytes_on_the_wire_are_under_one_25th_of_fp32_allreduce():
             assert onebit <= fp32 / 25, (n, rank, onebit / fp32)
 
 
-@pytest.mark.parametrize("kwargs", [{"error_feedback": "no"}, {"double_buffering": 1}, {"kernel": "gpu"}])
+@pytest.mark.parametrize("kwargs", [{"error_feedback": "no"}, {"double_buffering": 1}, {"kernel": "gpu"},
+                                    {"warm_start_frames": -1}, {"warm_start_frames": 0.5}])
 def test_config_is_validated(kwargs):
     with pytest.raises(ConfigError):
         OneBitConfig(**kwargs)
@@ -321,3 +322,27 @@ def test_exchange_on_a_stand_in_model():
     for g, o in zip(grads, out):
         assert o.shape == g.shape
         assert torch.equal(o, quantize_dequantize(quantize_dequantize(g)))
+
+
+def test_the_warm_start_trains_unquantized_and_its_count_survives_a_checkpoint():
+    def learner(config):
+        model = _model(0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        strategy = OneBitStrategy(config)
+        strategy.setup(model, opt, LearnerContext())
+        return model, opt, strategy
+
+    model, opt, strategy = learner(OneBitConfig(warm_start_frames=3 * BATCH))
+    plain = _model(0)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    _train_steps(model, opt, strategy, range(2), 0, 1)
+    _train_steps(plain, plain_opt, build_strategy("single"), range(2), 0, 1)
+    assert strategy.warming_up and _equal(list(model.parameters()), list(plain.parameters()))
+    state = copy.deepcopy(strategy.state_dict())
+    assert state["warm_start_frames_done"] == 2 * BATCH
+    _, _, resumed = learner(OneBitConfig(warm_start_frames=3 * BATCH))
+    resumed.load_state_dict(state)
+    assert resumed.warming_up
+    _train_steps(model, opt, strategy, range(2, 4), 0, 1)  # step 2 the last in fp32, step 3 quantized
+    _train_steps(plain, plain_opt, build_strategy("single"), range(2, 4), 0, 1)
+    assert not strategy.warming_up and not _equal(list(model.parameters()), list(plain.parameters()))
