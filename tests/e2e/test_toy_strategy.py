@@ -63,20 +63,29 @@ def test_the_toy_strategy_is_one_file_and_one_registry_line(package_with_toy):
     assert _changes(package_with_toy) == (["asrdist/parallel/toy.py"], ["+" + REGISTRY_LINE.rstrip("\n")])
 
 
-def test_the_toy_strategy_trains(package_with_toy, tone_corpus, tmp_path):
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def toy_run(package_with_toy, tone_corpus, tmp_path_factory) -> Path:
+    """`asrdist train` of the toy strategy (2 learners, 1 epoch) where `asrdist compare` of the same
+    recipe keeps its toy run (OUT/toy): the comparison finds it finished and does not train it
+    again, so one training serves both tests (compare trains through the same `asrdist train`)."""
+    run = tmp_path_factory.mktemp("toy-runs") / "compare" / "toy"
     _asrdist(package_with_toy, "train", str(CONFIG), *TINY, "--data", str(tone_corpus), "--learners", "2",
-             "--strategy", "toy", "--epochs", "1", "--out", str(run), "--no-progress", cwd=tmp_path)
-    summary = json.loads((run / "summary.json").read_text())
+             "--strategy", "toy", "--epochs", "1", "--out", str(run), "--no-progress", cwd=run.parent.parent)
+    return run
+
+
+def test_the_toy_strategy_trains(toy_run):
+    summary = json.loads((toy_run / "summary.json").read_text())
     assert (summary["strategy"], summary["learners"]) == ("toy", 2)
     assert all(p["bytes_sent"] > 0 and p["exchanges"] == summary["steps"] > 0 for p in summary["comm"]["per_learner"])
 
 
 @pytest.mark.timeout(900)  # calibration, training and scoring as processes: past 300 s on a loaded machine
-def test_the_toy_strategy_is_compared(package_with_toy, tone_corpus, tmp_path):
-    out = tmp_path / "compare"
-    _asrdist(package_with_toy, "compare", str(CONFIG), *TINY, "train.epochs=1", "--strategies", "toy",
-             "--learners", "2", "--out", str(out), "--data", str(tone_corpus), cwd=tmp_path)
+def test_the_toy_strategy_is_compared(package_with_toy, tone_corpus, toy_run, tmp_path):
+    out = toy_run.parent
+    done = _asrdist(package_with_toy, "compare", str(CONFIG), *TINY, "train.epochs=1", "--strategies", "toy",
+                    "--learners", "2", "--out", str(out), "--data", str(tone_corpus), cwd=tmp_path)
+    assert f"toy: finished run {toy_run}, not trained again" in done.stdout, done.stdout[-3000:]  # same recipe
     (compared,) = json.loads((out / "summary.json").read_text())["runs"]
     assert compared["strategy"] == "toy" and compared["mb_sent"] > 0 and compared["frames_per_second"] > 0
 

@@ -20,7 +20,7 @@ STEPS = textwrap.dedent("""
     from asrdist.models.registry import ModelConfig
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as run_dir:
-        learner = build_learners(ModelConfig(name="dnn", hidden_dim=1024), 40, 40, 256, Path(run_dir))["sgd"]
+        learner = build_learners(ModelConfig(name="dnn", hidden_dim=512), 40, 40, 256, Path(run_dir))["sgd"]
         step = lambda: learner.trainer.train_step(learner.task.batch)
         for _ in range(3):
             step()
