@@ -19,7 +19,8 @@ from asrdist.compare.recipes import recipe_overrides
 
 ADAGRAD = ["optim.name=adagrad", "optim.lr=3.0", "optim.momentum=0.0", "optim.nesterov=false",
            "optim.adagrad_skip_unseen=true"]
-"""CNTK's AdaGrad as asrdist's onebit recipe sets it (configs/recipes/onebit.yaml)."""
+"""CNTK's AdaGrad at the rate chosen for the default DNN (docs/measurements.md: compare's onebit
+recipe until 2026-12-02)."""
 NO_LOSS = 1.03
 """'No or nearly no loss': a final error at most 3% relative above the reference's."""
 

@@ -132,8 +132,8 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert table["columns"][:5] == ["strategy", "learners", "s to target", "speed-up to target", "PER"]
     assert len(table["rows"]) == 3
     assert table["rows"][2][:5] == ["onebit", 2, "never", None, FIGURES["onebit"][0][-1]]
-    # each strategy with its own recipe: onebit's is CNTK's AdaGrad (configs/recipes/onebit.yaml)
-    assert 'optim.name="adagrad"' in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
+    # each strategy with its own recipe: onebit's is CNTK's warm start (configs/recipes/onebit.yaml)
+    assert "strategy.warm_start_frames=50000" in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
     assert summary["same_recipe"] is False
 
     page = (out / "report.html").read_text()
@@ -182,7 +182,7 @@ def test_same_recipe_trains_every_strategy_on_the_given_optimizer(tmp_path, no_t
     fabricate_runs(own, corpus, ["sync", "onebit"])
     # runs made with their own recipes are not the runs --same-recipe asks for: refused, nothing trained
     assert _compare(own, corpus, "sync,onebit", "--same-recipe") == 2
-    assert ("own/onebit: trained with another config (optim.adagrad_skip_unseen: True there, False asked)"
+    assert ("own/onebit: trained with another config (strategy.warm_start_frames: 50000 there, 0 asked)"
             in capsys.readouterr().err)
     fabricate_runs(same, corpus, ["sync", "onebit"], same_recipe=True)
     assert _compare(same, corpus, "sync,onebit", "--same-recipe") == 0
