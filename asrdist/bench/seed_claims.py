@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from asrdist.bench.straggler import _exchange_vs_compute, _rate_for_exchange_like_compute
-from asrdist.compare.recipes import recipe_overrides
 
 ADAGRAD = ["optim.name=adagrad", "optim.lr=3.0", "optim.momentum=0.0", "optim.nesterov=false",
            "optim.adagrad_skip_unseen=true"]
@@ -94,16 +93,10 @@ def _nodes(setup: Setup) -> int:
 
 
 # --------------------------------------------------------------------------- S1, S2: no loss
-def own_settings(strategy: str) -> tuple[str, ...]:
-    """`strategy`'s own settings from its recipe in configs/recipes/ (its `strategy` keys, e.g.
-    onebit's warm start): part of the strategy as a user runs it, not of the shared recipe."""
-    return tuple(o for o in recipe_overrides(strategy) if o.startswith("strategy."))
-
-
 def _pairs(strategy_a: str, strategy_b: str, extra: list[str]) -> Callable[[Setup], list[RunSpec]]:
     def plan(s: Setup) -> list[RunSpec]:
         return [RunSpec(f"{name}_seed{seed}", name, s.learners, _nodes(s), s.network,
-                        (*extra, *own_settings(name), f"seed={seed}"))
+                        (*extra, f"seed={seed}"))
                 for seed in s.seeds for name in (strategy_a, strategy_b)]
     return plan
 
@@ -350,12 +343,10 @@ def _judge_allreduce(runs: dict[str, dict], s: Setup) -> tuple[Any, bool | None,
 
 CLAIMS: dict[str, Claim] = {c.id: c for c in [
     Claim("S1", "Seide et al. 2014", "1-bit SGD trains at no or nearly no loss of accuracy",
-          f"onebit's mean final error over seeds <= {NO_LOSS} x sync's; same recipe and epochs (onebit with "
-          "its own strategy settings from configs/recipes/onebit.yaml)",
+          f"onebit's mean final error over seeds <= {NO_LOSS} x sync's; same recipe and epochs",
           _pairs("sync", "onebit", []), _judge_no_loss),
     Claim("S2", "Seide et al. 2014", "quantization with error feedback benefits AdaGrad",
-          f"onebit + AdaGrad's mean final error over seeds <= {NO_LOSS} x sync + AdaGrad's (onebit with its "
-          "own strategy settings from configs/recipes/onebit.yaml)",
+          f"onebit + AdaGrad's mean final error over seeds <= {NO_LOSS} x sync + AdaGrad's",
           _pairs("sync", "onebit", ADAGRAD), _judge_no_loss),
     Claim("S3", "Seide et al. 2014", "1-bit SGD speeds 8 devices up 3.6x at a small minibatch, 6.3x at a large one",
           "frames/s over one learner of the same quota, minibatches 6x apart on the setup's links: onebit's "

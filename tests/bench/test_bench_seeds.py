@@ -11,7 +11,6 @@ import pytest
 
 from asrdist.bench import seed_claims, seed_predict, seeds
 from asrdist.bench.seed_claims import CLAIMS, Setup
-from asrdist.compare.recipes import recipe_overrides
 from asrdist.errors import ConfigError
 
 SETUP = Setup(learners=8, cpus_per_host=0.2, network="1gbit", epochs=4, batch_size=256, seeds=(0, 1))
@@ -49,15 +48,6 @@ def test_s1_judges_the_mean_over_seeds_and_reports_each():
     runs["onebit_seed1"] = fake_run([0.2, 0.13])
     measured, passed, reason = CLAIMS["S1"].judge(runs, SETUP)
     assert passed is False and measured["per_seed"][1]["relative"] == pytest.approx(0.3) and "+" in reason
-
-
-def test_s1_and_s2_run_onebit_with_its_own_recipe_settings_and_sync_without():
-    shipped = [o for o in recipe_overrides("onebit") if o.startswith("strategy.")]
-    assert any(o.startswith("strategy.warm_start_frames=") for o in shipped)
-    for claim in ("S1", "S2"):
-        for run in CLAIMS[claim].plan(SETUP):
-            own = [o for o in run.overrides if o.startswith("strategy.")]
-            assert own == (shipped if run.strategy == "onebit" else []), (claim, run.name)
 
 
 def test_s3_needs_onebits_speedup_to_grow_with_the_minibatch_and_beat_syncs():

@@ -78,9 +78,9 @@ def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, t
     assert all(r["time_to_target_seconds"] == "never" or r["time_to_target_seconds"] > 0 for r in summary["runs"])
     assert summary["recommendation"].startswith("Recommendation: ") and summary["recommendation"] in printed
     assert printed.index(summary["recommendation"]) < printed.index("s to target")
-    # onebit trained with its own recipe (CNTK's warm start), the baseline with the demo's recipe
-    assert "warm_start_frames: 50000" in (out / "onebit" / "config.yaml").read_text()
-    assert "name: sgd" in (out / "single" / "config.yaml").read_text()
+    # onebit has no recipe of its own (docs/measurements.md): it trained on the demo's optimizer
+    optim = {name: yaml.safe_load((out / name / "config.yaml").read_text())["optim"] for name in ("single", "onebit")}
+    assert optim["onebit"] == optim["single"] and optim["single"]["name"] == "sgd"
 
     assert main(["bench", "compare", str(out / "single"), str(out / "onebit")]) == 0
     table = capsys.readouterr().out.splitlines()[-2:]
