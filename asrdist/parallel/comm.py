@@ -247,6 +247,16 @@ def broadcast_module(module: torch.nn.Module, counters: CommCounters, *, src: in
         unflatten_into(flat, same)
 
 
+def allreduce_mean(tensors: Sequence[torch.Tensor], counters: CommCounters, *, group=None,
+                   timeout: timedelta | None = None) -> None:
+    """Replace each of `tensors` in place by its mean over `group`: one flat allreduce per (device, dtype)."""
+    n = dist.get_world_size(group)
+    for same in group_by_kind(tensors).values():
+        flat = flatten(same)
+        allreduce(flat, counters, group=group, timeout=timeout)
+        unflatten_into(flat.div_(n), same)
+
+
 # ------------------------------------------------------------------------- flat packing
 
 def group_by_kind(tensors: Sequence[torch.Tensor]) -> dict[tuple, list[torch.Tensor]]:

@@ -6,7 +6,6 @@ import copy
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 
 from asrdist.parallel import comm
 from asrdist.parallel.base import CommCounters
@@ -19,13 +18,8 @@ def _floats(module: torch.nn.Module) -> list[torch.Tensor]:
 def average_into(module: torch.nn.Module, counters: CommCounters, *, group=None,
                  timeout: timedelta | None = None) -> None:
     """Replace `module`'s floating-point parameters and buffers by their mean over `group`."""
-    n = dist.get_world_size(group)
     with torch.no_grad():
-        for same in comm.group_by_kind([t.data for t in _floats(module)]).values():
-            flat = comm.flatten(same)
-            comm.allreduce(flat, counters, group=group, timeout=timeout)
-            flat.div_(n)
-            comm.unflatten_into(flat, same)
+        comm.allreduce_mean([t.data for t in _floats(module)], counters, group=group, timeout=timeout)
 
 
 def consensus_copy(module: torch.nn.Module, *, world_size: int, group=None,

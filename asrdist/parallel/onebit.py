@@ -39,8 +39,7 @@ from asrdist.parallel.onebit_kernel import (
     as_columns,
     get_quantizer,
 )
-from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan
-from asrdist.parallel.onebit_plan import exchange_traffic as plan_traffic
+from asrdist.parallel.onebit_plan import PIPELINE_CHUNKS, _Chunks, _Piece, _Plan, exchange_traffic
 from asrdist.parallel.sync import hierarchical_in_use
 
 
@@ -184,11 +183,9 @@ class OneBitStrategy(Strategy):
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self._params]
         if self.ctx.distributed:
-            flat = comm.flatten(grads)
-            comm.allreduce(flat, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
-            comm.unflatten_into(flat.div_(self.ctx.world_size), grads)
+            comm.allreduce_mean([p.grad for p in self._params], self.counters, group=self.ctx.group,
+                                timeout=self.ctx.timeout)
             self.counters.add(exchanges=1)
         self._frames_done += self._frame_step
 
@@ -480,17 +477,11 @@ class OneBitStrategy(Strategy):
         self._result_ready = False
 
 
-def exchange_traffic(shapes: Sequence[Sequence[int]], world_size: int, group_size: int, rank: int,
-                     config: OneBitConfig | None = None, chunks: int = PIPELINE_CHUNKS) -> list[comm.Transfer]:
-    """One step's 1-bit exchange as learner `rank` sends it: `onebit_plan.exchange_traffic` under `config`."""
-    return plan_traffic(shapes, world_size, group_size, rank, (config or OneBitConfig()).hierarchical, chunks)
-
-
 def _simulated(config: OneBitConfig, job: SimJob) -> Pipelined:
     n, per_node = job.learners, job.per_node
     span = per_node if hierarchical_in_use(config.hierarchical, n, per_node) else 0
-    return Pipelined(lambda rank: exchange_traffic(job.shapes, n, per_node, rank, config), config.double_buffering,
-                     PIPELINE_CHUNKS, node_span=span)
+    return Pipelined(lambda rank: exchange_traffic(job.shapes, n, per_node, rank, config.hierarchical),
+                     config.double_buffering, PIPELINE_CHUNKS, node_span=span)
 
 
 ONEBIT = StrategyDescriptor(OneBitStrategy, Pipelined, _simulated, codes_alone=True,
