@@ -1,6 +1,7 @@
 """The strategy interface: how the one trainer talks to every data-parallel algorithm.
 
-Per minibatch the trainer calls `loss.backward()`, `after_backward()` (gradient communication),
+Per minibatch the trainer calls `loss.backward()` (each micro-batch but the last inside
+`no_sync()`), `after_backward()` (gradient communication),
 `apply_update(step_fn)` (the one place parameters change), `after_step()` (parameter
 communication) and `should_stop()`; it wraps every read or write of the learner's state in
 `with strategy.paused():`, and ends with `close(error)`, then `finalize()` after a success.
@@ -174,6 +175,14 @@ class Strategy:
 
     def after_backward(self) -> None:
         """Called after loss.backward(), before optimizer.step()."""
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside this block only add into p.grad, exchanging nothing: every
+        micro-batch of a step but its last (`train.accumulate`), as DDP's `no_sync`. A strategy
+        that exchanges during backward (sync's hooks) holds that back here; the others exchange in
+        after_backward / after_step only, which the trainer calls once per step."""
+        yield
 
     def after_step(self) -> None:
         """Called after optimizer.step()."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Iterator
+from typing import Callable, ContextManager, Iterator
 
 import torch
 
@@ -112,6 +112,9 @@ class HierarchicalStrategy(Strategy):
 
     def note_loss(self, loss: float) -> None:
         self.inner.note_loss(loss)
+
+    def no_sync(self) -> ContextManager[None]:
+        return self.inner.no_sync()  # the node's sync holds its hooks back
 
     def after_backward(self) -> None:
         self.inner.after_backward()  # the node's g(x̂_k)

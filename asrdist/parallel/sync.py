@@ -12,8 +12,9 @@ With `hierarchical` (auto: more than one node) each bucket goes through `hierarc
 Why hooks and not DDP: docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -143,6 +144,7 @@ class SyncStrategy(Strategy):
         self._next_launch = 0
         self._hooks: list = []
         self._hierarchy: Hierarchy | None = None
+        self._accumulating = False  # inside no_sync(): the hooks leave gradients where they are
 
     # ---------------------------------------------------------------- trainer interface
 
@@ -182,6 +184,16 @@ class SyncStrategy(Strategy):
         self._next_launch = 0
         self.counters.add(exchanges=1)
 
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """The micro-batches of a step but its last add into p.grad; the last one's backward
+        (outside) fires the hooks with the sums, which then go into the buckets."""
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
     def finalize(self) -> None:
         """Parameters are identical already; buffers (e.g. batch-norm statistics) are not, so
         rank 0's are taken."""
@@ -206,11 +218,13 @@ class SyncStrategy(Strategy):
         bucket.ready[k] = True
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if self._accumulating:
+            return
         b, k = self._where[id(p)]
         bucket = self._buckets[b]
         if bucket.ready[k] or bucket.pending is not None:
             raise TrainingError("sync: a gradient became ready twice before after_backward "
-                                "(gradient accumulation over several backward calls is not supported)")
+                                "(accumulate over several backward calls inside strategy.no_sync())")
         self._fill(bucket, k, p)
         self._launch_ready()
 
