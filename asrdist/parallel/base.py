@@ -176,6 +176,11 @@ class Strategy:
     def after_backward(self) -> None:
         """Called after loss.backward(), before optimizer.step()."""
 
+    def forward_module(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the trainer runs `model`'s forward through: `model` itself, or a wrapper
+        of it whose forward the strategy needs to see (torch DDP's)."""
+        return model
+
     @contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward passes inside this block only add into p.grad, exchanging nothing: every

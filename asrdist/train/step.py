@@ -61,7 +61,7 @@ class Stepper:
             loss_value, frames = self._emulated_compute(batch)
         else:
             self.model.train()
-            loss, frames = self.hooks.loss_fn(self.model, batch)
+            loss, frames = self.hooks.loss_fn(self.strategy.forward_module(self.model), batch)
             loss_value = float(loss.detach())
             if math.isfinite(loss_value):
                 loss.backward()
