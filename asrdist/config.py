@@ -25,7 +25,7 @@ from asrdist.optim.build import OptimConfig
 from asrdist.parallel import STRATEGIES, strategy_config_class
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
 from asrdist.parallel.groups import check_group_size
-from asrdist.train.loop import StragglerConfig
+from asrdist.train.loop import StragglerConfig, check_arithmetic
 
 
 @dataclass
@@ -125,6 +125,14 @@ class TrainConfig:
     """The final model (model.pt) is the element-wise mean of the models of the last N epochs
     (ESPnet's and icefall's checkpoint averaging; `asrdist.train.epoch_average`); 1 = the last
     epoch's model alone. More than train.epochs averages them all."""
+    accumulate: int = 1
+    """Gradient accumulation: forward and backward of each learner's minibatch in this many
+    micro-batches (its rows split evenly; activations of one micro-batch in memory at a time), the
+    gradients summed, then one exchange and one step of the whole minibatch, as one batch would
+    take it. The minibatch (`data.batch_size`, the global one) stays what it is."""
+    precision: str = "fp32"
+    """fp32 | bf16: bf16 runs the forward (and so the backward's matrix products) under torch's
+    autocast; weights, gradients, optimizer state and what strategies exchange stay fp32."""
 
     def __post_init__(self):
         for key, minimum in (("epochs", 1), ("learners", 1), ("max_steps", 0), ("log_every", 1),
@@ -140,6 +148,7 @@ class TrainConfig:
         check_field("train.max_skips_in_a_row", self.max_skips_in_a_row, at_least=1)
         check_field("train.max_restarts", self.max_restarts, at_least=0, at_most=100)
         check_field("train.average_last", self.average_last, at_least=1)
+        check_arithmetic(self.accumulate, self.precision)
         if not isinstance(self.straggler, StragglerConfig):
             raise ConfigError(f"train.straggler: expected a mapping, got {self.straggler!r}")
 

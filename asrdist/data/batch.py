@@ -38,3 +38,24 @@ class Batch:
     def size(self) -> int:
         """Rows in the batch (frames, chunks or utterances)."""
         return int(self.inputs.shape[0])
+
+    def split(self, parts: int) -> list["Batch"]:
+        """The batch's rows in `parts` contiguous micro-batches of sizes differing by at most one
+        (fewer when it has fewer rows; `train.accumulate`), views of this batch's tensors. Each
+        counts its own real frames: its rows, or the sum of its `input_lengths`."""
+        if parts < 1:
+            raise ValueError(f"Batch.split: parts must be >= 1, got {parts}")
+        if parts == 1 or self.size <= 1:
+            return [self]
+
+        def cut(t: torch.Tensor | None) -> list[torch.Tensor | None]:
+            return [None] * min(parts, self.size) if t is None else list(torch.tensor_split(t, min(parts, self.size)))
+
+        out = []
+        for x, y, lengths, target_lengths in zip(cut(self.inputs), cut(self.targets), cut(self.input_lengths),
+                                                 cut(self.target_lengths)):
+            frames = int(x.shape[0]) if lengths is None else int(lengths.sum())
+            out.append(Batch(inputs=x, targets=y, num_frames=frames, input_lengths=lengths,
+                             target_lengths=target_lengths))
+        return out
+

@@ -31,7 +31,9 @@ class _NaturalGradientAffine(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layer):
         # X̂_in depends on the forward activations only: precondition them now, while x is hot in
         # cache, and keep X̂_in (not x) for backward.
-        x_in_hat, bias_column, ctx.s_in = layer.precondition_inputs(x, layer.training)
+        # under bf16 autocast (`train.precision: bf16`) the product runs in bf16 and the
+        # preconditioner, its statistics and the weight's gradient in fp32
+        x_in_hat, bias_column, ctx.s_in = layer.precondition_inputs(x.float(), layer.training)
         ctx.save_for_backward(x_in_hat, bias_column, weight)
         ctx.layer, ctx.update, ctx.has_bias = layer, layer.training, bias is not None
         return F.linear(x, weight, bias)
@@ -43,12 +45,12 @@ class _NaturalGradientAffine(torch.autograd.Function):
         # Precondition the output derivatives first, while they are still in cache from the layer
         # above; the input gradient's product streams the whole weight matrix through it.
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, bias_column, ctx.s_in, grad_out,
-                                                                       ctx.update)
+            grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, bias_column, ctx.s_in,
+                                                                       grad_out.float(), ctx.update)
             if not ctx.needs_input_grad[1]:
                 grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_out @ weight
+            grad_x = grad_out @ weight.to(grad_out.dtype)
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
 
 

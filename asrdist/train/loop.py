@@ -12,6 +12,20 @@ import torch
 from asrdist.checks import MAX_SLOWDOWN, check_field
 from asrdist.errors import ConfigError
 
+PRECISIONS = ("fp32", "bf16")
+"""`train.precision`: the forward's arithmetic (weights, gradients and optimizer state stay fp32)."""
+MAX_ACCUMULATE = 4096
+"""`train.accumulate` at most: beyond it a micro-batch of any configured minibatch is empty."""
+
+
+
+def check_arithmetic(accumulate: Any, precision: Any) -> None:
+    """`train.accumulate` and `train.precision`, or one ConfigError line naming the key."""
+    check_field("train.accumulate", accumulate, at_least=1, at_most=MAX_ACCUMULATE)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"train.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
 SamplerKind = Literal["frame", "chunk", "ctc"]
 """Frames with context (frame models), chunks of frames (recurrent models), whole utterances (CTC)."""
 
@@ -66,6 +80,11 @@ class LoopConfig:
     """`skip`: this many non-finite minibatches in a row stop the run."""
     average_last: int = 1
     """The final model averages the models of the last this many epochs (1 = the last alone)."""
+    accumulate: int = 1
+    """Forward and backward of each minibatch in this many micro-batches (its rows split evenly),
+    their gradients summed before the strategy's exchange: one step of the whole minibatch."""
+    precision: str = "fp32"
+    """fp32 | bf16: the forward under bf16 autocast (fp32 weights, gradients and optimizer state)."""
     progress: bool = True
     """A progress bar (or plain lines off a terminal) on rank 0."""
 
@@ -74,6 +93,7 @@ class LoopConfig:
                 or self.max_steps < 0 or self.validate_every < 0):
             raise ConfigError("trainer: log_every, validate_every_epochs and average_last must be >= 1, "
                               "checkpoint_every, max_steps and validate_every >= 0")
+        check_arithmetic(self.accumulate, self.precision)
 
 
 @runtime_checkable

@@ -1,6 +1,7 @@
 """One minibatch on one learner: the step every strategy, benchmark and test trains through.
 
-learning rate (schedule x `strategy.lr_scale()`) -> forward/backward (or emulated compute) ->
+learning rate (schedule x `strategy.lr_scale()`) -> forward/backward (or emulated compute; in
+`train.accumulate` micro-batches, under bf16 autocast with `train.precision: bf16`) ->
 strategy.after_backward -> strategy.apply_update(max-change, optimizer.step, zero_grad) ->
 strategy.after_step -> straggler delay. A non-finite loss or gradient stops the run naming the
 step (`train.nonfinite: stop`) or drops the minibatch on every learner of a lock-step exchange
@@ -8,6 +9,7 @@ together (`skip`), up to `max_skips_in_a_row`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -49,6 +51,8 @@ class Stepper:
         """Seconds in forward/backward (or its emulation), over this start's steps."""
         self._synthetic: list[torch.Tensor] | None = None
         self._synthetic_grads: list[torch.Tensor] | None = None
+        self._device_type = torch.device(ctx.device).type
+        """autocast's device type (`train.precision: bf16`)."""
 
     def run(self, batch: Any, loop: Any, metrics: Any = None) -> tuple[float, int]:
         """Train `batch` at loop state `loop` (its step, epoch and schedule clock; not advanced
@@ -60,17 +64,7 @@ class Stepper:
         if self.config.emulate_compute_ms > 0:
             loss_value, frames = self._emulated_compute(batch)
         else:
-            self.model.train()
-            loss, frames = self.hooks.loss_fn(self.strategy.forward_module(self.model), batch)
-            loss_value = float(loss.detach())
-            if math.isfinite(loss_value):
-                loss.backward()
-            elif self.config.nonfinite == "skip" or self.trial:
-                self._poison_gradients()
-            else:
-                raise TrainingError(f"rank {self.ctx.job_rank}: loss is {loss_value} at step {loop.step} "
-                                    f"(epoch {loop.epoch + 1}); lower optim.lr or check the data "
-                                    f"(or train.nonfinite=skip)")
+            loss_value, frames = self._forward_backward(batch, loop)
         compute = time.perf_counter() - t0
         self.compute_seconds += compute
         self.strategy.note_samples(frames)
@@ -88,6 +82,35 @@ class Stepper:
             delay += self.jitter_rng.uniform(0.0, self.config.straggler.jitter) * compute
         if delay > 0:
             time.sleep(delay)
+        return loss_value, frames
+
+    def _forward_backward(self, batch: Any, loop: Any) -> tuple[float, int]:
+        """Forward (under bf16 autocast with `train.precision: bf16`) and backward of `batch`, in
+        `train.accumulate` micro-batches (`batch.split`): each but the last inside the strategy's
+        `no_sync()`, each loss weighted by its share of the batch's frames, so that p.grad sums
+        to the gradient of the whole batch's mean loss. Returns (the batch's loss, its frames)."""
+        self.model.train()
+        module = self.strategy.forward_module(self.model)
+        parts = batch.split(self.config.accumulate) if self.config.accumulate > 1 else [batch]
+        total = sum(part.num_frames for part in parts)
+        loss_value, frames = 0.0, 0
+        for i, part in enumerate(parts):
+            weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
+            with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
+                with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"):
+                    loss, n = self.hooks.loss_fn(module, part)
+                value = float(loss.detach())
+                loss_value, frames = loss_value + weight * value, frames + n
+                if math.isfinite(value):
+                    (loss if weight == 1.0 else loss * weight).backward()
+                    continue
+            if self.config.nonfinite == "skip" or self.trial:
+                self._poison_gradients()  # the rest of the batch is not computed: the step is dropped
+                return math.nan, int(batch.num_frames)
+            where = f" (micro-batch {i + 1} of {len(parts)})" if len(parts) > 1 else ""
+            raise TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} "
+                                f"(epoch {loop.epoch + 1}){where}; lower optim.lr or check the data "
+                                f"(or train.nonfinite=skip)")
         return loss_value, frames
 
     def _poison_gradients(self) -> None:

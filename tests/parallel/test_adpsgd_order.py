@@ -102,7 +102,8 @@ def _build(name: str, delay_by_one: bool, sync_epochs: int, rank: int, world_siz
     return strategy, ctx, rank // 2, rank == 2  # node 1's leader is the passive leader
 
 
-def _learner(rank: int, world_size: int, name: str, delay_by_one: bool, sync_steps: int, steps: int):
+def _learner(rank: int, world_size: int, name: str, delay_by_one: bool, sync_steps: int, steps: int,
+             accumulate: int = 1):
     strategy, ctx, unit, gated = _build(name, delay_by_one, 1 if sync_steps else 0, rank, world_size)
     gate = _Gate()
     if gated:
@@ -115,7 +116,7 @@ def _learner(rank: int, world_size: int, name: str, delay_by_one: bool, sync_ste
         for p, value in zip(model.parameters(), torch.split(start, [p.numel() for p in model.parameters()])):
             p.copy_(value.reshape(p.shape))
     dist.barrier()  # every starting point set before the first exchange
-    trainer = make_trainer(model, opt, strategy, lr=LR)
+    trainer = make_trainer(model, opt, strategy, lr=LR, accumulate=accumulate)
     step = {"k": 0, "async": False}
     if gated:
         hook = strategy.after_backward
@@ -201,14 +202,17 @@ def _reference(x0: list[torch.Tensor], batches: list[list[list]], delay_by_one: 
     return trajectories, xs
 
 
-CASES = [("adpsgd", False, 0), ("adpsgd", True, 0), ("hierarchical", False, 0), ("hierarchical", True, 0),
-         ("hybrid", True, 2)]
+CASES = [("adpsgd", False, 0, 1), ("adpsgd", True, 0, 1), ("hierarchical", False, 0, 1), ("hierarchical", True, 0, 1),
+         ("hybrid", True, 2, 1),
+         # train.accumulate: each step's gradient from 3 micro-batches (uneven: 8 rows), one exchange
+         # a step; hierarchical's node sync holds its hooks back until the last micro-batch
+         ("adpsgd", False, 0, 3), ("hierarchical", True, 0, 3)]
 
 
-@pytest.mark.parametrize("name,delay_by_one,sync_steps", CASES)
-def test_the_update_is_the_papers_recurrence(tmp_path, name, delay_by_one, sync_steps):
+@pytest.mark.parametrize("name,delay_by_one,sync_steps,accumulate", CASES)
+def test_the_update_is_the_papers_recurrence(tmp_path, name, delay_by_one, sync_steps, accumulate):
     n = 2 if name == "adpsgd" else 4
-    results = run_distributed(_learner, n, tmp_path, name, delay_by_one, sync_steps, STEPS)
+    results = run_distributed(_learner, n, tmp_path, name, delay_by_one, sync_steps, STEPS, accumulate)
     per_unit = 1 if n == 2 else 2
     units = [list(range(u * per_unit, (u + 1) * per_unit)) for u in (0, 1)]
     x0 = [_start(u, _vector(_model())) for u in (0, 1)]
