@@ -1,13 +1,17 @@
 """The one check of a typed config field, for every section's dataclass (run, model, optimizer,
 strategy): the value's kind and its allowed range, or a one-line ConfigError naming the key; and
-the same rules as argparse types for the commands' numeric options (`cli_number`, `cli_list`)."""
+the same rules as argparse types for the commands' numeric options (`cli_number`, `cli_list`); and
+the one check of a device to compute on (`compute_device`, `cli_device`)."""
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from asrdist.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SLOWDOWN = 1000.0
 """The largest straggler slowdown (and jitter factor) taken: beyond it a step's sleep is no
@@ -86,3 +90,45 @@ def _expected(kind: type, bounds: dict, plural: bool = False) -> str:
     limits = [f"{ops[k]} {b:g}" for k, b in bounds.items() if b is not None]
     name = (_PLURAL_NAMES if plural else _KIND_NAMES)[kind]
     return " ".join([name, " and ".join(limits)]).strip()
+
+
+def compute_device(name: str | torch.device | None = None, option: str = "device") -> torch.device:
+    """The device a command computes on: `name` (cpu, cuda, cuda:N) where this torch can use it;
+    None: the GPU where this torch sees one, else the CPU. Any other is a one-line ConfigError
+    naming `option` (the command-line flag that gave `name`)."""
+    import torch  # here: `asrdist --help` imports no torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    why = _device_problem(name)
+    if why is not None:
+        raise ConfigError(f"{option}: {why}")
+    return torch.device(name)
+
+
+def cli_device(text: str) -> torch.device:
+    """An argparse `type=` for a `--device` option: `compute_device`'s device, else argparse's
+    usage error naming the option."""
+    why = _device_problem(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
+    return compute_device(text)
+
+
+def _device_problem(name: str | torch.device) -> str | None:
+    """Why this torch cannot compute on `name`, or None when it can."""
+    import torch  # here: `asrdist --help` imports no torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        return f"expected cpu, cuda or cuda:N, got {str(name)!r}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"{str(name)!r}: this torch ({torch.__version__}) sees no CUDA device"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"{str(name)!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    return None

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from asrdist.checks import compute_device
 from asrdist.errors import ConfigError
 from asrdist.models.registry import ModelConfig, build_model
 from asrdist.parallel.base import DEFAULT_TIMEOUT_SECONDS
@@ -42,15 +43,6 @@ IBM blog calls common; the preset's fixed cost is fitted at the first, checked a
 
 
 # ------------------------------------------------------------------------------ helpers
-
-def pick_device(name: str) -> torch.device:
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
-    if device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {name}: expected cpu or cuda")
-    return device
-
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
@@ -358,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     part: dict[str, Any] = {"part": name}
     try:
-        device = pick_device(args.device)
+        device = compute_device(args.device, "--device")
         part["host"] = device_info(device)
         if args.step == "tests":
             part["result"] = run_tests(args.rest)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from scipy.stats import chi2
 
 from asrdist.errors import DataError
-from asrdist.eval.evaluate import ctc_hypothesis
+from asrdist.eval.evaluate import ctc_hypothesis, on_model_device
 from asrdist.eval.vocabulary import training_transcripts
 
 # Utterances per forward pass while fitting: bounds memory on long test sets, not the result
@@ -39,22 +39,22 @@ _MOST_CHANGED = 0.3
 
 
 class SpeakerTransform:
-    """x -> x Aᵀ + b for [T, D] or [B, T, D] features."""
+    """x -> x Aᵀ + b for [T, D] or [B, T, D] features on `device` (the model's)."""
 
-    def __init__(self, dim: int):
-        self.A = torch.eye(dim, requires_grad=True)
-        self.b = torch.zeros(dim, requires_grad=True)
+    def __init__(self, dim: int, device: torch.device | None = None):
+        self.A = torch.eye(dim, device=device, requires_grad=True)
+        self.b = torch.zeros(dim, device=device, requires_grad=True)
 
     def __call__(self, feats: torch.Tensor) -> torch.Tensor:
         return feats @ self.A.T + self.b
 
     def penalty(self) -> torch.Tensor:
-        return ((self.A - torch.eye(self.A.shape[0])) ** 2).sum() + (self.b ** 2).sum()
+        return ((self.A - torch.eye(self.A.shape[0], device=self.A.device)) ** 2).sum() + (self.b ** 2).sum()
 
     def distance(self) -> float:
         """|A - I| + |b| (Frobenius): how far the map moved from the identity."""
         with torch.no_grad():
-            return float((self.A - torch.eye(self.A.shape[0])).norm() + self.b.norm())
+            return float((self.A - torch.eye(self.A.shape[0], device=self.A.device)).norm() + self.b.norm())
 
 
 def _chunks(feats: Sequence[torch.Tensor]) -> list[list[int]]:
@@ -84,7 +84,7 @@ def _backward_hypothesis_loss(model, transform: SpeakerTransform, feats: Sequenc
         if not chunk:
             continue
         log_probs, out_lengths = model(*_batch(transform, feats, chunk))
-        targets = torch.cat([torch.tensor(hyps[i], dtype=torch.long) for i in chunk])
+        targets = torch.cat([torch.tensor(hyps[i], dtype=torch.long) for i in chunk]).to(log_probs.device)
         target_lengths = torch.tensor([len(hyps[i]) for i in chunk])
         loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths, blank=model.blank,
                           reduction="sum", zero_infinity=True)
@@ -133,8 +133,10 @@ def adapt_speaker(model, feats: Sequence[torch.Tensor], decode: Callable[[np.nda
     """The map for one speaker's utterances `feats` ([T, D] each) and what fitting it did:
     {rounds, changed (hypotheses that differ from the first pass), distance (|A - I| + |b|),
     objective (hypotheses | words)}. `balance`: fitted by information maximisation over its words
-    (module docstring) where the first pass's words are implausible, else to the hypotheses."""
-    first = _decode_all(model, SpeakerTransform(feats[0].shape[1]), feats, decode)
+    (module docstring) where the first pass's words are implausible, else to the hypotheses. The map
+    and the features computed with live where the model computes."""
+    feats = [on_model_device(model, f) for f in feats]
+    first = _decode_all(model, SpeakerTransform(feats[0].shape[1], feats[0].device), feats, decode)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.requires_grad_(False)
@@ -156,7 +158,7 @@ def _fitted(model, feats, decode, first, rounds: int, steps: int, lr: float, l2:
             balance: WordBalance | None) -> tuple[SpeakerTransform, int]:
     """A map fitted from the identity (to the hypotheses, or by `balance`) and how many of the
     first pass's hypotheses `first` it changed."""
-    transform = SpeakerTransform(feats[0].shape[1])
+    transform = SpeakerTransform(feats[0].shape[1], feats[0].device)
     optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
     hyps = first
     for done in range(1, rounds + 1):
@@ -240,10 +242,11 @@ def word_log_likelihoods(log_probs: torch.Tensor, out_lengths: torch.Tensor,
         scores = []
         for ids in spelled:
             frames_needed = len(ids) + sum(a == b for a, b in zip(ids, ids[1:]))  # a blank between repeats
-            loss = F.ctc_loss(lp, torch.tensor(list(ids) * batch, dtype=torch.long), out_lengths,
+            loss = F.ctc_loss(lp, torch.tensor(list(ids) * batch, dtype=torch.long, device=lp.device), out_lengths,
                               torch.full((batch,), len(ids), dtype=torch.long), blank=blank, reduction="none",
                               zero_infinity=True)
-            scores.append(torch.where(out_lengths >= frames_needed, -loss, torch.full_like(loss, _IMPOSSIBLE)))
+            fits = (out_lengths >= frames_needed).to(loss.device)
+            scores.append(torch.where(fits, -loss, torch.full_like(loss, _IMPOSSIBLE)))
         columns.append(torch.logsumexp(torch.stack(scores), 0))
     return torch.stack(columns, 1)
 
@@ -263,7 +266,7 @@ def _fit_words(model, transform: SpeakerTransform, optimizer, feats, balance: Wo
     gradients finds q̄, the second takes the gradient chunk by chunk (the +1 adds nothing, as q_u
     sums to 1)."""
     chunks = _chunks(feats)
-    log_prior = balance.prior.log()
+    log_prior = balance.prior.to(transform.A.device).log()
     for _ in range(steps):
         with torch.no_grad():
             posteriors = [_word_log_posteriors(model, transform, feats, chunk, balance).exp() for chunk in chunks]
@@ -297,6 +300,7 @@ def _decode_all(model, transform: SpeakerTransform, feats: Sequence[torch.Tensor
     hyps: list[list[int]] = [[] for _ in feats]
     for chunk in _chunks(feats):
         log_probs, out_lengths = model(*_batch(transform, feats, chunk))
+        log_probs = log_probs.cpu()  # the search runs on the CPU
         for row, i in enumerate(chunk):
             hyps[i] = list(decode(log_probs[row, : int(out_lengths[row])].double().numpy()))
     return hyps

@@ -1,7 +1,11 @@
-"""Evaluate a model on a split: loss, frame accuracy, and PER (hybrid) or CER/WER (CTC)."""
+"""Evaluate a model on a split: loss, frame accuracy, and PER (hybrid) or CER/WER (CTC).
+
+The model computes where its parameters are (`model_device`): each utterance's features go there,
+and its scores come back to the CPU, where the searches (phone loop, prefix search, the word
+decoders) and the scoring run."""
 from __future__ import annotations
 
-import copy
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -35,15 +39,29 @@ def ctc_hypothesis(log_probs: np.ndarray, cfg, constrained=None) -> list[int]:
     return ctc_beam_decode(log_probs, beam=cfg.eval.beam) if cfg.eval.beam > 1 else ctc_greedy_decode(log_probs)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where `model` computes: its parameters' device (its buffers' for a model of none, the demo's
+    prior-only baseline; the CPU for one of neither)."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def on_model_device(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`x` (a CPU tensor) where `model` computes; a copy from pinned memory does not wait."""
+    device = model_device(model)
+    return x if device.type == "cpu" else x.to(device, non_blocking=x.is_pinned())
+
+
 def _frame_logits(model: torch.nn.Module, feats: np.ndarray, context: int) -> torch.Tensor:
+    """A frame or chunk model's logits [T, classes] of one utterance, on the model's device."""
     if model.kind == "chunk":
-        return model(torch.from_numpy(np.array(feats))[None])[0]
-    return model(torch.from_numpy(splice(feats, context)))
+        return model(on_model_device(model, torch.from_numpy(np.array(feats))[None]))[0]
+    return model(on_model_device(model, torch.from_numpy(splice(feats, context))))
 
 
 def frame_log_posteriors(logits: torch.Tensor) -> np.ndarray:
-    """A frame model's log posteriors per frame, float64, as the phone-loop search takes them."""
-    return torch.log_softmax(logits, -1).double().numpy()
+    """A frame model's log posteriors per frame, float64 on the CPU, as the phone-loop search takes them."""
+    return torch.log_softmax(logits, -1).cpu().double().numpy()
 
 
 @torch.no_grad()
@@ -66,10 +84,8 @@ def evaluate_split(model: torch.nn.Module, split_dir: Path, targets: Targets, cf
                    max_utterances: int | None = None, details: bool = False, adapt: bool = False) -> dict:
     """Loss and error rates on a split; with `details` also `per_utterance` (reference, hypothesis
     and errors of every utterance, `asrdist.eval.details`); with `adapt` (CTC models) each speaker's
-    features first pass through the map `asrdist.eval.adapt` fits to them (`eval.adapt_*`)."""
-    first = next(model.parameters(), None)  # None: a model of no parameters (the demo's prior-only baseline)
-    if first is not None and first.device.type != "cpu":  # decoding runs on the CPU: a copy of the model goes there
-        model = copy.deepcopy(model).cpu()
+    features first pass through the map `asrdist.eval.adapt` fits to them (`eval.adapt_*`). The
+    model computes where it is (a training learner's device, `asrdist eval --device`)."""
     was_training = model.training
     model.eval()
     try:
@@ -114,7 +130,7 @@ def _evaluate_frames(model, store, utt_ids, split_dir, targets, cfg, details: bo
         t = min(len(feats), len(labels[utt])) if labels is not None else len(feats)
         logits = _frame_logits(model, feats[:t], cfg.model.context)
         if labels is not None:
-            y = torch.from_numpy(np.asarray(labels[utt][:t], dtype=np.int64))
+            y = on_model_device(model, torch.from_numpy(np.asarray(labels[utt][:t], dtype=np.int64)))
             loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct += int((logits.argmax(-1) == y).sum())
         frames += t
@@ -173,19 +189,19 @@ def _evaluate_ctc(model, store, utt_ids, split_dir, targets, cfg, details: bool 
     loss_sum, loss_frames, frames, exact = 0.0, 0, 0, 0
     refs, hyps = [], []
     for utt in utt_ids:
-        feats = torch.from_numpy(np.array(store[utt]))[None]
+        feats = on_model_device(model, torch.from_numpy(np.array(store[utt]))[None])
         if utt in maps:
             feats = maps[utt](feats)
         lengths = torch.tensor([feats.shape[1]])
         log_probs, out_lengths = model(feats, lengths)
         ref = tokens.get(utt)
         if ref is not None:
-            loss, _ = ctc_objective(log_probs, torch.tensor([ref], dtype=torch.long).reshape(1, -1),
-                                    out_lengths, torch.tensor([len(ref)]))
+            reference = on_model_device(model, torch.tensor([ref], dtype=torch.long).reshape(1, -1))
+            loss, _ = ctc_objective(log_probs, reference, out_lengths, torch.tensor([len(ref)]))
             loss_sum += float(loss) * int(out_lengths[0])  # ctc_objective normalizes by output frames
             loss_frames += int(out_lengths[0])
         frames += int(out_lengths[0])
-        lp = log_probs[0, : int(out_lengths[0])].double().numpy()
+        lp = log_probs[0, : int(out_lengths[0])].cpu().double().numpy()
         hyp = list(ctc_hypothesis(lp, cfg, constrained))
         refs.append(list(ref) if ref is not None else None)
         hyps.append(hyp)

@@ -26,7 +26,7 @@ from asrdist.corpus.phones import PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import ConfigError, DataError
 from asrdist.eval.align_graph import build_graph, viterbi_align
-from asrdist.eval.evaluate import _frame_logits
+from asrdist.eval.evaluate import on_model_device, utterance_log_posteriors
 from asrdist.features.extract import find_splits
 from asrdist.features.store import FeatureStore
 from asrdist.io.kaldi_dir import read_data_dir, write_alignments
@@ -39,18 +39,18 @@ SPLITS = ("train", "valid", "test")
 
 
 def frame_scores(model: torch.nn.Module, feats: np.ndarray, targets: Targets, cfg) -> np.ndarray:
-    """[T, P] log scores over phones for one utterance's features [T, dim]."""
+    """[T, P] log scores over phones for one utterance's features [T, dim], on the CPU (the model
+    computes where it is)."""
     num_phones = len(targets.phones)
     T = len(feats)
     if model.kind == "ctc":
-        x = torch.from_numpy(np.array(feats))[None]
+        x = on_model_device(model, torch.from_numpy(np.array(feats))[None])
         log_probs, out_lengths = model(x, torch.tensor([T]))
-        lp = log_probs[0, : int(out_lengths[0])].double().numpy()
+        lp = log_probs[0, : int(out_lengths[0])].cpu().double().numpy()
         lp = np.repeat(lp, model.subsample, axis=0)[:T]
         return np.maximum(lp[:, :num_phones], SCORE_FLOOR)
 
-    logits = _frame_logits(model, feats, cfg.model.context)
-    log_post = torch.log_softmax(logits, -1).double().numpy()
+    log_post = utterance_log_posteriors(model, feats, cfg.model.context)
     priors = np.asarray(targets.priors, dtype=np.float64)
     scaled = log_post - cfg.eval.prior_scale * np.log(np.maximum(priors, 1e-10))
     class_to_phone = np.asarray(targets.class_to_phone)
@@ -127,9 +127,12 @@ def _replace_alignments(split: Path, alignments: dict) -> None:
     tmp.rmdir()
 
 
-def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True) -> dict:
+def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, progress: bool = True,
+                 device: str | torch.device | None = None) -> dict:
+    """Align every split of `data` (module docstring), the model computing on `device`
+    (`load_run_model`: None is the GPU where there is one); the summary `asrdist align` prints."""
     run_dir, data = Path(run_dir), Path(data)
-    model, cfg, targets, input_dim = load_run_model(run_dir)
+    model, cfg, targets, input_dim = load_run_model(run_dir, device=device)
     _check_model(targets, run_dir)
     if not data.is_dir():
         raise DataError(f"{data}: corpus or data directory not found")
@@ -161,6 +164,6 @@ def align_corpus(run_dir: Path, data: Path, lexicon_path: Path | None = None, pr
 
 
 def align_command(args) -> int:
-    summary = align_corpus(args.run_dir, args.data, args.lexicon, progress=not args.no_progress)
+    summary = align_corpus(args.run_dir, args.data, args.lexicon, progress=not args.no_progress, device=args.device)
     print(json.dumps(summary, indent=2))
     return 0

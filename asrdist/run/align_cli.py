@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from asrdist.commands import help_of
+from asrdist.run.eval_cli import device_option
 
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:
@@ -14,6 +15,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     p.add_argument("--lexicon", type=Path, default=None,
                    help="Kaldi or CMU pronunciation dictionary (default: CORPUS/lexicon.txt)")
     p.add_argument("--no-progress", action="store_true")
+    device_option(p)
     p.set_defaults(func=_align)
 
 

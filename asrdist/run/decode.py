@@ -3,7 +3,8 @@
 The audio goes through the run's own front end (audio at a higher rate resampled to the training
 rate, with a note; at a lower one refused, file by file; the recipe's fbank and CMVN); CTC
 models are searched greedily or by prefix beam (`eval.beam`), hybrid models by `asrdist eval`'s
-phone-loop Viterbi. Output is Kaldi's `utt text`. By default every file is its
+phone-loop Viterbi; the model computes on `--device` (the GPU where there is one), the searches
+on the CPU. Output is Kaldi's `utt text`. By default every file is its
 own unknown speaker (`cmvn.SpeakerPrior` tops up its statistics); files known to share a speaker
 (`speakers`: `--same-speaker`, `--utt2spk`) are decoded as `asrdist eval` decodes a speaker.
 Details: docs/evaluation.md#decode-audio-files-asrdist-decode."""
@@ -72,8 +73,8 @@ def _numbered(ids: list[str]) -> list[str]:
 
 
 def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None = None, channel: int | None = None,
-               eval_overrides: dict | None = None,
-               ids: Sequence[str] | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
+               eval_overrides: dict | None = None, ids: Sequence[str] | None = None,
+               device: str | torch.device | None = None) -> Iterator[tuple[str, Path, str | None, DataError | None]]:
     """(utt, wav, text, None) per file in the order given, or (utt, wav, None, why) for a file whose
     audio cannot be decoded (unreadable, shorter than one frame): one bad file among many should not
     cost the others. Every path is checked (exists, a regular file) before the model loads.
@@ -81,10 +82,10 @@ def transcribe(run_dir: Path, wavs: list[Path], speakers: Sequence[str] | None =
     adaptation). `speakers` (one label per file) groups the files by speaker, decoded as `asrdist
     eval` decodes one (module docstring); then every file is read before the first line comes.
     `channel`: the channel read of multi-channel files. `ids`: the files' utterance ids (a wav.scp's);
-    default: `utterance_ids`."""
+    default: `utterance_ids`. `device`: where the model computes (`load_run_model`)."""
     for wav in wavs:
         check_audio_path(wav)
-    model, cfg, targets, input_dim = run_evaluate.load_run_model(run_dir, eval_overrides)
+    model, cfg, targets, input_dim = run_evaluate.load_run_model(run_dir, eval_overrides, device)
     front = front_end(run_dir, cfg, targets.features)
     if front["num_mel_bins"] != input_dim:
         raise DataError(f"{run_dir}: the model expects {input_dim} inputs, its front end gives {front['num_mel_bins']}")
@@ -192,7 +193,8 @@ def decode_command(args) -> int:
         raise ConfigError(f"{option}: adaptation needs files that share a speaker: add --same-speaker or --utt2spk")
     lines, failed = [], []
     for utt, wav, text, error in transcribe(args.run_dir, wavs, speakers=speakers, channel=args.channel,
-                                            eval_overrides=command_line_overrides(args), ids=ids):
+                                            eval_overrides=command_line_overrides(args), ids=ids,
+                                            device=args.device):
         if error is not None:
             failed.append((wav, error))
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asrdist.checks import cli_number
+from asrdist.checks import cli_device, cli_number
 from asrdist.commands import help_of
 from asrdist.errors import ConfigError
 from asrdist.io.atomic import check_output_file
@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     _balance_option(p)
     _lm_options(p)
     _hybrid_options(p)
+    device_option(p)
     p.set_defaults(func=_eval)
 
     d = sub.add_parser("decode", help=help_of("decode"),
@@ -69,7 +70,15 @@ def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> 
     d.add_argument("--channel", type=cli_number(int, at_least=0), default=None, metavar="K",
                    help="decode channel K (0-based) of multi-channel files, which are an error without it "
                         "(mono files are read as they are)")
+    device_option(d)
     d.set_defaults(func=_decode)
+
+
+def device_option(p: argparse.ArgumentParser) -> None:
+    """`--device` of the commands that run a trained model (eval, decode, align)."""
+    p.add_argument("--device", type=cli_device, default=None, metavar="cpu|cuda|cuda:N",
+                   help="where the model computes (its forward passes; the searches and the scoring run on the "
+                        "CPU); default: cuda when torch sees a GPU, else cpu")
 
 
 def _vocabulary_option(p: argparse.ArgumentParser) -> None:

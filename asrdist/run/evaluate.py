@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from asrdist.checks import compute_device
 from asrdist.config import RunConfig, config_from_tree
 from asrdist.corpus.lexicon import split_lexicon
 from asrdist.data.labels import split_alignments
@@ -70,10 +71,11 @@ def load_state_strictly(model: torch.nn.Module, state: dict, path: Path) -> None
     model.load_state_dict(state, strict=True)
 
 
-def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
-    """(model, config, targets, input_dim) of a finished run; `eval_overrides` ({key: value}, None
-    values skipped: the command line's --vocabulary, --adapt-rounds, ...) replace the recipe's
-    `eval.KEY` settings."""
+def load_run_model(run_dir: Path, eval_overrides: dict | None = None, device: str | torch.device | None = None):
+    """(model, config, targets, input_dim) of a finished run, the model on `device` (`compute_device`:
+    None is the GPU where there is one); `eval_overrides` ({key: value}, None values skipped: the
+    command line's --vocabulary, --adapt-rounds, ...) replace the recipe's `eval.KEY` settings."""
+    device = compute_device(device)
     path = run_dir / MODEL_NAME
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: run directory not found")
@@ -90,7 +92,7 @@ def load_run_model(run_dir: Path, eval_overrides: dict | None = None):
     targets = load_targets(run_dir)
     model = trained_architecture(cfg, build_model_for(cfg, blob["input_dim"], targets))
     load_state_strictly(model, blob["model"], path)
-    model.eval()
+    model.to(device).eval()
     return model, cfg, targets, blob["input_dim"]
 
 
@@ -121,13 +123,13 @@ def trained_sample_rate(cfg: RunConfig, targets: Targets) -> int | None:
 
 
 def evaluate_run(run_dir: Path, data: Path, progress: bool = True, details: bool = False,
-                 eval_overrides: dict | None = None) -> dict:
+                 eval_overrides: dict | None = None, device: str | torch.device | None = None) -> dict:
     """Score the run's model on `data`, whose features are (re-)extracted with the run's recipe
     settings at the rate the model was trained at (other audio is resampled, as `asrdist decode`
     does) when they are missing, other ones, or stale (its whole corpus, for global CMVN
     statistics); `eval_overrides` replace recipe settings as in `load_run_model` (the vocabulary,
-    speaker adaptation: `asrdist.eval.adapt`)."""
-    model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides)
+    speaker adaptation: `asrdist.eval.adapt`); the model computes on `device` (as `load_run_model`)."""
+    model, cfg, targets, input_dim = load_run_model(run_dir, eval_overrides, device)
     split = resolve_split(data)
     if targets.kind in ("monophone", "tied"):  # before any features are written into the corpus
         if (split / "alignment.scp").is_file():
@@ -183,7 +185,8 @@ def command_line_overrides(args) -> dict:
 def eval_command(args) -> int:
     """eval.json (scores and the worst utterances), hyp.txt (`utt text`) and errs.txt (each
     utterance's alignment, icefall's form) beside it; `%WER`-style lines (Kaldi's) on stdout."""
-    result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args))
+    result = evaluate_run(args.run_dir, args.data, details=True, eval_overrides=command_line_overrides(args),
+                          device=args.device)
     records = result.pop("per_utterance")
     sequences = result.pop("sequences")
     if getattr(args, "bootstrap", False):

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from asrdist.cli import main
 from asrdist.features.store import FeatureStore
@@ -66,6 +67,12 @@ def test_decode_by_speaker_gives_evals_hypotheses(speaker_run, capsys, rounds, b
         assert adaptation["word_balance"] == float(balance)
         assert 0 <= adaptation["speakers_held_to_word_frequencies"] <= (2 if balance == "1" else 0)
     evaluated = _lines(out.with_suffix(".hyp.txt").read_text())
+    if balance == "1" and not torch.cuda.is_available():  # the default device is the CPU: naming it changes nothing
+        explicit = run / "eval-cpu.json"
+        assert main(["eval", str(run), "--data", str(corpus), *adapt, "--out", str(explicit), "--device", "cpu"]) == 0
+        assert explicit.read_text() == out.read_text()
+        assert explicit.with_suffix(".hyp.txt").read_text() == out.with_suffix(".hyp.txt").read_text()
+        adapt += ["--device", "cpu"]  # the decodes below: --device cpu's lines are the default's eval's
     utt2spk = run / "utt2spk"
     utt2spk.write_text("".join(f"{u} {test.utterances[u].speaker}\n" for u in reversed(test.utt_ids)) + "other x\n")
     capsys.readouterr()

@@ -6,7 +6,9 @@ Covered: models and minibatches on the device through the trainer's own step; ev
 exchange on device tensors between 2 gloo learners (gloo's all-to-all and all-gather take CPU
 tensors: asrdist stages those through the CPU, which the CPU variant exercises by staging CPU
 tensors as if they lived on a device); a checkpoint written on the device, read on the CPU and
-restored on both; eval and decode, on the CPU, of a run trained on the device.
+restored on both; `asrdist eval --device` and `asrdist decode --device` of a run trained on the
+device, on it and on the CPU (the same figures to float tolerance), a phone CTC run's too, with
+speaker adaptation (CUDA only: its CPU variant would compare the CPU with itself).
 """
 from __future__ import annotations
 
@@ -294,11 +296,39 @@ def test_a_checkpoint_resumes_the_devices_dropout_masks(tmp_path, device):
 # ----------------------------------------------------------------- a run trained on the device
 
 TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "train.log_every=10"]
+CTC_SMALL = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=1500", "optim.warmup_steps=0",
+             "train.log_every=10", "eval.beam=2", "--epochs", "4"]
+"""A phone CTC run that says something: on the CPU, PER 0.73 on the validation split, 0.82 adapted
+(27 of 60 hypotheses changed); one epoch says nothing (PER 1.0), which would compare nothing."""
+
+
+def _evaluated(run, data, out, device: str, *options: str) -> dict:
+    """eval.json of `asrdist eval RUN --data DATA --device DEVICE OPTIONS...`."""
+    assert main(["eval", str(run), "--data", str(data), "--out", str(out), "--device", device, *options]) == 0
+    return json.loads(out.read_text())
+
+
+def _decoded(run, wavs, device: str, capsys, *options: str) -> list[str]:
+    """The `utt text` lines of `asrdist decode RUN WAVS --device DEVICE OPTIONS...`."""
+    capsys.readouterr()
+    assert main(["decode", str(run), *map(str, wavs), "--device", device, *options]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _assert_same_figures(on_device: dict, on_cpu: dict, loss_rel: float, rate_abs: float) -> None:
+    """The device's eval figures are the CPU's to float32 rounding: the loss to `loss_rel`, each rate
+    and accuracy to `rate_abs` (a few frames or tokens whose scores tie to that rounding)."""
+    assert (on_device["utterances"], on_device["frames"]) == (on_cpu["utterances"], on_cpu["frames"])
+    assert on_device["loss"] == pytest.approx(on_cpu["loss"], rel=loss_rel)
+    for key in ("frame_accuracy", "per", "cer", "wer", "sentence_accuracy"):
+        if key in on_cpu:
+            assert on_device[key] == pytest.approx(on_cpu[key], abs=rate_abs), key
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
-def test_eval_and_decode_on_the_cpu_of_a_run_trained_on_the_device(tone_corpus, tmp_path, monkeypatch, capsys, device):
+def test_eval_and_decode_on_the_device_and_the_cpu_of_a_run_trained_on_the_device(tone_corpus, tmp_path, monkeypatch,
+                                                                                  capsys, device):
     if device == "cpu":  # asrdist puts one learner on the GPU where there is one: keep this one on the CPU
         monkeypatch.setattr("asrdist.cluster.process_group.default_backend", lambda: "gloo")
     out = tmp_path / "run"
@@ -308,14 +338,38 @@ def test_eval_and_decode_on_the_cpu_of_a_run_trained_on_the_device(tone_corpus, 
     assert summary["comm"]["per_learner"][0]["device"].split(":")[0] == device
     saved = torch.load(out / "model.pt", map_location="cpu", weights_only=False)
     assert all(t.device.type == "cpu" for t in _tensors(saved["model"]))
-    # the validation split, on the CPU, from model.pt: what the run's own validation measured
-    assert main(["eval", str(out), "--data", str(tone_corpus / "valid"), "--out", str(tmp_path / "valid.json")]) == 0
-    result = json.loads((tmp_path / "valid.json").read_text())
-    assert result["frame_accuracy"] == pytest.approx(summary["final"]["frame_accuracy"], abs=1e-9)
-    assert result["frame_accuracy"] > 0.5
-    wav = sorted((tone_corpus / "valid").rglob("*.wav"))[0]
-    capsys.readouterr()
-    assert main(["decode", str(out), str(wav)]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    # the validation split from model.pt, on the training device: what the run's own validation measured there
+    valid = tone_corpus / "valid"
+    on_device = _evaluated(out, valid, tmp_path / "valid.json", device)
+    assert on_device["frame_accuracy"] == pytest.approx(summary["final"]["frame_accuracy"], abs=1e-9)
+    assert on_device["frame_accuracy"] > 0.5
+    wav = sorted(valid.rglob("*.wav"))[0]
+    line = _decoded(out, [wav], device, capsys)[-1]
     assert line.split()[0] == wav.stem or str(wav) in line
     assert len(line.split()) >= 2  # the recording's name, then what was decoded
+    if device != "cpu":  # the CPU's figures to float tolerance, and its line
+        _assert_same_figures(on_device, _evaluated(out, valid, tmp_path / "cpu.json", "cpu"), 1e-4, 2e-3)
+        assert _decoded(out, [wav], "cpu", capsys)[-1] == line
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
+def test_a_ctc_runs_eval_and_decode_on_the_device_give_the_cpus_figures(tone_corpus, tmp_path, capsys):
+    """A phone CTC run (a BLSTM: cuDNN's on the GPU), also with speaker adaptation (each speaker's map
+    fitted on the device): `--device cuda` gives `--device cpu`'s figures to float tolerance."""
+    out = tmp_path / "run"
+    assert main(["train", "configs/ctc.yaml", *CTC_SMALL, "--data", str(tone_corpus), "--out", str(out),
+                 "--no-progress"]) == 0
+    valid = tone_corpus / "valid"
+    for rounds, loss_rel, rate_abs in (("0", 1e-4, 0.01), ("1", 1e-2, 0.05)):  # the maps' fits differ by rounding
+        figures = {d: _evaluated(out, valid, tmp_path / f"{d}-{rounds}.json", d, "--adapt-rounds", rounds)
+                   for d in ("cuda", "cpu")}
+        _assert_same_figures(figures["cuda"], figures["cpu"], loss_rel, rate_abs)
+        assert figures["cpu"]["per"] < 1  # the model says something: there are hypotheses to compare
+    assert figures["cuda"]["adaptation"]["speakers"] == figures["cpu"]["adaptation"]["speakers"] == 1
+    assert figures["cuda"]["adaptation"]["hypotheses_changed"] > 0  # the maps were fitted, on the device
+    wavs = sorted(valid.rglob("*.wav"))[:3]
+    assert _decoded(out, wavs, "cuda", capsys) == _decoded(out, wavs, "cpu", capsys)
+    adapted = [_decoded(out, wavs, d, capsys, "--same-speaker", "--adapt-rounds", "1") for d in ("cuda", "cpu")]
+    assert [[line.split()[0] for line in lines] for lines in adapted] == [[w.stem for w in wavs]] * 2
