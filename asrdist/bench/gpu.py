@@ -273,7 +273,12 @@ def run_tests(pytest_args: list[str]) -> dict[str, Any]:
             "failed": counts["failures"] + counts["errors"], "skipped": counts["skipped"]}
 
 
-PARTS = ("tests", "phases", "train_dnn", "train_ctc_chars", "pair_gloo", "pair_nccl")
+PARTS = ("tests", "phases", "train_dnn", "train_dnn_bf16", "train_dnn_accumulate", "train_ctc_chars",
+         "train_ctc_chars_bf16", "pair_gloo", "pair_nccl")
+TRAININGS = {"dnn": "train_dnn", "dnn_bf16": "train_dnn_bf16", "dnn_accumulate": "train_dnn_accumulate",
+             "ctc_chars": "train_ctc_chars", "ctc_chars_bf16": "train_ctc_chars_bf16"}
+"""The check's `training` entries and the parts they come from: each recipe in fp32 and bf16
+(`train.precision`), the DNN's also in 4 micro-batches a step (`train.accumulate`)."""
 """The parts of one check, in the order gpu_check.sh makes them; a missing one is an error entry."""
 
 
@@ -299,12 +304,25 @@ def merge(part_paths: list[Path], mode: str) -> dict[str, Any]:
         "tests": parts["tests"].get("result"),
         "phases": ph,
         "sim_device": sim_device(ph) if ph else None,
-        "training": {"dnn": parts["train_dnn"].get("result"), "ctc_chars": parts["train_ctc_chars"].get("result")},
+        "training": {key: parts[name].get("result") for key, name in TRAININGS.items()},
+        "bf16_vs_fp32": {model: precision_ratio(parts[f"train_{model}"].get("result"),
+                                                parts[f"train_{model}_bf16"].get("result"))
+                         for model in ("dnn", "ctc_chars")},
         "two_learners": {"gloo": parts["pair_gloo"].get("result"), "nccl": parts["pair_nccl"].get("result")},
         "seconds": {n: parts[n].get("seconds") for n in PARTS},
         "errors": {n: parts[n]["error"] for n in PARTS if "error" in parts[n]},
         "failed": sorted(set(failed)),
     }
+
+
+def precision_ratio(fp32: dict | None, bf16: dict | None) -> dict[str, Any] | None:
+    """bf16's frames per second over fp32's and both runs' final figures, side by side (None
+    when either run is missing)."""
+    if not fp32 or not bf16:
+        return None
+    return {"speedup": bf16["frames_per_second"] / fp32["frames_per_second"],
+            "frames_per_second": {"fp32": fp32["frames_per_second"], "bf16": bf16["frames_per_second"]},
+            "final": {"fp32": fp32["final"], "bf16": bf16["final"]}}
 
 
 def one_line(exc: BaseException) -> str:

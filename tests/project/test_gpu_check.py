@@ -47,8 +47,11 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
              _part(tmp_path, "pair_nccl", result={"status": "refused", "reason": "Duplicate GPU detected"}),
              _part(tmp_path, "train_dnn", error="RuntimeError: asrdist train exited with 1")]
     merged = gpu.merge(parts, "cuda")
-    assert merged["failed"] == ["pair_gloo", "phases", "tests", "train_ctc_chars", "train_dnn"]
-    assert set(merged["errors"]) == {"phases", "train_ctc_chars", "train_dnn"}
+    missing = {"phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn", "train_dnn_accumulate",
+               "train_dnn_bf16"}
+    assert merged["failed"] == sorted({"pair_gloo", "tests", *missing})
+    assert set(merged["errors"]) == missing
+    assert merged["bf16_vs_fp32"] == {"dnn": None, "ctc_chars": None}
     assert merged["sim_device"] is None and merged["phases"] is None
     assert merged["two_learners"]["nccl"]["status"] == "refused"  # reported, not a failure
 
@@ -97,10 +100,16 @@ def test_the_dry_run_on_the_cpu_writes_the_checks_json(dry_run):
     assert all(math.isfinite(v) for v in result["sim_device"].values())
     assert result["sim_device"]["flops"] > 0 and 0 < result["sim_device"]["backward_share"] < 1
     assert result["sim_device"]["quantize_cost"] > 0 and result["sim_device"]["copy_cost"] > 0
-    for name, steps in (("dnn", 20), ("ctc_chars", 4)):
+    for name, steps in (("dnn", 20), ("dnn_bf16", 20), ("dnn_accumulate", 20), ("ctc_chars", 4),
+                        ("ctc_chars_bf16", 4)):
         run = result["training"][name]
         assert run["steps"] == steps and run["frames_per_second"] > 0 and run["device"] == "cpu"
         assert run["seconds_per_step"] > 0 and "peak_gpu_memory_bytes" in run
+    assert result["training"]["dnn_bf16"]["overrides"][-1] == "train.precision=bf16"
+    assert result["training"]["dnn_accumulate"]["overrides"][-1] == "train.accumulate=4"
+    for model in ("dnn", "ctc_chars"):
+        ratio = result["bf16_vs_fp32"][model]
+        assert ratio["speedup"] > 0 and set(ratio["final"]) == {"fp32", "bf16"}
     gloo, nccl = result["two_learners"]["gloo"], result["two_learners"]["nccl"]
     assert gloo["status"] == "ok" and gloo["consensus"] and gloo["frames_per_second"] > 0
     assert [r["device"] for r in gloo["learners"]] == ["cpu", "cpu"]
