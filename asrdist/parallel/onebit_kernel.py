@@ -67,12 +67,15 @@ def pairwise_column_sum(x: torch.Tensor) -> torch.Tensor:
 def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
     rows, width = bits.shape
     nw = packed_words(rows)
-    padded = torch.zeros(nw * 32, width, dtype=torch.int64, device=bits.device)
-    padded[:rows] = bits
-    shifts = torch.arange(32, device=bits.device, dtype=torch.int64).view(1, 32, 1)
-    words = (padded.view(nw, 32, width) << shifts).sum(dim=1)
-    # Bit 31 set means a negative int32: wrap the unsigned value explicitly.
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    if rows % 32:
+        padded = torch.zeros(nw * 32, width, dtype=torch.int32, device=bits.device)
+        padded[:rows] = bits
+    else:
+        padded = bits.to(torch.int32)
+    # 1 << 31 is int32's -2**31: adding the word's other (distinct, smaller) bits to it never
+    # overflows, so an int32 sum gives the word's bit pattern (4 bytes a value, not int64's 8)
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32).view(1, 32, 1)
+    return (padded.view(nw, 32, width) << shifts).sum(dim=1, dtype=torch.int32)
 
 
 def _unpack_bits(words: torch.Tensor, rows: int) -> torch.Tensor:
