@@ -201,11 +201,8 @@ class SyncStrategy(Strategy):
             handle.remove()
         self._hooks = []
         if self.ctx.distributed and self.model is not None:
-            buffers = list(self.model.buffers())
-            for same in comm.group_by_kind(buffers).values():
-                flat = comm.flatten(same)
-                comm.broadcast(flat, 0, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
-                comm.unflatten_into(flat, same)
+            comm.broadcast_module(self.model, self.counters, src=0, group=self.ctx.group, timeout=self.ctx.timeout,
+                                  parameters=False)
 
     # --------------------------------------------------------------------------- helpers
 
