@@ -9,7 +9,7 @@
 4. `after_backward` launches what is left, waits, divides by n and makes every p.grad a view of
    the mean in its bucket; the optimizer then takes the same step everywhere.
 With `hierarchical` (auto: more than one node) each bucket goes through `hierarchical_allreduce`.
-Why hooks and not DDP: docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
+Why hooks beside DDP (the ddp strategy): docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
 from __future__ import annotations
 
 from contextlib import contextmanager
