@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from asrdist.cli import main
 from asrdist.config import load_config
-from asrdist.errors import ConfigError
+from asrdist.errors import ConfigError, DataError
+from asrdist.io.torch_data import load_data
 from asrdist.parallel import STRATEGIES, build_strategy, comm
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.ddp import DdpConfig, bucket_traffic, exchange_traffic, powersgd_values
@@ -86,9 +87,10 @@ def _accumulated(name: str, rank: int, world_size: int) -> list[torch.Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _restores(rank: int, world_size: int) -> dict:
+def _restores(rank: int, world_size: int, checkpoint: str) -> dict:
     """PowerSGD's memory in a snapshot: restored on the same DDP, the next steps repeat bit for bit;
-    loaded by a new strategy (a resumed run), it is kept once DDP has rebuilt its buckets."""
+    loaded from a checkpoint file (as data) by a new strategy (a resumed run), it is kept once DDP
+    has rebuilt its buckets."""
     config = DdpConfig(hook="powersgd", powersgd_start_iter=2)
     model, opt, strategy = _setup("ddp", config, rank, world_size)
     trainer = make_trainer(model, opt, strategy)
@@ -103,6 +105,8 @@ def _restores(rank: int, world_size: int) -> dict:
     train_steps(trainer, batches[4:])
     again = [p.detach().clone() for p in model.parameters()]
 
+    torch.save(saved, f"{checkpoint}-{rank}.pt")
+    saved = load_data(f"{checkpoint}-{rank}.pt", DataError)
     model2, opt2, resumed = _setup("ddp", config, rank, world_size)
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
@@ -114,7 +118,7 @@ def _restores(rank: int, world_size: int) -> dict:
             "left": dict(resumed._restored_layout)}
 
 
-def _learner(rank: int, world_size: int) -> dict:
+def _learner(rank: int, world_size: int, checkpoint: str) -> dict:
     out = {"sync": _train("sync", None, rank, world_size), "ddp": _train("ddp", None, rank, world_size),
            "fp16": _train("ddp", DdpConfig(hook="fp16"), rank, world_size),
            "bf16": _train("ddp", DdpConfig(hook="bf16"), rank, world_size),
@@ -124,7 +128,7 @@ def _learner(rank: int, world_size: int) -> dict:
            "sync_skip": _train("sync", None, rank, world_size, nan_at=2, nonfinite="skip"),
            "ddp_skip": _train("ddp", None, rank, world_size, nan_at=2, nonfinite="skip"),
            "accumulated": {name: _accumulated(name, rank, world_size) for name in ("sync", "ddp")},
-           "restores": _restores(rank, world_size)}
+           "restores": _restores(rank, world_size, checkpoint)}
     for run in out.values():
         run.pop("strategy", None)
     return out
@@ -132,7 +136,8 @@ def _learner(rank: int, world_size: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_distributed(_learner, 2, tmp_path_factory.mktemp("ddp"))
+    where = tmp_path_factory.mktemp("ddp")
+    return run_distributed(_learner, 2, where, str(where / "checkpoint"))
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
