@@ -24,7 +24,7 @@ BENCHMARKS = {
     "straggler": "time to a target loss with one learner 3x slower, sync vs adpsgd; delay-by-one (real training)",
     "compare": "strategies side by side (PER, frames/s, bytes): finished runs, or --train one per strategy",
     "simulator": "the scaling simulator against asrdist's own runs (1, 2, 4 learners, every strategy)",
-    "peers": "asrdist sync, onebit, averaging beside torch DDP, DDP + PowerSGD, PeriodicModelAverager",
+    "peers": "asrdist sync, onebit, averaging beside torch DDP, DDP + PowerSGD (strategy ddp), PeriodicModelAverager",
     "faults": "a real train job losing learners: detection times (sync, hung), adpsgd survival by restarts",
     "seeds": "the source papers' claims (S1-S11) by real training on dedicated emulated hosts, each a check that can fail",
 }

@@ -2,8 +2,9 @@
 
 In one job per network (`--networks`), every learner (`launcher.run_learners`) trains seven
 contenders from the same weights on the same minibatches with the same optimizer: asrdist's
-`sync`, `onebit`, `averaging` (the trainer's own `Trainer.train_step`), torch's DDP, DDP with
-PowerSGD at rank 1 and 4, and torch's `PeriodicModelAverager`, in alternating rounds. Keys
+`sync`, `onebit`, `averaging`, and torch's DistributedDataParallel plain and with torch's PowerSGD
+hook at rank 1 and 4 (asrdist's `ddp` strategy), each through the trainer's own
+`Trainer.train_step`, and torch's `PeriodicModelAverager` in its own loop, in alternating rounds. Keys
 `sync_vs_ddp`, `onebit_vs_powersgd`, `averaging_vs_torch`; the contenders and how they are timed:
 docs/benchmarks.md#asrdist-bench-peers-asrdist-beside-torchs-own-mechanisms."""
 from __future__ import annotations
@@ -19,11 +20,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.distributed.algorithms.model_averaging.averagers import (
     PeriodicModelAverager,
 )
-from torch.nn.parallel import DistributedDataParallel
 
 from asrdist.checks import cli_number
 from asrdist.cluster.launcher import run_learners
@@ -39,8 +38,8 @@ from asrdist.utils.throughput import job_frames_per_second
 
 SYNC_VS_DDP_TARGET = 0.97
 CONTENDERS = ("sync", "ddp", "onebit", "powersgd_rank1", "powersgd_rank4", "averaging", "torch_averaging")
-ASRDIST = ("sync", "onebit", "averaging")
-"""The contenders that count their own bytes (torch's do not)."""
+ASRDIST = ("sync", "ddp", "onebit", "powersgd_rank1", "powersgd_rank4", "averaging")
+"""The contenders that run as asrdist strategies and count their own bytes (torch's averager does not)."""
 COMPRESSED = ("onebit", "powersgd_rank1", "powersgd_rank4", "sync")
 """What `onebit_vs_powersgd` sets side by side (sync: the uncompressed reference)."""
 FEATURE_DIM, CLASSES = 440, 40
@@ -192,16 +191,10 @@ def _sgd(params):
     return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, nesterov=True)
 
 
-def _ddp(args: dict, powersgd_rank: int = 0) -> _Contender:
-    model = _fresh_model(args["hidden_dim"])
-    if not powersgd_rank:
-        ddp = DistributedDataParallel(model)
-    else:  # one bucket (see the module docstring)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=1024)
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=powersgd_rank,
-                                            start_powerSGD_iter=2, random_seed=0)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return _Contender(model, _torch_step(ddp, _sgd(ddp.parameters())))
+def _powersgd(rank: int) -> dict[str, Any]:
+    """DDP with PowerSGD at `rank` from its third step, in one bucket (as measured before the ddp
+    strategy: docs/benchmarks.md)."""
+    return {"name": "ddp", "hook": "powersgd", "powersgd_rank": rank, "powersgd_start_iter": 2, "bucket_cap_mb": 1024}
 
 
 def _torch_averaging(args: dict) -> _Contender:
@@ -223,10 +216,10 @@ def peer_learner(spec, args: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="asrdist-peers-") as tmp:
         make = {
             "sync": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "sync", args, {"name": "sync"}),
-            "ddp": lambda: _ddp(args),
+            "ddp": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "ddp", args, {"name": "ddp"}),
             "onebit": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "onebit", args, {"name": "onebit"}),
-            "powersgd_rank1": lambda: _ddp(args, 1),
-            "powersgd_rank4": lambda: _ddp(args, 4),
+            "powersgd_rank1": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "powersgd_rank1", args, _powersgd(1)),
+            "powersgd_rank4": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "powersgd_rank4", args, _powersgd(4)),
             "averaging": lambda: _asrdist(spec, ctx, sampler, Path(tmp) / "averaging", args,
                                           {"name": "averaging", "average_every": period * local_batch,
                                            "average_momentum": False}),

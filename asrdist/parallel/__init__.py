@@ -36,6 +36,7 @@ class _Registry(Mapping[str, StrategyDescriptor]):
 STRATEGIES: Mapping[str, StrategyDescriptor] = _Registry({
     "single": "asrdist.parallel.single:SINGLE",
     "sync": "asrdist.parallel.sync:SYNC",
+    "ddp": "asrdist.parallel.ddp:DDP",
     "onebit": "asrdist.parallel.onebit:ONEBIT",
     "averaging": "asrdist.parallel.averaging:AVERAGING",
     "adpsgd": "asrdist.parallel.adpsgd:ADPSGD",

@@ -235,10 +235,10 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, counters: CommCounters
 
 
 def broadcast_module(module: torch.nn.Module, counters: CommCounters, *, src: int = 0, group=None,
-                     timeout: timedelta | None = None, buffers: bool = True) -> None:
+                     timeout: timedelta | None = None, buffers: bool = True, parameters: bool = True) -> None:
     """Make every learner's parameters (and buffers) equal to rank `src`'s, one flat tensor per
-    (device, dtype)."""
-    tensors = [p.data for p in module.parameters()]
+    (device, dtype); `parameters=False`: the buffers alone."""
+    tensors = [p.data for p in module.parameters()] if parameters else []
     if buffers:
         tensors += [b for b in module.buffers()]
     for same in group_by_kind(tensors).values():

@@ -9,7 +9,7 @@
 4. `after_backward` launches what is left, waits, divides by n and makes every p.grad a view of
    the mean in its bucket; the optimizer then takes the same step everywhere.
 With `hierarchical` (auto: more than one node) each bucket goes through `hierarchical_allreduce`.
-Why hooks and not DDP: docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
+Why hooks beside DDP (the ddp strategy): docs/strategies.md#sync-bucketed-allreduce-parallelsyncpy."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -201,11 +201,8 @@ class SyncStrategy(Strategy):
             handle.remove()
         self._hooks = []
         if self.ctx.distributed and self.model is not None:
-            buffers = list(self.model.buffers())
-            for same in comm.group_by_kind(buffers).values():
-                flat = comm.flatten(same)
-                comm.broadcast(flat, 0, self.counters, group=self.ctx.group, timeout=self.ctx.timeout)
-                comm.unflatten_into(flat, same)
+            comm.broadcast_module(self.model, self.counters, src=0, group=self.ctx.group, timeout=self.ctx.timeout,
+                                  parameters=False)
 
     # --------------------------------------------------------------------------- helpers
 

@@ -26,6 +26,9 @@ def test_bench_peers_did_the_same_work_as_torch(tmp_path):
     assert onebit["onebit_vs_rank1"] > 0 and onebit["onebit_vs_rank4"] > 0
     assert onebit["after_steps"] == 6
     assert onebit["bytes_per_step"]["onebit"]["counted"] < onebit["bytes_per_step"]["sync"]["counted"] / 10
+    # DDP and PowerSGD run as asrdist's ddp strategy, which counts its bytes too
+    assert 0 < onebit["bytes_per_step"]["powersgd_rank1"]["counted"] < onebit["bytes_per_step"]["sync"]["counted"]
+    assert result["runs"]["loopback"]["bytes_per_step"]["ddp"]["counted"] == onebit["bytes_per_step"]["sync"]["counted"]
     for name in ("onebit", "powersgd_rank1", "powersgd_rank4", "sync"):
         assert 0 < onebit["held_out_loss"][name] < 10, name
 

@@ -167,6 +167,16 @@ def test_target_flag_sets_the_target(tmp_path, no_training, capsys, target, firs
             [10_000 / FIGURES[n][1] for n in ("single", "sync", "onebit")])
 
 
+def test_ddp_is_compared_beside_sync(tmp_path, no_training, capsys):
+    corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
+    fabricate_runs(out, corpus, ["sync", "ddp"])
+    assert _compare(out, corpus, "sync,ddp") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategies"] == ["sync", "ddp"] and summary["behind_sync"] == []
+    assert [(r["strategy"], r["prediction"]) for r in summary["runs"]] == [("sync", "simulated"),
+                                                                          ("ddp", "simulated")]
+
+
 def test_no_run_reaching_the_target_is_said(tmp_path, no_training, capsys):
     corpus, out = make_corpus(tmp_path / "corpus"), tmp_path / "cmp"
     fabricate_runs(out, corpus, ["sync", "onebit"])

@@ -19,6 +19,8 @@ STEPS, BATCH = 4, 8
 CASES = {  # name -> (strategy, settings, group size)
     "sync": ("sync", {"hierarchical": "false", "bucket_cap_mb": 0.0001}, 4),
     "sync_hierarchical": ("sync", {"hierarchical": "true"}, 2),
+    "ddp": ("ddp", {}, 4),
+    "ddp_fp16": ("ddp", {"hook": "fp16"}, 4),  # (powersgd: its plain first steps are not simulated)
     "onebit": ("onebit", {}, 4),
     "onebit_double_buffering": ("onebit", {"double_buffering": True}, 4),
     "onebit_hierarchical": ("onebit", {"hierarchical": "true"}, 2),

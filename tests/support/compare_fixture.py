@@ -17,6 +17,7 @@ TINY = ["model.hidden_dim=32", "model.hidden_layers=1", "data.batch_size=64", "t
 FIGURES = {  # strategy -> (PER after epochs 1 and 2, frames/s, bytes sent, compute seconds per frame)
     "single": ((0.30, 0.20), 1000.0, 0, 0.8e-3),  # steps of 1e-3 s per frame: 0.2e-3 s outside compute
     "sync": ((0.32, 0.21), 1500.0, 40_000_000, 1.2e-3),
+    "ddp": ((0.32, 0.21), 1480.0, 40_000_000, 1.2e-3),
     "onebit": ((0.33, 0.22), 1800.0, 2_000_000, 1.2e-3),
     "adpsgd": ((0.31, 0.20), 2500.0, 9_000_000, 1.1e-3),
 }

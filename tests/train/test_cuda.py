@@ -126,8 +126,8 @@ def test_a_models_forward_makes_every_tensor_on_its_inputs_device(name):
 
 # ------------------------------------------------------------------ strategies, 2 learners
 
-STRATEGY_NAMES = ("sync", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
-EXACT = ("sync", "onebit", "averaging")
+STRATEGY_NAMES = ("sync", "ddp", "onebit", "averaging", "adpsgd", "hierarchical", "hybrid")
+EXACT = ("sync", "ddp", "onebit", "averaging")
 """Lock-step strategies: the same seed gives the same parameters, staged or not."""
 STEPS = 4
 
