@@ -117,7 +117,7 @@ step() {  # $1 name, $2 seconds, then the bench's step and arguments
     timeout -k 10 "$limit" "$PY" -m asrdist.bench.gpu --name "$name" --device "$DEVICE" --out "$PARTS/$name.json" "$@"
     echo "asrdist: gpu check: $name: exit $? after $((SECONDS - t)) s"
 }
-# at most 535 s in all (each step's limit; on the H200 the steps took 130 s before bf16 and
+# at most 565 s in all (each step's limit; on the H200 the steps took 130 s before bf16 and
 # accumulation joined), so that the whole check ends inside 10 minutes
 step tests 150 tests -- -m cuda tests/train/test_cuda.py  # every cuda test is there: no need to collect the rest
 step phases 45 phases "${QUICK[@]}"
@@ -130,6 +130,7 @@ step train_ctc_chars 75 train --recipe configs/real_chars.yaml --data "$CORPUS" 
 step train_ctc_chars_bf16 75 train --recipe configs/real_chars.yaml --data "$CORPUS" --steps $CTC_STEPS \
     "${CTC_SET[@]}" --set train.precision=bf16
 step pair_gloo 40 pair --backend gloo --steps $PAIR_STEPS --timeout $((30 * SCALE)) "${QUICK[@]}"
+step pair_gloo_ddp 30 pair --backend gloo --strategy ddp --steps $PAIR_STEPS --timeout $((20 * SCALE)) "${QUICK[@]}"
 step pair_nccl 30 pair --backend nccl --steps $PAIR_STEPS --timeout $((20 * SCALE)) "${QUICK[@]}"
 "$PY" -m asrdist.bench.gpu --mode "$MODE" --out "$OUT_JSON" merge "$PARTS"/*.json
 status=$?

@@ -274,7 +274,7 @@ def run_tests(pytest_args: list[str]) -> dict[str, Any]:
 
 
 PARTS = ("tests", "phases", "train_dnn", "train_dnn_bf16", "train_dnn_accumulate", "train_ctc_chars",
-         "train_ctc_chars_bf16", "pair_gloo", "pair_nccl")
+         "train_ctc_chars_bf16", "pair_gloo", "pair_gloo_ddp", "pair_nccl")
 TRAININGS = {"dnn": "train_dnn", "dnn_bf16": "train_dnn_bf16", "dnn_accumulate": "train_dnn_accumulate",
              "ctc_chars": "train_ctc_chars", "ctc_chars_bf16": "train_ctc_chars_bf16"}
 """The check's `training` entries and the parts they come from: each recipe in fp32 and bf16
@@ -294,7 +294,7 @@ def merge(part_paths: list[Path], mode: str) -> dict[str, Any]:
     tests = parts["tests"].get("result") or {}
     if tests.get("exit_code", 0) not in (0, 5) or tests.get("failed"):  # 5: pytest collected no test
         failed.append("tests")
-    for name in ("pair_gloo", "pair_nccl"):
+    for name in ("pair_gloo", "pair_gloo_ddp", "pair_nccl"):
         if (parts[name].get("result") or {}).get("status") == "failed":
             failed.append(name)
     return {
@@ -308,7 +308,8 @@ def merge(part_paths: list[Path], mode: str) -> dict[str, Any]:
         "bf16_vs_fp32": {model: precision_ratio(parts[f"train_{model}"].get("result"),
                                                 parts[f"train_{model}_bf16"].get("result"))
                          for model in ("dnn", "ctc_chars")},
-        "two_learners": {"gloo": parts["pair_gloo"].get("result"), "nccl": parts["pair_nccl"].get("result")},
+        "two_learners": {"gloo": parts["pair_gloo"].get("result"), "gloo_ddp": parts["pair_gloo_ddp"].get("result"),
+                         "nccl": parts["pair_nccl"].get("result")},
         "seconds": {n: parts[n].get("seconds") for n in PARTS},
         "errors": {n: parts[n]["error"] for n in PARTS if "error" in parts[n]},
         "failed": sorted(set(failed)),

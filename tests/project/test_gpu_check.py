@@ -47,7 +47,7 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
              _part(tmp_path, "pair_nccl", result={"status": "refused", "reason": "Duplicate GPU detected"}),
              _part(tmp_path, "train_dnn", error="RuntimeError: asrdist train exited with 1")]
     merged = gpu.merge(parts, "cuda")
-    missing = {"phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn", "train_dnn_accumulate",
+    missing = {"pair_gloo_ddp", "phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn", "train_dnn_accumulate",
                "train_dnn_bf16"}
     assert merged["failed"] == sorted({"pair_gloo", "tests", *missing})
     assert set(merged["errors"]) == missing
@@ -111,8 +111,10 @@ def test_the_dry_run_on_the_cpu_writes_the_checks_json(dry_run):
         ratio = result["bf16_vs_fp32"][model]
         assert ratio["speedup"] > 0 and set(ratio["final"]) == {"fp32", "bf16"}
     gloo, nccl = result["two_learners"]["gloo"], result["two_learners"]["nccl"]
-    assert gloo["status"] == "ok" and gloo["consensus"] and gloo["frames_per_second"] > 0
-    assert [r["device"] for r in gloo["learners"]] == ["cpu", "cpu"]
+    for pair in (gloo, result["two_learners"]["gloo_ddp"]):
+        assert pair["status"] == "ok" and pair["consensus"] and pair["frames_per_second"] > 0
+        assert [r["device"] for r in pair["learners"]] == ["cpu", "cpu"]
+    assert result["two_learners"]["gloo_ddp"]["strategy"] == "ddp"
     assert nccl["status"] == "unavailable"
     assert set(result["seconds"]) == set(gpu.PARTS)
 
