@@ -47,8 +47,8 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
              _part(tmp_path, "pair_nccl", result={"status": "refused", "reason": "Duplicate GPU detected"}),
              _part(tmp_path, "train_dnn", error="RuntimeError: asrdist train exited with 1")]
     merged = gpu.merge(parts, "cuda")
-    missing = {"pair_gloo_ddp", "phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn", "train_dnn_accumulate",
-               "train_dnn_bf16"}
+    missing = {"pair_gloo_ddp", "phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn",
+               "train_dnn_accumulate", "train_dnn_bf16"}
     assert merged["failed"] == sorted({"pair_gloo", "tests", *missing})
     assert set(merged["errors"]) == missing
     assert merged["bf16_vs_fp32"] == {"dnn": None, "ctc_chars": None}

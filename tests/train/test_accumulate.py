@@ -197,10 +197,11 @@ def _kind_batches(kind: str, steps: int = 3) -> list[Batch]:
 def _kind_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
     if batch.target_lengths is not None:
         log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
-        return objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)[0], batch.num_frames
+        loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
+        return loss, batch.num_frames
     logits = model(batch.inputs)
-    return objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))[0], \
-        batch.num_frames
+    loss, _ = objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+    return loss, batch.num_frames
 
 
 @pytest.mark.parametrize("kind", ["dnn", "lstm", "ctc", "ngsgd"])
