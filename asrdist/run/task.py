@@ -80,17 +80,23 @@ class SpeechTask:
         return sampler
 
     def loss(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
-        batch = batch.to(next(model.parameters()).device)
-        if self.kind == "ctc":
-            log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
-            loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
-            return loss, batch.num_frames
-        logits = model(batch.inputs)
-        loss, _ = objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
-        return loss, batch.num_frames
+        return minibatch_loss(model, batch, self.kind)
 
     def validate(self, model: torch.nn.Module) -> dict:
         result = evaluate_split(model, self.valid_dir, self.targets, self.cfg)
         # the epoch record keeps the rates; eval.json alone keeps the error counts
         return {f"valid_{k}" if k in ("loss",) else k: v for k, v in result.items()
                 if k not in ("utterances", "error_counts")}
+
+
+def minibatch_loss(model: torch.nn.Module, batch, kind: str) -> tuple[torch.Tensor, int]:
+    """(the objective's mean over `batch`, its frames) for a model of `kind` ("frame" and "chunk":
+    cross-entropy over labelled frames; "ctc": CTC per output frame), on the model's device."""
+    batch = batch.to(next(model.parameters()).device)
+    if kind == "ctc":
+        log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
+        loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
+        return loss, batch.num_frames
+    logits = model(batch.inputs)
+    loss, _ = objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+    return loss, batch.num_frames

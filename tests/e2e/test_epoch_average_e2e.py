@@ -11,16 +11,13 @@ import torch
 from asrdist.cli import main
 from asrdist.train import checkpoint as ckpt
 from asrdist.train.metrics import read_metrics
+from tests.support.tone_runs import FAST, train_on_tones
 
 pytestmark = pytest.mark.slow  # three trainings end to end
 
-FAST = ["train.log_every=5", "data.batch_size=256", "model.hidden_dim=64", "model.hidden_layers=2",
-        "optim.warmup_steps=0", "optim.anneal_after_epoch=null", "train.checkpoint_minutes=0"]
-
 
 def _train(corpus, out, *extra) -> int:
-    return main(["train", "configs/default.yaml", *FAST, *extra, "--data", str(corpus), "--epochs", "3",
-                 "--out", str(out), "--no-progress"])
+    return train_on_tones(corpus, out, *extra, epochs=3)
 
 
 def _model(path):

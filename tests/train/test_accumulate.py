@@ -7,6 +7,7 @@ adpsgd's, hierarchical's and ddp's are in their own tests (test_adpsgd_order, te
 the forward under autocast, weights and gradients fp32, every model kind trains."""
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -15,13 +16,13 @@ import torch.nn.functional as F
 
 from asrdist.data.batch import Batch
 from asrdist.errors import ConfigError, TrainingError
-from asrdist.models import objectives
 from asrdist.models.registry import ModelConfig, build_model
 from asrdist.optim.ng_layers import apply_natural_gradient
 from asrdist.parallel.averaging import AveragingConfig, AveragingStrategy
 from asrdist.parallel.base import LearnerContext, Strategy
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.sync import SyncConfig, SyncStrategy
+from asrdist.run.task import minibatch_loss
 from asrdist.train.loop import LoopConfig
 from tests.support.dist_utils import run_distributed
 from tests.support.strategy_harness import make_trainer, train_steps
@@ -194,16 +195,6 @@ def _kind_batches(kind: str, steps: int = 3) -> list[Batch]:
                   num_frames=43, input_lengths=lengths, target_lengths=torch.tensor([4, 3, 2])) for _ in range(steps)]
 
 
-def _kind_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
-    if batch.target_lengths is not None:
-        log_probs, out_lengths = model(batch.inputs, batch.input_lengths)
-        loss, _ = objectives.ctc_objective(log_probs, batch.targets, out_lengths, batch.target_lengths)
-        return loss, batch.num_frames
-    logits = model(batch.inputs)
-    loss, _ = objectives.frame_cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
-    return loss, batch.num_frames
-
-
 @pytest.mark.parametrize("kind", ["dnn", "lstm", "ctc", "ngsgd"])
 def test_bf16_trains_every_model_kind_with_fp32_weights_and_gradients(kind):
     runs = {}
@@ -215,7 +206,8 @@ def test_bf16_trains_every_model_kind_with_fp32_weights_and_gradients(kind):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         strategy = _Recorder()
         strategy.setup(model, optimizer, LearnerContext())
-        trainer = make_trainer(model, optimizer, strategy, lr=0.1, loss_fn=_kind_loss, precision=precision)
+        loss_fn = functools.partial(minibatch_loss, kind=model.kind)
+        trainer = make_trainer(model, optimizer, strategy, lr=0.1, loss_fn=loss_fn, precision=precision)
         losses = train_steps(trainer, _kind_batches("dnn" if kind == "ngsgd" else kind))
         assert {g.dtype for grads in strategy.grads for g in grads} == {torch.float32}
         assert {p.dtype for p in model.parameters()} == {torch.float32}
