@@ -33,25 +33,27 @@ class _NaturalGradientAffine(torch.autograd.Function):
         # cache, and keep X̂_in (not x) for backward.
         # under bf16 autocast (`train.precision: bf16`) the product runs in bf16 and the
         # preconditioner, its statistics and the weight's gradient in fp32
-        x_in_hat, bias_column, ctx.s_in = layer.precondition_inputs(x.float(), layer.training)
+        update = layer.training
+        x_in_hat, bias_column, ctx.s_in = layer.precondition_inputs(x.float(), update)
         ctx.save_for_backward(x_in_hat, bias_column, weight)
-        ctx.layer, ctx.update, ctx.has_bias = layer, layer.training, bias is not None
+        ctx.layer, ctx.update = layer, update
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         x_in_hat, bias_column, weight = ctx.saved_tensors
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         grad_x = grad_weight = grad_bias = None
         # Precondition the output derivatives first, while they are still in cache from the layer
         # above; the input gradient's product streams the whole weight matrix through it.
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        if needs_weight or needs_bias:
             grad_weight, grad_bias = ctx.layer.preconditioned_gradient(x_in_hat, bias_column, ctx.s_in,
                                                                        grad_out.float(), ctx.update)
-            if not ctx.needs_input_grad[1]:
+            if not needs_weight:
                 grad_weight = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad_out @ weight.to(grad_out.dtype)
-        return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
+        if needs_x:
+            grad_x = grad_out @ (weight if weight.dtype == grad_out.dtype else weight.to(grad_out.dtype))
+        return grad_x, grad_weight, grad_bias, None
 
 
 class NaturalGradientLinear(nn.Linear):
@@ -92,10 +94,10 @@ class NaturalGradientLinear(nn.Linear):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled() or not (self.weight.requires_grad
-                                               or (self.bias is not None and self.bias.requires_grad)):
-            return F.linear(x, self.weight, self.bias)
-        return _NaturalGradientAffine.apply(x, self.weight, self.bias, self)
+        weight, bias = self.weight, self.bias
+        if torch.is_grad_enabled() and (weight.requires_grad or (bias is not None and bias.requires_grad)):
+            return _NaturalGradientAffine.apply(x, weight, bias, self)
+        return F.linear(x, weight, bias)
 
     def precondition_inputs(self, x: torch.Tensor, update: bool = True
                             ) -> tuple[torch.Tensor, torch.Tensor | None, float]:

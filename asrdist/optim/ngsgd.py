@@ -163,34 +163,43 @@ class OnlineNaturalGradient:
                               scale: float = 1.0) -> tuple[torch.Tensor, float]:
         """(P, g) with P·g = `precondition(scale·x)`, for callers that fold g into a later product
         (the natural-gradient layers do); `scale` spares them a pass over x."""
-        x_hat, _, gamma = self._precondition(_Rows(x, False), update, scale)
+        x_hat, _, gamma = self._precondition(x, False, update, scale)
         return x_hat, gamma
 
     def precondition_with_ones(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor, float]:
         """`precondition_unscaled` of the rows [x, 1] (x: N × (dim−1)) without building them:
         (P[:, :-1], P[:, -1], g)."""
-        return self._precondition(_Rows(x, True), update, 1.0)
+        return self._precondition(x, True, update, 1.0)
 
-    def _precondition(self, rows: _Rows, update: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        x = rows.x
-        if x.dim() != 2 or x.shape[1] + int(rows.ones) != self.dim:
-            shape = f"(N, {self.dim - 1}) (plus its ones column)" if rows.ones else f"(N, {self.dim})"
+    def _precondition(self, x: torch.Tensor, ones: bool, update: bool,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        # every layer's hot path, twice a step: the common case (initialized, no update due, the
+        # state's dtype and device) is one kernel call after a few attribute reads
+        if x.dim() != 2 or x.shape[1] + ones != self.dim:
+            shape = f"(N, {self.dim - 1}) (plus its ones column)" if ones else f"(N, {self.dim})"
             raise DataError(f"OnlineNaturalGradient: expected input of shape {shape}, got {tuple(x.shape)}")
-        if self.rank == 0 or x.shape[0] == 0 or (self._W is None and not update):
-            return x.clone(), (x.new_ones(x.shape[0]) if rows.ones else None), scale
-        if self._native is None:
-            self._native = resolve_kernel(self.kernel)
-        if self._W is None:
-            self._initialize(rows, scale * scale)
-        W = self._weights_for(x)
+        W = self._W
+        if (W is None and not update) or self.rank == 0 or x.shape[0] == 0:
+            return x.clone(), (x.new_ones(x.shape[0]) if ones else None), scale
+        native = self._native
+        if native is None:  # resolved at the first minibatch (building is not free), or after a load
+            native = self._native = resolve_kernel(self.kernel)
+        if W is None:
+            self._initialize(_Rows(x, ones), scale * scale)
+            W = self._W
+        two_minus_e = self._two_minus_e
+        if W.dtype != x.dtype or W.device != x.device:
+            W = W.to(dtype=x.dtype, device=x.device)
+            two_minus_e = two_minus_e.to(dtype=x.dtype, device=x.device)
         if update and (self.num_updates < NUM_INITIAL_UPDATES or self._skipped >= self.update_period - 1):
-            x_hat, last, gamma = self._update(rows, W, scale * scale)
+            x_hat, last, gamma = self._update(_Rows(x, ones), W, scale * scale)
         else:
             if update:
                 self._skipped += 1
-            if self._native:
-                x_hat, last, gamma = native_kernel().precondition(x, W, self._two_minus_e_for(W), rows.ones)
+            if native:
+                x_hat, last, gamma = native_kernel().precondition(x, W, two_minus_e, ones)
             else:
+                rows = _Rows(x, ones)
                 x_hat, last, gamma, _ = self._project(rows, rows.times_transposed(W), W)
         return x_hat, last, gamma * scale
 
@@ -253,12 +262,6 @@ class OnlineNaturalGradient:
     def _check_initialized(self) -> None:
         if self._W is None:
             raise DataError("OnlineNaturalGradient: not initialized yet (no minibatch seen)")
-
-    def _weights_for(self, x: torch.Tensor) -> torch.Tensor:
-        W = self._W
-        if W.dtype != x.dtype or W.device != x.device:
-            W = W.to(dtype=x.dtype, device=x.device)
-        return W
 
     def _e(self, d: np.ndarray, rho: float) -> np.ndarray:
         """Diagonal of E: e_ii = 1/(β/d_ii + 1), β = ρ(1+α) + (α/dim) tr D (identity smoothing)."""

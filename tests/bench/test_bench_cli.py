@@ -40,6 +40,11 @@ def test_bench_ngsgd_writes_its_contract(tmp_path):
     assert result["step_time_ratio_targets"] == {"512": 1.25, "swbd": 1.10}
     assert result["targets_met"] == {"512": result["step_time_ratio"] <= 1.25,
                                      "swbd": result["step_time_ratio_swbd"] <= 1.10}
+    # DESIGN.md §7's check, per width and swbd: the step within 0.06 of its floor
+    over = {w: result["step_time_ratio_by_width"][w] - result["floor_ratio_by_width"][w] for w in ("512", "64")}
+    over["swbd"] = result["step_time_ratio_swbd"] - result["floor_ratio_swbd"]
+    assert result["over_floor"] == pytest.approx(over, abs=1e-4)
+    assert result["within_floor_margin"] == {w: v <= 0.06 for w, v in result["over_floor"].items()}
     assert result["bytes"]["averages"] == 2
     assert 0.4 < result["bytes_per_sample_ratio"] < 0.6
     assert result["kernel"] == "native"  # `auto` where the compiler is: the compiled preconditioner
