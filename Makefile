@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 system-deps:
 	@bash scripts/system_deps.sh
 
-# `make demo REPEATS=2`: each strategy of the comparison twice, in interleaved rounds, with intervals
+# `make demo REPEATS=K`: each strategy of the comparison K times, in interleaved rounds, with intervals
 # (asrdist demo --repeats; its default: asrdist/demo_cli.py's DEMO_REPEATS)
 demo: setup
 	$(PY) -m asrdist.native

@@ -8,10 +8,9 @@ from asrdist.checks import cli_number
 from asrdist.commands import help_of
 
 DEMO_STRATEGIES = "sync,onebit,averaging,adpsgd"
-DEMO_REPEATS = 1
-"""One round: two (the comparison's second round, about 14 min of training on the idle 2-core
-machine, estimated from the 4-epoch runs' wall times) would take `make demo` past 30 minutes;
-`make demo REPEATS=2` or `asrdist demo --repeats 2` gives intervals."""
+DEMO_REPEATS = 2
+"""Two interleaved rounds, for intervals: a fresh clone's `make demo` took 23 min 31 s on the idle
+2-core machine (2026-12-02, set-up included; docs/comparing.md). `--repeats 1` takes about half."""
 
 
 def register(sub: argparse._SubParsersAction, path: list[str] | None = None) -> None:

@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", type=cli_number(int, at_least=1), default=12, help="timed blocks of 4 steps per variant (default DNN)")
     parser.add_argument("--num-classes", type=cli_number(int, at_least=2), default=DNN_CLASSES, help="outputs of the default DNN")
     parser.add_argument("--swbd-batch", type=cli_number(int, at_least=1), default=256, help="frames per step on the swbd shapes")
-    parser.add_argument("--swbd-blocks", type=cli_number(int, at_least=1), default=4,
-                        help="timed blocks of 4 steps per variant (swbd; with 2 the ratio moved by 0.2 between runs)")
+    parser.add_argument("--swbd-blocks", type=cli_number(int, at_least=1), default=8,
+                        help="timed blocks of 4 steps per variant (swbd; with 4 the ratio moved by 0.13 between idle runs)")
     parser.add_argument("--skip-swbd", action="store_true", help="skip the 46M-parameter swbd shapes")
     parser.add_argument("--widths", type=cli_list(int, empty=True, at_least=1), default="1024,2048",
                         help="also time the default DNN with these hidden widths (comma list; '' for none)")
@@ -184,6 +184,10 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
                 times[name].append(_time_block(steps[name], UPDATE_PERIOD))
     wall = {k: statistics.median(w for w, _ in v) / UPDATE_PERIOD for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
+    # the ratio of each block to its neighbour of the other variant (timed back to back, so a drift
+    # of the machine's speed over the run cancels), then their median
+    ratios = sorted(n[0] / s[0] for s, n in zip(times["sgd"], times["ngsgd"]))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     extra_ms = (cpu["ngsgd"] - cpu["sgd"]) * 1e3
     phases = phase_breakdown(captured, extra_ms, repeats=max(1, min(5, blocks)))  # as many as the step timing's blocks
     del captured
@@ -194,7 +198,8 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
             "timed_steps_per_variant": blocks * UPDATE_PERIOD,
             "sgd_step_ms": round(wall["sgd"] * 1e3, 3), "ngsgd_step_ms": round(wall["ngsgd"] * 1e3, 3),
             "sgd_step_cpu_ms": round(cpu["sgd"] * 1e3, 3), "ngsgd_step_cpu_ms": round(cpu["ngsgd"] * 1e3, 3),
-            "step_time_ratio": round(wall["ngsgd"] / wall["sgd"], 4),
+            "step_time_ratio": round(statistics.median(ratios), 4),
+            "block_ratio_quartiles": [round(quartiles[0], 4), round(quartiles[2], 4)],
             "step_time_ratio_cpu": round(cpu["ngsgd"] / cpu["sgd"], 4),
             "flop_ratio": round(flops, 4),
             "floor_ratio": round(floor_ratio(flops, phases["eigendecomposition"], cpu["sgd"] * 1e3), 4),
