@@ -70,11 +70,6 @@ class OneBitConfig:
     hierarchical: Any = "auto"
     """auto | true | false: fp32 reduce-scatter inside the node, the 1-bit exchange across nodes on
     this learner's columns, all-gather inside the node; auto = when there are several nodes."""
-    flush_residuals: bool = False
-    """At the end of training, apply what error feedback still owes: the mean of the learners'
-    residuals plus the stripe owners' second residuals (one fp32 allreduce), as one last step at
-    the last learning rate, so the final model has applied exactly the sum of the exchanged
-    gradients (Σ applied = Σ mean gradient − residuals left, otherwise)."""
     warm_start_frames: int = 0
     """CNTK's warm start (`distributed_after`, in samples): the job's first this-many frames are
     exchanged in full precision (one fp32 allreduce of the gradients, sync's arithmetic), then
@@ -82,8 +77,7 @@ class OneBitConfig:
 
     def __post_init__(self):
         self.hierarchical = check_hierarchical(self.hierarchical)
-        for key in ("error_feedback", "double_buffering", "auto_batch_size", "momentum_correction",
-                    "flush_residuals"):
+        for key in ("error_feedback", "double_buffering", "auto_batch_size", "momentum_correction"):
             check_field(f"strategy.{key}", getattr(self, key), bool)
         if self.kernel not in KERNEL_KINDS:
             raise ConfigError(f"strategy.kernel: unknown kernel {self.kernel!r} (known: {', '.join(KERNEL_KINDS)})")
@@ -214,30 +208,9 @@ class OneBitStrategy(Strategy):
             if self._result_ready and self._update is not None:
                 self._dequantize_into_grads()
                 self.apply_update(self._update)
-        if self.config.flush_residuals and self._residuals and self._update is not None:
-            self._flush_residuals()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-
-    def _flush_residuals(self) -> None:
-        """`flush_residuals`: the owed gradient, mean(first residuals) + second residuals, summed
-        over the exchange's group in fp32 and applied through the trainer's last update."""
-        owed = [r.materialize().div_(self._plan.n) for r in self._residuals]
-        for piece, residual in self._second.items():
-            owed[piece.block.slot][:, piece.c0:piece.c1] += residual.materialize()
-        if self._plan.n > 1:
-            flat = comm.flatten(owed)
-            comm.allreduce(flat, self.counters, group=self._group, timeout=self.ctx.timeout)
-            comm.unflatten_into(flat, owed)
-        targets = self._grad_targets()
-        for target, value in zip(targets if self._shards is None else self._shards.result_matrices, owed):
-            target.copy_(value)
-        if self._shards is not None:
-            self._shards.all_gather(targets, self.counters)
-        for residual in [*self._residuals, *self._second.values()]:
-            residual.load(torch.zeros_like(residual.last))
-        self.apply_update(self._update)
 
     def discard_step(self) -> None:
         """A dropped step's non-finite values must not live on in the error-feedback residuals:

@@ -34,7 +34,7 @@ def _workdir(tone_corpus: Path, tmp_path: Path) -> tuple[Path, Path]:
 def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, tmp_path, capsys, monkeypatch):
     work, config = _workdir(tone_corpus, tmp_path)
     argv = ["demo", "--workdir", str(work), "--config", str(config), "--epochs", "2", "--learners", "2",
-            "--strategies", "onebit"]
+            "--strategies", "onebit", "--repeats", "1"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     out = work / "compare"
