@@ -186,7 +186,7 @@ def compare_step_times(model_name: str, features: int, num_classes: int, batch: 
     cpu = {k: statistics.median(c for _, c in v) / UPDATE_PERIOD for k, v in times.items()}
     # the ratio of each block to its neighbour of the other variant (timed back to back, so a drift
     # of the machine's speed over the run cancels), then their median
-    ratios = sorted(n[0] / s[0] for s, n in zip(times["sgd"], times["ngsgd"]))
+    ratios = [n[0] / s[0] for s, n in zip(times["sgd"], times["ngsgd"])]
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     extra_ms = (cpu["ngsgd"] - cpu["sgd"]) * 1e3
     phases = phase_breakdown(captured, extra_ms, repeats=max(1, min(5, blocks)))  # as many as the step timing's blocks

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import inspect
 import math
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, ContextManager, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -191,13 +191,8 @@ class DdpStrategy(Strategy):
         self._forwarded, self._backward_ran = True, False
         return self.ddp
 
-    @contextmanager
-    def no_sync(self) -> Iterator[None]:
-        if self.ddp is None:
-            yield
-            return
-        with self.ddp.no_sync():
-            yield
+    def no_sync(self) -> ContextManager[None]:
+        return nullcontext() if self.ddp is None else self.ddp.no_sync()
 
     def after_backward(self) -> None:
         """DDP averaged the gradients in backward: count the exchange. A step whose loss was not

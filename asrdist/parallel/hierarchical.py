@@ -11,9 +11,9 @@ A lost learner takes its node with it; the other nodes go on (`NodeMembership`).
 Details: docs/strategies.md#hierarchical-h-adpsgd-and-hybrid-parallelhierarchicalpy."""
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
-from typing import Callable, ContextManager, Iterator
+from typing import Callable, ContextManager
 
 import torch
 
@@ -134,13 +134,8 @@ class HierarchicalStrategy(Strategy):
             self.outer.after_step()
         self._share_leaders_parameters()
 
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        if self.outer is None:
-            yield
-            return
-        with self.outer.paused():
-            yield
+    def paused(self) -> ContextManager[None]:
+        return nullcontext() if self.outer is None else self.outer.paused()
 
     def epoch_end_metrics(self) -> dict:
         return {"consensus_distance": self.among_survivors(lambda group, members: consensus_distance(
