@@ -2,7 +2,7 @@
 a SIGKILLed or SIGSTOPped learner (sync, onebit, averaging) ends the job with one line naming the
 rank and leaves the run directory resumable; a slow link between two emulated hosts only slows the
 job (sync, onebit, adpsgd: collectives, all-to-all and point-to-point). adpsgd and hierarchical, which go on without lost
-learners, are tests/parallel/test_survival.py. Tiny DNN on the tone corpus; deadlines only catch hangs."""
+learners, are tests/run/test_fault_recovery.py (jobs) and tests/parallel/test_survival.py (parts). Tiny DNN on the tone corpus; deadlines only catch hangs."""
 from __future__ import annotations
 
 import json

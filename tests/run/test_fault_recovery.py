@@ -2,9 +2,11 @@
 what the run directory and the next command make of them. A run SIGKILLed in its first epoch (1 and
 2 learners) is resumed from the start, and a new start on it says so; a long first epoch is
 checkpointed within it (`train.checkpoint_minutes`) and resumed from there; Ctrl-C exits 130 with
-any number of learners; adpsgd and hierarchical that lose a learner (rank 0, whose metrics another
-survivor takes over, included) publish checkpoints of their survivors, train the lost learners'
-held minibatches again, and resume with all their learners. Deadlines only catch hangs."""
+any number of learners; adpsgd and hierarchical that lose learners (adpsgd: rank 0, whose metrics
+another survivor takes over, killed and a passive hung; hierarchical: a whole node for one killed
+learner) end with the survivors' model, name each loss, publish checkpoints of their survivors,
+train the lost learners' held minibatches again, and resume with all their learners (issue 12 item
+5's end-to-end survival runs, merged into these). Deadlines only catch hangs."""
 from __future__ import annotations
 
 import json
@@ -115,12 +117,14 @@ def test_ctrl_c_exits_130_with_any_number_of_learners(tone_corpus, tmp_path, lea
     until(lambda: not learner_pids(run), "every learner to be gone")
 
 
-@pytest.mark.parametrize("strategy, victim, lost, extra", [
-    ("adpsgd", 0, [0], []),  # rank 0 lost: another survivor leads (metrics, summary)
-    ("hierarchical", 3, [2, 3], ["train.group_size=2"]),
+@pytest.mark.parametrize("strategy, victim, hung, lost, extra", [
+    # rank 0 killed (another survivor leads: metrics, summary) and a passive hung (SIGSTOP)
+    ("adpsgd", 0, 1, [0, 1], []),
+    # rank 3 killed: its node lives or dies whole, so its leader, rank 2, stops and node 0 trains on
+    ("hierarchical", 3, None, [2, 3], ["train.group_size=2"]),
 ])
 def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_whole(
-        tone_corpus, tmp_path, strategy, victim, lost, extra):
+        tone_corpus, tmp_path, strategy, victim, hung, lost, extra):
     run = tmp_path / "run"
     epochs = 4
     proc = _train(tone_corpus, run, "data.batch_size=128", "optim.lr=0.05", "train.timeout_seconds=6", *extra,
@@ -129,17 +133,36 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     until(lambda: len(_records(run, "epoch")) >= 1 and len(learner_pids(run)) == 4 or proc.poll() is not None,
            "the first epoch's end")
     assert proc.poll() is None, proc.stderr.read()
-    os.kill(learner_pids(run)[victim], signal.SIGKILL)
-    err = _finish(proc)
+    pids = learner_pids(run)
+    os.kill(pids[victim], signal.SIGKILL)
+    if hung is not None:
+        os.kill(pids[hung], signal.SIGSTOP)
+    try:
+        err = _finish(proc)
+    finally:
+        if hung is not None and pids[hung] in learner_pids(run).values():
+            os.kill(pids[hung], signal.SIGKILL)
     assert proc.returncode == 0, err
     summary = json.loads((run / "summary.json").read_text())
-    assert sorted(x["rank"] for x in summary["lost_learners"]) == lost
+    by_rank = {x["rank"]: x for x in summary["lost_learners"]}
+    assert sorted(by_rank) == lost and summary["learners"] == 4, summary["lost_learners"]
+    # a killed learner is named by its signal, or by the exchange it broke; a stopped one as hung
+    assert by_rank[victim]["reason"] in ("killed by signal 9", "died: its connection closed during an exchange")
+    if hung is not None:
+        assert by_rank[hung]["reason"].startswith("hung:"), by_rank
+    # the last step each finished; None when it was lost before its first
+    assert all(x["step"] is None or isinstance(x["step"], int) and x["step"] >= 0 for x in by_rank.values())
+    assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == sorted(set(range(4)) - set(lost))
+    assert summary["final"]["frame_accuracy"] > 0.9 and (run / "model.pt").is_file(), summary["final"]
+    named = [line for line in err.splitlines() if line.startswith("[asrdist] learner rank ") and " lost " in line]
+    assert len(named) == len(lost) and any(line.startswith(f"[asrdist] learner rank {victim} lost ") for line in named), err
+    assert "Traceback" not in err and "asrdist: error" not in err and "pair.cc" not in err, err
     epochs_recorded = _records(run, "epoch")
     assert [r["epoch"] for r in epochs_recorded] == list(range(1, epochs + 1)), epochs_recorded  # none missing
     # the survivors published every epoch's checkpoint, their own files and who was lost
     assert (run / "checkpoints" / "latest").read_text().strip() == f"epoch-{epochs:04d}"
     members = json.loads((run / "checkpoints" / f"epoch-{epochs:04d}" / "members.json").read_text())
-    assert members["lost"] == lost
+    assert members["lost"] == lost and members["members"] == sorted(set(range(4)) - set(lost)), members
     assert not list((run / "checkpoints").rglob("*.tmp"))
     assert _state(run)["state"] == "finished"
     # every minibatch of every epoch from the loss on is someone's: none lost
