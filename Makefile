@@ -31,14 +31,19 @@ demo: setup
 # 2 cores, and wait on them (timeouts, emulated links); a fourth process fills the gaps the waits leave
 # (2026-11-29, idle, steal under 1%: 705 s with three, 673 s with four, 1,189 CPU-seconds in all;
 # a fresh clone of the session's last change: 652 s. The evening before, with the host taking up to
-# 44% of the CPU, 17.5 min with three or four)
+# 44% of the CPU, 17.5 min with three or four. 2026-12-03, idle: 679 s with four, 818 s with six)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
 # environments) would otherwise make each of the suite's hundreds of learner processes compile it;
-# the native kernels are built (or found in the cache) once, before the tests that use them start
+# the native kernels are built (or found in the cache) once, before the tests that use them start.
+# pytest writes its rewritten test modules' bytecode only where bytecode may be written (so not under
+# PYTHONDONTWRITEBYTECODE): the suite runs with it unset, and a collection beside the kernels' build
+# writes that cache once, rather than every test process rewriting every test file's asserts
+# (about 5 CPU-seconds each, 2026-12-03)
 test: setup
 	$(PY) -m compileall -q asrdist
-	$(PY) -m asrdist.native
-	$(PY) -m pytest -q -x -n 4 --dist loadfile --no-loadscope-reorder --durations=30 -m "not install" tests
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --collect-only -p no:cacheprovider tests >/dev/null & \
+	  $(PY) -m asrdist.native; built=$$?; wait $$!; exit $$built
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -x -n 4 --dist loadfile --no-loadscope-reorder --durations=30 -m "not install" tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info
