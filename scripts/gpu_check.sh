@@ -102,7 +102,10 @@ PARTS=$(mktemp -d "${TMPDIR:-/tmp}/asrdist-gpu-check-XXXXXX")
 trap 'rm -rf "$PARTS"' EXIT
 if [ "$DEVICE" = cpu ]; then
     QUICK=(--quick --repeats 3); DNN_STEPS=20; CTC_STEPS=4; PAIR_STEPS=4; MODE=cpu-dry-run
-    SCALE=4  # every limit x4: a few CPU cores shared with other work are far slower than the GPU machine
+    # every limit x10: a few CPU cores shared with other work are far slower than the GPU machine (x4 was
+    # too little for the suite's dry run beside an 8-learner bench on 2 cores, 2026-12-03: a 12 s pair
+    # step passed 120 s, and a step that only imports torch took 43 s); a limit only catches a hang
+    SCALE=10
     DNN_SET=(--set model.hidden_dim=64 --set model.hidden_layers=2 --set data.batch_size=128)
     CTC_SET=(--set model.hidden_dim=16 --set model.hidden_layers=1 --set data.batch_size=600
              --set 'data.speed_perturb=[1.0]')
