@@ -117,15 +117,20 @@ def test_ctrl_c_exits_130_with_any_number_of_learners(tone_corpus, tmp_path, lea
     until(lambda: not learner_pids(run), "every learner to be gone")
 
 
-@pytest.mark.parametrize("strategy, victim, hung, lost, extra", [
-    # rank 0 killed (another survivor leads: metrics, summary) and a passive hung (SIGSTOP)
-    ("adpsgd", 0, 1, [0, 1], []),
+KILLED = "killed by signal 9"
+
+
+@pytest.mark.parametrize("strategy, victim, killed_as, hung, lost, extra", [
+    # rank 0 killed (another survivor leads: metrics, summary) and a passive hung (SIGSTOP); the
+    # killed one is named by its signal, or by the exchange it broke
+    ("adpsgd", 0, (KILLED, "died: its connection closed during an exchange"), 1, [0, 1], []),
     # rank 3 killed: its node lives or dies whole, so its leader, rank 2, stops and node 0 trains on
-    ("hierarchical", 3, None, [2, 3], ["train.group_size=2"]),
+    ("hierarchical", 3, (KILLED,), None, [2, 3], ["train.group_size=2"]),
 ])
 def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_whole(
-        tone_corpus, tmp_path, strategy, victim, hung, lost, extra):
+        tone_corpus, tmp_path, strategy, victim, killed_as, hung, lost, extra):
     run = tmp_path / "run"
+    survivors = sorted(set(range(4)) - set(lost))
     epochs = 4
     proc = _train(tone_corpus, run, "data.batch_size=128", "optim.lr=0.05", "train.timeout_seconds=6", *extra,
                   "--strategy", strategy, "--epochs", str(epochs), learners=4)
@@ -146,13 +151,12 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     summary = json.loads((run / "summary.json").read_text())
     by_rank = {x["rank"]: x for x in summary["lost_learners"]}
     assert sorted(by_rank) == lost and summary["learners"] == 4, summary["lost_learners"]
-    # a killed learner is named by its signal, or by the exchange it broke; a stopped one as hung
-    assert by_rank[victim]["reason"] in ("killed by signal 9", "died: its connection closed during an exchange")
+    assert by_rank[victim]["reason"] in killed_as, by_rank
     if hung is not None:
         assert by_rank[hung]["reason"].startswith("hung:"), by_rank
     # the last step each finished; None when it was lost before its first
     assert all(x["step"] is None or isinstance(x["step"], int) and x["step"] >= 0 for x in by_rank.values())
-    assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == sorted(set(range(4)) - set(lost))
+    assert sorted(p["rank"] for p in summary["comm"]["per_learner"]) == survivors
     assert summary["final"]["frame_accuracy"] > 0.9 and (run / "model.pt").is_file(), summary["final"]
     named = [line for line in err.splitlines() if line.startswith("[asrdist] learner rank ") and " lost " in line]
     assert len(named) == len(lost) and any(line.startswith(f"[asrdist] learner rank {victim} lost ") for line in named), err
@@ -162,7 +166,7 @@ def test_survivors_publish_checkpoints_train_the_lost_minibatches_and_resume_who
     # the survivors published every epoch's checkpoint, their own files and who was lost
     assert (run / "checkpoints" / "latest").read_text().strip() == f"epoch-{epochs:04d}"
     members = json.loads((run / "checkpoints" / f"epoch-{epochs:04d}" / "members.json").read_text())
-    assert members["lost"] == lost and members["members"] == sorted(set(range(4)) - set(lost)), members
+    assert members["lost"] == lost and members["members"] == survivors, members
     assert not list((run / "checkpoints").rglob("*.tmp"))
     assert _state(run)["state"] == "finished"
     # every minibatch of every epoch from the loss on is someone's: none lost
