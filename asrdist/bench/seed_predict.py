@@ -17,14 +17,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from asrdist.bench.seed_claims import RunSpec, Setup
 from asrdist.calibrate.microbench import measure_microbenchmarks
 from asrdist.compare.runs import Hosts, resolve_all
 from asrdist.models.registry import model_kind
-from asrdist.run.prepare import ensure_features
-from asrdist.sim.calibration import predict_run
+from asrdist.run.prepare import build_targets, ensure_features
+from asrdist.sim.calibration import Microbenchmarks, predict_run
 from asrdist.sim.dedicated import dedicated_inputs, share_of
 
 VALIDATIONS = 10
@@ -76,7 +77,66 @@ def plan_run(spec: RunSpec, setup: Setup, corpus: Path, args, cache: dict) -> di
         "validations_per_epoch": 1 + within, "steps_per_epoch": steps, "share_cores": share,
         "comm_share": predicted.comm_share, "wait_share": predicted.wait_share, "time_to_target_seconds": None,
         "microbenchmarks": dataclasses.asdict(micro), "link": detail.get("link"), "sources": inputs.sources,
+        "feature_dim": detail["feature_dim"], "num_classes": detail["num_classes"],
         "seconds": round(time.monotonic() - t0, 1)}}
+
+
+def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every run of a `bench seeds` JSON predicted again by today's simulator from the
+    microbenchmarks the run stored (no timing): {claim, run, measured, stored, now} frames/s.
+    An in-sample check for a change to the simulator: these runs may have shaped it; a change is
+    judged on fresh runs (docs/seeds.md#the-simulators-predictions). Needs the runs' corpus where
+    the JSON predates `feature_dim` / `num_classes` in `predicted`."""
+    setup = Setup(**{**result["setup"], "seeds": tuple(result["setup"]["seeds"])})
+    args = SimpleNamespace(overrides=result.get("overrides", []), config=Path(result["config"]))
+    corpus = Path(result["corpus"])
+    rows = []
+    for claim_id, claim in result["claims"].items():
+        for name, run in (claim.get("runs") or {}).items():
+            predicted = run.get("predicted")
+            if not predicted or not run.get("frames_per_second"):
+                continue
+            spec = RunSpec(name, run["strategy"], run["learners"], run["nodes"], run["network"],
+                           tuple(run["overrides"]), run["cpus_per_host"])
+            # resolved without its hosts (their checks probe namespaces and cgroups): the hosts
+            # are the simulator's (`nodes`, `network`, the share), not the config's
+            cfg = resolve_all(args.config, [spec.strategy], spec.learners, corpus,
+                              run_overrides(spec, setup, args))[spec.strategy]
+            shapes = {k: predicted.get(k) for k in ("feature_dim", "num_classes")}
+            if None in shapes.values():
+                targets = build_targets(corpus, cfg, model_kind(cfg.model))
+                shapes = {"feature_dim": cfg.data.num_mel_bins, "num_classes": targets.num_classes}
+            micro = Microbenchmarks(**predicted["microbenchmarks"])
+            inputs = dedicated_inputs(micro, spec.learners, predicted["share_cores"], spec.strategy,
+                                      validations_per_epoch=predicted["validations_per_epoch"] - 1)
+            now = predict_run(cfg, inputs, spec.nodes, spec.network if spec.nodes > 1 else "loopback",
+                              dedicated=True, **shapes)
+            rows.append({"claim": claim_id, "run": name, "measured": run["frames_per_second"],
+                         "stored": predicted["frames_per_second"], "now": now.frames_per_second})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m asrdist.bench.seed_predict JSON...`: `repredict` every file, one line a run."""
+    import json
+    import sys
+
+    paths = argv if argv is not None else sys.argv[1:]
+    if not paths:
+        print("usage: python -m asrdist.bench.seed_predict SEEDS_JSON...", file=sys.stderr)
+        return 2
+    errors: dict[str, list[float]] = {"stored": [], "now": []}
+    for path in paths:
+        for row in repredict(json.loads(Path(path).read_text())):
+            err = {k: relative_error(row[k], row["measured"]) for k in errors}
+            for k in errors:
+                errors[k].append(err[k])
+            print(f"{row['claim']:4s} {row['run']:28s} measured {row['measured']:8.0f}  stored {row['stored']:8.0f} "
+                  f"({err['stored']:+.2f})  now {row['now']:8.0f} ({err['now']:+.2f})")
+    for k, v in errors.items():
+        print(f"{k}: {sum(abs(e) <= 0.2 for e in v)} of {len(v)} runs within +-20%")
+    return 0
+
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -116,3 +176,6 @@ def claim_times(measured: Any) -> dict[str, float | None]:
         if isinstance(part, dict) and isinstance(part.get("time_to_target_seconds"), dict):
             out.update({f"{k}_{tag}": v for k, v in part["time_to_target_seconds"].items()})
     return out
+
+if __name__ == "__main__":
+    raise SystemExit(main())

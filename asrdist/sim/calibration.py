@@ -267,7 +267,8 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
                      feature_dim=feature_dim, num_classes=num_classes)
     if dedicated:
         straggler = cfg.train.straggler
-        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, shared_cores=0, one_machine=False),
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, shared_cores=0, one_machine=False,
+                                                                   cpu_hosts=True),
                                   slowdown={r: straggler.slowdown for r in straggler.ranks if r < inputs.learners})
     if inputs.learners == 1 and STRATEGIES[cfg.strategy_name].codes_alone:  # a lone onebit learner still codes
         job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)

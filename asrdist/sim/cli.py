@@ -118,7 +118,8 @@ def build_job(args):
             raise ConfigError(f"--device: unknown device preset {args.device!r} (known: {', '.join(devices)})")
         spf = seconds_per_frame(devices[args.device], parameter_count(shapes))
     inside = args.inside or ("loopback" if quota is not None else "nvlink")
-    cluster = Cluster(nodes, per_node, _link("--inside", inside), _link("--network", args.network))
+    cluster = Cluster(nodes, per_node, _link("--inside", inside), _link("--network", args.network),
+                      cpu_hosts=quota is not None)
     batch = 256 * cluster.learners if args.global_batch is None else args.global_batch
     if batch < cluster.learners:
         raise ConfigError(f"--global-batch: must be at least {cluster.learners} (one frame per learner), got {batch}")

@@ -120,6 +120,11 @@ class Cluster:
     thread_speedup: float = 0.0
     """CPU learners: how much faster one learner's CPU work runs on all `shared_cores` threads
     than on one (measured; memory-bound work gains little). 0 = linear in threads."""
+    cpu_hosts: bool = False
+    """Every learner computes on a CPU quota of its own host (`asrdist.sim.dedicated`; with
+    `shared_cores` 0): the CPU a message costs does not overlap its wire time (a throttled host
+    neither computes nor moves its bytes), so a collective or an exchange lasts its wire time plus
+    its slowest member's CPU for it; and a straggler's host is slowed in all of its CPU work."""
 
     def __post_init__(self):
         if self.nodes < 1 or self.per_node < 1:

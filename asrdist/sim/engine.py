@@ -65,15 +65,21 @@ class _Simulation:
     def compute(self, me: _Learner, work: float, sleep: float):
         t0 = self.env.now
         yield self.env.timeout(sleep)
-        yield from self.cpu(me, work)
+        yield from self.cpu(me, work, compute=True)
         me.compute += self.env.now - t0
 
-    def cpu(self, me: _Learner, seconds: float):
+    def host_slowdown(self, rank: int) -> float:
+        """How much longer learner `rank`'s CPU work other than its compute takes: a straggler's on
+        a dedicated CPU host (its quota is `slowdown` times smaller for all its work), else 1."""
+        return self.spec.slowdown.get(rank, 1.0) if self.cluster.cpu_hosts else 1.0
+
+    def cpu(self, me: _Learner, seconds: float, compute: bool = False):
         """`seconds` of work; CPU learners share their machine's cores with every other learner's
         work in progress (`SharedCores`), so more learners than cores slow each other down, and
-        work overlaps other learners' waiting."""
+        work overlaps other learners' waiting. `compute`: the step's own work (a straggler's
+        slowdown is already in it: `draw_compute`)."""
         if not self.cluster.shared_cores:
-            yield self.env.timeout(seconds)
+            yield self.env.timeout(seconds if compute else seconds * self.host_slowdown(me.rank))
             return
         cores = self.cores[0 if self.cluster.one_machine else me.rank // self.cluster.per_node]
         yield cores.run(seconds, self.cluster.threads())
@@ -97,9 +103,11 @@ class _Simulation:
         if after_whole_step and self.cluster.shared_cores:
             duration += s.lockstep_wait
         duration *= share
-        meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         # the CPU of the bytes it sends and (about as many) receives, and of each message's wake-ups
         cpu = (s.network_cost * 2 * t.bytes_sent + messages * s.collective_step_cpu) * share
+        if self.cluster.cpu_hosts:  # after the wire, not beside it; the group waits for its slowest
+            duration, cpu = duration + cpu * self.host_slowdown(me.rank), 0.0
+        meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         if cpu:
             meet = self.env.all_of([meet, self.env.process(self.cpu(me, cpu))])
         yield meet
@@ -138,16 +146,16 @@ class _Simulation:
         s = self.spec
         yield self.env.timeout(sleep)
         backward = work * s.backward_share
-        yield from self.cpu(me, work - backward)
+        yield from self.cpu(me, work - backward, compute=True)
         stream, index = None, 0
         pieces = [b[0].values / total for b in buckets] if overlap else [1.0] + [0.0] * (len(buckets) - 1)
         for i, (bucket, piece) in enumerate(zip(buckets, pieces)):
             if piece > 0:
-                yield from self.cpu(me, backward * piece)
+                yield from self.cpu(me, backward * piece, compute=True)
             stream = self.env.process(self._bucket_collectives(me, bucket, step, index, stream, i == len(buckets) - 1))
             index += len(bucket)
         if not buckets:
-            yield from self.cpu(me, backward)
+            yield from self.cpu(me, backward, compute=True)
         return stream
 
     def _bucket_collectives(self, me: _Learner, bucket: list[Transfer], step: int, index: int, previous,
@@ -337,9 +345,13 @@ class _Simulation:
             for node in nodes:
                 self.flows[node] += 1
             duration *= max(self.flows[node] for node in nodes)
+        moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu  # each side sends one
+        # message and receives the other
+        if self.cluster.cpu_hosts:  # after the wire, not beside it, at the slower side's pace
+            duration += moved * max(self.host_slowdown(leader.rank), self.host_slowdown(passive.rank))
+            moved = 0.0
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]
-        if s.network_cost or s.exchange_cpu:  # each side sends one message and receives the other
-            moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu
+        if moved:
             work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
         yield self.env.all_of(work)
         passive.comm += duration  # its answer in flight (its compute goes on meanwhile: no wait)

@@ -216,3 +216,27 @@ def test_s11_needs_the_hierarchical_allreduce_13x_the_flat_rings_frames_per_seco
     runs["sync_hierarchical"]["frames_per_second"] = 1200.0
     measured, passed, reason = CLAIMS["S11"].judge(runs, SETUP)
     assert passed is False and "1.20x" in reason
+
+
+def test_stored_runs_are_predicted_again_from_their_own_microbenchmarks(tmp_path, capsys):
+    """`python -m asrdist.bench.seed_predict JSON`: today's simulator on a measured claim's stored
+    microbenchmarks (S7 of 2026-12-03: its 7 runs), beside the prediction made before each ran."""
+    result = json.loads((Path(__file__).parents[2] / "docs/measured/seeds_S7_2026-12-03.json").read_text())
+    (tmp_path / "corpus" / "train").mkdir(parents=True)  # the runs' resolved configs name a corpus
+    result.update(corpus=str(tmp_path / "corpus"), config=str(Path(__file__).parents[2] / "configs/default.yaml"))
+    for run in result["claims"]["S7"]["runs"].values():
+        run["predicted"].update(feature_dim=40, num_classes=40)  # the espeak corpus' 40 mel bins and phones
+    rows = seed_predict.repredict(result)
+    assert [r["run"] for r in rows] == list(result["claims"]["S7"]["runs"])
+    by = {r["run"]: r for r in rows}
+    assert by["sync"]["stored"] == pytest.approx(1663.87, rel=1e-4) and by["sync"]["measured"] == pytest.approx(1394.3,
+                                                                                                               rel=1e-4)
+    assert all(r["now"] > 0 for r in rows)
+    # a 3x slower host holds up sync's every allreduce, and adpsgd far less
+    assert by["sync_slow"]["now"] < 0.7 * by["sync"]["now"] and by["adpsgd_slow_active"]["now"] > 0.8 * by["adpsgd"]["now"]
+    path = tmp_path / "s7.json"
+    path.write_text(json.dumps(result))
+    assert seed_predict.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sync_slow" in out and "runs within +-20%" in out
+    assert seed_predict.main([]) == 2

@@ -66,3 +66,36 @@ def test_simulate_takes_cpu_hosts_and_refuses_a_bad_quota(tmp_path, capsys):
     assert parse_cpu_device("v100") is None and parse_cpu_device("CPU:1.5") == 1.5
     assert main(["simulate", "--cluster", "8x1", "--device", "cpu:0"]) == 2
     assert "--device: expected cpu:CORES" in capsys.readouterr().err
+
+
+def _hosts_spec(strategy: str, cpu_hosts: bool, **kw):
+    from asrdist.sim.cluster import LINKS, Cluster
+    from asrdist.sim.scenario import strategy_config
+    from asrdist.sim.spec import SimSpec
+    shapes = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]
+    cluster = Cluster(4, 1, LINKS["1gbit"], LINKS["1gbit"], cpu_hosts=cpu_hosts)
+    return SimSpec(strategy, strategy_config(strategy, None), shapes, cluster, 64, 1e-4, steps=8,
+                   network_cost=4e-9, **kw)
+
+
+def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_its_slowest_host():
+    """A host throttled by its quota neither computes nor moves its bytes: a collective takes its
+    wire time plus its CPU (a device's network engine: the longer of the two), and a straggler's
+    host takes `slowdown` times as long over its messages' CPU too, holding up the whole ring."""
+    from asrdist.sim.engine import simulate
+    for strategy in ("sync", "adpsgd"):
+        beside = simulate(_hosts_spec(strategy, False))
+        after = simulate(_hosts_spec(strategy, True))
+        # the same compute; each message's CPU (4e-9 s a byte, both ways) now adds to its wire
+        assert after.compute_seconds_per_step == pytest.approx(beside.compute_seconds_per_step)
+        assert after.frames_per_second < 0.9 * beside.frames_per_second, strategy
+        if strategy == "sync":  # the same bytes a step (adpsgd's pool moves to whoever is free)
+            assert after.bytes_sent == beside.bytes_sent
+    sync = simulate(_hosts_spec("sync", True))
+    slow = simulate(_hosts_spec("sync", True, slowdown={3: 3.0}))
+    device = simulate(_hosts_spec("sync", False, slowdown={3: 3.0}))
+    per_step = 1e-4 * 64  # one learner's compute a step
+    # the slow host's compute (+2 x per_step) and its messages' CPU (x 3) hold up every learner
+    extra = slow.seconds_per_step - sync.seconds_per_step
+    assert extra > 2 * per_step * 1.05
+    assert slow.seconds_per_step > device.seconds_per_step + 0.5 * (extra - 2 * per_step)
