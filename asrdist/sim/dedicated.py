@@ -10,7 +10,9 @@ A quota caps a host's CPU time at X cores whatever its neighbours do, so nothing
 4. the job is simulated as learners with devices of their own (`Cluster.shared_cores = 0`): no
    queueing for cores, none of the shared-core terms (co-run slowdown, lock-step wait, claims,
    answer delay: measured among learners that share cores, they are 0 here); a straggler's host
-   has `slowdown` times less quota, so its compute takes `slowdown` times as long.
+   has `slowdown` times less quota, so all its CPU work takes `slowdown` times as long;
+5. a message's CPU comes after its wire time, not beside it (`Cluster.cpu_hosts`): a throttled
+   host moves no bytes, so a collective lasts its wire time plus its slowest member's CPU for it.
 Why and how well: docs/simulator.md#dedicated-cpu-hosts.
 """
 from __future__ import annotations
