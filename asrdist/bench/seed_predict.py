@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from asrdist.bench.seed_claims import RunSpec, Setup
-from asrdist.calibrate.microbench import measure_microbenchmarks
+from asrdist.calibrate.microbench import link_cpu_per_byte, measure_microbenchmarks
 from asrdist.compare.runs import Hosts, resolve_all
 from asrdist.models.registry import model_kind
 from asrdist.run.prepare import build_targets, ensure_features
@@ -106,7 +106,10 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
             if None in shapes.values():
                 targets = build_targets(corpus, cfg, model_kind(cfg.model))
                 shapes = {"feature_dim": cfg.data.num_mel_bins, "num_classes": targets.num_classes}
-            micro = Microbenchmarks(**predicted["microbenchmarks"])
+            micro = Microbenchmarks(**{**predicted["microbenchmarks"],  # as measured today on dedicated hosts
+                                       "link_cpu_seconds_per_byte": link_cpu_per_byte(predicted.get("link") or {
+                                           "cpu_seconds_per_byte": predicted["microbenchmarks"][
+                                               "link_cpu_seconds_per_byte"]}, dedicated=True)})
             inputs = dedicated_inputs(micro, spec.learners, predicted["share_cores"], spec.strategy,
                                       validations_per_epoch=predicted["validations_per_epoch"] - 1)
             now = predict_run(cfg, inputs, spec.nodes, spec.network if spec.nodes > 1 else "loopback",

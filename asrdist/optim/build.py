@@ -5,11 +5,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable
 
-import torch
-
 from asrdist.checks import check_field
 from asrdist.errors import ConfigError
 from asrdist.optim.adagrad import CntkAdaGrad
+from asrdist.optim.light import SGD, LightOptimizer
 from asrdist.optim.ngsgd import KERNEL_KINDS
 
 OPTIMIZERS = ("sgd", "adagrad")
@@ -87,10 +86,9 @@ class OptimConfig:
             raise ConfigError("optim.final_lr: only used with optim.decay=geometric")
 
 
-def build_optimizer(cfg: OptimConfig, params: Iterable) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, params: Iterable) -> LightOptimizer:
     """The optimizer at lr = cfg.lr; an `LRSchedule` then sets the lr of every step."""
     if cfg.name == "adagrad":
         return CntkAdaGrad(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, skip_unseen=cfg.adagrad_skip_unseen)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                           weight_decay=cfg.weight_decay)
+    return SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay)

@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import torch
 
+from asrdist.optim.light import SGD
+
 
 class MomentumCorrection:
     """Per-learner momentum buffers applied to gradients before they are compressed."""
@@ -26,7 +28,7 @@ class MomentumCorrection:
                   params: Sequence[torch.nn.Parameter]) -> "MomentumCorrection | None":
         """Move SGD's momentum / Nesterov / weight decay for `params` here; None when there is
         nothing to move or the optimizer is not plain `torch.optim.SGD`."""
-        if type(optimizer) is not torch.optim.SGD:
+        if type(optimizer) not in (SGD, torch.optim.SGD):
             return None
         group_of = {}
         for group in optimizer.param_groups:

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from asrdist.optim.light import SGD
 from asrdist.parallel.base import LearnerContext, Strategy
 
 
@@ -28,7 +29,7 @@ class StandIn:
         self.strategy = strategy
         self.model = StandInModel(shapes, ctx.device)
         self.params = list(self.model.parameters())
-        self.optimizer = torch.optim.SGD(self.params, lr=0.0)
+        self.optimizer = SGD(self.params, lr=0.0)
         strategy.setup(self.model, self.optimizer, ctx)
 
     def set_gradients(self, grads: Sequence[torch.Tensor]) -> None:

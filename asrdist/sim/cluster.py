@@ -121,10 +121,17 @@ class Cluster:
     """CPU learners: how much faster one learner's CPU work runs on all `shared_cores` threads
     than on one (measured; memory-bound work gains little). 0 = linear in threads."""
     cpu_hosts: bool = False
-    """Every learner computes on a CPU quota of its own host (`asrdist.sim.dedicated`; with
-    `shared_cores` 0): the CPU a message costs does not overlap its wire time (a throttled host
-    neither computes nor moves its bytes), so a collective or an exchange lasts its wire time plus
-    its slowest member's CPU for it; and a straggler's host is slowed in all of its CPU work."""
+    """Every learner computes on a CPU quota of its host (`asrdist.sim.dedicated`; with
+    `shared_cores` 0): a straggler's host is slowed in all of its CPU work, and on hosts of one
+    learner the CPU a message costs does not overlap its wire time (`serial_message_cpu`)."""
+
+    @property
+    def serial_message_cpu(self) -> bool:
+        """A host of one learner under a quota neither computes nor moves its bytes while it is
+        throttled: a collective or an exchange lasts its wire time plus its slowest member's CPU
+        for it. Learners sharing a host's quota lend each other the share they leave waiting on
+        the wire, so there (and on devices with network engines) CPU and wire overlap."""
+        return self.cpu_hosts and self.per_node == 1
 
     def __post_init__(self):
         if self.nodes < 1 or self.per_node < 1:

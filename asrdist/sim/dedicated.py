@@ -11,8 +11,10 @@ A quota caps a host's CPU time at X cores whatever its neighbours do, so nothing
    queueing for cores, none of the shared-core terms (co-run slowdown, lock-step wait, claims,
    answer delay: measured among learners that share cores, they are 0 here); a straggler's host
    has `slowdown` times less quota, so all its CPU work takes `slowdown` times as long;
-5. a message's CPU comes after its wire time, not beside it (`Cluster.cpu_hosts`): a throttled
-   host moves no bytes, so a collective lasts its wire time plus its slowest member's CPU for it.
+5. on hosts of one learner a message's CPU comes after its wire time, not beside it
+   (`Cluster.serial_message_cpu`): a throttled host moves no bytes, so a collective lasts its wire
+   time plus its slowest member's CPU for it (learners sharing a host lend each other the quota
+   they leave waiting on the wire: there the two overlap).
 Why and how well: docs/simulator.md#dedicated-cpu-hosts.
 """
 from __future__ import annotations

@@ -105,7 +105,7 @@ class _Simulation:
         duration *= share
         # the CPU of the bytes it sends and (about as many) receives, and of each message's wake-ups
         cpu = (s.network_cost * 2 * t.bytes_sent + messages * s.collective_step_cpu) * share
-        if self.cluster.cpu_hosts:  # after the wire, not beside it; the group waits for its slowest
+        if self.cluster.serial_message_cpu:  # after the wire, not beside it; the group waits for its slowest
             duration, cpu = duration + cpu * self.host_slowdown(me.rank), 0.0
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
         if cpu:
@@ -347,7 +347,7 @@ class _Simulation:
             duration *= max(self.flows[node] for node in nodes)
         moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu  # each side sends one
         # message and receives the other
-        if self.cluster.cpu_hosts:  # after the wire, not beside it, at the slower side's pace
+        if self.cluster.serial_message_cpu:  # after the wire, not beside it, at the slower side's pace
             duration += moved * max(self.host_slowdown(leader.rank), self.host_slowdown(passive.rank))
             moved = 0.0
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]

@@ -50,6 +50,16 @@ def test_the_pause_s_busy_rate_is_taken_off_per_message_and_byte():
     assert machine_cpu_seconds_per_byte(dict(reading, pause_seconds=0.0), 1_000_000) is None
 
 
+def test_dedicated_hosts_take_the_processes_cpu_per_byte_which_other_jobs_do_not_inflate():
+    from asrdist.calibrate.microbench import link_cpu_per_byte
+    link = {"cpu_seconds_per_byte": 3.5e-9, "machine_cpu_seconds_per_byte": 3.5e-9,  # beside another job
+            "process_cpu_seconds_per_byte": 7.2e-10, "cpu_source": "machine"}
+    assert link_cpu_per_byte(link, dedicated=False) == 3.5e-9  # shared cores: the kernel's work counts too
+    assert link_cpu_per_byte(link, dedicated=True) == 7.2e-10  # a quota is charged its processes' CPU
+    assert link_cpu_per_byte({"cpu_seconds_per_byte": 5e-10}, dedicated=True) == 5e-10
+    assert link_cpu_per_byte({}, dedicated=True) == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="the machine's CPU is read from /proc/stat")
 def test_the_link_on_loopback_reports_the_machine_s_cpu_beside_the_processes():

@@ -68,20 +68,21 @@ def test_simulate_takes_cpu_hosts_and_refuses_a_bad_quota(tmp_path, capsys):
     assert "--device: expected cpu:CORES" in capsys.readouterr().err
 
 
-def _hosts_spec(strategy: str, cpu_hosts: bool, **kw):
+def _hosts_spec(strategy: str, cpu_hosts: bool, per_host: int = 1, **kw):
     from asrdist.sim.cluster import LINKS, Cluster
     from asrdist.sim.scenario import strategy_config
     from asrdist.sim.spec import SimSpec
     shapes = [(512, 440), (512,), (512, 512), (512,), (40, 512), (40,)]
-    cluster = Cluster(4, 1, LINKS["1gbit"], LINKS["1gbit"], cpu_hosts=cpu_hosts)
+    cluster = Cluster(4 // per_host, per_host, LINKS["1gbit"], LINKS["1gbit"], cpu_hosts=cpu_hosts)
     return SimSpec(strategy, strategy_config(strategy, None), shapes, cluster, 64, 1e-4, steps=8,
                    network_cost=4e-9, **kw)
 
 
 def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_its_slowest_host():
-    """A host throttled by its quota neither computes nor moves its bytes: a collective takes its
-    wire time plus its CPU (a device's network engine: the longer of the two), and a straggler's
-    host takes `slowdown` times as long over its messages' CPU too, holding up the whole ring."""
+    """A host of one learner throttled by its quota neither computes nor moves its bytes: a
+    collective takes its wire time plus its CPU (a device's network engine, or learners sharing a
+    host: the longer of the two), and a straggler's host takes `slowdown` times as long over its
+    messages' CPU too, holding up the whole ring."""
     from asrdist.sim.engine import simulate
     for strategy in ("sync", "adpsgd"):
         beside = simulate(_hosts_spec(strategy, False))
@@ -91,6 +92,9 @@ def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_it
         assert after.frames_per_second < 0.9 * beside.frames_per_second, strategy
         if strategy == "sync":  # the same bytes a step (adpsgd's pool moves to whoever is free)
             assert after.bytes_sent == beside.bytes_sent
+    # learners sharing a host's quota lend each other what they leave waiting: CPU and wire overlap there
+    shared = simulate(_hosts_spec("sync", True, per_host=2))
+    assert shared.seconds_per_step == pytest.approx(simulate(_hosts_spec("sync", False, per_host=2)).seconds_per_step)
     sync = simulate(_hosts_spec("sync", True))
     slow = simulate(_hosts_spec("sync", True, slowdown={3: 3.0}))
     device = simulate(_hosts_spec("sync", False, slowdown={3: 3.0}))
