@@ -4,8 +4,8 @@ Compression", §3.2; applied here to 1-bit quantization).
 Each learner applies SGD's momentum, Nesterov and weight decay to its own gradient before it is
 quantized: the mean of the learners' directions is the global one (it is linear in g), and the
 quantization error enters the model once instead of circulating in the momentum buffer.
-`MomentumCorrection.take_over(optimizer, params)` moves them out of a `torch.optim.SGD` (None for
-other optimizers); `apply(params)` turns each p.grad into its direction in place.
+`MomentumCorrection.take_over(optimizer, params)` moves them out of an SGD (asrdist's or torch's;
+None for other optimizers); `apply(params)` turns each p.grad into its direction in place.
 Derivation: docs/strategies.md#momentum-correction-parallelmomentumpy."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class MomentumCorrection:
     def take_over(cls, optimizer: torch.optim.Optimizer,
                   params: Sequence[torch.nn.Parameter]) -> "MomentumCorrection | None":
         """Move SGD's momentum / Nesterov / weight decay for `params` here; None when there is
-        nothing to move or the optimizer is not plain `torch.optim.SGD`."""
+        nothing to move or the optimizer is not plain SGD (`optim.light.SGD` or `torch.optim.SGD`)."""
         if type(optimizer) not in (SGD, torch.optim.SGD):
             return None
         group_of = {}
