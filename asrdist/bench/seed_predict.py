@@ -15,6 +15,8 @@ measured one. docs/seeds.md#the-simulators-predictions.
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,9 +123,6 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m asrdist.bench.seed_predict JSON...`: `repredict` every file, one line a run."""
-    import json
-    import sys
-
     paths = argv if argv is not None else sys.argv[1:]
     if not paths:
         print("usage: python -m asrdist.bench.seed_predict SEEDS_JSON...", file=sys.stderr)
