@@ -31,7 +31,8 @@ demo: setup
 # 2 cores, and wait on them (timeouts, emulated links); a fourth process fills the gaps the waits leave
 # (2026-11-29, idle, steal under 1%: 705 s with three, 673 s with four, 1,189 CPU-seconds in all;
 # a fresh clone of the session's last change: 652 s. The evening before, with the host taking up to
-# 44% of the CPU, 17.5 min with three or four. 2026-12-03, idle: 679 s with four, 818 s with six)
+# 44% of the CPU, 17.5 min with three or four. 2026-12-03, idle: 679 s with four, 818 s with six;
+# later that day 814-860 s, then 668 s once learners stopped importing torch._dynamo: optim/light.py)
 # asrdist's bytecode is compiled once up front: PYTHONDONTWRITEBYTECODE (above, and in some
 # environments) would otherwise make each of the suite's hundreds of learner processes compile it;
 # the native kernels are built (or found in the cache) once, before the tests that use them start.
