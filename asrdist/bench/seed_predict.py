@@ -70,9 +70,7 @@ def plan_run(spec: RunSpec, setup: Setup, corpus: Path, args, cache: dict) -> di
     k = validate_every(steps, setup.epochs)
     within = (steps - 1) // k
     share = share_of(cpus, spec.learners // spec.nodes)
-    inputs = dedicated_inputs(micro, spec.learners, share, spec.strategy, validations_per_epoch=within)
-    predicted = predict_run(cfg, inputs, spec.nodes, network, feature_dim=detail["feature_dim"],
-                            num_classes=detail["num_classes"], dedicated=True)
+    inputs, predicted = _predict(cfg, micro, spec, share, within, detail["feature_dim"], detail["num_classes"])
     return {"validate_every": k, "predicted": {
         "frames_per_second": predicted.frames_per_second, "epoch_seconds": predicted.epoch_seconds,
         "training_seconds_per_epoch": predicted.epoch_seconds - inputs.epoch_end_seconds,
@@ -81,6 +79,16 @@ def plan_run(spec: RunSpec, setup: Setup, corpus: Path, args, cache: dict) -> di
         "microbenchmarks": dataclasses.asdict(micro), "link": detail.get("link"), "sources": inputs.sources,
         "feature_dim": detail["feature_dim"], "num_classes": detail["num_classes"],
         "seconds": round(time.monotonic() - t0, 1)}}
+
+
+def _predict(cfg, micro: Microbenchmarks, spec: RunSpec, share: float, within: int, feature_dim: int,
+             num_classes: int):
+    """(inputs, prediction) of run `spec` of resolved config `cfg` on dedicated hosts of `share`
+    cores per learner, validating `within` times inside each epoch (step 4 of the module docstring)."""
+    inputs = dedicated_inputs(micro, spec.learners, share, spec.strategy, validations_per_epoch=within)
+    network = spec.network if spec.nodes > 1 else "loopback"
+    return inputs, predict_run(cfg, inputs, spec.nodes, network, feature_dim=feature_dim, num_classes=num_classes,
+                               dedicated=True)
 
 
 def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,14 +116,12 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
             if None in shapes.values():
                 targets = build_targets(corpus, cfg, model_kind(cfg.model))
                 shapes = {"feature_dim": cfg.data.num_mel_bins, "num_classes": targets.num_classes}
-            micro = Microbenchmarks(**{**predicted["microbenchmarks"],  # as measured today on dedicated hosts
-                                       "link_cpu_seconds_per_byte": link_cpu_per_byte(predicted.get("link") or {
-                                           "cpu_seconds_per_byte": predicted["microbenchmarks"][
-                                               "link_cpu_seconds_per_byte"]}, dedicated=True)})
-            inputs = dedicated_inputs(micro, spec.learners, predicted["share_cores"], spec.strategy,
-                                      validations_per_epoch=predicted["validations_per_epoch"] - 1)
-            now = predict_run(cfg, inputs, spec.nodes, spec.network if spec.nodes > 1 else "loopback",
-                              dedicated=True, **shapes)
+            stored = predicted["microbenchmarks"]
+            link = predicted.get("link") or {"cpu_seconds_per_byte": stored["link_cpu_seconds_per_byte"]}
+            # the link's CPU per byte as dedicated hosts take it today
+            micro = Microbenchmarks(**{**stored, "link_cpu_seconds_per_byte": link_cpu_per_byte(link, dedicated=True)})
+            _, now = _predict(cfg, micro, spec, predicted["share_cores"], predicted["validations_per_epoch"] - 1,
+                              **shapes)
             rows.append({"claim": claim_id, "run": name, "measured": run["frames_per_second"],
                          "stored": predicted["frames_per_second"], "now": now.frames_per_second})
     return rows
@@ -138,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in errors.items():
         print(f"{k}: {sum(abs(e) <= 0.2 for e in v)} of {len(v)} runs within +-20%")
     return 0
-
 
 
 def relative_error(predicted: float | None, measured: float | None) -> float | None:
@@ -178,6 +183,7 @@ def claim_times(measured: Any) -> dict[str, float | None]:
         if isinstance(part, dict) and isinstance(part.get("time_to_target_seconds"), dict):
             out.update({f"{k}_{tag}": v for k, v in part["time_to_target_seconds"].items()})
     return out
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,7 +19,8 @@ FLOOR = 1e-16
 
 
 class CntkAdaGrad(LightOptimizer):
-    """An optimizer (`LightOptimizer`: torch.optim's interface without its compiler hooks) with per-tensor state `sum_sq` (A) and, with momentum, `momentum_buffer`."""
+    """An optimizer (`LightOptimizer`: torch.optim's interface without its compiler hooks) with
+    per-tensor state `sum_sq` (A) and, with momentum, `momentum_buffer`."""
 
     def __init__(self, params: Iterable, lr: float = 0.01, momentum: float = 0.0, nesterov: bool = False,
                  weight_decay: float = 0.0, floor: float = FLOOR, skip_unseen: bool = False):
