@@ -45,6 +45,7 @@ class _Simulation:
         nodes = len({r // spec.cluster.per_node for r in self.learners})  # members simulated per group:
         self.group_sizes = {"world": len(self.learners), "node": len(self.learners) // nodes, "rail": nodes}
         self.rng = random.Random(spec.seed)
+        self.host_factor = self._host_factors() if spec.cluster.cpu_hosts else {}
         self.steps = spec.steps
         self.pool = spec.steps * self.n  # job-wide minibatches (asynchronous strategies)
         self.average: list[Transfer] = []  # averaging's allreduce (none for a lone learner)
@@ -68,10 +69,22 @@ class _Simulation:
         yield from self.cpu(me, work, compute=True)
         me.compute += self.env.now - t0
 
+    def _host_factors(self) -> dict[int, float]:
+        """rank -> slowdown of its dedicated host's quota, as `cpushare.HostCpuPlan` sets it: a
+        host whose learners are all stragglers gets `slowdown` times less quota; a straggler
+        beside learners at full speed is slowed by the sleep stand-in, its host's quota is whole."""
+        per, factors = self.cluster.per_node, {}
+        for node in range(self.cluster.nodes):
+            ranks = range(node * per, (node + 1) * per)
+            slowed = {self.spec.slowdown.get(r, 1.0) for r in ranks}
+            if len(slowed) == 1 and (factor := slowed.pop()) > 1.0:
+                factors.update((r, factor) for r in ranks)
+        return factors
+
     def host_slowdown(self, rank: int) -> float:
-        """How much longer learner `rank`'s CPU work other than its compute takes: a straggler's on
-        a dedicated CPU host (its quota is `slowdown` times smaller for all its work), else 1."""
-        return self.spec.slowdown.get(rank, 1.0) if self.cluster.cpu_hosts else 1.0
+        """How much longer learner `rank`'s CPU work other than its compute takes: a straggler's
+        host on dedicated CPU hosts (its quota is `slowdown` times smaller for all its work), else 1."""
+        return self.host_factor.get(rank, 1.0)
 
     def cpu(self, me: _Learner, seconds: float, compute: bool = False):
         """`seconds` of work; CPU learners share their machine's cores with every other learner's

@@ -95,6 +95,13 @@ def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_it
     # learners sharing a host's quota lend each other what they leave waiting: CPU and wire overlap there
     shared = simulate(_hosts_spec("sync", True, per_host=2))
     assert shared.seconds_per_step == pytest.approx(simulate(_hosts_spec("sync", False, per_host=2)).seconds_per_step)
+    # a host's quota is cut only when all its learners are stragglers (cpushare.HostCpuPlan); a
+    # straggler beside a learner at full speed sleeps instead, its messages' CPU at the host's pace
+    beside = {r: simulate(_hosts_spec("sync", cpu_hosts, per_host=2, slowdown={3: 3.0})).seconds_per_step
+              for r, cpu_hosts in (("quota", True), ("device", False))}
+    assert beside["quota"] == pytest.approx(beside["device"])
+    whole = simulate(_hosts_spec("sync", True, per_host=2, slowdown={2: 3.0, 3: 3.0})).seconds_per_step
+    assert whole > 1.2 * simulate(_hosts_spec("sync", False, per_host=2, slowdown={2: 3.0, 3: 3.0})).seconds_per_step
     sync = simulate(_hosts_spec("sync", True))
     slow = simulate(_hosts_spec("sync", True, slowdown={3: 3.0}))
     device = simulate(_hosts_spec("sync", False, slowdown={3: 3.0}))
