@@ -135,7 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     errors: dict[str, list[float]] = {"stored": [], "now": []}
     for path in paths:
-        for row in repredict(json.loads(Path(path).read_text())):
+        try:
+            rows = repredict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:  # not a bench seeds JSON of today's keys
+            print(f"asrdist: error: seed_predict {path}: not a readable bench seeds JSON ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        for row in rows:
             err = {k: relative_error(row[k], row["measured"]) for k in errors}
             for k in errors:
                 errors[k].append(err[k])

@@ -240,3 +240,10 @@ def test_stored_runs_are_predicted_again_from_their_own_microbenchmarks(tmp_path
     out = capsys.readouterr().out
     assert "sync_slow" in out and "runs within +-20%" in out
     assert seed_predict.main([]) == 2
+    capsys.readouterr()
+    for bad in (tmp_path / "missing.json", tmp_path / "corpus"):  # no file; not JSON (a directory)
+        assert seed_predict.main([str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"asrdist: error: seed_predict {bad}:")
+    (tmp_path / "other.json").write_text('{"setup": {}}')
+    assert seed_predict.main([str(tmp_path / "other.json")]) == 2
