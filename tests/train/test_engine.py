@@ -247,8 +247,10 @@ def test_a_fast_learner_takes_proportionally_more_minibatches_of_the_jobs_epoch(
         assert fast["per_epoch"][epoch] + slow["per_epoch"][epoch] == 48  # the job's epoch, used up once
         ratio = fast["per_epoch"][epoch] / max(slow["per_epoch"][epoch], 1)
         # 3x by design (50 ms + o against 150 ms + o per step), above 1.5 while a loaded machine adds
-        # up to o = 150 ms of a step's own cost; lock-step learners would take 1x
-        assert 1.5 <= ratio <= 5.0, (fast, slow)
+        # up to o = 150 ms of a step's own cost; lock-step learners would take 1x. No upper bound:
+        # a loaded machine that stalls the slow process for a second (CI read 41 / 7) only raises it
+        assert ratio >= 1.5, (fast, slow)
+    assert slow["steps"] >= 2, (fast, slow)  # the straggler still takes its share, never starved
     assert ckpt.latest_step_dir(tmp_path / "run").name == "epoch-0002"  # published by the last writer
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "epoch-0002").iterdir())
     assert files == ["rank-0.pt", "rank-1.pt"]
