@@ -157,7 +157,8 @@ def train_run(spec: RunSpec, setup: Setup, corpus: Path, run_dir: Path, args, pl
             "hosts": dedicated.get("hosts"), "straggler_emulation": dedicated.get("straggler_emulation"),
             "outside_hosts": dedicated.get("outside_hosts"),
             "per_learner": [{k: p.to_json().get(k) for k in ("rank", "steps", "frames", "loop_seconds", "compute_seconds",
-                                                              "comm_seconds", "wait_seconds", "exchanges")}
+                                                              "comm_seconds", "wait_seconds", "exchanges", "cpu_seconds",
+                                                              "cpu_wall_seconds")}
                             for p in learners],
             "command_seconds": round(seconds, 1),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},

@@ -22,7 +22,9 @@ from asrdist.calibrate.stepcost import config_step_seconds_per_frame
 from asrdist.cluster.netem import network_label
 from asrdist.errors import AsrdistError, DataError, Stopped
 from asrdist.io.atomic import write_json_atomic
+from asrdist.parallel import STRATEGIES
 from asrdist.parallel.base import LearnerContext
+from asrdist.parallel.descriptor import Pairwise
 from asrdist.parallel.onebit import OneBitConfig, OneBitStrategy
 from asrdist.parallel.onebit_kernel import get_quantizer, quantization_buffers
 from asrdist.parallel.standin import StandIn
@@ -122,6 +124,9 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}, "step": {}}
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
+    if many and dedicated and STRATEGIES[name].shape is Pairwise:
+        waits.update(pair_cpu(network, learners, cfg, timed[key] * lone.samples_per_step / learners,
+                              parameter_count(shapes), timeout))
     if many and not dedicated:
         step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
         waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes),
@@ -144,6 +149,19 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
         exchange_cpu_seconds=_exchange_cpu(waits["answer"]), exchange_values=waits["answer"].get("values", 0))
     return micro, {"link": link, "parameters": parameter_count(shapes), "feature_dim": lone.store.dim,
                    "num_classes": targets.num_classes, "corun": corun, **waits}
+
+
+def pair_cpu(network: str, learners: int, cfg, step_work: float, values: int, timeout: float) -> dict[str, Any]:
+    """On dedicated hosts, the CPU an ADPSGD exchange costs each side beyond its bytes, which its
+    host's quota pays (the exchanging thread's hand-offs, copies, gloo's threads): two learners of
+    the run's recipe at its share of the minibatch, 1 thread each, on two hosts joined by `network`,
+    `measure_waits`' exchanges among training learners. Its waits (of learners sharing cores) are
+    left out: {"answer": {active_cpu_seconds, passive_cpu_seconds, values, ...}}."""
+    tree = cfg.to_dict()
+    tree["data"]["batch_size"] = max(1, cfg.data.batch_size // learners) * 2  # each of the pair: the run's share
+    pair = measure_waits(network, 2, 1, step_work, timeout, values=values, recipe=tree)
+    answer = {k: pair["answer"][k] for k in ("active_cpu_seconds", "passive_cpu_seconds", "values")}
+    return {"answer": {**answer, "learners": 2, "threads": 1, "cpu_only": True}}
 
 
 def link_cpu_per_byte(link: dict[str, Any], dedicated: bool) -> float:

@@ -4,9 +4,10 @@ An emulated host (a network namespace of `netem.EmulatedNetwork`, or one of seve
 loopback) computes at a declared speed only when its neighbours cannot lend it their idle time, and
 a slow host's idle time goes to no one: `HostCpuShares([0.22] * 8)` makes eight cgroups of the
 `cpu` controller, each capped at 0.22 of a core (`cpu.cfs_quota_us / cpu.cfs_period_us` on cgroup
-v1, `cpu.max` on v2). Every process started with `preexec(i)` joins host i's group before it runs,
-and every process and thread it starts stays there (a device's host CPU drives its communication
-threads too). The groups are created under this process' own cgroup, named like the namespaces
+v1, `cpu.max` on v2). Every learner started through `asrdist.cluster.in_host` with
+`learner_env(i)` (or a process started with `preexec(i)`) joins host i's group before it imports
+anything, and every process and thread it starts stays there (a device's host CPU drives its
+communication threads too); the launcher's agents and the job's store stay outside. The groups are created under this process' own cgroup, named like the namespaces
 (`asrdist-<creator pid>-<hex>-n<i>`), and removed on close, on a signal, at exit, and by
 `asrdist.cluster.reaper` when the creator dies by SIGKILL; `cleanup_stale()` removes those of dead
 creators. `usage(i)` is the group's own counters: the CPU its tasks used and the time the quota
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from asrdist.cluster import reaper
+from asrdist.cluster import in_host, reaper
 from asrdist.cluster.netem import die_with_parent
 from asrdist.errors import ConfigError, TrainingError
 
@@ -188,17 +189,26 @@ class HostCpuShares:
             raise TrainingError(f"dedicated CPU shares: cannot make host {len(self._groups)}'s cgroup: {e}") from e
         return self
 
+    def procs_files(self, node: int) -> list[str]:
+        """The `cgroup.procs` files a process writes its pid to, to join host `node`."""
+        return [str(p / "cgroup.procs") for p in dict.fromkeys(self._groups[node])]
+
     def preexec(self, node: int) -> Callable[[], None]:
         """A `preexec_fn`: the child joins host `node`'s group and dies with its parent."""
-        files = [str(p / "cgroup.procs") for p in dict.fromkeys(self._groups[node])]
+        files = self.procs_files(node)
 
-        def join() -> None:
-            pid = str(os.getpid())
-            for f in files:
-                with open(f, "w") as procs:
-                    procs.write(pid)
+        def join_and_die_with_parent() -> None:
+            in_host.join(files)
             die_with_parent()
-        return join
+        return join_and_die_with_parent
+
+    def learner_env(self, node: int) -> dict[str, str]:
+        """The environment through which `asrdist.cluster.in_host` puts a learner on host `node`
+        (the launcher's agents stay outside the hosts). The files are named through this process'
+        root (/proc/PID/root): `ip netns exec` mounts a sysfs of the namespace's own in which no
+        cgroup hierarchy is mounted."""
+        root = f"/proc/{os.getpid()}/root"
+        return {in_host.HOST_CGROUPS_ENV: os.pathsep.join(root + f for f in self.procs_files(node))}
 
     def group(self, node: int) -> Path:
         """Host `node`'s group in the cpu hierarchy."""

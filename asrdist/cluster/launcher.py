@@ -78,25 +78,30 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
         records = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asrdist-exits-")))
         exits = [records / f"agent-{node}.json" for node in range(nodes)]
 
-        def preexec(node: int) -> Callable[[], None]:
-            return shares.preexec(node) if shares is not None else die_with_parent
+        # on dedicated hosts only the learners join a host's cgroup (`asrdist.cluster.in_host`): each
+        # host's agent, and host 0's with the job's store, runs outside the quotas
+        target = ["asrdist.cluster.in_host", module] if shares is not None else [module]
 
-        if survive_lost and nodes == 1:
-            _launch_survivable(module, args, learners, report_dir, timeout, host_env(0), preexec(0))
+        def agent_env(node: int) -> dict:
+            return dict(host_env(node), **(shares.learner_env(node) if shares is not None else {}))
+
+        if survive_lost and nodes == 1:  # learners started here, the store in this process
+            _launch_survivable(module, args, learners, report_dir, timeout, host_env(0),
+                               shares.preexec(0) if shares is not None else die_with_parent)
         elif nodes == 1:
             cmd = [*AGENT, "--exits", str(exits[0]), "--standalone", "--nnodes", "1", "--nproc-per-node",
-                   str(learners), *_agent_options(max_restarts), "-m", module, *args]
-            run_agents([lambda: _popen(cmd, host_env(0), preexec(0))], report_dir, timeout, exits=exits)
+                   str(learners), *_agent_options(max_restarts), "-m", *target, *args]
+            run_agents([lambda: _popen(cmd, agent_env(0))], report_dir, timeout, exits=exits)
         else:
             def agent_cmd(node: int, master_addr: str, port: int) -> list[str]:
                 return [*AGENT, "--exits", str(exits[node]), "--nnodes", str(nodes), "--nproc-per-node",
                         str(per_host),
                         "--node-rank", str(node), "--rdzv-backend", "static", "--master-addr", master_addr,
-                        "--master-port", str(port), *_agent_options(max_restarts), "-m", module, *args]
+                        "--master-port", str(port), *_agent_options(max_restarts), "-m", *target, *args]
 
             if network == "loopback":
                 port = _free_loopback_port()
-                run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), host_env(k), preexec(k))
+                run_agents([lambda k=k: _popen(agent_cmd(k, "127.0.0.1", port), agent_env(k))
                             for k in range(nodes)], report_dir, timeout, exits=exits)
             else:
                 net = stack.enter_context(netem.EmulatedNetwork(nodes, rate=network, delay=delay))
@@ -104,8 +109,8 @@ def launch_learners(module: str, args: list[str], learners: int, report_dir: Pat
 
                 def agent(node: int) -> Callable[[], subprocess.Popen]:
                     cmd = agent_cmd(node, net.node_address(0), port)
-                    node_env = dict(host_env(node), GLOO_SOCKET_IFNAME=net.interface)
-                    return lambda: net.popen(node, cmd, env=node_env, preexec=preexec(node), stdout=None,
+                    node_env = dict(agent_env(node), GLOO_SOCKET_IFNAME=net.interface)
+                    return lambda: net.popen(node, cmd, env=node_env, preexec=die_with_parent, stdout=None,
                                              stderr=subprocess.PIPE, text=True, bufsize=1)
 
                 run_agents([agent(k) for k in range(nodes)], report_dir, timeout, exits=exits)

@@ -145,6 +145,10 @@ class CalibratedInputs:
     exchange_cpu: float = 0.0
     """CPU learners: each side's CPU per ADPSGD exchange beyond its bytes' and the halfway step's
     copies (SimSpec.exchange_cpu)."""
+    validations_per_epoch: int = 1
+    """Validations an epoch makes (its end's and `train.validate_every`'s within it), each
+    `epoch_end_seconds / validations_per_epoch` of the leader's work: on dedicated hosts each adds
+    its collectives and, for asynchronous learners, their pause (`validation_seconds`)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Input -> the microbenchmark it was calibrated on."""
 
@@ -269,7 +273,8 @@ def predict_run(cfg, inputs: CalibratedInputs, nodes: int, network: str, *, feat
         straggler = cfg.train.straggler
         job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, shared_cores=0, one_machine=False,
                                                                    cpu_hosts=True),
-                                  slowdown={r: straggler.slowdown for r in straggler.ranks if r < inputs.learners})
+                                  slowdown={r: straggler.slowdown for r in straggler.ranks if r < inputs.learners},
+                                  validations_per_epoch=inputs.validations_per_epoch)
     if inputs.learners == 1 and STRATEGIES[cfg.strategy_name].codes_alone:  # a lone onebit learner still codes
         job = dataclasses.replace(job, strategy="onebit", strategy_config=cfg.strategy)
     if inputs.learners > 1 and inputs.link_bytes_per_second > 0:  # the measured link, between the hosts or,

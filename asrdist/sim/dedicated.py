@@ -59,12 +59,17 @@ def dedicated_inputs(micro: Microbenchmarks, learners: int, share: float, strate
         raise ConfigError(f"dedicated hosts: a learner's share must be > 0 cores, got {share}")
     one_core = dataclasses.replace(micro, cores=1, corun_slowdown=1.0, lockstep_wait_seconds=0.0, claim_seconds=0.0,
                                    answer_delay_seconds=0.0, collective_seconds=0.0, collective_cpu_seconds=0.0,
-                                   exchanging_step_slowdown=0.0, exchange_cpu_seconds=0.0)
+                                   exchanging_step_slowdown=0.0)
     base = calibrate(one_core, learners, strategy)  # on 1 core: cores / threads = 1
     scale = 1.0 / share
     sources = {k: f"{v}; x 1/{share:.4g}: a learner's CPU share on its dedicated host" for k, v in base.sources.items()
                if k in ("seconds_per_frame", "epoch_end_seconds", "quantize_cost", "dequantize_cost", "copy_cost",
                         "mean_cost", "network_cost")}
+    if base.exchange_cpu:
+        sources["exchange_cpu"] = (f"microbenchmark: 2 learners of 1 thread on two hosts of the run's network, each "
+                                   f"side's CPU (all threads) of an ADPSGD exchange of the model among training "
+                                   f"learners, less the link's CPU for its bytes and the halfway step's copies; "
+                                   f"x 1/{share:.4g}: a learner's CPU share on its dedicated host")
     if validations_per_epoch:
         sources["epoch_end_seconds"] += f"; x {1 + validations_per_epoch}: validations within the epoch as well"
     return dataclasses.replace(
@@ -73,4 +78,5 @@ def dedicated_inputs(micro: Microbenchmarks, learners: int, share: float, strate
         quantize_cost=base.quantize_cost * scale, dequantize_cost=base.dequantize_cost * scale,
         copy_cost=base.copy_cost * scale, mean_cost=base.mean_cost * scale, network_cost=base.network_cost * scale,
         lockstep_wait_seconds=0.0, claim_seconds=0.0, answer_delay_seconds=0.0, collective_step_seconds=0.0,
-        collective_step_cpu=0.0, exchange_cpu=0.0, sources={**base.sources, **sources})
+        collective_step_cpu=0.0, exchange_cpu=base.exchange_cpu * scale, validations_per_epoch=1 + validations_per_epoch,
+        sources={**base.sources, **sources})

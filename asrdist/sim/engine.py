@@ -53,6 +53,11 @@ class _Simulation:
         c = spec.cluster
         if c.shared_cores:
             self.cores = [SharedCores(self.env, c.shared_cores) for _ in range(1 if c.one_machine else c.nodes)]
+        # dedicated CPU hosts: each host's quota (its learners' shares), shared by all the CPU work in
+        # progress on it (its learners' steps, a passive's answering thread, their messages' CPU), as
+        # the kernel shares a cgroup's quota among its threads
+        self.quota = ([SharedCores(self.env, c.per_node) for _ in range(c.nodes)]
+                      if c.cpu_hosts and not c.shared_cores else None)
 
     # -- pieces -------------------------------------------------------------------------
     def draw_compute(self, rank: int) -> tuple[float, float]:
@@ -92,7 +97,11 @@ class _Simulation:
         work overlaps other learners' waiting. `compute`: the step's own work (a straggler's
         slowdown is already in it: `draw_compute`)."""
         if not self.cluster.shared_cores:
-            yield self.env.timeout(seconds if compute else seconds * self.host_slowdown(me.rank))
+            seconds = seconds if compute else seconds * self.host_slowdown(me.rank)
+            if self.quota is None:
+                yield self.env.timeout(seconds)
+            else:
+                yield self.quota[me.rank // self.cluster.per_node].run(seconds, 1)
             return
         cores = self.cores[0 if self.cluster.one_machine else me.rank // self.cluster.per_node]
         yield cores.run(seconds, self.cluster.threads())
@@ -118,10 +127,13 @@ class _Simulation:
         duration *= share
         # the CPU of the bytes it sends and (about as many) receives, and of each message's wake-ups
         cpu = (s.network_cost * 2 * t.bytes_sent + messages * s.collective_step_cpu) * share
-        if self.cluster.serial_message_cpu:  # after the wire, not beside it; the group waits for its slowest
+        if self.cluster.serial_message_cpu and self.quota is None:  # after the wire; the group waits for its slowest
             duration, cpu = duration + cpu * self.host_slowdown(me.rank), 0.0
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
-        if cpu:
+        if cpu and self.cluster.serial_message_cpu:
+            yield meet
+            meet = self.env.process(self.cpu(me, cpu))
+        elif cpu:
             meet = self.env.all_of([meet, self.env.process(self.cpu(me, cpu))])
         yield meet
         me.bytes += t.bytes_sent * share
@@ -360,7 +372,7 @@ class _Simulation:
             duration *= max(self.flows[node] for node in nodes)
         moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu  # each side sends one
         # message and receives the other
-        if self.cluster.serial_message_cpu:  # after the wire, not beside it, at the slower side's pace
+        if self.cluster.serial_message_cpu and self.quota is None:  # after the wire, at the slower side's pace
             duration += moved * max(self.host_slowdown(leader.rank), self.host_slowdown(passive.rank))
             moved = 0.0
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]

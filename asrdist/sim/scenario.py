@@ -14,7 +14,8 @@ from asrdist.errors import ConfigError
 from asrdist.models.dnn import SWBD_FEATURE_DIM, SWBD_NUM_CLASSES
 from asrdist.models.registry import model_kind
 from asrdist.parallel import STRATEGIES, strategy_config_class
-from asrdist.parallel.descriptor import Pipelined
+from asrdist.parallel.comm import Transfer, ring_allreduce_bytes
+from asrdist.parallel.descriptor import Pairwise, Pipelined
 from asrdist.sim.alike import simulated_learners
 from asrdist.sim.cluster import (
     LINKS,
@@ -23,8 +24,10 @@ from asrdist.sim.cluster import (
     Cluster,
     link_named,
     model_shapes,
+    parameter_count,
 )
 from asrdist.sim.engine import simulate
+from asrdist.sim.resources import transfer_seconds
 from asrdist.sim.spec import SimResult, SimSpec, sim_shape, simulated_steps
 
 ADVISED: dict[str, tuple[str, dict[str, Any]]] = {
@@ -67,6 +70,10 @@ class Job:
     epoch_end_seconds: float = 0.0
     """Seconds of each epoch's end in which the job trains nothing (validation of the consensus
     model, the checkpoint), paid once per epoch."""
+    validations_per_epoch: int = 0
+    """Dedicated CPU hosts: the validations in each epoch (its end's included), each of which adds
+    its collectives and pause (`validation_seconds`) to the leader's work in `epoch_end_seconds`;
+    0: not modelled."""
     lockstep_wait: float = 0.0
     """CPU learners: a step's first lock-step collective's extra wait for its last learner
     (SimSpec.lockstep_wait)."""
@@ -140,7 +147,8 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
         async_phase = simulate(job.spec())
         sync_epochs = min(synchronous_epochs(job.strategy_config), job.epochs)
         phases = [(sync_phase, sync_epochs), (async_phase, job.epochs - sync_epochs)]
-        times = [epochs * (epoch_seconds(r, job.frames_per_epoch) + job.epoch_end_seconds) for r, epochs in phases]
+        times = [epochs * (epoch_seconds(r, job.frames_per_epoch) + job.epoch_end_seconds
+                           + job.validations_per_epoch * validation_seconds(job, r)) for r, epochs in phases]
         seconds = sum(times)
         result = async_phase if job.epochs > sync_epochs else sync_phase
         fps = job.epochs * job.frames_per_epoch / seconds
@@ -150,7 +158,8 @@ def run_job(job: Job, name: str | None = None) -> Prediction:
         sent = sum(_bytes_per_step(r) * epochs for r, epochs in phases) / job.epochs
     else:
         result = simulate(job.spec())
-        seconds = job.epochs * (epoch_seconds(result, job.frames_per_epoch) + job.epoch_end_seconds)
+        seconds = job.epochs * (epoch_seconds(result, job.frames_per_epoch) + job.epoch_end_seconds
+                                + job.validations_per_epoch * validation_seconds(job, result))
         fps = job.epochs * job.frames_per_epoch / seconds
         comm, wait, sent = result.comm_share, result.wait_share, _bytes_per_step(result)
     # the speed-up's base is a healthy learner, whichever rank the straggler is
@@ -165,6 +174,27 @@ def epoch_seconds(result: SimResult, frames_per_epoch: float) -> float:
     end of the pool (the wait for the last minibatches and exchanges in flight when it ran dry).
     The job's frames/s is then its frames over this time: asrdist's one throughput."""
     return frames_per_epoch * result.pace_seconds_per_frame + result.tail_seconds
+
+
+def validation_seconds(job: Job, result: SimResult) -> float:
+    """What each validation costs on dedicated CPU hosts (`Cluster.cpu_hosts`) beside the leader's
+    work (`Job.epoch_end_seconds`), as asrdist's trainer validates: the consensus model, an allreduce
+    of the model (float32) over every learner, and for strategies whose learners' models differ
+    (pairwise) first their spread (consensus distance: an allreduce in float64); each its wire, then
+    its CPU on a host of one learner (`Cluster.serial_message_cpu`), beside it on hosts of several.
+    Pairwise learners are out of lock step: each stops at the end of its step in progress, so the
+    collectives wait for the last, about one step (`result.seconds_per_step`). 0 off CPU hosts."""
+    cluster, n = job.cluster, job.cluster.learners
+    if not cluster.cpu_hosts or n < 2:
+        return 0.0
+    pairwise = isinstance(sim_shape(job.spec()), Pairwise)
+    values = parameter_count(job.shapes)
+    seconds = result.seconds_per_step if pairwise else 0.0
+    for width in (4, 8) if pairwise else (4,):
+        allreduce = Transfer("allreduce", "world", n, ring_allreduce_bytes(width * values, n), values)
+        wire, cpu = transfer_seconds(allreduce, cluster), job.network_cost * 2 * allreduce.bytes_sent
+        seconds += wire + cpu if cluster.serial_message_cpu else max(wire, cpu)
+    return seconds
 
 
 def _bytes_per_step(result: SimResult) -> float:

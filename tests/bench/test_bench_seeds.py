@@ -170,7 +170,8 @@ def test_a_run_records_its_validations_and_its_simulator_error(tmp_path, monkeyp
                                                                  "wall_seconds": 12.0, "validation_seconds": 2.0,
                                                                  "per": 0.3}],
                    "comm": {"bytes_sent": 0, "comm_seconds": 0.0, "wait_seconds": 0.0,
-                            "per_learner": [{"rank": r, "frames": 1000, "train_seconds": 10.0, "loop_seconds": 10.0}
+                            "per_learner": [{"rank": r, "frames": 1000, "train_seconds": 10.0, "loop_seconds": 10.0,
+                                             "cpu_seconds": 2.0 + r, "cpu_wall_seconds": 11.0}
                                             for r in range(8)]}}
         (run_dir / "summary.json").write_text(json.dumps(summary))
         return 20.0
@@ -183,6 +184,8 @@ def test_a_run_records_its_validations_and_its_simulator_error(tmp_path, monkeyp
     assert [v["epoch_progress"] for v in run["validations"]] == [0.5, 1.0] and run["final_error"] == 0.3
     assert run["frames_per_second"] == pytest.approx(800.0)  # 8 x 1000 frames over 10 s
     assert run["simulator_error"] == pytest.approx(0.1) and run["predicted"] is plan["predicted"]
+    # each learner's CPU while it trained: what its host's quota really gave its loop
+    assert [(p["cpu_seconds"], p["cpu_wall_seconds"]) for p in run["per_learner"]] == [(2.0 + r, 11.0) for r in range(8)]
 
 
 def test_s6_finds_each_strategys_largest_batch_on_the_sqrt2_grid():

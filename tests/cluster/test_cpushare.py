@@ -119,7 +119,7 @@ def spin(spec: JobEnv, args: dict) -> dict:
     while time.monotonic() - t0 < args["seconds"]:
         pass
     return {"rank": spec.rank, "cgroup": path, "cpu_fraction": (time.process_time() - c0) / (time.monotonic() - t0),
-            "cpu_quota": spec.cpu_quota, "threads": spec.num_threads}
+            "cpu_quota": spec.cpu_quota, "threads": spec.num_threads, "agent_cgroup": _own_cgroup_of(os.getppid())}
 
 
 @pytest.mark.slow
@@ -128,6 +128,8 @@ def test_learners_on_emulated_hosts_compute_within_their_hosts_quota(workers_imp
     results = run_learners(MODULE, "spin", 2, 2, "1gbit", {"seconds": 1.5}, HANG_S, cpus_per_host=0.2)
     groups = {r["cgroup"] for r in results}
     assert len(groups) == 2 and all(Path(g).name.startswith(f"{cpushare.PREFIX}-{os.getpid()}-") for g in groups)
+    # the learners' agents (torchrun's, the job's store in host 0's) run outside every host's quota
+    assert all(Path(r["agent_cgroup"]).name not in {Path(g).name for g in groups} for r in results), results
     for r in results:
         # a busy loop can use no more than its host's quota, whether the other core is idle or not
         assert r["cpu_fraction"] <= 0.2 * 1.15, r
@@ -219,3 +221,24 @@ def test_compare_refuses_a_share_it_cannot_give_before_it_writes_anything(tmp_pa
     with pytest.raises(ConfigError, match=r"single: --cpus-per-host: 9 cores per host"):
         resolve_all(recipe, ["single", "sync"], 2, tmp_path / "corpus", [], Hosts(2, "1gbit", 9.0))
     assert not list(tmp_path.iterdir())
+
+
+def test_a_learner_that_cannot_join_its_hosts_cgroup_says_so_in_one_line(tmp_path):
+    env = dict(os.environ, ASRDIST_HOST_CGROUPS=str(tmp_path / "gone" / "cgroup.procs"))
+    proc = subprocess.run([sys.executable, "-m", "asrdist.cluster.in_host", "asrdist.cli", "--help"], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_S)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("asrdist: error: learner ") and "cannot join its host's cgroup" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_learner_in_its_host_runs_its_module_as_python_m_does(tmp_path):
+    procs = tmp_path / "cgroup.procs"  # a plain file stands in for the cgroup's: the pid is written to it
+    procs.write_text("")
+    (tmp_path / "echo_args.py").write_text("import sys\nprint(__name__, sys.argv[1:])\n")
+    env = dict(os.environ, ASRDIST_HOST_CGROUPS=str(procs), PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "asrdist.cluster.in_host", "echo_args", "--x", "1"], env=env,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=HANG_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "__main__ ['--x', '1']"
+    assert procs.read_text().strip().isdigit()

@@ -3,6 +3,7 @@ every CPU figure takes 1 / share as long, nothing queues for another learner's c
 straggler's host computes `slowdown` times slower, and the shared-core terms are left out."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from asrdist.cli import main
 from asrdist.config import load_config
 from asrdist.errors import ConfigError
-from asrdist.sim.calibration import Microbenchmarks, predict_run
+from asrdist.sim.calibration import Microbenchmarks, exchange_cpu, predict_run
 from asrdist.sim.dedicated import dedicated_inputs, parse_cpu_device
 from tests.support.paths import CONFIGS
 
@@ -32,7 +33,12 @@ def test_every_cpu_figure_takes_one_over_the_share_and_shared_core_terms_are_dro
     assert inputs.epoch_end_seconds == pytest.approx(0.4 / 0.25 * 4)  # the end and 3 validations within
     assert inputs.quantize_cost == pytest.approx(4e-9) and inputs.network_cost == pytest.approx(4e-9)
     assert inputs.lockstep_wait_seconds == inputs.claim_seconds == inputs.answer_delay_seconds == 0.0
-    assert "dedicated host" in inputs.sources["seconds_per_frame"]
+    assert "dedicated host" in inputs.sources["seconds_per_frame"] and inputs.validations_per_epoch == 4
+    # an ADPSGD exchange's CPU beyond its bytes (measured on a pair of learners) is a quota's too
+    measured = dataclasses.replace(MICRO, exchange_cpu_seconds=0.01, exchange_values=100_000)
+    pair = dedicated_inputs(measured, 8, 0.25, "adpsgd")
+    assert pair.exchange_cpu > 0 and pair.exchange_cpu == pytest.approx(exchange_cpu(measured) / 0.25)
+    assert "2 learners" in pair.sources["exchange_cpu"] and inputs.exchange_cpu == 0.0
     with pytest.raises(ConfigError):
         dedicated_inputs(MICRO, 8, 0.0)
 
@@ -87,11 +93,14 @@ def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_it
     for strategy in ("sync", "adpsgd"):
         beside = simulate(_hosts_spec(strategy, False))
         after = simulate(_hosts_spec(strategy, True))
-        # the same compute; each message's CPU (4e-9 s a byte, both ways) now adds to its wire
-        assert after.compute_seconds_per_step == pytest.approx(beside.compute_seconds_per_step)
+        # each message's CPU (4e-9 s a byte, both ways) now adds to its wire (sync) or, for an
+        # ADPSGD exchange, runs beside it on both hosts' quotas
         assert after.frames_per_second < 0.9 * beside.frames_per_second, strategy
-        if strategy == "sync":  # the same bytes a step (adpsgd's pool moves to whoever is free)
+        if strategy == "sync":  # the same compute and bytes a step (adpsgd's pool moves to whoever is free)
+            assert after.compute_seconds_per_step == pytest.approx(beside.compute_seconds_per_step)
             assert after.bytes_sent == beside.bytes_sent
+        else:  # a passive answers from a thread on its own host's quota: its compute shares it
+            assert after.compute_seconds_per_step > 1.1 * beside.compute_seconds_per_step
     # learners sharing a host's quota lend each other what they leave waiting: CPU and wire overlap there
     shared = simulate(_hosts_spec("sync", True, per_host=2))
     assert shared.seconds_per_step == pytest.approx(simulate(_hosts_spec("sync", False, per_host=2)).seconds_per_step)
@@ -110,3 +119,26 @@ def test_on_cpu_hosts_a_messages_cpu_follows_its_wire_and_the_group_waits_for_it
     extra = slow.seconds_per_step - sync.seconds_per_step
     assert extra > 2 * per_step * 1.05
     assert slow.seconds_per_step > device.seconds_per_step + 0.5 * (extra - 2 * per_step)
+
+
+def test_a_validation_on_cpu_hosts_adds_its_collectives_and_the_asynchronous_learners_pause():
+    """What asrdist's trainer does at a validation beyond the leader's work: the consensus model's
+    allreduce (float32) over every learner, and for learners out of lock step first their spread
+    (consensus distance, float64) after each stopped at its step's end (about one step)."""
+    from types import SimpleNamespace
+
+    from asrdist.sim.cluster import LINKS, Cluster
+    from asrdist.sim.scenario import Job, strategy_config, validation_seconds
+
+    def job(strategy: str, learners: int = 8, cpu_hosts: bool = True) -> Job:
+        cluster = Cluster(learners, 1, LINKS["1gbit"], LINKS["1gbit"], cpu_hosts=cpu_hosts)
+        return Job(strategy, strategy_config(strategy, None), [(1000, 1000)], cluster, 256, 1e-4, network_cost=4e-9)
+
+    step = SimpleNamespace(seconds_per_step=0.05)
+    sync = validation_seconds(job("sync"), step)
+    one_way = 2 * 4e6 * 7 / 8  # a learner's bytes in a ring allreduce of the float32 model
+    assert sync > one_way / LINKS["1gbit"].bandwidth + 4e-9 * 2 * one_way * 0.99  # its wire, then its CPU
+    # adpsgd: the pause, the float32 allreduce and one of twice the bytes (latency aside: about 3x)
+    assert validation_seconds(job("adpsgd"), step) - 0.05 == pytest.approx(3 * sync, rel=0.05)
+    assert validation_seconds(job("sync", cpu_hosts=False), step) == 0.0  # not modelled off CPU hosts
+    assert validation_seconds(job("adpsgd", learners=1), step) == 0.0
