@@ -34,9 +34,11 @@ PERIOD_US = 100_000
 """The quota's period: 100 ms (the kernel's default); a quota of 0.22 cores is 22 ms of it."""
 MIN_QUOTA_CORES = 0.01
 """The kernel refuses a quota under 1 ms a period."""
-LAUNCHER_MARGIN_CORES = 0.1
-"""What the default quota leaves outside the hosts for the launcher (torchrun agents' parent,
-output pumps) and the kernel's network work charged to no host; measured in docs/seeds.md."""
+LAUNCHER_MARGIN_CORES = 0.3
+"""What the default quota leaves outside the hosts: the launcher and its output pumps, torchrun's
+agents, host 0's serving the job's store (every learner's claims), and the kernel's network work
+charged to no host. Measured as `outside_hosts` on the idle machine (2026-12-03, docs/seeds.md):
+0.08-0.25 cores with 8 hosts, 0.24-0.30 with 16; 0.1 until the agents left the hosts' quotas."""
 _NAME_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-n\d+$")
 
 
