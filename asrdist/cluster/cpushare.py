@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from asrdist.cluster import in_host, reaper
 from asrdist.cluster.netem import die_with_parent
 from asrdist.errors import ConfigError, TrainingError
+from asrdist.utils import environ
 
 PREFIX = "asrdist"
 PERIOD_US = 100_000
@@ -210,7 +211,7 @@ class HostCpuShares:
         root (/proc/PID/root): `ip netns exec` mounts a sysfs of the namespace's own in which no
         cgroup hierarchy is mounted."""
         root = f"/proc/{os.getpid()}/root"
-        return {in_host.HOST_CGROUPS_ENV: os.pathsep.join(root + f for f in self.procs_files(node))}
+        return {environ.HOST_CGROUPS: os.pathsep.join(root + f for f in self.procs_files(node))}
 
     def group(self, node: int) -> Path:
         """Host `node`'s group in the cpu hierarchy."""

@@ -1,5 +1,5 @@
 """`python -m asrdist.cluster.in_host MODULE ARGS...`: join this learner's emulated host's cgroups
-(their `cgroup.procs` files in `HOST_CGROUPS_ENV`), then run `python -m MODULE ARGS` in this process.
+(their `cgroup.procs` files in `environ.HOST_CGROUPS`), then run `python -m MODULE ARGS` in this process.
 
 On dedicated emulated hosts (`--cpus-per-host`, `asrdist.cluster.cpushare`) the launcher starts
 every learner through this module, so that a host's quota holds its learners' processes and
@@ -17,8 +17,7 @@ import os
 import runpy
 import sys
 
-HOST_CGROUPS_ENV = "ASRDIST_HOST_CGROUPS"
-"""The `cgroup.procs` files of the host a learner runs on, joined by os.pathsep."""
+from asrdist.utils import environ
 
 
 def join(files: list[str]) -> None:
@@ -32,9 +31,8 @@ def join(files: list[str]) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         sys.exit("usage: python -m asrdist.cluster.in_host MODULE [ARGS...]")
-    files = [f for f in os.environ.get(HOST_CGROUPS_ENV, "").split(os.pathsep) if f]
     try:
-        join(files)
+        join(environ.host_cgroups())
     except OSError as e:
         sys.exit(f"asrdist: error: learner {os.getpid()}: cannot join its host's cgroup ({e})")
     sys.argv = list(argv)  # as `python -m MODULE ARGS` sees them (runpy sets argv[0] to its file)

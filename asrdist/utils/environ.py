@@ -10,6 +10,9 @@ from pathlib import Path
 
 ELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 """Where torch's elastic agent tells a learner to write its error record."""
+HOST_CGROUPS = "ASRDIST_HOST_CGROUPS"
+"""The `cgroup.procs` files of the emulated host a learner runs on, joined by os.pathsep
+(`asrdist.cluster.in_host`; set by the launcher for its agents)."""
 
 
 def process_environment() -> Mapping[str, str]:
@@ -51,3 +54,8 @@ def elastic_error_file() -> str | None:
     """The file torch's elastic agent reads a failed learner's error record from
     (ELASTIC_ERROR_FILE); None where the learner was not started by an agent."""
     return os.environ.get(ELASTIC_ERROR_FILE) or None
+
+
+def host_cgroups() -> list[str]:
+    """The `cgroup.procs` files this learner joins (HOST_CGROUPS); empty: none."""
+    return [f for f in os.environ.get(HOST_CGROUPS, "").split(os.pathsep) if f]
