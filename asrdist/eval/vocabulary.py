@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -26,10 +26,12 @@ from asrdist.corpus.lexicon import LEXICON_NAME, Lexicon, normalize_word
 from asrdist.corpus.phones import SILENCE, PhoneTable
 from asrdist.data.targets import Targets
 from asrdist.errors import DataError
-from asrdist.eval.lexdecoder import LexiconFreeSearch, LexiconSearch, lm_with_words
 from asrdist.eval.prefixsearch import WordScorer, WordTrie, ctc_vocabulary_decode
 from asrdist.eval.wordlm import write_training_lm
 from asrdist.io.kaldi_dir import read_data_dir
+
+if TYPE_CHECKING:
+    from asrdist.eval.lexdecoder import LexiconSearch
 
 OFF, TRAIN = "none", "train"
 PREFIX, FLASHLIGHT = "prefix", "flashlight"
@@ -121,6 +123,9 @@ class VocabularySearch:
     def scorer(self) -> WordScorer | None:
         """The prefix search's word LM scorer, None without LM and bonus."""
         if self._scorer is None and (self.lm is not None or self.word_bonus != 0):
+            # flashlight-text (0.1-0.3 s to import) only where a word LM is read: every learner
+            # imports this module for its run's final evaluation
+            from asrdist.eval.lexdecoder import lm_with_words
             words = sorted(self.spellings)
             lm, ids = lm_with_words(words, self.lm) if self.lm is not None else (None, range(len(words)))
             self._scorer = WordScorer(lm, self.word_of, dict(zip(words, ids)), self.lm_weight, self.word_bonus)
@@ -129,6 +134,8 @@ class VocabularySearch:
     @property
     def decoder(self) -> LexiconSearch:
         if self._decoder is None:
+            # flashlight-text only where its decoder runs (see `scorer`)
+            from asrdist.eval.lexdecoder import LexiconSearch
             self._decoder = LexiconSearch(self.spellings, self.num_tokens, self.separator, self.beam,
                                           lm=self.lm, lm_weight=self.lm_weight, word_bonus=self.word_bonus,
                                           one_word=self.one_word)
@@ -212,6 +219,8 @@ class TokenLMSearch:
     one_word = False
 
     def __init__(self, tokenizer, beam: int, lm: Path, weight: float):
+        # flashlight-text only where its decoder runs (see `VocabularySearch.scorer`)
+        from asrdist.eval.lexdecoder import LexiconFreeSearch
         names = ["<blank>"] + ["|" if c == " " else c for c in tokenizer.symbols]
         separator = tokenizer.symbols.index(" ") + 1 if " " in tokenizer.symbols else None
         self.decoder = LexiconFreeSearch(names, max(1, beam), lm, weight, separator=separator)
