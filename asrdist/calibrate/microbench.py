@@ -122,13 +122,12 @@ def measure_microbenchmarks(name: str, learners: int, cfg, network: str, repeats
     corun = corun_slowdown(cores, repeats) if many and not dedicated else {"slowdown": 1.0}
     link: dict[str, Any] = {}
     waits: dict[str, Any] = {"lockstep": {}, "claim": {}, "collective": {}, "answer": {}, "step": {}}
+    step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
     if many:
         link = measure_link(network, parameter_count(shapes), repeats, timeout)
     if many and dedicated and STRATEGIES[name].shape is Pairwise:
-        waits.update(pair_cpu(network, learners, cfg, timed[key] * lone.samples_per_step / learners,
-                              parameter_count(shapes), timeout))
+        waits.update(pair_cpu(network, learners, cfg, step_work, parameter_count(shapes), timeout))
     if many and not dedicated:
-        step_work = timed[key] * lone.samples_per_step / learners  # one learner's step alone, seconds
         waits = measure_waits(network, learners, threads, step_work, timeout, values=parameter_count(shapes),
                               recipe=cfg.to_dict())
         corun = lower_spell(corun, corun_slowdown(cores, repeats))  # a second spell, the link's and waits' time later

@@ -7,7 +7,8 @@ a slow host's idle time goes to no one: `HostCpuShares([0.22] * 8)` makes eight 
 v1, `cpu.max` on v2). Every learner started through `asrdist.cluster.in_host` with
 `learner_env(i)` (or a process started with `preexec(i)`) joins host i's group before it imports
 anything, and every process and thread it starts stays there (a device's host CPU drives its
-communication threads too); the launcher's agents and the job's store stay outside. The groups are created under this process' own cgroup, named like the namespaces
+communication threads too); the launcher's agents and the job's store stay outside. The groups
+are created under this process' own cgroup, named like the namespaces
 (`asrdist-<creator pid>-<hex>-n<i>`), and removed on close, on a signal, at exit, and by
 `asrdist.cluster.reaper` when the creator dies by SIGKILL; `cleanup_stale()` removes those of dead
 creators. `usage(i)` is the group's own counters: the CPU its tasks used and the time the quota

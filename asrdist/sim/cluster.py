@@ -128,12 +128,16 @@ class Cluster:
     @property
     def serial_message_cpu(self) -> bool:
         """A host of one learner under a quota neither computes nor moves its bytes while it is
-        throttled: a collective or an exchange lasts its wire time plus its slowest member's CPU
-        for it. Learners sharing a host's quota lend each other the share they leave waiting on
-        the wire, so there (and on devices with network engines) CPU and wire overlap."""
+        throttled: a collective, whose ring steps each need every member, lasts its wire time plus
+        its slowest member's CPU for it. Learners sharing a host's quota lend each other the share
+        they leave waiting on the wire, so there (and on devices with network engines) CPU and wire
+        overlap, as they do for an ADPSGD exchange on any CPU host (one message each way, which the
+        kernel takes in while the receiver waits for its quota)."""
         return self.cpu_hosts and self.per_node == 1
 
     def __post_init__(self):
+        if self.cpu_hosts and self.shared_cores:
+            raise ConfigError("cluster: learners on CPU hosts of their own share no cores (shared_cores 0)")
         if self.nodes < 1 or self.per_node < 1:
             raise ConfigError(f"cluster: need nodes >= 1 and learners per node >= 1, got {self.nodes} x {self.per_node}")
         if self.thread_speedup < 0:

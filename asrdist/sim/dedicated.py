@@ -78,5 +78,5 @@ def dedicated_inputs(micro: Microbenchmarks, learners: int, share: float, strate
         quantize_cost=base.quantize_cost * scale, dequantize_cost=base.dequantize_cost * scale,
         copy_cost=base.copy_cost * scale, mean_cost=base.mean_cost * scale, network_cost=base.network_cost * scale,
         lockstep_wait_seconds=0.0, claim_seconds=0.0, answer_delay_seconds=0.0, collective_step_seconds=0.0,
-        collective_step_cpu=0.0, exchange_cpu=base.exchange_cpu * scale, validations_per_epoch=1 + validations_per_epoch,
-        sources={**base.sources, **sources})
+        collective_step_cpu=0.0, exchange_cpu=base.exchange_cpu * scale,
+        validations_per_epoch=1 + validations_per_epoch, sources={**base.sources, **sources})

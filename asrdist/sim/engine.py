@@ -56,8 +56,7 @@ class _Simulation:
         # dedicated CPU hosts: each host's quota (its learners' shares), shared by all the CPU work in
         # progress on it (its learners' steps, a passive's answering thread, their messages' CPU), as
         # the kernel shares a cgroup's quota among its threads
-        self.quota = ([SharedCores(self.env, c.per_node) for _ in range(c.nodes)]
-                      if c.cpu_hosts and not c.shared_cores else None)
+        self.quota = [SharedCores(self.env, c.per_node) for _ in range(c.nodes)] if c.cpu_hosts else None
 
     # -- pieces -------------------------------------------------------------------------
     def draw_compute(self, rank: int) -> tuple[float, float]:
@@ -127,10 +126,9 @@ class _Simulation:
         duration *= share
         # the CPU of the bytes it sends and (about as many) receives, and of each message's wake-ups
         cpu = (s.network_cost * 2 * t.bytes_sent + messages * s.collective_step_cpu) * share
-        if self.cluster.serial_message_cpu and self.quota is None:  # after the wire; the group waits for its slowest
-            duration, cpu = duration + cpu * self.host_slowdown(me.rank), 0.0
         meet = self.meet.join((self.group_key(t, me.rank), step, index), self.group_sizes[t.group], duration)
-        if cpu and self.cluster.serial_message_cpu:
+        if cpu and self.cluster.serial_message_cpu:  # after the wire, on the host's quota; the next
+            # collective waits for the group's slowest
             yield meet
             meet = self.env.process(self.cpu(me, cpu))
         elif cpu:
@@ -370,11 +368,9 @@ class _Simulation:
             for node in nodes:
                 self.flows[node] += 1
             duration *= max(self.flows[node] for node in nodes)
-        moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu  # each side sends one
-        # message and receives the other
-        if self.cluster.serial_message_cpu and self.quota is None:  # after the wire, at the slower side's pace
-            duration += moved * max(self.host_slowdown(leader.rank), self.host_slowdown(passive.rank))
-            moved = 0.0
+        # each side sends one message and receives the other; on CPU hosts beside the wire, on each
+        # side's quota (one message each way, which the kernel takes in while the receiver waits)
+        moved = s.network_cost * (ex.bytes_sent + ans.bytes_sent) + s.exchange_cpu
         work = [self.env.timeout(duration), self.env.process(self.cpu(passive, s.copy_cost * s.values / 2))]
         if moved:
             work += [self.env.process(self.cpu(leader, moved)), self.env.process(self.cpu(passive, moved))]
