@@ -185,29 +185,70 @@ def recurrent_phases(device: torch.device, quick: bool, repeats: int, flops: flo
             "fit_seconds_per_frame": slope, "fit_intercept_seconds": t1 - slope * f1, **peak_memory(device)}
 
 
+QUANTIZE_BYTES = 12.125
+"""Bytes a value of quantize + error feedback + pack must move at least: the gradient and the
+residual read, the residual written (4 bytes each), its bit written."""
+AGGREGATE_BYTES = 8.125
+"""Dequantize + aggregate: its bit read, the sum read and written."""
+
+
 def onebit_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, Any]:
+    """`onebit_bucket` with the device's own kernels (`get_quantizer("auto")`); where they fail,
+    with the reference, the failure named (`kernel_error`)."""
+    try:
+        return onebit_bucket(device, quick, repeats, get_quantizer("auto", device))
+    except Exception as exc:  # a kernel that does not compile here: the figures of the reference instead
+        return {**onebit_bucket(device, quick, repeats, get_quantizer("reference", device)), "kernel_error": one_line(exc)}
+
+
+def onebit_bucket(device: torch.device, quick: bool, repeats: int, quantizer) -> dict[str, Any]:
     """1-bit quantize (with error feedback and packing) and dequantize of the Switchboard DNN's
-    gradient, and the average x <- (x + y) / 2 of its parameters, in seconds per value."""
+    gradient as one bucket (one call for all its matrices, as the strategy makes it), in seconds
+    per value, with the device's copy bandwidth and the fraction of the floor it gives; the
+    average x <- (x + y) / 2 of its parameters; the result checked bit for bit against the
+    pure-torch reference quantizer on the same input."""
     shapes = [(512, 256), (256,), (100, 512)] if quick else list(SWBD_SHAPES)
-    quantizer = get_quantizer("auto", device)
+    reference = get_quantizer("reference", device)
     gen = torch.Generator().manual_seed(0)
-    quantize = dequantize = 0.0
-    values = 0
-    for shape in shapes:
-        grad = as_columns(torch.randn(shape, generator=gen)).to(device)
-        rows, cols = grad.shape
-        residual = Residual(rows, cols, device)
-        words = [torch.empty(packed_words(rows) * cols, dtype=torch.int32, device=device)]
-        recon = [torch.empty(2 * cols, device=device)]
-        out = torch.empty_like(grad)
-        quantize += median_seconds(lambda: quantizer.quantize(grad, residual, [0, cols], words, recon), device, repeats)
-        dequantize += median_seconds(lambda: quantizer.dequantize(words, recon, rows, [0, cols], out), device, repeats)
-        values += grad.numel()
+
+    def bucket():
+        items = []
+        for shape in shapes:
+            grad = as_columns(torch.randn(shape, generator=gen)).to(device)
+            rows, cols = grad.shape
+            items.append((grad, Residual(rows, cols, device), [0, cols],
+                          [torch.empty(packed_words(rows) * cols, dtype=torch.int32, device=device)],
+                          [torch.empty(2 * cols, device=device)]))
+        return items
+
+    items = bucket()
+    gen.manual_seed(0)
+    twins = bucket()  # the same gradients, for the reference
+    outs = [torch.zeros_like(grad) for grad, *_ in items]
+    deq = [(words, recon, grad.shape[0], bounds, out) for (grad, _, bounds, words, recon), out in zip(items, outs)]
+    for _ in range(2):  # two steps: the second folds a non-zero residual in
+        quantizer.quantize_bucket(items)
+        reference.quantize_bucket(twins)
+    synchronize(device)
+    exact = all(torch.equal(a[3][0], b[3][0]) and torch.equal(a[4][0].view(torch.int32), b[4][0].view(torch.int32))
+                and torch.equal(a[1].last.view(torch.int32), b[1].last.view(torch.int32))
+                for a, b in zip(items, twins))
+    values = sum(grad.numel() for grad, *_ in items)
+    quantize = median_seconds(lambda: quantizer.quantize_bucket(items), device, repeats)
+    dequantize = median_seconds(lambda: quantizer.dequantize_bucket(deq), device, repeats)
+    aggregate = median_seconds(lambda: quantizer.dequantize_bucket(deq, accumulate=True), device, repeats)
+    reference_quantize = median_seconds(lambda: reference.quantize_bucket(twins), device, max(1, repeats // 3), 1)
     x = torch.randn(values, generator=gen).to(device)
     y = torch.randn(values, generator=gen).to(device)
     average = median_seconds(lambda: x.add_(y).mul_(0.5), device, repeats)
-    return {"kernel": quantizer.name, "values": values, "quantize_seconds": quantize,
-            "dequantize_seconds": dequantize, "average_seconds": average,
+    copy = median_seconds(lambda: y.copy_(x), device, repeats)
+    bandwidth = 8 * values / copy
+    return {"kernel": quantizer.name, "values": values, "matrices": len(items), "bit_exact": exact,
+            "quantize_seconds": quantize, "dequantize_seconds": dequantize, "aggregate_seconds": aggregate,
+            "reference_quantize_seconds": reference_quantize, "average_seconds": average,
+            "copy_bandwidth_bytes_per_second": bandwidth,
+            "quantize_floor_fraction": QUANTIZE_BYTES * values / bandwidth / quantize,
+            "aggregate_floor_fraction": AGGREGATE_BYTES * values / bandwidth / aggregate,
             "quantize_cost": quantize / values, "dequantize_cost": dequantize / values,
             "copy_cost": average / values}
 
@@ -273,7 +314,7 @@ def run_tests(pytest_args: list[str]) -> dict[str, Any]:
             "failed": counts["failures"] + counts["errors"], "skipped": counts["skipped"]}
 
 
-PARTS = ("tests", "phases", "train_dnn", "train_dnn_bf16", "train_dnn_accumulate", "train_ctc_chars",
+PARTS = ("tests", "phases", "trainer", "train_dnn", "train_dnn_bf16", "train_dnn_accumulate", "train_ctc_chars",
          "train_ctc_chars_bf16", "pair_gloo", "pair_gloo_ddp", "pair_nccl")
 TRAININGS = {"dnn": "train_dnn", "dnn_bf16": "train_dnn_bf16", "dnn_accumulate": "train_dnn_accumulate",
              "ctc_chars": "train_ctc_chars", "ctc_chars_bf16": "train_ctc_chars_bf16"}
@@ -303,6 +344,7 @@ def merge(part_paths: list[Path], mode: str) -> dict[str, Any]:
         "host": parts["phases"].get("host") or next((p["host"] for p in parts.values() if "host" in p), None),
         "tests": parts["tests"].get("result"),
         "phases": ph,
+        "trainer": parts["trainer"].get("result"),
         "sim_device": sim_device(ph) if ph else None,
         "training": {key: parts[name].get("result") for key, name in TRAININGS.items()},
         "bf16_vs_fp32": {model: precision_ratio(parts[f"train_{model}"].get("result"),
@@ -342,7 +384,7 @@ def write_json(path: Path, value: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m asrdist.bench.gpu", description=__doc__.splitlines()[0])
-    p.add_argument("step", choices=["tests", "phases", "train", "pair", "merge"])
+    p.add_argument("step", choices=["tests", "phases", "trainer", "train", "pair", "merge"])
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="small models and tensors (the CPU dry run)")
@@ -375,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
             part["result"] = run_tests(args.rest)
         elif args.step == "phases":
             part["result"] = phases(device, args.quick, args.repeats)
+        elif args.step == "trainer":
+            from asrdist.bench.gpu_trainer import trainer_check  # here: only this step profiles
+
+            part["result"] = trainer_check(device, args.quick, args.repeats)
         elif args.step == "train":
             if not (args.recipe and args.data):
                 raise ConfigError("train: --recipe and --data are required")

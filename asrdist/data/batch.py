@@ -28,8 +28,16 @@ class Batch:
     target_lengths: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        """The batch on `device`. To a GPU from the CPU through pinned memory, without blocking:
+        a copy from pageable memory would wait for the device's queue to drain first."""
+        pin = torch.device(device).type == "cuda"
+
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+            if t is None:
+                return None
+            if pin and t.device.type == "cpu":
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device, non_blocking=non_blocking)
 
         return Batch(inputs=move(self.inputs), targets=move(self.targets), num_frames=self.num_frames,
                      input_lengths=move(self.input_lengths), target_lengths=move(self.target_lengths))

@@ -405,9 +405,9 @@ class OneBitStrategy(Strategy):
 
     def _quantize_chunk(self, sources: list[torch.Tensor], buffer: int, c: int) -> None:
         """Step 1 for chunk c: its columns of every matrix (plus residual) into the send buffer."""
-        for j, bounds, words, recon in self._send_segments[buffer][c]:
-            self._quantizer.quantize(sources[j], self._residuals[j] if self._residuals else None,
-                                     bounds, words, recon)
+        self._quantizer.quantize_bucket([(sources[j], self._residuals[j] if self._residuals else None,
+                                          bounds, words, recon) for j, bounds, words, recon in
+                                         self._send_segments[buffer][c]])
 
     def _scatter(self, buffer: int, c: int, stalled: bool):
         """Step 2 for chunk c: launch the all-to-all sending each owner its pieces."""
@@ -449,8 +449,8 @@ class OneBitStrategy(Strategy):
             pending.wait(stalled)
 
     def _dequantize_chunk(self, c: int, targets: list[torch.Tensor]) -> None:
-        for j, bounds, words, recon in self._gathered_segments[c]:
-            self._quantizer.dequantize(words, recon, self._plan.shapes[j][0], bounds, targets[j])
+        self._quantizer.dequantize_bucket([(words, recon, self._plan.shapes[j][0], bounds, targets[j])
+                                           for j, bounds, words, recon in self._gathered_segments[c]])
 
     def _wait_inflight(self) -> None:
         if self._inflight is None:

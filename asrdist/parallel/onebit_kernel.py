@@ -2,9 +2,10 @@
 
 Per column segment: int32 `words[ceil(R/32), w]` (bit i % 32 of words[i // 32, j] is v[i, j] >= 0)
 and float32 `recon[2, w]` (the means of the negative and non-negative entries), v = g + residual.
-Column sums are pairwise, so the pure-torch reference and the fused C++ kernel
+Column sums are pairwise, so the pure-torch reference, the fused C++ kernel
 (asrdist/native/onebit_kernel.cpp, built at first use; `get_quantizer("auto")` falls back to the
-reference without a compiler) agree bit for bit. Wire format, the lazy residual and the kernel's
+reference without a compiler) and the Triton kernels on CUDA (asrdist/parallel/onebit_triton.py)
+agree bit for bit. Wire format, the lazy residual and the kernel's
 memory sweep: docs/strategies.md#the-1-bit-kernels-parallelonebit_kernelpy."""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 from asrdist.errors import ConfigError
 from asrdist.native import NativeBuildError, load
 
-KERNEL_KINDS = ("auto", "fused", "reference")
+KERNEL_KINDS = ("auto", "fused", "reference", "triton")
 SWBD_SHAPES: tuple[tuple[int, ...], ...] = (
     (2048, 429), (2048,),
     *((2048, 2048), (2048,)) * 6,
@@ -111,8 +112,23 @@ class Residual:
         self.means.zero_()
 
 
-class ReferenceQuantizer:
-    """Pure torch, any device: the specification the fused kernel matches bit for bit."""
+class Buckets:
+    """`quantize_bucket` / `dequantize_bucket` as one call per matrix (the Triton kernels take a
+    whole bucket in one launch)."""
+
+    def quantize_bucket(self, items: Sequence[tuple]) -> None:
+        """Each item is `quantize`'s (grad, residual, bounds, words, recon)."""
+        for item in items:
+            self.quantize(*item)
+
+    def dequantize_bucket(self, items: Sequence[tuple], accumulate: bool = False) -> None:
+        """Each item is `dequantize`'s (words, recon, rows, bounds, out)."""
+        for item in items:
+            self.dequantize(*item, accumulate=accumulate)
+
+
+class ReferenceQuantizer(Buckets):
+    """Pure torch, any device: the specification the fused kernels match bit for bit."""
 
     name = "reference"
 
@@ -205,7 +221,7 @@ def _check_matrix(t: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: expected a float32 CPU matrix with unit column stride")
 
 
-class FusedQuantizer:
+class FusedQuantizer(Buckets):
     """The compiled kernel: ReferenceQuantizer's semantics for float32 CPU tensors."""
 
     name = "fused"
@@ -262,13 +278,35 @@ class FusedQuantizer:
             raise MemoryError("fused reduce_quantize: scratch allocation failed")
 
 
+def _triton_quantizer():
+    """The Triton kernels, or RuntimeError naming why not (no Triton in this environment)."""
+    try:
+        # imported here: Triton comes with CUDA builds of torch only, and loads a compiler
+        from asrdist.parallel.onebit_triton import TritonQuantizer
+    except ImportError as e:
+        raise RuntimeError(f"1-bit Triton kernels unavailable ({e})") from None
+    return TritonQuantizer()
+
+
 def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):
-    """`fused` (error if it cannot be built), `reference`, or `auto`: fused on CPU when it builds."""
+    """`fused` (CPU; error if it cannot be built), `triton` (CUDA; error without Triton), `reference`,
+    or `auto`: fused on CPU when it builds, triton on CUDA when Triton is there, else the reference."""
     if kind not in KERNEL_KINDS:
         raise ConfigError(f"onebit.kernel: unknown kernel '{kind}' (known: {', '.join(KERNEL_KINDS)})")
-    on_cpu = torch.device(device).type == "cpu"
-    if kind == "reference" or (kind == "auto" and not on_cpu):
+    device_type = torch.device(device).type
+    on_cpu = device_type == "cpu"
+    if kind == "reference" or (kind == "auto" and device_type not in ("cpu", "cuda")):
         return ReferenceQuantizer()
+    if kind == "triton" or (kind == "auto" and device_type == "cuda"):
+        if device_type != "cuda":
+            raise ConfigError(f"onebit.kernel: 'triton' runs on CUDA only, the device is {device}")
+        try:
+            return _triton_quantizer()
+        except RuntimeError as e:
+            if kind == "triton":
+                raise ConfigError(f"onebit.kernel: {e}") from e
+            warnings.warn(f"{e}; using the pure-torch reference quantizer", RuntimeWarning, stacklevel=2)
+            return ReferenceQuantizer()
     if not on_cpu:
         raise ConfigError(f"onebit.kernel: 'fused' runs on CPU only, the device is {device}")
     try:

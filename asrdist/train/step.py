@@ -24,9 +24,10 @@ from asrdist.train.loop import LoopConfig
 def gradients_finite(model: torch.nn.Module) -> bool:
     """Whether every gradient the update would use is finite (after the strategy's exchange)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    # A sum is finite when every term is (NaN and inf propagate): one cheap reduction per
-    # tensor on the common path; only a non-finite sum (or an overflowing one) looks closer.
-    return (not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
+    # A norm is finite when every term is (NaN and inf propagate): torch's multi-tensor norm, a
+    # few kernel launches for all gradients on the common path; only a non-finite norm (or an
+    # overflowing one) looks closer.
+    return (not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
             or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()))
 
 
@@ -99,10 +100,15 @@ class Stepper:
             with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
                 with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"):
                     loss, n = self.hooks.loss_fn(module, part)
+                # backward first, the loss read after: on a GPU the read waits for the device, and
+                # backward's kernels are then already queued. A non-finite loss's gradients are NaN
+                # (its factor is): an exchange that starts during backward hands every learner of
+                # the step NaN, so all of them drop it, as `_poison_gradients` makes the others do
+                factor = torch.where(loss.detach().isfinite(), weight, math.nan).to(loss.dtype)
+                (loss * factor).backward()
                 value = float(loss.detach())
                 loss_value, frames = loss_value + weight * value, frames + n
                 if math.isfinite(value):
-                    (loss if weight == 1.0 else loss * weight).backward()
                     continue
             if self.config.nonfinite == "skip" or self.trial:
                 self._poison_gradients()  # the rest of the batch is not computed: the step is dropped
