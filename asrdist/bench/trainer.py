@@ -65,7 +65,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _bare(model: torch.nn.Module, sampler, device: torch.device) -> tuple[int, float, float]:
+def _bare(model: torch.nn.Module, sampler, device: torch.device = torch.device("cpu")) -> tuple[int, float, float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler.set_epoch(0)
     _synchronize(device)

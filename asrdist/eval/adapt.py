@@ -162,7 +162,9 @@ def _fitted(model, feats, decode, first, rounds: int, steps: int, lr: float, l2:
     optimizer = torch.optim.Adam([transform.A, transform.b], lr=lr)
     hyps = first
     for done in range(1, rounds + 1):
-        with torch.enable_grad():  # evaluation runs under no_grad
+        # evaluation runs under no_grad; the model stays in eval mode, whose recurrent layers cuDNN
+        # cannot differentiate: torch's own kernels then (the same arithmetic)
+        with torch.enable_grad(), torch.backends.cudnn.flags(enabled=False):
             if balance is None:
                 _fit(model, transform, optimizer, feats, hyps, steps, l2)
             else:

@@ -171,7 +171,8 @@ class Strategy:
         """Called once per minibatch with the frames this learner just trained on."""
 
     def note_loss(self, loss: float) -> None:
-        """Called once per minibatch with this learner's minibatch loss."""
+        """Called once per minibatch with this learner's minibatch loss (finite), after
+        `after_backward` and before `apply_update`."""
 
     def after_backward(self) -> None:
         """Called after loss.backward(), before optimizer.step()."""

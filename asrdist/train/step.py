@@ -2,8 +2,10 @@
 
 learning rate (schedule x `strategy.lr_scale()`) -> forward/backward (or emulated compute; in
 `train.accumulate` micro-batches, under bf16 autocast with `train.precision: bf16`) ->
-strategy.after_backward -> strategy.apply_update(max-change, optimizer.step, zero_grad) ->
-strategy.after_step -> straggler delay. A non-finite loss or gradient stops the run naming the
+strategy.note_samples -> strategy.after_backward -> strategy.note_loss ->
+strategy.apply_update(max-change, optimizer.step, zero_grad) -> strategy.after_step -> straggler
+delay. With `train.nonfinite: stop` the loss is read once, after the exchange, with the
+gradients' check: on a GPU the host queues a step without waiting for the device in between. A non-finite loss or gradient stops the run naming the
 step (`train.nonfinite: stop`) or drops the minibatch on every learner of a lock-step exchange
 together (`skip`), up to `max_skips_in_a_row`.
 """
@@ -21,9 +23,9 @@ from asrdist.errors import TrainingError
 from asrdist.train.loop import LoopConfig
 
 
-def gradients_finite(model: torch.nn.Module) -> bool:
+def gradients_finite(params: list[torch.Tensor]) -> bool:
     """Whether every gradient the update would use is finite (after the strategy's exchange)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params if p.grad is not None]
     # A norm is finite when every term is (NaN and inf propagate): torch's multi-tensor norm, a
     # few kernel launches for all gradients on the common path; only a non-finite norm (or an
     # overflowing one) looks closer.
@@ -54,6 +56,8 @@ class Stepper:
         self._synthetic_grads: list[torch.Tensor] | None = None
         self._device_type = torch.device(ctx.device).type
         """autocast's device type (`train.precision: bf16`)."""
+        self._params = list(model.parameters())
+        """The model's parameters, listed once (a model's modules are walked for each listing)."""
 
     def run(self, batch: Any, loop: Any, metrics: Any = None) -> tuple[float, int]:
         """Train `batch` at loop state `loop` (its step, epoch and schedule clock; not advanced
@@ -61,22 +65,25 @@ class Stepper:
         lr = self.hooks.lr_at(loop.schedule_step, loop.epoch) * self.strategy.lr_scale()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        t0 = time.perf_counter()
-        if self.config.emulate_compute_ms > 0:
-            loss_value, frames = self._emulated_compute(batch)
+        if self.config.emulate_compute_ms <= 0 and self.config.nonfinite == "stop" and not self.trial:
+            loss_value, frames, compute = self._read_once(batch, loop, lr)
         else:
-            loss_value, frames = self._forward_backward(batch, loop)
-        compute = time.perf_counter() - t0
-        self.compute_seconds += compute
-        self.strategy.note_samples(frames)
-        if math.isfinite(loss_value):
-            self.strategy.note_loss(loss_value)
-        self.strategy.after_backward()
-        if self.trial or self.config.emulate_compute_ms > 0 or gradients_finite(self.model):
-            self._skips_in_a_row = 0
-            self.strategy.apply_update(lambda: self._update_parameters(lr))
-        else:
-            self._skip_step(loss_value, loop, metrics)
+            t0 = time.perf_counter()
+            if self.config.emulate_compute_ms > 0:
+                loss_value, frames = self._emulated_compute(batch)
+            else:
+                loss_value, frames = self._forward_backward(batch, loop)
+            compute = time.perf_counter() - t0
+            self.compute_seconds += compute
+            self.strategy.note_samples(frames)
+            self.strategy.after_backward()
+            if math.isfinite(loss_value):
+                self.strategy.note_loss(loss_value)
+            if self.trial or self.config.emulate_compute_ms > 0 or gradients_finite(self._params):
+                self._skips_in_a_row = 0
+                self.strategy.apply_update(lambda: self._update_parameters(lr))
+            else:
+                self._skip_step(loss_value, loop, metrics)
         self.strategy.after_step()
         delay = (self.slowdown - 1.0) * compute
         if self.config.straggler.jitter > 0:
@@ -85,12 +92,61 @@ class Stepper:
             time.sleep(delay)
         return loss_value, frames
 
+    def _read_once(self, batch: Any, loop: Any, lr: float) -> tuple[float, int, float]:
+        """The step of `train.nonfinite: stop` (not a batch-size trial): forward and backward, the
+        strategy's exchange, then the loss and the gradients' finiteness read together, the
+        device's one wait of the step (on a GPU the host queues the step's kernels without waiting
+        in between); a non-finite loss or gradient stops the run before the update. Returns (loss,
+        frames, compute seconds: forward and backward, timed on the device where it queues)."""
+        timer = _ComputeTimer(self._device_type)
+        losses, frames = self._forward_backward_queued(batch)
+        timer.stop()
+        self.strategy.note_samples(frames)
+        self.strategy.after_backward()
+        grads = [p.grad for p in self._params if p.grad is not None]
+        check = torch.nn.utils.get_total_norm(grads) if grads else losses[0][0].new_zeros(())
+        read = torch.stack([*(loss.double() for loss, _ in losses), check.double()]).tolist()
+        compute = timer.seconds()
+        self.compute_seconds += compute
+        loss_value = sum(weight * value for (_, weight), value in zip(losses, read))
+        for i, value in enumerate(read[:-1]):
+            if not math.isfinite(value):
+                where = f" (micro-batch {i + 1} of {len(losses)})" if len(losses) > 1 else ""
+                raise TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} "
+                                    f"(epoch {loop.epoch + 1}){where}; lower optim.lr or check the data "
+                                    f"(or train.nonfinite=skip)")
+        self.strategy.note_loss(loss_value)
+        if not (math.isfinite(read[-1]) or gradients_finite(self._params)):
+            self._skip_step(loss_value, loop, None)  # raises: nonfinite is stop
+        self._skips_in_a_row = 0
+        self.strategy.apply_update(lambda: self._update_parameters(lr))
+        return loss_value, frames, compute
+
+    def _forward_backward_queued(self, batch: Any) -> tuple[list[tuple[torch.Tensor, float]], int]:
+        """`_forward_backward` without reading a loss: each micro-batch's (loss tensor, weight)."""
+        if not self.model.training:
+            self.model.train()
+        module = self.strategy.forward_module(self.model)
+        parts = batch.split(self.config.accumulate) if self.config.accumulate > 1 else [batch]
+        total = sum(part.num_frames for part in parts)
+        losses, frames = [], 0
+        for i, part in enumerate(parts):
+            weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
+            with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
+                with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"):
+                    loss, n = self.hooks.loss_fn(module, part)
+                (loss if weight == 1.0 else loss * weight).backward()
+            losses.append((loss.detach(), weight))
+            frames += n
+        return losses, frames
+
     def _forward_backward(self, batch: Any, loop: Any) -> tuple[float, int]:
         """Forward (under bf16 autocast with `train.precision: bf16`) and backward of `batch`, in
         `train.accumulate` micro-batches (`batch.split`): each but the last inside the strategy's
         `no_sync()`, each loss weighted by its share of the batch's frames, so that p.grad sums
         to the gradient of the whole batch's mean loss. Returns (the batch's loss, its frames)."""
-        self.model.train()
+        if not self.model.training:
+            self.model.train()
         module = self.strategy.forward_module(self.model)
         parts = batch.split(self.config.accumulate) if self.config.accumulate > 1 else [batch]
         total = sum(part.num_frames for part in parts)
@@ -122,7 +178,7 @@ class Stepper:
     def _poison_gradients(self) -> None:
         """A non-finite loss becomes NaN gradients: a lock-step exchange (a sum) then hands every
         learner of the step a non-finite result, so all of them drop the minibatch together."""
-        for p in self.model.parameters():
+        for p in self._params:
             if p.requires_grad:
                 p.grad = torch.full_like(p, math.nan)
 
@@ -161,3 +217,26 @@ class Stepper:
             buf.copy_(g)
             p.grad = buf
         return 0.0, int(getattr(batch, "num_frames", 0))
+
+
+class _ComputeTimer:
+    """Forward and backward's seconds: wall time on a CPU (its kernels run as they are called);
+    CUDA events on a GPU (its kernels run after the call returns), read after the step's one wait."""
+
+    def __init__(self, device_type: str):
+        self._events = None
+        if device_type == "cuda":
+            self._events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._events[0].record()
+        self._t0, self._wall = time.perf_counter(), 0.0
+
+    def stop(self) -> None:
+        if self._events is not None:
+            self._events[1].record()
+        self._wall = time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        if self._events is None:
+            return self._wall
+        self._events[1].synchronize()
+        return self._events[0].elapsed_time(self._events[1]) / 1000.0

@@ -79,7 +79,7 @@ def test_hooks_run_in_the_trainers_order_and_state_is_touched_only_while_paused(
 
     tr = linear_trainer(tmp_path, rec, ListOrder(3), validate=validate, epochs=2, checkpoint_every=2)
     tr.fit()
-    step = ["note_samples", "note_loss", "after_backward", "apply_update", "after_step", "should_stop"]
+    step = ["note_samples", "after_backward", "note_loss", "apply_update", "after_step", "should_stop"]
     calls = rec.calls
     assert calls[:6] == step
     assert calls.count("apply_update") == 6
