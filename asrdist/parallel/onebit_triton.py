@@ -1,9 +1,9 @@
 """1-bit quantization on a CUDA device: Triton kernels with ReferenceQuantizer's results bit for bit.
 
 A bucket (any number of matrices, each cut into column segments) is quantized in two launches:
-`_quantize_chunks` reads each element once (gradient, lazy residual), a column a thread, writes the
-new residual and the packed bits, and leaves per-chunk column sums; `_quantize_means` adds those up
-and writes each column's two reconstruction values. Dequantizing a bucket is one launch. Column sums follow the
+`_quantize_chunks` reads each element once (gradient, lazy residual), writes the new residual and
+the packed bits, and leaves per-chunk column sums; `_quantize_means` adds those up and writes each
+column's two reconstruction values. Dequantizing a bucket is one launch. Column sums follow the
 reference's pairwise tree exactly: a tree over rows padded to a power of two with -0.0 (x + -0.0 is
 x for every x, so the padded tree is the reference's tree, odd rows passing up as they are), whose
 aligned chunks of CHUNK_ROWS rows are its subtrees. Matrices, residuals and wire buffers are
@@ -25,14 +25,9 @@ import triton.language as tl
 from asrdist.parallel.onebit_kernel import Residual, packed_words
 
 BLOCK_COLUMNS = 32
-"""Columns per program of dequantizing (128 contiguous bytes of a row)."""
+"""Columns per program (128 contiguous bytes of a row)."""
 CHUNK_ROWS = 128
-"""Rows per program: a power of two and a multiple of 32 (whole words); `_quantize_chunks` is
-written for 128."""
-QUANTIZE_COLUMNS = 128
-"""Columns per program of quantizing: a column a thread, its rows summed in registers."""
-MEANS_COLUMNS = 32
-"""Columns per program of `_quantize_means`."""
+"""Rows per program of the first pass: a power of two and a multiple of 32 (whole words)."""
 NUM_WARPS = 4
 """Warps per program."""
 META = 11
@@ -51,60 +46,14 @@ def _tree(x, WIDTH: tl.constexpr, LEVELS: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def _row(grad, last_p, offs, neg_m, pos_m, ok, EF: tl.constexpr):
-    """One row of a block's columns: its v = g + residual (the new residual stored), its terms of
-    the non-negative and negative sums (-0.0 where there is no element) and its bits."""
-    v = tl.load(grad + offs, mask=ok, other=0.0)
-    if EF:
-        last = tl.load(last_p + offs, mask=ok, other=0.0)
-        v = v + (last - tl.where(last >= 0, pos_m, neg_m))
-        tl.store(last_p + offs, v, mask=ok)
-    bit = (v >= 0) & ok
-    neg_zero = tl.full(v.shape, _NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
-    return (tl.where(ok, tl.where(bit, v, 0.0), neg_zero), tl.where(ok, tl.where(bit, 0.0, v), neg_zero),
-            bit.to(tl.int32))
-
-
-@triton.jit
-def _rows8(grad, last_p, r0, rows, cols, col, neg_m, pos_m, jmask, EF: tl.constexpr):
-    """Rows r0 .. r0+7: their pairwise sums (3 levels of the tree), bits (row r0 + i at bit i), count."""
-    base = r0.to(tl.int64) * cols + col
-    p0, n0, b0 = _row(grad, last_p, base, neg_m, pos_m, jmask & (r0 < rows), EF)
-    p1, n1, b1 = _row(grad, last_p, base + cols, neg_m, pos_m, jmask & (r0 + 1 < rows), EF)
-    p2, n2, b2 = _row(grad, last_p, base + 2 * cols, neg_m, pos_m, jmask & (r0 + 2 < rows), EF)
-    p3, n3, b3 = _row(grad, last_p, base + 3 * cols, neg_m, pos_m, jmask & (r0 + 3 < rows), EF)
-    p4, n4, b4 = _row(grad, last_p, base + 4 * cols, neg_m, pos_m, jmask & (r0 + 4 < rows), EF)
-    p5, n5, b5 = _row(grad, last_p, base + 5 * cols, neg_m, pos_m, jmask & (r0 + 5 < rows), EF)
-    p6, n6, b6 = _row(grad, last_p, base + 6 * cols, neg_m, pos_m, jmask & (r0 + 6 < rows), EF)
-    p7, n7, b7 = _row(grad, last_p, base + 7 * cols, neg_m, pos_m, jmask & (r0 + 7 < rows), EF)
-    pos = ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
-    neg = ((n0 + n1) + (n2 + n3)) + ((n4 + n5) + (n6 + n7))
-    bits = b0 | (b1 << 1) | (b2 << 2) | (b3 << 3) | (b4 << 4) | (b5 << 5) | (b6 << 6) | (b7 << 7)
-    return pos, neg, bits, b0 + b1 + b2 + b3 + b4 + b5 + b6 + b7
-
-
-@triton.jit
-def _rows32(grad, last_p, words, r0, rows, cols, col, width, wcol, neg_m, pos_m, jmask, EF: tl.constexpr):
-    """Rows r0 .. r0+31 (r0 a multiple of 32): their word stored, their pairwise sums and count."""
-    pa, na, ba, ca = _rows8(grad, last_p, r0, rows, cols, col, neg_m, pos_m, jmask, EF)
-    pb, nb, bb, cb = _rows8(grad, last_p, r0 + 8, rows, cols, col, neg_m, pos_m, jmask, EF)
-    pc, nc, bc, cc = _rows8(grad, last_p, r0 + 16, rows, cols, col, neg_m, pos_m, jmask, EF)
-    pd, nd, bd, cd = _rows8(grad, last_p, r0 + 24, rows, cols, col, neg_m, pos_m, jmask, EF)
-    word = ba | (bb << 8) | (bc << 16) | (bd << 24)
-    tl.store(words + (r0 // 32).to(tl.int64) * width + wcol, word, mask=jmask & (r0 < rows))
-    return (pa + pb) + (pc + pd), (na + nb) + (nc + nd), ca + cb + cc + cd
-
-
-@triton.jit
-def _quantize_chunks(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, MAXCH: tl.constexpr):
-    """Program (block b, chunk k): rows [128k, 128k + 128) of the block's BC columns, a column a
-    thread: each element read once, the residual written, 4 words a column, and the chunk's column
-    sums (a subtree of 128 rows of the pairwise tree) and counts left for `_quantize_means`."""
+def _quantize_chunks(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, CH: tl.constexpr,
+                     LEVELS: tl.constexpr, MAXCH: tl.constexpr):
+    """Program (block b, chunk k): rows [k*CH, (k+1)*CH) of the block's columns."""
     b = tl.program_id(0)
     k = tl.program_id(1)
     row = meta + b * 11
     rows = tl.load(row + 0)
-    if k * 128 < rows:
+    if k * CH < rows:
         cols = tl.load(row + 1)
         c0 = tl.load(row + 2)
         ncols = tl.load(row + 3)
@@ -113,35 +62,41 @@ def _quantize_chunks(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, 
         width = tl.load(row + 8)
         wc = tl.load(row + 9)
         j = tl.arange(0, BC)
+        r = k * CH + tl.arange(0, CH)
         jmask = j < ncols
-        col = c0 + j
+        valid = jmask[:, None] & (r < rows)[None, :]
+        offs = r[None, :].to(tl.int64) * cols + (c0 + j)[:, None]
+        v = tl.load(grad + offs, mask=valid, other=0.0)
         if EF:
             last_p = tl.load(row + 5).to(tl.pointer_type(tl.float32))
             means_p = tl.load(row + 6).to(tl.pointer_type(tl.float32))
-            neg_m = tl.load(means_p + col, mask=jmask, other=0.0)
-            pos_m = tl.load(means_p + cols + col, mask=jmask, other=0.0)
-        else:
-            last_p = grad
-            neg_m = tl.zeros([BC], tl.float32)
-            pos_m = neg_m
-        r0 = k * 128
-        pa, na, ca = _rows32(grad, last_p, words, r0, rows, cols, col, width, wc + j, neg_m, pos_m, jmask, EF)
-        pb, nb, cb = _rows32(grad, last_p, words, r0 + 32, rows, cols, col, width, wc + j, neg_m, pos_m, jmask, EF)
-        pc, nc, cc = _rows32(grad, last_p, words, r0 + 64, rows, cols, col, width, wc + j, neg_m, pos_m, jmask, EF)
-        pd, nd, cd = _rows32(grad, last_p, words, r0 + 96, rows, cols, col, width, wc + j, neg_m, pos_m, jmask, EF)
+            last = tl.load(last_p + offs, mask=valid, other=0.0)
+            neg_m = tl.load(means_p + c0 + j, mask=jmask, other=0.0)
+            pos_m = tl.load(means_p + cols + c0 + j, mask=jmask, other=0.0)
+            v = v + (last - tl.where(last >= 0, pos_m[:, None], neg_m[:, None]))
+            tl.store(last_p + offs, v, mask=valid)
+        bits = (v >= 0) & valid
+        neg_zero = tl.full([BC, CH], _NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
+        pos = tl.where(valid, tl.where(bits, v, 0.0), neg_zero)
+        neg = tl.where(valid, tl.where(bits, 0.0, v), neg_zero)
+        # bit i % 32 of word i // 32: a word's distinct bits summed are its pattern
+        shifted = tl.reshape(bits.to(tl.int32), [BC, CH // 32, 32]) << tl.arange(0, 32)[None, None, :]
+        packed = tl.sum(shifted, axis=2)
+        wi = k * (CH // 32) + tl.arange(0, CH // 32)
+        nw = (rows + 31) // 32
+        tl.store(words + wi[None, :].to(tl.int64) * width + (wc + j)[:, None], packed,
+                 mask=jmask[:, None] & (wi < nw)[None, :])
         at = (b * 2 * BC + j) * MAXCH + k
-        tl.store(partial + at, (na + nb) + (nc + nd))
-        tl.store(partial + at + BC * MAXCH, (pa + pb) + (pc + pd))
-        tl.store(counts + (b * BC + j) * MAXCH + k, ca + cb + cc + cd)
+        tl.store(partial + at, _tree(neg, CH, LEVELS, BC))
+        tl.store(partial + at + BC * MAXCH, _tree(pos, CH, LEVELS, BC))
+        tl.store(counts + (b * BC + j) * MAXCH + k, tl.sum(bits.to(tl.int32), axis=1))
 
 
 @triton.jit
-def _quantize_means(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, SUB: tl.constexpr,
+def _quantize_means(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, CH: tl.constexpr,
                     MAXCH: tl.constexpr, LEVELS: tl.constexpr):
-    """Program (block b, part q): SUB of the block's columns, their sums over the chunks (the top
-    of the tree), their means into recon (and the residual)."""
+    """Program b: the block's column sums over its chunks, its means into recon (and the residual)."""
     b = tl.program_id(0)
-    j = tl.program_id(1) * SUB + tl.arange(0, SUB)
     row = meta + b * 11
     rows = tl.load(row + 0)
     cols = tl.load(row + 1)
@@ -150,13 +105,14 @@ def _quantize_means(meta, partial, counts, EF: tl.constexpr, BC: tl.constexpr, S
     width = tl.load(row + 8)
     wc = tl.load(row + 9)
     recon = tl.load(row + 10).to(tl.pointer_type(tl.float32))
+    j = tl.arange(0, BC)
     kk = tl.arange(0, MAXCH)
-    live = (kk < (rows + 127) // 128)[None, :] & (j < BC)[:, None]
+    live = (kk < (rows + CH - 1) // CH)[None, :] & (j < BC)[:, None]
     at = (b * 2 * BC + j[:, None]) * MAXCH + kk[None, :]
-    neg_zero = tl.full([SUB, MAXCH], _NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
-    neg_sum = _tree(tl.where(live, tl.load(partial + at, mask=live, other=0.0), neg_zero), MAXCH, LEVELS, SUB)
+    neg_zero = tl.full([BC, MAXCH], _NEG_ZERO_BITS, tl.int32).to(tl.float32, bitcast=True)
+    neg_sum = _tree(tl.where(live, tl.load(partial + at, mask=live, other=0.0), neg_zero), MAXCH, LEVELS, BC)
     pos_sum = _tree(tl.where(live, tl.load(partial + at + BC * MAXCH, mask=live, other=0.0), neg_zero),
-                    MAXCH, LEVELS, SUB)
+                    MAXCH, LEVELS, BC)
     pos_count = tl.sum(tl.load(counts + (b * BC + j[:, None]) * MAXCH + kk[None, :], mask=live, other=0), axis=1)
     neg_count = rows.to(tl.int32) - pos_count
     pos_mean = tl.where(pos_count > 0, tl.div_rn(pos_sum, pos_count.to(tl.float32)), 0.0)
@@ -244,10 +200,10 @@ def _check(t: torch.Tensor, dtype: torch.dtype, numel: int | None, what: str) ->
 
 
 def _block_rows(matrix: torch.Tensor, rows: int, stride: int, bounds: Sequence[int], words, recon,
-                last: int = 0, means: int = 0, block: int = BLOCK_COLUMNS) -> list[list[int]]:
+                last: int = 0, means: int = 0) -> list[list[int]]:
     """The table's rows for one matrix: [rows, row stride, first column, columns, matrix address,
     residual values address, residual means address, words address, segment width, first column
-    within the segment, recon address], one per block of at most `block` columns of a segment."""
+    within the segment, recon address], one per block of at most BLOCK_COLUMNS columns of a segment."""
     if len(words) != len(bounds) - 1 or len(recon) != len(bounds) - 1:
         raise ValueError("triton quantizer: one words and one recon buffer per segment")
     table = []
@@ -257,8 +213,8 @@ def _block_rows(matrix: torch.Tensor, rows: int, stride: int, bounds: Sequence[i
             raise ValueError("triton quantizer: segment bounds must increase")
         _check(words[s], torch.int32, packed_words(rows) * (b - a), f"segment {s}'s words")
         _check(recon[s], torch.float32, 2 * (b - a), f"segment {s}'s recon")
-        for c in range(a, b, block):
-            table.append([rows, stride, c, min(block, b - c), matrix.data_ptr(), last, means,
+        for c in range(a, b, BLOCK_COLUMNS):
+            table.append([rows, stride, c, min(BLOCK_COLUMNS, b - c), matrix.data_ptr(), last, means,
                           words[s].data_ptr(), b - a, c - a, recon[s].data_ptr()])
     return table
 
@@ -304,12 +260,10 @@ class TritonQuantizer:
                for g, r, b, ws, rs in items))
         meta, scratch, counts, maxch = self._plan(key, lambda: self._quantize_plan(items, ef))
         blocks = meta.shape[0] // META
-        width = _next_power_of_two(maxch)
-        _quantize_chunks[(blocks, maxch)](meta, scratch, counts, ef, QUANTIZE_COLUMNS, width,
-                                         num_warps=QUANTIZE_COLUMNS // 32)
-        _quantize_means[(blocks, QUANTIZE_COLUMNS // MEANS_COLUMNS)](
-            meta, scratch, counts, ef, QUANTIZE_COLUMNS, MEANS_COLUMNS, width, width.bit_length() - 1,
-            num_warps=NUM_WARPS)
+        _quantize_chunks[(blocks, maxch)](meta, scratch, counts, ef, BLOCK_COLUMNS, CHUNK_ROWS,
+                                         CHUNK_ROWS.bit_length() - 1, _next_power_of_two(maxch), num_warps=NUM_WARPS)
+        _quantize_means[(blocks,)](meta, scratch, counts, ef, BLOCK_COLUMNS, CHUNK_ROWS, _next_power_of_two(maxch),
+                                   _next_power_of_two(maxch).bit_length() - 1, num_warps=NUM_WARPS)
 
     def _quantize_plan(self, items, ef: bool):
         table, maxch, device = [], 1, items[0][0].device
@@ -327,12 +281,12 @@ class TritonQuantizer:
                 _check(residual.last, torch.float32, rows * cols, "the residual's values")
                 _check(residual.means, torch.float32, 2 * cols, "the residual's means")
                 last, means = residual.last.data_ptr(), residual.means.data_ptr()
-            table += _block_rows(grad, rows, cols, bounds, words, recon, last, means, QUANTIZE_COLUMNS)
+            table += _block_rows(grad, rows, cols, bounds, words, recon, last, means)
             maxch = max(maxch, (rows + CHUNK_ROWS - 1) // CHUNK_ROWS)
         blocks, width = len(table), _next_power_of_two(maxch)
         meta = torch.tensor(table, dtype=torch.int64).reshape(-1).to(device)
-        return (meta, torch.empty(blocks * 2 * QUANTIZE_COLUMNS * width, dtype=torch.float32, device=device),
-                torch.empty(blocks * QUANTIZE_COLUMNS * width, dtype=torch.int32, device=device), maxch)
+        return (meta, torch.empty(blocks * 2 * BLOCK_COLUMNS * width, dtype=torch.float32, device=device),
+                torch.empty(blocks * BLOCK_COLUMNS * width, dtype=torch.int32, device=device), maxch)
 
     # -- dequantize
     def dequantize(self, words, recon, rows, bounds, out, accumulate=False) -> None:

@@ -1,5 +1,5 @@
-"""The Triton 1-bit kernels (asrdist/parallel/onebit_triton.py) against the pure-torch reference,
-bit for bit: quantize with error feedback over several steps (segments, ragged rows, signed zeros,
+"""The Triton 1-bit kernels (asrdist/parallel/onebit_triton.py) against the pure-torch reference on
+the CPU, bit for bit (any NaN as NaN): quantize with error feedback over several steps (segments, ragged rows, signed zeros,
 NaN), a bucket of matrices in one launch, dequantize (written and added), the owner's mean and
 reduce. On CUDA (`pytest -m cuda`, run by scripts/gpu_check.sh) the compiled kernels; without a GPU
 the same kernels under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors) where Triton is
@@ -28,7 +28,13 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(_bits(a.cpu()), _bits(b.cpu()))
+    """Bit for bit, a NaN matching any NaN (a GPU's arithmetic gives its own NaN's bits, not the
+    operand's as the CPU does)."""
+    a, b = a.cpu(), b.cpu()
+    if a.dtype == torch.float32:
+        both_nan = a.isnan() & b.isnan()
+        a, b = torch.where(both_nan, 0.0, a), torch.where(both_nan, 0.0, b)
+    return torch.equal(_bits(a), _bits(b))
 
 
 def _buffers(rows: int, bounds: list[int], device) -> tuple[list, list]:
