@@ -51,8 +51,8 @@ class OneBitConfig:
     double_buffering: bool = False
     """Exchange minibatch t's gradient while t+1 is computed and apply it one step late."""
     kernel: str = "auto"
-    """Quantizer: 'fused' (compiled C, CPU), 'reference' (pure torch) or 'auto' (fused when it
-    builds and the device is the CPU)."""
+    """Quantizer: 'fused' (compiled C, CPU), 'triton' (CUDA), 'reference' (pure torch) or 'auto'
+    (fused on the CPU when it builds, triton on CUDA when Triton is there, else the reference)."""
     auto_batch_size: bool = False
     """CNTK's automatic minibatch-size search (`asrdist.optim.batch_search`) at every epoch start
     after the first: from the epoch-start state, trial global sizes data.batch_size x sqrt(2)^k
