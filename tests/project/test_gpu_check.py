@@ -48,7 +48,7 @@ def test_merge_names_every_missing_or_failed_part(tmp_path):
              _part(tmp_path, "train_dnn", error="RuntimeError: asrdist train exited with 1")]
     merged = gpu.merge(parts, "cuda")
     missing = {"pair_gloo_ddp", "phases", "train_ctc_chars", "train_ctc_chars_bf16", "train_dnn",
-               "train_dnn_accumulate", "train_dnn_bf16"}
+               "train_dnn_accumulate", "train_dnn_bf16", "trainer"}
     assert merged["failed"] == sorted({"pair_gloo", "tests", *missing})
     assert set(merged["errors"]) == missing
     assert merged["bf16_vs_fp32"] == {"dnn": None, "ctc_chars": None}
@@ -100,6 +100,14 @@ def test_the_dry_run_on_the_cpu_writes_the_checks_json(dry_run):
     assert all(math.isfinite(v) for v in result["sim_device"].values())
     assert result["sim_device"]["flops"] > 0 and 0 < result["sim_device"]["backward_share"] < 1
     assert result["sim_device"]["quantize_cost"] > 0 and result["sim_device"]["copy_cost"] > 0
+    onebit = result["phases"]["onebit"]  # the bucket, checked against the reference, and its floors
+    assert onebit["bit_exact"] is True and onebit["matrices"] == 3 and "kernel_error" not in onebit
+    assert 0 < onebit["quantize_floor_fraction"] and 0 < onebit["aggregate_floor_fraction"]
+    assert onebit["reference_quantize_seconds"] > 0 and onebit["copy_bandwidth_bytes_per_second"] > 0
+    trainer = result["trainer"]  # bench trainer on the device, with where the asrdist side's time goes
+    assert trainer["device"] == "cpu" and trainer["trainer_vs_bare"] > 0 and len(trainer["rounds"]["asrdist"]) == 3
+    assert any("step.py" in line for line in trainer["python_profile"])
+    assert set(trainer["runtime_calls"]) == {"asrdist", "bare"}
     for name, steps in (("dnn", 20), ("dnn_bf16", 20), ("dnn_accumulate", 20), ("ctc_chars", 4),
                         ("ctc_chars_bf16", 4)):
         run = result["training"][name]
