@@ -101,7 +101,7 @@ fi
 PARTS=$(mktemp -d "${TMPDIR:-/tmp}/asrdist-gpu-check-XXXXXX")
 trap 'rm -rf "$PARTS"' EXIT
 if [ "$DEVICE" = cpu ]; then
-    QUICK=(--quick --repeats 3); DNN_STEPS=20; CTC_STEPS=4; PAIR_STEPS=4; MODE=cpu-dry-run
+    QUICK=(--quick --repeats 3); DNN_STEPS=20; CTC_STEPS=4; PAIR_STEPS=4; MODE=cpu-dry-run; ROUNDS=1
     # every limit x10: a few CPU cores shared with other work are far slower than the GPU machine (x4 was
     # too little for the suite's dry run beside an 8-learner bench on 2 cores, 2026-12-03: a 12 s pair
     # step passed 120 s, and a step that only imports torch took 43 s); a limit only catches a hang
@@ -110,7 +110,7 @@ if [ "$DEVICE" = cpu ]; then
     CTC_SET=(--set model.hidden_dim=16 --set model.hidden_layers=1 --set data.batch_size=600
              --set 'data.speed_perturb=[1.0]')
 else
-    QUICK=(); DNN_STEPS=300; CTC_STEPS=200; PAIR_STEPS=30; MODE=cuda; SCALE=1
+    QUICK=(); DNN_STEPS=300; CTC_STEPS=200; PAIR_STEPS=30; MODE=cuda; SCALE=1; ROUNDS=3
     DNN_SET=(); CTC_SET=(--set train.validate_every_epochs=4)  # the recipe as it is, validated less often
 fi
 step() {  # $1 name, $2 seconds, then the bench's step and arguments
@@ -125,7 +125,7 @@ step() {  # $1 name, $2 seconds, then the bench's step and arguments
 # every cuda test is in these two files: no need to collect the rest
 step tests 100 tests -- -m cuda tests/train/test_cuda.py tests/parallel/test_onebit_triton.py
 step phases 60 phases "${QUICK[@]}"
-step trainer 60 trainer "${QUICK[@]}" --repeats 3
+step trainer 60 trainer "${QUICK[@]}" --repeats $ROUNDS
 step train_dnn 40 train --recipe configs/default.yaml --data "$CORPUS" --steps $DNN_STEPS "${DNN_SET[@]}"
 step train_dnn_bf16 40 train --recipe configs/default.yaml --data "$CORPUS" --steps $DNN_STEPS "${DNN_SET[@]}" \
     --set train.precision=bf16

@@ -92,6 +92,13 @@ class Stepper:
             time.sleep(delay)
         return loss_value, frames
 
+    def _precision(self):
+        """bf16 autocast with `train.precision: bf16`; nothing to enter otherwise (an autocast
+        context costs the host microseconds a step even when it is off)."""
+        if self.config.precision == "bf16":
+            return torch.autocast(self._device_type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _read_once(self, batch: Any, loop: Any, lr: float) -> tuple[float, int, float]:
         """The step of `train.nonfinite: stop` (not a batch-size trial): forward and backward, the
         strategy's exchange, then the loss and the gradients' finiteness read together, the
@@ -104,19 +111,20 @@ class Stepper:
         self.strategy.note_samples(frames)
         self.strategy.after_backward()
         grads = [p.grad for p in self._params if p.grad is not None]
-        check = torch.nn.utils.get_total_norm(grads) if grads else losses[0][0].new_zeros(())
-        read = torch.stack([*(loss.double() for loss, _ in losses), check.double()]).tolist()
+        # each gradient's norm (torch's multi-tensor kernel, as clip_grad_norm_ uses): finite when
+        # every element is; read with the losses in one copy (stack promotes their dtypes)
+        read = torch.stack([*(loss for loss, _ in losses), *(torch._foreach_norm(grads) if grads else [])]).tolist()
         compute = timer.seconds()
         self.compute_seconds += compute
         loss_value = sum(weight * value for (_, weight), value in zip(losses, read))
-        for i, value in enumerate(read[:-1]):
+        for i, value in enumerate(read[:len(losses)]):
             if not math.isfinite(value):
                 where = f" (micro-batch {i + 1} of {len(losses)})" if len(losses) > 1 else ""
                 raise TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} "
                                     f"(epoch {loop.epoch + 1}){where}; lower optim.lr or check the data "
                                     f"(or train.nonfinite=skip)")
         self.strategy.note_loss(loss_value)
-        if not (math.isfinite(read[-1]) or gradients_finite(self._params)):
+        if not (all(math.isfinite(norm) for norm in read[len(losses):]) or gradients_finite(self._params)):
             self._skip_step(loss_value, loop, None)  # raises: nonfinite is stop
         self._skips_in_a_row = 0
         self.strategy.apply_update(lambda: self._update_parameters(lr))
@@ -133,7 +141,7 @@ class Stepper:
         for i, part in enumerate(parts):
             weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
             with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
-                with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"):
+                with self._precision():
                     loss, n = self.hooks.loss_fn(module, part)
                 (loss if weight == 1.0 else loss * weight).backward()
             losses.append((loss.detach(), weight))
@@ -154,7 +162,7 @@ class Stepper:
         for i, part in enumerate(parts):
             weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
             with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
-                with torch.autocast(self._device_type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16"):
+                with self._precision():
                     loss, n = self.hooks.loss_fn(module, part)
                 # backward first, the loss read after: on a GPU the read waits for the device, and
                 # backward's kernels are then already queued. A non-finite loss's gradients are NaN
