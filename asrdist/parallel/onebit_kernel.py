@@ -300,21 +300,21 @@ def get_quantizer(kind: str = "auto", device: torch.device | str = "cpu"):
     if kind == "triton" or (kind == "auto" and device_type == "cuda"):
         if device_type != "cuda":
             raise ConfigError(f"onebit.kernel: 'triton' runs on CUDA only, the device is {device}")
-        try:
-            return _triton_quantizer()
-        except RuntimeError as e:
-            if kind == "triton":
-                raise ConfigError(f"onebit.kernel: {e}") from e
-            warnings.warn(f"{e}; using the pure-torch reference quantizer", RuntimeWarning, stacklevel=2)
-            return ReferenceQuantizer()
+        return _or_reference(kind, "triton", _triton_quantizer)
     if not on_cpu:
         raise ConfigError(f"onebit.kernel: 'fused' runs on CPU only, the device is {device}")
+    return _or_reference(kind, "fused", FusedQuantizer)
+
+
+def _or_reference(kind: str, compiled: str, make):
+    """`make()`; where it cannot be had, a ConfigError if `kind` asked for it by name (`compiled`),
+    else the reference with a one-line warning."""
     try:
-        return FusedQuantizer()
+        return make()
     except RuntimeError as e:
-        if kind == "fused":
+        if kind == compiled:
             raise ConfigError(f"onebit.kernel: {e}") from e
-        warnings.warn(f"{e}; using the pure-torch reference quantizer", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{e}; using the pure-torch reference quantizer", RuntimeWarning, stacklevel=3)
         return ReferenceQuantizer()
 
 
