@@ -141,13 +141,16 @@ class Survival:
 
 
 _NONFINITE = re.compile(r"loss is -?(nan|inf)\b|non-finite|diverged")
+_OWN_LOSS = re.compile(r"loss is -?(nan|inf)\b")
 _WHERE = re.compile(r"at step (\d+) \(epoch (\d+)\)|in epoch (\d+)")
 
 
 def diverged_line(lost: dict[int, str]) -> str | None:
     """When a lost learner (`lost`: rank -> why, in the order they were lost) stopped on a
     non-finite loss or gradient, or a diverged model, the line naming that: the epoch and step,
-    which learners, and the learners lost before it (whose loss did not end the job); else None."""
+    which learners, and the learners lost before it (whose loss did not end the job); else None.
+    It quotes a learner whose own loss was non-finite where one was: the others' gradients had it
+    through the exchange (which of them stops first is a race), so that learner says where it began."""
     order = list(lost.items())
     first = next((k for k, (_, how) in enumerate(order) if _NONFINITE.search(how)), None)
     if first is None:
@@ -155,7 +158,7 @@ def diverged_line(lost: dict[int, str]) -> str | None:
     before, after = order[:first], order[first:]
     diverged = [(r, how) for r, how in after if _NONFINITE.search(how)]
     with_it = [(r, how) for r, how in after if not _NONFINITE.search(how)]
-    first_rank, first_how = diverged[0]
+    first_rank, first_how = next(((r, how) for r, how in diverged if _OWN_LOSS.search(how)), diverged[0])
     where = _WHERE.search(first_how)
     at = ("" if where is None else f" in epoch {where.group(3)}" if where.group(3) is not None
           else f" at step {where.group(1)} (epoch {where.group(2)})")
@@ -433,7 +436,9 @@ def failure_message(report_dir: Path, exits: list[LearnerExit], launcher_output:
     A learner killed by a signal (not the launcher's own SIGTERM) without a report of its own is
     the root cause even when its peers wrote errors of their own (their collectives broke because
     it vanished); when those peers timed out waiting for it, it had hung (stopped making progress)
-    and the launcher killed it. Otherwise the first learner that reported its own error is named.
+    and the launcher killed it. Otherwise the first learner that reported its own error is named;
+    where that error is a non-finite value, a learner whose own loss was non-finite is named before
+    the peers whose gradients it reached through the exchange (which of them reports first is a race).
     """
     reports = sorted((p for p in report_dir.glob("failed-rank-*.txt") if _first_line(p)),
                      key=lambda p: p.stat().st_mtime)
@@ -444,7 +449,10 @@ def failure_message(report_dir: Path, exits: list[LearnerExit], launcher_output:
                         f"{_first_line(reports[0])}); the job was stopped")
             return f"learner rank {e.rank} died (killed by signal {-e.exitcode}); the job was stopped"
     if reports:
-        return _first_line(reports[0])
+        first = _first_line(reports[0])
+        if _NONFINITE.search(first):  # a peer's gradient had that learner's NaN through the exchange
+            first = next((line for line in map(_first_line, reports) if _OWN_LOSS.search(line)), first)
+        return first
     said = [e.message for e in exits if e.message] or _LEARNER_ERROR.findall(launcher_output)
     if said:  # no report file (a full disk): the line the learner recorded in its error file, or printed
         return said[0]

@@ -1,6 +1,8 @@
 """The launcher's one-line failure message names the learner whose failure came first."""
 from __future__ import annotations
 
+import os
+
 from asrdist.cluster.failures import LearnerExit
 from asrdist.cluster.supervisor import failure_message
 
@@ -319,3 +321,12 @@ def test_the_agent_hands_the_supervisor_torchs_record_of_a_learners_failure(tmp_
     assert exits == [LearnerExit(1, 1, line), LearnerExit(0, -9)]
     assert failure_message(tmp_path, exits, "", 1) == "learner rank 0 died (killed by signal 9); the job was stopped"
     assert failure_message(tmp_path, exits[:1], "", 1) == "learner rank 1: ValueError: injected failure on rank 1"
+
+
+def test_a_learner_whose_loss_went_non_finite_is_named_before_the_peers_it_reached(tmp_path):
+    """Lock-step peers read the NaN in their exchanged gradients and may report first."""
+    (tmp_path / "failed-rank-0.txt").write_text("learner rank 0: non-finite gradient at step 9 (epoch 1) (loss 0.03)\n")
+    (tmp_path / "failed-rank-2.txt").write_text("learner rank 2: loss is nan at step 9 (epoch 1)\n")
+    os.utime(tmp_path / "failed-rank-0.txt", (1, 1))  # rank 0's report came first
+    message = failure_message(tmp_path, _exited(0, 1) + _exited(2, 1), "", 1)
+    assert message == "learner rank 2: loss is nan at step 9 (epoch 1)"

@@ -46,6 +46,17 @@ def test_a_node_mate_stopped_by_the_divergence_is_listed_with_it(tmp_path):
         survival.outcome([1, 1, 1, -9])
 
 
+def test_the_learner_whose_own_loss_went_non_finite_is_quoted_before_those_it_reached(tmp_path):
+    """A node mate's gradient gets the NaN through the node's exchange and may stop first; the line
+    quotes the learner whose loss was NaN, where the divergence began."""
+    survival = Survival(store=None, report_dir=tmp_path)
+    survival.lost = {3: "killed by signal 9",
+                     0: "non-finite gradient at step 50 (epoch 2) (loss 0.0299947); lower optim.lr", 1: NAN}
+    with pytest.raises(TrainingError, match=r"diverged at step 812 \(epoch 2\): learners 0, 1 stopped on a "
+                                            r"non-finite value \(rank 1: loss is nan\); lost before it: rank 3"):
+        survival.outcome([1, 1, 1, -9])
+
+
 def test_without_a_divergence_the_first_loss_is_named(tmp_path):
     survival = Survival(store=None, report_dir=tmp_path)
     survival.lost = {2: "killed by signal 9", 0: "its connection closed"}
