@@ -198,7 +198,8 @@ def onebit_phases(device: torch.device, quick: bool, repeats: int) -> dict[str, 
     try:
         return onebit_bucket(device, quick, repeats, get_quantizer("auto", device))
     except Exception as exc:  # a kernel that does not compile here: the figures of the reference instead
-        return {**onebit_bucket(device, quick, repeats, get_quantizer("reference", device)), "kernel_error": one_line(exc)}
+        return {**onebit_bucket(device, quick, repeats, get_quantizer("reference", device)),
+                "kernel_error": one_line(exc)}
 
 
 def onebit_bucket(device: torch.device, quick: bool, repeats: int, quantizer) -> dict[str, Any]:

@@ -33,9 +33,11 @@ def trainer_check(device: torch.device, quick: bool, rounds: int) -> dict[str, A
 
         learner = bench_trainer.asrdist_learner(sampler(), tmp / "profiled", device)
         result["python_profile"] = _python_profile(learner.trainer.fit)
+        traced = bench_trainer.asrdist_learner(sampler(), tmp / "traced", device)
         result["runtime_calls"] = {
-            "asrdist": _runtime_calls(device, bench_trainer.asrdist_learner(sampler(), tmp / "traced", device).trainer.fit),
-            "bare": _runtime_calls(device, lambda: bench_trainer._bare(bench_trainer._model(device), sampler(), device)),
+            "asrdist": _runtime_calls(device, traced.trainer.fit),
+            "bare": _runtime_calls(device, lambda: bench_trainer._bare(bench_trainer._model(device), sampler(),
+                                                                       device)),
         }
     return result
 
@@ -50,7 +52,8 @@ def _python_profile(fn, top: int = 25) -> list[str]:
 
 
 def _runtime_calls(device: torch.device, fn) -> dict[str, Any]:
-    """Calls and total milliseconds of each CUDA runtime call of WAITS, and the steps' kernels, over one call of `fn`."""
+    """Calls and total milliseconds of each CUDA runtime call of WAITS, and of the kernel launches,
+    over one call of `fn`."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asrdist.bench.gpu import synchronize
 from asrdist.checks import cli_device, cli_number
 from asrdist.config import DataConfig, RunConfig, TrainConfig
 from asrdist.data.samplers import FrameSampler
@@ -60,15 +61,10 @@ def _model(device: torch.device = torch.device("cpu")):
     return build_model(ModelConfig(name="dnn"), DIM, CLASSES).to(device)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _bare(model: torch.nn.Module, sampler, device: torch.device = torch.device("cpu")) -> tuple[int, float, float]:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler.set_epoch(0)
-    _synchronize(device)
+    synchronize(device)
     frames, t0, c0 = 0, time.perf_counter(), time.process_time()
     for batch in sampler:
         batch = batch.to(device)
@@ -77,7 +73,7 @@ def _bare(model: torch.nn.Module, sampler, device: torch.device = torch.device("
         loss.backward()
         opt.step()
         frames += batch.num_frames
-    _synchronize(device)
+    synchronize(device)
     return frames, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -91,10 +87,10 @@ def asrdist_learner(sampler, run_dir: Path, device: torch.device = torch.device(
 
 def _asrdist(sampler, run_dir: Path, device: torch.device) -> tuple[int, float, float]:
     learner = asrdist_learner(sampler, run_dir, device)
-    _synchronize(device)
+    synchronize(device)
     t0, c0 = time.perf_counter(), time.process_time()
     state = learner.trainer.fit()
-    _synchronize(device)
+    synchronize(device)
     return state.frames, time.perf_counter() - t0, time.process_time() - c0
 
 

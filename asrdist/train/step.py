@@ -5,9 +5,9 @@ learning rate (schedule x `strategy.lr_scale()`) -> forward/backward (or emulate
 strategy.note_samples -> strategy.after_backward -> strategy.note_loss ->
 strategy.apply_update(max-change, optimizer.step, zero_grad) -> strategy.after_step -> straggler
 delay. With `train.nonfinite: stop` the loss is read once, after the exchange, with the
-gradients' check: on a GPU the host queues a step without waiting for the device in between. A non-finite loss or gradient stops the run naming the
-step (`train.nonfinite: stop`) or drops the minibatch on every learner of a lock-step exchange
-together (`skip`), up to `max_skips_in_a_row`.
+gradients' check: on a GPU the host queues a step without waiting for the device in between. A
+non-finite loss or gradient stops the run naming the step (`train.nonfinite: stop`) or drops the
+minibatch on every learner of a lock-step exchange together (`skip`), up to `max_skips_in_a_row`.
 """
 from __future__ import annotations
 
@@ -23,14 +23,24 @@ from asrdist.errors import TrainingError
 from asrdist.train.loop import LoopConfig
 
 
-def gradients_finite(params: list[torch.Tensor]) -> bool:
-    """Whether every gradient the update would use is finite (after the strategy's exchange)."""
+def gradient_norms(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each gradient's norm, by torch's multi-tensor kernel (as clip_grad_norm_ takes them)."""
     grads = [p.grad for p in params if p.grad is not None]
-    # A norm is finite when every term is (NaN and inf propagate): torch's multi-tensor norm, a
-    # few kernel launches for all gradients on the common path; only a non-finite norm (or an
-    # overflowing one) looks closer.
-    return (not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
-            or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()))
+    return torch._foreach_norm(grads) if grads else []
+
+
+def gradients_finite(params: list[torch.Tensor], norms: list[float] | None = None) -> bool:
+    """Whether every gradient the update would use is finite (after the strategy's exchange);
+    `norms`: `gradient_norms` already read, if they were."""
+    # A norm is finite when every term is (NaN and inf propagate): on the common path one
+    # multi-tensor kernel for all gradients; only a non-finite norm (or an overflowing one)
+    # looks closer, element by element.
+    if norms is None:
+        tensors = gradient_norms(params)
+        norms = torch.stack(tensors).tolist() if tensors else []
+    if all(math.isfinite(norm) for norm in norms):
+        return True
+    return bool(torch.stack([torch.isfinite(p.grad).all() for p in params if p.grad is not None]).all())
 
 
 class Stepper:
@@ -110,58 +120,56 @@ class Stepper:
         timer.stop()
         self.strategy.note_samples(frames)
         self.strategy.after_backward()
-        grads = [p.grad for p in self._params if p.grad is not None]
-        # each gradient's norm (torch's multi-tensor kernel, as clip_grad_norm_ uses): finite when
-        # every element is; read with the losses in one copy (stack promotes their dtypes)
-        read = torch.stack([*(loss for loss, _ in losses), *(torch._foreach_norm(grads) if grads else [])]).tolist()
+        # the gradients' norms read with the losses in one copy (stack promotes their dtypes)
+        read = torch.stack([*(loss for loss, _, _ in losses), *gradient_norms(self._params)]).tolist()
         compute = timer.seconds()
         self.compute_seconds += compute
-        loss_value = sum(weight * value for (_, weight), value in zip(losses, read))
-        for i, value in enumerate(read[:len(losses)]):
+        loss_value = sum(weight * value for (_, weight, _), value in zip(losses, read))
+        for (_, _, label), value in zip(losses, read):
             if not math.isfinite(value):
-                where = f" (micro-batch {i + 1} of {len(losses)})" if len(losses) > 1 else ""
-                raise TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} "
-                                    f"(epoch {loop.epoch + 1}){where}; lower optim.lr or check the data "
-                                    f"(or train.nonfinite=skip)")
+                raise self._loss_error(value, loop, label)
         self.strategy.note_loss(loss_value)
-        if not (all(math.isfinite(norm) for norm in read[len(losses):]) or gradients_finite(self._params)):
+        if not gradients_finite(self._params, read[len(losses):]):
             self._skip_step(loss_value, loop, None)  # raises: nonfinite is stop
         self._skips_in_a_row = 0
         self.strategy.apply_update(lambda: self._update_parameters(lr))
         return loss_value, frames, compute
 
-    def _forward_backward_queued(self, batch: Any) -> tuple[list[tuple[torch.Tensor, float]], int]:
-        """`_forward_backward` without reading a loss: each micro-batch's (loss tensor, weight)."""
+    def _micro_batches(self, batch: Any):
+        """The model in training mode, then `batch` in `train.accumulate` micro-batches
+        (`batch.split`): yields (module to call, micro-batch, its weight: its share of the batch's
+        frames, its label for a message), each but the last inside the strategy's `no_sync()` while
+        its caller goes on."""
         if not self.model.training:
             self.model.train()
         module = self.strategy.forward_module(self.model)
         parts = batch.split(self.config.accumulate) if self.config.accumulate > 1 else [batch]
         total = sum(part.num_frames for part in parts)
-        losses, frames = [], 0
         for i, part in enumerate(parts):
             weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
+            label = f" (micro-batch {i + 1} of {len(parts)})" if len(parts) > 1 else ""
             with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
-                with self._precision():
-                    loss, n = self.hooks.loss_fn(module, part)
-                (loss if weight == 1.0 else loss * weight).backward()
-            losses.append((loss.detach(), weight))
+                yield module, part, weight, label
+
+    def _forward_backward_queued(self, batch: Any) -> tuple[list[tuple[torch.Tensor, float, str]], int]:
+        """`_forward_backward` without reading a loss: each micro-batch's (loss tensor, weight, label)."""
+        losses, frames = [], 0
+        for module, part, weight, label in self._micro_batches(batch):
+            with self._precision():
+                loss, n = self.hooks.loss_fn(module, part)
+            (loss if weight == 1.0 else loss * weight).backward()
+            losses.append((loss.detach(), weight, label))
             frames += n
         return losses, frames
 
     def _forward_backward(self, batch: Any, loop: Any) -> tuple[float, int]:
         """Forward (under bf16 autocast with `train.precision: bf16`) and backward of `batch`, in
-        `train.accumulate` micro-batches (`batch.split`): each but the last inside the strategy's
-        `no_sync()`, each loss weighted by its share of the batch's frames, so that p.grad sums
-        to the gradient of the whole batch's mean loss. Returns (the batch's loss, its frames)."""
-        if not self.model.training:
-            self.model.train()
-        module = self.strategy.forward_module(self.model)
-        parts = batch.split(self.config.accumulate) if self.config.accumulate > 1 else [batch]
-        total = sum(part.num_frames for part in parts)
+        `train.accumulate` micro-batches (`_micro_batches`), each loss weighted by its share of the
+        batch's frames, so that p.grad sums to the gradient of the whole batch's mean loss; each
+        loss read as it is made. Returns (the batch's loss, its frames)."""
         loss_value, frames = 0.0, 0
-        for i, part in enumerate(parts):
-            weight = part.num_frames / total if len(parts) > 1 and total > 0 else 1.0
-            with contextlib.nullcontext() if i == len(parts) - 1 else self.strategy.no_sync():
+        with contextlib.closing(self._micro_batches(batch)) as parts:  # (leaves no_sync on a raise too)
+            for module, part, weight, label in parts:
                 with self._precision():
                     loss, n = self.hooks.loss_fn(module, part)
                 # backward first, the loss read after: on a GPU the read waits for the device, and
@@ -174,14 +182,15 @@ class Stepper:
                 loss_value, frames = loss_value + weight * value, frames + n
                 if math.isfinite(value):
                     continue
-            if self.config.nonfinite == "skip" or self.trial:
-                self._poison_gradients()  # the rest of the batch is not computed: the step is dropped
-                return math.nan, int(batch.num_frames)
-            where = f" (micro-batch {i + 1} of {len(parts)})" if len(parts) > 1 else ""
-            raise TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} "
-                                f"(epoch {loop.epoch + 1}){where}; lower optim.lr or check the data "
-                                f"(or train.nonfinite=skip)")
+                if self.config.nonfinite == "skip" or self.trial:
+                    self._poison_gradients()  # the rest of the batch is not computed: the step is dropped
+                    return math.nan, int(batch.num_frames)
+                raise self._loss_error(value, loop, label)
         return loss_value, frames
+
+    def _loss_error(self, value: float, loop: Any, label: str) -> TrainingError:
+        return TrainingError(f"rank {self.ctx.job_rank}: loss is {value} at step {loop.step} (epoch {loop.epoch + 1})"
+                             f"{label}; lower optim.lr or check the data (or train.nonfinite=skip)")
 
     def _poison_gradients(self) -> None:
         """A non-finite loss becomes NaN gradients: a lock-step exchange (a sum) then hands every

@@ -1,6 +1,6 @@
-"""The Triton 1-bit kernels (asrdist/parallel/onebit_triton.py) against the pure-torch reference on
-the CPU, bit for bit (any NaN as NaN): quantize with error feedback over several steps (segments, ragged rows, signed zeros,
-NaN), a bucket of matrices in one launch, dequantize (written and added), the owner's mean and
+"""The Triton 1-bit kernels (asrdist/parallel/onebit_triton.py) against the pure-torch reference
+on the CPU, bit for bit (any NaN as NaN): quantize with error feedback over several steps
+(segments, ragged rows, signed zeros, NaN), a bucket of matrices in one launch, dequantize (written and added), the owner's mean and
 reduce. On CUDA (`pytest -m cuda`, run by scripts/gpu_check.sh) the compiled kernels; without a GPU
 the same kernels under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tensors) where Triton is
 installed, in a process of their own because the variable is read when the kernels are defined."""
