@@ -31,8 +31,11 @@ def test_each_strategy_gets_its_papers_optimizer(corpus):
     assert (averaging.optim.decay, averaging.optim.final_lr) == ("geometric", 0.04)
     assert averaging.optim.anneal_after_epoch is None  # the default recipe's annealing does not leak in
     assert (averaging.strategy.average_every, averaging.strategy.scale_lr) == (10000, False)
-    adpsgd = configs["adpsgd"].optim  # IBM: warmup, lr scaled with the global batch
-    assert (adpsgd.warmup_steps, adpsgd.lr_scaling, adpsgd.reference_batch) == (200, "linear", 256)
+    adpsgd = configs["adpsgd"].optim  # Kaldi's optimizer for averaged models (docs/training.md)
+    assert adpsgd.natural_gradient and adpsgd.max_change and adpsgd.momentum == 0.0
+    assert adpsgd.anneal_after_epoch is None and configs["adpsgd"].strategy.pattern == "fixed"
+    nodes = recipes_for(["hierarchical", "hybrid"], same_recipe=False)  # ADPSGD between node leaders
+    assert nodes["hierarchical"] == nodes["hybrid"] == recipe_overrides("adpsgd")
     # the model and data stay the compared recipe's
     assert len({(c.model.hidden_dim, c.data.batch_size, c.train.epochs) for c in configs.values()}) == 1
 

@@ -33,7 +33,7 @@ def sync_run(corpus, tmp_path_factory):
 
 
 # (the random ring and delay-by-one share a run: each run costs ~20 s of the suite's budget). Delay-by-one
-# takes IBM's rate, scaled with the global batch as configs/recipes/adpsgd.yaml does (0.1 x 126/256): at
+# takes IBM's rate, scaled with the global batch (0.1 x 126/256, IBM's large-batch recipe): at
 # sync's 0.1 with 42 frames a learner, a learner stepping with g(x_{k-1}) is past its stable step (alone it
 # diverges; here the averaging held it in most runs, not all: docs/strategies.md#delay-by-ones-stable-step)
 DELAY_BY_ONE = ["strategy.delay_by_one=true", "optim.lr_scaling=linear", "optim.reference_batch=256"]
