@@ -132,8 +132,8 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert table["columns"][:5] == ["strategy", "learners", "s to target", "speed-up to target", "PER"]
     assert len(table["rows"]) == 3
     assert table["rows"][2][:5] == ["onebit", 2, "never", None, FIGURES["onebit"][0][-1]]
-    # each strategy with its own recipe where it has one (configs/recipes/): onebit and sync have none
-    assert summary["recipes"]["onebit"] == [] and summary["recipes"]["sync"] == []
+    # each strategy with its own recipe where it has one (configs/recipes/): onebit has, sync has none
+    assert "optim.natural_gradient=true" in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
     assert summary["same_recipe"] is False
 
     page = (out / "report.html").read_text()
@@ -141,7 +141,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert ("calibrated for each run on microbenchmarks of one learner of its config alone" in html.unescape(page)
             and "(timed after training for onebit, single, sync: no calibration was saved before)" in page)
     assert "1 learner(s) x 2 thread(s), 2 learner(s) x 1 thread(s) sharing 2 CPU core(s)" in page
-    assert "their own optimizer recipes" not in page  # single, sync and onebit have none
+    assert "their own optimizer recipes (configs/recipes/) for onebit" in page  # single and sync have none
     assert re.search(r"<td>onebit</td><td>2</td><td>never</td><td>-</td><td>0\.2200</td>", page)
     assert "<th>counted</th>" in page and "speed-up frames/s" in page
     assert "sync: error rate over utterances, test split: " in page and "no model.pt to score" in page
