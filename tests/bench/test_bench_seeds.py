@@ -4,6 +4,7 @@ conditions; every run with predicted and simulator_error)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,9 @@ import pytest
 
 from asrdist.bench import seed_claims, seed_predict, seeds
 from asrdist.bench.seed_claims import CLAIMS, Setup
+from asrdist.compare.runs import resolve_all
 from asrdist.errors import ConfigError
+from tests.support.compare_fixture import TINY, make_corpus
 
 SETUP = Setup(learners=8, cpus_per_host=0.2, network="1gbit", epochs=4, batch_size=256, seeds=(0, 1))
 
@@ -67,6 +70,23 @@ def test_every_claim_plans_dedicated_runs_with_distinct_names():
     hier = CLAIMS["S10"].plan(SETUP)
     assert {(r.nodes, r.learners) for r in hier} == {(4, 8), (2, 8)}
     assert all(r.cpus_per_host == pytest.approx(0.4) for r in hier if r.nodes == 4)  # 2 learners x 0.2
+
+
+def test_s5_averages_within_an_epoch_with_kaldis_optimizer_and_differs_only_in_ngsgd(tmp_path):
+    """Both arms train averaging's recipe, averaging every 10 minibatches; only NG-SGD differs."""
+    corpus = make_corpus(tmp_path / "corpus")
+    arms = {}
+    for spec in CLAIMS["S5"].plan(SETUP):
+        overrides = seed_predict.run_overrides(spec, SETUP, _args(tmp_path))
+        arms[spec.name] = resolve_all(seeds.DEFAULT_CONFIG, ["averaging"], spec.learners, corpus,
+                                      [*overrides, *TINY])["averaging"]
+    ng, plain = arms["averaging_ngsgd"], arms["averaging_sgd"]
+    assert ng.optim.natural_gradient and not plain.optim.natural_gradient
+    assert ng.optim.max_change and plain.optim.max_change and ng.optim.momentum == plain.optim.momentum == 0.0
+    assert ng.optim.decay == "geometric"  # Kaldi's optimizer, not the default recipe's Nesterov SGD
+    assert ng.strategy.average_every == 10 * SETUP.batch_size // SETUP.learners == plain.strategy.average_every
+    assert ng.strategy.average_every < 3584  # an epoch of the 160-utterance corpus is 3,584 frames a learner
+    assert repr(dataclasses.replace(ng.optim, natural_gradient=False)) == repr(plain.optim)
 
 
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
