@@ -59,7 +59,7 @@ def demo_command(args) -> int:
     overrides = ([f"train.epochs={args.epochs}"] if args.epochs is not None else []) + ["optim.max_change=true"]
     _corpus(corpus, args.utterances, "espeak")
     _corpus(flite, args.flite_utterances, "flite")
-    recipes = recipes_for(strategies, args.same_recipe, args.config)
+    recipes = recipes_for(strategies, args.same_recipe, args.config, overrides)
     resolve_all(args.config, strategies, args.learners, corpus, overrides, recipes=recipes)  # all checked first
     # the one-learner baseline: the comparison's `single` run
     single = resolve_all(args.config, ["single"], 1, corpus, overrides)

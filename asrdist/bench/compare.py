@@ -53,7 +53,7 @@ def run(args) -> dict:
         overrides = [*args.runs, *args.overrides]
         strategies = compare_runs.parse_strategies(args.strategies or DEFAULT_STRATEGIES)
         learners = args.learners or DEFAULT_LEARNERS
-        recipes = recipes_for(strategies, args.same_recipe, Path(args.train))  # as `asrdist compare` trains them
+        recipes = recipes_for(strategies, args.same_recipe, Path(args.train), overrides)  # as `compare` trains them
         configs = compare_runs.resolve_all(Path(args.train), strategies, learners, args.data, overrides,
                                            recipes=recipes)
         runs = list(compare_runs.train_missing(Path(args.train), configs, args.out or DEFAULT_OUT,

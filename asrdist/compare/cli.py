@@ -67,7 +67,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     strategy with its own recipe unless `same_recipe`; time to `target` (a `TargetSpec`, a number
     or --target's text; None: the baseline's final error); each strategy `repeats` times."""
     # the command's work, imported when it runs: `asrdist --help` stays light
-    from asrdist.compare.recipes import recipes_for
+    from asrdist.compare.recipes import not_applied, recipes_for
     from asrdist.compare.disk import NOT_RUN, DiskFull, is_disk_full
     from asrdist.compare.report import build_summary
     from asrdist.compare.runs import Hosts, parse_strategies, resolve_rounds, train_missing
@@ -78,7 +78,7 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
     hosts = Hosts.resolved(nodes, network, cpus_per_host)
-    recipes = recipes_for(names, same_recipe, config)
+    recipes = recipes_for(names, same_recipe, config, overrides)
     configs, rounds = resolve_rounds(config, names, learners, data, overrides, repeats, hosts, recipes=recipes)
     failed: dict[str, str] = {}
     calibrations: dict = {}
@@ -97,7 +97,9 @@ def compare(config: Path, strategies: str, learners: int, out: Path, data: Path 
 
     setup = {"config": str(config), "strategies": names, "learners": learners, "out": str(out),
              "data": None if data is None else str(data), "overrides": list(overrides),
-             "same_recipe": same_recipe, "recipes": recipes, "cpus_per_host": hosts.cpus_per_host}
+             "same_recipe": same_recipe, "recipes": recipes,
+             "recipes_not_applied": not_applied(names, same_recipe, config, overrides),
+             "cpus_per_host": hosts.cpus_per_host}
     learner_counts = {n: configs[n].train.learners for n in names}
     try:
         run_dirs = train_missing(config, configs, out, data, overrides, failed=failed, hosts=hosts, recipes=recipes,

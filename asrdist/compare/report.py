@@ -246,11 +246,12 @@ def repeats_line(summary: dict) -> str:
 
 def note_lines(summary: dict) -> list[str]:
     """The notes after the table and in the report: strategies behind sync's accuracy, runs whose
-    host was busy (a summary written before either kind simply has none)."""
+    host was busy, strategy recipes not used for the compared model (a summary written before any
+    kind simply has none)."""
     failed_rounds = [f"{r['run']}: {_why_failed(r['failed'])}" for e in summary["runs"] if not e["failed"]
                      for r in e.get("rounds") or [] if r.get("failed")]
     return [*summary.get("behind_sync", []), *summary.get("busy_host", []), *failed_rounds,
-            *contended_lines(summary["runs"])]
+            *contended_lines(summary["runs"]), *(summary.get("recipes_not_applied") or {}).values()]
 
 
 def sharing_line(runs: list[dict], cores: int | None) -> str:

@@ -134,6 +134,7 @@ def test_report_from_finished_runs(tmp_path, no_training, fake_calibration, caps
     assert table["rows"][2][:5] == ["onebit", 2, "never", None, FIGURES["onebit"][0][-1]]
     # each strategy with its own recipe where it has one (configs/recipes/): onebit has, sync has none
     assert "optim.natural_gradient=true" in summary["recipes"]["onebit"] and summary["recipes"]["sync"] == []
+    assert summary["recipes_not_applied"] == {}  # the DNN: every recipe file lists it
     assert summary["same_recipe"] is False
 
     page = (out / "report.html").read_text()

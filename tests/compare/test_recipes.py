@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from asrdist.compare.recipes import recipe_overrides, recipes_for
+from asrdist.compare.recipes import not_applied, recipe_overrides, recipes_for
+from asrdist.compare.report import note_lines
 from asrdist.compare.runs import resolve_all
 from asrdist.errors import ConfigError
 from tests.support.compare_fixture import CONFIG, TINY, make_corpus
@@ -95,3 +96,36 @@ def test_the_an4_character_recipe_compares_onebit_with_its_own_variant():
     overrides = recipes_for(["onebit", "sync"], same_recipe=False, config=an4)
     assert "optim.lr=10.0" in overrides["onebit"] and "optim.name=\"adagrad\"" in overrides["onebit"]
     assert overrides["sync"] == []
+
+
+def test_recipes_chosen_on_the_dnn_leave_other_models_their_own_optimizer(corpus):
+    """configs/recipes/ lists the models each recipe was measured on: AN4's CTC model keeps the
+    character recipe's optimizer for adpsgd and the others, and the report says why."""
+    an4 = CONFIGS / "an4_chars.yaml"
+    names = ["sync", "averaging", "adpsgd", "hierarchical", "hybrid", "onebit"]
+    recipes = recipes_for(names, same_recipe=False, config=an4)
+    assert all(recipes[n] == [] for n in ("averaging", "adpsgd", "hierarchical", "hybrid"))
+    assert "optim.lr=10.0" in recipes["onebit"]  # its own variant beside the recipe still wins
+    why = not_applied(names, same_recipe=False, config=an4)
+    assert set(why) == {"averaging", "adpsgd", "hierarchical", "hybrid"}
+    assert why["adpsgd"] == ("configs/recipes/adpsgd.yaml was chosen on model dnn, not ctc: adpsgd trains with "
+                             "the compared recipe's optimizer")
+    assert not_applied(names, same_recipe=True, config=an4) == {}
+    assert note_lines({"runs": [], "recipes_not_applied": why})[-4:] == list(why.values())  # after the table
+    # the DNN gets them, and a user's model.name override decides as the recipe's own would
+    assert recipes_for(["adpsgd"], same_recipe=False, config=CONFIG)["adpsgd"] == recipe_overrides("adpsgd")
+    assert not_applied(["adpsgd"], same_recipe=False, config=CONFIG) == {}
+    assert recipes_for(["adpsgd"], same_recipe=False, config=CONFIG, overrides=["model.name=lstm"])["adpsgd"] == []
+    configs = resolve_all(an4, ["adpsgd"], 2, corpus, TINY, recipes=recipes)
+    assert (configs["adpsgd"].optim.momentum, configs["adpsgd"].optim.natural_gradient) == (0.9, False)
+
+
+def test_a_recipes_models_must_be_a_list_of_names(tmp_path):
+    (tmp_path / "adpsgd.yaml").write_text("models: dnn\noptim:\n  lr: 0.4\n")
+    with pytest.raises(ConfigError, match="models: a list of model names") as info:
+        recipe_overrides("adpsgd", tmp_path, model="dnn")
+    assert str(tmp_path / "adpsgd.yaml") in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="models: a list of model names"):
+        recipe_overrides("adpsgd", tmp_path)  # read at all, it is checked
+    (tmp_path / "adpsgd.yaml").write_text("optim:\n  lr: 0.4\n")  # no models: every model
+    assert "optim.lr=0.4" in recipe_overrides("adpsgd", tmp_path, model="ctc")
