@@ -134,8 +134,8 @@ def not_applied(strategies: list[str], same_recipe: bool, config: Path | None,
                 overrides: list[str] = ()) -> dict[str, str]:
     """strategy -> why its recipe file (configs/recipes/) is not used for the compared model: one
     line each, for the command's output and the report."""
-    model = compared_model(config, overrides)
-    if same_recipe or model is None:
+    model = None if same_recipe else compared_model(config, overrides)
+    if model is None:
         return {}
     out = {}
     for name in strategies:
