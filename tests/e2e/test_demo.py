@@ -81,7 +81,8 @@ def test_demo_baseline_then_comparison_then_nothing_trained_again(tone_corpus, t
     # each trained its own recipe: single the demo's (Nesterov SGD), onebit Kaldi's optimizer
     # (configs/recipes/onebit.yaml; docs/measurements.md)
     optim = {name: yaml.safe_load((out / name / "config.yaml").read_text())["optim"] for name in ("single", "onebit")}
-    assert (optim["single"]["name"], optim["single"]["momentum"], optim["single"]["natural_gradient"]) == ("sgd", 0.9, False)
+    baseline = optim["single"]
+    assert (baseline["name"], baseline["momentum"], baseline["natural_gradient"]) == ("sgd", 0.9, False)
     assert (optim["onebit"]["momentum"], optim["onebit"]["natural_gradient"], optim["onebit"]["decay"]) == (
         0.0, True, "geometric")
 
