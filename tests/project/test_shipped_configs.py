@@ -14,7 +14,8 @@ STRATEGY_RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
 
 
 def test_the_shipped_recipes_are_found():
-    assert {"default.yaml", "an4_chars.yaml", "an4_chars_onebit.yaml"} <= {p.name for p in RECIPES}
+    assert {"default.yaml", "an4_chars.yaml", "an4_chars_onebit.yaml", "an4_chars_averaging.yaml"} <= {
+        p.name for p in RECIPES}
     assert STRATEGY_RECIPES
 
 
@@ -38,3 +39,11 @@ def test_the_an4_onebit_recipe_is_the_character_recipe_but_for_its_optimizer_and
     assert (chars.train.epochs, chars.optim.warmup_steps, chars.optim.anneal_after_epoch, chars.optim.anneal_factor) \
         == (onebit.train.epochs, onebit.optim.warmup_steps, onebit.optim.anneal_after_epoch, onebit.optim.anneal_factor)
     assert (onebit.strategy_name, onebit.optim.name, onebit.optim.momentum) == ("onebit", "adagrad", 0.0)
+
+
+def test_the_an4_averaging_recipe_is_the_character_recipe_but_for_its_strategy():
+    chars = load_config(ROOT / "configs/an4_chars.yaml")
+    averaging = load_config(ROOT / "configs/an4_chars_averaging.yaml")
+    assert (chars.data, chars.model, chars.optim, chars.eval, chars.train.epochs) == (
+        averaging.data, averaging.model, averaging.optim, averaging.eval, averaging.train.epochs)
+    assert (averaging.strategy_name, averaging.strategy.average_every, averaging.train.learners) == ("averaging", 5000, 4)
