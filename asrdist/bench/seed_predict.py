@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from asrdist.bench.seed_claims import RunSpec, Setup
+from asrdist.bench.straggler import cached_corpus
 from asrdist.calibrate.microbench import link_cpu_per_byte, measure_microbenchmarks
 from asrdist.compare.runs import Hosts, resolve_all
+from asrdist.errors import AsrdistError
 from asrdist.models.registry import model_kind
 from asrdist.run.prepare import build_targets, ensure_features
 from asrdist.sim.calibration import Microbenchmarks, predict_run
@@ -95,11 +98,16 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Every run of a `bench seeds` JSON predicted again by today's simulator from the
     microbenchmarks the run stored (no timing): {claim, run, measured, stored, now} frames/s.
     An in-sample check for a change to the simulator: these runs may have shaped it; a change is
-    judged on fresh runs (docs/seeds.md#the-simulators-predictions). Needs the runs' corpus where
-    the JSON predates `feature_dim` / `num_classes` in `predicted`."""
+    judged on fresh runs (docs/seeds.md#the-simulators-predictions). Needs the runs' corpus: the
+    built-in one `bench seeds` trained on (`corpus-espeak-N-seed0`) is built again where it is
+    missing (a fresh machine), with its features where the JSON predates `feature_dim` /
+    `num_classes` in `predicted`."""
     setup = Setup(**{**result["setup"], "seeds": tuple(result["setup"]["seeds"])})
     args = SimpleNamespace(overrides=result.get("overrides", []), config=Path(result["config"]))
     corpus = Path(result["corpus"])
+    built_in = re.fullmatch(r"corpus-espeak-(\d+)-seed0", corpus.name)
+    if not (corpus / "train").is_dir() and built_in:
+        corpus = cached_corpus(int(built_in.group(1)))
     rows = []
     for claim_id, claim in result["claims"].items():
         for name, run in (claim.get("runs") or {}).items():
@@ -114,6 +122,7 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
                               run_overrides(spec, setup, args))[spec.strategy]
             shapes = {k: predicted.get(k) for k in ("feature_dim", "num_classes")}
             if None in shapes.values():
+                ensure_features(corpus, cfg, progress=False)
                 targets = build_targets(corpus, cfg, model_kind(cfg.model))
                 shapes = {"feature_dim": cfg.data.num_mel_bins, "num_classes": targets.num_classes}
             stored = predicted["microbenchmarks"]
@@ -140,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, TypeError) as e:  # not a bench seeds JSON of today's keys
             print(f"asrdist: error: seed_predict {path}: not a readable bench seeds JSON ({type(e).__name__}: {e})",
                   file=sys.stderr)
+            return 2
+        except AsrdistError as e:  # its corpus or recipe: one line, as every command
+            print(f"asrdist: error: seed_predict {path}: {e}", file=sys.stderr)
             return 2
         for row in rows:
             err = {k: relative_error(row[k], row["measured"]) for k in errors}

@@ -270,3 +270,26 @@ def test_stored_runs_are_predicted_again_from_their_own_microbenchmarks(tmp_path
         assert len(err) == 1 and err[0].startswith(f"asrdist: error: seed_predict {bad}:")
     (tmp_path / "other.json").write_text('{"setup": {}}')
     assert seed_predict.main([str(tmp_path / "other.json")]) == 2
+
+
+def test_a_stored_claim_on_a_fresh_machine_builds_its_built_in_corpus_again(tmp_path, monkeypatch, capsys):
+    """The JSON names the cached built-in corpus it trained on; where that is gone (a fresh
+    machine), `seed_predict` builds it again; any other missing corpus is one line and exit 2."""
+    result = json.loads((Path(__file__).parents[2] / "docs/measured/seeds_S5_2026-12-04.json").read_text())
+    result.update(corpus=str(tmp_path / "cache" / "corpus-espeak-160-seed0"),
+                  config=str(Path(__file__).parents[2] / "configs/default.yaml"))
+    built = []
+
+    def cached(utterances):
+        built.append(utterances)
+        return make_corpus(tmp_path / "rebuilt")
+    monkeypatch.setattr(seed_predict, "cached_corpus", cached)
+    rows = seed_predict.repredict(result)
+    assert built == [160] and [r["run"] for r in rows] == ["averaging_ngsgd", "averaging_sgd"]
+    assert all(r["now"] > 0 for r in rows)
+    result["corpus"] = str(tmp_path / "mine")  # not the built-in one: nothing to build
+    path = tmp_path / "s5.json"
+    path.write_text(json.dumps(result))
+    assert seed_predict.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a corpus" in err[0] and err[0].startswith(f"asrdist: error: seed_predict {path}:")
