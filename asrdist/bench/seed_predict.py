@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from asrdist.bench.seed_claims import RunSpec, Setup
-from asrdist.bench.straggler import cached_corpus
+from asrdist.bench.straggler import cached_corpus, cached_corpus_utterances
 from asrdist.calibrate.microbench import link_cpu_per_byte, measure_microbenchmarks
 from asrdist.compare.runs import Hosts, resolve_all
 from asrdist.errors import AsrdistError
@@ -105,9 +104,9 @@ def repredict(result: dict[str, Any]) -> list[dict[str, Any]]:
     setup = Setup(**{**result["setup"], "seeds": tuple(result["setup"]["seeds"])})
     args = SimpleNamespace(overrides=result.get("overrides", []), config=Path(result["config"]))
     corpus = Path(result["corpus"])
-    built_in = re.fullmatch(r"corpus-espeak-(\d+)-seed0", corpus.name)
-    if not (corpus / "train").is_dir() and built_in:
-        corpus = cached_corpus(int(built_in.group(1)))
+    utterances = cached_corpus_utterances(corpus)
+    if not (corpus / "train").is_dir() and utterances is not None:
+        corpus = cached_corpus(utterances)
     rows = []
     for claim_id, claim in result["claims"].items():
         for name, run in (claim.get("runs") or {}).items():

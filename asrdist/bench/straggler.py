@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -152,16 +153,26 @@ def _label(network: str) -> str:
     return network if network == "loopback" else f"emulated-{network}"
 
 
+CACHED_CORPUS = "corpus-espeak-{}-seed0"
+"""The name of `cached_corpus`'s directory for a number of utterances."""
+
+
 def cached_corpus(utterances: int) -> Path:
     """The built-in espeak corpus of `utterances` (seed 0), built once under the user's cache
     directory (`$XDG_CACHE_HOME/asrdist`, default ~/.cache/asrdist) and reused by later runs."""
     root = environ.cache_home() / "asrdist"
-    out = root / f"corpus-espeak-{utterances}-seed0"
+    out = root / CACHED_CORPUS.format(utterances)
     if not (out / "summary.json").is_file():  # synth writes summary.json last: a finished corpus
         root.mkdir(parents=True, exist_ok=True)
         synth_command(argparse.Namespace(out=out, utterances=utterances, seed=0, synthesizer="espeak", jobs=0,
                                          noise_snr=None, skip_bad=False, overwrite=True))
     return out
+
+
+def cached_corpus_utterances(path: Path) -> int | None:
+    """The utterances of the cached built-in corpus at `path` (None: not one `cached_corpus` names)."""
+    match = re.fullmatch(CACHED_CORPUS.format(r"(\d+)"), Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def _train(args, corpus: Path, run_dir: Path, strategy: str, network: str, extra: list[str]) -> dict[str, Any]:

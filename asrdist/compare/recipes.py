@@ -37,10 +37,7 @@ def recipe_overrides(strategy: str, recipes_dir: Path = RECIPES_DIR, model: str 
     """`strategy`'s recipe as overrides ([] without a recipe file, or when `model` is given and is
     not one of the models the recipe lists)."""
     tree, path = _recipe(strategy, recipes_dir), recipes_dir / f"{strategy}.yaml"
-    if tree is None:
-        return []
-    models = _models(tree, path)
-    return [] if model is not None and models is not None and model not in models else _overrides(tree, path)
+    return [] if tree is None or _excluding(tree, path, model) else _overrides(tree, path)
 
 
 def _recipe(strategy: str, recipes_dir: Path) -> dict | None:
@@ -54,14 +51,15 @@ def _recipe(strategy: str, recipes_dir: Path) -> dict | None:
     return tree
 
 
-def _models(tree: dict, path: Path) -> list[str] | None:
-    """The model kinds a recipe applies to (None: every model)."""
+def _excluding(tree: dict, path: Path, model: str | None) -> list[str] | None:
+    """The model kinds the recipe lists when `model` is not one of them (None: it applies; no
+    `models` key, or no `model` given, applies to every model)."""
     models = tree.get("models")
     if models is None:
         return None
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
         raise ConfigError(f"{path}: models: a list of model names (model.name), got {models!r}")
-    return models
+    return None if model is None or model in models else models
 
 
 def variant_path(config: Path, strategy: str) -> Path:
@@ -142,8 +140,8 @@ def not_applied(strategies: list[str], same_recipe: bool, config: Path | None,
         tree = _recipe(name, RECIPES_DIR)
         if tree is None or variant_path(Path(config), name).is_file():
             continue
-        models = _models(tree, RECIPES_DIR / f"{name}.yaml")
-        if models is not None and model not in models:
+        models = _excluding(tree, RECIPES_DIR / f"{name}.yaml", model)
+        if models:
             out[name] = (f"configs/recipes/{name}.yaml was chosen on model {', '.join(models)}, not {model}: "
                          f"{name} trains with the compared recipe's optimizer")
     return out
